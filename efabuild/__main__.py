@@ -1,0 +1,5 @@
+import sys
+
+from efabuild.cli import main
+
+sys.exit(main())

@@ -1,0 +1,85 @@
+"""Command line entry point: parses arguments and dispatches to one module per command group.
+
+Command modules import only argparse at module level; each imports its heavy dependencies
+(python-on-whales, boto3, networkx) inside `run`, so `efabuild lookup` stays close to the cost of
+starting Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from efabuild import __version__
+from efabuild.errors import EfabuildError
+
+# command name -> module under efabuild.cli that defines configure(parser) and run(args) -> int
+COMMANDS: dict[str, str] = {
+    "plan": "plan_cmd",
+    "graph": "graph_cmd",
+    "make": "make_cmd",
+    "lookup": "lookup_cmd",
+    "ls": "store_cmd",
+    "gc": "store_cmd",
+    "show": "provenance_cmd",
+    "audit": "provenance_cmd",
+    "diff": "provenance_cmd",
+    "lint": "lint_cmd",
+    "doctor": "doctor_cmd",
+    "pyxis-importer": "pyxis_cmd",
+}
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-C", dest="directory", metavar="DIR", default=argparse.SUPPRESS,
+        help="run in DIR (the workspace is found by walking up to BUILD.toml)",
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="efabuild",
+        description="Build NGC + EFA training images layer by layer and store them as Enroot .sqsh by key.",
+    )
+    parser.add_argument("--version", action="version", version=f"efabuild {__version__}")
+    parser.add_argument("-C", dest="directory", metavar="DIR", default=None,
+                        help="run in DIR (the workspace is found by walking up to BUILD.toml)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    common = _common_options()
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(f"efabuild.cli.{module_name}")
+        module.configure(name, sub, common)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.directory:
+        try:
+            os.chdir(args.directory)
+        except OSError as exc:
+            print(f"efabuild: -C {args.directory}: {exc.strerror}", file=sys.stderr)
+            return 2
+    try:
+        return int(args.run(args) or 0)
+    except EfabuildError as exc:
+        print(f"efabuild: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("efabuild: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # output piped into head & co.: not an error of ours
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Install and start everything efabuild and its tests need on a fresh Debian bookworm host (as root):
+#   dockerd (bookworm docker.io), the buildx plugin (trixie docker-buildx), squashfs-tools 4.6
+#   (trixie: the first with tar input), squashfs-tools-ng, docker-registry, and the Python package.
+# Idempotent: what is installed or running already is left alone.
+set -euo pipefail
+log() { printf 'setup: %s\n' "$*" >&2; }
+need_root() { [ "$(id -u)" = 0 ] || { log "run as root (installs Debian packages and starts dockerd)"; exit 2; }; }
+
+add_trixie_suite() {
+  # trixie is pinned low: only the packages named with -t trixie come from it.
+  local src=/etc/apt/sources.list.d/efabuild-trixie.sources pin=/etc/apt/preferences.d/efabuild-trixie
+  if [ ! -f "$src" ]; then
+    local uri
+    uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+    [ -n "$uri" ] || uri=http://deb.debian.org/debian
+    cat >"$src" <<SRC
+Types: deb
+URIs: $uri
+Suites: trixie
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    cat >"$pin" <<PIN
+Package: *
+Pin: release n=trixie
+Pin-Priority: 100
+PIN
+    APT_UPDATED=
+  fi
+}
+
+APT_UPDATED=
+apt_update() { [ -n "$APT_UPDATED" ] || { log "apt-get update"; apt-get update -qq; APT_UPDATED=1; }; }
+apt_install() { apt_update; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
+
+install_packages() {
+  local missing=() trixie_engine=
+  # bookworm's docker.io brings containerd/runc; the engine itself is then taken from trixie:
+  # docker.io 26.1 embeds BuildKit 0.13 (SOURCE_DATE_EPOCH, rewrite-timestamp), bookworm's 20.10 has 0.8
+  command -v dockerd >/dev/null || missing+=(docker.io)
+  dockerd --version 2>/dev/null | grep -qE "version (2[6-9]|[3-9][0-9])\." || trixie_engine=1
+  command -v docker-registry >/dev/null || [ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
+  command -v tar2sqfs >/dev/null || missing+=(squashfs-tools-ng)
+  command -v busybox >/dev/null && busybox --list 2>/dev/null | grep -qx sh && [ -x /bin/busybox ] || missing+=(busybox-static)
+  if [ ${#missing[@]} -gt 0 ]; then log "installing ${missing[*]}"; apt_install "${missing[@]}"; fi
+  local trixie=()
+  # name/trixie takes just that package from trixie; its dependencies stay bookworm's
+  [ -z "$trixie_engine" ] || trixie+=(docker.io/trixie docker-cli/trixie)
+  [ -x /usr/libexec/docker/cli-plugins/docker-buildx ] || trixie+=(docker-buildx/trixie)
+  mksquashfs -help 2>&1 | grep -q -- '-tar' || trixie+=(squashfs-tools/trixie)
+  if [ ${#trixie[@]} -gt 0 ]; then
+    add_trixie_suite; log "installing from trixie: ${trixie[*]}"; apt_install "${trixie[@]}"
+  fi
+}
+
+start_dockerd() {
+  if docker info >/dev/null 2>&1; then return 0; fi
+  # a stale pid file from an engine that did not stop cleanly keeps dockerd from starting
+  if [ -f /var/run/docker.pid ] && ! kill -0 "$(cat /var/run/docker.pid)" 2>/dev/null; then rm -f /var/run/docker.pid; fi
+  log "starting dockerd"
+  mkdir -p /var/log
+  nohup dockerd >/var/log/efabuild-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && return 0; sleep 0.5; done
+  log "dockerd did not come up; see /var/log/efabuild-dockerd.log"; tail -n 20 /var/log/efabuild-dockerd.log >&2; exit 1
+}
+
+install_python() {
+  local here; here=$(cd "$(dirname "$0")/.." && pwd)
+  python3 -c 'import efabuild' 2>/dev/null && [ -z "${FORCE_PIP:-}" ] && return 0
+  log "installing efabuild (pip install -e)"
+  python3 -m pip install -q -e "$here[test]"
+}
+
+need_root
+install_packages
+start_dockerd
+[ -n "${SKIP_PYTHON:-}" ] || install_python
+log "ready: $(docker version --format 'engine {{.Server.Version}}' 2>/dev/null), $(docker buildx version 2>/dev/null | awk '{print "buildx", $2}'), $(mksquashfs -version 2>/dev/null | head -1)"
