@@ -1,0 +1,151 @@
+"""Frozen value classes for a workspace: settings from BUILD.toml and layers from graphs/*.toml.
+
+Pure data: reading and validating files is `workspace.py`'s job, keys are `keys.py`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+DEFAULT_PLATFORM = "linux/amd64"
+
+# Enroot's defaults (ENROOT_SQUASH_OPTIONS): lzo for portability, data blocks left uncompressed.
+ENROOT_SQUASH_OPTIONS = ("-comp", "lzo", "-noD")
+
+
+@attrs.frozen
+class S3Settings:
+    bucket: str
+    prefix: str = ""
+    region: str | None = None
+    endpoint_url: str | None = None
+
+
+@attrs.frozen
+class StoreSettings:
+    """Where artifacts live. `local` is always present; `shared` (FSx) and `s3` are optional."""
+
+    local: Path
+    shared: Path | None = None
+    s3: S3Settings | None = None
+    keep: int = 3  # gc keeps the newest N keys of every name
+    pins: tuple[str, ...] = ()  # refs or keys gc never deletes
+
+
+@attrs.frozen
+class BuilderSettings:
+    """Which BuildKit builds: the local engine, a Docker context/host, or a buildx builder."""
+
+    platform: str = DEFAULT_PLATFORM
+    jobs: int = 2
+    context: str | None = None  # docker context name
+    host: str | None = None  # DOCKER_HOST-style URL, e.g. unix:///run/other.sock, ssh://builder
+    buildx_builder: str | None = None  # a `docker buildx` builder name
+
+
+@attrs.frozen
+class RegistrySettings:
+    """Optional layer cache: built layer images are pushed to and pulled from here."""
+
+    url: str  # host[:port][/path], e.g. 123.dkr.ecr.us-east-1.amazonaws.com or 127.0.0.1:5000
+    insecure: bool = False
+
+
+@attrs.frozen
+class ExportSettings:
+    """How an image becomes a .sqsh: mksquashfs options (Enroot's by default)."""
+
+    compression: str = "lzo"
+    compress_data: bool = False  # Enroot's -noD: data blocks uncompressed
+    extra_options: tuple[str, ...] = ()
+
+    def mksquashfs_options(self) -> tuple[str, ...]:
+        opts = ("-comp", self.compression)
+        if not self.compress_data:
+            opts += ("-noD",)
+        return opts + self.extra_options
+
+
+@attrs.frozen
+class AuditPolicy:
+    host_efa_installer: str | None = None  # the host AMI's EFA installer version
+    min_versions: tuple[tuple[str, str], ...] = ()  # (component, minimum version)
+    required_pins: tuple[str, ...] = ()  # e.g. "base-digest", "deepep-commit"
+    # (component, version spec, component, version spec, why): a combination known to break
+    known_bad: tuple[tuple[str, str, str, str, str], ...] = ()
+
+
+@attrs.frozen
+class Settings:
+    graph_files: tuple[str, ...] = ("graphs/*.toml",)
+    store: StoreSettings = attrs.field(factory=lambda: StoreSettings(local=Path("cache")))
+    builder: BuilderSettings = attrs.field(factory=BuilderSettings)
+    registry: RegistrySettings | None = None
+    export: ExportSettings = attrs.field(factory=ExportSettings)
+    audit: AuditPolicy = attrs.field(factory=AuditPolicy)
+
+
+@attrs.frozen
+class BaseImage:
+    ref: str  # e.g. nvcr.io/nvidia/pytorch:26.08-py3
+    digest: str | None = None  # sha256:..., pinned in the graph or resolved from the engine
+
+
+@attrs.frozen
+class LintIgnore:
+    rule: str
+    reason: str
+
+
+@attrs.frozen
+class Layer:
+    """One layer: FROM its base or its parent's image, then `dockerfile` text, tagged by its key."""
+
+    graph: str
+    name: str
+    source: Path  # the graph file that declares it (for messages)
+    dockerfile: str  # text without FROM; efabuild writes the FROM line
+    dockerfile_file: str | None = None  # workspace-relative path when read from a file
+    base: BaseImage | None = None
+    parent: str | None = None  # qualified "graph:layer"
+    args: tuple[tuple[str, str], ...] = ()  # sorted build args
+    context: tuple[str, ...] = ()  # workspace-relative files or directories copied in
+    artifact: bool = False  # export a .sqsh
+    ignore: tuple[LintIgnore, ...] = ()
+    line: int | None = None  # line of the [layers.NAME] table in `source`
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.graph}:{self.name}"
+
+    @property
+    def args_dict(self) -> dict[str, str]:
+        return dict(self.args)
+
+
+@attrs.frozen
+class Graph:
+    name: str
+    source: Path
+    description: str = ""
+    layers: tuple[Layer, ...] = ()
+
+
+@attrs.frozen
+class Workspace:
+    root: Path  # absolute directory holding BUILD.toml
+    settings: Settings
+    graphs: tuple[Graph, ...] = ()
+
+    @property
+    def layers(self) -> dict[str, Layer]:
+        """Every layer by qualified name, in declaration order."""
+        return {layer.qualname: layer for graph in self.graphs for layer in graph.layers}
+
+    def relpath(self, path: Path) -> str:
+        try:
+            return str(Path(path).relative_to(self.root))
+        except ValueError:
+            return str(path)

@@ -1,0 +1,6 @@
+"""Shared test set-up. Fixtures for real services live in their own plugin modules."""
+
+pytest_plugins = [
+    "tests.plugins.engine",
+    "tests.plugins.s3server",
+]
