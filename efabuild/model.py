@@ -115,6 +115,8 @@ class Layer:
     artifact: bool = False  # export a .sqsh
     ignore: tuple[LintIgnore, ...] = ()
     line: int | None = None  # line of the [layers.NAME] table in `source`
+    # line of the Dockerfile text's first line: in `dockerfile_file` when set, else in `source`
+    dockerfile_line: int = 1
 
     @property
     def qualname(self) -> str:
