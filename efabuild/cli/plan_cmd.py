@@ -1,14 +1,50 @@
-"""Placeholder until the command lands."""
+"""`efabuild plan`: every layer's key, state and, for layers to build, why."""
 
 from __future__ import annotations
 
 
 def configure(name, sub, common):
-    p = sub.add_parser(name, parents=[common], help="(not available yet)")
-    p.set_defaults(run=_run)
+    p = sub.add_parser(name, parents=[common], help="show what would be built, pulled or exported, and why")
+    p.add_argument("targets", nargs="*", metavar="GRAPH[:LAYER]", help="graphs or layers (default: all)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--offline", action="store_true", help="do not ask the engine (digests stay unresolved)")
+    p.set_defaults(run=run)
 
 
-def _run(args):
-    from efabuild.errors import EfabuildError
+def run(args) -> int:
+    from efabuild.cli.common import print_json, workspace
+    from efabuild.planning import prepare
 
-    raise EfabuildError(f"{args.command}: not available yet")
+    prepared = prepare(workspace(), args.targets, use_engine=not args.offline)
+    if args.json:
+        data = prepared.plan.to_json()
+        data["engine"] = None if prepared.engine_error else "reachable"
+        data["engine_error"] = prepared.engine_error
+        print_json(data)
+    else:
+        print(render(prepared.plan, prepared.engine_error))
+    return 0
+
+
+def render(plan, engine_error: str | None) -> str:
+    from efabuild.cli.common import table
+    from efabuild.plan import NOTHING
+
+    rows = []
+    for lp in plan.layers:
+        why = "; ".join(lp.reasons)
+        state = lp.state + (" (.sqsh)" if lp.artifact and lp.stored else "")
+        rows.append([lp.qualname, lp.short_key, state, why])
+    lines = [table(rows, ["LAYER", "KEY", "STATE", "WHY"])]
+    for base in plan.bases:
+        if base.digest:
+            lines.append(f"base {base.ref}: {base.digest} ({base.source})")
+        else:
+            lines.append(f"base {base.ref}: digest unresolved, the key uses the tag only")
+    if engine_error:
+        lines.append(f"engine not consulted ({engine_error}); availability from build records")
+    counts = {action: len(plan.of(action)) for action in ("build", "pull", "export")}
+    available = len(plan.of(NOTHING))
+    lines.append(f"{counts['build']} to build, {counts['pull']} to pull, {counts['export']} to export, "
+                 f"{available} available")
+    return "\n".join(lines)

@@ -1,0 +1,136 @@
+"""Layer keys: blake3 over a canonical, versioned encoding of everything that decides a layer.
+
+Inputs: the parent's key (or the base reference and, when known, its digest), the Dockerfile text,
+build args, target platform, and each context file's relative path, mode and content hash. No
+absolute paths, mtimes, owners or hostnames, and mode is reduced to what git keeps (executable or
+not), so the same inputs give the same key on any machine and checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import blake3
+
+from efabuild.errors import InputError
+
+KEY_SCHEMA = "efabuild.layer/v1"
+SHORT = 12
+_CHUNK = 1 << 20
+
+
+@attrs.frozen
+class ContextEntry:
+    path: str  # workspace-relative, '/'-separated
+    mode: str  # "644", "755" or "symlink"
+    digest: str  # blake3 hex of the content (of the link target text for a symlink)
+
+
+@attrs.frozen
+class LayerInputs:
+    """What a key is made of; recorded beside each build so a later plan can say what changed."""
+
+    dockerfile: str
+    platform: str
+    parent_key: str | None = None
+    base_ref: str | None = None
+    base_digest: str | None = None
+    args: tuple[tuple[str, str], ...] = ()
+    context: tuple[ContextEntry, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": KEY_SCHEMA,
+            "parent_key": self.parent_key,
+            "base": {"ref": self.base_ref, "digest": self.base_digest} if self.base_ref else None,
+            "dockerfile": self.dockerfile,
+            "args": dict(self.args),
+            "platform": self.platform,
+            "context": [[e.path, e.mode, e.digest] for e in self.context],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LayerInputs:
+        base = data.get("base") or {}
+        return cls(
+            dockerfile=data["dockerfile"], platform=data["platform"], parent_key=data.get("parent_key"),
+            base_ref=base.get("ref"), base_digest=base.get("digest"),
+            args=tuple(sorted(data.get("args", {}).items())),
+            context=tuple(ContextEntry(*entry) for entry in data.get("context", [])),
+        )
+
+    def canonical(self) -> bytes:
+        return canonical_json(self.to_dict())
+
+    def key(self) -> str:
+        return blake3.blake3(self.canonical()).hexdigest()
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+class ContextHasher:
+    """Hashes context files through a HashState; counts the files whose content it had to read."""
+
+    def __init__(self, root: Path, state) -> None:
+        self.root = root
+        self.state = state
+        self.files_read = 0
+        self.bytes_read = 0
+        self._memo: dict[str, tuple[ContextEntry, ...]] = {}
+
+    def entries(self, context: tuple[str, ...], where: str) -> tuple[ContextEntry, ...]:
+        found: dict[str, ContextEntry] = {}
+        for rel in context:
+            if rel not in self._memo:
+                self._memo[rel] = tuple(self._walk(rel, where))
+            for entry in self._memo[rel]:
+                found[entry.path] = entry
+        return tuple(found[path] for path in sorted(found))
+
+    def _walk(self, rel: str, where: str) -> Iterator[ContextEntry]:
+        path = self.root / rel
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            raise InputError(f"'{rel}' does not exist", where) from None
+        if stat.S_ISDIR(st.st_mode):
+            with os.scandir(path) as it:
+                children = sorted(entry.name for entry in it)
+            for child in children:
+                yield from self._walk(f"{rel}/{child}" if rel != "." else child, where)
+        elif stat.S_ISLNK(st.st_mode):
+            target = os.readlink(path)
+            resolved = path.resolve()
+            if resolved != self.root and self.root not in resolved.parents:
+                raise InputError(f"'{rel}' is a symlink leading outside the workspace", where)
+            yield ContextEntry(rel, "symlink", blake3.blake3(target.encode()).hexdigest())
+        elif stat.S_ISREG(st.st_mode):
+            mode = "755" if st.st_mode & 0o111 else "644"
+            yield ContextEntry(rel, mode, self._file_digest(rel, path, st))
+        # sockets, fifos and devices cannot be copied into an image: left out like Docker does
+
+    def _file_digest(self, rel: str, path: Path, st: os.stat_result) -> str:
+        cached = self.state.get(rel, st)
+        if cached is not None:
+            return cached
+        hasher = blake3.blake3()
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                hasher.update(chunk)
+                self.bytes_read += len(chunk)
+        self.files_read += 1
+        digest = hasher.hexdigest()
+        self.state.put(rel, st, digest)
+        return digest
+
+
+def short(key: str) -> str:
+    return key[:SHORT]

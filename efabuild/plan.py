@@ -1,0 +1,201 @@
+"""The plan: every selected layer's key, whether it is available, and why it must be (re)built.
+
+Pure: keys come from `LayerInputs`, availability and history are passed in. Like a Nix dry run, the
+plan separates what will be built from what will be fetched (pulled from the layer-cache registry)
+or only exported, and a layer nobody needs is left alone even when its image is gone.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+
+import attrs
+import networkx as nx
+
+from efabuild.keys import ContextHasher, LayerInputs, short
+from efabuild.model import Layer, Workspace
+
+BUILD, PULL, EXPORT, NOTHING = "build", "pull", "export", "none"
+
+
+@attrs.frozen
+class BaseResolution:
+    ref: str
+    digest: str | None
+    source: str  # "pinned", "engine", "registry" or "unresolved"
+
+
+@attrs.frozen
+class Availability:
+    images: frozenset[str] = frozenset()  # keys whose image the engine has
+    registry: frozenset[str] = frozenset()  # keys the layer-cache registry has
+    artifacts: frozenset[str] = frozenset()  # keys with a stored .sqsh
+    engine_checked: bool = True  # False: `images` comes from build records, not the engine
+
+
+@attrs.frozen
+class LayerPlan:
+    qualname: str
+    key: str
+    inputs: LayerInputs
+    artifact: bool
+    action: str  # build / pull / export / none
+    reasons: tuple[str, ...] = ()
+    image: bool = False  # the engine has the image
+    stored: bool = False  # the store has the .sqsh
+
+    @property
+    def short_key(self) -> str:
+        return short(self.key)
+
+    @property
+    def state(self) -> str:
+        return "available" if self.action == NOTHING else "to " + self.action
+
+
+@attrs.frozen
+class Plan:
+    layers: tuple[LayerPlan, ...]
+    bases: tuple[BaseResolution, ...]
+    engine_checked: bool
+    context_files_read: int = 0
+
+    def by_name(self) -> dict[str, LayerPlan]:
+        return {lp.qualname: lp for lp in self.layers}
+
+    def of(self, action: str) -> list[LayerPlan]:
+        return [lp for lp in self.layers if lp.action == action]
+
+    def to_json(self) -> dict:
+        return {
+            "engine_checked": self.engine_checked,
+            "context_files_read": self.context_files_read,
+            "bases": [attrs.asdict(b) for b in self.bases],
+            "layers": [
+                {"name": lp.qualname, "key": lp.key, "state": lp.state, "action": lp.action,
+                 "artifact": lp.artifact, "image": lp.image, "stored": lp.stored,
+                 "reasons": list(lp.reasons), "inputs": lp.inputs.to_dict()}
+                for lp in self.layers
+            ],
+        }
+
+
+def layer_inputs(
+    ws: Workspace, graph: nx.DiGraph, order: list[str], bases: Mapping[str, BaseResolution],
+    hasher: ContextHasher,
+) -> dict[str, LayerInputs]:
+    """Inputs (and so keys) of the layers in `order`, which lists parents before children."""
+    inputs: dict[str, LayerInputs] = {}
+    for qualname in order:
+        layer: Layer = graph.nodes[qualname]["layer"]
+        where = f"{ws.relpath(layer.source)}: layers.{layer.name}.context"
+        common = dict(
+            dockerfile=layer.dockerfile, platform=ws.settings.builder.platform, args=layer.args,
+            context=hasher.entries(layer.context, where),
+        )
+        if layer.parent:
+            inputs[qualname] = LayerInputs(parent_key=inputs[layer.parent].key(), **common)
+        else:
+            base = bases[layer.base.ref]
+            inputs[qualname] = LayerInputs(base_ref=base.ref, base_digest=base.digest, **common)
+    return inputs
+
+
+def make_plan(
+    graph: nx.DiGraph, order: list[str], inputs: Mapping[str, LayerInputs], availability: Availability,
+    previous: Callable[[str], LayerInputs | None], bases: tuple[BaseResolution, ...] = (),
+    context_files_read: int = 0,
+) -> Plan:
+    """Decide each layer's action; `previous(qualname)` gives the inputs of its last recorded build."""
+    keys = {name: inputs[name].key() for name in order}
+    selected = set(order)
+    actions: dict[str, str] = {}
+    for name in reversed(order):  # children before parents: a parent is needed if a child builds
+        layer: Layer = graph.nodes[name]["layer"]
+        key = keys[name]
+        needs_artifact = layer.artifact and key not in availability.artifacts
+        child_builds = any(actions.get(c) == BUILD for c in graph.successors(name) if c in selected)
+        if not (needs_artifact or child_builds):
+            actions[name] = NOTHING
+        elif key in availability.images:
+            actions[name] = EXPORT if needs_artifact else NOTHING
+        elif key in availability.registry:
+            actions[name] = PULL
+        else:
+            actions[name] = BUILD
+    layers = []
+    for name in order:
+        layer = graph.nodes[name]["layer"]
+        key = keys[name]
+        reasons: tuple[str, ...] = ()
+        if actions[name] == BUILD:
+            reasons = explain(previous(name), inputs[name], layer.parent, keys)
+        elif actions[name] == EXPORT:
+            reasons = ("no .sqsh in the store yet",)
+        elif actions[name] == PULL:
+            reasons = ("image in the layer-cache registry",)
+        layers.append(LayerPlan(
+            qualname=name, key=key, inputs=inputs[name], artifact=layer.artifact, action=actions[name],
+            reasons=reasons, image=key in availability.images, stored=key in availability.artifacts,
+        ))
+    return Plan(layers=tuple(layers), bases=bases, engine_checked=availability.engine_checked,
+                context_files_read=context_files_read)
+
+
+def explain(old: LayerInputs | None, new: LayerInputs, parent: str | None, keys: Mapping[str, str]) -> tuple[str, ...]:
+    """Why a layer must build: what differs from the inputs of its last recorded build."""
+    if old is None:
+        return ("new layer (no earlier build recorded)",)
+    reasons: list[str] = []
+    if old.parent_key != new.parent_key:
+        reasons.append(f"parent {parent.split(':', 1)[1] if parent else '?'} changed")
+    if old.base_ref != new.base_ref:
+        reasons.append(f"base {old.base_ref} → {new.base_ref}")
+    elif old.base_digest != new.base_digest:
+        reasons.append(f"base digest {_short_digest(old.base_digest)} → {_short_digest(new.base_digest)}")
+    if old.platform != new.platform:
+        reasons.append(f"platform {old.platform} → {new.platform}")
+    old_args, new_args = dict(old.args), dict(new.args)
+    for name in sorted(old_args.keys() | new_args.keys()):
+        before, after = old_args.get(name), new_args.get(name)
+        if before == after:
+            continue
+        if before is None:
+            reasons.append(f"{name} added: {after}")
+        elif after is None:
+            reasons.append(f"{name} removed (was {before})")
+        else:
+            reasons.append(f"{name} {before} → {after}")
+    if old.dockerfile != new.dockerfile:
+        added = removed = 0
+        for line in difflib.ndiff(old.dockerfile.splitlines(), new.dockerfile.splitlines()):
+            added += line.startswith("+ ")
+            removed += line.startswith("- ")
+        reasons.append(f"Dockerfile: +{added} −{removed} lines")
+    reasons += _context_changes(old, new)
+    if not reasons:
+        reasons.append("image missing from the engine (same inputs as the last build)")
+    return tuple(reasons)
+
+
+def _context_changes(old: LayerInputs, new: LayerInputs, limit: int = 5) -> list[str]:
+    before = {e.path: e for e in old.context}
+    after = {e.path: e for e in new.context}
+    changes = []
+    for path in sorted(before.keys() | after.keys()):
+        if path not in before:
+            changes.append(f"context {path} added")
+        elif path not in after:
+            changes.append(f"context {path} removed")
+        elif before[path].digest != after[path].digest:
+            changes.append(f"context {path} changed")
+        elif before[path].mode != after[path].mode:
+            changes.append(f"context {path} mode {before[path].mode} → {after[path].mode}")
+    if len(changes) > limit:
+        return changes[:limit] + [f"… and {len(changes) - limit} more context changes"]
+    return changes
+
+
+def _short_digest(digest: str | None) -> str:
+    return digest.split(":", 1)[-1][:12] if digest else "unresolved"

@@ -1,0 +1,140 @@
+"""Gather what a plan needs from the outside world: base digests, images, stored artifacts, history.
+
+The side-effect half of planning; `plan.py` decides from these facts alone. The engine is optional:
+without one the plan still works offline, with unresolved base digests and availability taken from
+the build records.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import attrs
+import networkx as nx
+
+from efabuild import dag
+from efabuild.errors import EfabuildError
+from efabuild.keys import ContextHasher
+from efabuild.model import Workspace
+from efabuild.plan import Availability, BaseResolution, Plan, layer_inputs, make_plan
+from efabuild.records import BuildRecords
+from efabuild.state import HashState
+
+IMAGE_REPO = "efabuild"
+KEY_TAG = re.compile(r"^[0-9a-f]{64}$")
+
+
+def image_tag(layer_name: str, key: str) -> str:
+    """The engine tag of a finished layer: `efabuild/<layer>:<key>`."""
+    return f"{IMAGE_REPO}/{layer_name}:{key}"
+
+
+@attrs.frozen
+class Prepared:
+    ws: Workspace
+    graph: nx.DiGraph
+    order: list[str]
+    plan: Plan
+    engine: object | None  # efabuild.engine.client.Engine when one was reachable
+    engine_error: str | None
+    records: BuildRecords
+
+
+def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = True,
+            require_engine: bool = False) -> Prepared:
+    graph = dag.layer_graph(ws)
+    order = dag.select(ws, graph, targets)
+    records = BuildRecords(ws.settings.store.local)
+    engine, engine_error = (_connect(ws) if use_engine else (None, "--offline"))
+    if require_engine and engine is None:
+        raise EfabuildError(engine_error or "no engine")
+    bases = _resolve_bases(ws, graph, order, engine)
+    hasher = ContextHasher(ws.root, HashState(ws.settings.store.local / "state" / "hashes.sqlite"))
+    inputs = layer_inputs(ws, graph, order, bases, hasher)
+    hasher.state.save()
+    keys = {inputs[name].key() for name in order}
+    availability = Availability(
+        images=frozenset(_engine_keys(engine) & keys) if engine else frozenset(records.built_keys(order) & keys),
+        registry=frozenset(_registry_keys(ws, engine, graph, order, inputs)),
+        artifacts=frozenset(_stored_keys(ws, graph, order, inputs)),
+        engine_checked=engine is not None,
+    )
+
+    def previous(name: str):
+        last = records.last_key(name)
+        return records.inputs(last) if last else None
+
+    plan = make_plan(graph, order, inputs, availability, previous, bases=tuple(bases.values()),
+                     context_files_read=hasher.files_read)
+    return Prepared(ws=ws, graph=graph, order=order, plan=plan, engine=engine, engine_error=engine_error,
+                    records=records)
+
+
+def _connect(ws: Workspace):
+    try:
+        from efabuild.engine.client import EngineUnavailable, connect
+    except ImportError as exc:  # the engine package is part of efabuild; this is a broken install
+        return None, f"engine support missing: {exc}"
+    try:
+        engine = connect(ws.settings.builder)
+        engine.check()
+    except EngineUnavailable as exc:
+        return None, str(exc)
+    return engine, None
+
+
+def _resolve_bases(ws: Workspace, graph: nx.DiGraph, order: list[str], engine) -> dict[str, BaseResolution]:
+    bases: dict[str, BaseResolution] = {}
+    for name in order:
+        layer = graph.nodes[name]["layer"]
+        if not layer.base or layer.base.ref in bases:
+            continue
+        ref = layer.base.ref
+        if layer.base.digest:
+            bases[ref] = BaseResolution(ref=ref, digest=layer.base.digest, source="pinned")
+            continue
+        digest = None
+        if engine is not None:
+            from efabuild.engine.images import resolve_digest
+
+            digest = resolve_digest(engine, ref)
+        bases[ref] = BaseResolution(ref=ref, digest=digest, source="engine" if digest else "unresolved")
+    return bases
+
+
+def _engine_keys(engine) -> set[str]:
+    from efabuild.engine.images import existing_tags
+
+    keys = set()
+    for tag in existing_tags(engine, repo_prefix=f"{IMAGE_REPO}/"):
+        candidate = tag.rsplit(":", 1)[-1]
+        if KEY_TAG.match(candidate):
+            keys.add(candidate)
+    return keys
+
+
+def _registry_keys(ws: Workspace, engine, graph, order, inputs) -> set[str]:
+    registry = ws.settings.registry
+    if registry is None or engine is None:
+        return set()
+    from efabuild.engine.registry import has
+
+    found = set()
+    for name in order:
+        key = inputs[name].key()
+        if has(engine, image_tag(graph.nodes[name]["layer"].name, key), registry):
+            found.add(key)
+    return found
+
+
+def _stored_keys(ws: Workspace, graph, order, inputs) -> set[str]:
+    artifact_keys = [inputs[n].key() for n in order if graph.nodes[n]["layer"].artifact]
+    if not artifact_keys:
+        return set()
+    try:
+        from efabuild.store import Store
+    except ImportError:
+        return set()
+    store = Store.from_settings(ws.settings.store, ws.root)
+    return {key for key in artifact_keys if store.has(key)}

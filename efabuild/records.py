@@ -1,0 +1,83 @@
+"""What was built: the inputs behind every key, and each layer's build history.
+
+Kept under the local store (`builds/`), so a later plan can say which input changed since the last
+build of a layer. Files are written with write-temp-then-rename: a reader sees a whole record or none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from efabuild.keys import LayerInputs, canonical_json
+
+HISTORY_LIMIT = 50
+
+
+class BuildRecords:
+    def __init__(self, store_root: Path) -> None:
+        self.root = store_root / "builds"
+
+    def _key_path(self, key: str) -> Path:
+        return self.root / "keys" / key[:2] / f"{key}.json"
+
+    def _layer_path(self, qualname: str) -> Path:
+        graph, layer = qualname.split(":", 1)
+        return self.root / "layers" / graph / f"{layer}.json"
+
+    def inputs(self, key: str) -> LayerInputs | None:
+        data = _read_json(self._key_path(key))
+        return LayerInputs.from_dict(data) if data else None
+
+    def history(self, qualname: str) -> list[dict[str, Any]]:
+        data = _read_json(self._layer_path(qualname))
+        return list(data.get("builds", [])) if data else []
+
+    def last_key(self, qualname: str) -> str | None:
+        history = self.history(qualname)
+        return history[-1]["key"] if history else None
+
+    def built_keys(self, qualnames) -> set[str]:
+        return {entry["key"] for name in qualnames for entry in self.history(name)}
+
+    def record(self, qualname: str, key: str, inputs: LayerInputs, seconds: float | None = None) -> None:
+        key_path = self._key_path(key)
+        if not key_path.exists():
+            _write_atomic(key_path, canonical_json(inputs.to_dict()))
+        history = [entry for entry in self.history(qualname) if entry["key"] != key]
+        entry: dict[str, Any] = {"key": key, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        if seconds is not None:
+            entry["seconds"] = round(seconds, 3)
+        history.append(entry)
+        _write_atomic(self._layer_path(qualname),
+                      json.dumps({"builds": history[-HISTORY_LIMIT:]}, indent=1).encode())
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_bytes())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except (OSError, ValueError):
+        return None  # unreadable record: treated as absent, the next build rewrites it
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

@@ -1,0 +1,431 @@
+"""Read BUILD.toml and graphs/*.toml into the frozen model, or fail with one InputError line.
+
+Every message names the file, the key inside it and the problem, e.g.
+`graphs/demo.toml: layers.user.parent: unknown layer 'deepp' (did you mean 'deepep'?)`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from efabuild.errors import InputError
+from efabuild.model import (
+    DEFAULT_PLATFORM,
+    AuditPolicy,
+    BaseImage,
+    BuilderSettings,
+    ExportSettings,
+    Graph,
+    Layer,
+    LintIgnore,
+    RegistrySettings,
+    S3Settings,
+    Settings,
+    StoreSettings,
+    Workspace,
+)
+
+BUILD_FILE = "BUILD.toml"
+
+# Lowercase, like a Docker repository path component: safe as an image tag part and a file name.
+SAFE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+MAX_NAME = 64
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TOML_LINE = re.compile(r"\(at line (\d+), column \d+\)")
+
+
+def find_root(start: Path) -> Path:
+    """The nearest directory at or above `start` that holds BUILD.toml."""
+    start = start.resolve()
+    for directory in (start, *start.parents):
+        if (directory / BUILD_FILE).is_file():
+            return directory
+    raise InputError(f"no {BUILD_FILE} here or in any parent directory (use -C DIR)", str(start))
+
+
+def load_workspace(root: Path) -> Workspace:
+    root = root.resolve()
+    build_path = root / BUILD_FILE
+    settings = _settings(_read_toml(build_path, root), build_path.name, root)
+    graphs = tuple(_graph(path, root) for path in _graph_paths(settings.graph_files, root))
+    _check_unique_graphs(graphs, root)
+    ws = Workspace(root=root, settings=settings, graphs=graphs)
+    _check_parents(ws)
+    return ws
+
+
+# --- TOML reading and small typed accessors ----------------------------------------------------
+
+
+def _read_toml(path: Path, root: Path) -> dict[str, Any]:
+    where = _rel(path, root)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("file not found", where) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read: {exc}", where) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        line = TOML_LINE.search(message)
+        problem = TOML_LINE.sub("", message).strip()
+        raise InputError(f"invalid TOML: {problem}", f"{where}:{line.group(1)}" if line else where) from None
+
+
+class _Table:
+    """A TOML table with its dotted location, for messages; rejects unknown keys with a suggestion."""
+
+    def __init__(self, data: Any, file: str, dotted: str, known: tuple[str, ...]) -> None:
+        if not isinstance(data, dict):
+            raise InputError(f"must be a table, not {_type_name(data)}", f"{file}: {dotted}")
+        self.data, self.file, self.dotted = data, file, dotted
+        for key in data:
+            if key not in known:
+                hint = difflib.get_close_matches(key, known, n=1)
+                suggestion = f" (did you mean '{hint[0]}'?)" if hint else f" (known: {', '.join(known)})"
+                raise InputError(f"unknown key{suggestion}", self.where(key))
+
+    def where(self, key: str) -> str:
+        return f"{self.file}: {self.dotted}.{key}" if self.dotted else f"{self.file}: {key}"
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
+        if key not in self.data:
+            return default
+        value = self.data[key]
+        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+            expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise InputError(f"must be {_article(expected)}, not {_type_name(value)}", self.where(key))
+        return value
+
+    def str_list(self, key: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+        values = self.get(key, list)
+        if values is None:
+            return default
+        for value in values:
+            if not isinstance(value, str):
+                raise InputError(f"must be a list of strings, found {_type_name(value)}", self.where(key))
+        return tuple(values)
+
+    def table(self, key: str, known: tuple[str, ...]) -> _Table | None:
+        if key not in self.data:
+            return None
+        return _Table(self.data[key], self.file, f"{self.dotted}.{key}" if self.dotted else key, known)
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a float"}.get(type(value), type(value).__name__)
+
+
+def _article(name: str) -> str:
+    return {"str": "a string", "int": "an integer", "bool": "a boolean", "list": "an array",
+            "dict": "a table"}.get(name, name)
+
+
+# --- BUILD.toml ---------------------------------------------------------------------------------
+
+
+def _settings(data: dict[str, Any], file: str, root: Path) -> Settings:
+    top = _Table(data, file, "", ("workspace", "store", "builder", "registry", "export", "audit"))
+    defaults = Settings()
+    ws = top.table("workspace", ("graphs",))
+    graph_files = ws.str_list("graphs", defaults.graph_files) if ws else defaults.graph_files
+    return Settings(
+        graph_files=graph_files,
+        store=_store(top.table("store", ("local", "shared", "keep", "pins", "s3")), root),
+        builder=_builder(top.table("builder", ("platform", "jobs", "context", "host", "buildx_builder"))),
+        registry=_registry(top.table("registry", ("url", "insecure"))),
+        export=_export(top.table("export", ("compression", "compress_data", "extra_options"))),
+        audit=_audit(top.table("audit", ("host_efa_installer", "min_versions", "required_pins", "known_bad"))),
+    )
+
+
+def _store(t: _Table | None, root: Path) -> StoreSettings:
+    if t is None:
+        return StoreSettings(local=root / "cache")
+    s3 = t.table("s3", ("bucket", "prefix", "region", "endpoint_url"))
+    s3_settings = None
+    if s3 is not None:
+        bucket = s3.get("bucket", str)
+        if not bucket:
+            raise InputError("missing: the S3 tier needs a bucket", s3.where("bucket"))
+        s3_settings = S3Settings(bucket=bucket, prefix=s3.get("prefix", str, ""),
+                                 region=s3.get("region", str), endpoint_url=s3.get("endpoint_url", str))
+    keep = t.get("keep", int, 3)
+    if keep < 1:
+        raise InputError("must be at least 1", t.where("keep"))
+    shared = t.get("shared", str)
+    return StoreSettings(
+        local=_dir_setting(t.get("local", str, "cache"), root),
+        shared=_dir_setting(shared, root) if shared else None,
+        s3=s3_settings,
+        keep=keep,
+        pins=t.str_list("pins"),
+    )
+
+
+def _dir_setting(value: str, root: Path) -> Path:
+    path = Path(os.path.expanduser(value))
+    return path if path.is_absolute() else root / path
+
+
+def _builder(t: _Table | None) -> BuilderSettings:
+    if t is None:
+        return BuilderSettings()
+    jobs = t.get("jobs", int, 2)
+    if jobs < 1:
+        raise InputError("must be at least 1", t.where("jobs"))
+    chosen = [k for k in ("context", "host", "buildx_builder") if k in t.data]
+    if len(chosen) > 1:
+        raise InputError(f"set only one of {', '.join(chosen)}", t.where(chosen[1]))
+    return BuilderSettings(
+        platform=t.get("platform", str, DEFAULT_PLATFORM), jobs=jobs, context=t.get("context", str),
+        host=t.get("host", str), buildx_builder=t.get("buildx_builder", str),
+    )
+
+
+def _registry(t: _Table | None) -> RegistrySettings | None:
+    if t is None:
+        return None
+    url = t.get("url", str)
+    if not url:
+        raise InputError("missing: the layer-cache registry needs a url", t.where("url"))
+    if "://" in url:
+        raise InputError("give host[:port][/path] without a scheme", t.where("url"))
+    return RegistrySettings(url=url.rstrip("/"), insecure=t.get("insecure", bool, False))
+
+
+def _export(t: _Table | None) -> ExportSettings:
+    if t is None:
+        return ExportSettings()
+    compression = t.get("compression", str, "lzo")
+    known = ("gzip", "lzo", "lz4", "xz", "zstd", "lzma")
+    if compression not in known:
+        raise InputError(f"unknown compression '{compression}' (one of {', '.join(known)})",
+                         t.where("compression"))
+    return ExportSettings(compression=compression, compress_data=t.get("compress_data", bool, False),
+                          extra_options=t.str_list("extra_options"))
+
+
+VERSION_SPEC = re.compile(r"^([a-z0-9-]+)\s*(>=|<=|==|<|>)\s*([0-9][0-9A-Za-z.+-]*)$")
+
+
+def _audit(t: _Table | None) -> AuditPolicy:
+    if t is None:
+        return AuditPolicy()
+    minimums = t.get("min_versions", dict, {})
+    for component, version in minimums.items():
+        if not isinstance(version, str):
+            raise InputError("must be a version string", t.where(f"min_versions.{component}"))
+    known_bad = []
+    for index, entry in enumerate(t.get("known_bad", list, [])):
+        item = _Table(entry, t.file, f"audit.known_bad[{index}]", ("when", "and", "why"))
+        parts = []
+        for key in ("when", "and"):
+            spec = item.get(key, str)
+            match = VERSION_SPEC.match(spec or "")
+            if not match:
+                raise InputError("must look like 'nccl>=2.19'", item.where(key))
+            parts += [match.group(1), match.group(2) + match.group(3)]
+        known_bad.append((*parts, item.get("why", str, "")))
+    return AuditPolicy(
+        host_efa_installer=t.get("host_efa_installer", str),
+        min_versions=tuple(sorted(minimums.items())),
+        required_pins=t.str_list("required_pins"),
+        known_bad=tuple(known_bad),
+    )
+
+
+# --- graphs/*.toml ------------------------------------------------------------------------------
+
+LAYER_KEYS = ("base", "digest", "parent", "dockerfile", "dockerfile_file", "args", "context",
+              "artifact", "ignore")
+
+
+def _graph_paths(patterns: tuple[str, ...], root: Path) -> list[Path]:
+    paths: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern, root_dir=root, recursive=True))
+        if not matches and not glob.has_magic(pattern):
+            raise InputError("file not found", f"{BUILD_FILE}: workspace.graphs: {pattern}")
+        for match in matches:
+            path = root / match
+            if path not in paths:
+                paths.append(path)
+    return paths
+
+
+def _graph(path: Path, root: Path) -> Graph:
+    file = _rel(path, root)
+    name = path.stem
+    _check_name(name, f"{file}: graph name (the file name)")
+    text = path.read_text(encoding="utf-8")
+    top = _Table(_read_toml(path, root), file, "", ("graph", "layers"))
+    meta = top.table("graph", ("description",))
+    layers_data = top.get("layers", dict, {})  # layer names are free-form: each is checked below
+    layers: list[Layer] = []
+    if not layers_data:
+        raise InputError("no layers: add a [layers.NAME] table", file)
+    for layer_name, data in layers_data.items():
+        layers.append(_layer(name, layer_name, data, path, file, text, root))
+    return Graph(name=name, source=path, description=meta.get("description", str, "") if meta else "",
+                 layers=tuple(layers))
+
+
+def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, root: Path) -> Layer:
+    dotted = f"layers.{name}"
+    _check_name(name, f"{file}: {dotted}")
+    t = _Table(data, file, dotted, LAYER_KEYS)
+    base_ref, parent = t.get("base", str), t.get("parent", str)
+    if base_ref and parent:
+        raise InputError("has both base and parent: a layer starts from exactly one", f"{file}: {dotted}")
+    if not base_ref and not parent:
+        raise InputError("has neither base nor parent: name a base image or a parent layer",
+                         f"{file}: {dotted}")
+    digest = t.get("digest", str)
+    if digest and not base_ref:
+        raise InputError("a digest pins a base image; this layer has a parent", t.where("digest"))
+    if digest and not DIGEST.match(digest):
+        raise InputError("must be 'sha256:' and 64 lowercase hex digits", t.where("digest"))
+    if base_ref and (not base_ref.strip() or any(c.isspace() for c in base_ref) or "@" in base_ref):
+        raise InputError("must be an image reference like registry/repo:tag (pin with digest = ...)",
+                         t.where("base"))
+    dockerfile, dockerfile_file, dockerfile_line = _dockerfile(t, file, dotted, text, root)
+    args = t.get("args", dict, {})
+    arg_table = _Table(args, file, f"{dotted}.args", tuple(args))
+    for arg_name, value in args.items():
+        if not ARG_NAME.match(arg_name):
+            raise InputError("not a valid build-arg name", arg_table.where(arg_name))
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise InputError(f"must be a string or number, not {_type_name(value)}", arg_table.where(arg_name))
+    context = tuple(_context_path(entry, root, t.where("context")) for entry in t.str_list("context"))
+    ignores = []
+    for index, entry in enumerate(t.get("ignore", list, [])):
+        item = _Table(entry, file, f"{dotted}.ignore[{index}]", ("rule", "reason"))
+        rule, reason = item.get("rule", str), item.get("reason", str)
+        if not rule:
+            raise InputError("missing: which lint rule to ignore", item.where("rule"))
+        if not reason or not reason.strip():
+            raise InputError(f"ignoring {rule} needs a reason", item.where("reason"))
+        ignores.append(LintIgnore(rule=rule, reason=reason))
+    return Layer(
+        graph=graph, name=name, source=path, dockerfile=dockerfile, dockerfile_file=dockerfile_file,
+        base=BaseImage(ref=base_ref, digest=digest) if base_ref else None,
+        parent=_qualify(parent, graph) if parent else None,
+        args=tuple(sorted((k, str(v)) for k, v in args.items())),
+        context=context, artifact=t.get("artifact", bool, False), ignore=tuple(ignores),
+        line=_table_line(text, name), dockerfile_line=dockerfile_line,
+    )
+
+
+def _dockerfile(t: _Table, file: str, dotted: str, text: str, root: Path) -> tuple[str, str | None, int]:
+    inline, from_file = t.get("dockerfile", str), t.get("dockerfile_file", str)
+    if inline is not None and from_file is not None:
+        raise InputError("set dockerfile or dockerfile_file, not both", f"{file}: {dotted}")
+    if from_file is not None:
+        rel = _context_path(from_file, root, t.where("dockerfile_file"))
+        path = root / rel
+        if not path.is_file():
+            raise InputError(f"not a file: {rel}", t.where("dockerfile_file"))
+        content, where, line = path.read_text(encoding="utf-8"), t.where("dockerfile_file"), 1
+    else:
+        content, where, rel = inline or "", t.where("dockerfile"), None
+        line = _dockerfile_line(text, dotted.split(".", 1)[1])
+    if not content.strip():
+        raise InputError("empty Dockerfile text", where)
+    if re.match(r"^\s*FROM\s", _first_instruction(content), re.IGNORECASE):
+        raise InputError("starts with FROM: efabuild writes the FROM line from base/parent", where)
+    return content, rel, line
+
+
+def _first_instruction(text: str) -> str:
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            return line
+    return ""
+
+
+def _context_path(entry: str, root: Path, where: str) -> str:
+    """A workspace-relative path that stays inside the workspace, symlinks resolved."""
+    if not entry or entry.startswith("/") or os.path.isabs(entry):
+        raise InputError(f"'{entry}' must be relative to the workspace", where)
+    normalized = os.path.normpath(entry)
+    if normalized == ".." or normalized.startswith("../"):
+        raise InputError(f"'{entry}' leaves the workspace", where)
+    path = root / normalized
+    if not path.exists() and not path.is_symlink():
+        raise InputError(f"'{entry}' does not exist", where)
+    resolved = path.resolve()
+    if resolved != root and root not in resolved.parents:
+        raise InputError(f"'{entry}' leads outside the workspace (symlink to {resolved})", where)
+    return normalized
+
+
+def _qualify(parent: str, graph: str) -> str:
+    return parent if ":" in parent else f"{graph}:{parent}"
+
+
+def _check_name(name: str, where: str) -> None:
+    if len(name) > MAX_NAME or not SAFE_NAME.match(name):
+        raise InputError(
+            f"'{name}' is not a safe name: use lowercase letters, digits and single . _ - inside "
+            f"(at most {MAX_NAME} characters)", where)
+
+
+def _table_line(text: str, name: str) -> int | None:
+    match = re.search(rf'^\s*\[\s*layers\s*\.\s*"?{re.escape(name)}"?\s*\]', text, re.MULTILINE)
+    return text.count("\n", 0, match.start()) + 1 if match else None
+
+
+def _dockerfile_line(text: str, name: str) -> int:
+    """Line of the first Dockerfile line of an inline `dockerfile = '''...` in the layer's table."""
+    start = _table_line(text, name)
+    if start is None:
+        return 1
+    lines = text.splitlines()
+    for index in range(start, len(lines)):
+        if re.match(r"^\s*\[", lines[index]):
+            break
+        match = re.match(r'^\s*dockerfile\s*=\s*("""|\'\'\'|"|\')(.*)$', lines[index])
+        if match:
+            # a multi-line string that starts right after the quotes begins on the next line
+            quote, rest = match.groups()
+            return index + 2 if len(quote) == 3 and not rest.strip() else index + 1
+    return start
+
+
+def _check_unique_graphs(graphs: tuple[Graph, ...], root: Path) -> None:
+    seen: dict[str, Graph] = {}
+    for graph in graphs:
+        if graph.name in seen:
+            raise InputError(f"duplicate graph name '{graph.name}' (also {_rel(seen[graph.name].source, root)})",
+                             _rel(graph.source, root))
+        seen[graph.name] = graph
+
+
+def _check_parents(ws: Workspace) -> None:
+    layers = ws.layers
+    for layer in layers.values():
+        if layer.parent and layer.parent not in layers:
+            same_graph = [q.split(":", 1)[1] for q in layers if q.startswith(f"{layer.graph}:")]
+            wanted = layer.parent.split(":", 1)[1] if layer.parent.startswith(f"{layer.graph}:") else layer.parent
+            hint = difflib.get_close_matches(wanted, same_graph + list(layers), n=1)
+            suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
+            raise InputError(f"unknown layer '{wanted}'{suggestion}",
+                             f"{ws.relpath(layer.source)}: layers.{layer.name}.parent")
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
