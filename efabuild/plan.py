@@ -115,8 +115,11 @@ def make_plan(
         layer: Layer = graph.nodes[name]["layer"]
         key = keys[name]
         needs_artifact = layer.artifact and key not in availability.artifacts
-        child_builds = any(actions.get(c) == BUILD for c in graph.successors(name) if c in selected)
-        if not (needs_artifact or child_builds):
+        children = [c for c in graph.successors(name) if c in selected]
+        child_builds = any(actions.get(c) == BUILD for c in children)
+        # the goal of a make: every artifact as a .sqsh, and every top image that is no artifact
+        wanted_image = not children and not layer.artifact
+        if not (needs_artifact or child_builds or wanted_image):
             actions[name] = NOTHING
         elif key in availability.images:
             actions[name] = EXPORT if needs_artifact else NOTHING

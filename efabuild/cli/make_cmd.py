@@ -1,14 +1,82 @@
-"""Placeholder until the command lands."""
+"""`efabuild make`: build what the plan says, export and publish the artifacts."""
 
 from __future__ import annotations
 
+import sys
+
 
 def configure(name, sub, common):
-    p = sub.add_parser(name, parents=[common], help="(not available yet)")
-    p.set_defaults(run=_run)
+    p = sub.add_parser(name, parents=[common], help="build the layers whose key changed; export artifacts")
+    p.add_argument("targets", nargs="*", metavar="GRAPH[:LAYER]", help="graphs or layers (default: all)")
+    p.add_argument("-j", "--jobs", type=int, default=None, help="layers built in parallel (default: [builder] jobs)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and build nothing")
+    p.add_argument("--no-lint", action="store_true", help="build even when lint finds errors")
+    p.add_argument("--builder", metavar="NAME",
+                   help="a Docker context, a host URL (unix://, tcp://, ssh://) or a buildx builder")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(run=run)
 
 
-def _run(args):
-    from efabuild.errors import EfabuildError
+def run(args) -> int:
+    import attrs
 
-    raise EfabuildError(f"{args.command}: not available yet")
+    from efabuild import make
+    from efabuild.cli.common import print_json, workspace
+    from efabuild.cli.plan_cmd import render
+    from efabuild.errors import EfabuildError, InputError
+    from efabuild.planning import prepare
+    from efabuild.ui import reporter_for
+
+    ws = workspace()
+    if args.jobs is not None and args.jobs < 1:
+        raise InputError("--jobs must be at least 1")
+    if args.builder:
+        ws = attrs.evolve(ws, settings=attrs.evolve(ws.settings, builder=_builder_override(ws.settings.builder, args.builder)))
+    if not args.no_lint:
+        _lint_or_stop(ws, args.targets)
+    prepared = prepare(ws, args.targets, require_engine=not args.dry_run)
+    if args.dry_run:
+        print(render(prepared.plan, prepared.engine_error))
+        return 0
+    print(render(prepared.plan, None), file=sys.stderr)
+    reporter = reporter_for(sys.stderr)
+    try:
+        result = make.run(prepared, reporter, jobs=args.jobs or ws.settings.builder.jobs)
+    finally:
+        reporter.close()
+    if args.json:
+        print_json({"outcomes": [attrs.asdict(o) for o in result.outcomes], "failed": result.failed})
+    else:
+        print(make.summary(result))
+    if result.failed:
+        failed = [o for o in result.outcomes if o.status == make.FAILED]
+        for outcome in failed:
+            print(f"efabuild: {outcome.qualname} failed: {outcome.detail}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _builder_override(builder, value: str):
+    import attrs
+
+    if "://" in value:
+        return attrs.evolve(builder, host=value, context=None, buildx_builder=None)
+    if value.startswith("buildx:"):
+        return attrs.evolve(builder, buildx_builder=value.split(":", 1)[1], context=None, host=None)
+    return attrs.evolve(builder, context=value, host=None, buildx_builder=None)
+
+
+def _lint_or_stop(ws, targets) -> None:
+    from efabuild.errors import InputError
+
+    try:
+        from efabuild.lint import lint_workspace
+    except ImportError:
+        return
+    graphs = sorted({t.split(":", 1)[0] for t in targets}) or None
+    errors = [f for f in lint_workspace(ws, graphs) if f.severity == "error"]
+    if errors:
+        for finding in errors:
+            print(f"{finding.file}:{finding.line or ''}: {finding.rule} error {finding.layer}: {finding.message}",
+                  file=sys.stderr)
+        raise InputError(f"lint found {len(errors)} error(s): fix them, or build anyway with --no-lint")

@@ -1,0 +1,284 @@
+"""`efabuild make`: run a plan. Pull or build each layer in dependency order, then export, describe
+and publish every artifact layer.
+
+Independent layers run in parallel (`jobs`); a failed layer skips its descendants while other
+branches finish. Every build's full log is kept under the local store.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+import attrs
+
+from efabuild.errors import EfabuildError
+from efabuild.keys import short
+from efabuild.model import Layer, Workspace
+from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
+from efabuild.planning import IMAGE_REPO, Prepared, image_tag
+from efabuild.ui import Reporter
+
+# Fixed timestamps for every build: 1980-01-01, the earliest a ZIP archive can hold.
+SOURCE_DATE_EPOCH = 315532800
+
+BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED = "built", "pulled", "exported", "reused", "failed", "skipped"
+
+
+@attrs.frozen
+class Outcome:
+    qualname: str
+    key: str
+    status: str
+    seconds: float = 0.0
+    detail: str = ""  # log path, artifact path or the failure message
+    steps: tuple[str, ...] = ()  # what ran for this layer: build, push, export...
+
+
+@attrs.frozen
+class MakeResult:
+    outcomes: tuple[Outcome, ...]
+
+    @property
+    def failed(self) -> bool:
+        return any(o.status == FAILED for o in self.outcomes)
+
+
+class _Runner:
+    def __init__(self, prepared: Prepared, reporter: Reporter) -> None:
+        self.p = prepared
+        self.ws: Workspace = prepared.ws
+        self.engine = prepared.engine
+        self.reporter = reporter
+        self.store_root = self.ws.settings.store.local
+        self.plans = prepared.plan.by_name()
+        from efabuild.engine.images import existing_tags
+
+        # key -> a tag that has it: identical inputs in another graph share the image
+        self.tags: dict[str, str] = {}
+        for tag in existing_tags(self.engine, repo_prefix=f"{IMAGE_REPO}/"):
+            self.tags.setdefault(tag.rsplit(":", 1)[-1], tag)
+        self._store = None
+
+    # --- one layer ---------------------------------------------------------------------------
+
+    def run_layer(self, lp: LayerPlan) -> Outcome:
+        layer: Layer = self.p.graph.nodes[lp.qualname]["layer"]
+        started = time.monotonic()
+        steps: list[str] = []
+        detail = ""
+        status = REUSED
+        if lp.action == PULL:
+            self.reporter.started(lp.qualname, "pull", short(lp.key))
+            self._pull(layer, lp)
+            steps.append("pull")
+            status = PULLED
+        elif lp.action == BUILD:
+            self.reporter.started(lp.qualname, "build", "; ".join(lp.reasons))
+            detail = self._build(layer, lp)
+            steps.append("build")
+            status = BUILT
+            if self.ws.settings.registry is not None:
+                self._push(layer, lp)
+                steps.append("push")
+        self._ensure_own_tag(layer, lp)
+        if layer.artifact and not self._store_has(lp.key):
+            if not steps:
+                self.reporter.started(lp.qualname, "export", short(lp.key))
+            detail = self._export_and_publish(layer, lp)
+            steps.append("export")
+            status = EXPORTED if status == REUSED else status
+        return Outcome(lp.qualname, lp.key, status, time.monotonic() - started, detail, tuple(steps))
+
+    def _pull(self, layer: Layer, lp: LayerPlan) -> None:
+        from efabuild.engine.registry import pull
+
+        tag = image_tag(layer.name, lp.key)
+        if not pull(self.engine, tag, self.ws.settings.registry):
+            raise EfabuildError(f"{lp.qualname}: {tag} vanished from the registry {self.ws.settings.registry.url}")
+        self.tags[lp.key] = tag
+
+    def _push(self, layer: Layer, lp: LayerPlan) -> None:
+        from efabuild.engine.registry import push
+
+        push(self.engine, image_tag(layer.name, lp.key), self.ws.settings.registry)
+
+    def _ensure_own_tag(self, layer: Layer, lp: LayerPlan) -> None:
+        """A layer whose image exists under another layer's name gets its own tag too."""
+        own = image_tag(layer.name, lp.key)
+        existing = self.tags.get(lp.key)
+        if existing and existing != own:
+            self.engine.client.image.tag(existing, own)
+        if existing:
+            self.tags.setdefault(lp.key, own)
+
+    def from_line(self, layer: Layer, lp: LayerPlan) -> str:
+        if layer.parent:
+            parent_key = self.plans[layer.parent].key
+            tag = self.tags.get(parent_key)
+            if tag is None:
+                raise EfabuildError(f"{lp.qualname}: parent image {short(parent_key)} is not in the engine")
+            return f"FROM {tag}"
+        digest = lp.inputs.base_digest
+        base = next(b for b in self.p.plan.bases if b.ref == layer.base.ref)
+        # only a registry digest can be pinned in FROM; a local image ID is matched by the tag
+        if digest and base.source in ("pinned", "registry"):
+            return f"FROM {layer.base.ref}@{digest}"
+        return f"FROM {layer.base.ref}"
+
+    def _build(self, layer: Layer, lp: LayerPlan) -> str:
+        from efabuild.engine.build import BuildRequest, build_layer
+
+        log_path = self.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        dockerfile = f"{self.from_line(layer, lp)}\n{layer.dockerfile}"
+        with self._context_dir(layer) as context_dir:
+            request = BuildRequest(
+                tag=image_tag(layer.name, lp.key),
+                dockerfile=dockerfile,
+                context_dir=context_dir,
+                build_args=dict(layer.args),
+                labels={"org.efabuild.key": lp.key, "org.efabuild.graph": layer.graph,
+                        "org.efabuild.layer": layer.name},
+                platform=self.ws.settings.builder.platform,
+                source_date_epoch=SOURCE_DATE_EPOCH,
+            )
+            build_layer(self.engine, request, log_path,
+                        on_line=lambda text: self.reporter.line(lp.qualname, text))
+        self.tags[lp.key] = request.tag
+        self.p.records.record(lp.qualname, lp.key, lp.inputs)
+        return str(log_path)
+
+    def _context_dir(self, layer: Layer):
+        """A build context holding exactly the layer's context files (hard links where possible)."""
+        tmp_root = self.store_root / "tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        directory = Path(tempfile.mkdtemp(prefix=f"context-{layer.name}-", dir=tmp_root))
+        for entry in layer.context:
+            source = self.ws.root / entry
+            target = directory / entry
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if source.is_dir() and not source.is_symlink():
+                shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
+            else:
+                _link_or_copy(str(source), str(target))
+        return _Cleanup(directory)
+
+    # --- artifacts ---------------------------------------------------------------------------
+
+    @property
+    def store(self):
+        if self._store is None:
+            from efabuild.store import Store
+
+            self._store = Store.from_settings(self.ws.settings.store, self.ws.root)
+        return self._store
+
+    def _store_has(self, key: str) -> bool:
+        return self.store.has(key)
+
+    def _export_and_publish(self, layer: Layer, lp: LayerPlan) -> str:
+        from efabuild import artifacts
+
+        path = artifacts.export_and_publish(
+            ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
+            tag=self.tags[lp.key], reporter=self.reporter,
+        )
+        return str(path)
+
+
+class _Cleanup:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def __enter__(self) -> Path:
+        return self.directory
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dst, follow_symlinks=False)
+    return dst
+
+
+def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
+    """Run every layer of the plan that has work, parents before children, `jobs` at a time."""
+    runner = _Runner(prepared, reporter)
+    graph = prepared.graph
+    plans = prepared.plan.by_name()
+    pending = list(prepared.order)
+    outcomes: dict[str, Outcome] = {}
+    running: dict[Future, str] = {}
+
+    def blocked_by_failure(name: str) -> str | None:
+        parent = graph.nodes[name]["layer"].parent
+        if parent and parent in outcomes and outcomes[parent].status in (FAILED, SKIPPED):
+            return parent
+        return None
+
+    def ready(name: str) -> bool:
+        parent = graph.nodes[name]["layer"].parent
+        return parent is None or parent not in plans or parent in outcomes
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        try:
+            while pending or running:
+                for name in list(pending):
+                    failed_parent = blocked_by_failure(name)
+                    if failed_parent:
+                        pending.remove(name)
+                        outcomes[name] = Outcome(name, plans[name].key, SKIPPED,
+                                                 detail=f"parent {failed_parent} did not finish")
+                        reporter.finished(name, f"skipped: parent {failed_parent} did not finish")
+                    elif ready(name) and len(running) < jobs:
+                        pending.remove(name)
+                        lp = plans[name]
+                        if lp.action == NOTHING:
+                            outcomes[name] = Outcome(name, lp.key, REUSED)
+                            continue
+                        running[pool.submit(runner.run_layer, lp)] = name
+                if not running:
+                    continue
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    name = running.pop(future)
+                    try:
+                        outcome = future.result()
+                    except EfabuildError as exc:
+                        outcome = Outcome(name, plans[name].key, FAILED, detail=str(exc))
+                        reporter.finished(name, f"FAILED: {exc}")
+                    else:
+                        reporter.finished(name, _describe(outcome))
+                    outcomes[name] = outcome
+        except KeyboardInterrupt:
+            for future in running:
+                future.cancel()
+            raise
+    return MakeResult(tuple(outcomes[name] for name in prepared.order if name in outcomes))
+
+
+def _describe(outcome: Outcome) -> str:
+    steps = " + ".join(outcome.steps) or "nothing to do"
+    text = f"{outcome.status} ({steps}) in {outcome.seconds:.1f}s"
+    if outcome.detail:
+        text += f" — {outcome.detail}"
+    return text
+
+
+def summary(result: MakeResult) -> str:
+    from efabuild.cli.common import table
+
+    rows = [[o.qualname, short(o.key), o.status, f"{o.seconds:.1f}s", o.detail.splitlines()[0] if o.detail else ""]
+            for o in result.outcomes]
+    counts = {s: sum(o.status == s for o in result.outcomes) for s in (BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED)}
+    tail = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing to do"
+    return table(rows, ["LAYER", "KEY", "RESULT", "TIME", "LOG / ARTIFACT"]) + "\n" + tail

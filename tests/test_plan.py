@@ -1,0 +1,144 @@
+"""The plan: what is to build and, in words, why."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from efabuild.planning import prepare
+from efabuild.workspace import load_workspace
+from tests.wsfactory import SIMPLE_GRAPH as WITH_ARTIFACTS
+from tests.wsfactory import make_workspace
+
+# Image layers only: with no .sqsh to export, a recorded build is all that "available" needs.
+SIMPLE_GRAPH = WITH_ARTIFACTS.replace("artifact = true\n", "")
+
+
+def plan_json(root: Path, *targets: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan", "--offline", "--json", *targets],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_an_artifact_layer_without_its_sqsh_is_to_export(tmp_path):
+    root = make_workspace(tmp_path / "ws", {"stack": WITH_ARTIFACTS})
+    record_all(root)
+    layers = by_name(plan_json(root))
+    assert layers["stack:efa"]["state"] == "to export" and layers["stack:user"]["state"] == "to export"
+    assert layers["stack:deepep"]["state"] == "available"
+    assert layers["stack:efa"]["reasons"] == ["no .sqsh in the store yet"]
+
+
+def record_all(root: Path) -> None:
+    """Record every layer as built, as a finished make would."""
+    prepared = prepare(load_workspace(root), use_engine=False)
+    for lp in prepared.plan.layers:
+        prepared.records.record(lp.qualname, lp.key, lp.inputs)
+
+
+def by_name(data: dict) -> dict[str, dict]:
+    return {layer["name"]: layer for layer in data["layers"]}
+
+
+def age_files(root: Path) -> None:
+    """Make context files older than the racy-mtime window, so the hash cache trusts them."""
+    past = time.time() - 60
+    for path in (root / "app").rglob("*"):
+        os.utime(path, (past, past))
+
+
+def test_first_plan_says_new_layers_and_unresolved_digest(tmp_path):
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
+    data = plan_json(root)
+    layers = by_name(data)
+    assert list(layers) == ["stack:efa", "stack:deepep", "stack:user"]
+    assert all(l["state"] == "to build" and l["reasons"] == ["new layer (no earlier build recorded)"]
+               for l in layers.values())
+    assert data["bases"] == [{"ref": "example.com/pytorch:26.08-py3", "digest": None, "source": "unresolved"}]
+    text = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan", "--offline"],
+                          capture_output=True, text=True).stdout
+    assert "digest unresolved" in text and "3 to build" in text
+
+
+def test_installer_version_change_rebuilds_exactly_that_layer_and_descendants(tmp_path):
+    graph = SIMPLE_GRAPH.replace('args = { EFA_INSTALLER_VERSION = "1.50.0" }',
+                                 'args = { EFA_INSTALLER_VERSION = "1.49.0" }')
+    root = make_workspace(tmp_path / "ws", {"stack": graph, "other": SIMPLE_GRAPH.replace("example.com", "other.example")})
+    record_all(root)
+    assert {l["state"] for l in plan_json(root)["layers"]} == {"available"}
+    (root / "graphs" / "stack.toml").write_text(SIMPLE_GRAPH)
+    layers = by_name(plan_json(root))
+    assert layers["stack:efa"]["state"] == "to build"
+    assert layers["stack:efa"]["reasons"] == ["EFA_INSTALLER_VERSION 1.49.0 → 1.50.0"]
+    assert layers["stack:deepep"]["reasons"] == ["parent efa changed"]
+    assert layers["stack:user"]["reasons"] == ["parent deepep changed"]
+    assert {n for n, l in layers.items() if l["state"] != "available"} == {"stack:efa", "stack:deepep", "stack:user"}
+
+
+def test_reasons_for_dockerfile_context_and_args(tmp_path):
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
+    record_all(root)
+    text = (root / "graphs" / "stack.toml").read_text()
+    text = text.replace("RUN echo deepep ${HYBRID_EP_COMMIT}\n",
+                        "RUN echo deepep ${HYBRID_EP_COMMIT}\nRUN a\nRUN b\nRUN c\n")
+    text = text.replace("RUN echo installing efa", "RUN echo installing EFA")
+    (root / "graphs" / "stack.toml").write_text(text)
+    (root / "app" / "train.py").write_text("print('changed')\n")
+    (root / "app" / "new.py").write_text("")
+    (root / "app" / "lib" / "util.py").unlink()
+    layers = by_name(plan_json(root))
+    assert layers["stack:efa"]["reasons"] == ["Dockerfile: +1 −1 lines"]
+    assert layers["stack:deepep"]["reasons"] == ["parent efa changed", "Dockerfile: +3 −0 lines"]
+    assert layers["stack:user"]["reasons"] == [
+        "parent deepep changed", "context app/lib/util.py removed", "context app/new.py added",
+        "context app/train.py changed"]
+
+
+def test_only_a_user_file_change_rebuilds_only_the_user_layer(tmp_path):
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
+    record_all(root)
+    (root / "app" / "train.py").write_text("print('v2')\n")
+    layers = by_name(plan_json(root))
+    assert [n for n, l in layers.items() if l["state"] != "available"] == ["stack:user"]
+    assert layers["stack:user"]["reasons"] == ["context app/train.py changed"]
+
+
+def test_unchanged_plan_reads_no_file_contents(tmp_path):
+    files = {f"app/f{i:03d}.py": f"x = {i}\n" for i in range(300)}
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH}, files=files)
+    age_files(root)
+    first = plan_json(root)
+    assert first["context_files_read"] == 300
+    second = plan_json(root)
+    assert second["context_files_read"] == 0
+    assert [l["key"] for l in second["layers"]] == [l["key"] for l in first["layers"]]
+    # a touched file with the same content is re-read once, and the key does not move
+    path = root / "app" / "f007.py"
+    path.write_text(path.read_text())
+    os.utime(path, (time.time() - 30, time.time() - 30))
+    third = plan_json(root)
+    assert third["context_files_read"] == 1 and third["layers"] == second["layers"]
+
+
+def test_freshly_written_files_are_not_trusted_by_the_cache(tmp_path):
+    """A file modified within the mtime granularity could change unseen: it is hashed again."""
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
+    plan_json(root)
+    assert plan_json(root)["context_files_read"] == 2  # both just written: not cached yet
+
+
+def test_selecting_a_layer_brings_its_ancestors(tmp_path):
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
+    assert [l["name"] for l in plan_json(root, "stack:deepep")["layers"]] == ["stack:efa", "stack:deepep"]
+
+
+def test_shipped_graphs_plan_offline():
+    repo = Path(__file__).resolve().parents[1]
+    data = plan_json(repo)
+    names = [l["name"] for l in data["layers"]]
+    assert {"demo:efa", "demo:deepep", "demo:user", "ngc-efa:efa", "ngc-efa:deepep", "ngc-efa:user"} <= set(names)

@@ -1,0 +1,53 @@
+"""Build small workspaces in a temporary directory for tests."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+BUILD_TOML = """\
+[workspace]
+graphs = ["graphs/*.toml"]
+"""
+
+SIMPLE_GRAPH = """\
+[layers.efa]
+base = "example.com/pytorch:26.08-py3"
+dockerfile = '''
+ARG EFA_INSTALLER_VERSION=1.50.0
+RUN echo installing efa ${EFA_INSTALLER_VERSION}
+'''
+args = { EFA_INSTALLER_VERSION = "1.50.0" }
+artifact = true
+
+[layers.deepep]
+parent = "efa"
+dockerfile = '''
+ARG HYBRID_EP_COMMIT
+RUN echo deepep ${HYBRID_EP_COMMIT}
+'''
+args = { HYBRID_EP_COMMIT = "94a9f8f6b146c07d97ec58f67cd6d303296d6098" }
+
+[layers.user]
+parent = "deepep"
+dockerfile = '''
+COPY app/ /workspace/app/
+'''
+context = ["app"]
+artifact = true
+"""
+
+
+def make_workspace(root: Path, graphs: dict[str, str] | None = None, build: str = BUILD_TOML,
+                   files: dict[str, str] | None = None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "BUILD.toml").write_text(textwrap.dedent(build))
+    (root / "graphs").mkdir(exist_ok=True)
+    for name, text in (graphs if graphs is not None else {"stack": SIMPLE_GRAPH}).items():
+        (root / "graphs" / f"{name}.toml").write_text(text)
+    default_files = {"app/train.py": "print('train')\n", "app/lib/util.py": "X = 1\n"}
+    for rel, content in (files if files is not None else default_files).items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+    return root
