@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The main job on a fresh machine: set up the engine, build the offline fixture images, then
+# `efabuild make demo` into the default local store (cache/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup-host.sh
+bash scripts/build-fixtures.sh
+efabuild make demo "$@"
