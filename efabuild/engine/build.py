@@ -1,0 +1,253 @@
+"""Build one layer image with `docker buildx build`, and tag it only once the build is complete.
+
+The build itself is untagged (`--load` with `--iidfile`/`--metadata-file`); `docker tag` runs at the
+very end, so a failed or interrupted build leaves no image tagged with the layer's key: a tag means
+a finished layer.
+
+The buildx process is started here rather than through python-on-whales' `buildx.build(...,
+stream_logs=True)`, because that hides the child process: on SIGINT or a cancel the child must be
+told to stop, or it keeps building after efabuild has given up. The command line is python-on-whales'
+(`Engine.command`), so --host/--context are the same as for every other call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import attrs
+
+from efabuild.engine.buildlog import BuildFailure, BuildLogReader
+from efabuild.engine.client import Engine, EngineUnavailable
+from efabuild.engine.images import image_id as lookup_image_id
+from efabuild.engine.images import tag_image
+from efabuild.errors import EfabuildError
+from efabuild.model import DEFAULT_PLATFORM
+
+# After SIGINT buildx cancels the build on the engine and exits; it gets this long before SIGKILL.
+STOP_GRACE_S = 30.0
+# How often a cancel event is looked at while a build runs.
+CANCEL_POLL_S = 0.25
+STEP_SHOWN_CHARS = 160
+
+
+def _frozen_dict(value: Mapping[str, str]) -> dict[str, str]:
+    return {str(key): str(val) for key, val in dict(value).items()}
+
+
+@attrs.frozen
+class BuildRequest:
+    """One layer build. The Dockerfile is complete (with its FROM) and the context is prepared."""
+
+    tag: str  # e.g. efabuild/<layer>:<key>
+    dockerfile: str
+    context_dir: Path
+    build_args: dict[str, str] = attrs.field(factory=dict, converter=_frozen_dict)
+    labels: dict[str, str] = attrs.field(factory=dict, converter=_frozen_dict)
+    platform: str = DEFAULT_PLATFORM
+    source_date_epoch: int = 0
+
+
+@attrs.frozen
+class BuildResult:
+    tag: str
+    image_id: str  # sha256:...
+    log_path: Path
+    seconds: float
+    cached: bool  # every instruction came from BuildKit's cache
+
+
+class BuildFailed(EfabuildError):
+    """The build ran and failed. The message names the step and shows its last output lines."""
+
+    def __init__(self, tag: str, failure: BuildFailure, log_path: Path) -> None:
+        self.tag = tag
+        self.failure = failure
+        self.log_path = log_path
+        super().__init__(format_failure(tag, failure, log_path))
+
+
+class BuildInterrupted(EfabuildError):
+    """The build was cancelled before it finished; nothing was tagged."""
+
+    exit_code = 130
+
+
+def format_failure(tag: str, failure: BuildFailure, log_path: Path) -> str:
+    """`build of TAG failed at STEP: exit code N (log: PATH)` and the last lines, indented."""
+    if failure.step:
+        step = failure.step if len(failure.step) <= STEP_SHOWN_CHARS else failure.step[: STEP_SHOWN_CHARS - 1] + "…"
+        why = f"exit code {failure.exit_code}" if failure.exit_code is not None else failure.reason
+        head = f"build of {tag} failed at {step}: {why}"
+    else:
+        head = f"build of {tag} failed: {failure.reason}"
+    lines = [f"{head} (log: {log_path})"]
+    if failure.tail:
+        lines.append("last lines:")
+        lines.extend(f"  | {line}" for line in failure.tail)
+    return "\n".join(lines)
+
+
+def buildx_command(engine: Engine, req: BuildRequest, iidfile: Path, metadata_file: Path) -> list[str]:
+    """The `docker buildx build` command line; the Dockerfile comes on stdin."""
+    args = ["buildx", "build", "--progress", "plain", "--file", "-", "--load",
+            # a plain single-platform image: attestations would make it an index, which the
+            # docker driver's image store and Enroot do not take
+            "--provenance=false", "--sbom=false",
+            "--platform", req.platform,
+            "--iidfile", str(iidfile), "--metadata-file", str(metadata_file)]
+    if engine.buildx_builder:
+        args += ["--builder", engine.buildx_builder]
+    build_args = {**req.build_args, "SOURCE_DATE_EPOCH": str(req.source_date_epoch)}
+    for key, value in build_args.items():
+        args += ["--build-arg", f"{key}={value}"]
+    for key, value in req.labels.items():
+        args += ["--label", f"{key}={value}"]
+    args.append(str(req.context_dir))
+    return engine.command(*args)
+
+
+def build_layer(
+    engine: Engine,
+    req: BuildRequest,
+    log_path: Path,
+    on_line: Callable[[str], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> BuildResult:
+    """Build `req` on `engine`, then tag the image `req.tag`.
+
+    Every line of BuildKit's plain output goes to `log_path` (kept whole) and to `on_line`.
+    Raises BuildFailed when the build fails, BuildInterrupted when `cancel` is set meanwhile, and
+    re-raises KeyboardInterrupt after stopping buildx; in all three cases nothing is tagged.
+    """
+    if not req.context_dir.is_dir():
+        raise EfabuildError(f"build of {req.tag}: context directory {req.context_dir} does not exist")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    reader = BuildLogReader()
+    with tempfile.TemporaryDirectory(prefix="efabuild-build-") as scratch, \
+            open(log_path, "w", encoding="utf-8", errors="replace") as log:
+        iidfile, metadata_file = Path(scratch, "iid"), Path(scratch, "metadata.json")
+        command = buildx_command(engine, req, iidfile, metadata_file)
+        log.write(f"# efabuild: building {req.tag} (SOURCE_DATE_EPOCH={req.source_date_epoch})\n")
+        log.flush()
+        env = {"SOURCE_DATE_EPOCH": str(req.source_date_epoch)}
+        returncode = _run_buildx(command, req.dockerfile, env, log, reader, on_line, cancel)
+        if cancel is not None and cancel.is_set():
+            raise BuildInterrupted(f"build of {req.tag} was cancelled; nothing was tagged")
+        if returncode != 0:
+            raise BuildFailed(req.tag, reader.failure(), log_path)
+        built = _built_image_id(engine, iidfile, metadata_file)
+        if built is None:
+            raise EfabuildError(
+                f"build of {req.tag} finished but its image is not in the engine at {engine.where()} "
+                f"(log: {log_path})"
+            )
+        # the one step that makes the layer count as built
+        tag_image(engine, built, req.tag)
+    return BuildResult(
+        tag=req.tag, image_id=built, log_path=log_path,
+        seconds=time.monotonic() - started, cached=reader.fully_cached,
+    )
+
+
+def _run_buildx(command, dockerfile, env, log, reader, on_line, cancel) -> int:
+    try:
+        process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+        )
+    except FileNotFoundError:
+        raise EngineUnavailable(
+            "docker CLI not found on PATH: install it with `bash scripts/setup-host.sh`"
+        ) from None
+    watcher = None
+    if cancel is not None:
+        watcher = threading.Thread(target=_watch_cancel, args=(process, cancel), daemon=True)
+        watcher.start()
+    try:
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(dockerfile.encode())
+        process.stdin.close()
+        for raw in process.stdout:
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            log.write(line + "\n")
+            log.flush()
+            reader.feed(line)
+            if on_line is not None:
+                on_line(line)
+        return process.wait()
+    except BaseException:
+        # KeyboardInterrupt, or an error in on_line: buildx must not go on building alone
+        _stop(process, log)
+        raise
+    finally:
+        if watcher is not None:
+            watcher.join(timeout=CANCEL_POLL_S * 4)
+
+
+def _watch_cancel(process: subprocess.Popen, cancel: threading.Event) -> None:
+    while process.poll() is None:
+        if cancel.wait(CANCEL_POLL_S):
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+            return
+
+
+def _stop(process: subprocess.Popen, log) -> None:
+    """SIGINT (buildx then cancels the build on the engine), SIGKILL if it does not exit."""
+    if process.poll() is None:
+        try:
+            process.send_signal(signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    # keep reading so buildx never blocks on a full pipe while it shuts down
+    drain = threading.Thread(target=_drain, args=(process, log), daemon=True)
+    drain.start()
+    try:
+        process.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    drain.join(timeout=5)
+    try:
+        log.write("# efabuild: build stopped before it finished; nothing was tagged\n")
+        log.flush()
+    except ValueError:  # log already closed
+        pass
+
+
+def _drain(process: subprocess.Popen, log) -> None:
+    try:
+        for raw in process.stdout:
+            log.write(raw.decode("utf-8", errors="replace"))
+    except (ValueError, OSError):
+        pass
+
+
+def _built_image_id(engine: Engine, iidfile: Path, metadata_file: Path) -> str | None:
+    """The loaded image's ID. The config digest is right for every driver (the iidfile is not
+    with docker-container + --load); the iidfile is the fallback."""
+    candidates = []
+    try:
+        metadata = json.loads(metadata_file.read_text())
+        candidates.append(metadata.get("containerimage.config.digest"))
+    except (OSError, ValueError):
+        pass
+    try:
+        candidates.append(iidfile.read_text().strip())
+    except OSError:
+        pass
+    for candidate in candidates:
+        if candidate:
+            found = lookup_image_id(engine, candidate)
+            if found:
+                return found
+    return None

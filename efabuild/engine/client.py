@@ -1,0 +1,185 @@
+"""The engine that builds: a python-on-whales client for the `[builder]` settings, and its checks.
+
+`[builder] host` and `[builder] context` pick the Docker engine (its images and its embedded
+BuildKit); `[builder] buildx_builder` picks a buildx builder for the builds themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+
+import attrs
+from python_on_whales import DockerClient
+
+from efabuild.errors import EfabuildError, InputError
+from efabuild.model import BuilderSettings
+
+DEFAULT_HOST = "unix:///var/run/docker.sock"
+# Answers from a healthy engine take well under a second; a dead ssh:// or tcp:// host can hang.
+CHECK_TIMEOUT_S = 20.0
+HOW_TO_START = "start one with `bash scripts/setup-host.sh` or set [builder] host/context in BUILD.toml"
+
+
+class EngineUnavailable(EfabuildError):
+    """No engine answers where the settings point, or the CLI/buildx is missing."""
+
+
+class EngineTimeout(EfabuildError):
+    """A docker command that should answer quickly did not."""
+
+
+class EngineError(EfabuildError):
+    """A docker command failed; the message is its first line of error output."""
+
+    @classmethod
+    def from_output(cls, what: str, stderr: str | bytes | None) -> EngineError:
+        if isinstance(stderr, bytes):
+            stderr = stderr.decode("utf-8", errors="replace")
+        return cls(f"{what}: {_first_line(stderr or '')}")
+
+
+@attrs.frozen(eq=False)
+class Engine:
+    """A connection to one Docker engine (and optionally one buildx builder)."""
+
+    client: DockerClient  # python-on-whales, bound to the engine the settings name
+    settings: BuilderSettings
+
+    @property
+    def buildx_builder(self) -> str | None:
+        return self.settings.buildx_builder
+
+    def command(self, *args: str) -> list[str]:
+        """The docker command line for `args`, with the same --host/--context as the client."""
+        return [str(part) for part in self.client.client_config.docker_cmd] + list(args)
+
+    def run(
+        self,
+        *args: str,
+        timeout: float | None = None,
+        input: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a docker command to completion; never raises on a non-zero exit status."""
+        full_env = None if env is None else {**os.environ, **env}
+        try:
+            return subprocess.run(
+                self.command(*args), input=input, capture_output=True, text=True,
+                timeout=timeout, env=full_env,
+            )
+        except FileNotFoundError:
+            raise EngineUnavailable(
+                "docker CLI not found on PATH: install it with `bash scripts/setup-host.sh`"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise EngineTimeout(
+                f"`docker {' '.join(args[:3])}` did not answer within {timeout:g}s at {self.where()}"
+            ) from None
+
+    def where(self) -> str:
+        """Where this client looks for an engine, and which setting said so."""
+        if self.settings.host:
+            return f"{self.settings.host} ([builder] host)"
+        if self.settings.context:
+            return f"{self._context_endpoint(self.settings.context)} (docker context {self.settings.context})"
+        if os.environ.get("DOCKER_HOST"):
+            return f"{os.environ['DOCKER_HOST']} (DOCKER_HOST)"
+        context = os.environ.get("DOCKER_CONTEXT") or self._current_context()
+        if context and context != "default":
+            return f"{self._context_endpoint(context)} (docker context {context})"
+        return f"{DEFAULT_HOST} (DOCKER_HOST unset)"
+
+    def check(self) -> None:
+        """Raise EngineUnavailable, in one line saying where it looked, unless builds can run."""
+        if shutil.which(str(self.client.client_config.client_call[0])) is None:
+            raise EngineUnavailable(
+                "docker CLI not found on PATH: install it with `bash scripts/setup-host.sh`"
+            )
+        if self.settings.context:
+            found = self._bare_run(["context", "inspect", self.settings.context])
+            if found.returncode != 0:
+                raise EngineUnavailable(
+                    f"no docker context named {self.settings.context!r}: create it with "
+                    f"`docker context create {self.settings.context} --docker host=...` "
+                    "or fix [builder] context in BUILD.toml"
+                )
+        try:
+            answer = self.run("version", "--format", "{{.Server.Version}}", timeout=CHECK_TIMEOUT_S)
+        except EngineTimeout:
+            raise EngineUnavailable(
+                f"no Docker engine answered within {CHECK_TIMEOUT_S:g}s at {self.where()}: {HOW_TO_START}"
+            ) from None
+        if answer.returncode != 0 or not answer.stdout.strip():
+            if "permission denied" in answer.stderr.lower():
+                raise EngineUnavailable(
+                    f"no access to the Docker engine at {self.where()} (permission denied): "
+                    "run as root or as a member of the docker group"
+                )
+            raise EngineUnavailable(f"no Docker engine at {self.where()}: {HOW_TO_START}")
+        if self.run("buildx", "version", timeout=CHECK_TIMEOUT_S).returncode != 0:
+            raise EngineUnavailable(
+                "the docker buildx plugin is missing: install it with `bash scripts/setup-host.sh`"
+            )
+        if self.buildx_builder:
+            found = self.run("buildx", "inspect", self.buildx_builder, timeout=CHECK_TIMEOUT_S)
+            if found.returncode != 0:
+                raise EngineUnavailable(
+                    f"no buildx builder named {self.buildx_builder!r} at {self.where()} "
+                    f"({_first_line(found.stderr)}): create it with `docker buildx create --name "
+                    f"{self.buildx_builder} ...` or fix [builder] buildx_builder in BUILD.toml"
+                )
+
+    def versions(self) -> dict[str, str | None]:
+        """Versions of the client, engine, buildx and BuildKit, for build manifests."""
+        version = self.client.version()
+        server = version.server
+        builder = self.client.buildx.inspect(self.buildx_builder)
+        buildkit = next((node.version for node in builder.nodes if node.version), None)
+        # Debian's engine embeds BuildKit without stamping its version
+        if buildkit in ("v0.0.0+unknown", ""):
+            buildkit = None
+        buildx = self.client.buildx.version().split()
+        return {
+            "client": version.client.version if version.client else None,
+            "engine": server.version if server else None,
+            "engine_api": server.api_version if server else None,
+            "buildx": buildx[1] if len(buildx) > 1 else None,
+            "builder": builder.name,
+            "builder_driver": builder.driver,
+            "buildkit": buildkit,
+        }
+
+    def _bare_run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        """A client-side docker command without --host/--context (contexts are client config)."""
+        call = [str(part) for part in self.client.client_config.client_call]
+        try:
+            return subprocess.run(call + list(args), capture_output=True, text=True,
+                                  timeout=CHECK_TIMEOUT_S)
+        except (FileNotFoundError, subprocess.TimeoutExpired):
+            return subprocess.CompletedProcess(args, 1, "", "")
+
+    def _context_endpoint(self, name: str) -> str:
+        found = self._bare_run(["context", "inspect", name, "--format", "{{.Endpoints.docker.Host}}"])
+        return found.stdout.strip() if found.returncode == 0 and found.stdout.strip() else "?"
+
+    def _current_context(self) -> str | None:
+        found = self._bare_run(["context", "show"])
+        return found.stdout.strip() if found.returncode == 0 else None
+
+
+def connect(builder: BuilderSettings) -> Engine:
+    """A client for the engine `builder` names. Cheap: nothing is contacted until `check()`."""
+    if builder.host and builder.context:
+        raise InputError(
+            "set either host or context, not both (a context already names its host)",
+            where="BUILD.toml [builder]",
+        )
+    return Engine(client=DockerClient(host=builder.host, context=builder.context), settings=builder)
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0].removeprefix("ERROR: ") if lines else "no output"

@@ -1,0 +1,132 @@
+"""Images in the engine: do they exist, what is their ID, config and repo digest."""
+
+from __future__ import annotations
+
+import json
+
+from efabuild.engine.client import Engine, EngineError, EngineTimeout
+from efabuild.errors import NotFound
+
+LIST_TIMEOUT_S = 120.0
+INSPECT_TIMEOUT_S = 60.0
+# Asking a registry for a digest must not hold a plan up when the network is down.
+REMOTE_TIMEOUT_S = 15.0
+
+
+def image_id(engine: Engine, ref: str) -> str | None:
+    """The image ID (sha256:...) of `ref` in the engine, None when it has no such image."""
+    found = engine.run("image", "inspect", "--format", "{{.Id}}", ref, timeout=INSPECT_TIMEOUT_S)
+    if found.returncode != 0:
+        if _no_such_image(found.stderr):
+            return None
+        raise EngineError.from_output(f"cannot inspect image {ref} at {engine.where()}", found.stderr)
+    return found.stdout.strip() or None
+
+
+def image_exists(engine: Engine, ref: str) -> bool:
+    return image_id(engine, ref) is not None
+
+
+def existing_tags(engine: Engine, repo_prefix: str = "efabuild/") -> set[str]:
+    """Every `repo:tag` in the engine whose repository starts with `repo_prefix`, in one call."""
+    listed = engine.run("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", timeout=LIST_TIMEOUT_S)
+    if listed.returncode != 0:
+        raise EngineError.from_output(f"cannot list images at {engine.where()}", listed.stderr)
+    return {
+        line.strip() for line in listed.stdout.splitlines()
+        if line.startswith(repo_prefix) and not line.strip().endswith(":<none>")
+    }
+
+
+def image_config(engine: Engine, ref: str) -> dict:
+    """The parts of the image config that Enroot writes into the container: Env, Labels,
+    WorkingDir, Entrypoint, Cmd and Volumes (a sorted list of paths)."""
+    found = engine.run("image", "inspect", "--format", "{{json .Config}}", ref, timeout=INSPECT_TIMEOUT_S)
+    if found.returncode != 0:
+        if _no_such_image(found.stderr):
+            raise NotFound(f"no image {ref} at {engine.where()}")
+        raise EngineError.from_output(f"cannot inspect image {ref} at {engine.where()}", found.stderr)
+    config = json.loads(found.stdout or "null") or {}
+    return {
+        "Env": list(config.get("Env") or []),
+        "Labels": dict(config.get("Labels") or {}),
+        "WorkingDir": config.get("WorkingDir") or "",
+        "Entrypoint": list(config.get("Entrypoint") or []) or None,
+        "Cmd": list(config.get("Cmd") or []) or None,
+        "Volumes": sorted(config.get("Volumes") or {}),
+    }
+
+
+def resolve_digest(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S) -> str | None:
+    """The repository digest (sha256:...) that pins `ref`: from the reference itself, the local
+    image's RepoDigests, or the registry. None when none of them knows it (offline, say)."""
+    if "@" in ref:
+        return ref.rsplit("@", 1)[1]
+    found = engine.run("image", "inspect", "--format", "{{json .RepoDigests}}", ref, timeout=INSPECT_TIMEOUT_S)
+    if found.returncode == 0:
+        wanted = _familiar_repository(ref)
+        for repo_digest in json.loads(found.stdout or "null") or []:
+            repo, _, digest = repo_digest.partition("@")
+            if _familiar_repository(repo) == wanted and digest:
+                return digest
+    return remote_digest(engine, ref, timeout=timeout)
+
+
+def remote_digest(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S,
+                  insecure: bool = False) -> str | None:
+    """The manifest digest of `ref` in its registry, None when absent or unreachable in time.
+
+    `imagetools` speaks plain HTTP to loopback registries by itself; other plain-HTTP registries
+    need `docker manifest inspect --insecure`.
+    """
+    try:
+        if insecure:
+            found = engine.run("manifest", "inspect", "--insecure", "--verbose", ref, timeout=timeout)
+            if found.returncode != 0:
+                return None
+            data = json.loads(found.stdout or "null")
+            # a multi-platform index comes back as one entry per platform, without its own digest
+            return (data or {}).get("Descriptor", {}).get("digest") if isinstance(data, dict) else None
+        found = engine.run("buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest}}",
+                           timeout=timeout)
+    except EngineTimeout:
+        return None
+    if found.returncode != 0:
+        return None
+    try:
+        return json.loads(found.stdout).get("digest") or None
+    except (ValueError, AttributeError):
+        return None
+
+
+def tag_image(engine: Engine, source: str, target: str) -> None:
+    done = engine.run("image", "tag", source, target, timeout=INSPECT_TIMEOUT_S)
+    if done.returncode != 0:
+        raise EngineError.from_output(f"cannot tag {source} as {target} at {engine.where()}", done.stderr)
+
+
+def untag_image(engine: Engine, ref: str) -> None:
+    """Remove the name `ref`; the image itself goes only when no other name is left on it."""
+    done = engine.run("image", "rm", "--no-prune", ref, timeout=INSPECT_TIMEOUT_S)
+    if done.returncode != 0 and not _no_such_image(done.stderr):
+        raise EngineError.from_output(f"cannot remove {ref} at {engine.where()}", done.stderr)
+
+
+def _no_such_image(stderr: str) -> bool:
+    text = stderr.lower()
+    return "no such image" in text or "no such object" in text
+
+
+def _familiar_repository(ref: str) -> str:
+    """`docker.io/library/ubuntu:22.04` → `ubuntu`; `nvcr.io/nvidia/pytorch:26.08-py3` → itself
+    without the tag. RepoDigests use the familiar form."""
+    name = ref.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
+    for prefix in ("docker.io/", "index.docker.io/"):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+            if name.startswith("library/") and name.count("/") == 1:
+                name = name[len("library/"):]
+    return name

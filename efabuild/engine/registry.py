@@ -1,0 +1,110 @@
+"""The layer-cache registry: built layer images are pushed as `REGISTRY/efabuild/<layer>:<key>`
+and pulled back on another machine (or after a prune) instead of being rebuilt.
+
+Credentials stay with the docker CLI (`docker login`, an ECR credential helper); nothing here
+reads, passes or prints them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from python_on_whales.exceptions import DockerException
+
+from efabuild.engine.client import Engine, EngineTimeout
+from efabuild.engine.images import INSPECT_TIMEOUT_S, REMOTE_TIMEOUT_S, tag_image, untag_image
+from efabuild.errors import EfabuildError
+from efabuild.model import RegistrySettings
+
+
+class RegistryError(EfabuildError):
+    """The registry could not be reached, refused us, or failed a push or pull."""
+
+
+def remote_ref(tag: str, registry: RegistrySettings) -> str:
+    """`efabuild/efa:KEY` → `REGISTRY/efabuild/efa:KEY`."""
+    return f"{registry.url.rstrip('/')}/{tag}"
+
+
+def has(engine: Engine, tag: str, registry: RegistrySettings, timeout: float = REMOTE_TIMEOUT_S) -> bool:
+    """Whether the registry holds `tag` (one manifest request, no download).
+
+    Raises RegistryError when the registry does not answer or refuses, so that an outage is
+    not mistaken for a missing layer.
+    """
+    ref = remote_ref(tag, registry)
+    try:
+        if registry.insecure:
+            found = engine.run("manifest", "inspect", "--insecure", ref, timeout=timeout)
+        else:
+            found = engine.run("buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest}}",
+                               timeout=timeout)
+    except EngineTimeout:
+        raise RegistryError(f"registry {registry.url} did not answer within {timeout:g}s") from None
+    if found.returncode == 0:
+        return True
+    if _means_absent(found.stderr):
+        return False
+    raise RegistryError(f"cannot ask registry {registry.url} for {tag}: {_first_line(found.stderr)}")
+
+
+def pull(engine: Engine, tag: str, registry: RegistrySettings) -> bool:
+    """Pull `tag` from the registry and name it `tag` locally. False when the registry lacks it."""
+    if not has(engine, tag, registry):
+        return False
+    ref = remote_ref(tag, registry)
+    try:
+        engine.client.image.pull(ref, quiet=True)
+    except DockerException as exc:
+        if _means_absent(_text(exc.stderr)):  # deleted between the two requests
+            return False
+        raise RegistryError(f"cannot pull {ref}: {_first_line(_text(exc.stderr))}") from None
+    tag_image(engine, ref, tag)
+    untag_image(engine, ref)  # the local name is the key's; the registry's name is not needed
+    return True
+
+
+def push(engine: Engine, tag: str, registry: RegistrySettings) -> str:
+    """Push the local image `tag` to the registry; returns `REGISTRY/efabuild/<layer>@sha256:...`."""
+    ref = remote_ref(tag, registry)
+    tag_image(engine, tag, ref)
+    try:
+        try:
+            engine.client.image.push(ref, quiet=True)
+        except DockerException as exc:
+            raise RegistryError(f"cannot push {ref}: {_first_line(_text(exc.stderr))}") from None
+        digest = _repo_digest(engine, ref)
+    finally:
+        untag_image(engine, ref)
+    repository = ref.rsplit(":", 1)[0]
+    return f"{repository}@{digest}" if digest else ref
+
+
+def _repo_digest(engine: Engine, ref: str) -> str | None:
+    repository = ref.rsplit(":", 1)[0]
+    found = engine.run("image", "inspect", "--format", "{{json .RepoDigests}}", ref, timeout=INSPECT_TIMEOUT_S)
+    if found.returncode != 0:
+        return None
+    for repo_digest in json.loads(found.stdout or "null") or []:
+        repo, _, digest = repo_digest.partition("@")
+        if repo == repository:
+            return digest
+    return None
+
+
+def _means_absent(stderr: str) -> bool:
+    text = stderr.lower()
+    return any(marker in text for marker in (
+        ": not found", "manifest unknown", "no such manifest", "name unknown", "not found: manifest",
+    ))
+
+
+def _text(value: str | bytes | None) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value or ""
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0].removeprefix("ERROR: ") if lines else "no output"
