@@ -1,14 +1,52 @@
-"""Placeholder until the command lands."""
+"""`efabuild lint [GRAPH|SCRIPT...]`: the guide's pitfalls in graphs and job scripts, before a build."""
 
 from __future__ import annotations
 
+import argparse
+
 
 def configure(name, sub, common):
-    p = sub.add_parser(name, parents=[common], help="(not available yet)")
-    p.set_defaults(run=_run)
+    p = sub.add_parser(
+        name, parents=[common],
+        help="check graphs and job scripts for the NGC + EFA pitfalls (exit 1 on errors)",
+        description="Check each layer's Dockerfile text, args and base, and the job scripts under "
+                    "scripts/, for the known NGC + EFA pitfalls. Exit 1 when any finding is an error.",
+    )
+    p.add_argument("targets", nargs="*", metavar="GRAPH",
+                   help="graph names or files (default: every graph and the job scripts under scripts/); "
+                        "a path to a job script lints that script")
+    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.set_defaults(run=run)
 
 
-def _run(args):
-    from efabuild.errors import EfabuildError
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
 
-    raise EfabuildError(f"{args.command}: not available yet")
+    from efabuild.errors import InputError
+    from efabuild.lint import errors_only, lint_workspace, render_text, to_json
+    from efabuild.workspace import find_root, load_workspace
+
+    ws = load_workspace(find_root(Path.cwd()))
+    graph_names = {graph.name for graph in ws.graphs}
+    graph_files = {ws.relpath(graph.source) for graph in ws.graphs}
+    graphs: list[str] = []
+    scripts: list[Path] = []
+    for target in args.targets:
+        path = Path(target)
+        if target in graph_names or ws.relpath(path.resolve()) in graph_files:
+            graphs.append(target if target in graph_names else ws.relpath(path.resolve()))
+        elif path.is_file():
+            scripts.append(path.resolve())
+        else:
+            known = ", ".join(sorted(graph_names)) or "none"
+            raise InputError(f"'{target}' is neither a graph (graphs: {known}) nor a file", "lint")
+    if args.targets:
+        findings = lint_workspace(ws, graphs, scripts)
+    else:
+        findings = lint_workspace(ws)
+    if args.json:
+        print(json.dumps(to_json(findings), indent=2))
+    else:
+        print(render_text(findings))
+    return 1 if errors_only(findings) else 0

@@ -1,0 +1,98 @@
+"""Each layer seen with what it inherits: the parent's environment, whether the EFA installer
+already ran below it, and whether its chain starts from an NGC PyTorch base.
+
+What counts as an NGC base: a base whose repository's last path component is `pytorch`
+(`nvcr.io/nvidia/pytorch:26.08-py3`, the offline fixture `efabuild-fixtures/pytorch:…`, a private
+mirror `registry.example/nvidia/pytorch`), except Docker Hub's `pytorch/pytorch`, which is built
+by the PyTorch project, not NVIDIA, and carries no NGC Open MPI. A layer's ENV carries on to its
+descendants (it is part of the image config); ARG values do not (each layer is its own build).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from efabuild.lint.dockerfile import Evaluated, evaluate
+from efabuild.lint.locate import Locator, locator_for
+from efabuild.lint.shell import Command
+from efabuild.model import Layer, Settings, Workspace
+
+
+@attrs.frozen
+class LayerFacts:
+    layer: Layer
+    evaluated: Evaluated
+    locator: Locator
+    settings: Settings
+    ngc: bool  # the chain starts from an NGC PyTorch base
+    installer_before: bool  # an ancestor layer ran efa_installer.sh
+    env_before: Mapping[str, str]  # the image environment the layer starts from
+
+    @property
+    def installer_here(self) -> bool:
+        return any(is_installer(rc.command) for rc in self.evaluated.runs)
+
+
+def is_installer(command: Command) -> bool:
+    return installer_position(command) is not None
+
+
+def installer_position(command: Command) -> int | None:
+    """Index in argv of `efa_installer.sh` (run directly or through bash/sh), or None."""
+    for index, word in enumerate(command.argv[:2]):
+        if word.rsplit("/", 1)[-1] == "efa_installer.sh":
+            return index
+        if index == 0 and word.rsplit("/", 1)[-1] not in ("bash", "sh"):
+            return None
+    return None
+
+
+def is_ngc_ref(ref: str) -> bool:
+    name = ref.split("@", 1)[0]
+    last_slash = name.rfind("/")
+    if ":" in name[last_slash + 1:]:
+        name = name[:name.rfind(":")]
+    parts = name.split("/")
+    if parts[-1] != "pytorch":
+        return False
+    # Docker Hub's pytorch/pytorch (also written docker.io/pytorch/pytorch) is not an NGC image
+    path = parts[1:] if len(parts) > 2 and ("." in parts[0] or ":" in parts[0]) else parts
+    if parts[0] in ("docker.io", "index.docker.io", "registry-1.docker.io"):
+        path = parts[1:]
+    return path != ["pytorch", "pytorch"]
+
+
+def layer_facts(ws: Workspace) -> dict[str, LayerFacts]:
+    """Facts for every layer of the workspace, parents evaluated before children."""
+    layers = ws.layers
+    facts: dict[str, LayerFacts] = {}
+    visiting: set[str] = set()
+
+    def visit(qualname: str) -> LayerFacts | None:
+        if qualname in facts:
+            return facts[qualname]
+        layer = layers.get(qualname)
+        if layer is None or qualname in visiting:  # unknown parent or a cycle: the loader reports those
+            return None
+        visiting.add(qualname)
+        parent = visit(layer.parent) if layer.parent else None
+        if parent is not None:
+            env_before: Mapping[str, str] = parent.evaluated.env_after
+            installer_before = parent.installer_before or parent.installer_here
+            ngc = parent.ngc
+        else:
+            env_before, installer_before = {}, False
+            ngc = layer.base is not None and is_ngc_ref(layer.base.ref)
+        evaluated = evaluate(layer.dockerfile, layer.args_dict, env_before)
+        facts[qualname] = LayerFacts(
+            layer=layer, evaluated=evaluated, locator=locator_for(ws, layer), settings=ws.settings,
+            ngc=ngc, installer_before=installer_before, env_before=env_before,
+        )
+        visiting.discard(qualname)
+        return facts[qualname]
+
+    for qualname in layers:
+        visit(qualname)
+    return facts

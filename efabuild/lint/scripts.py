@@ -1,0 +1,143 @@
+"""Rules over Slurm job scripts (by default the workspace's `scripts/`): what a job does to the
+container's EFA stack from the outside.
+
+A file counts as a job script when it is a shell script (by suffix or shebang) that mentions
+`srun`, `salloc`, `sbatch` or `#SBATCH`. With Pyxis the job's environment is passed into the
+container, so host paths exported before `srun` end up on the container's library path.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from efabuild.lint.finding import Finding, finding
+from efabuild.lint.rules import nccl_env_problems
+from efabuild.lint.shell import Command, split_commands
+
+SCRIPT_SUFFIXES = {".sh", ".bash", ".sbatch", ".slurm", ".job"}
+_JOB_MARKERS = re.compile(r"\bsrun\b|\bsalloc\b|\bsbatch\b|^#SBATCH", re.MULTILINE)
+_SBATCH_CPUS = re.compile(r"^#SBATCH\s+(?:--cpus-per-task\b|-c\s*\d)", re.MULTILINE)
+_SLURM_LAUNCHERS = {"srun", "salloc", "sbatch"}
+_HOST_EFA_PATH = re.compile(r"^/opt/amazon(/|$)|libfabric|libnccl|ofi-nccl|aws-ofi-nccl")
+_HOST_LIBRARY_DIR = re.compile(r"^/opt/amazon(/|$)")
+_LAUNCHED = {"srun", "mpirun", "torchrun", "python", "python3", "bash", "sh"}
+
+
+def job_scripts(root: Path) -> list[Path]:
+    """Job scripts under `root/scripts`, sorted."""
+    base = root / "scripts"
+    if not base.is_dir():
+        return []
+    found = []
+    for path in sorted(base.rglob("*")):
+        if path.is_file() and is_job_script(path):
+            found.append(path)
+    return found
+
+
+def is_job_script(path: Path) -> bool:
+    try:
+        head = path.read_bytes()[:200_000]
+    except OSError:
+        return False
+    if b"\0" in head:
+        return False
+    text = head.decode("utf-8", errors="replace")
+    shell = path.suffix in SCRIPT_SUFFIXES or re.match(r"^#!.*\b(ba|z|k)?sh\b", text) is not None
+    return shell and _JOB_MARKERS.search(text) is not None
+
+
+def _options(command: Command) -> list[tuple[str, str | None]]:
+    """(`--name`, value) for each long or short option of a Slurm command."""
+    out: list[tuple[str, str | None]] = []
+    words = list(command.argv[1:])
+    for index, word in enumerate(words):
+        if word.startswith("--"):
+            name, sep, value = word.partition("=")
+            if not sep and index + 1 < len(words) and not words[index + 1].startswith("-"):
+                value = words[index + 1]
+            out.append((name, value if (sep or value) else None))
+        elif re.match(r"^-[A-Za-z]", word):
+            value = word[2:] or (words[index + 1] if index + 1 < len(words) else "")
+            out.append((word[:2], value))
+    return out
+
+
+def lint_script(path: Path, display: str) -> list[Finding]:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    starts = [0] + [m.end() for m in re.finditer("\n", text)]
+
+    def line_of(offset: int) -> int:
+        return bisect.bisect_right(starts, offset)
+
+    findings: list[Finding] = []
+    containers: list[int] = []  # lines of srun/salloc with a container
+    has_cpus = _SBATCH_CPUS.search(text) is not None
+    local: dict[str, str] = {}
+    for command in split_commands(text, local=local):
+        line = line_of(command.offset)
+        findings.extend(_exported(command, display, line))
+        if command.program not in _SLURM_LAUNCHERS:
+            continue
+        options = _options(command)
+        if any(name in ("--cpus-per-task", "-c") for name, _ in options):
+            has_cpus = True
+        if any(name in ("--container-image", "--container-name") for name, _ in options):
+            containers.append(line)
+        for name, value in options:
+            if name == "--container-mounts" and value:
+                findings.extend(_mounts(value, display, line))
+    if containers and not has_cpus:
+        findings.append(finding(
+            "EFA015", display, containers[0], None,
+            "containers start without --cpus-per-task: on the EFA path bandwidth drops to 1/4-1/10 of "
+            "baseline when ranks get too few CPU cores",
+            "give each rank enough cores, e.g. `#SBATCH --cpus-per-task=24` (needed on 2 x P6-B200)"))
+    return findings
+
+
+def _mounts(value: str, display: str, line: int) -> Iterator[Finding]:
+    for entry in value.split(","):
+        source = entry.split(":", 1)[0].strip()
+        if not source:
+            continue
+        if source == "/dev/infiniband" or source.startswith("/dev/infiniband/"):
+            yield finding("EFA016", display, line, None,
+                          f"mounts {source}: with ENROOT_RESTRICT_DEV n in enroot.conf the EFA devices are "
+                          "visible in the container without a mount",
+                          "drop the mount (keep it only where enroot restricts devices)")
+        elif _HOST_EFA_PATH.search(source):
+            yield finding("EFA008", display, line, None,
+                          f"mounts the host's {source} into the container: the host's EFA/NCCL libraries mix "
+                          "with the image's and versions drift apart",
+                          "drop the mount; match versions by building the host AMI's EFA installer version "
+                          "into the image")
+
+
+def _exported(command: Command, display: str, line: int) -> Iterator[Finding]:
+    """Variables the job passes on: `export X=...` and `X=... srun ...`."""
+    pairs: list[tuple[str, str]] = []
+    if command.argv and command.argv[0] == "export":
+        for word in command.argv[1:]:
+            name, sep, value = word.partition("=")
+            if sep:
+                pairs.append((name, value))
+    elif command.program in _LAUNCHED or command.program in _SLURM_LAUNCHERS:
+        pairs.extend(command.assigns)
+    for name, value in pairs:
+        if name == "LD_LIBRARY_PATH":
+            host_dirs = [d for d in value.split(":") if _HOST_LIBRARY_DIR.match(d)]
+            if host_dirs:
+                yield finding("EFA009", display, line, None,
+                              f"puts host library paths ({', '.join(host_dirs)}) on LD_LIBRARY_PATH before the "
+                              "job starts: it reaches the container and mixes host and image EFA libraries",
+                              "leave LD_LIBRARY_PATH to the image (its ENV leads with the EFA libraries)")
+        elif name.startswith("NCCL_"):
+            problem = nccl_env_problems(name, value)
+            if problem:
+                rule_id, message, fix = problem
+                yield finding(rule_id, display, line, None, f"the job {message[0].lower()}{message[1:]}"
+                              if message.startswith(("sets", "removes")) else message, fix)
