@@ -1,14 +1,111 @@
-"""Placeholder until the command lands."""
+"""`efabuild ls` and `efabuild gc`: what the store holds, and removing old artifacts."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 
-def configure(name, sub, common):
-    p = sub.add_parser(name, parents=[common], help="(not available yet)")
-    p.set_defaults(run=_run)
+
+def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    if name == "ls":
+        p = sub.add_parser(name, parents=[common], help="list stored artifacts: key, name, size, created, tiers")
+        p.set_defaults(run=run_ls)
+    else:
+        p = sub.add_parser(
+            name, parents=[common],
+            help="delete all but the newest N artifacts of every name (dry run unless --yes)",
+            description="Keeps the newest --keep keys of every name, what every name currently "
+                        "points at, and pinned refs/keys ([store] pins in BUILD.toml, --pin); "
+                        "removes the rest and leftovers of interrupted writes from every tier. "
+                        "Prints what it would delete unless --yes.",
+        )
+        p.add_argument("--keep", type=int, metavar="N", help="keys kept per name (default: [store] keep, else 3)")
+        p.add_argument("--pin", action="append", default=[], metavar="REF",
+                       help="also keep this key, key prefix or graph:layer (all its versions); repeatable")
+        p.add_argument("--yes", action="store_true", help="really delete")
+        p.set_defaults(run=run_gc)
+    p.add_argument("--store", metavar="PATH",
+                   help="a store directory (default: $EFABUILD_STORE, else the workspace's [store])")
+    p.add_argument("--no-s3", action="store_true", help="leave the S3 tier out")
+    p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _run(args):
-    from efabuild.errors import EfabuildError
+def _store(args: argparse.Namespace):  # noqa: ANN202 - efabuild.store.Store
+    from efabuild.store.core import Store
 
-    raise EfabuildError(f"{args.command}: not available yet")
+    return Store.locate(args.store)
+
+
+def _when(created: str) -> str:
+    """'2026-11-30T04:32:11.123456Z' -> '2026-11-30 04:32:11Z' for tables."""
+    return created.replace("T", " ")[:19] + "Z" if len(created) >= 19 else created
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    from efabuild.progress import human_bytes
+    from efabuild.store.layout import short
+
+    listings = _store(args).ls(remote=not args.no_s3)
+    if args.json:
+        out = [{**listing.record.to_dict(), "tiers": list(listing.tiers)} for listing in listings]
+        for item in out:
+            item.pop("version", None)
+        sys.stdout.write(json.dumps(out, indent=1, sort_keys=True) + "\n")
+        return 0
+    if not listings:
+        print("no artifacts", file=sys.stderr)
+        return 0
+    rows = [("KEY", "NAME", "SIZE", "CREATED", "TIERS")] + [
+        (short(l.record.key), l.record.name, human_bytes(l.record.size), _when(l.record.created), ",".join(l.tiers))
+        for l in listings
+    ]
+    _print_table(rows)
+    return 0
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() + "\n")
+
+
+def run_gc(args: argparse.Namespace) -> int:
+    from efabuild.progress import human_bytes
+    from efabuild.store.layout import short
+
+    store = _store(args)
+    report = store.gc(keep=args.keep, pins=store.pins + tuple(args.pin), dry_run=not args.yes,
+                      remote=not args.no_s3)
+    busy = set(report.busy)
+    if args.json:
+        out = {
+            "dry_run": report.dry_run,
+            "keep": report.keep,
+            "removals": [
+                {"tier": r.tier, "key": r.record.key, "name": r.record.name, "size": r.record.size,
+                 "created": r.record.created, "skipped_busy": (r.tier, r.record.key) in busy}
+                for r in report.removals
+            ],
+            "debris": [{"tier": tier, "item": item} for tier, item in report.debris],
+            "kept": list(report.kept),
+            "freed": 0 if report.dry_run else sum(
+                r.record.size for r in report.removals if (r.tier, r.record.key) not in busy),
+        }
+        sys.stdout.write(json.dumps(out, indent=1, sort_keys=True) + "\n")
+        return 0
+    verb = "would delete" if report.dry_run else "deleted"
+    for r in report.removals:
+        state = "skipped (in use)" if (r.tier, r.record.key) in busy else verb
+        print(f"{state}  {r.tier}  {short(r.record.key)}  {r.record.name}  {human_bytes(r.record.size)}"
+              f"  {_when(r.record.created)}")
+    for tier, item in report.debris:
+        print(f"{'would remove' if report.dry_run else 'removed'} leftover  {tier}  {item}")
+    freed = sum(r.record.size for r in report.removals if (r.tier, r.record.key) not in busy)
+    summary = (f"{len(report.removals) - len(busy)} objects, {human_bytes(freed)}; "
+               f"kept {len(report.kept)} keys (newest {report.keep} per name, current refs, pins)")
+    if report.dry_run:
+        print(f"gc: would delete {summary}; run with --yes to delete")
+    else:
+        print(f"gc: deleted {summary}")
+    return 0

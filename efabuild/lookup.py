@@ -1,0 +1,77 @@
+"""`efabuild lookup REF`: the path of an artifact's .sqsh, for job scripts and Pyxis.
+
+A hit on a filesystem tier costs a few stats and small file reads: this module and what it
+imports on that path are stdlib only (no attrs, boto3, python-on-whales). Only a miss, when the
+store has an S3 tier and fetching is allowed, loads the full store.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from efabuild.errors import EfabuildError
+from efabuild.store.layout import SQSH_SUFFIX, Layout, resolve_in
+from efabuild.store.locate import StoreTable, locate
+
+
+def find_local(table: StoreTable, ref: str) -> tuple[str, Layout] | None:
+    """(key, layout of the tier holding it) when a filesystem tier has it committed, else None."""
+    layouts = [Layout(root) for _, root in table.roots()]
+    key = resolve_in(layouts, ref)
+    if key is None:
+        return None
+    for layout in layouts:
+        if layout.has(key):
+            return key, layout
+    return None
+
+
+def verify_local(path: Path, record: dict) -> None:
+    """Re-hash a stored .sqsh and compare it with its record (blake3 imported only here)."""
+    from efabuild.digest import file_digest
+
+    size = path.stat().st_size
+    if size != record.get("size"):
+        raise EfabuildError(f"{path}: corrupt artifact: {size} bytes, its record says {record.get('size')}")
+    actual = file_digest(path)
+    if actual != record.get("digest"):
+        raise EfabuildError(f"{path}: corrupt artifact: digest {actual}, its record says {record.get('digest')}")
+
+
+def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verify: bool = False,
+                cwd: Path | None = None) -> tuple[Path, dict]:
+    """(absolute .sqsh path, its record as a dict) for `ref`.
+
+    Raises NotFound (absent), AmbiguousRef (prefix matches several) or InputError (bad REF or
+    store settings).
+    """
+    table = locate(store, cwd)
+    hit = find_local(table, ref)
+    if hit is not None:
+        key, layout = hit
+        path = layout.sqsh_path(key).absolute()
+        record = layout.read_record_dict(key) or {}
+        if verify:
+            verify_local(path, record)
+        return path, record
+    # A miss: the full store resolves remotely, fetches, and words the failure.
+    from efabuild.store.core import Store
+
+    full = Store.from_table(table)
+    path = full.lookup(ref, fetch=fetch, verify=verify)
+    record = full.record(path.name[: -len(SQSH_SUFFIX)])
+    return path, record.to_dict() if record is not None else {}
+
+
+def run(args) -> int:  # noqa: ANN001 - argparse namespace
+    path, record = lookup_path(args.ref, args.store, fetch=not args.no_fetch, verify=args.verify)
+    if args.json:
+        fields = ("key", "name", "size", "digest", "created")
+        out = {"path": str(path), **{name: record.get(name) for name in fields}}
+        sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(f"{path}\n")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,81 @@
+"""A Pyxis importer: `--container-image=efabuild://REF` runs the stored .sqsh of REF.
+
+Pyxis (plugstack.conf `importer=`) calls `IMPORTER get IMAGE_URI` and reads the absolute path of a
+.sqsh from stdout; diagnostics go to stderr and a non-zero exit fails the job step. It prepends
+`docker://` to images that lack a scheme, so `efabuild://REF` arrives as `docker://efabuild://REF`.
+`IMPORTER release` (no argument, called twice per step) cleans up: nothing to clean here, since
+the importer hands out paths inside the store and stages nothing under PYXIS_RUNTIME_PATH.
+
+The store is `$EFABUILD_STORE`, else `store = "..."` in the importer's config file
+(`$EFABUILD_PYXIS_CONFIG`, default /etc/efabuild/pyxis.toml), else the workspace around the
+job's working directory. The config may also say `verify = true` to re-hash before every start.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from efabuild.errors import InputError
+from efabuild.store.locate import STORE_ENV
+
+SCHEME = "efabuild://"
+PYXIS_PREFIXES = ("docker://",)
+CONFIG_ENV = "EFABUILD_PYXIS_CONFIG"
+DEFAULT_CONFIG = Path("/etc/efabuild/pyxis.toml")
+CONFIG_KEYS = ("store", "verify")
+
+
+def parse_image_uri(uri: str) -> str:
+    """'docker://efabuild://ngc-efa:user' or 'efabuild://ngc-efa:user' -> 'ngc-efa:user'."""
+    text = uri.strip()
+    for prefix in PYXIS_PREFIXES:
+        if text.startswith(prefix + SCHEME):
+            text = text[len(prefix):]
+    if not text.startswith(SCHEME):
+        raise InputError(f"not an efabuild image {uri!r}: expected efabuild://REF (a key, key prefix or graph:layer)")
+    ref = text[len(SCHEME):]
+    if not ref:
+        raise InputError(f"no REF in {uri!r}: expected efabuild://REF")
+    return ref
+
+
+def read_config(environ: dict[str, str] | None = None) -> dict:
+    """The importer's config file as a dict ({} when there is none)."""
+    environ = os.environ if environ is None else environ
+    path = Path(environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    try:
+        with open(path, "rb") as handle:
+            config = tomllib.load(handle)
+    except FileNotFoundError:
+        if environ.get(CONFIG_ENV):
+            raise InputError("no such file", f"{CONFIG_ENV}={path}") from None
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"not valid TOML ({exc})", str(path)) from None
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise InputError(f"unknown key {unknown[0]!r} (known: {', '.join(CONFIG_KEYS)})", str(path))
+    if "store" in config and (not isinstance(config["store"], str) or not config["store"]):
+        raise InputError(f"must be a store directory path, not {config['store']!r}", f"{path}: store")
+    if "verify" in config and not isinstance(config["verify"], bool):
+        raise InputError(f"must be true or false, not {config['verify']!r}", f"{path}: verify")
+    return config
+
+
+def get(uri: str, environ: dict[str, str] | None = None) -> Path:
+    """The .sqsh path Pyxis should start for IMAGE_URI (fetched from S3 if only S3 has it)."""
+    from efabuild.lookup import lookup_path
+
+    environ = os.environ if environ is None else environ
+    ref = parse_image_uri(uri)
+    config = read_config(environ)
+    store = environ.get(STORE_ENV) or config.get("store")
+    path, _ = lookup_path(ref, store, fetch=True, verify=bool(config.get("verify", False)))
+    return path
+
+
+def release(environ: dict[str, str] | None = None) -> None:
+    """Idempotent clean-up after a step: the importer staged nothing, so nothing to undo."""
+    return None

@@ -1,0 +1,375 @@
+"""A store tier on a POSIX filesystem: the local `cache/` or a shared FSx for Lustre path.
+
+Publishing order (see layout.py): manifest, then record (each temp + fsync + rename), then the
+`.sqsh` hard-linked into place last. The `.sqsh` is the commit point; a record without a `.sqsh`
+is an interrupted publish, invisible to readers and overwritten by the next publisher. Publishers
+and cold fetchers of one key hold its lock (locks/<key>.lock); readers of committed objects take
+no lock: committed files never change, they are only removed whole by gc.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from efabuild.digest import bytes_digest, file_digest
+from efabuild.errors import EfabuildError
+from efabuild.progress import Progress
+from efabuild.store import fsutil
+from efabuild.store.layout import (
+    MANIFEST_SUFFIX,
+    RECORD_SUFFIX,
+    SQSH_SUFFIX,
+    Layout,
+    check_key,
+    is_key,
+    short,
+)
+from efabuild.store.lock import FileLock, LockBusy
+from efabuild.store.record import ArtifactRecord, utc_now
+
+MAX_REF_HISTORY = 1000
+# Temp files of writers on other hosts are only judged by age.
+STALE_TEMP_SECONDS = 24 * 3600
+
+PUBLISHED = "published"
+REUSED = "reused"
+REPAIRED = "repaired"
+
+
+def _warn(message: str) -> None:
+    print(f"efabuild: warning: {message}", file=sys.stderr)
+
+
+def _on_wait(what: str) -> None:
+    print(f"efabuild: waiting for another process holding {what}", file=sys.stderr)
+
+
+class FilesystemTier:
+    def __init__(self, root: str | os.PathLike[str], name: str) -> None:
+        self.root = Path(root).absolute()
+        self.name = name
+        self.layout = Layout(self.root)
+
+    def __repr__(self) -> str:
+        return f"FilesystemTier({str(self.root)!r}, {self.name!r})"
+
+    # ---- reads (no locks)
+    def has(self, key: str) -> bool:
+        return self.layout.has(key)
+
+    def sqsh_path(self, key: str) -> Path:
+        return self.layout.sqsh_path(key)
+
+    def record(self, key: str) -> ArtifactRecord | None:
+        """The record of a committed object (None if absent or not committed)."""
+        if not self.layout.sqsh_path(key).is_file():
+            return None
+        data = self.layout.read_record_dict(key)
+        if data is None:
+            return None
+        return ArtifactRecord.from_dict(data, str(self.layout.record_path(key)))
+
+    def manifest(self, key: str) -> bytes | None:
+        if not self.has(key):
+            return None
+        try:
+            return self.layout.manifest_path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def list(self) -> list[ArtifactRecord]:
+        records = []
+        for key in self.layout.keys():
+            try:
+                record = self.record(key)
+            except EfabuildError as exc:
+                _warn(f"{self.name} tier: skipping {short(key)}: {exc}")
+                continue
+            if record is not None:
+                records.append(record)
+        return records
+
+    def resolve_prefix(self, prefix: str) -> list[str]:
+        return self.layout.keys_with_prefix(prefix)
+
+    def verify(self, key: str) -> None:
+        """Re-hash the .sqsh and compare with its record; EfabuildError when they differ."""
+        record = self.record(key)
+        if record is None:
+            raise EfabuildError(f"{self.name} tier has no artifact {short(key)}")
+        path = self.sqsh_path(key)
+        size = path.stat().st_size
+        if size != record.size:
+            raise EfabuildError(
+                f"{path}: corrupt artifact: {size} bytes, its record says {record.size}"
+            )
+        actual = file_digest(path)
+        if actual != record.digest:
+            raise EfabuildError(f"{path}: corrupt artifact: digest {actual}, its record says {record.digest}")
+
+    # ---- locks
+    def key_lock(self, key: str, **options: object) -> FileLock:
+        return FileLock(self.layout.key_lock_path(check_key(key)), on_wait=_on_wait, **options)
+
+    # ---- publish
+    def publish(
+        self,
+        key: str,
+        sqsh: str | os.PathLike[str],
+        record: ArtifactRecord,
+        manifest: bytes | None = None,
+        *,
+        show_progress: bool = True,
+    ) -> str:
+        """Store `sqsh` under `key`: PUBLISHED, REUSED (someone else did already) or REPAIRED.
+
+        On the same filesystem the file is hard-linked, not copied: the caller hands it over and
+        must not modify it afterwards (deleting it is fine).
+        """
+        sqsh = Path(sqsh)
+        _check_publish_input(key, sqsh, record)
+        with self.key_lock(key):
+            return self.publish_locked(key, sqsh, record, manifest, show_progress=show_progress)
+
+    def publish_locked(
+        self,
+        key: str,
+        sqsh: Path,
+        record: ArtifactRecord,
+        manifest: bytes | None = None,
+        *,
+        show_progress: bool = True,
+    ) -> str:
+        """publish() for a caller already holding key_lock(key)."""
+        if manifest is not None and record.manifest_digest is None:
+            raise EfabuildError("publish: a manifest was given but the record has no manifest_digest")
+        repairing = False
+        if self.layout.has(key):
+            existing = self.record(key)
+            assert existing is not None
+            stored_size = self.sqsh_path(key).stat().st_size
+            if stored_size == existing.size:
+                if existing.digest != record.digest:
+                    _warn(
+                        f"{self.name} tier: {short(key)} exists with digest {existing.digest}; the new "
+                        f"export has {record.digest} (export not byte-identical); keeping the stored one"
+                    )
+                return REUSED
+            _warn(f"{self.name} tier: {short(key)} is damaged ({stored_size} bytes, record says "
+                  f"{existing.size}); replacing it")
+            repairing = True
+
+        self.layout.tmp_dir.mkdir(parents=True, exist_ok=True)
+        object_dir = self.layout.object_dir(key)
+        object_dir.mkdir(parents=True, exist_ok=True)
+        staged = self._stage(key, sqsh, show_progress)
+        try:
+            if manifest is not None:
+                fsutil.atomic_write_bytes(self.layout.manifest_path(key), manifest, self.layout.tmp_dir)
+            fsutil.atomic_write_bytes(self.layout.record_path(key), record.to_json(), self.layout.tmp_dir)
+            final = self.sqsh_path(key)
+            try:
+                os.link(staged, final)  # no-overwrite: the commit point
+            except FileExistsError:
+                # A .sqsh without a record (damaged store) or a damaged one: we hold the lock,
+                # so nobody else is writing it; replace it whole.
+                os.replace(staged, final)
+            fsutil.fsync_dir(object_dir)
+        finally:
+            if staged != sqsh:
+                staged.unlink(missing_ok=True)
+        return REPAIRED if repairing else PUBLISHED
+
+    def _stage(self, key: str, sqsh: Path, show_progress: bool) -> Path:
+        """A read-only file on this filesystem with the .sqsh bytes: a link when possible."""
+        tmp_dir = self.layout.tmp_dir
+        staged = fsutil.temp_name(tmp_dir, key, SQSH_SUFFIX)
+        if fsutil.same_filesystem(sqsh, tmp_dir):
+            fsutil.fsync_file(sqsh)  # the exporter may not have; the link must not outlive the data
+            os.link(sqsh, staged)
+        else:
+            size = sqsh.stat().st_size
+            try:
+                with Progress(f"copy {short(key)} to {self.name}", size, enabled=show_progress) as bar:
+                    fsutil.copy_file(sqsh, staged, bar)
+            except BaseException:
+                staged.unlink(missing_ok=True)
+                raise
+        try:
+            os.chmod(staged, 0o444)  # stored artifacts never change
+        except PermissionError:
+            pass  # a linked file owned by someone else keeps its mode
+        return staged
+
+    def staging_path(self, key: str, suffix: str = SQSH_SUFFIX) -> Path:
+        """A fresh temp path on this tier's filesystem (for downloads and exports)."""
+        self.layout.tmp_dir.mkdir(parents=True, exist_ok=True)
+        return fsutil.temp_name(self.layout.tmp_dir, key, suffix)
+
+    # ---- refs
+    def read_refs(self, name: str) -> list[dict]:
+        return self.layout.read_refs(name)
+
+    def append_ref(self, name: str, key: str, when: str | None = None) -> bool:
+        """Make `key` the newest entry of `name`; False if it already was."""
+        check_key(key)
+        with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait):
+            history = self.layout.read_refs(name)
+            if history and history[-1]["key"] == key:
+                return False
+            history.append({"key": key, "time": when or utc_now()})
+            self._write_refs(name, history[-MAX_REF_HISTORY:])
+            return True
+
+    def drop_ref_entries(self, name: str, keys: set[str]) -> None:
+        with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait):
+            history = self.layout.read_refs(name)
+            kept = [entry for entry in history if entry["key"] not in keys]
+            if kept == history:
+                return
+            if kept:
+                self._write_refs(name, kept)
+            else:
+                self.layout.ref_path(name).unlink(missing_ok=True)
+
+    def ref_names(self) -> list[str]:
+        return self.layout.ref_names()
+
+    def _write_refs(self, name: str, history: list[dict]) -> None:
+        data = json.dumps({"name": name, "history": history}, indent=1, sort_keys=True) + "\n"
+        fsutil.atomic_write_bytes(self.layout.ref_path(name), data.encode(), self.layout.tmp_dir)
+
+    # ---- removal
+    def delete(self, key: str) -> None:
+        """Remove an object: the .sqsh first (uncommits it), then its metadata. Caller holds the lock."""
+        check_key(key)
+        for path in (self.layout.sqsh_path(key), self.layout.manifest_path(key), self.layout.record_path(key)):
+            path.unlink(missing_ok=True)
+        try:
+            fsutil.fsync_dir(self.layout.object_dir(key))
+        except FileNotFoundError:
+            pass
+
+    def debris(self, now: float | None = None) -> list[Path]:
+        """Leftovers of interrupted writers: stale temp files and records without a .sqsh.
+
+        A temp file is stale when its writer (named in the file name) is dead on this host, or
+        when it is older than a day (writer on another host). A record without a .sqsh counts only
+        while nobody holds its key's lock.
+        """
+        now = time.time() if now is None else now
+        found: list[Path] = []
+        host = socket.gethostname().split(".")[0]
+        try:
+            temps = list(os.scandir(self.layout.tmp_dir))
+        except FileNotFoundError:
+            temps = []
+        for entry in temps:
+            owner = fsutil.parse_temp_owner(entry.name)
+            if owner is None or not entry.is_file(follow_symlinks=False):
+                continue  # not ours (other tools keep their own temp dirs here)
+            try:
+                age = now - entry.stat(follow_symlinks=False).st_mtime
+            except FileNotFoundError:
+                continue
+            if owner[0] == host:
+                if not _pid_alive(owner[1]):
+                    found.append(Path(entry.path))
+            elif age > STALE_TEMP_SECONDS:
+                found.append(Path(entry.path))
+        for key in self._uncommitted_keys():
+            lock = self.key_lock(key)
+            try:
+                lock.acquire(blocking=False)
+            except LockBusy:
+                continue
+            try:
+                if not self.sqsh_path(key).exists():
+                    for path in (self.layout.record_path(key), self.layout.manifest_path(key)):
+                        if path.exists():
+                            found.append(path)
+            finally:
+                lock.release()
+        return found
+
+    def remove_debris(self, path: Path) -> None:
+        """Remove one item debris() reported, re-checking under the key's lock for records."""
+        path = Path(path)
+        if path.parent == self.layout.tmp_dir and fsutil.parse_temp_owner(path.name):
+            path.unlink(missing_ok=True)
+            return
+        key = path.name.split(".", 1)[0]
+        if not is_key(key) or path.parent != self.layout.object_dir(key):
+            raise EfabuildError(f"{path}: not a leftover of this store")
+        lock = self.key_lock(key)
+        try:
+            lock.acquire(blocking=False)
+        except LockBusy:
+            return  # a publisher is back at work on it
+        try:
+            if not self.sqsh_path(key).exists():
+                path.unlink(missing_ok=True)
+        finally:
+            lock.release()
+
+    def _uncommitted_keys(self) -> list[str]:
+        keys: set[str] = set()
+        try:
+            fanouts = list(os.scandir(self.layout.objects_dir))
+        except FileNotFoundError:
+            return []
+        for fanout in fanouts:
+            if not fanout.is_dir():
+                continue
+            names = set(os.listdir(fanout.path))
+            for name in names:
+                for suffix in (MANIFEST_SUFFIX, RECORD_SUFFIX):  # the longer suffix first
+                    if name.endswith(suffix):
+                        key = name[: -len(suffix)]
+                        if is_key(key) and key + SQSH_SUFFIX not in names:
+                            keys.add(key)
+                        break
+        return sorted(keys)
+
+    # ---- store.toml (where the S3 tier is, for bare-path users on compute nodes)
+    def write_config(self, text: str) -> None:
+        path = self.layout.config_path
+        try:
+            if path.read_text(encoding="utf-8") == text:
+                return
+        except FileNotFoundError:
+            pass
+        fsutil.atomic_write_bytes(path, text.encode(), self.layout.tmp_dir)
+
+
+def _check_publish_input(key: str, sqsh: Path, record: ArtifactRecord) -> None:
+    check_key(key)
+    record.check()
+    if record.key != key:
+        raise EfabuildError(f"publish: record is for {short(record.key)}, not {short(key)}")
+    try:
+        size = sqsh.stat().st_size
+    except FileNotFoundError:
+        raise EfabuildError(f"publish: {sqsh}: no such file") from None
+    if size != record.size:
+        raise EfabuildError(f"publish: {sqsh} has {size} bytes, its record says {record.size}")
+
+
+def manifest_digest(manifest: bytes) -> str:
+    return bytes_digest(manifest)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,114 @@
+"""The record stored beside every artifact: what it is, how big, its digest, how it was made."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from efabuild.digest import is_digest
+from efabuild.errors import EfabuildError
+from efabuild.store.layout import is_key, split_name
+
+RECORD_VERSION = 1
+
+
+def utc_now() -> str:
+    """UTC time as ISO 8601 with microseconds and a Z: sorts as text in time order."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@attrs.frozen
+class ArtifactRecord:
+    key: str  # the layer key (64 hex)
+    name: str  # "graph:layer" that produced it
+    size: int  # bytes of the .sqsh
+    digest: str  # "blake3:<hex>" of the .sqsh
+    created: str  # UTC ISO time of the export
+    export: dict[str, Any] = attrs.field(factory=dict)  # export options (mksquashfs, tool versions)
+    manifest_digest: str | None = None  # "blake3:<hex>" of the provenance manifest, if stored
+
+    @classmethod
+    def for_file(
+        cls,
+        key: str,
+        name: str,
+        sqsh: str | os.PathLike[str],
+        digest: str,
+        export: dict[str, Any] | None = None,
+        created: str | None = None,
+    ) -> ArtifactRecord:
+        """A record for a freshly exported .sqsh (size read from the file)."""
+        return cls(
+            key=key,
+            name=name,
+            size=Path(sqsh).stat().st_size,
+            digest=digest,
+            created=created or utc_now(),
+            export=dict(export or {}),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": RECORD_VERSION,
+            "key": self.key,
+            "name": self.name,
+            "size": self.size,
+            "digest": self.digest,
+            "created": self.created,
+            "export": self.export,
+            "manifest_digest": self.manifest_digest,
+        }
+
+    def to_json(self) -> bytes:
+        """Deterministic bytes: sorted keys, fixed separators, trailing newline."""
+        return (json.dumps(self.to_dict(), sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "artifact record") -> ArtifactRecord:
+        try:
+            record = cls(
+                key=data["key"],
+                name=data["name"],
+                size=data["size"],
+                digest=data["digest"],
+                created=data["created"],
+                export=dict(data.get("export") or {}),
+                manifest_digest=data.get("manifest_digest"),
+            )
+        except (KeyError, TypeError) as exc:
+            raise EfabuildError(f"{where}: incomplete artifact record (missing {exc})") from None
+        record.check(where)
+        return record
+
+    @classmethod
+    def from_json(cls, text: bytes | str, where: str = "artifact record") -> ArtifactRecord:
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise EfabuildError(f"{where}: unreadable artifact record ({exc})") from None
+        if not isinstance(data, dict):
+            raise EfabuildError(f"{where}: artifact record is not a JSON object")
+        return cls.from_dict(data, where)
+
+    def check(self, where: str = "artifact record") -> None:
+        """Refuse records that could not have come from a publish (damaged or forged)."""
+        problems = []
+        if not is_key(self.key):
+            problems.append(f"key {self.key!r} is not 64 hex characters")
+        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 0:
+            problems.append(f"size {self.size!r} is not a byte count")
+        if not is_digest(self.digest):
+            problems.append(f"digest {self.digest!r} is not blake3:<hex>")
+        if self.manifest_digest is not None and not is_digest(self.manifest_digest):
+            problems.append(f"manifest_digest {self.manifest_digest!r} is not blake3:<hex>")
+        try:
+            split_name(self.name)
+        except EfabuildError:
+            problems.append(f"name {self.name!r} is not graph:layer")
+        if problems:
+            raise EfabuildError(f"{where}: " + "; ".join(problems))
