@@ -1,0 +1,111 @@
+"""Connecting to the engine, saying clearly where it looked when none answers, and reading images."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from efabuild.engine.client import EngineUnavailable, connect
+from efabuild.engine.images import existing_tags, image_config, image_exists, image_id, resolve_digest
+from efabuild.errors import InputError, NotFound
+from efabuild.model import BuilderSettings
+
+
+def test_no_engine_behind_docker_host_says_where_it_looked_and_how_to_start_one(tmp_path, monkeypatch):
+    dead = f"unix://{tmp_path}/dead.sock"
+    monkeypatch.setenv("DOCKER_HOST", dead)
+    with pytest.raises(EngineUnavailable) as caught:
+        connect(BuilderSettings()).check()
+    assert str(caught.value) == (
+        f"no Docker engine at {dead} (DOCKER_HOST): start one with `bash scripts/setup-host.sh` "
+        "or set [builder] host/context in BUILD.toml"
+    )
+
+
+def test_no_engine_at_the_configured_host_names_the_setting(tmp_path, monkeypatch):
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    dead = f"unix://{tmp_path}/other.sock"
+    with pytest.raises(EngineUnavailable) as caught:
+        connect(BuilderSettings(host=dead)).check()
+    message = str(caught.value)
+    assert message.startswith(f"no Docker engine at {dead} ([builder] host): ")
+    assert "\n" not in message
+
+
+def test_default_place_is_the_docker_socket_when_nothing_is_set(monkeypatch):
+    for name in ("DOCKER_HOST", "DOCKER_CONTEXT"):
+        monkeypatch.delenv(name, raising=False)
+    assert connect(BuilderSettings()).where() == "unix:///var/run/docker.sock (DOCKER_HOST unset)"
+
+
+def test_unknown_context_and_unknown_buildx_builder_are_named(docker_engine):
+    with pytest.raises(EngineUnavailable, match=r"no docker context named 'efabuild-no-such-context'"):
+        connect(BuilderSettings(context="efabuild-no-such-context")).check()
+    with pytest.raises(EngineUnavailable, match=r"no buildx builder named 'efabuild-no-such-builder'"):
+        connect(BuilderSettings(buildx_builder="efabuild-no-such-builder")).check()
+
+
+def test_host_and_context_together_is_bad_input():
+    with pytest.raises(InputError, match=r"^BUILD.toml \[builder\]: set either host or context"):
+        connect(BuilderSettings(host="unix:///x.sock", context="other"))
+
+
+def test_versions_report_the_running_engine(docker_engine):
+    engine = connect(BuilderSettings())
+    engine.check()
+    versions = engine.versions()
+    server = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert versions["engine"] == server
+    assert versions["buildx"] and versions["buildx"][0].isdigit()
+    assert versions["builder_driver"] == "docker"
+    assert {"client", "engine_api", "buildkit", "builder"} <= versions.keys()
+
+
+def test_existing_tags_lists_only_the_prefix_in_one_call(busybox_image, image_names):
+    engine = connect(BuilderSettings())
+    tags = {image_names("efa"), image_names("efa"), image_names("deepep")}
+    for tag in tags:
+        subprocess.run(["docker", "image", "tag", busybox_image, tag], check=True)
+    assert existing_tags(engine, repo_prefix=image_names.prefix) == tags
+    some = sorted(tags)[0]
+    assert image_exists(engine, some)
+    assert image_id(engine, some) == image_id(engine, busybox_image)
+    assert not image_exists(engine, image_names("never-built"))
+
+
+def test_image_config_has_what_enroot_writes(busybox_image, image_names, tmp_path):
+    from efabuild.engine.build import BuildRequest, build_layer
+
+    engine = connect(BuilderSettings())
+    tag = image_names("config")
+    dockerfile = "\n".join([
+        f"FROM {busybox_image}",
+        "ENV NCCL_NET_PLUGIN=ofi",
+        'LABEL com.nvidia.nccl.version="2.30.7"',
+        "WORKDIR /workspace",
+        'VOLUME ["/data", "/cache"]',
+        'ENTRYPOINT ["/bin/sh", "-c"]',
+        'CMD ["echo hi"]',
+    ])
+    build_layer(engine, BuildRequest(tag=tag, dockerfile=dockerfile, context_dir=tmp_path,
+                                     labels={"org.efabuild.layer": "config"}), tmp_path / "build.log")
+    config = image_config(engine, tag)
+    assert "NCCL_NET_PLUGIN=ofi" in config["Env"]
+    assert config["Labels"] == {"com.nvidia.nccl.version": "2.30.7", "org.efabuild.layer": "config"}
+    assert config["WorkingDir"] == "/workspace"
+    assert config["Volumes"] == ["/cache", "/data"]
+    assert config["Entrypoint"] == ["/bin/sh", "-c"]
+    assert config["Cmd"] == ["echo hi"]
+    with pytest.raises(NotFound):
+        image_config(engine, image_names("absent"))
+
+
+def test_resolve_digest_is_none_when_nothing_knows_it(busybox_image):
+    engine = connect(BuilderSettings())
+    # a local image made by `docker import` has no repo digest; its registry does not answer
+    assert resolve_digest(engine, busybox_image) is None
+    assert resolve_digest(engine, "127.0.0.1:1/efabuild/none:1") is None
+    pinned = "nvcr.io/nvidia/pytorch:26.08-py3@sha256:" + "ab" * 32
+    assert resolve_digest(engine, pinned) == "sha256:" + "ab" * 32
