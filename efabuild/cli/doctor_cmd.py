@@ -1,14 +1,113 @@
-"""Placeholder until the command lands."""
+"""`efabuild doctor LOG...`: diagnose NCCL, srun and build logs (exit 1 when a problem is found)."""
 
 from __future__ import annotations
 
+import argparse
+
 
 def configure(name, sub, common):
-    p = sub.add_parser(name, parents=[common], help="(not available yet)")
-    p.set_defaults(run=_run)
+    p = sub.add_parser(
+        name, parents=[common],
+        help="diagnose NCCL (NCCL_DEBUG=INFO), srun and build logs: EFA path, TCP fallback, MPI clash...",
+        description="Read NCCL_DEBUG=INFO output, nccl-tests/PyTorch bandwidth lines, srun output and build "
+                    "logs, and say what they show: EFA path or TCP fallback, plugin and device trouble, two "
+                    "Open MPIs, empty apt lists, low bandwidth. Exit 1 when a problem is found.",
+    )
+    p.add_argument("logs", nargs="+", metavar="LOG", help="log files; - reads standard input")
+    p.add_argument("--expect-nics", type=_positive_int, metavar="N",
+                   help="EFA devices per instance (e.g. 8): a different 'found N nics' is a problem")
+    p.add_argument("--baseline-gbps", type=_positive_float, metavar="X",
+                   help="known-good bus bandwidth in GB/s: far below it on Libfabric points at CPU cores per rank")
+    p.add_argument("--artifact", metavar="REF",
+                   help="compare the versions seen with this artifact's manifest (key, prefix or graph:layer)")
+    p.add_argument("--store", metavar="PATH", help="the store holding --artifact (default: $EFABUILD_STORE, "
+                                                   "else the workspace's)")
+    p.add_argument("--manifest", metavar="FILE", help="compare with this manifest JSON file instead")
+    p.add_argument("--json", action="store_true", help="print the diagnoses as JSON")
+    p.set_defaults(run=run)
 
 
-def _run(args):
-    from efabuild.errors import EfabuildError
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
 
-    raise EfabuildError(f"{args.command}: not available yet")
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    from contextlib import ExitStack
+
+    from efabuild.doctor import examine, render_text, to_json
+    from efabuild.errors import InputError
+
+    if args.manifest and args.artifact:
+        raise InputError("give --artifact or --manifest, not both", "doctor")
+    manifest = _manifest(args)
+    with ExitStack() as stack:
+        sources = []
+        for name in args.logs:
+            if name == "-":
+                sources.append(("-", sys.stdin))
+                continue
+            try:
+                handle = stack.enter_context(open(name, encoding="utf-8", errors="replace"))
+            except OSError as exc:
+                raise InputError(f"cannot read: {exc.strerror}", name) from None
+            sources.append((name, handle))
+        report = examine(sources, expect_nics=args.expect_nics, baseline_gbps=args.baseline_gbps,
+                         manifest=manifest, artifact=args.artifact or args.manifest, ref=args.artifact)
+    if args.json:
+        print(json.dumps(to_json(report), indent=2))
+    else:
+        print(render_text(report))
+    return 1 if report.problems else 0
+
+
+def _manifest(args: argparse.Namespace) -> dict | None:
+    import json
+
+    from efabuild.errors import EfabuildError, InputError, NotFound
+
+    if args.manifest:
+        try:
+            with open(args.manifest, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except OSError as exc:
+            raise InputError(f"cannot read: {exc.strerror}", args.manifest) from None
+        except ValueError as exc:
+            raise InputError(f"not JSON: {exc}", args.manifest) from None
+        if not isinstance(data, dict):
+            raise InputError("not a manifest (expected a JSON object)", args.manifest)
+        return data
+    if not args.artifact:
+        return None
+    try:
+        from efabuild.store import Store
+    except ImportError:
+        raise EfabuildError("--artifact needs the artifact store, which this installation lacks; "
+                            "pass --manifest FILE") from None
+    store = Store.locate(args.store)
+    key = store.resolve(args.artifact)
+    raw = store.manifest(key)
+    if raw is None:
+        raise NotFound(f"artifact {args.artifact} has no manifest to compare with")
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise EfabuildError(f"the manifest of {args.artifact} is not JSON: {exc}") from None
+    return data if isinstance(data, dict) else {}
