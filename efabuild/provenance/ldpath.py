@@ -1,0 +1,78 @@
+"""The dynamic loader's library search order in an image, and which file it would load.
+
+Order as glibc's ld.so searches for a library without a path: LD_LIBRARY_PATH, then the
+directories of /etc/ld.so.conf (and the files it includes, in sorted order) as cached by ldconfig,
+then the default directories. RUNPATHs of the loading binary are not known here and are ignored.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from efabuild.provenance.fsview import FsView
+from efabuild.provenance.measured import LibDir
+
+LD_SO_CONF = "/etc/ld.so.conf"
+DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+_MAX_INCLUDE_DEPTH = 8
+
+
+def search_path(fs: FsView, env: dict[str, str]) -> tuple[LibDir, ...]:
+    found: list[LibDir] = []
+    seen: set[str] = set()
+
+    def add(directory: str, source: str) -> None:
+        directory = posixpath.normpath(directory)
+        if directory.startswith("/") and directory not in seen:
+            seen.add(directory)
+            found.append(LibDir(directory, source))
+
+    for directory in env.get("LD_LIBRARY_PATH", "").split(":"):
+        if directory:  # an empty entry means the working directory: nothing to find in an image
+            add(directory, "env:LD_LIBRARY_PATH")
+    for directory, source in _conf_dirs(fs, LD_SO_CONF, 0):
+        add(directory, source)
+    for directory in DEFAULT_DIRS:
+        add(directory, "default")
+    return tuple(found)
+
+
+def _conf_dirs(fs: FsView, conf: str, depth: int) -> list[tuple[str, str]]:
+    text = fs.read_text(conf)
+    if text is None or depth > _MAX_INCLUDE_DEPTH:
+        return []
+    dirs: list[tuple[str, str]] = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line or line.startswith("hwcap"):
+            continue
+        if line.startswith("include") and line[7:8] in (" ", "\t"):
+            for pattern in line[8:].split():
+                if not pattern.startswith("/"):
+                    pattern = posixpath.join(posixpath.dirname(conf), pattern)
+                for included in fs.glob(pattern):
+                    dirs += _conf_dirs(fs, included, depth + 1)
+            continue
+        for directory in line.replace(",", " ").split():
+            dirs.append((directory.split("=", 1)[0], conf))
+    return dirs
+
+
+def find_library(fs: FsView, dirs: tuple[LibDir, ...], name: str) -> str | None:
+    """The path the loader would open for `name` (e.g. "libnccl.so.2"), or None."""
+    if "/" in name:
+        return name if fs.is_file(name) else None
+    for libdir in dirs:
+        candidate = posixpath.join(libdir.dir, name)
+        if fs.is_file(candidate):
+            return candidate
+    return None
+
+
+def position(dirs: tuple[LibDir, ...], path: str) -> int | None:
+    """Index of the directory holding `path` in the search order (None when not searched)."""
+    parent = posixpath.dirname(path)
+    for index, libdir in enumerate(dirs):
+        if libdir.dir == parent:
+            return index
+    return None

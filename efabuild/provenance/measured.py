@@ -1,0 +1,160 @@
+"""What a probe found in an image, as frozen values with a stable JSON form.
+
+Every value says where it was read from (`source`: an image path, `env:NAME` or `label:NAME`).
+A value that could not be read is None: unknown, never a guess.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+# The components a probe measures, in display order. Policies (BUILD.toml) use these names.
+COMPONENTS = (
+    "ngc-release",
+    "cuda",
+    "nccl",
+    "cudnn",
+    "pytorch",
+    "libfabric",
+    "aws-ofi-nccl",
+    "efa-installer",
+    "deepep",
+)
+
+
+@attrs.frozen
+class Copy:
+    """One installed copy of a library or package found in the image."""
+
+    path: str
+    version: str | None
+    source: str | None  # where the version was read (the file itself, a .pc file, dpkg...)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "version": self.version, "source": self.source}
+
+
+@attrs.frozen
+class Component:
+    name: str
+    version: str | None = None
+    source: str | None = None
+    loads: str | None = None  # the file the dynamic loader picks, for libraries
+    copies: tuple[Copy, ...] = ()
+    commit: str | None = None
+    commit_source: str | None = None
+    packages: tuple[str, ...] = ()  # the EFA installer's package list
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"version": self.version, "source": self.source}
+        if self.loads is not None:
+            out["loads"] = self.loads
+        if self.copies:
+            out["copies"] = [c.to_dict() for c in self.copies]
+        if self.commit is not None or self.name == "deepep":
+            out["commit"] = self.commit
+            out["commit_source"] = self.commit_source
+        if self.packages:
+            out["packages"] = list(self.packages)
+        return out
+
+    @classmethod
+    def from_dict(cls, name: str, data: dict[str, Any]) -> Component:
+        return cls(
+            name=name,
+            version=data.get("version"),
+            source=data.get("source"),
+            loads=data.get("loads"),
+            copies=tuple(Copy(c.get("path"), c.get("version"), c.get("source")) for c in data.get("copies", [])),
+            commit=data.get("commit"),
+            commit_source=data.get("commit_source"),
+            packages=tuple(data.get("packages", [])),
+        )
+
+
+@attrs.frozen
+class MpiInstall:
+    path: str  # where it was found, e.g. /usr/local/mpi
+    real_path: str  # after symlinks: two paths to one installation are one installation
+    version: str | None
+    source: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "real_path": self.real_path, "version": self.version, "source": self.source}
+
+
+@attrs.frozen
+class LibDir:
+    """One directory of the dynamic loader's search order, and what put it there."""
+
+    dir: str
+    source: str  # env:LD_LIBRARY_PATH, an ld.so.conf file, or "default"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dir": self.dir, "source": self.source}
+
+
+@attrs.frozen
+class Declared:
+    """A version an image declares about itself (base image env or label), not measured."""
+
+    name: str  # NCCL_VERSION, com.nvidia.nccl.version...
+    value: str
+    source: str  # env:NAME or label:NAME
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "source": self.source}
+
+
+@attrs.frozen
+class Measured:
+    components: tuple[Component, ...]
+    openmpi: tuple[MpiInstall, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # the EFA-relevant variables, sorted
+    env_source: str | None = None  # "image config", "/etc/environment" or None (not known)
+    declared_by_base: tuple[Declared, ...] = ()
+    library_path: tuple[LibDir, ...] = ()
+    packages: tuple[tuple[str, str], ...] = ()  # relevant Debian packages: name, version
+
+    def component(self, name: str) -> Component:
+        for component in self.components:
+            if component.name == name:
+                return component
+        return Component(name)
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "components": {c.name: c.to_dict() for c in self.components},
+            "openmpi": [m.to_dict() for m in self.openmpi],
+            "env": {"source": self.env_source, "vars": dict(self.env)},
+            "declared_by_base": {d.name: d.to_dict() for d in self.declared_by_base},
+            "library_path": [d.to_dict() for d in self.library_path],
+            "packages": dict(self.packages),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measured:
+        env = data.get("env") or {}
+        return cls(
+            components=tuple(
+                Component.from_dict(name, value) for name, value in (data.get("components") or {}).items()
+            ),
+            openmpi=tuple(
+                MpiInstall(m.get("path"), m.get("real_path"), m.get("version"), m.get("source"))
+                for m in data.get("openmpi", [])
+            ),
+            env=tuple(sorted((env.get("vars") or {}).items())),
+            env_source=env.get("source"),
+            declared_by_base=tuple(
+                Declared(name, d.get("value"), d.get("source"))
+                for name, d in sorted((data.get("declared_by_base") or {}).items())
+            ),
+            library_path=tuple(LibDir(d.get("dir"), d.get("source")) for d in data.get("library_path", [])),
+            packages=tuple(sorted((data.get("packages") or {}).items())),
+        )

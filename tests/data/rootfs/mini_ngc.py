@@ -1,0 +1,238 @@
+"""Small image trees with the file layout of NGC PyTorch + the EFA installer + DeepEP.
+
+Only the files a probe reads, with tiny contents: headers with version defines, library files
+named like the real ones, dpkg status and .list files, the EFA installer's package list, a pip
+dist-info. `make_sqsh` squashes a tree the way Enroot does, so tests exercise the real tools.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+NGC_RELEASE = "26.08"
+NCCL = "2.30.7"
+CUDA = "13.4.1"
+CUDNN = "9.14.0"
+TORCH = "2.14.0a0+3f1c0ea"
+BASE_LIBFABRIC = "2.4.0"
+BASE_OFI = "1.19.0"
+INSTALLER = "1.50.0"
+LIBFABRIC = "2.6.0"
+OFI = "1.21.1"
+HPCX_OMPI = "5.0.7"
+DEEPEP_COMMIT = "94a9f8f6b146c07d97ec58f67cd6d303296d6098"
+EFA_LD_PATH = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
+BASE_LD_PATH = "/usr/local/cuda/compat/lib.real:/usr/local/lib/python3.12/dist-packages/torch/lib:/usr/local/cuda/lib64"
+SITE = "/usr/local/lib/python3.12/dist-packages"
+
+
+def write(root: Path, path: str, content: str | bytes = b"") -> Path:
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(content.encode() if isinstance(content, str) else content)
+    return target
+
+
+def link(root: Path, path: str, target: str) -> None:
+    where = root / path.lstrip("/")
+    where.parent.mkdir(parents=True, exist_ok=True)
+    if where.is_symlink() or where.exists():
+        where.unlink()
+    where.symlink_to(target)
+
+
+def fake_elf(*strings: str) -> bytes:
+    """Bytes that look enough like a shared library: an ELF magic, padding and C strings."""
+    return b"\x7fELF\x02\x01\x01" + b"\x00" * 57 + b"".join(s.encode() + b"\x00" for s in strings) + b"\x00" * 64
+
+
+def libfabric_files(root: Path, prefix: str, version: str, abi: str = "1.26.0") -> None:
+    write(root, f"{prefix}/lib/libfabric.so.1.{abi.split('.', 1)[1]}", fake_elf("libfabric"))
+    link(root, f"{prefix}/lib/libfabric.so.1", f"libfabric.so.1.{abi.split('.', 1)[1]}")
+    write(root, f"{prefix}/lib/pkgconfig/libfabric.pc", f"prefix={prefix}\nName: libfabric\nVersion: {version}amzn1.0\n")
+
+
+def ofi_plugin(root: Path, path: str, version: str) -> None:
+    write(root, path, fake_elf("NET/OFI Initializing %s", f"aws-ofi-nccl {version}", "Libfabric"))
+
+
+def dpkg_status(root: Path, packages: dict[str, str]) -> None:
+    paragraphs = [
+        f"Package: {name}\nStatus: install ok installed\nArchitecture: amd64\nVersion: {version}\n"
+        "Description: test package\n long description line\n"
+        for name, version in sorted(packages.items())
+    ]
+    write(root, "/var/lib/dpkg/status", "\n".join(paragraphs))
+
+
+def base_env() -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/mpi/bin:/usr/local/cuda/bin:/usr/bin:/bin",
+        "NVIDIA_PYTORCH_VERSION": NGC_RELEASE,
+        "PYTORCH_VERSION": TORCH.split("a0")[0],
+        "CUDA_VERSION": CUDA,
+        "NCCL_VERSION": NCCL,
+        "CUDNN_VERSION": CUDNN,
+        "OPENMPI_VERSION": HPCX_OMPI,
+        "NCCL_NET_PLUGIN": "ofi",
+        "NCCL_TUNER_PLUGIN": "ofi",
+        "LD_LIBRARY_PATH": BASE_LD_PATH,
+    }
+
+
+def base_labels() -> dict[str, str]:
+    return {"com.nvidia.nccl.version": NCCL, "com.nvidia.cudnn.version": CUDNN, "com.nvidia.build.id": "123"}
+
+
+def write_base(root: Path) -> dict[str, str]:
+    """The NGC PyTorch base: returns its config Env."""
+    write(root, "/usr/include/nccl.h",
+          f"#define NCCL_MAJOR {NCCL.split('.')[0]}\n#define NCCL_MINOR {NCCL.split('.')[1]}\n"
+          f"#define NCCL_PATCH {NCCL.split('.')[2]}\n#define NCCL_SUFFIX \"\"\n")
+    write(root, f"/usr/lib/x86_64-linux-gnu/libnccl.so.{NCCL}", fake_elf("NCCL"))
+    link(root, "/usr/lib/x86_64-linux-gnu/libnccl.so.2", f"libnccl.so.{NCCL}")
+    link(root, "/usr/lib/x86_64-linux-gnu/libnccl.so", "libnccl.so.2")
+    write(root, "/usr/lib/x86_64-linux-gnu/libnccl-net.so", fake_elf("NET/IB plugin"))
+    write(root, "/usr/local/cuda-13.4/version.json",
+          json.dumps({"cuda": {"name": "CUDA SDK", "version": CUDA}, "nvcc": {"version": CUDA}}))
+    link(root, "/usr/local/cuda", "cuda-13.4")
+    major, minor, patch = CUDNN.split(".")
+    write(root, "/usr/include/x86_64-linux-gnu/cudnn_version.h",
+          f"#define CUDNN_MAJOR {major}\n#define CUDNN_MINOR {minor}\n#define CUDNN_PATCHLEVEL {patch}\n")
+    write(root, f"{SITE}/torch/version.py",
+          f"__version__ = '{TORCH}'\ndebug = False\ncuda = '13.4'\ngit_version = '3f1c0ea'\n")
+    libfabric_files(root, "/opt/amazon/efa", BASE_LIBFABRIC, "1.26.0")
+    ofi_plugin(root, "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", BASE_OFI)
+    write(root, "/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+    write(root, "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n")
+    write(root, "/etc/ld.so.conf.d/efa.conf", "/opt/amazon/efa/lib\n")
+    write(root, "/etc/ld.so.conf.d/aws-ofi-nccl.conf", "/opt/amazon/ofi-nccl/lib\n")
+    ompi_major, ompi_minor, ompi_release = HPCX_OMPI.split(".")
+    write(root, "/opt/hpcx/ompi/include/mpi.h",
+          f"#define OMPI_MAJOR_VERSION {ompi_major}\n#define OMPI_MINOR_VERSION {ompi_minor}\n"
+          f"#define OMPI_RELEASE_VERSION {ompi_release}\n")
+    write(root, "/opt/hpcx/ompi/bin/mpirun", "#!/bin/sh\n")
+    link(root, "/usr/local/mpi", "/opt/hpcx/ompi")
+    dpkg_status(root, {"libnccl2": f"{NCCL}-1+cuda13.4", "libc6": "2.39-0ubuntu8"})
+    return base_env()
+
+
+def add_efa_installer(root: Path, env: dict[str, str], version: str = INSTALLER, libfabric: str = LIBFABRIC,
+                      ofi: str = OFI, ld_path: bool = True) -> dict[str, str]:
+    """What efa_installer.sh -y -g --skip-kmod ... leaves in an NGC image (NGC flavour of the plugin)."""
+    for stale in (root / "opt/amazon/efa/lib").glob("libfabric.so.1.*"):
+        stale.unlink()
+    libfabric_files(root, "/opt/amazon/efa", libfabric, "1.28.0")
+    ofi_plugin(root, "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", ofi)
+    packages = [f"libfabric1-aws_{libfabric}amzn1.0_amd64", f"libnccl-ofi-ngc-v3_{ofi}-1_amd64",
+                "efa-config_1.18-1_all", "efa-profile_1.7-1_all", "ibverbs-providers_58.0-1_amd64"]
+    write(root, "/opt/amazon/efa_installed_packages",
+          f"# EFA installer version: {version}\n# Debug packages installed: no\n# Packages installed:\n"
+          + " ".join(packages) + "\n")
+    status = (root / "var/lib/dpkg/status").read_text()
+    dpkg_status(root, {**_packages(status), "libfabric1-aws": f"{libfabric}amzn1.0",
+                       "libnccl-ofi-ngc-v3": f"{ofi}-1", "efa-config": "1.18-1"})
+    write(root, "/var/lib/dpkg/info/libfabric1-aws.list",
+          "/.\n/opt\n/opt/amazon/efa/lib\n/opt/amazon/efa/lib/libfabric.so.1.28.0\n")
+    write(root, "/var/lib/dpkg/info/libnccl-ofi-ngc-v3.list", "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so\n")
+    env = dict(env)
+    if ld_path:
+        env["LD_LIBRARY_PATH"] = f"{EFA_LD_PATH}:{env['LD_LIBRARY_PATH']}"
+    return env
+
+
+def add_deepep(root: Path, env: dict[str, str], commit: str = DEEPEP_COMMIT) -> dict[str, str]:
+    """`git clone` + `git checkout COMMIT` + `pip install --no-build-isolation --no-deps .` of DeepEP."""
+    version = f"1.1.0+{commit[:7]}"
+    info = f"{SITE}/deep_ep-{version}.dist-info"
+    write(root, f"{info}/METADATA", f"Metadata-Version: 2.1\nName: deep_ep\nVersion: {version}\n\n")
+    write(root, f"{info}/direct_url.json", json.dumps({"dir_info": {}, "url": "file:///opt/DeepEP"}))
+    write(root, "/opt/DeepEP/.git/HEAD", commit + "\n")
+    write(root, f"{SITE}/deep_ep/__init__.py", "")
+    return {**env, "TORCH_CUDA_ARCH_LIST": "10.0"}
+
+
+def write_config(root: Path, env: dict[str, str], labels: dict[str, str] | None = None) -> None:
+    """/etc/environment and /etc/rc as Enroot writes them from the image config."""
+    write(root, "/etc/environment", "".join(f"{k}={v}\n" for k, v in env.items()))
+    rc = "".join(f"# {k} {v}\n" for k, v in (labels or {}).items())
+    write(root, "/etc/rc", rc + ("\n" if rc else "") + "cd / && unset OLDPWD || exit 1\nexec /bin/sh\n")
+
+
+def full_image(root: Path, **installer: object) -> dict[str, str]:
+    """Base + EFA installer + DeepEP with /etc/environment and /etc/rc: the clean demo artifact."""
+    env = add_deepep(root, add_efa_installer(root, write_base(root), **installer))
+    write_config(root, env, base_labels())
+    return env
+
+
+def make_sqsh(root: Path, out: Path) -> Path:
+    subprocess.run(
+        ["mksquashfs", str(root), str(out), "-all-root", "-comp", "lzo", "-noD", "-quiet", "-no-progress",
+         "-noappend"],
+        check=True, capture_output=True,
+    )
+    return out
+
+
+def _packages(status: str) -> dict[str, str]:
+    found = {}
+    for paragraph in status.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in paragraph.splitlines() if ": " in line and line[0] != " ")
+        if "Package" in fields:
+            found[fields["Package"]] = fields["Version"]
+    return found
+
+
+# ---- artifacts in a real store ---------------------------------------------------------------
+BASE_REF = "nvcr.io/nvidia/pytorch:26.08-py3"
+BASE_DIGEST = "sha256:" + "5e" * 32
+
+
+def chain_for(key: str, installer: str = INSTALLER, commit: str = DEEPEP_COMMIT) -> list[dict]:
+    """Declared inputs of ngc-efa:efa -> ngc-efa:deepep, as LayerInputs.to_dict() gives them."""
+    efa_key = "e" * 63 + "0"
+    return [
+        {"layer": "ngc-efa:efa", "key": efa_key, "inputs": {
+            "schema": "efabuild.layer/v1", "parent_key": None, "platform": "linux/amd64",
+            "base": {"ref": BASE_REF, "digest": BASE_DIGEST},
+            "dockerfile": "ARG EFA_INSTALLER_VERSION\nRUN ./efa_installer.sh -y -g --skip-kmod\n",
+            "args": {"EFA_INSTALLER_VERSION": installer}, "context": []}},
+        {"layer": "ngc-efa:deepep", "key": key, "inputs": {
+            "schema": "efabuild.layer/v1", "parent_key": efa_key, "platform": "linux/amd64", "base": None,
+            "dockerfile": "ARG HYBRID_EP_COMMIT\nRUN pip install --no-build-isolation --no-deps .\n",
+            "args": {"HYBRID_EP_COMMIT": commit}, "context": [["app/train.py", "644", "a1" * 32]]}},
+    ]
+
+
+def publish(store_root: Path, tree: Path, work: Path, key: str, name: str = "ngc-efa:deepep",
+            chain: list[dict] | None = None, base: dict | None = None) -> Path:
+    """Squash `tree`, describe it and publish it with its manifest, as `efabuild make` does."""
+    from datetime import datetime, timezone
+
+    from efabuild.digest import file_digest
+    from efabuild.provenance.stored import describe_sqsh
+    from efabuild.store import ArtifactRecord, Store
+
+    work.mkdir(parents=True, exist_ok=True)
+    sqsh = make_sqsh(tree, work / f"{key}.sqsh")
+    digest = file_digest(sqsh)
+    export = {"mksquashfs": ["-comp", "lzo", "-noD"]}
+    manifest = describe_sqsh(
+        sqsh, key=key, name=name, sqsh_digest=digest, export_options=export,
+        base=base if base is not None else {"ref": BASE_REF, "digest": BASE_DIGEST},
+        chain=chain if chain is not None else chain_for(key), builder={"buildkit": "v0.13.2"},
+        times={"started": datetime(2026, 11, 30, 4, 0, 0, tzinfo=timezone.utc),
+               "finished": datetime(2026, 11, 30, 4, 7, 30, tzinfo=timezone.utc)},
+    )
+    store = Store.at(store_root, show_progress=False)
+    store.publish(key, sqsh, ArtifactRecord.for_file(key, name, sqsh, digest, export=export), manifest)
+    return store.lookup(key, fetch=False)
+
+
+def parse_env(root: Path) -> dict[str, str]:
+    """The env a tree's /etc/environment holds."""
+    lines = (root / "etc/environment").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)

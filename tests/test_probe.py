@@ -1,0 +1,176 @@
+"""Measuring versions from image filesystems: directory trees and real .sqsh files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from efabuild.errors import EfabuildError
+from efabuild.provenance.fsview import DirView, SqshView
+from efabuild.provenance.probe import probe_tree
+from tests.data.rootfs import mini_ngc as ngc
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    ngc.full_image(root)
+    return root
+
+
+def versions(measured) -> dict[str, str | None]:
+    return {c.name: c.version for c in measured.components}
+
+
+def test_full_image_versions_and_their_sources(image: Path) -> None:
+    measured = probe_tree(DirView(image))
+    assert versions(measured) == {
+        "ngc-release": "26.08",
+        "cuda": "13.4.1",
+        "nccl": "2.30.7",
+        "cudnn": "9.14.0",
+        "pytorch": ngc.TORCH,
+        "libfabric": "2.6.0",
+        "aws-ofi-nccl": "1.21.1",
+        "efa-installer": "1.50.0",
+        "deepep": f"1.1.0+{ngc.DEEPEP_COMMIT[:7]}",
+    }
+    sources = {c.name: c.source for c in measured.components}
+    assert sources["nccl"] == f"/usr/lib/x86_64-linux-gnu/libnccl.so.{ngc.NCCL}"
+    assert sources["aws-ofi-nccl"] == "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"
+    assert sources["efa-installer"] == "/opt/amazon/efa_installed_packages"
+    assert sources["ngc-release"] == "env:NVIDIA_PYTORCH_VERSION"
+    deepep = measured.component("deepep")
+    assert (deepep.commit, deepep.commit_source) == (ngc.DEEPEP_COMMIT, "/opt/DeepEP/.git/HEAD")
+    assert "libnccl-ofi-ngc-v3_1.21.1-1_amd64" in measured.component("efa-installer").packages
+    assert [(m.path, m.real_path, m.version) for m in measured.openmpi] == [
+        ("/usr/local/mpi", "/opt/hpcx/ompi", ngc.HPCX_OMPI)
+    ]
+
+
+def test_sqsh_and_directory_give_the_same_measurement(image: Path, tmp_path: Path) -> None:
+    sqsh = ngc.make_sqsh(image, tmp_path / "image.sqsh")
+    assert probe_tree(SqshView(sqsh)).to_dict() == probe_tree(DirView(image)).to_dict()
+
+
+def test_empty_image_is_unknown_everywhere_not_guessed(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    measured = probe_tree(DirView(tmp_path / "empty"))
+    assert set(versions(measured).values()) == {None}
+    assert measured.openmpi == () and measured.env_source is None
+    assert measured.to_dict()["components"]["deepep"] == {
+        "version": None, "source": None, "commit": None, "commit_source": None
+    }
+
+
+def test_env_from_image_config_wins_over_etc_environment(image: Path) -> None:
+    config_env = ["NCCL_NET_PLUGIN=ofi", "LD_LIBRARY_PATH=/x", "NCCL_IB_HCA=mlx5", "NCCL_VERSION=2.30.7",
+                  "HF_TOKEN=hf_secret", "NCCL_SECRET_THING=abc"]
+    measured = probe_tree(DirView(image), config_env, image_labels={})
+    assert measured.env_source == "image config"
+    # only what steers NCCL/libfabric is recorded; NCCL_VERSION is a declaration, not a setting
+    assert measured.env_dict == {"NCCL_NET_PLUGIN": "ofi", "LD_LIBRARY_PATH": "/x", "NCCL_IB_HCA": "mlx5",
+                                 "NCCL_SECRET_THING": "<redacted>"}
+    assert "hf_secret" not in json.dumps(measured.to_dict())
+    assert [(d.name, d.source) for d in measured.declared_by_base] == [("NCCL_VERSION", "env:NCCL_VERSION")]
+
+
+def test_declared_by_base_kept_apart_from_measured(image: Path) -> None:
+    ngc.write(image, "/etc/environment",
+              (image / "etc/environment").read_text().replace("NCCL_VERSION=2.30.7", "NCCL_VERSION=2.29.3"))
+    measured = probe_tree(DirView(image))
+    declared = {d.name: (d.value, d.source) for d in measured.declared_by_base}
+    assert declared["NCCL_VERSION"] == ("2.29.3", "env:NCCL_VERSION")
+    assert declared["com.nvidia.nccl.version"] == (ngc.NCCL, "label:com.nvidia.nccl.version")
+    assert measured.component("nccl").version == ngc.NCCL  # file evidence, not the env var
+
+
+def test_every_aws_ofi_nccl_copy_is_recorded_and_the_loader_order_decides(image: Path) -> None:
+    ngc.ofi_plugin(image, "/opt/amazon/aws-ofi-nccl/lib/libnccl-net-ofi.so", "1.13.2-aws")
+    env = ngc.parse_env(image)
+    measured = probe_tree(DirView(image), env)
+    ofi = measured.component("aws-ofi-nccl")
+    assert sorted((c.path, c.version) for c in ofi.copies) == [
+        ("/opt/amazon/aws-ofi-nccl/lib/libnccl-net-ofi.so", "1.13.2-aws"),
+        ("/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", "1.21.1"),
+    ]
+    assert (ofi.version, ofi.loads) == ("1.21.1", "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so")
+    # the old NGC-v2 location first on LD_LIBRARY_PATH: NCCL would load the old plugin
+    env["LD_LIBRARY_PATH"] = "/opt/amazon/aws-ofi-nccl/lib:" + env["LD_LIBRARY_PATH"]
+    ofi = probe_tree(DirView(image), env).component("aws-ofi-nccl")
+    assert (ofi.version, ofi.loads) == ("1.13.2-aws", "/opt/amazon/aws-ofi-nccl/lib/libnccl-net-ofi.so")
+
+
+def test_ld_so_conf_order_decides_without_ld_library_path(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    env = ngc.add_efa_installer(root, ngc.write_base(root), ld_path=False)
+    ngc.libfabric_files(root, "/usr/local", "1.22.0", "1.24.0")
+    ngc.write(root, "/etc/ld.so.conf.d/00-local.conf", "/usr/local/lib\n")
+    libfabric = probe_tree(DirView(root), env).component("libfabric")
+    assert (libfabric.version, libfabric.loads) == ("1.22.0", "/usr/local/lib/libfabric.so.1")
+    assert {c.version for c in libfabric.copies} == {"1.22.0", "2.6.0"}
+    search = probe_tree(DirView(root), env).library_path
+    assert search[[d.dir for d in search].index("/usr/local/lib")].source == "/etc/ld.so.conf.d/00-local.conf"
+
+
+def test_versions_from_dpkg_when_files_say_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    ngc.dpkg_status(root, {"libnccl-ofi": "1.16.0-1", "libfabric1-aws": "1:2.1.0amzn3.0"})
+    ngc.write(root, "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", ngc.fake_elf("no version string here"))
+    ngc.write(root, "/var/lib/dpkg/info/libnccl-ofi:amd64.list", "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so\n")
+    measured = probe_tree(DirView(root), {"NCCL_NET_PLUGIN": "ofi", "LD_LIBRARY_PATH": "/opt/amazon/ofi-nccl/lib"})
+    ofi = measured.component("aws-ofi-nccl")
+    assert ofi.version == "1.16.0" and ofi.source.startswith("/var/lib/dpkg/status (libnccl-ofi 1.16.0-1")
+    libfabric = measured.component("libfabric")
+    assert libfabric.version == "2.1.0" and "libfabric1-aws" in libfabric.source
+
+
+def test_nccl_from_header_when_no_library(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    ngc.write(root, "/usr/include/nccl.h", "#define NCCL_MAJOR 2\n#define NCCL_MINOR 21\n#define NCCL_PATCH 5\n"
+                                           "#define NCCL_SUFFIX \"\"\n")
+    nccl = probe_tree(DirView(root), {}).component("nccl")
+    assert (nccl.version, nccl.source) == ("2.21.5", "/usr/include/nccl.h")
+
+
+def test_deepep_commit_from_pip_vcs_info(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    info = f"{ngc.SITE}/deep_ep-1.2.1.dist-info"
+    ngc.write(root, f"{info}/METADATA", "Name: deep_ep\nVersion: 1.2.1\n")
+    ngc.write(root, f"{info}/direct_url.json", json.dumps(
+        {"url": "https://github.com/deepseek-ai/DeepEP", "vcs_info": {"vcs": "git", "commit_id": "ab" * 20}}))
+    deepep = probe_tree(DirView(root), {}).component("deepep")
+    assert (deepep.version, deepep.commit) == ("1.2.1", "ab" * 20)
+    assert deepep.commit_source.endswith("direct_url.json (vcs_info.commit_id)")
+
+
+def test_symlinks_resolve_inside_the_image_never_on_the_host(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    # an absolute link that would read this machine's file if followed on the host
+    ngc.link(root, "/opt/amazon/efa_installed_packages", "/etc/hostname")
+    ngc.write(root, "/etc/hostname", "# EFA installer version: 9.9.9\n")
+    ngc.link(root, "/loop", "/loop")
+    view = DirView(root)
+    assert probe_tree(view, {}).component("efa-installer").version == "9.9.9"
+    assert view.resolve("/loop") is None and view.read_bytes("/loop") is None
+
+
+def test_sqsh_listing_handles_odd_names(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    ngc.write(root, "/odd/a -> b", "arrow")
+    ngc.write(root, "/odd/spa ce/wild*[x]", "wild")
+    ngc.link(root, "/odd/l", "a -> b")
+    ngc.write(root, "/odd/ünï", "utf8")
+    view = SqshView(ngc.make_sqsh(root, tmp_path / "odd.sqsh"))
+    assert view.listdir("/odd") == sorted(["a -> b", "l", "spa ce", "ünï"])
+    assert view.read_many(["/odd/l", "/odd/spa ce/wild*[x]", "/odd/ünï", "/odd/missing"]) == {
+        "/odd/l": b"arrow", "/odd/spa ce/wild*[x]": b"wild", "/odd/ünï": b"utf8"}
+
+
+def test_damaged_sqsh_is_one_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.sqsh"
+    bad.write_bytes(b"not a squashfs" * 100)
+    with pytest.raises(EfabuildError, match="bad.sqsh: unsquashfs failed"):
+        probe_tree(SqshView(bad))
