@@ -45,7 +45,9 @@ def has(engine: Engine, tag: str, registry: RegistrySettings, timeout: float = R
         return True
     if _means_absent(found.stderr):
         return False
-    raise RegistryError(f"cannot ask registry {registry.url} for {tag}: {_first_line(found.stderr)}")
+    raise RegistryError(
+        f"cannot ask registry {registry.url} for {tag}: {_first_line(found.stderr)}{_hint(found.stderr, registry)}"
+    )
 
 
 def pull(engine: Engine, tag: str, registry: RegistrySettings) -> bool:
@@ -58,7 +60,8 @@ def pull(engine: Engine, tag: str, registry: RegistrySettings) -> bool:
     except DockerException as exc:
         if _means_absent(_text(exc.stderr)):  # deleted between the two requests
             return False
-        raise RegistryError(f"cannot pull {ref}: {_first_line(_text(exc.stderr))}") from None
+        stderr = _text(exc.stderr)
+        raise RegistryError(f"cannot pull {ref}: {_first_line(stderr)}{_hint(stderr, registry)}") from None
     tag_image(engine, ref, tag)
     untag_image(engine, ref)  # the local name is the key's; the registry's name is not needed
     return True
@@ -72,7 +75,8 @@ def push(engine: Engine, tag: str, registry: RegistrySettings) -> str:
         try:
             engine.client.image.push(ref, quiet=True)
         except DockerException as exc:
-            raise RegistryError(f"cannot push {ref}: {_first_line(_text(exc.stderr))}") from None
+            stderr = _text(exc.stderr)
+            raise RegistryError(f"cannot push {ref}: {_first_line(stderr)}{_hint(stderr, registry)}") from None
         digest = _repo_digest(engine, ref)
     finally:
         untag_image(engine, ref)
@@ -97,6 +101,23 @@ def _means_absent(stderr: str) -> bool:
     return any(marker in text for marker in (
         ": not found", "manifest unknown", "no such manifest", "name unknown", "not found: manifest",
     ))
+
+
+def _hint(stderr: str, registry: RegistrySettings) -> str:
+    """What to do about the usual refusals (ECR in particular)."""
+    text = stderr.lower()
+    host = registry.url.split("/", 1)[0]
+    if any(marker in text for marker in ("no basic auth credentials", "authorization token has expired",
+                                         "unauthorized", "401")):
+        if ".ecr." in host:
+            return (f" (log in: aws ecr get-login-password | docker login --username AWS "
+                    f"--password-stdin {host})")
+        return f" (log in: docker login {host})"
+    if "does not exist in the registry" in text:
+        return " (create that repository in ECR first, or enable ECR's create-on-push)"
+    if "http response to https client" in text:
+        return " (a plain-HTTP registry: set [registry] insecure = true and list it in dockerd's insecure-registries)"
+    return ""
 
 
 def _text(value: str | bytes | None) -> str:
