@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -51,6 +52,7 @@ class MakeResult:
 class _Runner:
     def __init__(self, prepared: Prepared, reporter: Reporter) -> None:
         self.p = prepared
+        self.cancel = threading.Event()  # set on interrupt: running builds stop, nothing is tagged
         self.ws: Workspace = prepared.ws
         self.engine = prepared.engine
         self.reporter = reporter
@@ -148,7 +150,7 @@ class _Runner:
                 source_date_epoch=SOURCE_DATE_EPOCH,
             )
             build_layer(self.engine, request, log_path,
-                        on_line=lambda text: self.reporter.line(lp.qualname, text))
+                        on_line=lambda text: self.reporter.line(lp.qualname, text), cancel=self.cancel)
         self.tags[lp.key] = request.tag
         self.p.records.record(lp.qualname, lp.key, lp.inputs)
         return str(log_path)
@@ -260,6 +262,7 @@ def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
                         reporter.finished(name, _describe(outcome))
                     outcomes[name] = outcome
         except KeyboardInterrupt:
+            runner.cancel.set()
             for future in running:
                 future.cancel()
             raise

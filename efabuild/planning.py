@@ -8,6 +8,7 @@ the build records.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable
 
 import attrs
@@ -54,9 +55,11 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
     inputs = layer_inputs(ws, graph, order, bases, hasher)
     hasher.state.save()
     keys = {inputs[name].key() for name in order}
+    images = (_engine_keys(engine) if engine else records.built_keys(order)) & keys
     availability = Availability(
-        images=frozenset(_engine_keys(engine) & keys) if engine else frozenset(records.built_keys(order) & keys),
-        registry=frozenset(_registry_keys(ws, engine, graph, order, inputs)),
+        images=frozenset(images),
+        registry=frozenset(_registry_keys(ws, engine, graph, [n for n in order if inputs[n].key() not in images],
+                                          inputs)),
         artifacts=frozenset(_stored_keys(ws, graph, order, inputs)),
         engine_checked=engine is not None,
     )
@@ -118,13 +121,18 @@ def _registry_keys(ws: Workspace, engine, graph, order, inputs) -> set[str]:
     registry = ws.settings.registry
     if registry is None or engine is None:
         return set()
-    from efabuild.engine.registry import has
+    from efabuild.engine.registry import RegistryError, has
 
     found = set()
     for name in order:
         key = inputs[name].key()
-        if has(engine, image_tag(graph.nodes[name]["layer"].name, key), registry):
-            found.add(key)
+        try:
+            if has(engine, image_tag(graph.nodes[name]["layer"].name, key), registry):
+                found.add(key)
+        except RegistryError as exc:
+            # an outage must not stop local work: layers missing locally are then built
+            print(f"efabuild: warning: layer-cache registry not used: {exc}", file=sys.stderr)
+            return found
     return found
 
 

@@ -40,6 +40,7 @@ def run(args) -> int:
         return 0
     print(render(prepared.plan, None), file=sys.stderr)
     reporter = reporter_for(sys.stderr)
+    _sigterm_interrupts()  # scancel and timeouts send SIGTERM: stop builds as Ctrl-C does
     try:
         result = make.run(prepared, reporter, jobs=args.jobs or ws.settings.builder.jobs)
     finally:
@@ -54,6 +55,15 @@ def run(args) -> int:
             print(f"efabuild: {outcome.qualname} failed: {outcome.detail}", file=sys.stderr)
         return 1
     return 0
+
+
+def _sigterm_interrupts() -> None:
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _builder_override(builder, value: str):
