@@ -120,11 +120,23 @@ def test_versions_from_dpkg_when_files_say_nothing(tmp_path: Path) -> None:
     ngc.dpkg_status(root, {"libnccl-ofi": "1.16.0-1", "libfabric1-aws": "1:2.1.0amzn3.0"})
     ngc.write(root, "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", ngc.fake_elf("no version string here"))
     ngc.write(root, "/var/lib/dpkg/info/libnccl-ofi:amd64.list", "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so\n")
+    ngc.write(root, "/opt/amazon/efa/lib/libfabric.so.1.25.0", ngc.fake_elf("libfabric"))
+    ngc.write(root, "/var/lib/dpkg/info/libfabric1-aws.list", "/opt/amazon/efa/lib/libfabric.so.1.25.0\n")
     measured = probe_tree(DirView(root), {"NCCL_NET_PLUGIN": "ofi", "LD_LIBRARY_PATH": "/opt/amazon/ofi-nccl/lib"})
     ofi = measured.component("aws-ofi-nccl")
     assert ofi.version == "1.16.0" and ofi.source.startswith("/var/lib/dpkg/status (libnccl-ofi 1.16.0-1")
     libfabric = measured.component("libfabric")
     assert libfabric.version == "2.1.0" and "libfabric1-aws" in libfabric.source
+
+
+def test_package_database_alone_is_not_evidence(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    ngc.dpkg_status(root, {"libnccl-ofi-ngc-v3": "1.21.1-1", "libfabric1-aws": "2.6.0amzn1.0"})
+    measured = probe_tree(DirView(root), {"NCCL_NET_PLUGIN": "ofi"})
+    # the files are gone (e.g. removed by a later layer): installed per dpkg, but not in the image
+    assert measured.component("aws-ofi-nccl").version is None
+    assert measured.component("libfabric").version is None
+    assert dict(measured.packages)["libnccl-ofi-ngc-v3"] == "1.21.1-1"
 
 
 def test_nccl_from_header_when_no_library(tmp_path: Path) -> None:

@@ -1,14 +1,244 @@
-"""Placeholder until the command lands."""
+"""`efabuild show`, `efabuild audit`, `efabuild diff`: an artifact's manifest, its checks, and the
+difference between two artifacts. They work in a workspace and on a bare store (--store PATH or
+$EFABUILD_STORE)."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
+from pathlib import Path
 
-def configure(name, sub, common):
-    p = sub.add_parser(name, parents=[common], help="(not available yet)")
-    p.set_defaults(run=_run)
+
+def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    if name == "show":
+        p = sub.add_parser(name, parents=[common], help="an artifact's provenance manifest as a table",
+                           description="Shows what an artifact is, what it was built from and the versions "
+                                       "measured inside it. REF: graph:layer, a key or a key prefix.")
+        p.add_argument("ref", metavar="REF")
+        p.add_argument("--intoto", action="store_true",
+                       help="print the in-toto Statement v1 with the SLSA provenance v1 predicate (JSON)")
+        p.set_defaults(run=run_show)
+    elif name == "audit":
+        p = sub.add_parser(name, parents=[common], help="check artifacts: integrity, drift, pitfalls, policy",
+                           description="Checks that each artifact is what its manifest says (digests, the "
+                                       ".sqsh measured again), that declared versions are installed, that "
+                                       "the EFA installer matches the host, the guide's pitfalls and the "
+                                       "[audit] policy of BUILD.toml. Exit status 1 when any check fails.")
+        p.add_argument("refs", nargs="*", metavar="REF", help="graph:layer, key or key prefix")
+        p.add_argument("--all", action="store_true", help="audit every artifact in the store")
+        p.add_argument("--host-efa", metavar="VERSION",
+                       help="the host AMI's EFA installer version (default: this host's "
+                            "/opt/amazon/efa_installed_packages, else [audit] host_efa_installer)")
+        p.set_defaults(run=run_audit)
+    else:
+        p = sub.add_parser(name, parents=[common], help="what differs between two artifacts",
+                           description="Declared inputs (base, Dockerfiles, args, files) and measured "
+                                       "versions that differ between two artifacts.")
+        p.add_argument("ref_a", metavar="REF_A")
+        p.add_argument("ref_b", metavar="REF_B")
+        p.add_argument("--exit-code", action="store_true", help="exit 1 when they differ (like git diff)")
+        p.set_defaults(run=run_diff)
+    p.add_argument("--store", metavar="PATH",
+                   help="a store directory (default: $EFABUILD_STORE, else the workspace's [store])")
+    p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _run(args):
-    from efabuild.errors import EfabuildError
+def _store(args: argparse.Namespace):  # noqa: ANN202 - efabuild.store.Store
+    from efabuild.store import Store
 
-    raise EfabuildError(f"{args.command}: not available yet")
+    return Store.locate(args.store)
+
+
+def _policy():  # noqa: ANN202 - AuditPolicy
+    """The workspace's [audit] policy; the empty policy outside a workspace (a bare store)."""
+    from efabuild.errors import InputError
+    from efabuild.model import AuditPolicy
+    from efabuild.workspace import find_root, load_workspace
+
+    try:
+        root = find_root(Path.cwd())
+    except InputError:
+        return AuditPolicy()
+    return load_workspace(root).settings.audit
+
+
+def _json(value: object) -> None:
+    sys.stdout.write(json.dumps(value, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def _table(rows: list[tuple[str, ...]], indent: str = "") -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths)]
+        sys.stdout.write(indent + "  ".join(cells).rstrip() + "\n")
+
+
+# ---- show ------------------------------------------------------------------------------------
+def run_show(args: argparse.Namespace) -> int:
+    from efabuild.provenance.intoto import to_intoto
+    from efabuild.provenance.stored import load_manifest
+
+    found = load_manifest(_store(args), args.ref)
+    if not found.verified:
+        print(f"efabuild: warning: the manifest of {found.key[:12]} does not match the digest in its record; "
+              f"run efabuild audit {found.key[:12]}", file=sys.stderr)
+    if args.intoto:
+        _json(to_intoto(found.manifest))
+    elif args.json:
+        _json({"key": found.key, "name": found.name, "verified": found.verified, "manifest": found.manifest})
+    else:
+        _show_table(found.manifest, found.verified)
+    return 0
+
+
+def _show_table(m: dict, verified: bool) -> None:
+    from efabuild.progress import human_bytes
+    from efabuild.provenance.measured import COMPONENTS
+
+    artifact = m.get("artifact") or {}
+    export = artifact.get("export") or {}
+    base = m.get("base") or {}
+    times = m.get("times") or {}
+    builder = m.get("builder") or {}
+    header = [
+        ("name", m.get("name", "")),
+        ("key", m.get("key", "")),
+        ("sqsh", f"{artifact.get('digest', '?')}  {human_bytes(artifact.get('size') or 0)}"),
+        ("export", " ".join(f"{k}={_text(v)}" for k, v in sorted(export.items())) or "-"),
+        ("base", f"{base.get('ref') or '-'}" + (f" @ {base['digest']}" if base.get("digest") else " (not pinned)")),
+        ("built", "  ".join(f"{k} {v}" for k, v in sorted(times.items())) or "-"),
+        ("tools", "  ".join(f"{k} {v}" for k, v in sorted(builder.items())) or "-"),
+        ("manifest", "verified against the record" if verified else "NOT VERIFIED: differs from the record"),
+    ]
+    _table(header)
+    chain = m.get("chain") or []
+    if chain:
+        print()
+        rows = [("LAYER", "KEY", "DOCKERFILE", "ARGS")]
+        for entry in chain:
+            inputs = entry.get("inputs") or {}
+            args = " ".join(f"{k}={v}" for k, v in sorted((inputs.get("args") or {}).items())) or "-"
+            dockerfile = (inputs.get("dockerfile_digest") or "-")[:19]
+            rows.append((entry.get("layer", "?"), (entry.get("key") or "?")[:12], dockerfile, args))
+        _table(rows)
+    measured = m.get("measured") or {}
+    print()
+    rows = [("COMPONENT", "VERSION", "SOURCE")]
+    components = measured.get("components") or {}
+    for name in [n for n in COMPONENTS if n in components] + sorted(set(components) - set(COMPONENTS)):
+        component = components[name]
+        version = component.get("version") or "unknown"
+        if component.get("commit"):
+            version += f" @ {component['commit'][:12]}"
+        rows.append((name, version, component.get("source") or "-"))
+        copies = component.get("copies") or []
+        if len(copies) > 1 or (copies and copies[0].get("path") != component.get("source")):
+            for copy in copies:
+                mark = " (loads)" if _is_loaded(component, copy) else ""
+                rows.append((f"  copy{mark}", copy.get("version") or "unknown", copy.get("path") or "-"))
+    for install in measured.get("openmpi") or []:
+        where = install.get("path", "?")
+        if install.get("real_path") not in (None, where):
+            where += f" -> {install['real_path']}"
+        rows.append(("openmpi", install.get("version") or "unknown", where))
+    _table(rows)
+    env = measured.get("env") or {}
+    print()
+    print(f"env (from {env.get('source') or 'nowhere: no /etc/environment'}):")
+    for name, value in sorted((env.get("vars") or {}).items()):
+        print(f"  {name}={value}")
+    declared = measured.get("declared_by_base") or {}
+    if declared:
+        print("declared by base:")
+        for name, item in sorted(declared.items()):
+            print(f"  {item.get('source', name)}={item.get('value')}")
+
+
+def _is_loaded(component: dict, copy: dict) -> bool:
+    # the loaded copy is the one whose version and source the component reports
+    return bool(component.get("loads")) and (copy.get("source"), copy.get("version")) == (
+        component.get("source"), component.get("version"))
+
+
+def _text(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return " ".join(str(v) for v in value)
+    return str(value)
+
+
+# ---- audit -----------------------------------------------------------------------------------
+def run_audit(args: argparse.Namespace) -> int:
+    from efabuild.errors import InputError, NotFound
+    from efabuild.provenance.audit import FAIL, Check
+    from efabuild.provenance.stored import AuditResult, audit_stored, host_facts
+
+    if args.all and args.refs:
+        raise InputError("give REF... or --all, not both")
+    store = _store(args)
+    refs = [listing.record.key for listing in store.ls()] if args.all else list(args.refs)
+    if not refs:
+        if args.all:
+            print("no artifacts", file=sys.stderr)
+            return 0
+        raise InputError("give one or more REF (graph:layer, key or key prefix), or --all")
+    policy = _policy()
+    host = host_facts(args.host_efa, policy)
+    results = []
+    for ref in refs:
+        try:
+            results.append(audit_stored(store, ref, policy, host))
+        except NotFound as exc:
+            results.append(AuditResult(ref, "", ref, (Check("artifact", FAIL, str(exc)),)))
+    if args.json:
+        _json([{"ref": r.ref, "key": r.key, "name": r.name, "ok": not r.failed,
+                "checks": [c.to_dict() for c in r.checks]} for r in results])
+    else:
+        for index, result in enumerate(results):
+            if index:
+                print()
+            _audit_table(result)
+    return 1 if any(r.failed for r in results) else 0
+
+
+def _audit_table(result) -> None:  # noqa: ANN001 - AuditResult
+    from efabuild.provenance.audit import FAIL, WARN
+
+    title = f"{result.name} {result.key[:12]}".strip()
+    rows = [("CHECK", "STATUS", "DETAIL")] + [(c.name, c.status, c.message) for c in result.checks]
+    print(title)
+    _table(rows, indent="  ")
+    failures = sum(c.status == FAIL for c in result.checks)
+    warnings = sum(c.status == WARN for c in result.checks)
+    verdict = f"{failures} failed" if failures else "passed"
+    print(f"  {verdict}, {warnings} warning{'s' if warnings != 1 else ''}, {len(result.checks)} checks")
+
+
+# ---- diff ------------------------------------------------------------------------------------
+def run_diff(args: argparse.Namespace) -> int:
+    from efabuild.provenance.diff import diff_manifests
+    from efabuild.provenance.stored import load_manifest
+
+    store = _store(args)
+    a, b = load_manifest(store, args.ref_a), load_manifest(store, args.ref_b)
+    for found in (a, b):
+        if not found.verified:
+            print(f"efabuild: warning: the manifest of {found.key[:12]} does not match the digest in its record",
+                  file=sys.stderr)
+    differences = diff_manifests(a.manifest, b.manifest)
+    if args.json:
+        _json({"a": {"ref": args.ref_a, "key": a.key, "name": a.name},
+               "b": {"ref": args.ref_b, "key": b.key, "name": b.name},
+               "differences": [d.to_dict() for d in differences]})
+    else:
+        print(f"A  {a.name} {a.key[:12]}")
+        print(f"B  {b.name} {b.key[:12]}")
+        if not differences:
+            print("no differences in declared inputs or measured versions")
+        else:
+            print()
+            rows = [("KIND", "WHAT", "A", "B")] + [
+                (d.kind, d.what, "-" if d.a is None else d.a, "-" if d.b is None else d.b) for d in differences
+            ]
+            _table(rows)
+    return 1 if args.exit_code and differences else 0

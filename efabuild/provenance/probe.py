@@ -15,10 +15,10 @@ Where each version is read:
 | nccl          | libnccl.so.2 the loader finds (real file name libnccl.so.2.X.Y), nccl.h defines       |
 | cudnn         | cudnn_version.h defines, libcudnn.so.X.Y.Z file names                                 |
 | pytorch       | torch/version.py in the Python site directories (first on sys.path wins)              |
-| libfabric     | the libfabric.so.1 the loader finds: pkgconfig/libfabric.pc beside it, or its dpkg    |
-|               | package; else package libfabric1-aws                                                   |
+| libfabric     | the libfabric.so.1 the loader finds: pkgconfig/libfabric.pc beside it, or the dpkg    |
+|               | package owning the file (libfabric1-aws)                                               |
 | aws-ofi-nccl  | the plugin NCCL loads (NCCL_NET_PLUGIN): "aws-ofi-nccl X.Y.Z" inside it, or its dpkg  |
-|               | package (libnccl-ofi, libnccl-ofi-ngc-v2/-v3)                                          |
+|               | package owning the file (libnccl-ofi, libnccl-ofi-ngc-v2/-v3)                          |
 | efa-installer | /opt/amazon/efa_installed_packages: "# EFA installer version:" and the package list  |
 | deepep        | deep_ep-*.dist-info: Version; commit from direct_url.json vcs_info.commit_id, else    |
 |               | the .git/HEAD of the source directory pip recorded (`url: file://...`)                |
@@ -394,12 +394,8 @@ def _libfabric(fs: FsView, search: tuple[LibDir, ...], packages: dict[str, dpkg.
             version, source = versions.upstream(owners[real].version), _dpkg_source(owners[real])
         copies.append(Copy(real, version, source))
     loads = ldpath.find_library(fs, search, "libfabric.so.1")
+    # no fallback to the package database alone: a package whose files are gone is not installed
     version, source = _effective(copies, loads, fs)
-    if version is None and not copies:
-        for name in LIBFABRIC_PACKAGES:
-            if name in packages:
-                version, source = versions.upstream(packages[name].version), _dpkg_source(packages[name])
-                break
     return Component("libfabric", version, source, loads, tuple(copies))
 
 
@@ -432,11 +428,6 @@ def _aws_ofi_nccl(
     is_ofi = plugin is not None and any(c.path == fs.resolve(plugin) for c in copies)
     loads = plugin if is_ofi else None
     version, source = _effective(copies, loads, fs)
-    if version is None and not copies:
-        for name in OFI_PACKAGES:
-            if name in packages:
-                version, source = versions.upstream(packages[name].version), _dpkg_source(packages[name])
-                break
     return Component("aws-ofi-nccl", version, source, loads, tuple(copies))
 
 

@@ -1,0 +1,166 @@
+"""The provenance manifest: deterministic JSON stored beside every artifact.
+
+It pins what a `.sqsh` is (key, name, digest, size, export options), what was asked for (the base
+and every layer's declared inputs, from the base up to this layer) and what is really inside
+(the measured versions), with the tool versions and times of the build. `encode` gives the
+canonical bytes whose blake3 the store records as `manifest_digest`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from efabuild import __version__
+from efabuild.digest import bytes_digest
+from efabuild.errors import EfabuildError
+from efabuild.provenance.measured import Measured
+
+SCHEMA = "efabuild.manifest/v1"
+_KEY = re.compile(r"^[0-9a-f]{64}$")
+_DIGEST = re.compile(r"^blake3:[0-9a-f]{64}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "ACCESS_KEY", "PRIVATE")
+REDACTED = "<redacted>"
+
+
+def build_manifest(
+    *,
+    key: str,
+    name: str,
+    sqsh_digest: str,
+    sqsh_size: int,
+    export_options: Mapping[str, Any],
+    base: Any,
+    chain: list[Mapping[str, Any]],
+    measured: Measured | Mapping[str, Any],
+    builder: Mapping[str, Any],
+    times: Mapping[str, Any],
+    sqsh_sha256: str | None = None,
+) -> dict[str, Any]:
+    """The manifest of one artifact.
+
+    base: a `BaseImage`, a {"ref", "digest"} dict or None. chain: one {"layer", "key", "inputs"}
+    per layer from the base up to this one (inputs as `LayerInputs.to_dict()` gives them: the
+    Dockerfile text is replaced by its digest). builder: tool versions, e.g. {"buildkit": "v0.13.2"}
+    (efabuild's own version is added). times: datetimes or ISO strings, e.g. started/finished.
+    sqsh_sha256: hex sha256 of the .sqsh when the exporter computed it (for in-toto consumers).
+    """
+    if not _KEY.match(key):
+        raise EfabuildError(f"manifest: key {key!r} is not 64 lowercase hex characters")
+    if not _DIGEST.match(sqsh_digest):
+        raise EfabuildError(f"manifest: .sqsh digest {sqsh_digest!r} is not blake3:<hex>")
+    if sqsh_sha256 is not None and not _SHA256.match(sqsh_sha256):
+        raise EfabuildError(f"manifest: sha256 {sqsh_sha256!r} is not 64 lowercase hex characters")
+    artifact: dict[str, Any] = {"digest": sqsh_digest, "size": int(sqsh_size), "export": _plain(export_options)}
+    if sqsh_sha256 is not None:
+        artifact["sha256"] = sqsh_sha256
+    manifest = {
+        "schema": SCHEMA,
+        "key": key,
+        "name": name,
+        "artifact": artifact,
+        "base": _base(base),
+        "chain": [_chain_entry(entry) for entry in chain],
+        "measured": measured.to_dict() if isinstance(measured, Measured) else _plain(measured),
+        "builder": {"efabuild": __version__, **_plain(builder)},
+        "times": {k: _utc(v) for k, v in sorted(times.items())},
+    }
+    _check_no_floats(manifest, "manifest")
+    return manifest
+
+
+def encode(manifest: Mapping[str, Any]) -> bytes:
+    """Canonical bytes: sorted keys, one-space indent, UTF-8, trailing newline."""
+    _check_no_floats(manifest, "manifest")
+    return (json.dumps(manifest, sort_keys=True, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def digest(data: bytes) -> str:
+    """"blake3:<hex>" of manifest bytes: what the store records as manifest_digest."""
+    return bytes_digest(data)
+
+
+def decode(data: bytes, where: str = "manifest") -> dict[str, Any]:
+    """A stored manifest back as a dict; EfabuildError naming `where` when it is not one."""
+    try:
+        manifest = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise EfabuildError(f"{where}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
+        found = manifest.get("schema") if isinstance(manifest, dict) else type(manifest).__name__
+        raise EfabuildError(f"{where}: not an efabuild manifest (schema {found!r}, expected {SCHEMA!r})")
+    for field in ("key", "name", "artifact", "chain", "measured"):
+        if field not in manifest:
+            raise EfabuildError(f"{where}: manifest has no {field!r}")
+    return manifest
+
+
+def measured_of(manifest: Mapping[str, Any]) -> Measured:
+    return Measured.from_dict(manifest.get("measured") or {})
+
+
+def declared_args(manifest: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """Build args over the whole chain: name -> (value, layer). A later layer's value wins."""
+    found: dict[str, tuple[str, str]] = {}
+    for entry in manifest.get("chain", []):
+        for arg, value in ((entry.get("inputs") or {}).get("args") or {}).items():
+            found[arg] = (value, entry.get("layer", "?"))
+    return found
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def _base(base: Any) -> dict[str, Any] | None:
+    if base is None:
+        return None
+    if isinstance(base, Mapping):
+        return {"ref": base.get("ref"), "digest": base.get("digest")}
+    return {"ref": getattr(base, "ref", None), "digest": getattr(base, "digest", None)}
+
+
+def _chain_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
+    inputs = dict(entry.get("inputs") or {})
+    text = inputs.pop("dockerfile", None)
+    if text is not None:
+        inputs["dockerfile_digest"] = digest(text.encode("utf-8"))
+    if "args" in inputs:
+        inputs["args"] = {k: REDACTED if _secret(k) else v for k, v in dict(inputs["args"]).items()}
+    return {"layer": entry["layer"], "key": entry["key"], "inputs": _plain(inputs)}
+
+
+def _secret(name: str) -> bool:
+    return any(word in name.upper() for word in _SECRET_WORDS)
+
+
+def _utc(value: Any) -> str:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise EfabuildError("manifest: times must be timezone-aware")
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(value, str):
+        return value
+    raise EfabuildError(f"manifest: time {value!r} is neither a datetime nor an ISO string")
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready copy: mappings to dicts, tuples to lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _check_no_floats(value: Any, where: str) -> None:
+    # floats print differently across versions and platforms: a manifest holds none
+    if isinstance(value, float):
+        raise EfabuildError(f"{where}: floats are not allowed in a manifest ({value!r})")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _check_no_floats(v, f"{where}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_no_floats(v, f"{where}[{i}]")

@@ -1,0 +1,306 @@
+"""`efabuild audit`: a clean artifact passes; each known way an image goes wrong is caught.
+
+Most variants run the pure checks on a generated tree; the integrity and tampering cases and the
+command line use real .sqsh files (mksquashfs) in a real store directory.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from efabuild.cli import main
+from efabuild.model import AuditPolicy
+from efabuild.provenance import manifest as manifests
+from efabuild.provenance.audit import FAIL, PASS, WARN, FileFacts, HostFacts, audit
+from efabuild.provenance.fsview import DirView
+from efabuild.provenance.probe import probe_tree
+from efabuild.provenance.stored import host_facts
+from efabuild.store import ArtifactRecord
+from tests.data.rootfs import mini_ngc as ngc
+
+KEY = "7c" * 32
+SQSH_DIGEST = "blake3:" + "1d" * 32
+POLICY = AuditPolicy(  # as in the demo BUILD.toml
+    host_efa_installer="1.50.0",
+    min_versions=(("aws-ofi-nccl", "1.19.0"), ("libfabric", "2.4.0")),
+    known_bad=(("nccl", ">=2.19", "efa-installer", "<1.29",
+                "NCCL 2.19+ needs aws-ofi-nccl from EFA installer 1.29 or newer"),),
+)
+HOST = HostFacts("1.50.0", "--host-efa")
+
+
+def audit_tree(root: Path, *, policy: AuditPolicy = POLICY, host: HostFacts = HOST, chain: list | None = None,
+               base: dict | None = None) -> dict:
+    """Run every check on a tree as if it were a stored artifact whose manifest describes it."""
+    measured = probe_tree(DirView(root))
+    data = manifests.encode(manifests.build_manifest(
+        key=KEY, name="ngc-efa:deepep", sqsh_digest=SQSH_DIGEST, sqsh_size=4096, export_options={},
+        base=base if base is not None else {"ref": ngc.BASE_REF, "digest": ngc.BASE_DIGEST},
+        chain=chain if chain is not None else ngc.chain_for(KEY), measured=measured, builder={}, times={},
+    ))
+    record = ArtifactRecord(key=KEY, name="ngc-efa:deepep", size=4096, digest=SQSH_DIGEST,
+                            created="2026-11-30T04:00:00Z", manifest_digest=manifests.digest(data))
+    checks = audit(record=record, manifest_bytes=data, sqsh=FileFacts(4096, SQSH_DIGEST), measured=measured,
+                   policy=policy, host=host)
+    names = [c.name for c in checks]
+    assert len(names) == len(set(names)), names
+    return {c.name: c for c in checks}
+
+
+def failures(checks: dict) -> dict[str, str]:
+    return {name: c.message for name, c in checks.items() if c.status == FAIL}
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    return tmp_path / "root"
+
+
+def test_clean_artifact_passes_every_check(tree: Path) -> None:
+    ngc.full_image(tree)
+    checks = audit_tree(tree)
+    assert {name: c.status for name, c in checks.items() if c.status != PASS} == {}
+    assert set(checks) >= {
+        "sqsh-integrity", "manifest-integrity", "manifest-vs-image", "declared:EFA_INSTALLER_VERSION",
+        "declared:HYBRID_EP_COMMIT", "host-efa", "net-plugin", "ld-library-path", "openmpi", "infiniband-env",
+        "ofi-plugin", "policy-min:aws-ofi-nccl", "policy-min:libfabric", "policy-known-bad",
+    }
+
+
+def test_installer_older_than_declared(tree: Path) -> None:
+    ngc.full_image(tree, version="1.49.0")
+    bad = failures(audit_tree(tree))
+    assert bad["declared:EFA_INSTALLER_VERSION"] == (
+        "EFA_INSTALLER_VERSION=1.50.0 declared in ngc-efa:efa, but efa-installer 1.49.0 is installed "
+        "(/opt/amazon/efa_installed_packages)")
+    assert "image has EFA installer 1.49.0, host has 1.50.0" in bad["host-efa"]
+
+
+def test_deepep_built_from_another_commit(tree: Path) -> None:
+    ngc.full_image(tree)
+    other = "0123456789abcdef0123456789abcdef01234567"
+    bad = failures(audit_tree(tree, chain=ngc.chain_for(KEY, commit=other)))
+    assert bad["declared:HYBRID_EP_COMMIT"].startswith("HYBRID_EP_COMMIT=0123456789ab declared in ngc-efa:deepep, "
+                                                       "but deepep was built from 94a9f8f6b146")
+
+
+def test_old_plugin_first_on_ld_library_path(tree: Path) -> None:
+    env = ngc.full_image(tree)
+    ngc.ofi_plugin(tree, "/opt/amazon/aws-ofi-nccl/lib/libnccl-net-ofi.so", "1.13.2-aws")
+    ngc.write_config(tree, {**env, "LD_LIBRARY_PATH": "/opt/amazon/aws-ofi-nccl/lib:" + env["LD_LIBRARY_PATH"]})
+    bad = failures(audit_tree(tree))
+    assert bad["library-shadowing:aws-ofi-nccl"] == (
+        "aws-ofi-nccl 1.13.2-aws at /opt/amazon/aws-ofi-nccl/lib/libnccl-net-ofi.so loads first "
+        "(/opt/amazon/aws-ofi-nccl/lib from env:LD_LIBRARY_PATH); the newer 1.21.1 at "
+        "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so is shadowed")
+    assert "policy-min:aws-ofi-nccl" in bad and "ld-library-path" in bad
+
+
+def test_old_libfabric_first_in_ld_so_conf(tree: Path) -> None:
+    env = ngc.write_base(tree)
+    env = ngc.add_deepep(tree, ngc.add_efa_installer(tree, env, ld_path=False))
+    ngc.write_config(tree, env, ngc.base_labels())
+    ngc.libfabric_files(tree, "/usr/local", "1.22.0", "1.24.0")
+    ngc.write(tree, "/etc/ld.so.conf.d/00-local.conf", "/usr/local/lib\n")
+    bad = failures(audit_tree(tree))
+    assert "libfabric 1.22.0 at /usr/local/lib/libfabric.so.1 loads first (/usr/local/lib from " \
+           "/etc/ld.so.conf.d/00-local.conf); the newer 2.6.0" in bad["library-shadowing:libfabric"]
+    assert bad["ld-library-path"].endswith("is not led by /opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib: "
+                                           "the base's older EFA libraries may win")
+    assert "libfabric 1.22.0 is older than the policy minimum 2.4.0" == bad["policy-min:libfabric"]
+
+
+def test_two_copies_with_the_newest_first_only_warn(tree: Path) -> None:
+    ngc.full_image(tree)
+    ngc.ofi_plugin(tree, "/opt/amazon/aws-ofi-nccl/lib/libnccl-net-ofi.so", "1.13.2-aws")
+    checks = audit_tree(tree)
+    assert checks["library-shadowing:aws-ofi-nccl"].status == WARN
+    assert failures(checks) == {}
+
+
+@pytest.mark.parametrize("change, check, words", [
+    ({"NCCL_NET_PLUGIN": None}, "net-plugin", "NCCL_NET_PLUGIN not set: NCCL loads the default libnccl-net.so"),
+    ({"NCCL_NET_PLUGIN": "ib"}, "net-plugin", "NCCL_NET_PLUGIN is 'ib'"),
+    ({"NCCL_IB_HCA": "mlx5_0"}, "infiniband-env", "push NCCL off EFA: NCCL_IB_HCA=mlx5_0"),
+    ({"NCCL_NET": "IB"}, "infiniband-env", "NCCL_NET=IB"),
+    ({"LD_LIBRARY_PATH": "/usr/local/cuda/lib64:/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"}, "ld-library-path",
+     "is not led by /opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"),
+])
+def test_env_pitfalls(tree: Path, change: dict, check: str, words: str) -> None:
+    env = ngc.full_image(tree)
+    env.update(change)
+    ngc.write_config(tree, {k: v for k, v in env.items() if v is not None})
+    bad = failures(audit_tree(tree))
+    assert words in bad[check]
+
+
+def test_ib_disable_is_not_an_infiniband_setting(tree: Path) -> None:
+    env = ngc.full_image(tree)
+    ngc.write_config(tree, {**env, "NCCL_IB_DISABLE": "1"})
+    assert audit_tree(tree)["infiniband-env"].status == PASS
+
+
+def test_second_open_mpi(tree: Path) -> None:
+    ngc.full_image(tree)
+    ngc.write(tree, "/opt/amazon/openmpi5/include/mpi.h",
+              "#define OMPI_MAJOR_VERSION 5\n#define OMPI_MINOR_VERSION 0\n#define OMPI_RELEASE_VERSION 6\n")
+    ngc.write(tree, "/opt/amazon/openmpi5/bin/mpirun", "#!/bin/sh\n")
+    bad = failures(audit_tree(tree))
+    assert bad["openmpi"].startswith("2 Open MPI installations: /usr/local/mpi -> /opt/hpcx/ompi (5.0.7); "
+                                     "/opt/amazon/openmpi5 (5.0.6)")
+
+
+def test_ofi_plugin_missing(tree: Path) -> None:
+    ngc.full_image(tree)
+    (tree / "opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so").unlink()
+    bad = failures(audit_tree(tree))
+    assert bad["ofi-plugin"] == "no aws-ofi-nccl plugin (libnccl-net-ofi.so) in the image"
+    assert bad["policy-min:aws-ofi-nccl"] == "aws-ofi-nccl version unknown; policy requires >= 1.19.0"
+
+
+def test_ofi_plugin_off_the_library_path(tree: Path) -> None:
+    env = ngc.full_image(tree)
+    shutil.move(tree / "opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", tree / "opt/plugin-elsewhere.so")
+    ngc.ofi_plugin(tree, "/opt/amazon/aws-ofi-nccl/lib/libnccl-net-ofi.so", ngc.OFI)  # not searched
+    ngc.write_config(tree, env)
+    bad = failures(audit_tree(tree))
+    assert "installed (/opt/amazon/aws-ofi-nccl/lib/libnccl-net-ofi.so) but NCCL would not load it" in bad["ofi-plugin"]
+
+
+def test_missing_etc_environment(tree: Path) -> None:
+    ngc.full_image(tree)
+    (tree / "etc/environment").unlink()
+    checks = audit_tree(tree)
+    assert "Enroot/Pyxis would start it without its ENV" in checks["environment"].message
+    assert checks["environment"].status == FAIL and checks["net-plugin"].status == "skip"
+
+
+def test_stale_base_declaration_warns(tree: Path) -> None:
+    env = ngc.full_image(tree)
+    ngc.write_config(tree, {**env, "NCCL_VERSION": "2.29.3"})
+    checks = audit_tree(tree)
+    assert checks["base-declared:NCCL_VERSION"].status == WARN
+    assert "env:NCCL_VERSION=2.29.3, but nccl 2.30.7 is installed" in checks["base-declared:NCCL_VERSION"].message
+
+
+def test_policy_known_bad_combination_and_pins(tree: Path) -> None:
+    ngc.full_image(tree, version="1.28.0")
+    policy = AuditPolicy(known_bad=POLICY.known_bad, required_pins=("base-digest", "deepep-commit", "arg:MISSING"))
+    bad = failures(audit_tree(tree, policy=policy, host=HostFacts(), base={"ref": ngc.BASE_REF, "digest": None}))
+    assert bad["policy-known-bad"] == (
+        "nccl 2.30.7 with efa-installer 1.28.0: NCCL 2.19+ needs aws-ofi-nccl from EFA installer 1.29 or newer")
+    assert bad["policy-pin:base-digest"] == f"base {ngc.BASE_REF} is not pinned by digest"
+    assert bad["policy-pin:arg:MISSING"] == "build arg MISSING is not set in the layer chain"
+    assert "policy-pin:deepep-commit" not in bad
+
+
+def test_host_efa_comes_from_flag_then_host_file_then_policy(tmp_path: Path) -> None:
+    host_file = tmp_path / "efa_installed_packages"
+    assert host_facts(None, POLICY, host_file) == HostFacts("1.50.0", "BUILD.toml [audit] host_efa_installer")
+    host_file.write_text("# EFA installer version: 1.47.0\n# Debug packages installed: no\n")
+    assert host_facts(None, POLICY, host_file) == HostFacts("1.47.0", str(host_file))
+    assert host_facts("1.49.0", POLICY, host_file) == HostFacts("1.49.0", "--host-efa")
+    assert host_facts(None, AuditPolicy(), tmp_path / "absent") == HostFacts()
+
+
+# ---- real .sqsh files in a real store ----------------------------------------------------------
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    root = tmp_path / "clean"
+    ngc.full_image(root)
+    ngc.publish(tmp_path / "store", root, tmp_path / "work", KEY)
+    return tmp_path / "store"
+
+
+def run_audit(capsys, *argv: str) -> tuple[int, list]:
+    code = main(["audit", *argv, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def statuses(report: list) -> dict[str, str]:
+    return {c["check"]: c["status"] for c in report[0]["checks"]}
+
+
+def test_stored_clean_artifact_passes_from_a_bare_store(store: Path, capsys) -> None:
+    code, report = run_audit(capsys, "ngc-efa:deepep", "--store", str(store), "--host-efa", "1.50.0")
+    assert code == 0 and report[0]["ok"] is True and report[0]["key"] == KEY
+    assert set(statuses(report).values()) == {PASS}
+
+
+def test_flipped_byte_in_the_sqsh_is_caught(store: Path, capsys) -> None:
+    sqsh = store / "objects" / KEY[:2] / f"{KEY}.sqsh"
+    data = bytearray(sqsh.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    sqsh.chmod(0o644)
+    sqsh.write_bytes(bytes(data))
+    code, report = run_audit(capsys, KEY[:12], "--store", str(store))
+    assert code == 1
+    message = next(c["message"] for c in report[0]["checks"] if c["check"] == "sqsh-integrity")
+    assert message.startswith("the .sqsh was altered or damaged: digest blake3:")
+    assert "but the record says" in message
+
+
+def test_edited_manifest_is_caught(store: Path, capsys) -> None:
+    path = store / "objects" / KEY[:2] / f"{KEY}.manifest.json"
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes().replace(b'"1.21.1"', b'"1.22.0"'))
+    code, report = run_audit(capsys, "ngc-efa:deepep", "--store", str(store))
+    assert code == 1
+    assert statuses(report)["manifest-integrity"] == FAIL
+    message = next(c["message"] for c in report[0]["checks"] if c["check"] == "manifest-integrity")
+    assert message.startswith("the manifest was edited: digest blake3:")
+
+
+def test_manifest_rewritten_with_its_record_is_caught_by_measuring_again(store: Path, capsys) -> None:
+    # whoever edits the manifest and its recorded digest together still cannot hide a drift
+    obj = store / "objects" / KEY[:2]
+    manifest = json.loads((obj / f"{KEY}.manifest.json").read_bytes())
+    manifest["measured"]["components"]["aws-ofi-nccl"]["version"] = "1.22.0"
+    data = manifests.encode(manifest)
+    record = json.loads((obj / f"{KEY}.json").read_text())
+    record["manifest_digest"] = manifests.digest(data)
+    for name, content in ((f"{KEY}.manifest.json", data), (f"{KEY}.json", json.dumps(record).encode())):
+        (obj / name).chmod(0o644)
+        (obj / name).write_bytes(content)
+    code, report = run_audit(capsys, "ngc-efa:deepep", "--store", str(store))
+    assert code == 1
+    by_name = {c["check"]: c for c in report[0]["checks"]}
+    assert by_name["manifest-integrity"]["status"] == PASS
+    assert by_name["manifest-vs-image"]["message"] == (
+        "the manifest does not describe this image: aws-ofi-nccl version: manifest 1.22.0, image 1.21.1")
+
+
+def test_table_output_and_exit_status(store: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("EFABUILD_STORE", str(store))  # a bare store, as on a compute node
+    monkeypatch.chdir(tmp_path)
+    assert main(["audit", "--all", "--host-efa", "1.49.0"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == f"ngc-efa:deepep {KEY[:12]}"
+    assert "host-efa" in out and "image has EFA installer 1.50.0, host has 1.49.0 (--host-efa)" in out
+    assert out.rstrip().endswith("1 failed, 0 warnings, 11 checks")
+
+
+def test_policy_comes_from_the_workspace(store: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    ws = tmp_path / "ws"
+    ngc.write(ws, "/BUILD.toml", f'[store]\nlocal = "{store}"\n\n[audit]\nhost_efa_installer = "1.50.0"\n'
+                                 'min_versions = { "aws-ofi-nccl" = "1.22.0" }\n')
+    ngc.write(ws, "/graphs/demo.toml", '[layers.base]\nbase = "busybox:1.36"\ndockerfile = "RUN true"\n')
+    monkeypatch.delenv("EFABUILD_STORE", raising=False)
+    monkeypatch.chdir(ws)
+    code, report = run_audit(capsys, "ngc-efa:deepep")
+    by_name = {c["check"]: c for c in report[0]["checks"]}
+    assert code == 1
+    assert by_name["policy-min:aws-ofi-nccl"]["message"] == \
+        "aws-ofi-nccl 1.21.1 is older than the policy minimum 1.22.0"
+    assert by_name["host-efa"]["status"] == PASS
+
+
+def test_unknown_ref_and_bad_usage(store: Path, capsys) -> None:
+    code, report = run_audit(capsys, "ngc-efa:nope", "--store", str(store))
+    assert code == 1 and report[0]["checks"][0]["message"].startswith("no artifact named ngc-efa:nope")
+    assert main(["audit", "--store", str(store)]) == 2
+    assert "give one or more REF" in capsys.readouterr().err
