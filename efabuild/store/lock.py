@@ -7,6 +7,8 @@ POSIX locks (Lustre mounted `noflock`, some NFS set-ups: ENOLCK/ENOSYS/EOPNOTSUP
 to an O_EXCL lock file holding owner (host, pid) and a heartbeat mtime: O_EXCL creation is atomic
 on every POSIX filesystem. Its weakness is staleness: a dead holder on another host is detected
 only when the heartbeat stops for `stale_after` seconds; on the same host a dead pid is seen at once.
+Lustre mounted `localflock` accepts POSIX locks but keeps them per node: there, set
+EFABUILD_LOCK_MODE=exclusive-file so that hosts exclude each other.
 
 POSIX locks belong to the process: two threads of one process do not exclude each other, and
 closing any descriptor of the file releases the lock. Callers lock a given path once per process.
@@ -28,6 +30,7 @@ from pathlib import Path
 _NO_POSIX_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 _BUSY = {errno.EAGAIN, errno.EACCES}
 
+MODE_ENV = "EFABUILD_LOCK_MODE"
 POSIX = "posix"
 EXCLUSIVE_FILE = "exclusive-file"
 AUTO = "auto"
@@ -50,7 +53,7 @@ class FileLock:
         on_wait: Callable[[str], None] | None = None,
     ) -> None:
         self.path = Path(path)
-        self.mode = os.environ.get("EFABUILD_LOCK_MODE", mode)
+        self.mode = mode if mode != AUTO else os.environ.get(MODE_ENV, AUTO)
         self.stale_after = stale_after
         self.heartbeat = min(heartbeat, stale_after / 3)
         self.on_wait = on_wait

@@ -1,0 +1,176 @@
+"""Helpers for the store tests: real small .sqsh files, keys, records, the CLI, and a publisher
+process that can be stopped at a named point (run as `python -m tests.storekit PLAN.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import blake3
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_sqsh(directory: Path, payload: bytes, name: str = "artifact") -> Path:
+    """A real SquashFS image (Enroot's options) holding `payload` as /payload.bin."""
+    root = directory / f"{name}-rootfs"
+    (root / "etc").mkdir(parents=True)
+    (root / "payload.bin").write_bytes(payload)
+    (root / "etc" / "environment").write_text("PATH=/usr/local/bin:/usr/bin:/bin\n")
+    out = directory / f"{name}.sqsh"
+    subprocess.run(
+        ["mksquashfs", str(root), str(out), "-noappend", "-all-root", "-comp", "lzo", "-noD",
+         "-mkfs-time", "0", "-all-time", "0", "-no-progress", "-quiet"],
+        check=True, capture_output=True,
+    )
+    return out
+
+
+def key_for(text: str) -> str:
+    """A layer-key-shaped value (64 hex) derived from `text`."""
+    return blake3.blake3(text.encode()).hexdigest()
+
+
+def record_for(key: str, name: str, sqsh: Path):  # noqa: ANN201 - ArtifactRecord
+    from efabuild.digest import file_digest
+    from efabuild.store.record import ArtifactRecord
+
+    return ArtifactRecord.for_file(key, name, sqsh, file_digest(sqsh),
+                                   export={"mksquashfs": ["-comp", "lzo", "-noD"]})
+
+
+def efabuild(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+             check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a fresh interpreter."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    result = subprocess.run([sys.executable, "-m", "efabuild", *args], capture_output=True, text=True,
+                            env=full_env, cwd=cwd)
+    if check and result.returncode != 0:
+        raise AssertionError(f"efabuild {' '.join(args)} -> {result.returncode}\n{result.stderr}")
+    return result
+
+
+def unsquash_list(sqsh: Path) -> list[str]:
+    out = subprocess.run(["unsquashfs", "-lls", "-d", "", str(sqsh)], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+# ---- a publisher in its own process ---------------------------------------------------------
+
+def start_publisher(plan: dict, plan_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start `python -m tests.storekit plan.json`; its stdout says which points it reached."""
+    plan_path.write_text(json.dumps(plan))
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = str(REPO)
+    return subprocess.Popen([sys.executable, "-m", "tests.storekit", str(plan_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO)
+
+
+def wait_for_line(process: subprocess.Popen[str], wanted: str) -> list[str]:
+    """Read the child's stdout until a line equals `wanted` (or it exits); the lines read."""
+    lines = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append(line.rstrip("\n"))
+        if lines[-1] == wanted:
+            return lines
+    return lines
+
+
+def _pause(point: str) -> None:
+    print(f"at {point}", flush=True)
+    while True:  # until SIGKILL
+        time.sleep(60)
+
+
+def _install_pause(point: str) -> None:
+    """Stop this process at `point` of a publish: the test then kills it with SIGKILL."""
+    from efabuild.store import fs, fsutil
+    from efabuild.store.layout import MANIFEST_SUFFIX, RECORD_SUFFIX, SQSH_SUFFIX
+
+    real_atomic = fsutil.atomic_write_bytes
+    real_link = os.link
+
+    def atomic(path: Path, data: bytes, tmp_dir: Path, mode: int = 0o644) -> None:
+        if point == "before-record" and path.name.endswith(RECORD_SUFFIX) and not path.name.endswith(MANIFEST_SUFFIX):
+            _pause(point)
+        real_atomic(path, data, tmp_dir, mode)
+        if point == "after-manifest" and path.name.endswith(MANIFEST_SUFFIX):
+            _pause(point)
+
+    def link(src, dst, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        final = str(dst).endswith(SQSH_SUFFIX) and "/objects/" in str(dst)
+        if point == "before-sqsh-link" and final:
+            _pause(point)
+        real_link(src, dst, *args, **kwargs)
+        if point == "after-sqsh-link" and final:
+            _pause(point)
+
+    real_copy = fsutil.copy_file
+
+    def copy(source: Path, dest: Path, progress=None) -> None:  # noqa: ANN001
+        if point == "mid-copy":  # half the bytes written into the temp file, then stop
+            data = Path(source).read_bytes()
+            with open(dest, "xb") as handle:
+                handle.write(data[: len(data) // 2])
+                handle.flush()
+                os.fsync(handle.fileno())
+            _pause(point)
+        real_copy(source, dest, progress)
+
+    fsutil.atomic_write_bytes = atomic
+    fs.fsutil.atomic_write_bytes = atomic
+    os.link = link
+    fsutil.copy_file = copy
+
+    if point.startswith("s3-"):
+        from efabuild.store import s3
+
+        real_call = s3.S3Tier._call
+        lock = threading.Lock()
+
+        def call(self, what, operation, **kwargs):  # noqa: ANN001, ANN003, ANN202
+            if point == "s3-mid-upload" and operation == "upload_part" and kwargs.get("PartNumber") == 2:
+                with lock:
+                    _pause(point)
+            if point == "s3-before-record" and operation == "put_object" and kwargs["Key"].endswith(RECORD_SUFFIX) \
+                    and not kwargs["Key"].endswith(MANIFEST_SUFFIX):
+                _pause(point)
+            return real_call(self, what, operation, **kwargs)
+
+        s3.S3Tier._call = call
+
+
+def _main(plan_path: str) -> int:
+    plan = json.loads(Path(plan_path).read_text())
+    from efabuild.model import S3Settings
+    from efabuild.store.core import Store
+    from efabuild.store.fs import FilesystemTier
+
+    if plan.get("pause"):
+        _install_pause(plan["pause"])
+    tiers = [FilesystemTier(path, name) for name, path in plan["tiers"]]
+    s3 = S3Settings(**plan["s3"]) if plan.get("s3") else None
+    store = Store(tiers, s3, show_progress=False, s3_options={"part_size": 5 * 1024 * 1024})
+    sqsh = Path(plan["sqsh"])
+    record = record_for(plan["key"], plan["name"], sqsh)
+    if plan.get("go"):  # start together with the other publishers
+        print("ready", flush=True)
+        go = Path(plan["go"])
+        while not go.exists():
+            time.sleep(0.01)
+    manifest = plan.get("manifest", "").encode() or None
+    results = store.publish(plan["key"], sqsh, record, manifest)
+    print("results " + json.dumps(results, sort_keys=True), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1]))

@@ -1,0 +1,146 @@
+"""`efabuild ls` and `efabuild gc` on a workspace store with a local and a shared tier."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from efabuild.digest import file_digest
+from efabuild.store.core import Store
+from efabuild.store.fs import FilesystemTier
+from efabuild.store.record import ArtifactRecord
+from tests.storekit import REPO, efabuild, key_for
+
+# name -> keys in the order they were built (oldest first)
+BUILDS = {
+    "ngc-efa:user": [key_for(f"user{i}") for i in range(4)],
+    "ngc-efa:deepep": [key_for(f"deepep{i}") for i in range(2)],
+    "other:tool": [key_for("tool0")],
+}
+
+
+def publish(store: Store, key: str, name: str, day: int, directory: Path) -> None:
+    sqsh = directory / f"{key[:12]}.sqsh"
+    sqsh.write_bytes(os.urandom(4096))  # content does not matter to gc
+    record = ArtifactRecord.for_file(key, name, sqsh, file_digest(sqsh), created=f"2026-11-{day:02d}T00:00:00.000000Z")
+    store.publish(key, sqsh, record)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    (tmp_path / "BUILD.toml").write_text(
+        '[store]\nlocal = "cache"\nshared = "fsx"\nkeep = 2\n'
+        f'pins = ["{BUILDS["ngc-efa:user"][0][:10]}"]\n'
+    )
+    store = Store([FilesystemTier(tmp_path / "fsx", "shared"), FilesystemTier(tmp_path / "cache", "local")],
+                  show_progress=False)
+    exports = tmp_path / "exports"
+    exports.mkdir()
+    day = 1
+    for name, keys in BUILDS.items():
+        for key in keys:
+            publish(store, key, name, day, exports)
+            day += 1
+    return tmp_path
+
+
+def listed(workspace: Path) -> dict[str, list[str]]:
+    result = efabuild("ls", "--json", cwd=workspace, check=True)
+    return {item["key"]: item["tiers"] for item in json.loads(result.stdout)}
+
+
+def test_ls_shows_key_name_size_created_and_tiers(workspace):
+    result = efabuild("ls", cwd=workspace, check=True)
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["KEY", "NAME", "SIZE", "CREATED", "TIERS"]
+    assert len(lines) == 1 + 7
+    first = BUILDS["ngc-efa:deepep"][0]
+    assert lines[1].split() == [first[:12], "ngc-efa:deepep", "4.0", "KiB", "2026-11-05", "00:00:00Z", "shared,local"]
+    assert set(listed(workspace)) == {k for keys in BUILDS.values() for k in keys}
+
+
+def test_gc_dry_run_deletes_nothing_and_yes_deletes_what_it_listed(workspace):
+    user = BUILDS["ngc-efa:user"]
+    before = listed(workspace)
+    dry = efabuild("gc", cwd=workspace, check=True)
+    # keep 2 newest per name (user2, user3), the pin (user0); user1 goes, from both tiers
+    assert dry.stdout.splitlines() == [
+        f"would delete  shared  {user[1][:12]}  ngc-efa:user  4.0 KiB  2026-11-02 00:00:00Z",
+        f"would delete  local  {user[1][:12]}  ngc-efa:user  4.0 KiB  2026-11-02 00:00:00Z",
+        "gc: would delete 2 objects, 8.0 KiB; kept 6 keys (newest 2 per name, current refs, pins); "
+        "run with --yes to delete",
+    ]
+    assert listed(workspace) == before
+    assert efabuild("lookup", user[1], cwd=workspace).returncode == 0
+
+    done = efabuild("gc", "--yes", cwd=workspace, check=True)
+    assert done.stdout.splitlines()[-1].startswith("gc: deleted 2 objects, 8.0 KiB")
+    after = listed(workspace)
+    assert set(before) - set(after) == {user[1]}
+    assert efabuild("lookup", user[1], cwd=workspace).returncode == 1
+    assert efabuild("lookup", "ngc-efa:user", cwd=workspace).stdout.strip().endswith(f"{user[3]}.sqsh")
+    history = json.loads((workspace / "fsx" / "refs" / "ngc-efa" / "user.json").read_text())["history"]
+    assert [entry["key"] for entry in history] == [user[0], user[2], user[3]]
+
+
+def test_keep_and_pin_options_and_the_current_ref_stays(workspace):
+    user = BUILDS["ngc-efa:user"]
+    store = Store([FilesystemTier(workspace / "fsx", "shared"), FilesystemTier(workspace / "cache", "local")],
+                  show_progress=False)
+    # roll the name back to an older build: the ref now points at user2, not the newest user3
+    for tier in store.fs_tiers:
+        tier.append_ref("ngc-efa:user", user[2])
+    result = efabuild("gc", "--keep", "1", "--pin", "other:tool", "--json", "--yes", cwd=workspace, check=True)
+    report = json.loads(result.stdout)
+    deleted = {(r["tier"], r["key"]) for r in report["removals"]}
+    assert deleted == {(tier, key) for tier in ("shared", "local")
+                       for key in (user[1], BUILDS["ngc-efa:deepep"][0])}
+    assert set(listed(workspace)) == {user[0], user[2], user[3], BUILDS["ngc-efa:deepep"][1], BUILDS["other:tool"][0]}
+    assert efabuild("lookup", "ngc-efa:user", cwd=workspace).stdout.strip().endswith(f"{user[2]}.sqsh")
+
+
+def test_gc_removes_leftovers_of_dead_writers_and_skips_objects_in_use(workspace):
+    cache = FilesystemTier(workspace / "cache", "local")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    host = socket.gethostname().split(".")[0]
+    leftover = cache.layout.tmp_dir / f"efatmp.{host}.{dead.stdout.strip()}.0badc0de.x.sqsh"
+    leftover.write_bytes(b"half an export")
+    live = cache.layout.tmp_dir / f"efatmp.{host}.{os.getpid()}.0badc0de.y.sqsh"
+    live.write_bytes(b"being written")
+    foreign = cache.layout.tmp_dir / "context-user-abc"  # another tool's temp dir: not ours
+    foreign.mkdir()
+    orphan_key = key_for("interrupted")
+    cache.layout.object_dir(orphan_key).mkdir(parents=True, exist_ok=True)
+    cache.layout.record_path(orphan_key).write_text("{}")
+
+    # a publisher holds the lock of user1 (which gc would delete)
+    user1 = BUILDS["ngc-efa:user"][1]
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\nfrom efabuild.store.fs import FilesystemTier\n"
+         "lock = FilesystemTier(sys.argv[1], 'local').key_lock(sys.argv[2]); lock.acquire()\n"
+         "print('held', flush=True); time.sleep(600)\n", str(cache.root), user1],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        dry = efabuild("gc", cwd=workspace, check=True).stdout
+        assert f"would remove leftover  local  {leftover}" in dry
+        assert f"would remove leftover  local  {cache.layout.record_path(orphan_key)}" in dry
+        assert str(live) not in dry and "context-user-abc" not in dry
+        out = efabuild("gc", "--yes", cwd=workspace, check=True).stdout
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert f"skipped (in use)  local  {user1[:12]}" in out
+    assert f"deleted  shared  {user1[:12]}" in out
+    assert not leftover.exists() and not cache.layout.record_path(orphan_key).exists()
+    assert live.exists() and foreign.is_dir()
+    assert cache.has(user1)

@@ -1,0 +1,204 @@
+"""The S3 tier against a real S3 protocol server (moto's, over HTTP on loopback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from efabuild.digest import file_digest
+from efabuild.errors import EfabuildError, NotFound
+from efabuild.model import S3Settings
+from efabuild.store.core import Store
+from efabuild.store.fs import PUBLISHED, REUSED, FilesystemTier
+from efabuild.store.s3 import S3Tier, part_size_for
+from tests.plugins.s3server import DUMMY_CREDENTIALS
+from tests.storekit import efabuild, key_for, make_sqsh, record_for, start_publisher, wait_for_line
+
+pytestmark = pytest.mark.s3
+MiB = 1024 * 1024
+SMALL_PARTS = {"part_size": 5 * MiB}  # S3's minimum, so a 12 MiB file has three parts
+
+
+@pytest.fixture
+def settings(moto_server: str, s3_bucket: str) -> S3Settings:
+    return S3Settings(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=moto_server)
+
+
+@pytest.fixture(scope="module")
+def big_sqsh(tmp_path_factory) -> Path:
+    return make_sqsh(tmp_path_factory.mktemp("big"), os.urandom(12 * MiB), "big")
+
+
+def builder_store(base: Path, settings: S3Settings) -> Store:
+    return Store([FilesystemTier(base / "cache", "local")], settings, show_progress=False, s3_options=SMALL_PARTS)
+
+
+def published(base: Path, settings: S3Settings, sqsh: Path, name: str = "ngc-efa:user",
+              manifest: bytes | None = b'{"m": 1}') -> str:
+    key = key_for(name + str(sqsh))
+    results = builder_store(base, settings).publish(key, sqsh, record_for(key, name, sqsh), manifest)
+    assert results == {"local": PUBLISHED, "s3": PUBLISHED}
+    return key
+
+
+def test_multipart_upload_with_checksums_digest_metadata_record_and_ref(tmp_path, settings, big_sqsh, s3_client):
+    key = published(tmp_path, settings, big_sqsh)
+    objects = f"efabuild/objects/{key[:2]}/{key}"
+    head = s3_client.head_object(Bucket=settings.bucket, Key=objects + ".sqsh", ChecksumMode="ENABLED")
+    assert head["ContentLength"] == big_sqsh.stat().st_size
+    assert head["Metadata"]["blake3"] == file_digest(big_sqsh).removeprefix("blake3:")
+    assert head["ChecksumCRC32"]  # parts were sent with CRC32 checksums for the server to check
+    record = json.loads(s3_client.get_object(Bucket=settings.bucket, Key=objects + ".json")["Body"].read())
+    assert record["key"] == key and record["name"] == "ngc-efa:user"
+    assert s3_client.get_object(Bucket=settings.bucket, Key=objects + ".manifest.json")["Body"].read() == b'{"m": 1}'
+    refs = s3_client.list_objects_v2(Bucket=settings.bucket, Prefix="efabuild/refs/ngc-efa/user/")["Contents"]
+    assert [r["Key"].rsplit(".", 1)[1] for r in refs] == [key]
+    # no multipart upload left open
+    assert not s3_client.list_multipart_uploads(Bucket=settings.bucket).get("Uploads")
+
+
+def test_compute_node_fetches_into_the_shared_store_once_and_verified(tmp_path, settings, big_sqsh):
+    key = published(tmp_path / "builder", settings, big_sqsh)
+    shared = tmp_path / "fsx"
+    # a builder's publish leaves store.toml in its filesystem tiers; the cluster's store gets a copy
+    (shared).mkdir()
+    (shared / "store.toml").write_text((tmp_path / "builder" / "cache" / "store.toml").read_text())
+    store = Store.at(shared, show_progress=False)
+    path = store.lookup("ngc-efa:user")  # name via S3's refs, then a verified fetch
+    assert path == shared / "objects" / key[:2] / f"{key}.sqsh"
+    assert file_digest(path) == file_digest(big_sqsh)
+    assert store.manifest(key) == b'{"m": 1}'
+    assert os.listdir(shared / "tmp") == []
+    # the CLI finds it warm, by prefix, without S3
+    result = efabuild("lookup", "--no-fetch", "--store", str(shared), key[:10], check=True)
+    assert result.stdout == f"{path}\n"
+
+
+def test_store_toml_and_output_hold_no_credentials(tmp_path, settings, big_sqsh):
+    published(tmp_path, settings, big_sqsh)
+    text = (tmp_path / "cache" / "store.toml").read_text()
+    assert settings.bucket in text and settings.endpoint_url in text
+    secret = DUMMY_CREDENTIALS["AWS_SECRET_ACCESS_KEY"]
+    access = DUMMY_CREDENTIALS["AWS_ACCESS_KEY_ID"]
+    for args in (["ls"], ["gc"], ["lookup", "ngc-efa:user"], ["lookup", "--json", "ngc-efa:user"]):
+        result = efabuild(*args, "--store", str(tmp_path / "cache"))
+        assert result.returncode == 0, result.stderr
+        assert secret not in result.stdout + result.stderr and access not in result.stdout + result.stderr
+    assert secret not in text and access not in text
+
+
+def test_a_corrupted_s3_object_is_refused_and_nothing_becomes_visible(tmp_path, settings, big_sqsh, s3_client):
+    key = published(tmp_path / "builder", settings, big_sqsh)
+    sqsh_object = f"efabuild/objects/{key[:2]}/{key}.sqsh"
+    body = bytearray(big_sqsh.read_bytes())
+    body[len(body) // 2] ^= 0xFF  # same size, one byte flipped
+    s3_client.put_object(Bucket=settings.bucket, Key=sqsh_object, Body=bytes(body),
+                         Metadata={"blake3": file_digest(big_sqsh).removeprefix("blake3:")})
+    shared = tmp_path / "fsx"
+    store = Store([FilesystemTier(shared, "shared")], settings, show_progress=False, s3_options=SMALL_PARTS)
+    with pytest.raises(EfabuildError, match="corrupt: digest"):
+        store.lookup(key)
+    assert not store.fs_tiers[0].has(key)
+    assert os.listdir(shared / "tmp") == []
+    # the CLI says it in one line, exit 1
+    (shared / "store.toml").write_text((tmp_path / "builder" / "cache" / "store.toml").read_text())
+    result = efabuild("lookup", "--store", str(shared), key)
+    assert result.returncode == 1 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1 and "corrupt" in result.stderr
+
+
+def test_a_publisher_that_lost_the_upload_race_reuses_the_winners_object(tmp_path, settings, big_sqsh, s3_client):
+    key = key_for("race-lost")
+    tier = S3Tier(settings, show_progress=False, **SMALL_PARTS)
+    winner = make_sqsh(tmp_path, os.urandom(1 * MiB), "winner")
+    # The winner completed its .sqsh but has not written the record yet.
+    s3_client.put_object(Bucket=settings.bucket, Key=tier.sqsh_object(key), Body=winner.read_bytes(),
+                         Metadata={"blake3": file_digest(winner).removeprefix("blake3:")})
+    loser = make_sqsh(tmp_path, os.urandom(1 * MiB), "loser")
+    assert tier.publish(key, loser, record_for(key, "g:l", loser)) == REUSED
+    assert tier.record(key).digest == file_digest(winner)  # the record describes the stored bytes
+    fetched = tmp_path / "fetched.sqsh"
+    tier.download(key, fetched, tier.record(key))
+    assert file_digest(fetched) == file_digest(winner)
+
+
+def test_four_processes_publishing_one_key_to_s3(tmp_path, settings, big_sqsh):
+    key = key_for("s3-race")
+    go = tmp_path / "go"
+    children = []
+    for index in range(4):
+        plan = {"tiers": [["local", str(tmp_path / f"builder{index}")]], "key": key, "name": "g:l",
+                "sqsh": str(big_sqsh), "go": str(go), "s3": {
+                    "bucket": settings.bucket, "prefix": settings.prefix, "region": settings.region,
+                    "endpoint_url": settings.endpoint_url}}
+        children.append(start_publisher(plan, tmp_path / f"plan{index}.json"))
+    for child in children:
+        assert wait_for_line(child, "ready")[-1] == "ready"
+    go.touch()
+    outcomes = []
+    for child in children:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err
+        outcomes.append(json.loads(out.strip().splitlines()[-1].removeprefix("results "))["s3"])
+    assert sorted(outcomes) == [PUBLISHED, REUSED, REUSED, REUSED]
+    tier = S3Tier(settings, show_progress=False)
+    fetched = tmp_path / "fetched.sqsh"
+    tier.download(key, fetched, tier.record(key))
+    assert file_digest(fetched) == file_digest(big_sqsh)
+
+
+@pytest.mark.parametrize("point", ["s3-mid-upload", "s3-before-record"])
+def test_kill_9_during_an_s3_publish_leaves_nothing_visible(tmp_path, settings, big_sqsh, point, s3_client):
+    key = key_for("s3-killed")
+    s3 = {"bucket": settings.bucket, "prefix": settings.prefix, "region": settings.region,
+          "endpoint_url": settings.endpoint_url}
+    plan = {"tiers": [["local", str(tmp_path / "cache")]], "key": key, "name": "g:l", "sqsh": str(big_sqsh),
+            "pause": point, "s3": s3}
+    child = start_publisher(plan, tmp_path / "plan.json")
+    try:
+        assert wait_for_line(child, f"at {point}")[-1] == f"at {point}"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    tier = S3Tier(settings, show_progress=False)
+    assert not tier.has(key) and tier.list() == []
+    other = Store([FilesystemTier(tmp_path / "node", "shared")], settings, show_progress=False)
+    with pytest.raises(NotFound):
+        other.lookup(key)
+    if point == "s3-mid-upload":  # an open multipart upload, never visible; gc aborts it a day later
+        later = datetime.now(timezone.utc) + timedelta(days=2)
+        debris = tier.debris(now=later)
+        assert len(debris) == 1 and "?uploadId=" in debris[0]
+        tier.remove_debris(debris[0])
+        assert not s3_client.list_multipart_uploads(Bucket=settings.bucket).get("Uploads")
+    rerun = start_publisher({**plan, "pause": None}, tmp_path / "plan2.json")
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err
+    assert file_digest(other.lookup(key)) == file_digest(big_sqsh)
+
+
+def test_no_fetch_and_missing_credentials_are_one_line_errors(tmp_path, settings, big_sqsh):
+    key = published(tmp_path / "builder", settings, big_sqsh)
+    shared = tmp_path / "fsx"
+    shared.mkdir()
+    (shared / "store.toml").write_text((tmp_path / "builder" / "cache" / "store.toml").read_text())
+    result = efabuild("lookup", "--no-fetch", "--store", str(shared), key)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.strip() == (f"efabuild: artifact {key[:12]} ({key}) is not on store "
+                                     f"(--no-fetch: S3 not asked)")
+    no_creds = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+    result = efabuild("lookup", "--store", str(shared), key, env=no_creds)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert "no AWS credentials" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_part_size_grows_for_huge_files():
+    assert part_size_for(25 * 1024**3) == 16 * MiB  # 1600 parts
+    assert part_size_for(400 * 1024**3) == 41 * MiB  # stays under 10,000 parts
+    assert part_size_for(1) == 16 * MiB
