@@ -304,3 +304,49 @@ def test_unknown_ref_and_bad_usage(store: Path, capsys) -> None:
     assert code == 1 and report[0]["checks"][0]["message"].startswith("no artifact named ngc-efa:nope")
     assert main(["audit", "--store", str(store)]) == 2
     assert "give one or more REF" in capsys.readouterr().err
+
+
+# ---- end to end through the real engine and exporter -------------------------------------------
+@pytest.mark.engine
+def test_image_built_and_exported_by_the_engine_audits_clean(docker_engine, tmp_path: Path, capsys) -> None:
+    """The image config's ENV and LABELs reach the .sqsh as Enroot files, and the probe reads them."""
+    import os
+    import subprocess
+    import uuid
+    from datetime import datetime, timezone
+
+    from efabuild.model import ExportSettings
+    from efabuild.provenance.stored import describe_sqsh
+    from efabuild.sqsh import export_image
+    from efabuild.store import ArtifactRecord, Store
+
+    context = tmp_path / "context"
+    env = ngc.full_image(context / "root")
+    for written_by_export in ("etc/environment", "etc/rc"):
+        (context / "root" / written_by_export).unlink()
+    lines = ["FROM scratch", "COPY root/ /"]
+    lines += [f'ENV {name}="{value}"' for name, value in env.items()]
+    lines += [f'LABEL {name}="{value}"' for name, value in ngc.base_labels().items()]
+    (context / "Dockerfile").write_text("\n".join(lines) + "\n")
+    tag = f"efabuild-test/provenance:{uuid.uuid4().hex[:12]}"
+    subprocess.run(["docker", "build", "-q", "-t", tag, str(context)], check=True, capture_output=True,
+                   env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    try:
+        result = export_image(tag, tmp_path / "out.sqsh", options=ExportSettings())
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
+    manifest = describe_sqsh(
+        result.path, key=KEY, name="ngc-efa:deepep", sqsh_digest=result.digest,
+        export_options={"mksquashfs": list(result.options)},
+        base={"ref": ngc.BASE_REF, "digest": ngc.BASE_DIGEST}, chain=ngc.chain_for(KEY),
+        builder={"buildkit": "engine"}, times={"finished": datetime.now(timezone.utc)},
+    )
+    measured = json.loads(manifest)["measured"]
+    assert measured["env"]["source"] == "/etc/environment"
+    assert measured["env"]["vars"]["NCCL_NET_PLUGIN"] == "ofi"
+    assert measured["declared_by_base"]["com.nvidia.nccl.version"]["source"] == "label:com.nvidia.nccl.version"
+    store = Store.at(tmp_path / "store", show_progress=False)
+    store.publish(KEY, result.path, ArtifactRecord.for_file(KEY, "ngc-efa:deepep", result.path, result.digest),
+                  manifest)
+    code, report = run_audit(capsys, KEY, "--store", str(tmp_path / "store"), "--host-efa", ngc.INSTALLER)
+    assert (code, {c["status"] for c in report[0]["checks"]}) == (0, {PASS})
