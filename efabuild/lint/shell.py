@@ -20,9 +20,9 @@ NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 
 # words that start or end a compound command but are not the program run
+# (`fi`, `done`, `}` end up as commands of their own: they follow a `;` or a newline)
 _LEADING_KEYWORDS = {"then", "else", "elif", "do", "if", "while", "until", "!", "time", "{", "(", "exec",
-                     "nohup", "command"}
-_TRAILING_KEYWORDS = {"fi", "done", "}", "esac"}
+                     "nohup", "command", "fi", "done", "}", "esac"}
 _SUDO_OPTIONS_WITH_VALUE = {"-u", "-g", "-C", "-h", "-p", "-r", "-t", "-U"}
 
 
@@ -228,8 +228,6 @@ def _command(words: list[str], offset: int, text: str) -> Command | None:
     rest = list(words)
     while rest and rest[0] in _LEADING_KEYWORDS:
         rest.pop(0)
-    while rest and rest[-1] in _TRAILING_KEYWORDS:
-        rest.pop()
     assigns: list[tuple[str, str]] = []
     while True:
         while rest and ASSIGNMENT.match(rest[0]):

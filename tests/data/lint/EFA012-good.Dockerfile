@@ -1,0 +1,1 @@
+RUN pip install --no-cache-dir deepspeed==0.16.4 transformers numpy

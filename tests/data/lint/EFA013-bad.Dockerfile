@@ -1,0 +1,4 @@
+# expect: EFA013 HF_TOKEN
+ENV HF_TOKEN=hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789 TOKENIZERS_PARALLELISM=false
+# expect: EFA013
+RUN aws configure set aws_access_key_id AKIAIOSFODNN7EXAMPLE

@@ -1,0 +1,196 @@
+"""efabuild doctor on log excerpts in the real formats (tests/data/logs/): NCCL 2.18-2.30,
+aws-ofi-nccl 1.6 / 1.9 / 1.14 / 1.21 wordings, Open MPI, BuildKit plain progress, nccl-tests."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import blake3
+import pytest
+
+from efabuild.cli import main
+from efabuild.digest import file_digest
+from efabuild.doctor import examine
+from efabuild.doctor.compare import compare_with_manifest, manifest_versions
+from efabuild.store import Store
+from efabuild.store.record import ArtifactRecord
+
+LOGS = Path(__file__).parent / "data" / "logs"
+
+
+def run(name: str, **options):
+    path = LOGS / name
+    with path.open() as handle:
+        return examine([(name, handle)], **options)
+
+
+def ids(report, severity: str | None = None) -> set[str]:
+    return {d.id for d in report.diagnoses if severity is None or d.severity == severity}
+
+
+def test_efa_path_with_new_aws_ofi_nccl_wording():
+    report = run("efa-new.log", expect_nics=8, baseline_gbps=300)
+    assert ids(report, "problem") == set()
+    assert "efa-path" in ids(report, "ok")
+    assert {"profiler-plugin", "bootstrap-socket"} <= ids(report, "harmless")
+    assert "cuda-forward-compat" in ids(report, "info")
+    assert {c: [v for v, _ in vs] for c, vs in report.versions.items()} == {
+        "nccl": ["2.30.7"], "aws-ofi-nccl": ["1.21.1"], "libfabric": ["2.6"]}
+    bandwidth = next(d for d in report.diagnoses if d.id == "bandwidth")
+    assert "341.34 GB/s" in bandwidth.title  # the best row of the nccl-tests table
+    efa = next(d for d in report.diagnoses if d.id == "efa-path")
+    assert "found 8 nics" in efa.explanation and efa.evidence[0].line == 22
+
+
+def test_efa_path_with_old_aws_ofi_nccl_wording_and_nic_mismatch():
+    report = run("efa-old.log", expect_nics=8)
+    assert "efa-path" in ids(report, "ok")
+    assert ids(report, "problem") == {"nic-count"}
+    nic = next(d for d in report.diagnoses if d.id == "nic-count")
+    assert "found 4 nics, expected 8" in nic.title and nic.evidence[0].line == 10
+    assert "collnet-symbol" in ids(report, "harmless")
+    assert {c: [v for v, _ in vs] for c, vs in report.versions.items()} == {
+        "nccl": ["2.21.5"], "aws-ofi-nccl": ["1.9.1-aws"], "libfabric": ["1.22"]}
+    assert ids(run("efa-old.log", expect_nics=4), "problem") == set()
+
+
+def test_oldest_plugin_wording():
+    report = run("ofi-oldest.log")
+    assert "efa-path" in ids(report, "ok")
+    assert report.versions["aws-ofi-nccl"][0][0] == "1.6.0"
+
+
+@pytest.mark.parametrize("name, cause", [
+    ("tcp-fallback.log", "InfiniBand settings are set (NCCL_IB_HCA)"),
+    ("tcp-fallback-old.log", "NCCL_NET_PLUGIN is 'none', not 'ofi'"),
+])
+def test_tcp_fallback_with_its_likely_causes(name, cause):
+    report = run(name)
+    assert {"tcp-fallback", "plugin-load-failed"} <= ids(report, "problem")
+    assert "efa-path" not in ids(report)
+    fallback = next(d for d in report.diagnoses if d.id == "tcp-fallback")
+    assert cause in fallback.explanation
+    assert any("Using network Socket" in e.text for e in fallback.evidence)
+    assert "bootstrap-socket" not in ids(report)  # with a real fallback the Bootstrap line is not the story
+
+
+def test_no_efa_device_in_the_container():
+    report = run("no-device.log")
+    assert {"no-efa-device", "tcp-fallback"} <= ids(report, "problem")
+    device = next(d for d in report.diagnoses if d.id == "no-efa-device")
+    assert "/dev/infiniband" in device.explanation
+    assert [e.line for e in device.evidence] == [4, 5]
+
+
+def test_two_open_mpis():
+    report = run("mpi-clash.log")
+    assert ids(report, "problem") == {"mpi-clash"}
+    assert {e.line for e in report.diagnoses[0].evidence} == {1, 10, 14}
+
+
+def test_build_log_with_empty_apt_lists():
+    report = run("build-apt.log")
+    assert ids(report, "problem") == {"apt-lists-empty"}
+    assert "same RUN" in report.diagnoses[0].fix
+
+
+def test_low_bandwidth_on_libfabric_points_at_cores_per_rank():
+    report = run("low-bandwidth.log", baseline_gbps=300)
+    assert ids(report, "problem") == {"low-bandwidth"}
+    low = next(d for d in report.diagnoses if d.id == "low-bandwidth")
+    assert "80.52 GB/s" in low.title and "--cpus-per-task" in low.fix
+    assert ids(run("low-bandwidth.log", baseline_gbps=150), "problem") == set()
+    assert ids(run("low-bandwidth.log"), "problem") == set()  # no baseline, nothing to compare
+
+
+def test_pytorch_bandwidth_lines():
+    report = run("pytorch-busbw.log", baseline_gbps=300)
+    assert next(d for d in report.diagnoses if d.id == "bandwidth").title.startswith(
+        "peak bus bandwidth 327.2 GB/s")
+
+
+def test_ranks_with_different_plugin_versions():
+    report = run("mixed-versions.log")
+    mixed = next(d for d in report.diagnoses if d.id == "mixed-versions")
+    assert mixed.severity == "warning" and "1.21.1 and 1.19.0" in mixed.title
+
+
+def test_versions_against_an_artifact_manifest():
+    manifest = {"measured": {"components": {
+        "nccl": {"version": "2.30.7", "source": "/usr/include/nccl.h"},
+        "aws-ofi-nccl": {"version": "1.19.0", "source": "dpkg"},
+        "libfabric": {"version": "2.6.0", "source": "/opt/amazon/efa/lib/libfabric.so.1"}}}}
+    report = run("efa-new.log", manifest=manifest, artifact="ngc-efa:user", ref="ngc-efa:user")
+    mismatch = next(d for d in report.diagnoses if d.id == "version-mismatch")
+    assert mismatch.severity == "problem"
+    assert mismatch.title == "aws-ofi-nccl 1.21.1 in the job, 1.19.0 in ngc-efa:user"
+    assert "efabuild lookup ngc-efa:user" in mismatch.fix
+    # libfabric 2.6 in the log is the manifest's 2.6.0: NCCL logs only major.minor
+    match = next(d for d in report.diagnoses if d.id == "versions-match")
+    assert "nccl 2.30.7" in match.title and "libfabric 2.6.0" in match.title
+
+
+def test_manifest_comparison_is_pure_and_leaves_unknowns_alone():
+    # the flat form and null values: unknown is reported, never compared
+    assert manifest_versions({"measured": {"nccl": {"version": "2.30.7"}, "libfabric": {"version": None}}}) == {
+        "nccl": "2.30.7", "aws-ofi-nccl": None, "libfabric": None}
+    report = run("efa-new.log")
+    out = compare_with_manifest({k: list(v) for k, v in report.versions.items()},
+                                {"measured": {"nccl": {"version": "2.30.7"}}}, "m.json")
+    assert [(d.id, d.severity) for d in out] == [("versions-match", "ok"), ("versions-unknown", "info")]
+    assert "aws-ofi-nccl, libfabric" in out[1].title
+
+
+def test_unrecognised_text():
+    report = examine([("x.log", io.StringIO("hello\nworld\n"))])
+    assert [d.id for d in report.diagnoses] == ["nothing-recognised"]
+
+
+def test_cli_exit_codes_stdin_json_and_manifest_file(tmp_path, monkeypatch, capsys):
+    assert main(["doctor", str(LOGS / "efa-new.log"), "--expect-nics", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("OK efa-path: NCCL runs over EFA")
+    assert "versions seen: nccl 2.30.7; aws-ofi-nccl 1.21.1; libfabric 2.6" in out
+    assert main(["doctor", str(LOGS / "efa-new.log"), str(LOGS / "mpi-clash.log")]) == 1
+    assert capsys.readouterr().out.startswith("PROBLEM mpi-clash:")
+    monkeypatch.setattr("sys.stdin", io.StringIO((LOGS / "tcp-fallback.log").read_text()))
+    assert main(["doctor", "-", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["problems"] == 2 and data["diagnoses"][0]["evidence"][0]["file"] == "-"
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"measured": {"components": {"aws-ofi-nccl": {"version": "1.21.1"}}}}))
+    assert main(["doctor", str(LOGS / "efa-new.log"), "--manifest", str(manifest)]) == 0
+    assert "OK versions-match" in capsys.readouterr().out
+    manifest.write_text("not json")
+    assert main(["doctor", str(LOGS / "efa-new.log"), "--manifest", str(manifest)]) == 2
+    assert main(["doctor", str(tmp_path / "absent.log")]) == 2
+    err = capsys.readouterr().err
+    assert "not JSON" in err and "absent.log: cannot read" in err
+
+
+def test_artifact_ref_reads_the_manifest_from_the_store(tmp_path, capsys, monkeypatch):
+    # a real store with one published artifact and its manifest (the .sqsh content does not matter)
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    (rootfs / "hello").write_text("hi\n")
+    sqsh = tmp_path / "a.sqsh"
+    subprocess.run(["mksquashfs", str(rootfs), str(sqsh), "-noappend", "-all-root", "-quiet", "-no-progress"],
+                   check=True, capture_output=True)
+    key = blake3.blake3(b"doctor test").hexdigest()
+    manifest = {"key": key, "measured": {"components": {
+        "nccl": {"version": "2.30.7"}, "aws-ofi-nccl": {"version": "1.19.0"}, "libfabric": {"version": None}}}}
+    store = Store.at(tmp_path / "store")
+    record = ArtifactRecord.for_file(key, "ngc-efa:user", sqsh, file_digest(sqsh))
+    store.publish(key, sqsh, record, json.dumps(manifest).encode())
+    monkeypatch.chdir(tmp_path)
+    log = str(LOGS / "efa-new.log")
+    assert main(["doctor", log, "--artifact", "ngc-efa:user", "--store", str(tmp_path / "store")]) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEM version-mismatch: aws-ofi-nccl 1.21.1 in the job, 1.19.0 in ngc-efa:user" in out
+    assert "efabuild lookup ngc-efa:user" in out and "does not record libfabric" in out
+    assert main(["doctor", log, "--artifact", "ngc-efa:other", "--store", str(tmp_path / "store")]) == 1
+    assert "no artifact named ngc-efa:other" in capsys.readouterr().err
+    assert main(["doctor", log, "--artifact", "x:y", "--manifest", "m.json"]) == 2

@@ -1,0 +1,113 @@
+"""One fixture Dockerfile per rule with the mistake, one without (tests/data/lint/).
+
+A bad fixture marks what lint must report with `# expect: RULE [text in the message]` on the
+line(s) just above the offending instruction or command; the finding must point at that line.
+Comment lines inside a continued RUN are dropped by BuildKit, so markers can sit inside one.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from efabuild.lint import lint_workspace
+from efabuild.lint.rules import LAYER_RULES
+from efabuild.workspace import load_workspace
+from tests.wsfactory import make_workspace
+
+DATA = Path(__file__).parent / "data" / "lint"
+RULE_FIXTURES = sorted({p.name.split("-")[0] for p in DATA.glob("EFA*-*.Dockerfile")})
+DIGEST = "sha256:" + "ab" * 32
+MARKER = re.compile(r"^# expect: (EFA\d{3})(?: (.+))?$")
+
+BUILD = """\
+[workspace]
+graphs = ["graphs/*.toml"]
+
+[audit]
+host_efa_installer = "1.50.0"
+"""
+
+
+def expected_findings(text: str) -> list[tuple[str, int, str | None]]:
+    """(rule, line, message part) from the markers: each applies to the next non-marker line."""
+    pending: list[tuple[str, str | None]] = []
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        match = MARKER.match(line.strip())
+        if match:
+            pending.append((match.group(1), match.group(2)))
+            continue
+        out.extend((rule, number, part) for rule, part in pending)
+        pending = []
+    return out
+
+
+def lint_fixture(tmp_path: Path, fixture: str, base: str = "nvcr.io/nvidia/pytorch:26.08-py3"):
+    graph = f"""\
+[layers.layer]
+base = "{base}"
+digest = "{DIGEST}"
+dockerfile_file = "docker/{fixture}"
+"""
+    root = make_workspace(tmp_path / "ws", graphs={"g": graph}, build=BUILD, files={})
+    (root / "docker").mkdir()
+    shutil.copy(DATA / fixture, root / "docker" / fixture)
+    findings = lint_workspace(load_workspace(root))
+    return [f for f in findings if f.file == f"docker/{fixture}"], findings
+
+
+def test_every_dockerfile_rule_has_a_fixture_pair():
+    # EFA010 (base digest) looks at the graph, not the Dockerfile: tested in test_lint.py
+    assert set(RULE_FIXTURES) == set(LAYER_RULES) - {"EFA010"}
+    for rule in RULE_FIXTURES:
+        assert (DATA / f"{rule}-bad.Dockerfile").is_file()
+        assert (DATA / f"{rule}-good.Dockerfile").is_file()
+
+
+@pytest.mark.parametrize("rule", RULE_FIXTURES)
+def test_bad_fixture_reports_its_rule_at_the_marked_line(tmp_path, rule):
+    fixture = f"{rule}-bad.Dockerfile"
+    expected = expected_findings((DATA / fixture).read_text())
+    assert expected and all(r == rule for r, _, _ in expected), "the fixture marks its own rule"
+    found, _ = lint_fixture(tmp_path, fixture)
+    got = [f for f in found if f.rule == rule]
+    assert sorted((f.rule, f.line) for f in got) == sorted((r, line) for r, line, _ in expected)
+    for rule_id, line, part in expected:
+        if part:
+            assert any(f.line == line and part in f.message for f in got), (part, [f.message for f in got])
+    for f in got:
+        assert f.layer == "g:layer" and f.fix
+
+
+@pytest.mark.parametrize("rule", RULE_FIXTURES)
+def test_good_fixture_is_clean(tmp_path, rule):
+    found, _ = lint_fixture(tmp_path, f"{rule}-good.Dockerfile")
+    assert found == []
+
+
+def test_installer_flags_named_one_by_one(tmp_path):
+    found, _ = lint_fixture(tmp_path, "EFA002-bad.Dockerfile")
+    messages = sorted(f.message for f in found if f.rule == "EFA002")
+    assert len(messages) == 2
+    assert "--no-verify" in messages[0] and "--skip-kmod" in messages[1]
+
+
+def test_secret_values_never_appear_in_findings(tmp_path):
+    _, findings = lint_fixture(tmp_path, "EFA013-bad.Dockerfile")
+    text = repr(findings)
+    assert "hf_AbCdEf" not in text and "AKIAIOSFODNN7EXAMPLE" not in text
+    assert any(f.rule == "EFA013" and "HF_TOKEN" in f.message for f in findings)
+    assert not any("TOKENIZERS_PARALLELISM" in f.message for f in findings)
+
+
+@pytest.mark.parametrize("base", ["ubuntu:24.04", "pytorch/pytorch:2.6.0-cuda12.4-cudnn9-devel"])
+def test_ngc_only_rules_stay_quiet_on_other_bases(tmp_path, base):
+    # a second Open MPI and a pip torch are the NGC pitfalls; elsewhere they are ordinary choices
+    found, _ = lint_fixture(tmp_path, "EFA005-bad.Dockerfile", base=base)
+    assert [f for f in found if f.rule == "EFA005"] == []
+    found, _ = lint_fixture(tmp_path / "b", "EFA003-bad.Dockerfile", base=base)
+    assert [f for f in found if f.rule == "EFA003"] == []

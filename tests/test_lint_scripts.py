@@ -1,0 +1,67 @@
+"""Job-script rules: host EFA libraries mounted or put on the library path, NCCL settings exported
+into the job, cores per rank (tests/data/lint/scripts/, markers as in test_lint_rules.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from efabuild.cli import main
+from efabuild.lint import lint_workspace
+from efabuild.lint.scripts import is_job_script, job_scripts, lint_script
+from efabuild.workspace import load_workspace
+from tests.test_lint_rules import expected_findings
+from tests.wsfactory import make_workspace
+
+SCRIPTS = Path(__file__).parent / "data" / "lint" / "scripts"
+GRAPH = """\
+[layers.app]
+base = "nvcr.io/nvidia/pytorch:26.08-py3"
+digest = "sha256:""" + "ab" * 32 + """"
+dockerfile = '''
+RUN echo app
+'''
+"""
+
+
+def test_bad_job_script_reports_each_marked_line():
+    path = SCRIPTS / "bad.sbatch"
+    findings = lint_script(path, "scripts/bad.sbatch")
+    expected = expected_findings(path.read_text())
+    assert sorted((f.rule, f.line) for f in findings) == sorted((r, line) for r, line, _ in expected)
+    for rule, line, part in expected:
+        if part:
+            assert any(f.rule == rule and f.line == line and part in f.message for f in findings)
+    assert all(f.layer is None and f.file == "scripts/bad.sbatch" for f in findings)
+    assert {f.severity for f in findings if f.rule in ("EFA006", "EFA007", "EFA008", "EFA009")} == {"error"}
+    assert {f.severity for f in findings if f.rule in ("EFA015", "EFA016")} == {"info"}
+
+
+def test_good_job_script_is_clean():
+    assert lint_script(SCRIPTS / "good.sbatch", "scripts/good.sbatch") == []
+
+
+def test_only_job_scripts_are_linted(tmp_path, monkeypatch, capsys):
+    root = make_workspace(tmp_path / "ws", graphs={"g": GRAPH}, files={})
+    (root / "scripts" / "jobs").mkdir(parents=True)
+    for name in ("bad.sbatch", "good.sbatch", "not-a-job.sh"):
+        shutil.copy(SCRIPTS / name, root / "scripts" / "jobs" / name)
+    (root / "scripts" / "notes.txt").write_text("srun --container-mounts=/opt/amazon:/opt/amazon\n")
+    assert [p.name for p in job_scripts(root)] == ["bad.sbatch", "good.sbatch"]
+    assert not is_job_script(root / "scripts" / "jobs" / "not-a-job.sh")
+    findings = lint_workspace(load_workspace(root))
+    assert {f.file for f in findings} == {"scripts/jobs/bad.sbatch"}
+    # naming a graph lints just that graph; naming a script lints just that script
+    assert lint_workspace(load_workspace(root), ["g"]) == []
+    monkeypatch.chdir(root)
+    assert main(["lint", "scripts/jobs/good.sbatch"]) == 0
+    assert main(["lint", "scripts/jobs/bad.sbatch"]) == 1
+    assert "scripts/jobs/bad.sbatch:8: EFA009 error:" in capsys.readouterr().out
+
+
+def test_cores_given_on_srun_or_salloc_count(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\nsalloc -N 2 -c 24 --gres=gpu:8\nsrun --container-image=/fsx/a.sqsh true\n")
+    assert lint_script(script, "run.sh") == []
+    script.write_text("#!/bin/bash\nsrun --container-image=/fsx/a.sqsh --cpus-per-task 24 true\n")
+    assert lint_script(script, "run.sh") == []
