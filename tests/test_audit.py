@@ -114,6 +114,17 @@ def test_old_libfabric_first_in_ld_so_conf(tree: Path) -> None:
     assert "libfabric 1.22.0 is older than the policy minimum 2.4.0" == bad["policy-min:libfabric"]
 
 
+def test_older_nccl_first_only_warns(tree: Path) -> None:
+    ngc.full_image(tree)
+    info = f"{ngc.SITE}/nvidia_nccl_cu13-2.31.0.dist-info"
+    ngc.write(tree, f"{info}/METADATA", "Name: nvidia-nccl-cu13\nVersion: 2.31.0\n")
+    ngc.write(tree, f"{ngc.SITE}/nvidia/nccl/lib/libnccl.so.2", ngc.fake_elf("NCCL"))
+    checks = audit_tree(tree)
+    assert checks["library-shadowing:nccl"].status == WARN
+    assert "the newer 2.31.0 at /usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2" in \
+        checks["library-shadowing:nccl"].message
+
+
 def test_two_copies_with_the_newest_first_only_warn(tree: Path) -> None:
     ngc.full_image(tree)
     ngc.ofi_plugin(tree, "/opt/amazon/aws-ofi-nccl/lib/libnccl-net-ofi.so", "1.13.2-aws")

@@ -43,7 +43,8 @@ def build(measured, **overrides):
 def test_same_inputs_give_the_same_bytes(measured) -> None:
     first = manifests.encode(build(measured))
     # the same facts given in another order and as a plain dict
-    reordered = build(json.loads(json.dumps(measured.to_dict())), export_options={"mksquashfs": ["-comp", "lzo", "-noD"]},
+    reordered = build(json.loads(json.dumps(measured.to_dict())),
+                      export_options={"mksquashfs": ["-comp", "lzo", "-noD"]},
                       base={"digest": ngc.BASE_DIGEST, "ref": ngc.BASE_REF})
     assert manifests.encode(reordered) == first
     assert first.endswith(b"\n") and json.loads(first)["schema"] == manifests.SCHEMA

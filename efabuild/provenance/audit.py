@@ -64,6 +64,8 @@ DECLARING_BASE = {
 }
 KNOWN_PINS = ("base-digest", "deepep-commit", "efa-installer")  # and "arg:NAME"
 SHADOWABLE = ("aws-ofi-nccl", "libfabric", "nccl")
+# An older NCCL first on the loader's path only warns: PyTorch may load its own copy by RUNPATH.
+SHADOWING_FAILS = ("aws-ofi-nccl", "libfabric")
 
 
 @attrs.frozen
@@ -225,12 +227,14 @@ def declared_vs_image(args: Mapping[str, tuple[str, str]], image: Measured) -> l
             elif _commit_matches(value, actual or short):
                 checks.append(Check(name, PASS, f"{component_name} at commit {(actual or short)[:12]}"))
             else:
+                where = component.commit_source or component.source
                 checks.append(Check(name, FAIL, f"{arg}={value[:12]} declared in {layer}, but {component_name} "
-                                                f"was built from {(actual or short)[:12]} ({component.commit_source or component.source})"))
+                                                f"was built from {(actual or short)[:12]} ({where})"))
             continue
         actual = component.version
         if actual is None:
-            checks.append(Check(name, FAIL, f"{arg}={value} declared in {layer}, but no {component_name} found in the image"))
+            checks.append(Check(name, FAIL, f"{arg}={value} declared in {layer}, but no {component_name} "
+                                            f"found in the image"))
         elif versions.same_release(value, actual):
             checks.append(Check(name, PASS, f"{component_name} {actual} as declared"))
         else:
@@ -278,7 +282,7 @@ def shadowing(image: Measured) -> list[Check]:
                                                                  f"none of them loads from the library path"))
         elif versions.compare(loaded.version, newest.version) == -1:
             where = _search_source(image, component.loads)
-            checks.append(Check(f"library-shadowing:{name}", FAIL,
+            checks.append(Check(f"library-shadowing:{name}", FAIL if name in SHADOWING_FAILS else WARN,
                                 f"{name} {loaded.version} at {component.loads} loads first ({where}); the newer "
                                 f"{newest.version} at {newest.path} is shadowed"))
         else:
@@ -348,8 +352,10 @@ def _ld_library_path(env: Mapping[str, str], image: Measured) -> Check:
 
 
 def _openmpi(image: Measured) -> Check:
-    found = [f"{m.path}" + (f" -> {m.real_path}" if m.real_path != m.path else "") + f" ({m.version or 'version unknown'})"
-             for m in image.openmpi]
+    found = [
+        m.path + (f" -> {m.real_path}" if m.real_path != m.path else "") + f" ({m.version or 'version unknown'})"
+        for m in image.openmpi
+    ]
     if len(found) > 1:
         return Check("openmpi", FAIL, f"{len(found)} Open MPI installations: {'; '.join(found)}; programs mixing "
                                       f"them fail with opal_shmem_base_select/MPI_INIT errors")
@@ -371,7 +377,8 @@ def _infiniband_env(env: Mapping[str, str]) -> Check:
 def _ofi_plugin(image: Measured) -> Check:
     component = image.component("aws-ofi-nccl")
     if component.loads is not None:
-        return Check("ofi-plugin", PASS, f"aws-ofi-nccl {component.version or '(version unknown)'} at {component.loads}")
+        version = component.version or "(version unknown)"
+        return Check("ofi-plugin", PASS, f"aws-ofi-nccl {version} at {component.loads}")
     if component.copies:
         where = ", ".join(c.path for c in component.copies)
         return Check("ofi-plugin", FAIL, f"aws-ofi-nccl is installed ({where}) but NCCL would not load it: not on "

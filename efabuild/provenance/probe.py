@@ -98,7 +98,9 @@ OPENMPI_PLACES = (
 )
 OFI_PACKAGES = ("libnccl-ofi-ngc-v3", "libnccl-ofi-ngc-v2", "libnccl-ofi")
 LIBFABRIC_PACKAGES = ("libfabric1-aws", "libfabric-aws", "libfabric1")
-_RELEVANT_PACKAGE_PREFIXES = ("libfabric", "libnccl", "efa", "openmpi", "libcudnn", "rdma-core", "ibverbs", "libibverbs")
+_RELEVANT_PACKAGE_PREFIXES = (
+    "libfabric", "libnccl", "efa", "openmpi", "libcudnn", "rdma-core", "ibverbs", "libibverbs",
+)
 _MAX_PLUGIN_BYTES = 256 << 20
 
 _OFI_VERSION = re.compile(rb"aws-ofi-nccl ((?:\d+\.\d+(?:\.\d+)*|git-[0-9a-f]{6,40})[A-Za-z0-9.+_-]*)")

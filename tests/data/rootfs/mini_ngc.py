@@ -51,7 +51,8 @@ def fake_elf(*strings: str) -> bytes:
 def libfabric_files(root: Path, prefix: str, version: str, abi: str = "1.26.0") -> None:
     write(root, f"{prefix}/lib/libfabric.so.1.{abi.split('.', 1)[1]}", fake_elf("libfabric"))
     link(root, f"{prefix}/lib/libfabric.so.1", f"libfabric.so.1.{abi.split('.', 1)[1]}")
-    write(root, f"{prefix}/lib/pkgconfig/libfabric.pc", f"prefix={prefix}\nName: libfabric\nVersion: {version}amzn1.0\n")
+    write(root, f"{prefix}/lib/pkgconfig/libfabric.pc",
+          f"prefix={prefix}\nName: libfabric\nVersion: {version}amzn1.0\n")
 
 
 def ofi_plugin(root: Path, path: str, version: str) -> None:
@@ -106,7 +107,8 @@ def write_base(root: Path) -> dict[str, str]:
     libfabric_files(root, "/opt/amazon/efa", BASE_LIBFABRIC, "1.26.0")
     ofi_plugin(root, "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", BASE_OFI)
     write(root, "/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
-    write(root, "/etc/ld.so.conf.d/x86_64-linux-gnu.conf", "/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n")
+    write(root, "/etc/ld.so.conf.d/x86_64-linux-gnu.conf",
+          "/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n")
     write(root, "/etc/ld.so.conf.d/efa.conf", "/opt/amazon/efa/lib\n")
     write(root, "/etc/ld.so.conf.d/aws-ofi-nccl.conf", "/opt/amazon/ofi-nccl/lib\n")
     ompi_major, ompi_minor, ompi_release = HPCX_OMPI.split(".")
