@@ -23,7 +23,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
         p = sub.add_parser(name, parents=[common], help="check artifacts: integrity, drift, pitfalls, policy",
                            description="Checks that each artifact is what its manifest says (digests, the "
                                        ".sqsh measured again), that declared versions are installed, that "
-                                       "the EFA installer matches the host, the guide's pitfalls and the "
+                                       "the EFA installer matches the host, the known NGC + EFA pitfalls and the "
                                        "[audit] policy of BUILD.toml. Exit status 1 when any check fails.")
         p.add_argument("refs", nargs="*", metavar="REF", help="graph:layer, key or key prefix")
         p.add_argument("--all", action="store_true", help="audit every artifact in the store")

@@ -313,7 +313,7 @@ def host_efa(image: Measured, host: HostFacts) -> Check:
     return Check("host-efa", FAIL, f"image has EFA installer {mine}, host has {host.efa_installer} ({host.source})")
 
 
-# ---- the guide's pitfalls --------------------------------------------------------------------
+# ---- known NGC + EFA pitfalls -------------------------------------------------------------------
 def pitfalls(image: Measured) -> list[Check]:
     checks = []
     env = image.env_dict
