@@ -5,8 +5,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pathlib import Path
+
+from efabuild.lint import lint_workspace
 from efabuild.lint.dockerfile import evaluate, parse
 from efabuild.lint.shell import lookup_in, split_commands, split_words
+from efabuild.model import BaseImage, Graph, Layer, Settings, Workspace
 
 GUIDE = """\
 ARG EFA_INSTALLER_VERSION=1.50.0
@@ -114,3 +118,11 @@ def test_readers_never_raise_on_any_text(text):
     # lint must answer with findings, never a traceback, whatever the Dockerfile holds
     evaluate(text, {"a": "1"}, {"PATH": "/bin"})
     split_commands(text)
+    # and every rule over it, in a layer on an NGC base with a child layer
+    base = Layer(graph="g", name="a", source=Path("/nonexistent/g.toml"), dockerfile=text,
+                 base=BaseImage("nvcr.io/nvidia/pytorch:26.08-py3"), args=(("a", "1"),))
+    child = Layer(graph="g", name="b", source=Path("/nonexistent/g.toml"), dockerfile=text, parent="g:a")
+    ws = Workspace(root=Path("/nonexistent"), settings=Settings(), graphs=(Graph("g", Path("g.toml"), layers=(
+        base, child)),))
+    for finding in lint_workspace(ws, scripts=[]):
+        assert finding.severity in ("error", "warning", "info") and finding.message

@@ -111,3 +111,20 @@ def test_ngc_only_rules_stay_quiet_on_other_bases(tmp_path, base):
     assert [f for f in found if f.rule == "EFA005"] == []
     found, _ = lint_fixture(tmp_path / "b", "EFA003-bad.Dockerfile", base=base)
     assert [f for f in found if f.rule == "EFA003"] == []
+
+
+def test_credentials_in_git_urls_are_not_repeated(tmp_path):
+    fixture = tmp_path / "Dockerfile"
+    fixture.write_text("RUN git clone https://oauth2:ghp_abcdefghijklmnopqrstuvwxyzABCDEFGHIJ@github.com/o/r.git /r\n"
+                       "RUN pip install git+https://user:s3cr3tpassw0rd@git.example.com/o/p.git\n")
+    root = make_workspace(tmp_path / "ws", graphs={"g": f"""\
+[layers.layer]
+base = "ubuntu:24.04"
+digest = "{DIGEST}"
+dockerfile_file = "Dockerfile"
+"""}, build=BUILD, files={"Dockerfile": fixture.read_text()})
+    findings = lint_workspace(load_workspace(root))
+    assert sorted(f.rule for f in findings) == ["EFA011", "EFA011", "EFA013", "EFA013"]
+    text = repr(findings)
+    assert "ghp_" not in text and "s3cr3t" not in text and "oauth2" not in text
+    assert "https://***@github.com/o/r.git" in text

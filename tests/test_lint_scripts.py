@@ -65,3 +65,11 @@ def test_cores_given_on_srun_or_salloc_count(tmp_path):
     assert lint_script(script, "run.sh") == []
     script.write_text("#!/bin/bash\nsrun --container-image=/fsx/a.sqsh --cpus-per-task 24 true\n")
     assert lint_script(script, "run.sh") == []
+
+
+def test_variables_handed_over_with_srun_export_are_checked(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -c 24\n"
+                      "srun --export=ALL,NCCL_DEBUG=INFO,NCCL_IB_GID_INDEX=3 --container-image=/fsx/a.sqsh true\n"
+                      "NCCL_NET_PLUGIN=ofi LD_LIBRARY_PATH=/opt/amazon/efa/lib srun --container-name=a true\n")
+    assert sorted((f.rule, f.line) for f in lint_script(script, "run.sh")) == [("EFA007", 3), ("EFA009", 4)]

@@ -293,6 +293,14 @@ def _arg_names(text: str) -> list[str]:
     return UNRESOLVED.findall(text)
 
 
+_URL_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def redact_url(url: str) -> str:
+    """A URL without its user:password/token part (`https://***@github.com/...`)."""
+    return _URL_USERINFO.sub("***@", url)
+
+
 @rule("EFA011")
 def pinned_git(facts: LayerFacts) -> Iterator[Finding]:
     for commands in _runs(facts).values():
@@ -303,8 +311,8 @@ def pinned_git(facts: LayerFacts) -> Iterator[Finding]:
             fetched = {w for rc in following if _git_subcommand(rc.command)[0] == "fetch"
                        for w in _git_subcommand(rc.command)[1]}
             revisions = [(rc, _revision_of(rc.command)) for rc in following if _revision_of(rc.command)]
-            url = next((w for w in _git_subcommand(clone.command)[1] if "://" in w or w.startswith("git@")),
-                       "the repository")
+            url = next((redact_url(w) for w in _git_subcommand(clone.command)[1]
+                        if "://" in w or w.startswith("git@")), "the repository")
             fix = ("follow the clone with `git checkout <40-hex commit>` in the same RUN, e.g. "
                    "`git checkout ${COMMIT}` with the commit in the layer's args")
             if not revisions:
@@ -334,7 +342,7 @@ def pinned_git(facts: LayerFacts) -> Iterator[Finding]:
                 ref = requirement.split("#", 1)[0].rsplit("@", 1)
                 if len(ref) < 2 or not HEX40.match(ref[1]) or ref[0].endswith(":"):
                     yield _at(facts, "EFA011", rc.line,
-                              f"pip installs {requirement.split('#', 1)[0]} without a pinned commit",
+                              f"pip installs {redact_url(requirement.split('#', 1)[0])} without a pinned commit",
                               "append @<40-hex commit> to the git URL")
 
 
@@ -435,6 +443,7 @@ SECRET_VALUE = re.compile(
     r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"  # Slack
     r"|\bsk-[A-Za-z0-9_-]{32,}"  # OpenAI-style
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+    r"|://[^/\s:@]+:[^/\s@]+@"  # user:password@ in a URL
 )
 
 

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from efabuild.errors import InputError
 from efabuild.lint.finding import Finding, finding
 from efabuild.lint.rules import nccl_env_problems
 from efabuild.lint.shell import Command, split_commands
 
 SCRIPT_SUFFIXES = {".sh", ".bash", ".sbatch", ".slurm", ".job"}
 _JOB_MARKERS = re.compile(r"\bsrun\b|\bsalloc\b|\bsbatch\b|^#SBATCH", re.MULTILINE)
-_SBATCH_CPUS = re.compile(r"^#SBATCH\s+(?:--cpus-per-task\b|-c\s*\d)", re.MULTILINE)
+_SBATCH_CPUS = re.compile(r"^#SBATCH\s+(?:--cpus-per-task\b|--cpus-per-gpu\b|-c\s*\d)", re.MULTILINE)
+_CPU_OPTIONS = ("--cpus-per-task", "--cpus-per-gpu", "-c")
 _SLURM_LAUNCHERS = {"srun", "salloc", "sbatch"}
 _HOST_EFA_PATH = re.compile(r"^/opt/amazon(/|$)|libfabric|libnccl|ofi-nccl|aws-ofi-nccl")
 _HOST_LIBRARY_DIR = re.compile(r"^/opt/amazon(/|$)")
@@ -67,7 +69,10 @@ def _options(command: Command) -> list[tuple[str, str | None]]:
 
 
 def lint_script(path: Path, display: str) -> list[Finding]:
-    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", display) from None
     starts = [0] + [m.end() for m in re.finditer("\n", text)]
 
     def line_of(offset: int) -> int:
@@ -83,13 +88,17 @@ def lint_script(path: Path, display: str) -> list[Finding]:
         if command.program not in _SLURM_LAUNCHERS:
             continue
         options = _options(command)
-        if any(name in ("--cpus-per-task", "-c") for name, _ in options):
+        if any(name in _CPU_OPTIONS for name, _ in options):
             has_cpus = True
         if any(name in ("--container-image", "--container-name") for name, _ in options):
             containers.append(line)
         for name, value in options:
             if name == "--container-mounts" and value:
                 findings.extend(_mounts(value, display, line))
+            elif name == "--export" and value:
+                # --export=ALL,NAME=value,...: variables handed to the job like exports
+                pairs = [item.partition("=") for item in value.split(",")]
+                findings.extend(_checked(((n, v) for n, sep, v in pairs if sep), display, line))
     if containers and not has_cpus:
         findings.append(finding(
             "EFA015", display, containers[0], None,
@@ -127,6 +136,10 @@ def _exported(command: Command, display: str, line: int) -> Iterator[Finding]:
                 pairs.append((name, value))
     elif command.program in _LAUNCHED or command.program in _SLURM_LAUNCHERS:
         pairs.extend(command.assigns)
+    return _checked(pairs, display, line)
+
+
+def _checked(pairs: Iterable[tuple[str, str]], display: str, line: int) -> Iterator[Finding]:
     for name, value in pairs:
         if name == "LD_LIBRARY_PATH":
             host_dirs = [d for d in value.split(":") if _HOST_LIBRARY_DIR.match(d)]
