@@ -35,7 +35,7 @@ def test_efa_path_with_new_aws_ofi_nccl_wording():
     report = run("efa-new.log", expect_nics=8, baseline_gbps=300)
     assert ids(report, "problem") == set()
     assert "efa-path" in ids(report, "ok")
-    assert {"profiler-plugin", "bootstrap-socket"} <= ids(report, "harmless")
+    assert {"optional-plugin", "bootstrap-socket"} <= ids(report, "harmless")
     assert "cuda-forward-compat" in ids(report, "info")
     assert {c: [v for v, _ in vs] for c, vs in report.versions.items()} == {
         "nccl": ["2.30.7"], "aws-ofi-nccl": ["1.21.1"], "libfabric": ["2.6"]}

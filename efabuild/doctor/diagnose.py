@@ -283,11 +283,12 @@ def diagnose(facts: Facts, expect_nics: int | None = None, baseline_gbps: float 
             "collnet-symbol", "harmless", "'Failed to find ncclCollNetPlugin symbol': harmless",
             "aws-ofi-nccl provides no CollNet (SHARP) interface; NCCL notes it and carries on.",
             "nothing to do", facts.evidence("harmless-collnet")))
-    if facts.has("profiler-missing"):
+    if facts.has("optional-plugin-missing"):
+        kinds = "/".join(facts.values("optional-plugin-missing"))
         out.append(Diagnosis(
-            "profiler-plugin", "harmless", "'PROFILER/Plugin: Could not find': harmless",
-            "No NCCL profiler plugin is installed; none is needed.", "nothing to do",
-            facts.evidence("profiler-missing")))
+            "optional-plugin", "harmless", f"'{kinds}/Plugin: Could not find': harmless",
+            "NCCL looks for optional profiler/GIN/env plugins; none is installed and none is needed.",
+            "nothing to do", facts.evidence("optional-plugin-missing")))
     if facts.has("bootstrap") and not socket:
         out.append(Diagnosis(
             "bootstrap-socket", "harmless", "'Bootstrap : Using eth0': harmless",

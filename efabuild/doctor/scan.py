@@ -31,89 +31,103 @@ class Observation:
     extra: str | None = None
 
 
-# (kind, pattern, group for value, group for extra). First match per kind and line wins; a line
-# may give several kinds (e.g. a provider line gives the nic count too).
-_PATTERNS: tuple[tuple[str, re.Pattern[str], int | None, int | None], ...] = tuple(
-    (kind, re.compile(pattern), value, extra) for kind, pattern, value, extra in (
+# (kind, text the line must contain, pattern, group for value, group for extra). The literal text
+# lets most lines skip most patterns. First match per kind and line wins; a line may give several
+# kinds (a provider line gives the nic count too).
+_PATTERNS: tuple[tuple[str, str, re.Pattern[str], int | None, int | None], ...] = tuple(
+    (kind, needle, re.compile(pattern), value, extra) for kind, needle, pattern, value, extra in (
         # versions
-        ("nccl-version", r"NCCL version (\d+\.\d+\.\d+)", 1, None),
-        ("ofi-version", r"NET/OFI (?:Initializing|Using) aws-ofi-nccl (\d+\.\d+\.\d+[\w.-]*)", 1, None),
-        ("libfabric-version", r"NET/OFI Using Libfabric version (\d+\.\d+)", 1, None),
-        ("libfabric-version", r"^\s*libfabric: (\d+\.\d+\.\d+)\s*$", 1, None),  # fi_info --version
+        ("nccl-version", "NCCL version", r"NCCL version (\d+\.\d+\.\d+)", 1, None),
+        ("ofi-version", "aws-ofi-nccl ", r"NET/OFI (?:Initializing|Using) aws-ofi-nccl (\d+\.\d+\.\d+[\w.-]*)", 1,
+         None),
+        ("libfabric-version", "Libfabric version", r"NET/OFI Using Libfabric version (\d+\.\d+)", 1, None),
+        ("libfabric-version", "libfabric: ", r"^\s*libfabric: (\d+\.\d+\.\d+)\s*$", 1, None),  # fi_info --version
         # the network NCCL uses
-        ("provider", r"NET/OFI Selected [Pp]rovider is (\S+?),? (?:fabric is (\S+) )?\(found (\d+) nics\)", 1, 2),
-        ("network", r"Using network (AWS Libfabric|Libfabric|Socket|IB)\b", 1, None),
-        ("network", r"Using internal Network (Socket|IB)\b", 1, None),
-        ("network", r"via NET/(AWS Libfabric|Libfabric|Socket|IB)/\d", 1, None),
-        ("socket-transport", r"NET/Socket ?: Using \[?\d*\]?(\S+)", 1, None),
-        ("bootstrap", r"Bootstrap ?: Using \[?\d*\]?(\S+)", 1, None),
+        ("provider", " nics)", r"NET/OFI Selected [Pp]rovider is (\S+?),? (?:fabric is (\S+) )?\(found (\d+) nics\)",
+         1, 2),
+        ("network", "Using network ", r"Using network (AWS Libfabric|Libfabric|Socket|IB)\b", 1, None),
+        ("network", "Using internal Network", r"Using internal Network (Socket|IB)\b", 1, None),
+        ("network", "via NET/", r"via NET/(AWS Libfabric|Libfabric|Socket|IB)/\d", 1, None),
+        ("socket-transport", "NET/Socket", r"NET/Socket ?: Using \[?\d*\]?(\S+)", 1, None),
+        ("bootstrap", "Bootstrap", r"Bootstrap ?: Using \[?\d*\]?(\S+)", 1, None),
         # plugin loading
-        ("plugin-missing", r"NET/Plugin ?: ?Plugin load (?:\(([^)]*)\) )?returned \d+ ?: ?(.*)", 1, 2),
-        ("plugin-missing", r"NET/Plugin ?: ?dlerror=(.*?)(?: No plugin found.*)?$", 1, None),
-        ("plugin-missing", r"NET/Plugin ?: ?No plugin found \(?([^),]*)\)?", 1, None),
-        ("plugin-missing", r"NET/Plugin: Could not find:\s*(.*?)\.?\s*$", 1, None),
-        ("plugin-missing", r"NET/Plugin: (\S+\.so): (.*)$", 1, 2),
-        ("plugin-internal", r"NET/Plugin ?: ?(?:Using internal network plugin|No plugin found, using internal)", None,
+        ("plugin-missing", "NET/Plugin", r"NET/Plugin ?: ?Plugin load (?:\(([^)]*)\) )?returned \d+ ?: ?(.*)", 1, 2),
+        ("plugin-missing", "NET/Plugin", r"NET/Plugin ?: ?dlerror=(.*?)(?: No plugin found.*)?$", 1, None),
+        ("plugin-missing", "NET/Plugin", r"NET/Plugin ?: ?No plugin found \(?([^),]*)\)?", 1, None),
+        ("plugin-missing", "NET/Plugin", r"NET/Plugin: Could not find:\s*(.*?)\.?\s*$", 1, None),
+        ("plugin-missing", "NET/Plugin", r"NET/Plugin: (\S+\.so): (.*)$", 1, 2),
+        ("plugin-internal", "NET/Plugin",
+         r"NET/Plugin ?: ?(?:Using internal network plugin|No plugin found, using internal)", None, None),
+        ("plugin-unsupported", "External network plugin", r"External network plugin (\S+) is unsupported", 1, None),
+        ("plugin-init-failed", "Failed to initialize", r"Failed to initialize NET plugin (\S+)", 1, None),
+        ("plugin-init-failed", "Failed to initialize", r"Failed to initialize any NET plugin", None, None),
+        ("plugin-init-failed", "NET/OFI", r"NET/OFI (?:aws-ofi-nccl initialization failed|Unable to find a protocol "
+                                          r"that worked)", None, None),
+        ("plugin-loaded", "plugin", r"(?:Successfully loaded external network plugin|NET/Plugin: Loaded net plugin) "
+                                    r"(\S+)", 1, None),
+        ("tuner-missing", "TUNER/Plugin", r"TUNER/Plugin: Could not find:\s*(.*?)\.?\s*$", 1, None),
+        ("optional-plugin-missing", "/Plugin: Could not find",
+         r"(PROFILER|GIN|ENV)/Plugin: Could not find:\s*(.*?)\.?\s*$", 1, 2),
+        ("harmless-collnet", "ncclCollNetPlugin", r"NET/Plugin ?: ?Failed to find ncclCollNetPlugin\S* symbol", None,
          None),
-        ("plugin-unsupported", r"External network plugin (\S+) is unsupported", 1, None),
-        ("plugin-init-failed", r"Failed to initialize NET plugin (\S+)", 1, None),
-        ("plugin-init-failed", r"Failed to initialize any NET plugin", None, None),
-        ("plugin-init-failed", r"NET/OFI (?:aws-ofi-nccl initialization failed|Unable to find a protocol that "
-                               r"worked)", None, None),
-        ("plugin-loaded", r"(?:Successfully loaded external network plugin|NET/Plugin: Loaded net plugin) (\S+)", 1,
-         None),
-        ("tuner-missing", r"TUNER/Plugin: Could not find:\s*(.*?)\.?\s*$", 1, None),
-        ("profiler-missing", r"PROFILER/Plugin: Could not find:\s*(.*?)\.?\s*$", 1, None),
-        ("harmless-collnet", r"NET/Plugin ?: ?Failed to find ncclCollNetPlugin\S* symbol", None, None),
         # EFA device visibility and libfabric
-        ("no-device", r"NET/OFI OFI fi_getinfo\(\) call failed: (No data available|.*)", 1, None),
-        ("no-device", r"fi_getinfo: provider efa output empty list", None, None),
-        ("no-device", r"NET/OFI Couldn't find any optimal provider", None, None),
-        ("no-device", r"NET/OFI No eligible providers", None, None),
-        ("libfabric-too-old", r"EFA provider requires at least libfabric version (\S+?)\.?$", 1, None),
+        ("no-device", "fi_getinfo", r"NET/OFI OFI fi_getinfo\(\) call failed: (No data available|.*)", 1, None),
+        ("no-device", "fi_getinfo", r"fi_getinfo: provider efa output empty list", None, None),
+        ("no-device", "NET/OFI", r"NET/OFI Couldn't find any optimal provider", None, None),
+        ("no-device", "NET/OFI", r"NET/OFI No eligible providers", None, None),
+        ("libfabric-too-old", "requires at least libfabric",
+         r"EFA provider requires at least libfabric version (\S+?)\.?$", 1, None),
         # environment NCCL reports
-        ("env", r"(NCCL_[A-Z0-9_]+) set by environment to (.*?)\.?\s*$", 1, 2),
+        ("env", "set by environment", r"(NCCL_[A-Z0-9_]+) set by environment to (.*?)\.?\s*$", 1, 2),
         # two Open MPIs
-        ("mpi-clash", r"opal_shmem_base_select failed", None, None),
-        ("mpi-clash", r"MPI_INIT (?:has )?failed", None, None),
-        ("mpi-clash", r"An error occurred in MPI_Init\b", None, None),
-        ("mpi-clash", r"unable to open mca_\w+: .*(?:undefined symbol|compiled for a different version)", None,
-         None),
+        ("mpi-clash", "opal_shmem", r"opal_shmem_base_select failed", None, None),
+        ("mpi-clash", "MPI_INIT", r"MPI_INIT (?:has )?failed", None, None),
+        ("mpi-clash", "MPI_Init", r"An error occurred in MPI_Init\b", None, None),
+        ("mpi-clash", "mca_", r"unable to open mca_\w+: .*(?:undefined symbol|compiled for a different version)",
+         None, None),
         # EFA installer build failures
-        ("apt-lists-empty", r"E: Unable to locate package (environment-modules|\S+)", 1, None),
-        ("apt-lists-empty", r"failed to install third-party dependencies", None, None),
+        ("apt-lists-empty", "Unable to locate package", r"E: Unable to locate package (environment-modules|\S+)", 1,
+         None),
+        ("apt-lists-empty", "third-party dependencies", r"failed to install third-party dependencies", None, None),
         # host vs container CUDA
-        ("cuda-forward-compat", r"CUDA Forward Compatibility mode ENABLED", None, None),
+        ("cuda-forward-compat", "Forward Compatibility", r"CUDA Forward Compatibility mode ENABLED", None, None),
         # bandwidth: nccl-tests rows (size count type redop root time algbw busbw #wrong ...) and summaries
-        ("busbw-row", r"^(?:\S*:\s*)?\s*(\d+)\s+\d+\s+\w+\s+\w+\s+-?\d+\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s+\S+"
-                      r"(?:\s+[\d.]+\s+[\d.]+\s+([\d.]+))?", 2, 3),
-        ("busbw-avg", r"# Avg bus bandwidth\s*:\s*([\d.]+)", 1, None),
-        ("busbw", r"(?i)\bbus ?(?:bw|bandwidth)\b[^0-9\n]{0,20}?([\d.]+)\s*GB/s", 1, None),
+        ("busbw-row", "", r"^(?:\S*:\s*)?\s*(\d+)\s+\d+\s+\w+\s+\w+\s+-?\d+\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s+\S+"
+                          r"(?:\s+[\d.]+\s+[\d.]+\s+([\d.]+))?", 2, 3),
+        ("busbw-avg", "Avg bus bandwidth", r"# Avg bus bandwidth\s*:\s*([\d.]+)", 1, None),
+        ("busbw", "GB/s", r"(?i)\bbus ?(?:bw|bandwidth)\b[^0-9\n]{0,20}?([\d.]+)\s*GB/s", 1, None),
     )
 )
 
-# A cheap pre-filter: a line without any of these cannot match (most of a big log is skipped).
-_KEYWORDS = re.compile(
-    r"NCCL|NET/|libfabric|fi_getinfo|MPI|opal|mca_|Unable to locate|third-party|Forward Compat|bus|"
-    r"^\S*:?\s*\d+\s+\d+\s", re.IGNORECASE)
+# Patterns grouped by their literal text, and one search for any of those texts: most lines of a
+# big log (training output) are skipped after that single search.
+_BY_NEEDLE: dict[str, list[tuple[str, re.Pattern[str], int | None, int | None]]] = {}
+for _kind, _needle, _pattern, _value, _extra in _PATTERNS:
+    _BY_NEEDLE.setdefault(_needle, []).append((_kind, _pattern, _value, _extra))
+_ANY_NEEDLE = re.compile("|".join(re.escape(n) for n in _BY_NEEDLE if n))
+_TABLE_ROW = re.compile(r"^(?:\S*:\s*)?\s*\d+\s+\d+\s")  # a candidate nccl-tests row (the "" needle)
 
 
 def scan_lines(file: str, lines: Iterable[str]) -> Iterator[Observation]:
     for number, raw in enumerate(lines, 1):
-        text = raw.rstrip("\r\n")
-        if not _KEYWORDS.search(text):
+        row = _TABLE_ROW.match(raw) is not None
+        if not row and _ANY_NEEDLE.search(raw) is None:
             continue
+        text = raw.rstrip("\r\n")
         line = LogLine(file=file, number=number, text=text.strip())
         seen: set[str] = set()
-        for kind, pattern, value_group, extra_group in _PATTERNS:
-            if kind in seen:
+        for needle, patterns in _BY_NEEDLE.items():
+            if needle not in text if needle else not row:
                 continue
-            match = pattern.search(text)
-            if not match:
-                continue
-            seen.add(kind)
-            value = match.group(value_group) if value_group else None
-            extra = match.group(extra_group) if extra_group else None
-            yield Observation(kind=kind, line=line, value=value, extra=extra)
-            if kind == "provider":
-                yield Observation(kind="nics", line=line, value=match.group(3))
+            for kind, pattern, value_group, extra_group in patterns:
+                if kind in seen:
+                    continue
+                match = pattern.search(text)
+                if not match:
+                    continue
+                seen.add(kind)
+                value = match.group(value_group) if value_group else None
+                extra = match.group(extra_group) if extra_group else None
+                yield Observation(kind=kind, line=line, value=value, extra=extra)
+                if kind == "provider":
+                    yield Observation(kind="nics", line=line, value=match.group(3))
