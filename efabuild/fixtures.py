@@ -1,0 +1,184 @@
+"""Build the offline demo fixture images (no registry needed): `python -m efabuild.fixtures`.
+
+The "mini NGC" base `efabuild-fixtures/pytorch:26.08-py3` stands in for
+nvcr.io/nvidia/pytorch:26.08-py3 with its file layout, env and labels, plus offline stand-ins for
+apt-get, curl, git, pip and the EFA installer (see fixtures/README.md). It is built from
+`fixtures/mini-ngc` and a static busybox with `docker buildx build`, and labelled with a digest
+of its sources: a run with unchanged sources finds the image and builds nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from efabuild.errors import EfabuildError, InputError
+
+MINI_NGC_TAG = "efabuild-fixtures/pytorch:26.08-py3"
+CONTENT_LABEL = "org.efabuild.fixture.content"
+# what the fixture offers, for tests and the demo graph
+EFA_INSTALLER_VERSIONS = ("1.49.0", "1.50.0")
+DEEPEP_COMMITS = (
+    "94a9f8f6b146c07d97ec58f67cd6d303296d6098",  # the guide's pin
+    "2b95b07b437d74a177142f0fdd63980696968ed3",  # fixture default-branch head
+    "2b8a11b1f65ce11965e632eebd205138d7c34e6a",  # fixture older commit (version 1.2.0)
+)
+_FORMAT = "1"  # bump when the way the context is assembled changes
+_BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
+
+
+@attrs.frozen
+class FixtureImage:
+    tag: str
+    image_id: str
+    content: str  # blake3 of the fixture sources and the busybox binary
+    built: bool  # False: an image with the same content label was there already
+    seconds: float
+
+
+def source_dir() -> Path:
+    """The fixtures/ folder of the source tree (efabuild runs from a checkout in development)."""
+    return Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def is_static_elf(path: Path) -> bool:
+    """True for an ELF executable without a program interpreter (runs in an empty image)."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit ELF only
+            return False
+        order = "<" if head[5] == 1 else ">"
+        phoff, = struct.unpack_from(order + "Q", head, 0x20)
+        phentsize, phnum = struct.unpack_from(order + "HH", head, 0x36)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    return all(
+        struct.unpack_from(order + "I", table, i * phentsize)[0] != 3  # PT_INTERP
+        for i in range(phnum)
+    )
+
+
+def find_busybox() -> Path:
+    for candidate in (os.environ.get("EFABUILD_BUSYBOX"), *_BUSYBOX_CANDIDATES):
+        if candidate and Path(candidate).is_file() and is_static_elf(Path(candidate)):
+            return Path(candidate)
+    raise EfabuildError(
+        "no static busybox found (looked at $EFABUILD_BUSYBOX, /bin/busybox, /usr/bin/busybox): "
+        "install Debian's busybox-static (scripts/setup-host.sh does)"
+    )
+
+
+def content_digest(source: Path, busybox: Path) -> str:
+    """blake3 over every file of `source` (path, kind, mode, bytes or link target) and busybox."""
+    import blake3
+
+    h = blake3.blake3()
+    h.update(f"efabuild-fixtures/{_FORMAT}\0".encode())
+    for path in sorted(source.rglob("*")):
+        rel = path.relative_to(source).as_posix()
+        st = path.lstat()
+        if path.is_symlink():
+            h.update(f"L\0{rel}\0{os.readlink(path)}\0".encode())
+        elif path.is_file():
+            h.update(f"F\0{rel}\0{st.st_mode & 0o111 and 1}\0{st.st_size}\0".encode())
+            h.update(path.read_bytes())
+        elif path.is_dir():
+            h.update(f"D\0{rel}\0".encode())
+    h.update(b"busybox\0")
+    h.update(busybox.read_bytes())
+    return h.hexdigest()
+
+
+def _existing(docker: Any, tag: str) -> Any | None:
+    from python_on_whales.exceptions import NoSuchImage
+
+    try:
+        return docker.image.inspect(tag)
+    except NoSuchImage:
+        return None
+
+
+def build_mini_ngc(
+    *, docker: Any = None, source: Path | None = None, force: bool = False,
+    log: Callable[[str], None] = lambda _: None,
+) -> FixtureImage:
+    """Build `MINI_NGC_TAG` unless an image with the same content label exists."""
+    from python_on_whales import DockerClient
+    from python_on_whales.exceptions import DockerException
+
+    docker = docker or DockerClient()
+    started = time.monotonic()
+    root = (source or source_dir()) / "mini-ngc"
+    if not (root / "Dockerfile").is_file():
+        raise InputError("no Dockerfile: the fixture sources are missing", str(root))
+    busybox = find_busybox()
+    content = content_digest(root, busybox)
+    image = _existing(docker, MINI_NGC_TAG)
+    if image is not None and not force and (image.config.labels or {}).get(CONTENT_LABEL) == content:
+        log(f"{MINI_NGC_TAG}: up to date ({content[:12]})")
+        return FixtureImage(MINI_NGC_TAG, image.id, content, False, time.monotonic() - started)
+    log(f"{MINI_NGC_TAG}: building ({content[:12]})")
+    with tempfile.TemporaryDirectory(prefix="efabuild-fixture-") as tmp:
+        context = Path(tmp) / "context"
+        shutil.copytree(root, context, symlinks=True)
+        shutil.copy2(busybox, context / "busybox")
+        try:
+            docker.buildx.build(
+                context, tags=[MINI_NGC_TAG], labels={CONTENT_LABEL: content},
+                load=True, progress=False,
+            )
+        except DockerException as exc:
+            lines = [ln for ln in (exc.stderr or "").splitlines() if ln.strip()]
+            raise EfabuildError(f"building {MINI_NGC_TAG} failed: {lines[-1] if lines else exc}") from None
+    built = docker.image.inspect(MINI_NGC_TAG)
+    return FixtureImage(MINI_NGC_TAG, built.id, content, True, time.monotonic() - started)
+
+
+def build_fixtures(
+    *, docker: Any = None, source: Path | None = None, force: bool = False,
+    log: Callable[[str], None] = lambda _: None,
+) -> list[FixtureImage]:
+    """Every fixture image (today: the mini NGC base; variants are layers on top of it)."""
+    return [build_mini_ngc(docker=docker, source=source, force=force, log=log)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m efabuild.fixtures",
+        description=f"Build the offline demo fixture images ({MINI_NGC_TAG}); "
+        "does nothing when they are up to date.",
+    )
+    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
+    parser.add_argument("--source", type=Path, default=None, help="the fixtures/ folder (default: the checkout's)")
+    parser.add_argument("--json", action="store_true", help="print the images as JSON")
+    args = parser.parse_args(argv)
+    try:
+        images = build_fixtures(
+            source=args.source, force=args.force,
+            log=(lambda _: None) if args.json else (lambda m: print(m, file=sys.stderr)),
+        )
+    except EfabuildError as exc:
+        print(f"efabuild: {exc}", file=sys.stderr)
+        return exc.exit_code
+    for img in images:
+        if args.json:
+            print(json.dumps(attrs.asdict(img)))
+        else:
+            state = "built" if img.built else "up to date"
+            print(f"{img.tag} {img.image_id[:19]} {state} in {img.seconds:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
