@@ -18,6 +18,7 @@ the written files and the superblock; the same image then gives a byte-identical
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import tempfile
@@ -271,7 +272,13 @@ class _Pipe:
         if keep and rest >= _SPLICE_MIN and self._splice:
             self.flush()
             while rest:
-                moved = os.splice(self.src, self.dst, rest)
+                try:
+                    moved = os.splice(self.src, self.dst, rest)
+                except OSError as exc:
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    self._splice = False  # neither end is a pipe: copy through Python instead
+                    break
                 if not moved:
                     raise TarFormatError("the exported tar stream ended early")
                 rest -= moved
@@ -283,9 +290,10 @@ class _Pipe:
 
     def drain(self) -> None:
         """Read what follows the end-of-archive blocks so the writer exits normally."""
+        self.consumed += self._avail()
         self.pos = len(self.buf)
-        while os.read(self.src, _READ_CHUNK):
-            pass
+        while chunk := os.read(self.src, _READ_CHUNK):
+            self.consumed += len(chunk)
 
 
 def rewrite_tar(src: int, dst: int, plan: RewritePlan, progress: Callable[[int], None] | None = None) -> int:
@@ -393,9 +401,29 @@ def _tail(f: Any) -> str:
     return _last_line(f.read().decode(errors="replace"))
 
 
+def _squash_error(f: Any) -> str:
+    """mksquashfs' reason: its FATAL ERROR line, else its first `mksquashfs:` line (usage
+    errors are followed by the whole help text), else its last line."""
+    f.seek(0)
+    lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if "ERROR" in line:
+            return line
+    for line in lines:
+        if line.startswith("mksquashfs:"):
+            return line
+    return lines[-1] if lines else ""
+
+
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
+
+
+def _squash_env() -> dict[str, str]:
+    # with SOURCE_DATE_EPOCH set, mksquashfs clamps every file time to it and refuses the
+    # explicit -mkfs-time: the export's times come from its options only
+    return {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
 
 
 def _grow_pipe(fd: int) -> None:
@@ -488,10 +516,16 @@ def _squash(
                 stdout=subprocess.PIPE, stderr=export_err, stdin=subprocess.DEVNULL,
             )
             procs.append(exporter)
-            squasher = subprocess.Popen(
-                ["mksquashfs", "-", str(tmp), *opts],
-                stdin=subprocess.PIPE, stdout=squash_log, stderr=subprocess.STDOUT,
-            )
+            try:
+                squasher = subprocess.Popen(
+                    ["mksquashfs", "-", str(tmp), *opts],
+                    stdin=subprocess.PIPE, stdout=squash_log, stderr=subprocess.STDOUT,
+                    env=_squash_env(),
+                )
+            except FileNotFoundError:
+                raise EfabuildError(
+                    "mksquashfs not found: install squashfs-tools 4.6 or later (scripts/setup-host.sh)"
+                ) from None
             procs.append(squasher)
             assert exporter.stdout is not None and squasher.stdin is not None
             _grow_pipe(exporter.stdout.fileno())
@@ -513,7 +547,7 @@ def _squash(
             if export_rc > 0:
                 raise EfabuildError(f"export {image}: docker export failed: {_tail(export_err) or export_rc}")
             if squash_rc > 0:
-                raise EfabuildError(f"export {image}: mksquashfs failed: {_tail(squash_log) or squash_rc}")
+                raise EfabuildError(f"export {image}: mksquashfs failed: {_squash_error(squash_log) or squash_rc}")
             if problem or export_rc or squash_rc:
                 raise EfabuildError(f"export {image}: {problem or 'interrupted'}")
             if progress:

@@ -1,0 +1,363 @@
+"""Image → .sqsh export: the tar filter on its own, then real exports through the engine,
+checked with the real unsquashfs."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+import uuid
+from pathlib import Path
+
+import blake3
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from efabuild.errors import EfabuildError, NotFound
+from efabuild.imagecfg import ImageConfig
+from efabuild.model import ExportSettings
+from efabuild.sqsh import (
+    ExportResult,
+    RewritePlan,
+    _num,
+    export_image,
+    fixed_mode,
+    mksquashfs_options,
+    rewrite_tar,
+)
+
+# ---------------------------------------------------------------- the tar filter, no engine
+
+T0 = 1_700_000_000
+
+
+def _tar(entries: list[tuple[str, str, int, bytes]], fmt: int = tarfile.PAX_FORMAT) -> bytes:
+    """(name, kind 'f'|'d'|'l'|'h', mode, data or link target) → tar bytes."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for name, kind, mode, data in entries:
+            info = tarfile.TarInfo(name)
+            info.mode, info.mtime, info.uid, info.gid = mode, T0, 1000, 1000
+            if kind == "d":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif kind in ("l", "h"):
+                info.type = tarfile.SYMTYPE if kind == "l" else tarfile.LNKTYPE
+                info.linkname = data.decode()
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _filter(tmp_path: Path, data: bytes, plan: RewritePlan) -> dict[str, tarfile.TarInfo | bytes]:
+    src, dst = tmp_path / "in.tar", tmp_path / "out.tar"
+    src.write_bytes(data)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        assert rewrite_tar(fin.fileno(), fout.fileno(), plan) == len(data)
+    out: dict[str, tarfile.TarInfo | bytes] = {}
+    with tarfile.open(dst) as tar:
+        for member in tar.getmembers():
+            out[member.name.rstrip("/")] = member
+            if member.isfile():
+                out[member.name + "#data"] = tar.extractfile(member).read()  # type: ignore[union-attr]
+    return out
+
+
+PLAN = RewritePlan.for_config(
+    ImageConfig(env=("A=1",), working_dir="/workspace/app", volumes=("/data",)), epoch=42
+)
+
+
+def test_filter_drops_dev_contents_and_dockerenv_and_replaces_config_files(tmp_path: Path) -> None:
+    out = _filter(tmp_path, _tar([
+        (".dockerenv", "f", 0o755, b""),
+        ("dev", "d", 0o755, b""),
+        ("dev/console", "f", 0o755, b""),
+        ("dev/pts", "d", 0o755, b""),
+        ("etc", "d", 0o755, b""),
+        ("etc/environment", "f", 0o640, b"OLD=1\n"),
+        ("etc/hosts", "f", 0o644, b""),
+        ("bin", "d", 0o755, b""),
+        ("bin/tool", "f", 0o755, b"x" * 300_000),
+    ]), PLAN)
+    assert ".dockerenv" not in out and "dev/console" not in out and "dev/pts" not in out
+    assert "dev" in out
+    assert out["etc/environment#data"] == b"A=1\n"
+    assert out["etc/environment"].mode == 0o640  # the image's file keeps its (fixed) mode
+    assert out["etc/rc.local"].mode == 0o644  # a new file gets Enroot's umask default
+    assert out["bin/tool#data"] == b"x" * 300_000
+    assert out["workspace"].isdir() and out["workspace/app"].isdir()
+
+
+def test_filter_fixes_permissions_as_enroot(tmp_path: Path) -> None:
+    deep = "a/b/c/d/e/f"
+    out = _filter(tmp_path, _tar([
+        ("etc", "d", 0o755, b""),
+        ("etc/shadow", "f", 0o000, b"secret"),
+        ("etc/sudoers.d", "d", 0o550, b""),
+        ("run.sh", "f", 0o010, b""),
+        ("a", "d", 0o755, b""), ("a/b", "d", 0o755, b""), ("a/b/c", "d", 0o755, b""),
+        ("a/b/c/d", "d", 0o755, b""), ("a/b/c/d/e", "d", 0o500, b""), (deep, "d", 0o500, b""),
+        ("link", "l", 0o777, b"etc/shadow"),
+    ]), PLAN)
+    assert out["etc/shadow"].mode == 0o400  # u+r
+    assert out["etc/sudoers.d"].mode == 0o750  # directories: u+rwx
+    assert out["run.sh"].mode == 0o510  # some x bit → u+x
+    assert out["a/b/c/d/e"].mode == 0o700  # depth 5: still made writable
+    assert out[deep].mode == 0o500  # depth 6: Enroot's find stops at depth 5
+
+
+def test_filter_pins_the_times_docker_create_sets_and_keeps_the_others(tmp_path: Path) -> None:
+    out = _filter(tmp_path, _tar([
+        ("etc", "d", 0o755, b""), ("etc/hosts", "f", 0o644, b""), ("etc/motd", "f", 0o644, b"hi"),
+        ("workspace", "d", 0o755, b""), ("data", "d", 0o755, b""),
+    ]), PLAN)
+    assert out["etc"].mtime == 42 and out["etc/hosts"].mtime == 42
+    assert out["workspace"].mtime == 42 and out["data"].mtime == 42
+    assert out["etc/motd"].mtime == T0
+    assert out["etc/rc"].mtime == 42
+
+
+def test_filter_reads_long_names_from_pax_and_gnu_headers(tmp_path: Path) -> None:
+    long_dir = "d" * 120
+    for fmt in (tarfile.PAX_FORMAT, tarfile.GNU_FORMAT):
+        out = _filter(tmp_path, _tar([
+            (long_dir, "d", 0o500, b""),
+            (f"{long_dir}/{'f' * 150}", "f", 0o000, b"payload"),
+            ("dev", "d", 0o755, b""),
+            (f"dev/{'x' * 150}", "f", 0o644, b"dropped"),
+        ], fmt), PLAN)
+        assert out[long_dir].mode == 0o700
+        assert out[f"{long_dir}/{'f' * 150}#data"] == b"payload"
+        assert out[f"{long_dir}/{'f' * 150}"].mode == 0o400
+        assert not [name for name in out if name.startswith("dev/")]
+
+
+def test_filter_rewrites_a_pax_mtime_of_a_pinned_entry(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("etc")
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+        info.pax_headers = {"mtime": "1700000000.123456"}
+        tar.addfile(info)
+    out = _filter(tmp_path, buf.getvalue(), PLAN)
+    assert out["etc"].mtime == 42
+
+
+def test_filter_refuses_a_truncated_or_corrupt_stream(tmp_path: Path) -> None:
+    data = _tar([("f", "f", 0o644, b"x" * 5000)])
+    with pytest.raises(EfabuildError, match="ended early"):
+        _filter(tmp_path, data[:2048], PLAN)
+    broken = bytearray(data)
+    broken[0] ^= 0xFF
+    with pytest.raises(EfabuildError, match="corrupt header"):
+        _filter(tmp_path, bytes(broken), PLAN)
+
+
+def test_base256_numbers_for_huge_sizes() -> None:
+    field = bytes([0x80]) + (20 * 2**30).to_bytes(11, "big")
+    assert _num(field) == 20 * 2**30
+    assert _num(b"00000000644\0") == 0o644
+
+
+_NAMES = st.text(alphabet="abcxyz._-", min_size=1, max_size=8)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(
+    st.tuples(st.lists(_NAMES, min_size=1, max_size=7), st.sampled_from("fd"),
+              st.integers(0, 0o7777), st.binary(max_size=700)),
+    max_size=25,
+))
+def test_filter_keeps_every_other_entry_with_fixed_modes(tmp_path_factory, entries) -> None:
+    tmp_path = tmp_path_factory.mktemp("prop")
+    seen: dict[str, tuple[str, int, bytes]] = {}
+    ordered = []
+    for parts, kind, mode, data in entries:
+        path = "/".join(["top", *parts])
+        prefix = path.rsplit("/", 1)[0]
+        if any(p == prefix or prefix.startswith(p + "/") for p, v in seen.items() if v[0] == "f"):
+            continue  # a file cannot hold children
+        if path in seen or any(p.startswith(path + "/") for p in seen):
+            continue
+        for i in range(1, path.count("/") + 1):  # parents first, as docker export writes them
+            parent = "/".join(path.split("/")[:i])
+            if parent not in seen:
+                seen[parent] = ("d", 0o755, b"")
+                ordered.append((parent, "d", 0o755, b""))
+        seen[path] = (kind, mode, data)
+        ordered.append((path, kind, mode, data))
+    out = _filter(tmp_path, _tar(ordered), PLAN)
+    for path, (kind, mode, data) in seen.items():
+        member = out[path]
+        depth = path.count("/") + 1
+        assert member.mode == fixed_mode(mode, is_dir=kind == "d", depth=depth)
+        if kind == "f":
+            assert out[path + "#data"] == data
+
+
+# ---------------------------------------------------------------- real exports
+
+
+def _unsquash_list(sqsh: Path) -> dict[str, list[str]]:
+    """path → the `unsquashfs -lln` columns (mode, owner, size, date, time[, -> target])."""
+    text = subprocess.run(["unsquashfs", "-lln", str(sqsh)], capture_output=True, text=True, check=True).stdout
+    entries = {}
+    for line in text.splitlines():
+        cols = line.split()
+        if len(cols) >= 6 and cols[5].startswith("squashfs-root"):
+            entries[cols[5][len("squashfs-root"):] or "/"] = cols
+    return entries
+
+
+def _cat(sqsh: Path, path: str) -> str:
+    return subprocess.run(
+        ["unsquashfs", "-cat", str(sqsh), path], capture_output=True, text=True, check=True
+    ).stdout
+
+
+@pytest.fixture(scope="module")
+def small_image(docker_engine):
+    """A small image made with `docker import`: odd permissions, a foreign owner, an old
+    /etc/environment, a symlink and a hard link, and a config with every field Enroot reads."""
+    from python_on_whales import docker
+
+    tag = f"efabuild-test/sqsh:{uuid.uuid4().hex[:12]}"
+    busybox = Path("/bin/busybox").read_bytes()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        def add(name, kind="f", mode=0o644, data=b"", uid=0, link=""):
+            info = tarfile.TarInfo(name)
+            info.mode, info.mtime, info.uid, info.gid = mode, T0, uid, uid
+            if kind == "d":
+                info.type = tarfile.DIRTYPE
+            elif kind in "lh":
+                info.type, info.linkname = (tarfile.SYMTYPE if kind == "l" else tarfile.LNKTYPE), link
+            else:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if kind == "f" else None)
+        add("bin", "d", 0o755)
+        add("bin/busybox", mode=0o755, data=busybox)
+        add("bin/sh", "l", link="busybox")
+        add("etc", "d", 0o755)
+        add("etc/environment", mode=0o644, data=b"STALE=1\n")
+        add("etc/shadow", mode=0o000, data=b"root:*:19000::::::\n")
+        add("etc/sudoers.d", "d", 0o550)
+        add("home", "d", 0o755)
+        add("home/user", "d", 0o700, uid=1000)
+        add("home/user/notes.txt", mode=0o600, data=b"mine\n" * 1000, uid=1000)
+        add("home/user/notes-link.txt", "h", mode=0o600, link="home/user/notes.txt", uid=1000)
+    with_config = [
+        "ENV PATH=/usr/bin:/bin", 'ENV GREETING="hello world"', "LABEL com.nvidia.nccl.version=2.30.7",
+        "LABEL org.example.b=two", "WORKDIR /workspace/app", "VOLUME /data",
+        'ENTRYPOINT ["/bin/sh", "-c"]', 'CMD ["echo it\'s"]',
+    ]
+    subprocess.run(
+        ["docker", "import", *[a for c in with_config for a in ("-c", c)], "-", tag],
+        input=buf.getvalue(), check=True, capture_output=True,
+    )
+    yield tag
+    docker.image.remove(tag, force=True)
+
+
+def _no_export_containers() -> bool:
+    names = subprocess.run(
+        ["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return not [n for n in names if n.startswith("efabuild-export-")]
+
+
+@pytest.mark.engine
+def test_export_matches_enroot_import(small_image: str, tmp_path: Path) -> None:
+    seen = []
+    result = export_image(
+        small_image, tmp_path / "img.sqsh", options=ExportSettings(),
+        progress=lambda done, total: seen.append(done),
+    )
+    sqsh = tmp_path / "img.sqsh"
+    assert result.path == sqsh and result.size == sqsh.stat().st_size > 0
+    assert result.digest == "blake3:" + blake3.blake3(sqsh.read_bytes()).hexdigest()
+    assert seen and seen[-1] >= sqsh.stat().st_size // 2
+    assert sorted(os.listdir(tmp_path)) == ["img.sqsh"]  # no temp file left
+    assert _no_export_containers()
+
+    entries = _unsquash_list(sqsh)
+    assert {cols[1] for cols in entries.values()} == {"0/0"}  # all owned by root
+    assert "/.dockerenv" not in entries
+    assert entries["/dev"][0].startswith("d") and not [p for p in entries if p.startswith("/dev/")]
+    assert entries["/etc/shadow"][0] == "-r--------"
+    assert entries["/etc/sudoers.d"][0] == "drwxr-x---"
+    assert entries["/home/user/notes.txt"][0] == "-rw-------"
+    assert entries["/workspace/app"][0] == "drwxr-xr-x"
+    assert entries["/"][0] == "drwxr-xr-x"
+    assert entries["/bin/sh"][-1] == "busybox"  # symlink kept
+    assert entries["/home/user/notes.txt"][3:5] == ["2023-11-14", "22:13"]  # mtimes kept
+
+    assert _cat(sqsh, "etc/environment") == "PATH=/usr/bin:/bin\nGREETING=hello world\n"
+    assert _cat(sqsh, "etc/fstab") == "${ENROOT_ROOTFS}/data /data none x-create=dir,bind,rw,nosuid,nodev\n"
+    rc = _cat(sqsh, "etc/rc")
+    assert rc.startswith("# com.nvidia.nccl.version 2.30.7\n# org.example.b two\n\n")
+    assert 'cd "/workspace/app" && unset OLDPWD || exit 1\n' in rc
+    assert "    exec '/bin/sh' '-c' \"$@\"\nelse\n    exec '/bin/sh' '-c' 'echo it'\\''s'\nfi\n" in rc
+    assert _cat(sqsh, "etc/rc.local").startswith("# This file is sourced by /etc/rc")
+    assert _cat(sqsh, "home/user/notes-link.txt") == "mine\n" * 1000
+
+
+@pytest.mark.engine
+def test_export_is_deterministic_and_records_its_options(small_image: str, tmp_path: Path) -> None:
+    one = export_image(small_image, tmp_path / "one.sqsh", options=ExportSettings())
+    two = export_image(small_image, tmp_path / "two.sqsh", options=ExportSettings())
+    assert (tmp_path / "one.sqsh").read_bytes() == (tmp_path / "two.sqsh").read_bytes()
+    assert one.digest == two.digest
+    assert one.options == mksquashfs_options(ExportSettings())
+    assert one.options[-3:] == ("-comp", "lzo", "-noD")
+    assert {"-tar", "-all-root"} <= set(one.options)
+    info = subprocess.run(["unsquashfs", "-s", str(tmp_path / "one.sqsh")], capture_output=True, text=True).stdout
+    assert "Compression lzo" in info and "Data is uncompressed" in info
+
+
+@pytest.mark.engine
+def test_export_with_other_compression(small_image: str, tmp_path: Path) -> None:
+    settings_ = ExportSettings(compression="zstd", compress_data=True)
+    result = export_image(small_image, tmp_path / "z.sqsh", options=settings_)
+    info = subprocess.run(["unsquashfs", "-s", str(result.path)], capture_output=True, text=True).stdout
+    assert "Compression zstd" in info and "Data is compressed" in info
+    assert "-noD" not in result.options
+
+
+@pytest.mark.engine
+def test_export_of_unknown_image_leaves_nothing(docker_engine, tmp_path: Path) -> None:
+    with pytest.raises(NotFound, match="no such image"):
+        export_image("efabuild-test/does-not-exist:1", tmp_path / "x.sqsh", options=ExportSettings())
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.engine
+def test_failing_mksquashfs_leaves_nothing_and_says_why(small_image: str, tmp_path: Path) -> None:
+    with pytest.raises(EfabuildError, match=r"mksquashfs failed: .*nope"):
+        export_image(small_image, tmp_path / "x.sqsh", options=ExportSettings(compression="nope"))
+    assert os.listdir(tmp_path) == []
+    assert _no_export_containers()
+
+
+@pytest.mark.engine
+def test_interrupted_export_leaves_nothing(small_image: str, tmp_path: Path) -> None:
+    def interrupt(done: int, total: int | None) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        export_image(small_image, tmp_path / "x.sqsh", options=ExportSettings(), progress=interrupt)
+    assert os.listdir(tmp_path) == []
+    assert _no_export_containers()
+
+
+@pytest.mark.engine
+def test_export_replaces_an_older_file_atomically(small_image: str, tmp_path: Path) -> None:
+    target = tmp_path / "img.sqsh"
+    target.write_bytes(b"old")
+    result = export_image(small_image, target, options=ExportSettings())
+    assert isinstance(result, ExportResult) and target.read_bytes()[:4] == b"hsqs"
