@@ -9,15 +9,15 @@ no lock: committed files never change, they are only removed whole by gc.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
-from efabuild.digest import bytes_digest, file_digest
+from efabuild.digest import file_digest
 from efabuild.errors import EfabuildError
 from efabuild.progress import Progress
 from efabuild.store import fsutil
@@ -133,7 +133,7 @@ class FilesystemTier:
         must not modify it afterwards (deleting it is fine).
         """
         sqsh = Path(sqsh)
-        _check_publish_input(key, sqsh, record)
+        check_publish_input(key, sqsh, record)
         with self.key_lock(key):
             return self.publish_locked(key, sqsh, record, manifest, show_progress=show_progress)
 
@@ -182,18 +182,24 @@ class FilesystemTier:
                 os.replace(staged, final)
             fsutil.fsync_dir(object_dir)
         finally:
-            if staged != sqsh:
-                staged.unlink(missing_ok=True)
+            staged.unlink(missing_ok=True)  # the object keeps its own link
         return REPAIRED if repairing else PUBLISHED
 
     def _stage(self, key: str, sqsh: Path, show_progress: bool) -> Path:
         """A read-only file on this filesystem with the .sqsh bytes: a link when possible."""
         tmp_dir = self.layout.tmp_dir
         staged = fsutil.temp_name(tmp_dir, key, SQSH_SUFFIX)
+        linked = False
         if fsutil.same_filesystem(sqsh, tmp_dir):
             fsutil.fsync_file(sqsh)  # the exporter may not have; the link must not outlive the data
-            os.link(sqsh, staged)
-        else:
+            try:
+                os.link(sqsh, staged)
+                linked = True
+            except OSError as exc:
+                # bind mounts (EXDEV) and protected_hardlinks (EPERM: someone else's file) refuse
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                    raise
+        if not linked:
             size = sqsh.stat().st_size
             try:
                 with Progress(f"copy {short(key)} to {self.name}", size, enabled=show_progress) as bar:
@@ -348,7 +354,7 @@ class FilesystemTier:
         fsutil.atomic_write_bytes(path, text.encode(), self.layout.tmp_dir)
 
 
-def _check_publish_input(key: str, sqsh: Path, record: ArtifactRecord) -> None:
+def check_publish_input(key: str, sqsh: Path, record: ArtifactRecord) -> None:
     check_key(key)
     record.check()
     if record.key != key:
@@ -359,10 +365,6 @@ def _check_publish_input(key: str, sqsh: Path, record: ArtifactRecord) -> None:
         raise EfabuildError(f"publish: {sqsh}: no such file") from None
     if size != record.size:
         raise EfabuildError(f"publish: {sqsh} has {size} bytes, its record says {record.size}")
-
-
-def manifest_digest(manifest: bytes) -> str:
-    return bytes_digest(manifest)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -38,7 +38,7 @@ from efabuild.digest import file_digest, is_digest
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.model import S3Settings
 from efabuild.progress import Progress
-from efabuild.store.fs import PUBLISHED, REUSED, _check_publish_input
+from efabuild.store.fs import PUBLISHED, REUSED, check_publish_input
 from efabuild.store.layout import MANIFEST_SUFFIX, RECORD_SUFFIX, SQSH_SUFFIX, check_key, is_key, short, split_name
 from efabuild.store.record import ArtifactRecord, utc_now
 
@@ -279,7 +279,7 @@ class S3Tier:
     ) -> str:
         """Upload `sqsh` under `key`: PUBLISHED, or REUSED when S3 has (or just got) it."""
         sqsh = Path(sqsh)
-        _check_publish_input(key, sqsh, record)
+        check_publish_input(key, sqsh, record)
         show = self.show_progress if show_progress is None else show_progress
         existing = self.record(key)
         if existing is not None:
