@@ -191,7 +191,14 @@ def test_no_fetch_and_missing_credentials_are_one_line_errors(tmp_path, settings
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.strip() == (f"efabuild: artifact {key[:12]} ({key}) is not on store "
                                      f"(--no-fetch: S3 not asked)")
+    fetched = efabuild("lookup", "--store", str(shared), key)
+    assert fetched.returncode == 0, fetched.stderr
+    assert fetched.stdout == f"{shared}/objects/{key[:2]}/{key}.sqsh\n"
+    assert file_digest(Path(fetched.stdout.strip())) == file_digest(big_sqsh)
     no_creds = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+    shared = tmp_path / "fsx2"
+    shared.mkdir()
+    (shared / "store.toml").write_text((tmp_path / "builder" / "cache" / "store.toml").read_text())
     result = efabuild("lookup", "--store", str(shared), key, env=no_creds)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
@@ -202,3 +209,15 @@ def test_part_size_grows_for_huge_files():
     assert part_size_for(25 * 1024**3) == 16 * MiB  # 1600 parts
     assert part_size_for(400 * 1024**3) == 41 * MiB  # stays under 10,000 parts
     assert part_size_for(1) == 16 * MiB
+
+
+def test_has_where_and_complete_fill_the_tiers_that_lack_an_artifact(tmp_path, settings, big_sqsh):
+    local_only = Store([FilesystemTier(tmp_path / "cache", "local")], show_progress=False)
+    key = key_for("complete")
+    local_only.publish(key, big_sqsh, record_for(key, "g:l", big_sqsh))
+    store = Store([FilesystemTier(tmp_path / "fsx", "shared"), FilesystemTier(tmp_path / "cache", "local")],
+                  settings, show_progress=False, s3_options=SMALL_PARTS)
+    assert store.where(key) == ("local",) and not store.has(key)
+    assert store.complete(key) == {"local": REUSED, "shared": PUBLISHED, "s3": PUBLISHED}
+    assert store.where(key) == ("shared", "local", "s3") and store.has(key)
+    assert store.complete(key_for("never exported")) is None
