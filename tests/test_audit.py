@@ -116,18 +116,20 @@ def test_old_libfabric_first_in_ld_so_conf(tree: Path) -> None:
 
 def test_older_nccl_first_only_warns(tree: Path) -> None:
     ngc.full_image(tree)
-    info = f"{ngc.SITE}/nvidia_nccl_cu13-2.31.0.dist-info"
-    ngc.write(tree, f"{info}/METADATA", "Name: nvidia-nccl-cu13\nVersion: 2.31.0\n")
-    ngc.write(tree, f"{ngc.SITE}/nvidia/nccl/lib/libnccl.so.2", ngc.fake_elf("NCCL"))
+    ngc.write(tree, "/usr/local/cuda/lib64/libnccl.so.2.29.3", ngc.fake_elf("NCCL"))
+    ngc.link(tree, "/usr/local/cuda/lib64/libnccl.so.2", "libnccl.so.2.29.3")
     checks = audit_tree(tree)
     assert checks["library-shadowing:nccl"].status == WARN
-    assert "the newer 2.31.0 at /usr/local/lib/python3.12/dist-packages/nvidia/nccl/lib/libnccl.so.2" in \
-        checks["library-shadowing:nccl"].message
+    assert checks["library-shadowing:nccl"].message == (
+        "nccl 2.29.3 at /usr/local/cuda/lib64/libnccl.so.2 loads first (/usr/local/cuda/lib64 from "
+        "env:LD_LIBRARY_PATH); the newer 2.30.7 at /usr/lib/x86_64-linux-gnu/libnccl.so.2 is shadowed")
 
 
 def test_two_copies_with_the_newest_first_only_warn(tree: Path) -> None:
-    ngc.full_image(tree)
+    env = ngc.full_image(tree)
     ngc.ofi_plugin(tree, "/opt/amazon/aws-ofi-nccl/lib/libnccl-net-ofi.so", "1.13.2-aws")
+    assert "library-shadowing:aws-ofi-nccl" not in audit_tree(tree)  # off the loader's path: inert
+    ngc.write_config(tree, {**env, "LD_LIBRARY_PATH": env["LD_LIBRARY_PATH"] + ":/opt/amazon/aws-ofi-nccl/lib"})
     checks = audit_tree(tree)
     assert checks["library-shadowing:aws-ofi-nccl"].status == WARN
     assert failures(checks) == {}
@@ -361,3 +363,154 @@ def test_image_built_and_exported_by_the_engine_audits_clean(docker_engine, tmp_
                   manifest)
     code, report = run_audit(capsys, KEY, "--store", str(tmp_path / "store"), "--host-efa", ngc.INSTALLER)
     assert (code, {c["status"] for c in report[0]["checks"]}) == (0, {PASS})
+
+
+# ---- the demo graph's real layers on the offline mini NGC base ---------------------------------
+REPO = Path(__file__).resolve().parent.parent
+
+
+class DemoBuilds:
+    """Builds the demo graph's layers (and variants on top) with the engine, exports them like
+    `efabuild make` and publishes them with their manifests into one store."""
+
+    def __init__(self, work: Path) -> None:
+        from python_on_whales import docker
+
+        from efabuild.workspace import load_workspace
+
+        self.docker, self.work, self.tags = docker, work, []
+        self.layers = load_workspace(REPO).layers
+        self.store = work / "store"
+
+    def build(self, parent: str, text: str, args: dict[str, str] | None = None) -> str:
+        import uuid
+
+        tag = f"efabuild-test/provenance:{uuid.uuid4().hex[:12]}"
+        dockerfile = self.work / f"{tag.rsplit(':', 1)[1]}.Dockerfile"
+        dockerfile.write_text(f"FROM {parent}\n{text}")
+        self.tags.append(tag)
+        self.docker.buildx.build(REPO, file=dockerfile, tags=[tag], build_args=args or {}, load=True,
+                                 progress=False)
+        return tag
+
+    def layer(self, parent: str, qualname: str) -> str:
+        layer = self.layers[qualname]
+        return self.build(parent, layer.dockerfile, layer.args_dict)
+
+    def publish(self, tag: str, name: str, chain: list[tuple[str, str, dict]]) -> str:
+        """Export `tag` and publish it; chain: (qualname, Dockerfile text, args) from the base up."""
+        from datetime import datetime, timezone
+
+        from efabuild.digest import bytes_digest
+        from efabuild.model import ExportSettings
+        from efabuild.provenance.stored import describe_sqsh
+        from efabuild.sqsh import export_image
+        from efabuild.store import ArtifactRecord, Store
+
+        key = bytes_digest(tag.encode()).split(":")[1]
+        result = export_image(tag, self.work / f"{key}.sqsh", options=ExportSettings())
+        manifest = describe_sqsh(
+            result.path, key=key, name=name, sqsh_digest=result.digest,
+            export_options={"mksquashfs": list(result.options)},
+            base={"ref": "efabuild-fixtures/pytorch:26.08-py3", "digest": None},
+            chain=[{"layer": q, "key": bytes_digest(f"{key}{q}".encode()).split(":")[1],
+                    "inputs": {"dockerfile": text, "args": args}} for q, text, args in chain],
+            builder={"buildkit": "engine"}, times={"finished": datetime.now(timezone.utc)},
+        )
+        Store.at(self.store, show_progress=False).publish(
+            key, result.path, ArtifactRecord.for_file(key, name, result.path, result.digest), manifest)
+        result.path.unlink()
+        return key
+
+    def close(self) -> None:
+        for tag in self.tags:
+            self.docker.image.remove(tag, force=True)
+
+
+@pytest.fixture(scope="module")
+def demo(docker_engine, tmp_path_factory):
+    from efabuild.fixtures import MINI_NGC_TAG, build_fixtures
+
+    build_fixtures()
+    builds = DemoBuilds(tmp_path_factory.mktemp("demo"))
+    efa = builds.layer(MINI_NGC_TAG, "demo:efa")
+    deepep = builds.layer(efa, "demo:deepep")
+    builds.efa, builds.deepep = efa, deepep
+    builds.chain = [(q, builds.layers[q].dockerfile, builds.layers[q].args_dict)
+                    for q in ("demo:efa", "demo:deepep")]
+    builds.clean = builds.publish(deepep, "demo:deepep", builds.chain)
+    yield builds
+    builds.close()
+
+
+def audit_demo(demo: DemoBuilds, capsys, key: str, *flags: str) -> dict:
+    code = main(["-C", str(REPO), "audit", key, "--store", str(demo.store), "--json", *flags])
+    report = json.loads(capsys.readouterr().out)[0]
+    assert code == (0 if report["ok"] else 1)
+    return {c["check"]: c for c in report["checks"]}
+
+
+@pytest.mark.engine
+def test_demo_artifact_is_measured_as_the_fixture_installs_it(demo: DemoBuilds) -> None:
+    from efabuild.provenance.stored import load_manifest
+    from efabuild.store import Store
+
+    m = load_manifest(Store.at(demo.store), demo.clean).manifest["measured"]
+    versions = {name: c["version"] for name, c in m["components"].items()}
+    assert versions == {
+        "ngc-release": "26.08", "cuda": "13.4.1", "nccl": "2.30.7", "cudnn": None,
+        "pytorch": "2.14.0a0+5bcb2a8", "libfabric": "2.6.0", "aws-ofi-nccl": "1.21.1",
+        "efa-installer": "1.50.0", "deepep": "1.2.1+94a9f8f",
+    }
+    assert m["components"]["deepep"]["commit"] == ngc.DEEPEP_COMMIT
+    # the base's libfabric file stays beside the new one, unreachable by its name
+    assert sorted((c["path"], c["version"]) for c in m["components"]["libfabric"]["copies"]) == [
+        ("/opt/amazon/efa/lib/libfabric.so.1.28.0", "2.4.0"), ("/opt/amazon/efa/lib/libfabric.so.1.30.0", "2.6.0")]
+    assert [(o["path"], o["version"]) for o in m["openmpi"]] == [("/usr/local/mpi", "5.0.7")]
+    assert m["env"]["vars"]["LD_LIBRARY_PATH"].startswith("/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:")
+
+
+@pytest.mark.engine
+def test_demo_artifact_audits_clean_with_the_workspace_policy(demo: DemoBuilds, capsys) -> None:
+    checks = audit_demo(demo, capsys, demo.clean)
+    assert {n: c["message"] for n, c in checks.items() if c["status"] != PASS} == {}
+    assert checks["host-efa"]["message"] == "EFA installer 1.50.0 on image and host " \
+                                            "(BUILD.toml [audit] host_efa_installer)"
+    assert "policy-known-bad" in checks and "policy-min:aws-ofi-nccl" in checks
+    other_host = audit_demo(demo, capsys, demo.clean, "--host-efa", "1.49.0")
+    assert other_host["host-efa"]["status"] == FAIL
+
+
+INSTALL_1_49 = """\
+RUN apt-get update && cd /tmp \\
+ && curl -fsSL -O https://efa-installer.amazonaws.com/aws-efa-installer-1.49.0.tar.gz \\
+ && tar -xf aws-efa-installer-1.49.0.tar.gz && cd aws-efa-installer \\
+ && ./efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify \\
+ && cd / && rm -rf /tmp/aws-efa-installer* /var/lib/apt/lists/*
+"""
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("variant, check, words", [
+    (INSTALL_1_49, "declared:EFA_INSTALLER_VERSION",
+     "EFA_INSTALLER_VERSION=1.50.0 declared in demo:efa, but efa-installer 1.49.0 is installed"),
+    (INSTALL_1_49.replace("1.49.0", "1.50.0").replace("--no-verify", "--no-verify --mpi=openmpi4"), "openmpi",
+     "2 Open MPI installations: /usr/local/mpi -> /opt/hpcx/ompi (5.0.7); /opt/amazon/openmpi (4.1.8)"),
+    ("ENV NCCL_NET_PLUGIN=socket\n", "net-plugin", "NCCL_NET_PLUGIN is 'socket'"),
+    ("ENV LD_LIBRARY_PATH=/host/opt/amazon/efa/lib:${LD_LIBRARY_PATH}\n", "ld-library-path",
+     "LD_LIBRARY_PATH=/host/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib:"),
+    ("ENV NCCL_IB_HCA=mlx5_0 NCCL_IB_GID_INDEX=3\n", "infiniband-env", "NCCL_IB_GID_INDEX=3, NCCL_IB_HCA=mlx5_0"),
+    ("RUN rm /opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so\n", "ofi-plugin",
+     "no aws-ofi-nccl plugin (libnccl-net-ofi.so) in the image"),
+    ("RUN mkdir -p /opt/aws-ofi-nccl/lib "
+     "&& printf 'aws-ofi-nccl 1.13.2-aws\\n' > /opt/aws-ofi-nccl/lib/libnccl-net-ofi.so\n"
+     "ENV LD_LIBRARY_PATH=/opt/aws-ofi-nccl/lib:${LD_LIBRARY_PATH}\n", "library-shadowing:aws-ofi-nccl",
+     "aws-ofi-nccl 1.13.2-aws at /opt/aws-ofi-nccl/lib/libnccl-net-ofi.so loads first (/opt/aws-ofi-nccl/lib from "
+     "env:LD_LIBRARY_PATH); the newer 1.21.1 at /opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so is shadowed"),
+], ids=["installer-drift", "second-openmpi", "net-plugin", "host-lib-path", "infiniband-env", "no-ofi-plugin",
+        "shadowed-plugin"])
+def test_demo_variants_are_caught(demo: DemoBuilds, capsys, variant: str, check: str, words: str) -> None:
+    tag = demo.build(demo.deepep, variant)
+    key = demo.publish(tag, "demo:variant", demo.chain + [("demo:variant", variant, {})])
+    checks = audit_demo(demo, capsys, key)
+    assert checks[check]["status"] == FAIL and words in checks[check]["message"]

@@ -268,26 +268,26 @@ def _commit_matches(declared: str, actual: str) -> bool:
 
 # ---- shadowed libraries ----------------------------------------------------------------------
 def shadowing(image: Measured) -> list[Check]:
+    """Copies of one library the loader can reach by name: the first found loads, the rest never do."""
     checks = []
     for name in SHADOWABLE:
         component = image.component(name)
-        known = [c for c in component.copies if c.version is not None]
-        if len({c.version for c in known}) < 2:
+        hits = list(component.on_path)
+        known = [h for h in hits if h.version is not None]
+        if not hits or len({h.version for h in known}) < 2:
             continue
-        newest = max(known, key=lambda c: versions.numeric(c.version) or ())
-        loaded = next((c for c in known if c.version == component.version), None)
-        others = ", ".join(f"{c.version} at {c.path}" for c in known)
-        if component.loads is None or loaded is None:
-            checks.append(Check(f"library-shadowing:{name}", WARN, f"{name} at several versions ({others}) and "
-                                                                 f"none of them loads from the library path"))
-        elif versions.compare(loaded.version, newest.version) == -1:
-            where = _search_source(image, component.loads)
-            checks.append(Check(f"library-shadowing:{name}", FAIL if name in SHADOWING_FAILS else WARN,
-                                f"{name} {loaded.version} at {component.loads} loads first ({where}); the newer "
+        first = hits[0]
+        newest = max(known, key=lambda h: versions.numeric(h.version) or ())
+        others = ", ".join(f"{h.version or 'unknown'} at {h.path}" for h in hits)
+        check = f"library-shadowing:{name}"
+        if first.version is not None and versions.compare(first.version, newest.version) == -1:
+            where = _search_source(image, first.path)
+            checks.append(Check(check, FAIL if name in SHADOWING_FAILS else WARN,
+                                f"{name} {first.version} at {first.path} loads first ({where}); the newer "
                                 f"{newest.version} at {newest.path} is shadowed"))
         else:
-            checks.append(Check(f"library-shadowing:{name}", WARN,
-                                f"{name} at several versions ({others}); {loaded.version} loads first"))
+            checks.append(Check(check, WARN, f"{name} reachable at several versions ({others}); "
+                                             f"{first.version or 'an unknown version'} loads first"))
     return checks
 
 

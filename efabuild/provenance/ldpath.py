@@ -69,6 +69,13 @@ def find_library(fs: FsView, dirs: tuple[LibDir, ...], name: str) -> str | None:
     return None
 
 
+def find_all(fs: FsView, dirs: tuple[LibDir, ...], name: str) -> list[str]:
+    """Every `<dir>/<name>` that exists, in search order: the first is the one that loads."""
+    if "/" in name:
+        return [name] if fs.is_file(name) else []
+    return [p for p in (posixpath.join(d.dir, name) for d in dirs) if fs.is_file(p)]
+
+
 def position(dirs: tuple[LibDir, ...], path: str) -> int | None:
     """Index of the directory holding `path` in the search order (None when not searched)."""
     parent = posixpath.dirname(path)

@@ -37,12 +37,25 @@ class Copy:
 
 
 @attrs.frozen
+class Hit:
+    """A file the dynamic loader finds under a library's name in one search directory."""
+
+    path: str  # <dir>/<name>, e.g. /opt/amazon/efa/lib/libfabric.so.1
+    real_path: str  # after symlinks: which copy it is
+    version: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "real_path": self.real_path, "version": self.version}
+
+
+@attrs.frozen
 class Component:
     name: str
     version: str | None = None
     source: str | None = None
     loads: str | None = None  # the file the dynamic loader picks, for libraries
     copies: tuple[Copy, ...] = ()
+    on_path: tuple[Hit, ...] = ()  # every copy the loader can reach by name, in search order
     commit: str | None = None
     commit_source: str | None = None
     packages: tuple[str, ...] = ()  # the EFA installer's package list
@@ -53,6 +66,8 @@ class Component:
             out["loads"] = self.loads
         if self.copies:
             out["copies"] = [c.to_dict() for c in self.copies]
+        if self.on_path:
+            out["on_path"] = [h.to_dict() for h in self.on_path]
         if self.commit is not None or self.name == "deepep":
             out["commit"] = self.commit
             out["commit_source"] = self.commit_source
@@ -68,6 +83,7 @@ class Component:
             source=data.get("source"),
             loads=data.get("loads"),
             copies=tuple(Copy(c.get("path"), c.get("version"), c.get("source")) for c in data.get("copies", [])),
+            on_path=tuple(Hit(h.get("path"), h.get("real_path"), h.get("version")) for h in data.get("on_path", [])),
             commit=data.get("commit"),
             commit_source=data.get("commit_source"),
             packages=tuple(data.get("packages", [])),

@@ -15,11 +15,12 @@ Where each version is read:
 | nccl          | libnccl.so.2 the loader finds (real file name libnccl.so.2.X.Y), nccl.h defines       |
 | cudnn         | cudnn_version.h defines, libcudnn.so.X.Y.Z file names                                 |
 | pytorch       | torch/version.py in the Python site directories (first on sys.path wins)              |
-| libfabric     | the libfabric.so.1 the loader finds: pkgconfig/libfabric.pc beside it, or the dpkg    |
-|               | package owning the file (libfabric1-aws)                                               |
+| libfabric     | the libfabric.so.1 the loader finds: pkgconfig/libfabric.pc beside it (for the file   |
+|               | libfabric.so points to), the dpkg package owning it, or "libfabric: X.Y.Z" inside it   |
 | aws-ofi-nccl  | the plugin NCCL loads (NCCL_NET_PLUGIN): "aws-ofi-nccl X.Y.Z" inside it, or its dpkg  |
 |               | package owning the file (libnccl-ofi, libnccl-ofi-ngc-v2/-v3)                          |
 | efa-installer | /opt/amazon/efa_installed_packages: "# EFA installer version:" and the package list  |
+| openmpi       | each installation's include/mpi.h, lib/pkgconfig/ompi.pc, or "Open MPI X.Y.Z" in libmpi |
 | deepep        | deep_ep-*.dist-info: Version; commit from direct_url.json vcs_info.commit_id, else    |
 |               | the .git/HEAD of the source directory pip recorded (`url: file://...`)                |
 """
@@ -37,6 +38,7 @@ from efabuild.provenance.measured import (
     Component,
     Copy,
     Declared,
+    Hit,
     LibDir,
     Measured,
     MpiInstall,
@@ -103,6 +105,9 @@ _RELEVANT_PACKAGE_PREFIXES = (
 )
 _MAX_PLUGIN_BYTES = 256 << 20
 
+_LIBFABRIC_VERSION = re.compile(rb"libfabric:? v?(\d+\.\d+\.\d+)")  # as `fi_info --version` prints it
+_OMPI_VERSION = re.compile(rb"Open MPI v?(\d+\.\d+\.\d+)")
+_MAX_LIB_SCAN = 64 << 20
 _OFI_VERSION = re.compile(rb"aws-ofi-nccl ((?:\d+\.\d+(?:\.\d+)*|git-[0-9a-f]{6,40})[A-Za-z0-9.+_-]*)")
 _NCCL_FILE = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
 _CUDNN_FILE = re.compile(r"^libcudnn\.so\.(\d+\.\d+\.\d+)$")
@@ -278,6 +283,15 @@ def _dpkg_source(package: dpkg.Package) -> str:
     return f"{dpkg.STATUS_FILE} ({package.name} {package.version})"
 
 
+def _on_path(fs: FsView, search: tuple[LibDir, ...], name: str, copies: list[Copy]) -> tuple[Hit, ...]:
+    versions_by_path = {c.path: c.version for c in copies}
+    hits = []
+    for path in ldpath.find_all(fs, search, name):
+        real = fs.resolve(path) or path
+        hits.append(Hit(path, real, versions_by_path.get(real)))
+    return tuple(hits)
+
+
 def _effective(copies: list[Copy], loads: str | None, fs: FsView) -> tuple[str | None, str | None]:
     """Version and source of the copy the loader picks; else the only version all copies agree on."""
     if loads is not None:
@@ -347,7 +361,7 @@ def _nccl(fs: FsView, search: tuple[LibDir, ...], sites: list[str]) -> Component
     version, source = _effective(copies, loads, fs)
     if version is None and header_version is not None:
         version, source = header_version, header
-    return Component("nccl", version, source, loads, tuple(copies))
+    return Component("nccl", version, source, loads, tuple(copies), _on_path(fs, search, "libnccl.so.2", copies))
 
 
 def _cudnn(fs: FsView, search: tuple[LibDir, ...]) -> Component:
@@ -387,18 +401,32 @@ def _libfabric(fs: FsView, search: tuple[LibDir, ...], packages: dict[str, dpkg.
     owners = _owner_versions(fs, packages, LIBFABRIC_PACKAGES)
     copies = []
     for real in _library_copies(fs, search, "libfabric.so.1*"):
-        pc = f"{posixpath.dirname(real)}/pkgconfig/libfabric.pc"
-        version = source = None
-        match = re.search(r"^Version:\s*(\S+)", fs.read_text(pc) or "", re.MULTILINE)
-        if match:
-            version, source = versions.upstream(match.group(1)), pc
-        elif real in owners:
-            version, source = versions.upstream(owners[real].version), _dpkg_source(owners[real])
+        version, source = _libfabric_version(fs, real, owners)
         copies.append(Copy(real, version, source))
     loads = ldpath.find_library(fs, search, "libfabric.so.1")
     # no fallback to the package database alone: a package whose files are gone is not installed
     version, source = _effective(copies, loads, fs)
-    return Component("libfabric", version, source, loads, tuple(copies))
+    return Component("libfabric", version, source, loads, tuple(copies), _on_path(fs, search, "libfabric.so.1", copies))
+
+
+def _libfabric_version(fs: FsView, real: str, owners: dict[str, dpkg.Package]) -> tuple[str | None, str | None]:
+    """A libfabric file's release: its pkgconfig file when it is the one that file describes,
+    else the dpkg package owning it, else the version string inside it."""
+    directory = posixpath.dirname(real)
+    pc = f"{directory}/pkgconfig/libfabric.pc"
+    pc_text = fs.read_text(pc) or ""
+    match = re.search(r"^Version:\s*(\S+)", pc_text, re.MULTILINE)
+    libdir = re.search(r"^libdir=(\S+)", pc_text, re.MULTILINE)
+    # a .pc beside several libfabric files describes the one `libfabric.so` (the dev link) points to
+    described = fs.resolve(f"{directory}/libfabric.so") or fs.resolve(f"{directory}/libfabric.so.1")
+    if match and described == real and (libdir is None or "$" in libdir.group(1) or libdir.group(1) == directory):
+        return versions.upstream(match.group(1)), pc
+    if real in owners:
+        return versions.upstream(owners[real].version), _dpkg_source(owners[real])
+    found = _LIBFABRIC_VERSION.search(fs.read_bytes(real, max_size=_MAX_LIB_SCAN) or b"")
+    if found:
+        return found.group(1).decode(), real
+    return None, None
 
 
 def plugin_file_name(env: dict[str, str]) -> str:
@@ -430,7 +458,8 @@ def _aws_ofi_nccl(
     is_ofi = plugin is not None and any(c.path == fs.resolve(plugin) for c in copies)
     loads = plugin if is_ofi else None
     version, source = _effective(copies, loads, fs)
-    return Component("aws-ofi-nccl", version, source, loads, tuple(copies))
+    hits = _on_path(fs, search, "libnccl-net-ofi.so", copies)
+    return Component("aws-ofi-nccl", version, source, loads, tuple(copies), hits)
 
 
 def _efa_installer(fs: FsView) -> Component:
@@ -520,4 +549,8 @@ def _openmpi_version(fs: FsView, root: str) -> tuple[str | None, str | None]:
     match = re.search(r"^Version:\s*(\S+)", fs.read_text(pc) or "", re.MULTILINE)
     if match:
         return match.group(1), pc
+    for lib in fs.glob(f"{root}/lib/libmpi.so.*"):
+        found = _OMPI_VERSION.search(fs.read_bytes(lib, max_size=_MAX_LIB_SCAN) or b"")
+        if found:
+            return found.group(1).decode(), lib
     return None, None
