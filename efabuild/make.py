@@ -36,8 +36,10 @@ class Outcome:
     key: str
     status: str
     seconds: float = 0.0
-    detail: str = ""  # log path, artifact path or the failure message
-    steps: tuple[str, ...] = ()  # what ran for this layer: build, push, export...
+    steps: tuple[str, ...] = ()  # what ran for this layer: pull, build, push, export
+    log: str = ""  # the build log kept under the store
+    artifact: str = ""  # the .sqsh path in the store
+    error: str = ""  # why it failed or was skipped
 
 
 @attrs.frozen
@@ -72,7 +74,7 @@ class _Runner:
         layer: Layer = self.p.graph.nodes[lp.qualname]["layer"]
         started = time.monotonic()
         steps: list[str] = []
-        detail = ""
+        log = artifact = ""
         status = REUSED
         if lp.action == PULL:
             self.reporter.started(lp.qualname, "pull", short(lp.key))
@@ -81,7 +83,7 @@ class _Runner:
             status = PULLED
         elif lp.action == BUILD:
             self.reporter.started(lp.qualname, "build", "; ".join(lp.reasons))
-            detail = self._build(layer, lp)
+            log = self._build(layer, lp)
             steps.append("build")
             status = BUILT
             if self.ws.settings.registry is not None:
@@ -89,12 +91,17 @@ class _Runner:
                 steps.append("push")
         self._ensure_own_tag(layer, lp)
         if layer.artifact and not self._store_has(lp.key):
-            if not steps:
-                self.reporter.started(lp.qualname, "export", short(lp.key))
-            detail = self._export_and_publish(layer, lp)
-            steps.append("export")
-            status = EXPORTED if status == REUSED else status
-        return Outcome(lp.qualname, lp.key, status, time.monotonic() - started, detail, tuple(steps))
+            if self.store.complete(lp.key) is not None:
+                # another tier had it: copied across, no export needed
+                artifact = str(self.store.lookup(lp.key, fetch=False))
+                steps.append("copy between tiers")
+            else:
+                if not steps:
+                    self.reporter.started(lp.qualname, "export", short(lp.key))
+                artifact = self._export_and_publish(layer, lp)
+                steps.append("export")
+                status = EXPORTED if status == REUSED else status
+        return Outcome(lp.qualname, lp.key, status, time.monotonic() - started, tuple(steps), log, artifact)
 
     def _pull(self, layer: Layer, lp: LayerPlan) -> None:
         from efabuild.engine.registry import pull
@@ -188,7 +195,7 @@ class _Runner:
 
         path = artifacts.export_and_publish(
             ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
-            tag=self.tags[lp.key], reporter=self.reporter,
+            tag=self.tags[lp.key], reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
         )
         return str(path)
 
@@ -239,7 +246,7 @@ def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
                     if failed_parent:
                         pending.remove(name)
                         outcomes[name] = Outcome(name, plans[name].key, SKIPPED,
-                                                 detail=f"parent {failed_parent} did not finish")
+                                                 error=f"parent {failed_parent} did not finish")
                         reporter.finished(name, f"skipped: parent {failed_parent} did not finish")
                     elif ready(name) and len(running) < jobs:
                         pending.remove(name)
@@ -256,7 +263,7 @@ def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
                     try:
                         outcome = future.result()
                     except EfabuildError as exc:
-                        outcome = Outcome(name, plans[name].key, FAILED, detail=str(exc))
+                        outcome = Outcome(name, plans[name].key, FAILED, error=str(exc))
                         reporter.finished(name, f"FAILED: {exc}")
                     else:
                         reporter.finished(name, _describe(outcome))
@@ -272,16 +279,19 @@ def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
 def _describe(outcome: Outcome) -> str:
     steps = " + ".join(outcome.steps) or "nothing to do"
     text = f"{outcome.status} ({steps}) in {outcome.seconds:.1f}s"
-    if outcome.detail:
-        text += f" — {outcome.detail}"
+    if outcome.log:
+        text += f"\n  log: {outcome.log}"
+    if outcome.artifact:
+        text += f"\n  artifact: {outcome.artifact}"
     return text
 
 
 def summary(result: MakeResult) -> str:
     from efabuild.cli.common import table
 
-    rows = [[o.qualname, short(o.key), o.status, f"{o.seconds:.1f}s", o.detail.splitlines()[0] if o.detail else ""]
+    rows = [[o.qualname, short(o.key), o.status, f"{o.seconds:.1f}s",
+             o.artifact or (o.error.splitlines()[0] if o.error else "")]
             for o in result.outcomes]
     counts = {s: sum(o.status == s for o in result.outcomes) for s in (BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED)}
     tail = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing to do"
-    return table(rows, ["LAYER", "KEY", "RESULT", "TIME", "LOG / ARTIFACT"]) + "\n" + tail
+    return table(rows, ["LAYER", "KEY", "RESULT", "TIME", "ARTIFACT"]) + "\n" + tail

@@ -97,12 +97,16 @@ def _resolve_bases(ws: Workspace, graph: nx.DiGraph, order: list[str], engine) -
         if layer.base.digest:
             bases[ref] = BaseResolution(ref=ref, digest=layer.base.digest, source="pinned")
             continue
-        digest = None
+        digest, source = None, "unresolved"
         if engine is not None:
-            from efabuild.engine.images import resolve_digest
+            from efabuild.engine.images import image_id, resolve_digest
 
-            digest = resolve_digest(engine, ref)
-        bases[ref] = BaseResolution(ref=ref, digest=digest, source="engine" if digest else "unresolved")
+            digest, source = resolve_digest(engine, ref), "registry"
+            if digest is None:
+                # a local-only image (built or loaded here) has no registry digest; its image ID
+                # still names its content, so a rebuilt base moves the keys
+                digest, source = image_id(engine, ref), "image-id"
+        bases[ref] = BaseResolution(ref=ref, digest=digest, source=source if digest else "unresolved")
     return bases
 
 

@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-host.sh
-bash scripts/build-fixtures.sh
+python3 scripts/build-fixtures.py
 efabuild make demo "$@"

@@ -52,7 +52,7 @@ def run(args) -> int:
     if result.failed:
         failed = [o for o in result.outcomes if o.status == make.FAILED]
         for outcome in failed:
-            print(f"efabuild: {outcome.qualname} failed: {outcome.detail}", file=sys.stderr)
+            print(f"efabuild: {outcome.qualname} failed: {outcome.error}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,0 +1,78 @@
+"""One artifact layer's way into the store: export its image to .sqsh, describe what is inside it,
+publish both under the layer key.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from pathlib import Path
+
+from efabuild import dag
+from efabuild.model import Layer, Workspace
+from efabuild.plan import LayerPlan
+from efabuild.planning import Prepared
+from efabuild.ui import Reporter
+
+
+def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
+                       tag: str, reporter: Reporter, epoch: int) -> Path:
+    from efabuild.progress import Progress
+    from efabuild.provenance.stored import describe_sqsh
+    from efabuild.sqsh import export_image
+    from efabuild.store.record import ArtifactRecord
+
+    started = _now()
+    staging = store.staging_dir()
+    staging.mkdir(parents=True, exist_ok=True)
+    out = staging / f"{plan.key}.export-{os.getpid()}.sqsh"
+    bar: list[Progress] = []
+
+    def progress(streamed: int, expected: int | None) -> None:
+        if not bar:  # the total is known once the export has started
+            bar.append(Progress(f"export {layer.qualname}", expected))
+        bar[0].update(streamed - bar[0].done)
+
+    try:
+        try:
+            result = export_image(tag, out, options=ws.settings.export, docker=engine.client,
+                                  progress=progress, epoch=epoch)
+        finally:
+            for shown in bar:
+                shown.close()
+        export_info = {"mksquashfs": list(result.options), "compression": ws.settings.export.compression,
+                       "compress_data": ws.settings.export.compress_data, "epoch": epoch}
+        manifest = describe_sqsh(
+            result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest,
+            export_options=export_info, base=_base(prepared, layer), chain=_chain(prepared, layer.qualname),
+            builder=_builder_versions(engine), times={"started": started, "exported": _now()},
+        )
+        record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info)
+        outcome = store.publish(plan.key, result.path, record, manifest)
+        reporter.line(layer.qualname, f"published: {', '.join(f'{t} {s}' for t, s in outcome.items())}")
+    finally:
+        out.unlink(missing_ok=True)  # published copies are links or copies of their own
+    return store.lookup(plan.key, fetch=False)
+
+
+def _chain(prepared: Prepared, qualname: str) -> list[dict]:
+    plans = prepared.plan.by_name()
+    return [{"layer": name, "key": plans[name].key, "inputs": plans[name].inputs.to_dict()}
+            for name in dag.ancestors_first(prepared.graph, qualname)]
+
+
+def _base(prepared: Prepared, layer: Layer) -> dict | None:
+    root = prepared.graph.nodes[dag.ancestors_first(prepared.graph, layer.qualname)[0]]["layer"]
+    base = next((b for b in prepared.plan.bases if b.ref == root.base.ref), None)
+    return {"ref": root.base.ref, "digest": base.digest if base else None}
+
+
+def _builder_versions(engine) -> dict:
+    try:
+        return {k: v for k, v in engine.versions().items() if v is not None}
+    except Exception:  # versions are informative; a failed query must not fail the artifact
+        return {}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
