@@ -38,9 +38,11 @@ def diff_manifests(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Differenc
 
 
 def _order(flat_a: dict, flat_b: dict):
-    # keep the order facts are listed in (base first, layers bottom-up, components in display order)
+    # inputs, then measured versions, then tools; within each, the order facts are listed in
+    # (base first, layers bottom-up, components in display order), B's extra facts after A's
+    kinds = {INPUTS: 0, MEASURED: 1, TOOLS: 2}
     position = {k: i for i, k in enumerate(list(flat_a) + [k for k in flat_b if k not in flat_a])}
-    return lambda k: position[k]
+    return lambda k: (kinds[k[0]], position[k])
 
 
 def flatten(manifest: Mapping[str, Any]) -> dict[tuple[str, str], str | None]:
