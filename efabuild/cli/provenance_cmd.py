@@ -156,9 +156,9 @@ def _show_table(m: dict, verified: bool) -> None:
 
 
 def _is_loaded(component: dict, copy: dict) -> bool:
-    # the loaded copy is the one whose version and source the component reports
-    return bool(component.get("loads")) and (copy.get("source"), copy.get("version")) == (
-        component.get("source"), component.get("version"))
+    # the loader takes the first copy it reaches by name
+    on_path = component.get("on_path") or []
+    return bool(component.get("loads")) and bool(on_path) and on_path[0].get("real_path") == copy.get("path")
 
 
 def _text(value: object) -> str:
