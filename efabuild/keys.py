@@ -8,6 +8,7 @@ not), so the same inputs give the same key on any machine and checkout.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
@@ -69,6 +70,12 @@ class LayerInputs:
         return canonical_json(self.to_dict())
 
     def key(self) -> str:
+        return self._key
+
+    @functools.cached_property
+    def _key(self) -> str:
+        # computed once: a plan asks for each key several times, and encoding a context of
+        # 100k files costs tens of milliseconds each time
         return blake3.blake3(self.canonical()).hexdigest()
 
 
@@ -96,19 +103,36 @@ class ContextHasher:
         return tuple(found[path] for path in sorted(found))
 
     def _walk(self, rel: str, where: str) -> Iterator[ContextEntry]:
-        path = self.root / rel
+        # plain strings and os.scandir, not pathlib: a warm plan of a 100k-file context is
+        # mostly this loop, and one lstat per file is all it needs
+        path = os.path.join(self.root, rel)
         try:
-            st = path.lstat()
+            st = os.lstat(path)
         except FileNotFoundError:
             raise InputError(f"'{rel}' does not exist", where) from None
-        if stat.S_ISDIR(st.st_mode):
-            with os.scandir(path) as it:
-                children = sorted(entry.name for entry in it)
+        if not stat.S_ISDIR(st.st_mode):
+            yield from self._entry(rel, path, st, where)
+            return
+        pending = [(rel, path)]
+        while pending:
+            dir_rel, dir_path = pending.pop()
+            with os.scandir(dir_path) as it:
+                children = list(it)
             for child in children:
-                yield from self._walk(f"{rel}/{child}" if rel != "." else child, where)
-        elif stat.S_ISLNK(st.st_mode):
+                child_rel = f"{dir_rel}/{child.name}" if dir_rel != "." else child.name
+                if child.is_dir(follow_symlinks=False):
+                    pending.append((child_rel, child.path))
+                    continue
+                try:
+                    child_st = child.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    raise InputError(f"'{child_rel}' does not exist", where) from None
+                yield from self._entry(child_rel, child.path, child_st, where)
+
+    def _entry(self, rel: str, path: str, st: os.stat_result, where: str) -> Iterator[ContextEntry]:
+        if stat.S_ISLNK(st.st_mode):
             target = os.readlink(path)
-            resolved = path.resolve()
+            resolved = Path(path).resolve()
             if resolved != self.root and self.root not in resolved.parents:
                 raise InputError(f"'{rel}' is a symlink leading outside the workspace", where)
             yield ContextEntry(rel, "symlink", blake3.blake3(target.encode()).hexdigest())
@@ -117,7 +141,7 @@ class ContextHasher:
             yield ContextEntry(rel, mode, self._file_digest(rel, path, st))
         # sockets, fifos and devices cannot be copied into an image: left out like Docker does
 
-    def _file_digest(self, rel: str, path: Path, st: os.stat_result) -> str:
+    def _file_digest(self, rel: str, path: str, st: os.stat_result) -> str:
         cached = self.state.get(rel, st)
         if cached is not None:
             return cached
