@@ -30,3 +30,25 @@ def table(rows: list[list[str]], header: list[str] | None = None, indent: str = 
         cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])] + [row[-1]]
         lines.append((indent + "  ".join(cells)).rstrip())
     return "\n".join(lines)
+
+
+def add_builder_option(parser) -> None:
+    parser.add_argument("--builder", metavar="NAME",
+                        help="build elsewhere: a Docker context, a host URL (unix://, tcp://, ssh://), "
+                             "or buildx:NAME for a buildx builder")
+
+
+def with_builder(ws, value: str | None):
+    """The workspace with `--builder` replacing [builder]'s context/host/buildx_builder."""
+    if not value:
+        return ws
+    import attrs
+
+    builder = attrs.evolve(ws.settings.builder, context=None, host=None, buildx_builder=None)
+    if "://" in value:
+        builder = attrs.evolve(builder, host=value)
+    elif value.startswith("buildx:"):
+        builder = attrs.evolve(builder, buildx_builder=value.split(":", 1)[1])
+    else:
+        builder = attrs.evolve(builder, context=value)
+    return attrs.evolve(ws, settings=attrs.evolve(ws.settings, builder=builder))

@@ -5,14 +5,16 @@ from __future__ import annotations
 import sys
 
 
+from efabuild.cli.common import add_builder_option
+
+
 def configure(name, sub, common):
     p = sub.add_parser(name, parents=[common], help="build the layers whose key changed; export artifacts")
     p.add_argument("targets", nargs="*", metavar="GRAPH[:LAYER]", help="graphs or layers (default: all)")
     p.add_argument("-j", "--jobs", type=int, default=None, help="layers built in parallel (default: [builder] jobs)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and build nothing")
     p.add_argument("--no-lint", action="store_true", help="build even when lint finds errors")
-    p.add_argument("--builder", metavar="NAME",
-                   help="a Docker context, a host URL (unix://, tcp://, ssh://) or a buildx builder")
+    add_builder_option(p)
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.set_defaults(run=run)
 
@@ -21,7 +23,7 @@ def run(args) -> int:
     import attrs
 
     from efabuild import make
-    from efabuild.cli.common import print_json, workspace
+    from efabuild.cli.common import print_json, with_builder, workspace
     from efabuild.cli.plan_cmd import render
     from efabuild.errors import EfabuildError, InputError
     from efabuild.planning import prepare
@@ -30,8 +32,7 @@ def run(args) -> int:
     ws = workspace()
     if args.jobs is not None and args.jobs < 1:
         raise InputError("--jobs must be at least 1")
-    if args.builder:
-        ws = attrs.evolve(ws, settings=attrs.evolve(ws.settings, builder=_builder_override(ws.settings.builder, args.builder)))
+    ws = with_builder(ws, args.builder)
     if not args.no_lint:
         _lint_or_stop(ws, args.targets)
     prepared = prepare(ws, args.targets, require_engine=not args.dry_run)
@@ -64,16 +65,6 @@ def _sigterm_interrupts() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
-
-
-def _builder_override(builder, value: str):
-    import attrs
-
-    if "://" in value:
-        return attrs.evolve(builder, host=value, context=None, buildx_builder=None)
-    if value.startswith("buildx:"):
-        return attrs.evolve(builder, buildx_builder=value.split(":", 1)[1], context=None, host=None)
-    return attrs.evolve(builder, context=value, host=None, buildx_builder=None)
 
 
 def _lint_or_stop(ws, targets) -> None:

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 
+from efabuild.cli.common import add_builder_option
+
+
 def configure(name, sub, common):
     p = sub.add_parser(name, parents=[common], help="show what would be built, pulled or exported, and why")
     p.add_argument("targets", nargs="*", metavar="GRAPH[:LAYER]", help="graphs or layers (default: all)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--offline", action="store_true", help="do not ask the engine (digests stay unresolved)")
+    add_builder_option(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from efabuild.cli.common import print_json, workspace
+    from efabuild.cli.common import print_json, with_builder, workspace
     from efabuild.planning import prepare
 
-    prepared = prepare(workspace(), args.targets, use_engine=not args.offline)
+    prepared = prepare(with_builder(workspace(), args.builder), args.targets, use_engine=not args.offline)
     if args.json:
         data = prepared.plan.to_json()
         data["engine"] = None if prepared.engine_error else "reachable"

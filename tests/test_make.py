@@ -1,0 +1,252 @@
+"""`efabuild make` on the real engine, with the offline demo fixtures (no mocks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from efabuild.fixtures import MINI_NGC_TAG, build_fixtures
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.engine]
+
+
+@pytest.fixture(scope="module")
+def mini_ngc(docker_engine) -> str:
+    build_fixtures()
+    return MINI_NGC_TAG
+
+
+@pytest.fixture
+def demo_ws(tmp_path, mini_ngc):
+    """A copy of the shipped demo graph with a run-unique build arg, so keys are new to the engine."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    shutil.copytree(REPO / "app", root / "app")
+    (root / "graphs").mkdir()
+    text = (REPO / "graphs" / "demo.toml").read_text()
+    run_id = uuid.uuid4().hex[:12]
+    text = text.replace('args = { EFA_INSTALLER_VERSION = "1.50.0" }',
+                        f'args = {{ EFA_INSTALLER_VERSION = "1.50.0", TEST_RUN = "{run_id}" }}')
+    (root / "graphs" / "demo.toml").write_text(text)
+    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n[audit]\nhost_efa_installer = "1.50.0"\n')
+    yield root
+    _remove_images_of(root)
+
+
+def _remove_images_of(root: Path) -> None:
+    keys = set()
+    for path in (root / "cache" / "builds" / "layers").rglob("*.json") if (root / "cache").exists() else []:
+        keys |= {entry["key"] for entry in json.loads(path.read_text())["builds"]}
+    tags = subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "efabuild/*"],
+                          capture_output=True, text=True).stdout.split()
+    doomed = [t for t in tags if t.rsplit(":", 1)[-1] in keys]
+    if doomed:
+        subprocess.run(["docker", "image", "rm", "-f", *doomed], capture_output=True)
+
+
+def efabuild(root: Path, *args: str, env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), *args], capture_output=True,
+                          text=True, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    if check:
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+    return proc
+
+
+def plan(root: Path, *args: str) -> dict[str, dict]:
+    data = json.loads(efabuild(root, "plan", "--json", *args, check=True).stdout)
+    return {layer["name"]: layer for layer in data["layers"]}
+
+
+def outcomes(proc: subprocess.CompletedProcess) -> dict[str, str]:
+    """LAYER -> RESULT from make's summary table."""
+    rows = [line.split() for line in proc.stdout.splitlines()[1:] if line.strip()]
+    return {row[0]: row[2] for row in rows if len(row) >= 3 and ":" in row[0]}
+
+
+def tag_exists(tag: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0
+
+
+def unsquash_list(sqsh: Path) -> str:
+    return subprocess.run(["unsquashfs", "-lls", "-d", "", str(sqsh)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_demo_builds_everything_once_then_nothing(demo_ws):
+    first = efabuild(demo_ws, "make", "demo")
+    assert first.returncode == 0, first.stderr
+    assert outcomes(first) == {"demo:efa": "built", "demo:deepep": "built", "demo:user": "built"}
+    layers = plan(demo_ws)
+    assert {n: l["state"] for n, l in layers.items()} == {n: "available" for n in layers}
+    # each artifact layer is a .sqsh in cache/, found by name
+    user = Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip())
+    assert user.is_file() and user.is_relative_to(demo_ws / "cache")
+    listing = unsquash_list(user)
+    assert "/workspace/app/train.py" in listing
+    assert "/opt/amazon/efa_installed_packages" in listing
+    assert "/.dockerenv" not in listing
+    efa = Path(efabuild(demo_ws, "lookup", "demo:efa", check=True).stdout.strip())
+    assert efa != user and "/workspace/app" not in unsquash_list(efa)
+    # the image tags carry the keys
+    assert tag_exists(f"efabuild/user:{layers['demo:user']['key']}")
+    labels = json.loads(subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}",
+                                        f"efabuild/user:{layers['demo:user']['key']}"],
+                                       capture_output=True, text=True).stdout)
+    assert labels["org.efabuild.key"] == layers["demo:user"]["key"] and labels["org.efabuild.layer"] == "user"
+    # every build's log is kept under the store
+    assert len(list((demo_ws / "cache" / "logs" / "demo").rglob("*.log"))) == 3
+    second = efabuild(demo_ws, "make", "demo")
+    assert second.returncode == 0, second.stderr
+    assert set(outcomes(second).values()) == {"reused"}
+    assert "3 reused" in second.stdout
+    # the audit of what was built passes
+    audit = efabuild(demo_ws, "audit", "--all")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+def test_installer_version_change_rebuilds_only_efa_and_descendants(demo_ws):
+    graph = demo_ws / "graphs" / "demo.toml"
+    text = graph.read_text()
+    graph.write_text(text.replace('EFA_INSTALLER_VERSION = "1.50.0"', 'EFA_INSTALLER_VERSION = "1.49.0"'))
+    base_id = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", MINI_NGC_TAG],
+                             capture_output=True, text=True).stdout.strip()
+    efabuild(demo_ws, "make", "--no-lint", "demo", check=True)  # 1.49.0 differs from the host's 1.50.0
+    old_efa = Path(efabuild(demo_ws, "lookup", "demo:efa", check=True).stdout.strip())
+    graph.write_text(text)
+    layers = plan(demo_ws)
+    assert layers["demo:efa"]["reasons"] == ["EFA_INSTALLER_VERSION 1.49.0 → 1.50.0"]
+    assert layers["demo:deepep"]["reasons"] == ["parent efa changed"]
+    assert layers["demo:user"]["reasons"] == ["parent deepep changed"]
+    again = efabuild(demo_ws, "make", "demo")
+    assert again.returncode == 0, again.stderr
+    assert outcomes(again) == {"demo:efa": "built", "demo:deepep": "built", "demo:user": "built"}
+    new_efa = Path(efabuild(demo_ws, "lookup", "demo:efa", check=True).stdout.strip())
+    assert new_efa != old_efa and old_efa.exists()  # the old artifact stays until gc
+    installed = subprocess.run(["unsquashfs", "-cat", str(new_efa), "opt/amazon/efa_installed_packages"],
+                               capture_output=True, text=True).stdout
+    assert installed.startswith("# EFA installer version: 1.50.0")
+    base_after = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", MINI_NGC_TAG],
+                                capture_output=True, text=True).stdout.strip()
+    assert base_after == base_id
+
+
+def test_user_file_change_rebuilds_only_the_user_layer(demo_ws):
+    efabuild(demo_ws, "make", "demo", check=True)
+    (demo_ws / "app" / "train.py").write_text("print('v2')\n")
+    layers = plan(demo_ws)
+    assert [n for n, l in layers.items() if l["state"] != "available"] == ["demo:user"]
+    assert layers["demo:user"]["reasons"] == ["context app/train.py changed"]
+    again = efabuild(demo_ws, "make", "demo", check=True)
+    assert outcomes(again) == {"demo:efa": "reused", "demo:deepep": "reused", "demo:user": "built"}
+    user = Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip())
+    content = subprocess.run(["unsquashfs", "-cat", str(user), "workspace/app/train.py"], capture_output=True,
+                             text=True).stdout
+    assert content == "print('v2')\n"
+
+
+def test_failing_run_is_one_clear_error_and_leaves_no_tag(demo_ws):
+    graph = demo_ws / "graphs" / "demo.toml"
+    good = graph.read_text()
+    graph.write_text(good.replace("WORKDIR /workspace\n", "RUN echo compiling && false\nWORKDIR /workspace\n"))
+    failed = efabuild(demo_ws, "make", "demo")
+    assert failed.returncode == 1
+    assert "Traceback" not in failed.stderr
+    assert outcomes(failed)["demo:user"] == "failed"
+    user_key = plan(demo_ws)["demo:user"]["key"]
+    assert not tag_exists(f"efabuild/user:{user_key}")
+    message = [line for line in failed.stderr.splitlines() if line.startswith("efabuild: demo:user failed")]
+    assert message and "RUN echo compiling && false" in message[0]
+    assert "compiling" in failed.stderr  # the last lines of its log
+    assert "log:" in message[0] or "log" in failed.stderr
+    graph.write_text(good)
+    fixed = efabuild(demo_ws, "make", "demo")
+    assert fixed.returncode == 0 and outcomes(fixed)["demo:user"] == "built"
+
+
+def test_a_failed_branch_skips_its_descendants_while_others_finish(demo_ws):
+    (demo_ws / "graphs" / "side.toml").write_text(
+        "[layers.broken]\nparent = \"demo:efa\"\ndockerfile = '''\nRUN exit 3\n'''\n\n"
+        "[layers.after]\nparent = \"broken\"\ndockerfile = '''\nRUN true\n'''\n\n"
+        "[layers.fine]\nparent = \"demo:efa\"\ndockerfile = '''\nRUN echo fine > /fine\n'''\n")
+    proc = efabuild(demo_ws, "make", "--jobs", "2")
+    assert proc.returncode == 1
+    result = outcomes(proc)
+    assert result["side:broken"] == "failed" and result["side:after"] == "skipped"
+    assert result["side:fine"] == "built" and result["demo:user"] == "built"
+
+
+def test_sigint_during_a_build_leaves_no_tag_and_the_next_make_completes(demo_ws):
+    graph = demo_ws / "graphs" / "demo.toml"
+    graph.write_text(graph.read_text().replace("WORKDIR /workspace\n", "RUN sleep 4\nWORKDIR /workspace\n"))
+    efabuild(demo_ws, "make", "demo:deepep", check=True)
+    key = plan(demo_ws)["demo:user"]["key"]
+    log = demo_ws / "cache" / "logs" / "demo" / "user" / f"{key}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "efabuild", "-C", str(demo_ws), "make", "demo"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.exists() and "sleep 4" in log.read_text()):
+        time.sleep(0.1)
+    assert log.exists(), "the user layer's build never started"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert not tag_exists(f"efabuild/user:{key}")
+    assert efabuild(demo_ws, "plan", "--json", check=True) and plan(demo_ws)["demo:user"]["state"] == "to build"
+    done = efabuild(demo_ws, "make", "demo")
+    assert done.returncode == 0 and outcomes(done)["demo:user"] == "built"
+
+
+def test_layer_cache_registry_pulls_instead_of_building(demo_ws, local_registry):
+    with (demo_ws / "BUILD.toml").open("a") as f:
+        f.write(f'[registry]\nurl = "{local_registry}"\n')
+    first = efabuild(demo_ws, "make", "demo", check=True)
+    assert set(outcomes(first).values()) == {"built"}
+    keys = {n: l["key"] for n, l in plan(demo_ws).items()}
+    # another machine: no local images, an empty store
+    _remove_images_of(demo_ws)
+    shutil.rmtree(demo_ws / "cache")
+    layers = plan(demo_ws)
+    assert layers["demo:efa"]["state"] == "to pull" and layers["demo:user"]["state"] == "to pull"
+    assert layers["demo:deepep"]["state"] == "available"  # not needed: nothing above it builds
+    again = efabuild(demo_ws, "make", "demo", check=True)
+    assert outcomes(again) == {"demo:efa": "pulled", "demo:deepep": "reused", "demo:user": "pulled"}
+    assert tag_exists(f"efabuild/user:{keys['demo:user']}")
+    assert Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip()).is_file()
+
+
+def test_remote_builder_builds_on_the_other_engine(demo_ws, second_engine):
+    from python_on_whales import DockerClient
+
+    build_fixtures(docker=DockerClient(host=second_engine))
+    proc = efabuild(demo_ws, "make", "--builder", second_engine, "demo:efa")
+    assert proc.returncode == 0, proc.stderr
+    key = plan(demo_ws, "--builder", second_engine, "demo:efa")["demo:efa"]["key"]
+    there = subprocess.run(["docker", "--host", second_engine, "image", "inspect", f"efabuild/efa:{key}"],
+                           capture_output=True)
+    assert there.returncode == 0
+    assert not tag_exists(f"efabuild/efa:{key}")
+    subprocess.run(["docker", "--host", second_engine, "image", "rm", f"efabuild/efa:{key}"], capture_output=True)
+
+
+def test_no_engine_is_one_line_saying_where_and_how(demo_ws):
+    proc = efabuild(demo_ws, "make", "demo", env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unix:///nonexistent/docker.sock" in lines[0] and "setup-host.sh" in lines[0]
+
+
+def test_dry_run_builds_nothing(demo_ws):
+    proc = efabuild(demo_ws, "make", "--dry-run", "demo")
+    assert proc.returncode == 0 and "3 to build" in proc.stdout
+    assert plan(demo_ws)["demo:efa"]["state"] == "to build"
+    assert not (demo_ws / "cache" / "objects").exists()
