@@ -47,6 +47,7 @@ _READ_CHUNK = 1 << 20
 _SPLICE_MIN = 128 << 10  # bodies this large bypass Python: splice(2) pipe to pipe
 _PIPE_SIZE = 1 << 20
 _PROGRESS_EVERY = 64 << 20
+EXPORT_LABEL = "org.efabuild.export"  # on the temporary container: the .sqsh being written
 ENROOT_FIXPERMS_DEPTH = 5  # Enroot: find rootfs -maxdepth 5 -type d ! -perm -u=w -exec chmod u+w
 # paths `docker create` adds to the rootfs (its init layer) when the image lacks them; their
 # mtimes are the container's creation time, so they are pinned to the export's epoch
@@ -495,8 +496,11 @@ def export_image(
     opts = mksquashfs_options(options, epoch=epoch)
     name = f"efabuild-export-{uuid.uuid4().hex[:12]}"
     try:
-        # a command is given so images without CMD can be created; the container never starts
-        docker.container.create(image, ["/bin/true"], name=name, pull="never")
+        # a command is given so images without CMD can be created; the container never starts.
+        # The label names the export, so a leftover (the process was killed) can be found.
+        docker.container.create(
+            image, ["/bin/true"], name=name, pull="never", labels={EXPORT_LABEL: str(out)}
+        )
     except DockerException as exc:
         raise EfabuildError(f"export {image}: {_last_line(exc.stderr or '') or exc}") from None
     try:
@@ -512,7 +516,10 @@ def _squash(
     docker: Any, container: str, image: str, out: Path, opts: tuple[str, ...], plan: RewritePlan,
     progress: Progress | None, expected: int | None, started: float,
 ) -> ExportResult:
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EfabuildError(f"export {image}: cannot create {out.parent}: {exc.strerror}") from None
     tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     docker_cmd = [str(part) for part in docker.client_config.docker_cmd]
     procs: list[subprocess.Popen] = []
@@ -563,7 +570,10 @@ def _squash(
                 os.fsync(f.fileno())
             digest = blake3_file(tmp)
             size = tmp.stat().st_size
-            os.replace(tmp, out)
+            try:
+                os.replace(tmp, out)
+            except OSError as exc:
+                raise EfabuildError(f"export {image}: cannot write {out}: {exc.strerror}") from None
             _fsync_dir(out.parent)
             return ExportResult(out, size, digest, opts, time.monotonic() - started)
         finally:

@@ -19,6 +19,7 @@ from efabuild.errors import EfabuildError, NotFound
 from efabuild.imagecfg import ImageConfig
 from efabuild.model import ExportSettings
 from efabuild.sqsh import (
+    EXPORT_LABEL,
     ExportResult,
     RewritePlan,
     _num,
@@ -264,11 +265,13 @@ def small_image(docker_engine):
     docker.image.remove(tag, force=True)
 
 
-def _no_export_containers() -> bool:
-    names = subprocess.run(
-        ["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True, check=True
+def _no_export_container(out: Path) -> bool:
+    """No container of an export to `out` is left (other exports may run meanwhile)."""
+    ids = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", f"label={EXPORT_LABEL}={out}"],
+        capture_output=True, text=True, check=True,
     ).stdout.split()
-    return not [n for n in names if n.startswith("efabuild-export-")]
+    return ids == []
 
 
 @pytest.mark.engine
@@ -283,7 +286,7 @@ def test_export_matches_enroot_import(small_image: str, tmp_path: Path) -> None:
     assert result.digest == "blake3:" + blake3.blake3(sqsh.read_bytes()).hexdigest()
     assert seen and seen[-1] >= sqsh.stat().st_size // 2
     assert sorted(os.listdir(tmp_path)) == ["img.sqsh"]  # no temp file left
-    assert _no_export_containers()
+    assert _no_export_container(sqsh)
 
     entries = _unsquash_list(sqsh)
     assert {cols[1] for cols in entries.values()} == {"0/0"}  # all owned by root
@@ -341,7 +344,7 @@ def test_failing_mksquashfs_leaves_nothing_and_says_why(small_image: str, tmp_pa
     with pytest.raises(EfabuildError, match=r"mksquashfs failed: .*nope"):
         export_image(small_image, tmp_path / "x.sqsh", options=ExportSettings(compression="nope"))
     assert os.listdir(tmp_path) == []
-    assert _no_export_containers()
+    assert _no_export_container(tmp_path / "x.sqsh")
 
 
 @pytest.mark.engine
@@ -352,7 +355,7 @@ def test_interrupted_export_leaves_nothing(small_image: str, tmp_path: Path) -> 
     with pytest.raises(KeyboardInterrupt):
         export_image(small_image, tmp_path / "x.sqsh", options=ExportSettings(), progress=interrupt)
     assert os.listdir(tmp_path) == []
-    assert _no_export_containers()
+    assert _no_export_container(tmp_path / "x.sqsh")
 
 
 @pytest.mark.engine
@@ -361,3 +364,12 @@ def test_export_replaces_an_older_file_atomically(small_image: str, tmp_path: Pa
     target.write_bytes(b"old")
     result = export_image(small_image, target, options=ExportSettings())
     assert isinstance(result, ExportResult) and target.read_bytes()[:4] == b"hsqs"
+
+
+@pytest.mark.engine
+def test_export_onto_a_directory_fails_cleanly(small_image: str, tmp_path: Path) -> None:
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(EfabuildError, match="cannot write"):
+        export_image(small_image, tmp_path / "taken", options=ExportSettings())
+    assert os.listdir(tmp_path) == ["taken"]
+    assert _no_export_container(tmp_path / "taken")
