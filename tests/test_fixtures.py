@@ -243,3 +243,25 @@ def test_content_digest_follows_the_sources(tmp_path: Path) -> None:
     (src / "Dockerfile").write_text("FROM scratch\n# changed\n")
     assert content_digest(src, busybox) != before
     assert (source_dir() / "mini-ngc" / "Dockerfile").is_file()
+
+
+def test_the_demo_artifact_exports_like_enroot_would(stack, tmp_path: Path) -> None:
+    import subprocess
+
+    from efabuild.model import ExportSettings
+    from efabuild.sqsh import export_image
+
+    sqsh = export_image(stack["user"], tmp_path / "user.sqsh", options=ExportSettings()).path
+
+    def cat(path: str) -> str:
+        return subprocess.run(["unsquashfs", "-cat", str(sqsh), path], capture_output=True, text=True, check=True).stdout
+
+    environment = cat("etc/environment").splitlines()
+    assert "NCCL_NET_PLUGIN=ofi" in environment and "TORCH_CUDA_ARCH_LIST=10.0" in environment
+    assert [e for e in environment if e.startswith("LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:")]
+    rc = cat("etc/rc")
+    assert "# com.nvidia.nccl.version 2.30.7\n" in rc and 'cd "/workspace" && unset OLDPWD' in rc
+    assert "    exec '/opt/nvidia/nvidia_entrypoint.sh' \"$@\"\n" in rc
+    assert cat("opt/amazon/efa_installed_packages").startswith("# EFA installer version: 1.50.0\n")
+    assert cat("usr/local/lib/python3.12/dist-packages/deep_ep-1.2.1+94a9f8f.dist-info/METADATA")
+    assert cat("workspace/app/train.py") == "print('train')\n"
