@@ -5,7 +5,6 @@ publish both under the layer key.
 from __future__ import annotations
 
 import datetime
-import os
 from pathlib import Path
 
 from efabuild import dag
@@ -20,12 +19,13 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     from efabuild.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.sqsh import export_image
+    from efabuild.store.fsutil import temp_name
     from efabuild.store.record import ArtifactRecord
 
     started = _now()
     staging = store.staging_dir()
     staging.mkdir(parents=True, exist_ok=True)
-    out = staging / f"{plan.key}.export-{os.getpid()}.sqsh"
+    out = temp_name(staging, f"{plan.key}.export", ".sqsh")  # names its owner: gc can tell debris
     bar: list[Progress] = []
 
     def progress(streamed: int, expected: int | None) -> None:

@@ -90,7 +90,9 @@ class _Runner:
                 self._push(layer, lp)
                 steps.append("push")
         self._ensure_own_tag(layer, lp)
-        if layer.artifact and not self._store_has(lp.key):
+        if layer.artifact and self._store_has(lp.key):
+            self.store.name(lp.qualname, lp.key)  # no-op unless the artifact came from another name
+        elif layer.artifact:
             if self.store.complete(lp.key) is not None:
                 # another tier had it: copied across, no export needed
                 artifact = str(self.store.lookup(lp.key, fetch=False))
@@ -102,6 +104,14 @@ class _Runner:
                 steps.append("export")
                 status = EXPORTED if status == REUSED else status
         return Outcome(lp.qualname, lp.key, status, time.monotonic() - started, tuple(steps), log, artifact)
+
+    def alias(self, lp: LayerPlan) -> None:
+        """A layer whose key another layer just made: give it its own tag and store name."""
+        layer: Layer = self.p.graph.nodes[lp.qualname]["layer"]
+        if lp.key in self.tags:
+            self._ensure_own_tag(layer, lp)
+        if layer.artifact and self._store_has(lp.key):
+            self.store.name(lp.qualname, lp.key)
 
     def _pull(self, layer: Layer, lp: LayerPlan) -> None:
         from efabuild.engine.registry import pull
@@ -228,15 +238,24 @@ def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
     outcomes: dict[str, Outcome] = {}
     running: dict[Future, str] = {}
 
-    def blocked_by_failure(name: str) -> str | None:
+    # identical inputs in two places share a key: the first layer with it does the work
+    owner: dict[str, str] = {}
+    for name in prepared.order:
+        owner.setdefault(plans[name].key, name)
+
+    def waits_for(name: str) -> list[str]:
         parent = graph.nodes[name]["layer"].parent
-        if parent and parent in outcomes and outcomes[parent].status in (FAILED, SKIPPED):
-            return parent
+        first = owner[plans[name].key]
+        return [n for n in (parent, first if first != name else None) if n and n in plans]
+
+    def blocked_by_failure(name: str) -> str | None:
+        for other in waits_for(name):
+            if other in outcomes and outcomes[other].status in (FAILED, SKIPPED):
+                return other
         return None
 
     def ready(name: str) -> bool:
-        parent = graph.nodes[name]["layer"].parent
-        return parent is None or parent not in plans or parent in outcomes
+        return all(other in outcomes for other in waits_for(name))
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         try:
@@ -251,7 +270,13 @@ def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
                     elif ready(name) and len(running) < jobs:
                         pending.remove(name)
                         lp = plans[name]
+                        if owner[lp.key] != name:
+                            runner.alias(lp)
+                            outcomes[name] = Outcome(name, lp.key, REUSED)
+                            continue
                         if lp.action == NOTHING:
+                            if lp.artifact:  # stored under another graph's name: add this one
+                                runner.store.name(name, lp.key)
                             outcomes[name] = Outcome(name, lp.key, REUSED)
                             continue
                         running[pool.submit(runner.run_layer, lp)] = name

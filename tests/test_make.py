@@ -250,3 +250,13 @@ def test_dry_run_builds_nothing(demo_ws):
     assert proc.returncode == 0 and "3 to build" in proc.stdout
     assert plan(demo_ws)["demo:efa"]["state"] == "to build"
     assert not (demo_ws / "cache" / "objects").exists()
+
+
+def test_identical_layers_in_two_graphs_are_built_once_and_found_by_both_names(demo_ws):
+    shutil.copy(demo_ws / "graphs" / "demo.toml", demo_ws / "graphs" / "twin.toml")
+    proc = efabuild(demo_ws, "make", check=True)
+    result = outcomes(proc)
+    assert result["demo:efa"] == "built" and result["twin:efa"] == "reused"
+    assert sum(status == "built" for status in result.values()) == 3
+    assert efabuild(demo_ws, "lookup", "twin:user", check=True).stdout == \
+        efabuild(demo_ws, "lookup", "demo:user", check=True).stdout

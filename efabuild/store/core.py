@@ -215,13 +215,22 @@ class Store:
             source = tier.sqsh_path(key)
             current = tier.record(key) or current
             current_manifest = tier.manifest(key)
-            tier.append_ref(current.name, key)
+            # the name asked for: identical inputs in two graphs share one object under two names
+            tier.append_ref(record.name, key)
             if self.s3_settings is not None:
                 tier.write_config(store_config_text(self.s3_settings))
         if self.s3 is not None:
             results[S3_TIER] = self.s3.publish(key, source, current, current_manifest)
-            self.s3.append_ref(current.name, key)
+            self.s3.append_ref(record.name, key)
         return results
+
+    def name(self, name: str, key: str) -> None:
+        """Point `name` (graph:layer) at an artifact the store already holds, in every tier."""
+        check_key(key)
+        for tier in self.fs_tiers:
+            tier.append_ref(name, key)
+        if self.s3 is not None:
+            self.s3.append_ref(name, key)
 
     # ---- resolve and lookup
     def resolve(self, ref: str, *, remote: bool = True) -> str:
