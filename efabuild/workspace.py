@@ -222,10 +222,18 @@ VERSION_SPEC = re.compile(r"^([a-z0-9-]+)\s*(>=|<=|==|<|>)\s*([0-9][0-9A-Za-z.+-
 def _audit(t: _Table | None) -> AuditPolicy:
     if t is None:
         return AuditPolicy()
+    from efabuild.provenance.audit import KNOWN_PINS
+    from efabuild.provenance.measured import COMPONENTS
+
+    components = (*COMPONENTS, "openmpi")
     minimums = t.get("min_versions", dict, {})
     for component, version in minimums.items():
+        _known(component, components, t.where(f"min_versions.{component}"), "component")
         if not isinstance(version, str):
             raise InputError("must be a version string", t.where(f"min_versions.{component}"))
+    for pin in t.str_list("required_pins"):
+        if not (pin.startswith("arg:") and ARG_NAME.match(pin[4:])):
+            _known(pin, KNOWN_PINS, t.where("required_pins"), "pin (or arg:NAME)")
     known_bad = []
     for index, entry in enumerate(t.get("known_bad", list, [])):
         item = _Table(entry, t.file, f"audit.known_bad[{index}]", ("when", "and", "why"))
@@ -235,6 +243,7 @@ def _audit(t: _Table | None) -> AuditPolicy:
             match = VERSION_SPEC.match(spec or "")
             if not match:
                 raise InputError("must look like 'nccl>=2.19'", item.where(key))
+            _known(match.group(1), components, item.where(key), "component")
             parts += [match.group(1), match.group(2) + match.group(3)]
         known_bad.append((*parts, item.get("why", str, "")))
     return AuditPolicy(
@@ -243,6 +252,13 @@ def _audit(t: _Table | None) -> AuditPolicy:
         required_pins=t.str_list("required_pins"),
         known_bad=tuple(known_bad),
     )
+
+
+def _known(value: str, known: tuple[str, ...], where: str, what: str) -> None:
+    if value not in known:
+        hint = difflib.get_close_matches(value, known, n=1)
+        raise InputError(f"unknown {what} '{value}'" + (f" (did you mean '{hint[0]}'?)" if hint
+                         else f" (known: {', '.join(known)})"), where)
 
 
 # --- graphs/*.toml ------------------------------------------------------------------------------

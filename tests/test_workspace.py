@@ -92,6 +92,12 @@ BAD_INPUTS = [
     ("wrong type", SIMPLE_GRAPH.replace('artifact = true\n\n[layers.deepep]', 'artifact = "yes"\n\n[layers.deepep]'),
      None, None, ["layers.efa.artifact", "must be a boolean, not a string"]),
     ("bad jobs", None, "[builder]\njobs = 0\n", None, ["BUILD.toml: builder.jobs", "at least 1"]),
+    ("unknown component", None, '[audit]\nmin_versions = { "aws-ofi-ncl" = "1.19.0" }\n', None,
+     ["BUILD.toml: audit.min_versions.aws-ofi-ncl", "did you mean 'aws-ofi-nccl'"]),
+    ("unknown pin", None, '[audit]\nrequired_pins = ["base-digests"]\n', None,
+     ["BUILD.toml: audit.required_pins", "unknown pin", "did you mean 'base-digest'"]),
+    ("bad known_bad", None, '[[audit.known_bad]]\nwhen = "nccl 2.19"\nand = "efa-installer<1.29"\n', None,
+     ["BUILD.toml: audit.known_bad[0].when", "must look like"]),
 ]
 
 
