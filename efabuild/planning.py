@@ -16,7 +16,7 @@ import networkx as nx
 
 from efabuild import dag
 from efabuild.errors import EfabuildError
-from efabuild.keys import ContextHasher
+from efabuild.keys import ContextHasher, bulk_objects
 from efabuild.model import Workspace
 from efabuild.plan import Availability, BaseResolution, Plan, layer_inputs, make_plan
 from efabuild.records import BuildRecords
@@ -51,8 +51,9 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
     if require_engine and engine is None:
         raise EfabuildError(engine_error or "no engine")
     bases = _resolve_bases(ws, graph, order, engine)
-    hasher = ContextHasher(ws.root, HashState(ws.settings.store.local / "state" / "hashes.sqlite"))
-    inputs = layer_inputs(ws, graph, order, bases, hasher)
+    with bulk_objects():
+        hasher = ContextHasher(ws.root, HashState(ws.settings.store.local / "state" / "hashes.sqlite"))
+        inputs = layer_inputs(ws, graph, order, bases, hasher)
     hasher.state.save()
     keys = {inputs[name].key() for name in order}
     images = (_engine_keys(engine) if engine else records.built_keys(order)) & keys
