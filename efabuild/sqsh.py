@@ -520,7 +520,8 @@ def _squash(
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise EfabuildError(f"export {image}: cannot create {out.parent}: {exc.strerror}") from None
-    tmp = out.parent / f".{out.name}.{uuid.uuid4().hex[:8]}.tmp"
+    # keeps out's name as its prefix: when out is a store temp name, gc can tell its owner
+    tmp = out.parent / f"{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     docker_cmd = [str(part) for part in docker.client_config.docker_cmd]
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryFile() as export_err, tempfile.TemporaryFile() as squash_log:
