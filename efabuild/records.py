@@ -7,13 +7,12 @@ build of a layer. Files are written with write-temp-then-rename: a reader sees a
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from efabuild.keys import LayerInputs, canonical_json
+from efabuild.store.fsutil import atomic_write_bytes
 
 HISTORY_LIMIT = 50
 
@@ -67,17 +66,4 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write_bytes(path, data, tmp_dir=path.parent)

@@ -38,6 +38,7 @@ import attrs
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.imagecfg import ImageConfig, enroot_files
 from efabuild.model import ExportSettings
+from efabuild.store.fsutil import fsync_dir
 
 # progress(bytes streamed so far, expected total or None)
 Progress = Callable[[int, "int | None"], None]
@@ -575,7 +576,7 @@ def _squash(
                 os.replace(tmp, out)
             except OSError as exc:
                 raise EfabuildError(f"export {image}: cannot write {out}: {exc.strerror}") from None
-            _fsync_dir(out.parent)
+            fsync_dir(out.parent)
             return ExportResult(out, size, digest, opts, time.monotonic() - started)
         finally:
             for proc in procs:
@@ -583,11 +584,3 @@ def _squash(
                     proc.kill()
                     proc.wait()
             tmp.unlink(missing_ok=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -30,7 +30,7 @@ from efabuild.store.layout import (
     is_key,
     short,
 )
-from efabuild.store.lock import FileLock, LockBusy
+from efabuild.store.lock import FileLock, LockBusy, pid_alive
 from efabuild.store.record import ArtifactRecord, utc_now
 
 MAX_REF_HISTORY = 1000
@@ -285,7 +285,7 @@ class FilesystemTier:
             except FileNotFoundError:
                 continue
             if owner[0] == host:
-                if not _pid_alive(owner[1]):
+                if not pid_alive(owner[1]):
                     found.append(Path(entry.path))
             elif age > STALE_TEMP_SECONDS:
                 found.append(Path(entry.path))
@@ -365,13 +365,4 @@ def check_publish_input(key: str, sqsh: Path, record: ArtifactRecord) -> None:
         raise EfabuildError(f"publish: {sqsh}: no such file") from None
     if size != record.size:
         raise EfabuildError(f"publish: {sqsh} has {size} bytes, its record says {record.size}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True

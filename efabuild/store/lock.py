@@ -173,7 +173,7 @@ class FileLock:
             return True  # released meanwhile: try again
         except ValueError:
             owner = {}  # being written right now, or damaged: judge by age alone
-        dead_here = owner.get("host") == socket.gethostname() and not _pid_alive(owner.get("pid"))
+        dead_here = owner.get("host") == socket.gethostname() and not pid_alive(owner.get("pid"))
         if not dead_here and time.time() - stat.st_mtime < self.stale_after:
             return False
         # Move it aside first: of several breakers only one rename succeeds.
@@ -192,7 +192,8 @@ class FileLock:
         return True
 
 
-def _pid_alive(pid: object) -> bool:
+def pid_alive(pid: object) -> bool:
+    """Whether a process with this pid exists on this host (one we may not signal counts)."""
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:
