@@ -7,6 +7,7 @@ Every message names the file, the key inside it and the problem, e.g.
 from __future__ import annotations
 
 import difflib
+import functools
 import glob
 import os
 import re
@@ -397,17 +398,31 @@ def _check_name(name: str, where: str) -> None:
             f"(at most {MAX_NAME} characters)", where)
 
 
+_LAYER_TABLE = re.compile(r'^[ \t]*\[[ \t]*layers[ \t]*\.[ \t]*"?([^"\]\s]+)"?[ \t]*\]')
+
+
+@functools.lru_cache(maxsize=16)
+def _text_index(text: str) -> tuple[list[str], dict[str, int]]:
+    """A graph file's lines and the line of each [layers.NAME] header, found in one pass."""
+    lines = text.splitlines()
+    tables: dict[str, int] = {}
+    for number, line in enumerate(lines, 1):
+        match = _LAYER_TABLE.match(line)
+        if match:
+            tables.setdefault(match.group(1), number)
+    return lines, tables
+
+
 def _table_line(text: str, name: str) -> int | None:
-    match = re.search(rf'^\s*\[\s*layers\s*\.\s*"?{re.escape(name)}"?\s*\]', text, re.MULTILINE)
-    return text.count("\n", 0, match.start()) + 1 if match else None
+    return _text_index(text)[1].get(name)
 
 
 def _dockerfile_line(text: str, name: str) -> int:
     """Line of the first Dockerfile line of an inline `dockerfile = '''...` in the layer's table."""
-    start = _table_line(text, name)
+    lines, tables = _text_index(text)
+    start = tables.get(name)
     if start is None:
         return 1
-    lines = text.splitlines()
     for index in range(start, len(lines)):
         if re.match(r"^\s*\[", lines[index]):
             break

@@ -50,6 +50,13 @@ def test_dockerfile_line_points_into_the_graph_file():
     assert lines[efa.line - 1].strip() == "[layers.efa]"
 
 
+def test_layer_lines_are_exact_after_blank_lines(tmp_path):
+    graph = '[graph]\ndescription = "x"\n\n[layers.efa]\nbase = "b:1"\n\ndockerfile = \'\'\'\nRUN true\n\'\'\'\n'
+    root = make_workspace(tmp_path / "ws", {"stack": graph})
+    efa = load_workspace(root).layers["stack:efa"]
+    assert (efa.line, efa.dockerfile_line) == (4, 8)
+
+
 def run_cli(root: Path, *args: str) -> tuple[int, str]:
     """Run efabuild in a subprocess: what the user sees, traceback or not."""
     proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), *args],
