@@ -47,7 +47,7 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
     graph = dag.layer_graph(ws)
     order = dag.select(ws, graph, targets)
     records = BuildRecords(ws.settings.store.local)
-    engine, engine_error = (_connect(ws) if use_engine else (None, "--offline"))
+    engine, engine_error = (_connect(ws, need_buildx=require_engine) if use_engine else (None, "--offline"))
     if require_engine and engine is None:
         raise EfabuildError(engine_error or "no engine")
     bases = _resolve_bases(ws, graph, order, engine)
@@ -75,14 +75,14 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
                     records=records)
 
 
-def _connect(ws: Workspace):
+def _connect(ws: Workspace, need_buildx: bool):
     try:
         from efabuild.engine.client import EngineUnavailable, connect
     except ImportError as exc:  # the engine package is part of efabuild; this is a broken install
         return None, f"engine support missing: {exc}"
     try:
         engine = connect(ws.settings.builder)
-        engine.check()
+        engine.check(need_buildx=need_buildx)
     except EngineUnavailable as exc:
         return None, str(exc)
     return engine, None
@@ -100,14 +100,10 @@ def _resolve_bases(ws: Workspace, graph: nx.DiGraph, order: list[str], engine) -
             continue
         digest, source = None, "unresolved"
         if engine is not None:
-            from efabuild.engine.images import image_id, resolve_digest
+            from efabuild.engine.images import base_identity
 
-            digest, source = resolve_digest(engine, ref), "registry"
-            if digest is None:
-                # a local-only image (built or loaded here) has no registry digest; its image ID
-                # still names its content, so a rebuilt base moves the keys
-                digest, source = image_id(engine, ref), "image-id"
-        bases[ref] = BaseResolution(ref=ref, digest=digest, source=source if digest else "unresolved")
+            digest, source = base_identity(engine, ref)
+        bases[ref] = BaseResolution(ref=ref, digest=digest, source=source)
     return bases
 
 

@@ -7,7 +7,14 @@ import subprocess
 import pytest
 
 from efabuild.engine.client import EngineUnavailable, connect
-from efabuild.engine.images import existing_tags, image_config, image_exists, image_id, resolve_digest
+from efabuild.engine.images import (
+    base_identity,
+    existing_tags,
+    image_config,
+    image_exists,
+    image_id,
+    resolve_digest,
+)
 from efabuild.errors import InputError, NotFound
 from efabuild.model import BuilderSettings
 
@@ -109,3 +116,12 @@ def test_resolve_digest_is_none_when_nothing_knows_it(busybox_image):
     assert resolve_digest(engine, "127.0.0.1:1/efabuild/none:1") is None
     pinned = "nvcr.io/nvidia/pytorch:26.08-py3@sha256:" + "ab" * 32
     assert resolve_digest(engine, pinned) == "sha256:" + "ab" * 32
+
+
+def test_base_identity_names_what_from_builds_on(busybox_image):
+    engine = connect(BuilderSettings())
+    # built or loaded here: no repository digest, so the image ID stands for its content
+    assert base_identity(engine, busybox_image) == (image_id(engine, busybox_image), "image-id")
+    assert base_identity(engine, "127.0.0.1:1/efabuild/none:1") == (None, "unresolved")
+    pinned = "nvcr.io/nvidia/pytorch:26.08-py3@sha256:" + "ab" * 32
+    assert base_identity(engine, pinned) == ("sha256:" + "ab" * 32, "pinned")

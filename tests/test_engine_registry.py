@@ -9,7 +9,14 @@ import pytest
 
 from efabuild.engine.build import BuildRequest, build_layer
 from efabuild.engine.client import connect
-from efabuild.engine.images import existing_tags, image_exists, image_id, resolve_digest, untag_image
+from efabuild.engine.images import (
+    base_identity,
+    existing_tags,
+    image_exists,
+    image_id,
+    resolve_digest,
+    untag_image,
+)
 from efabuild.engine.registry import RegistryError, has, pull, push, remote_ref
 from efabuild.model import BuilderSettings, RegistrySettings
 
@@ -58,6 +65,8 @@ def test_resolve_digest_of_a_pushed_image_is_the_registrys(engine, local_registr
     subprocess.run(["docker", "pull", "-q", pushed], capture_output=True, check=True)
     try:
         assert image_id(engine, pushed) == image_id(engine, built_layer)
+        # pulled from a registry: a FROM of the tag builds on the registry's digest
+        assert base_identity(engine, ref) == (pushed.rsplit("@", 1)[1], "registry")
     finally:
         untag_image(engine, pushed)
 

@@ -72,6 +72,29 @@ def resolve_digest(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S) 
     return remote_digest(engine, ref, timeout=timeout)
 
 
+def base_identity(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S) -> tuple[str | None, str]:
+    """What a `FROM ref` builds on, as (digest, source), in one inspect when the engine has it.
+
+    A local image pulled from a registry: its repository digest ("registry"). One built or loaded
+    here has none: its image ID names its content ("image-id") — the registry's digest for the same
+    tag could name other content. Absent locally: the registry's digest, which FROM will pull.
+    """
+    if "@" in ref:
+        return ref.rsplit("@", 1)[1], "pinned"
+    found = engine.run("image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", ref,
+                       timeout=INSPECT_TIMEOUT_S)
+    if found.returncode == 0 and found.stdout.strip():
+        image_id, _, repo_digests = found.stdout.strip().partition(" ")
+        wanted = _familiar_repository(ref)
+        for repo_digest in json.loads(repo_digests or "null") or []:
+            repo, _, digest = repo_digest.partition("@")
+            if _familiar_repository(repo) == wanted and digest:
+                return digest, "registry"
+        return image_id, "image-id"
+    digest = remote_digest(engine, ref, timeout=timeout)
+    return digest, "registry" if digest else "unresolved"
+
+
 def remote_digest(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S,
                   insecure: bool = False) -> str | None:
     """The manifest digest of `ref` in its registry, None when absent or unreachable in time.
