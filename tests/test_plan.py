@@ -142,3 +142,22 @@ def test_shipped_graphs_plan_offline():
     data = plan_json(repo)
     names = [l["name"] for l in data["layers"]]
     assert {"demo:efa", "demo:deepep", "demo:user", "ngc-efa:efa", "ngc-efa:deepep", "ngc-efa:user"} <= set(names)
+
+
+def test_make_lints_first_and_stops_on_errors(tmp_path):
+    """No engine is needed to be stopped: lint runs before anything is built."""
+    graph = SIMPLE_GRAPH.replace("RUN echo installing efa ${EFA_INSTALLER_VERSION}",
+                                 "RUN apt-get update\nRUN ./efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify")
+    root = make_workspace(tmp_path / "ws", {"stack": graph})
+    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "make"], capture_output=True, text=True,
+                          env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"})
+    assert proc.returncode == 2
+    assert "EFA001 error stack:efa" in proc.stderr and "EFA004 error stack:efa" in proc.stderr
+    assert "fix: start this RUN with `apt-get update &&`" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == \
+        "efabuild: lint found 2 error(s): fix them, or build anyway with --no-lint"
+    assert not (root / "cache" / "builds").exists()
+    # --no-lint goes on to the engine, which is not there
+    forced = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "make", "--no-lint"],
+                            capture_output=True, text=True, env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"})
+    assert forced.returncode == 1 and "no Docker engine at unix:///nonexistent.sock" in forced.stderr

@@ -69,15 +69,10 @@ def _sigterm_interrupts() -> None:
 
 def _lint_or_stop(ws, targets) -> None:
     from efabuild.errors import InputError
+    from efabuild.lint import errors_only, lint_workspace, render_text
 
-    try:
-        from efabuild.lint import lint_workspace
-    except ImportError:
-        return
     graphs = sorted({t.split(":", 1)[0] for t in targets}) or None
-    errors = [f for f in lint_workspace(ws, graphs) if f.severity == "error"]
+    errors = errors_only(lint_workspace(ws, graphs))
     if errors:
-        for finding in errors:
-            print(f"{finding.file}:{finding.line or ''}: {finding.rule} error {finding.layer}: {finding.message}",
-                  file=sys.stderr)
+        print(render_text(errors), file=sys.stderr)
         raise InputError(f"lint found {len(errors)} error(s): fix them, or build anyway with --no-lint")
