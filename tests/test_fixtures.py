@@ -19,34 +19,16 @@ from efabuild.fixtures import (
     is_static_elf,
     source_dir,
 )
+from efabuild.workspace import load_workspace
 
 pytestmark = pytest.mark.engine
 
-# The layer texts of graphs/ngc-efa.toml (from the guide), FROM lines aside.
-EFA = """\
-ARG EFA_INSTALLER_VERSION=1.50.0
-RUN apt-get update \\
- && apt-get install -y --no-install-recommends curl ca-certificates git \\
- && cd /tmp \\
- && curl -fsSL -O https://efa-installer.amazonaws.com/aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz \\
- && tar -xf aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz \\
- && cd aws-efa-installer \\
- && ./efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify \\
- && cd / && rm -rf /tmp/aws-efa-installer* /var/lib/apt/lists/*
-ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:${LD_LIBRARY_PATH}
-"""
-DEEPEP = """\
-ARG HYBRID_EP_COMMIT=94a9f8f6b146c07d97ec58f67cd6d303296d6098
-ENV TORCH_CUDA_ARCH_LIST=10.0
-RUN git clone https://github.com/deepseek-ai/DeepEP.git /opt/DeepEP \\
- && cd /opt/DeepEP && git checkout ${HYBRID_EP_COMMIT} \\
- && DISABLE_AGGRESSIVE_PTX_INSTRS=1 pip install --no-build-isolation --no-deps . \\
- && rm -rf /opt/DeepEP/build
-"""
-USER = """\
-COPY app/ /workspace/app/
-WORKDIR /workspace
-"""
+# The layer texts users copy: read from the shipped graphs/ngc-efa.toml, so what is tested here is
+# what they run.
+_REFERENCE = load_workspace(Path(__file__).resolve().parents[1]).layers
+EFA = _REFERENCE["ngc-efa:efa"].dockerfile
+DEEPEP = _REFERENCE["ngc-efa:deepep"].dockerfile
+USER = _REFERENCE["ngc-efa:user"].dockerfile
 
 
 @pytest.fixture(scope="module")
