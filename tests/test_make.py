@@ -260,3 +260,30 @@ def test_identical_layers_in_two_graphs_are_built_once_and_found_by_both_names(d
     assert sum(status == "built" for status in result.values()) == 3
     assert efabuild(demo_ws, "lookup", "twin:user", check=True).stdout == \
         efabuild(demo_ws, "lookup", "demo:user", check=True).stdout
+
+
+@pytest.mark.s3
+def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws, tmp_path, moto_server, s3_bucket,
+                                                                         s3_client):
+    shared = tmp_path / "fsx"
+    with (demo_ws / "BUILD.toml").open("a") as f:
+        f.write(f'[store]\nshared = "{shared}"\n[store.s3]\nbucket = "{s3_bucket}"\nprefix = "images/"\n'
+                f'endpoint_url = "{moto_server}"\n')
+    efabuild(demo_ws, "make", "demo", check=True)
+    listing = efabuild(demo_ws, "ls", "--json", check=True)
+    tiers = {entry["name"]: sorted(entry["tiers"]) for entry in json.loads(listing.stdout)}
+    assert tiers["demo:user"] == tiers["demo:efa"] == ["local", "s3", "shared"]
+    stored = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="images/")["Contents"]]
+    assert sum(key.endswith(".sqsh") for key in stored) == 2
+    # a compute node: only the shared filesystem's refs and store.toml, no workspace, no objects yet
+    shutil.rmtree(shared / "objects")
+    node = subprocess.run([sys.executable, "-m", "efabuild", "lookup", "demo:user"], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "EFABUILD_STORE": str(shared)})
+    assert node.returncode == 0, node.stderr
+    path = Path(node.stdout.strip())
+    assert path.is_relative_to(shared) and path.is_file()
+    assert "/workspace/app/train.py" in unsquash_list(path)
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"]
+    assert secret not in node.stderr + listing.stdout
+    assert not any(secret in p.read_text(errors="ignore") for p in shared.rglob("*") if p.is_file()
+                   and p.suffix != ".sqsh")
