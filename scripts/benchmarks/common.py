@@ -45,7 +45,7 @@ class Sizes:
             export_large_bytes=320 * MiB,
             s3_bytes=2 * GiB,
             lookup_runs=30,
-            scale_layers=(10, 100, 1000),
+            scale_layers=(100, 1_000, 5_000),  # below ~100 layers start-up hides the growth
             scale_files=(1_000, 10_000, 100_000),
         )
 
@@ -59,7 +59,7 @@ class Sizes:
             export_large_bytes=48 * MiB,
             s3_bytes=96 * MiB,
             lookup_runs=15,
-            scale_layers=(10, 100, 400),
+            scale_layers=(50, 400, 1_600),
             scale_files=(1_000, 4_000, 16_000),
         )
 
