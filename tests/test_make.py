@@ -187,16 +187,18 @@ def test_a_failed_branch_skips_its_descendants_while_others_finish(demo_ws):
 
 def test_sigint_during_a_build_leaves_no_tag_and_the_next_make_completes(demo_ws):
     graph = demo_ws / "graphs" / "demo.toml"
-    graph.write_text(graph.read_text().replace("WORKDIR /workspace\n", "RUN sleep 4\nWORKDIR /workspace\n"))
+    # long enough that the build cannot finish before the signal, even on a loaded machine
+    graph.write_text(graph.read_text().replace("WORKDIR /workspace\n", "RUN sleep 10\nWORKDIR /workspace\n"))
     efabuild(demo_ws, "make", "demo:deepep", check=True)
     key = plan(demo_ws)["demo:user"]["key"]
     log = demo_ws / "cache" / "logs" / "demo" / "user" / f"{key}.log"
     proc = subprocess.Popen([sys.executable, "-m", "efabuild", "-C", str(demo_ws), "make", "demo"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (log.exists() and "sleep 4" in log.read_text()):
+    while time.monotonic() < deadline and not (log.exists() and "sleep 10" in log.read_text()):
         time.sleep(0.1)
     assert log.exists(), "the user layer's build never started"
+    assert not tag_exists(f"efabuild/user:{key}"), "the build finished before it could be interrupted"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err
