@@ -22,6 +22,7 @@ import attrs
 import blake3
 
 from efabuild.errors import InputError
+from efabuild.redact import shown_args
 
 KEY_SCHEMA = "efabuild.layer/v1"
 SHORT = 12
@@ -57,6 +58,12 @@ class LayerInputs:
             "platform": self.platform,
             "context": [[e.path, e.mode, e.digest] for e in self.context],
         }
+
+    def to_shown_dict(self) -> dict[str, Any]:
+        """to_dict() with secret-looking build args replaced by a digest: for output and records."""
+        data = self.to_dict()
+        data["args"] = shown_args(data["args"])
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LayerInputs:

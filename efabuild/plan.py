@@ -15,6 +15,7 @@ import networkx as nx
 
 from efabuild.keys import ContextHasher, LayerInputs, short
 from efabuild.model import Layer, Workspace
+from efabuild.redact import shown_args
 
 BUILD, PULL, EXPORT, NOTHING = "build", "pull", "export", "none"
 
@@ -75,7 +76,7 @@ class Plan:
             "layers": [
                 {"name": lp.qualname, "key": lp.key, "state": lp.state, "action": lp.action,
                  "artifact": lp.artifact, "image": lp.image, "stored": lp.stored,
-                 "reasons": list(lp.reasons), "inputs": lp.inputs.to_dict()}
+                 "reasons": list(lp.reasons), "inputs": lp.inputs.to_shown_dict()}
                 for lp in self.layers
             ],
         }
@@ -159,7 +160,7 @@ def explain(old: LayerInputs | None, new: LayerInputs, parent: str | None, keys:
         reasons.append(f"base digest {_short_digest(old.base_digest)} → {_short_digest(new.base_digest)}")
     if old.platform != new.platform:
         reasons.append(f"platform {old.platform} → {new.platform}")
-    old_args, new_args = dict(old.args), dict(new.args)
+    old_args, new_args = shown_args(dict(old.args)), shown_args(dict(new.args))
     for name in sorted(old_args.keys() | new_args.keys()):
         before, after = old_args.get(name), new_args.get(name)
         if before == after:

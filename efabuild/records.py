@@ -46,7 +46,8 @@ class BuildRecords:
     def record(self, qualname: str, key: str, inputs: LayerInputs, seconds: float | None = None) -> None:
         key_path = self._key_path(key)
         if not key_path.exists():
-            _write_atomic(key_path, canonical_json(inputs.to_dict()))
+            # what a later plan compares; secrets only as digests (the key itself is already made)
+            _write_atomic(key_path, canonical_json(inputs.to_shown_dict()))
         history = [entry for entry in self.history(qualname) if entry["key"] != key]
         entry: dict[str, Any] = {"key": key, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if seconds is not None:

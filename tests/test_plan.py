@@ -161,3 +161,20 @@ def test_make_lints_first_and_stops_on_errors(tmp_path):
     forced = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "make", "--no-lint"],
                             capture_output=True, text=True, env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"})
     assert forced.returncode == 1 and "no Docker engine at unix:///nonexistent.sock" in forced.stderr
+
+
+def test_secret_build_args_never_reach_plan_output_or_build_records(tmp_path):
+    secret_graph = SIMPLE_GRAPH.replace('args = { EFA_INSTALLER_VERSION = "1.50.0" }',
+                                        'args = { EFA_INSTALLER_VERSION = "1.50.0", HF_TOKEN = "hf_FirstSecretValue123" }')
+    root = make_workspace(tmp_path / "ws", {"stack": secret_graph})
+    record_all(root)
+    assert by_name(plan_json(root))["stack:efa"]["state"] == "available"  # a recorded secret compares equal
+    (root / "graphs" / "stack.toml").write_text(secret_graph.replace("hf_FirstSecretValue123", "hf_SecondSecret999"))
+    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan", "--offline"],
+                          capture_output=True, text=True)
+    data = plan_json(root)
+    reasons = by_name(data)["stack:efa"]["reasons"]
+    assert len(reasons) == 1 and reasons[0].startswith("HF_TOKEN <redacted ") and " → <redacted " in reasons[0]
+    stored = "".join(p.read_text() for p in (root / "cache" / "builds").rglob("*.json"))
+    for secret in ("hf_FirstSecretValue123", "hf_SecondSecret999"):
+        assert secret not in proc.stdout + proc.stderr and secret not in json.dumps(data) and secret not in stored

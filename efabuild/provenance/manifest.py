@@ -18,13 +18,12 @@ from efabuild import __version__
 from efabuild.digest import bytes_digest
 from efabuild.errors import EfabuildError
 from efabuild.provenance.measured import Measured
+from efabuild.redact import REDACTED, is_secret_name
 
 SCHEMA = "efabuild.manifest/v1"
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 _DIGEST = re.compile(r"^blake3:[0-9a-f]{64}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "ACCESS_KEY", "PRIVATE")
-REDACTED = "<redacted>"
 
 
 def build_manifest(
@@ -127,12 +126,8 @@ def _chain_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
     if text is not None:
         inputs["dockerfile_digest"] = digest(text.encode("utf-8"))
     if "args" in inputs:
-        inputs["args"] = {k: REDACTED if _secret(k) else v for k, v in dict(inputs["args"]).items()}
+        inputs["args"] = {k: REDACTED if is_secret_name(k) else v for k, v in dict(inputs["args"]).items()}
     return {"layer": entry["layer"], "key": entry["key"], "inputs": _plain(inputs)}
-
-
-def _secret(name: str) -> bool:
-    return any(word in name.upper() for word in _SECRET_WORDS)
 
 
 def _utc(value: Any) -> str:
