@@ -107,11 +107,16 @@ def canonical_json(value: Any) -> bytes:
 
 
 class ContextHasher:
-    """Hashes context files through a HashState; counts the files whose content it had to read."""
+    """Hashes context files through a HashState; counts the files whose content it had to read.
 
-    def __init__(self, root: Path, state) -> None:
+    `exclude` names workspace-relative directories that are never context: the store (its
+    contents change with every build) and `.git`.
+    """
+
+    def __init__(self, root: Path, state, exclude: frozenset[str] = frozenset()) -> None:
         self.root = root
         self.state = state
+        self.exclude = exclude
         self.files_read = 0
         self.bytes_read = 0
         self._memo: dict[str, tuple[ContextEntry, ...]] = {}
@@ -119,6 +124,9 @@ class ContextHasher:
     def entries(self, context: tuple[str, ...], where: str) -> tuple[ContextEntry, ...]:
         found: dict[str, ContextEntry] = {}
         for rel in context:
+            inside = next((ex for ex in self.exclude if rel == ex or rel.startswith(ex + "/")), None)
+            if inside:
+                raise InputError(f"'{rel}' is inside {inside}/, which is never part of a context", where)
             if rel not in self._memo:
                 self._memo[rel] = tuple(self._walk(rel, where))
             for entry in self._memo[rel]:
@@ -144,7 +152,8 @@ class ContextHasher:
             for child in children:
                 child_rel = f"{dir_rel}/{child.name}" if dir_rel != "." else child.name
                 if child.is_dir(follow_symlinks=False):
-                    pending.append((child_rel, child.path))
+                    if child_rel not in self.exclude:
+                        pending.append((child_rel, child.path))
                     continue
                 try:
                     child_st = child.stat(follow_symlinks=False)

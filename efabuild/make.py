@@ -7,6 +7,7 @@ branches finish. Every build's full log is kept under the local store.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -155,7 +156,7 @@ class _Runner:
         log_path = self.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         dockerfile = f"{self.from_line(layer, lp)}\n{layer.dockerfile}"
-        with self._context_dir(layer) as context_dir:
+        with self._context_dir(layer, lp) as context_dir:
             request = BuildRequest(
                 tag=image_tag(layer.name, lp.key),
                 dockerfile=dockerfile,
@@ -172,20 +173,19 @@ class _Runner:
         self.p.records.record(lp.qualname, lp.key, lp.inputs)
         return str(log_path)
 
-    def _context_dir(self, layer: Layer):
-        """A build context holding exactly the layer's context files (hard links where possible)."""
+    @contextlib.contextmanager
+    def _context_dir(self, layer: Layer, lp: LayerPlan):
+        """A build context holding exactly the files the key was computed from, as the key saw
+        them: mode 644 or 755, mtime SOURCE_DATE_EPOCH. So one key always gives one image,
+        whatever the checkout's umask or timestamps."""
         tmp_root = self.store_root / "tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
         directory = Path(tempfile.mkdtemp(prefix=f"context-{layer.name}-", dir=tmp_root))
-        for entry in layer.context:
-            source = self.ws.root / entry
-            target = directory / entry
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if source.is_dir() and not source.is_symlink():
-                shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
-            else:
-                _link_or_copy(str(source), str(target))
-        return _Cleanup(directory)
+        try:
+            write_context(self.ws.root, directory, lp.inputs.context)
+            yield directory
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
     # --- artifacts ---------------------------------------------------------------------------
 
@@ -210,23 +210,23 @@ class _Runner:
         return str(path)
 
 
-class _Cleanup:
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-
-    def __enter__(self) -> Path:
-        return self.directory
-
-    def __exit__(self, *exc) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-
-def _link_or_copy(src: str, dst: str) -> str:
-    try:
-        os.link(src, dst, follow_symlinks=False)
-    except OSError:
-        shutil.copy2(src, dst, follow_symlinks=False)
-    return dst
+def write_context(root: Path, directory: Path, entries) -> None:
+    """Copy the hashed context `entries` from `root` into `directory`, normalised like the key."""
+    made: set[Path] = set()
+    for entry in entries:
+        source, target = root / entry.path, directory / entry.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        made.update(p for p in target.parents if p != directory and directory in p.parents)
+        if entry.mode == "symlink":
+            os.symlink(os.readlink(source), target)
+            os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
+            continue
+        shutil.copyfile(source, target)
+        os.chmod(target, 0o755 if entry.mode == "755" else 0o644)
+        os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+    for folder in sorted(made, key=lambda p: len(p.parts), reverse=True):  # deepest first
+        os.chmod(folder, 0o755)
+        os.utime(folder, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
 
 
 def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
@@ -287,9 +287,10 @@ def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
                     name = running.pop(future)
                     try:
                         outcome = future.result()
-                    except EfabuildError as exc:
-                        outcome = Outcome(name, plans[name].key, FAILED, error=str(exc))
-                        reporter.finished(name, f"FAILED: {exc}")
+                    except Exception as exc:  # one layer's failure must not stop the other branches
+                        message = str(exc) if isinstance(exc, EfabuildError) else f"{type(exc).__name__}: {exc}"
+                        outcome = Outcome(name, plans[name].key, FAILED, error=message)
+                        reporter.finished(name, f"FAILED: {message}")
                     else:
                         reporter.finished(name, _describe(outcome))
                     outcomes[name] = outcome

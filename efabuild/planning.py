@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import sys
+from pathlib import Path
 from collections.abc import Iterable
 
 import attrs
@@ -52,7 +53,8 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
         raise EfabuildError(engine_error or "no engine")
     bases = _resolve_bases(ws, graph, order, engine)
     with bulk_objects():
-        hasher = ContextHasher(ws.root, HashState(ws.settings.store.local / "state" / "hashes.sqlite"))
+        hasher = ContextHasher(ws.root, HashState(ws.settings.store.local / "state" / "hashes.sqlite"),
+                           exclude=never_context(ws))
         inputs = layer_inputs(ws, graph, order, bases, hasher)
     hasher.state.save()
     keys = {inputs[name].key() for name in order}
@@ -73,6 +75,18 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
                      context_files_read=hasher.files_read)
     return Prepared(ws=ws, graph=graph, order=order, plan=plan, engine=engine, engine_error=engine_error,
                     records=records)
+
+
+def never_context(ws: Workspace) -> frozenset[str]:
+    """Workspace directories no context may take in: `.git` and the store tiers inside it."""
+    excluded = {".git"}
+    for tier in (ws.settings.store.local, ws.settings.store.shared):
+        if tier is not None:
+            try:
+                excluded.add(Path(tier).resolve().relative_to(ws.root).as_posix())
+            except ValueError:
+                pass  # outside the workspace: a context cannot reach it anyway
+    return frozenset(excluded)
 
 
 def _connect(ws: Workspace, need_buildx: bool):

@@ -187,8 +187,10 @@ def test_a_failed_branch_skips_its_descendants_while_others_finish(demo_ws):
 
 def test_sigint_during_a_build_leaves_no_tag_and_the_next_make_completes(demo_ws):
     graph = demo_ws / "graphs" / "demo.toml"
-    # long enough that the build cannot finish before the signal, even on a loaded machine
-    graph.write_text(graph.read_text().replace("WORKDIR /workspace\n", "RUN sleep 10\nWORKDIR /workspace\n"))
+    # long enough that the build cannot finish before the signal, even on a loaded machine, and
+    # new to BuildKit's cache (an unused build arg would not make it so)
+    run = uuid.uuid4().hex[:8]
+    graph.write_text(graph.read_text().replace("WORKDIR /workspace\n", f"RUN sleep 10 && echo {run}\nWORKDIR /workspace\n"))
     efabuild(demo_ws, "make", "demo:deepep", check=True)
     key = plan(demo_ws)["demo:user"]["key"]
     log = demo_ws / "cache" / "logs" / "demo" / "user" / f"{key}.log"
@@ -289,3 +291,26 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
     assert secret not in node.stderr + listing.stdout
     assert not any(secret in p.read_text(errors="ignore") for p in shared.rglob("*") if p.is_file()
                    and p.suffix != ".sqsh")
+
+
+def test_built_context_files_are_normalised_like_the_key(demo_ws):
+    """The key ignores umask and mtimes, so the image must too: one key, one image."""
+    train = demo_ws / "app" / "train.py"
+    train.write_text(f"print('{uuid.uuid4().hex}')\n")  # new content: BuildKit cannot reuse an older COPY
+    os.chmod(train, 0o664)
+    os.utime(train, (1_700_000_000, 1_700_000_000))
+    efabuild(demo_ws, "make", "demo", check=True)
+    user = Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip())
+    line = next(l for l in unsquash_list(user).splitlines() if l.endswith("/workspace/app/train.py"))
+    assert line.startswith("-rw-r--r-- root/root") and " 1980-01-01 " in line
+
+
+def test_a_context_of_the_whole_workspace_leaves_out_the_store(demo_ws):
+    graph = demo_ws / "graphs" / "demo.toml"
+    graph.write_text(graph.read_text().replace('context = ["app"]', 'context = ["."]'))
+    first = plan(demo_ws)["demo:user"]["key"]
+    efabuild(demo_ws, "make", "demo", check=True)
+    assert plan(demo_ws)["demo:user"]["key"] == first  # the store's own writes do not move the key
+    again = efabuild(demo_ws, "make", "demo", check=True)
+    assert set(outcomes(again).values()) == {"reused"}
+    assert not list((demo_ws / "cache" / "tmp").glob("context-*"))
