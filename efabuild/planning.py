@@ -63,7 +63,7 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
         images=frozenset(images),
         registry=frozenset(_registry_keys(ws, engine, graph, [n for n in order if inputs[n].key() not in images],
                                           inputs)),
-        artifacts=frozenset(_stored_keys(ws, graph, order, inputs)),
+        artifacts=frozenset(_stored_keys(ws, graph, order, inputs, remote=use_engine)),
         engine_checked=engine is not None,
     )
 
@@ -151,13 +151,19 @@ def _registry_keys(ws: Workspace, engine, graph, order, inputs) -> set[str]:
     return found
 
 
-def _stored_keys(ws: Workspace, graph, order, inputs) -> set[str]:
+def _stored_keys(ws: Workspace, graph, order, inputs, remote: bool) -> set[str]:
+    """Keys whose .sqsh every tier holds; with `remote` False (offline) or S3 out of reach, the
+    filesystem tiers decide."""
     artifact_keys = [inputs[n].key() for n in order if graph.nodes[n]["layer"].artifact]
     if not artifact_keys:
         return set()
-    try:
-        from efabuild.store import Store
-    except ImportError:
-        return set()
+    from efabuild.store import Store
+
     store = Store.from_settings(ws.settings.store, ws.root)
-    return {key for key in artifact_keys if store.has(key)}
+    fs_tiers = len(store.fs_tiers)
+    if remote and store.s3_settings is not None:
+        try:
+            return {key for key in artifact_keys if store.has(key)}
+        except EfabuildError as exc:
+            print(f"efabuild: warning: S3 tier not consulted: {exc}", file=sys.stderr)
+    return {key for key in artifact_keys if len(store.where(key, remote=False)) == fs_tiers}

@@ -178,3 +178,19 @@ def test_secret_build_args_never_reach_plan_output_or_build_records(tmp_path):
     stored = "".join(p.read_text() for p in (root / "cache" / "builds").rglob("*.json"))
     for secret in ("hf_FirstSecretValue123", "hf_SecondSecret999"):
         assert secret not in proc.stdout + proc.stderr and secret not in json.dumps(data) and secret not in stored
+
+
+def test_an_unreachable_s3_tier_does_not_stop_a_plan(tmp_path):
+    build = ('[workspace]\ngraphs = ["graphs/*.toml"]\n[store.s3]\nbucket = "images"\n'
+             'endpoint_url = "http://127.0.0.1:9"\n')  # nothing listens on port 9
+    root = make_workspace(tmp_path / "ws", {"stack": WITH_ARTIFACTS}, build=build)
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock", "AWS_ACCESS_KEY_ID": "x",
+           "AWS_SECRET_ACCESS_KEY": "never-shown"}
+    offline = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan", "--offline"],
+                             capture_output=True, text=True, env=env)
+    assert offline.returncode == 0 and "warning" not in offline.stderr  # offline: S3 is not asked
+    online = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan"],
+                            capture_output=True, text=True, env=env)
+    assert online.returncode == 0, online.stderr
+    assert "warning: S3 tier not consulted" in online.stderr and "3 to build" in online.stdout
+    assert "never-shown" not in online.stdout + online.stderr

@@ -147,9 +147,11 @@ class S3Tier:
     def client(self):  # noqa: ANN201 - boto3's client class is generated at run time
         with self._client_lock:
             if self._client is None:
+                # a dead endpoint should fail in seconds, not minutes; transfers retry parts anyway
                 config = Config(
                     max_pool_connections=self.workers + 4,
-                    retries={"mode": "standard", "max_attempts": 5},
+                    retries={"mode": "standard", "max_attempts": 3},
+                    connect_timeout=10,
                 )
                 self._client = boto3.session.Session().client(
                     "s3",
