@@ -65,14 +65,21 @@ def load_workspace(root: Path) -> Workspace:
 # --- TOML reading and small typed accessors ----------------------------------------------------
 
 
-def _read_toml(path: Path, root: Path) -> dict[str, Any]:
-    where = _rel(path, root)
+def _read_text(path: Path, where: str) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError("file not found", where) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read: {exc}", where) from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte {exc.start})", where) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", where) from None
+
+
+def _read_toml(path: Path, root: Path, text: str | None = None) -> dict[str, Any]:
+    where = _rel(path, root)
+    if text is None:
+        text = _read_text(path, where)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -285,8 +292,8 @@ def _graph(path: Path, root: Path) -> Graph:
     file = _rel(path, root)
     name = path.stem
     _check_name(name, f"{file}: graph name (the file name)")
-    text = path.read_text(encoding="utf-8")
-    top = _Table(_read_toml(path, root), file, "", ("graph", "layers"))
+    text = _read_text(path, file)
+    top = _Table(_read_toml(path, root, text), file, "", ("graph", "layers"))
     meta = top.table("graph", ("description",))
     layers_data = top.get("layers", dict, {})  # layer names are free-form: each is checked below
     layers: list[Layer] = []
@@ -353,7 +360,8 @@ def _dockerfile(t: _Table, file: str, dotted: str, text: str, root: Path) -> tup
         path = root / rel
         if not path.is_file():
             raise InputError(f"not a file: {rel}", t.where("dockerfile_file"))
-        content, where, line = path.read_text(encoding="utf-8"), t.where("dockerfile_file"), 1
+        where, line = t.where("dockerfile_file"), 1
+        content = _read_text(path, where)
     else:
         content, where, rel = inline or "", t.where("dockerfile"), None
         line = _dockerfile_line(text, dotted.split(".", 1)[1])

@@ -153,3 +153,15 @@ def test_version_and_usage_errors(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["plan", "--no-such-flag"])
     assert exc.value.code == 2
+
+
+def test_files_that_are_not_utf8_are_one_line_errors(tmp_path):
+    root = make_workspace(tmp_path / "ws")
+    (root / "graphs" / "binary.toml").write_bytes(b"\xff\xfe[layers]")
+    code, output = run_cli(root, "plan", "--offline")
+    assert code == 2 and output.strip() == "efabuild: graphs/binary.toml: not UTF-8 text (byte 0)"
+    (root / "graphs" / "binary.toml").unlink()
+    (root / "BUILD.toml").write_bytes(b'[store]\nlocal = "\xff"\n')
+    for command in (["plan", "--offline"], ["lookup", "stack:user"], ["ls"]):
+        code, output = run_cli(root, *command)
+        assert code == 2 and len(output.strip().splitlines()) == 1 and "BUILD.toml" in output, (command, output)

@@ -156,11 +156,11 @@ class Layout:
 
     def read_record_dict(self, key: str) -> dict | None:
         try:
-            text = self.record_path(key).read_text(encoding="utf-8")
+            text = self.record_path(key).read_bytes()
         except FileNotFoundError:
             return None
         try:
-            data = json.loads(text)
+            data = json.loads(text)  # ValueError covers bytes that are not UTF-8
         except ValueError as exc:
             raise EfabuildError(f"{self.record_path(key)}: unreadable artifact record ({exc})") from None
         if not isinstance(data, dict):
@@ -200,7 +200,7 @@ class Layout:
         """History of `name` as [{"key", "time"}...], newest last; [] when unknown."""
         path = self.ref_path(name)
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(path.read_bytes())
         except FileNotFoundError:
             return []
         except ValueError as exc:
@@ -231,7 +231,7 @@ class Layout:
                 return tomllib.load(handle)
         except FileNotFoundError:
             return {}
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise InputError(f"not valid TOML ({exc})", str(self.config_path)) from None
 
 

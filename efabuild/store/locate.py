@@ -122,7 +122,7 @@ def load_build_store(build_toml: Path) -> StoreTable:
     try:
         with open(build_toml, "rb") as handle:
             data = tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # both ValueErrors
         raise InputError(f"not valid TOML ({exc})", str(build_toml)) from None
     return parse_store_table(data.get("store"), build_toml.parent, f"{build_toml}: store")
 
