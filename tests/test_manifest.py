@@ -118,3 +118,15 @@ def test_intoto_leaves_unknown_components_out(tmp_path: Path) -> None:
     statement = to_intoto(build(probe_tree(DirView(tmp_path / "empty")), base=None))
     assert statement["subject"][0]["digest"] == {"blake3": "9a" * 32}  # no sha256 computed: none claimed
     assert statement["predicate"]["buildDefinition"]["resolvedDependencies"] == []
+
+
+def test_a_manifest_of_the_wrong_shape_is_refused_in_one_line() -> None:
+    good = {"schema": manifests.SCHEMA, "key": "a" * 64, "name": "g:l", "artifact": {}, "chain": [],
+            "measured": {"components": {}}}
+    assert manifests.decode(json.dumps(good).encode()) == good
+    for bad, field in (({"measured": 3}, "measured"), ({"chain": {}}, "chain"),
+                       ({"measured": {"components": []}}, "measured.components")):
+        with pytest.raises(EfabuildError, match=f"field {field} is not"):
+            manifests.decode(json.dumps({**good, **bad}).encode(), "m.json")
+    with pytest.raises(EfabuildError, match="not a table"):
+        manifests.decode(json.dumps({**good, "measured": {"components": {"nccl": "2.30"}}}).encode())

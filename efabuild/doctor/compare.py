@@ -16,7 +16,8 @@ COMPARED = ("nccl", "aws-ofi-nccl", "libfabric")
 
 
 def manifest_versions(manifest: Mapping[str, Any]) -> dict[str, str | None]:
-    measured = manifest.get("measured") or {}
+    measured = manifest.get("measured")
+    measured = measured if isinstance(measured, Mapping) else {}
     components = measured.get("components") if isinstance(measured.get("components"), Mapping) else measured
     out: dict[str, str | None] = {}
     for name in COMPARED:

@@ -95,7 +95,28 @@ def decode(data: bytes, where: str = "manifest") -> dict[str, Any]:
     for field in ("key", "name", "artifact", "chain", "measured"):
         if field not in manifest:
             raise EfabuildError(f"{where}: manifest has no {field!r}")
+    _check_shape(manifest, where)
     return manifest
+
+
+# the container type every part of a manifest must have, so readers never meet a surprise
+_SHAPE: tuple[tuple[tuple[str, ...], type], ...] = (
+    (("artifact",), dict), (("chain",), list), (("measured",), dict),
+    (("measured", "components"), dict), (("measured", "openmpi"), list), (("measured", "env"), dict),
+)
+
+
+def _check_shape(manifest: Mapping[str, Any], where: str) -> None:
+    for path, kind in _SHAPE:
+        value: Any = manifest
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None and not isinstance(value, kind):
+            raise EfabuildError(f"{where}: manifest field {'.'.join(path)} is not a{'n array' if kind is list else ' table'}")
+    components = manifest["measured"].get("components") or {}
+    if any(not isinstance(entry, dict) for entry in components.values()) or \
+            any(not isinstance(entry, dict) for entry in manifest["chain"] + (manifest["measured"].get("openmpi") or [])):
+        raise EfabuildError(f"{where}: manifest has an entry that is not a table")
 
 
 def measured_of(manifest: Mapping[str, Any]) -> Measured:
