@@ -287,6 +287,11 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
     path = Path(node.stdout.strip())
     assert path.is_relative_to(shared) and path.is_file()
     assert "/workspace/app/train.py" in unsquash_list(path)
+    # the next lookup of the name is answered by the shared filesystem alone, even with S3 gone
+    (shared / "store.toml").write_text((shared / "store.toml").read_text().replace(moto_server, "http://127.0.0.1:9"))
+    again = subprocess.run([sys.executable, "-m", "efabuild", "lookup", "demo:user"], capture_output=True, text=True,
+                           cwd=tmp_path, env={**os.environ, "EFABUILD_STORE": str(shared)})
+    assert again.returncode == 0 and again.stdout == node.stdout, again.stderr
     secret = os.environ["AWS_SECRET_ACCESS_KEY"]
     assert secret not in node.stderr + listing.stdout
     assert not any(secret in p.read_text(errors="ignore") for p in shared.rglob("*") if p.is_file()

@@ -263,7 +263,11 @@ class Store:
         if not fetch:
             raise NotFound(f"artifact {short(key)} ({ref}) is not on {', '.join(t.name for t in self.fs_tiers)}"
                            f" (--no-fetch: S3 not asked)")
-        return self.fetch(key)  # a fetch always verifies
+        path = self.fetch(key)  # a fetch always verifies
+        kind, value = classify_ref(ref)
+        if kind == "name":  # the next lookup of this name is answered here, without S3
+            self.fetch_tier.append_ref(value, key)
+        return path
 
     def local_hit(self, key: str) -> tuple[FilesystemTier, Path] | None:
         for tier in self.fs_tiers:
