@@ -299,6 +299,10 @@ def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
             for future in running:
                 future.cancel()
             raise
+    # every layer now available is the baseline of its next plan, however it got here
+    for name, outcome in outcomes.items():
+        if outcome.status not in (FAILED, SKIPPED) and prepared.records.last_key(name) != outcome.key:
+            prepared.records.record(name, outcome.key, plans[name].inputs)
     return MakeResult(tuple(outcomes[name] for name in prepared.order if name in outcomes))
 
 

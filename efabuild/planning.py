@@ -51,7 +51,7 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
     engine, engine_error = (_connect(ws, need_buildx=require_engine) if use_engine else (None, "--offline"))
     if require_engine and engine is None:
         raise EfabuildError(engine_error or "no engine")
-    bases = _resolve_bases(ws, graph, order, engine)
+    bases = _resolve_bases(ws, graph, order, engine, records)
     with bulk_objects():
         hasher = ContextHasher(ws.root, HashState(ws.settings.store.local / "state" / "hashes.sqlite"),
                            exclude=never_context(ws))
@@ -102,7 +102,8 @@ def _connect(ws: Workspace, need_buildx: bool):
     return engine, None
 
 
-def _resolve_bases(ws: Workspace, graph: nx.DiGraph, order: list[str], engine) -> dict[str, BaseResolution]:
+def _resolve_bases(ws: Workspace, graph: nx.DiGraph, order: list[str], engine,
+                   records: BuildRecords) -> dict[str, BaseResolution]:
     bases: dict[str, BaseResolution] = {}
     for name in order:
         layer = graph.nodes[name]["layer"]
@@ -117,8 +118,21 @@ def _resolve_bases(ws: Workspace, graph: nx.DiGraph, order: list[str], engine) -
             from efabuild.engine.images import base_identity
 
             digest, source = base_identity(engine, ref)
+        else:
+            # offline: the digest this base had at its last build, so recorded keys still match
+            digest = _recorded_digest(records, ref, [n for n in order if graph.nodes[n]["layer"].base])
+            source = "recorded" if digest else "unresolved"
         bases[ref] = BaseResolution(ref=ref, digest=digest, source=source)
     return bases
+
+
+def _recorded_digest(records: BuildRecords, ref: str, roots: list[str]) -> str | None:
+    for name in roots:
+        last = records.last_key(name)
+        inputs = records.inputs(last) if last else None
+        if inputs is not None and inputs.base_ref == ref and inputs.base_digest:
+            return inputs.base_digest
+    return None
 
 
 def _engine_keys(engine) -> set[str]:

@@ -319,3 +319,12 @@ def test_a_context_of_the_whole_workspace_leaves_out_the_store(demo_ws):
     again = efabuild(demo_ws, "make", "demo", check=True)
     assert set(outcomes(again).values()) == {"reused"}
     assert not list((demo_ws / "cache" / "tmp").glob("context-*"))
+
+
+def test_offline_plan_after_a_make_sees_everything_available(demo_ws):
+    efabuild(demo_ws, "make", "demo", check=True)
+    online = plan(demo_ws)
+    offline = json.loads(efabuild(demo_ws, "plan", "--offline", "--json", check=True).stdout)
+    assert {l["name"]: l["key"] for l in offline["layers"]} == {n: l["key"] for n, l in online.items()}
+    assert {l["state"] for l in offline["layers"]} == {"available"}
+    assert offline["bases"][0]["source"] == "recorded"

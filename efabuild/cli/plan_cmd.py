@@ -41,7 +41,9 @@ def render(plan, engine_error: str | None) -> str:
         rows.append([lp.qualname, lp.short_key, state, why])
     lines = [table(rows, ["LAYER", "KEY", "STATE", "WHY"])]
     for base in plan.bases:
-        if base.digest:
+        if base.source == "recorded":
+            lines.append(f"base {base.ref}: {base.digest} (as at its last build; not checked offline)")
+        elif base.digest:
             lines.append(f"base {base.ref}: {base.digest} ({base.source})")
         else:
             lines.append(f"base {base.ref}: digest unresolved, the key uses the tag only")
