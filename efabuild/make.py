@@ -96,6 +96,7 @@ class _Runner:
         elif layer.artifact:
             if self.store.complete(lp.key) is not None:
                 # another tier had it: copied across, no export needed
+                self.store.name(lp.qualname, lp.key)
                 artifact = str(self.store.lookup(lp.key, fetch=False))
                 steps.append("copy between tiers")
             else:

@@ -136,7 +136,7 @@ def make_plan(
         if actions[name] == BUILD:
             reasons = explain(previous(name), inputs[name], layer.parent, keys)
         elif actions[name] == EXPORT:
-            reasons = ("no .sqsh in the store yet",)
+            reasons = ("the .sqsh is not in every store tier yet",)
         elif actions[name] == PULL:
             reasons = ("image in the layer-cache registry",)
         layers.append(LayerPlan(

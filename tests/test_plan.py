@@ -31,7 +31,7 @@ def test_an_artifact_layer_without_its_sqsh_is_to_export(tmp_path):
     layers = by_name(plan_json(root))
     assert layers["stack:efa"]["state"] == "to export" and layers["stack:user"]["state"] == "to export"
     assert layers["stack:deepep"]["state"] == "available"
-    assert layers["stack:efa"]["reasons"] == ["no .sqsh in the store yet"]
+    assert layers["stack:efa"]["reasons"] == ["the .sqsh is not in every store tier yet"]
 
 
 def record_all(root: Path) -> None:
@@ -194,3 +194,13 @@ def test_an_unreachable_s3_tier_does_not_stop_a_plan(tmp_path):
     assert online.returncode == 0, online.stderr
     assert "warning: S3 tier not consulted" in online.stderr and "3 to build" in online.stdout
     assert "never-shown" not in online.stdout + online.stderr
+
+
+def test_make_of_one_graph_lints_the_ancestors_it_builds_on_in_other_graphs(tmp_path):
+    broken = SIMPLE_GRAPH.replace("RUN echo installing efa ${EFA_INSTALLER_VERSION}",
+                                  "RUN apt-get update\nRUN ./efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify")
+    side = "[layers.extra]\nparent = \"stack:deepep\"\ndockerfile = '''\nRUN true\n'''\n"
+    root = make_workspace(tmp_path / "ws", {"stack": broken, "side": side})
+    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "make", "side"], capture_output=True,
+                          text=True, env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"})
+    assert proc.returncode == 2 and "EFA001 error stack:efa" in proc.stderr

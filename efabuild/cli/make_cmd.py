@@ -71,8 +71,11 @@ def _lint_or_stop(ws, targets) -> None:
     from efabuild.errors import InputError
     from efabuild.lint import errors_only, lint_workspace, render_text
 
-    graphs = sorted({t.split(":", 1)[0] for t in targets}) or None
-    errors = errors_only(lint_workspace(ws, graphs))
+    from efabuild import dag
+
+    # every graph a selected layer comes from, ancestors in other graphs included
+    graphs = sorted({name.split(":", 1)[0] for name in dag.select(ws, dag.layer_graph(ws), targets)})
+    errors = errors_only(lint_workspace(ws, graphs if targets else None))
     if errors:
         print(render_text(errors), file=sys.stderr)
         raise InputError(f"lint found {len(errors)} error(s): fix them, or build anyway with --no-lint")
