@@ -3,8 +3,11 @@
 Pyxis (plugstack.conf `importer=`) calls `IMPORTER get IMAGE_URI` and reads the absolute path of a
 .sqsh from stdout; diagnostics go to stderr and a non-zero exit fails the job step. It prepends
 `docker://` to images that lack a scheme, so `efabuild://REF` arrives as `docker://efabuild://REF`.
-`IMPORTER release` (no argument, called twice per step) cleans up: nothing to clean here, since
-the importer hands out paths inside the store and stages nothing under PYXIS_RUNTIME_PATH.
+`IMPORTER release` (no argument, called twice per step) cleans up, idempotently.
+
+Once `importer=` is set, Pyxis sends every image through it, not only efabuild's: any other URI
+is imported with `enroot import` into PYXIS_RUNTIME_PATH, as Pyxis itself would, and removed
+again on release. efabuild artifacts are handed out in place, from the store.
 
 The store is `$EFABUILD_STORE`, else `store = "..."` in the importer's config file
 (`$EFABUILD_PYXIS_CONFIG`, default /etc/efabuild/pyxis.toml), else the workspace around the
@@ -14,10 +17,12 @@ job's working directory. The config may also say `verify = true` to re-hash befo
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
-from efabuild.errors import InputError
+from efabuild.errors import EfabuildError, InputError
 from efabuild.store.locate import STORE_ENV
 
 SCHEME = "efabuild://"
@@ -25,6 +30,11 @@ PYXIS_PREFIXES = ("docker://",)
 CONFIG_ENV = "EFABUILD_PYXIS_CONFIG"
 DEFAULT_CONFIG = Path("/etc/efabuild/pyxis.toml")
 CONFIG_KEYS = ("store", "verify")
+
+
+def is_efabuild_uri(uri: str) -> bool:
+    text = uri.strip()
+    return text.startswith(SCHEME) or any(text.startswith(p + SCHEME) for p in PYXIS_PREFIXES)
 
 
 def parse_image_uri(uri: str) -> str:
@@ -69,6 +79,8 @@ def get(uri: str, environ: dict[str, str] | None = None) -> Path:
     from efabuild.lookup import lookup_path
 
     environ = os.environ if environ is None else environ
+    if not is_efabuild_uri(uri):
+        return _enroot_import(uri, environ)
     ref = parse_image_uri(uri)
     config = read_config(environ)
     store = environ.get(STORE_ENV) or config.get("store")
@@ -77,5 +89,35 @@ def get(uri: str, environ: dict[str, str] | None = None) -> Path:
 
 
 def release(environ: dict[str, str] | None = None) -> None:
-    """Idempotent clean-up after a step: the importer staged nothing, so nothing to undo."""
-    return None
+    """Idempotent clean-up after a step: removes what `get` imported with enroot, if anything."""
+    environ = os.environ if environ is None else environ
+    staged = _staged_path(environ, required=False)
+    if staged is not None:
+        staged.unlink(missing_ok=True)
+
+
+def _staged_path(environ, required: bool = True) -> Path | None:
+    """Where a non-efabuild image of this job step is imported (Pyxis' own convention)."""
+    names = ("PYXIS_RUNTIME_PATH", "SLURM_JOB_ID", "SLURM_STEP_ID")
+    missing = [name for name in names if not environ.get(name)]
+    if missing:
+        if required:
+            raise EfabuildError(f"cannot import a non-efabuild image outside a Pyxis job step: {', '.join(missing)} unset")
+        return None
+    uid = environ.get("SLURM_JOB_UID") or str(os.getuid())
+    return Path(environ["PYXIS_RUNTIME_PATH"]) / uid / f"{environ['SLURM_JOB_ID']}.{environ['SLURM_STEP_ID']}.squashfs"
+
+
+def _enroot_import(uri: str, environ) -> Path:
+    staged = _staged_path(environ)
+    staged.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    staged.unlink(missing_ok=True)  # enroot refuses to overwrite; a retried step starts afresh
+    try:
+        # enroot's progress goes to stderr: stdout carries only the path Pyxis reads
+        done = subprocess.run(["enroot", "import", "--output", str(staged), uri], stdout=sys.stderr,
+                              env=dict(environ))
+    except FileNotFoundError:
+        raise EfabuildError(f"{uri}: not an efabuild:// image, and enroot is not on PATH to import it") from None
+    if done.returncode != 0:
+        raise EfabuildError(f"enroot import {uri} failed (exit status {done.returncode})")
+    return staged

@@ -97,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("efabuild: interrupted", file=sys.stderr)
         return 130
+    except PermissionError as exc:
+        # typically a job user on a shared store others created: say where, not a traceback
+        print(f"efabuild: {exc.filename or ''}: {exc.strerror} (a store shared by several users needs a "
+              f"common group: chmod -R g+rwX,g+s on it and umask 002)", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # output piped into head & co.: not an error of ours
         return 0

@@ -102,6 +102,7 @@ class FileLock:
         waited = False
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            _open_to_all(fd)
             try:
                 try:
                     fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -190,6 +191,16 @@ class FileLock:
             pass
         aside.unlink(missing_ok=True)
         return True
+
+
+def _open_to_all(fd: int) -> None:
+    """Lock files are empty and shared by every user of a store: whoever creates one lets all
+    others open it too (the creating user's umask would not)."""
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o666)
+    except OSError:
+        pass  # a filesystem without modes: nothing to widen
 
 
 def pid_alive(pid: object) -> bool:
