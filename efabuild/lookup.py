@@ -12,13 +12,21 @@ import sys
 from pathlib import Path
 
 from efabuild.errors import EfabuildError
-from efabuild.store.layout import SQSH_SUFFIX, Layout, resolve_in
+from efabuild.store.layout import SQSH_SUFFIX, Layout, classify_ref, newest_ref, resolve_in
 from efabuild.store.locate import StoreTable, locate
 
 
-def find_local(table: StoreTable, ref: str) -> tuple[str, Layout] | None:
-    """(key, layout of the tier holding it) when a filesystem tier has it committed, else None."""
+def find_local(table: StoreTable, ref: str, ask_s3: bool = False) -> tuple[str, Layout] | None:
+    """(key, layout of the tier holding it) when a filesystem tier has it committed, else None.
+
+    With `ask_s3`, a name these tiers only copied from S3 at a fetch is not answered here: S3
+    says which key it names now.
+    """
     layouts = [Layout(root) for _, root in table.roots()]
+    if ask_s3 and classify_ref(ref)[0] == "name":
+        newest = newest_ref(layouts, classify_ref(ref)[1])
+        if newest is not None and newest.get("via") == "s3":
+            return None
     key = resolve_in(layouts, ref)
     if key is None:
         return None
@@ -48,7 +56,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     store settings).
     """
     table = locate(store, cwd)
-    hit = find_local(table, ref)
+    hit = find_local(table, ref, ask_s3=fetch and table.s3 is not None)
     if hit is not None:
         key, layout = hit
         path = layout.sqsh_path(key).absolute()

@@ -328,3 +328,27 @@ def test_offline_plan_after_a_make_sees_everything_available(demo_ws):
     assert {l["name"]: l["key"] for l in offline["layers"]} == {n: l["key"] for n, l in online.items()}
     assert {l["state"] for l in offline["layers"]} == {"available"}
     assert offline["bases"][0]["source"] == "recorded"
+
+
+@pytest.mark.s3
+def test_a_compute_node_that_fetched_a_name_sees_the_next_build_of_it(demo_ws, tmp_path, moto_server, s3_bucket):
+    with (demo_ws / "BUILD.toml").open("a") as f:
+        f.write(f'[store.s3]\nbucket = "{s3_bucket}"\nendpoint_url = "{moto_server}"\n')
+    efabuild(demo_ws, "make", "demo", check=True)
+    node = tmp_path / "node-store"  # the node's own store: only where S3 is
+    node.mkdir()
+    shutil.copy(demo_ws / "cache" / "store.toml", node / "store.toml")
+    env = {"EFABUILD_STORE": str(node)}
+
+    def node_lookup() -> Path:
+        found = subprocess.run([sys.executable, "-m", "efabuild", "lookup", "demo:user"], capture_output=True,
+                               text=True, cwd=tmp_path, env={**os.environ, **env})
+        assert found.returncode == 0, found.stderr
+        return Path(found.stdout.strip())
+
+    first = node_lookup()
+    (demo_ws / "app" / "train.py").write_text(f"print('{uuid.uuid4().hex}')\n")
+    efabuild(demo_ws, "make", "demo", check=True)
+    second = node_lookup()
+    assert second != first and second.is_relative_to(node)
+    assert second.name.startswith(plan(demo_ws)["demo:user"]["key"])

@@ -24,7 +24,7 @@ from efabuild.digest import bytes_digest
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.model import S3Settings, StoreSettings
 from efabuild.store.fs import FilesystemTier
-from efabuild.store.layout import check_key, classify_ref, pick_one, resolve_in, short
+from efabuild.store.layout import check_key, classify_ref, newest_ref, pick_one, resolve_in, short
 from efabuild.store.locate import DEFAULT_KEEP, StoreTable, bare_store, locate
 from efabuild.store.lock import LockBusy
 from efabuild.store.record import ArtifactRecord
@@ -237,6 +237,16 @@ class Store:
         """A full key for `ref`: a key, a unique prefix of ≥ 8 hex, or graph:layer."""
         kind, value = classify_ref(ref)
         key = resolve_in([tier.layout for tier in self.fs_tiers], ref)
+        if key is not None and kind == "name" and remote and self.s3_settings is not None:
+            newest = newest_ref([tier.layout for tier in self.fs_tiers], value)
+            if newest is not None and newest.get("via") == S3_TIER:
+                # this filesystem only copied the name from S3 at a fetch: a later make may
+                # have moved it, and only S3 knows
+                try:
+                    history = self.s3.read_refs(value)
+                    key = history[-1]["key"] if history else key
+                except EfabuildError as exc:
+                    print(f"efabuild: warning: S3 not reachable, {value} as last fetched: {exc}", file=sys.stderr)
         if key is None and remote and self.s3 is not None:
             if kind == "name":
                 history = self.s3.read_refs(value)
@@ -265,8 +275,10 @@ class Store:
                            f" (--no-fetch: S3 not asked)")
         path = self.fetch(key)  # a fetch always verifies
         kind, value = classify_ref(ref)
-        if kind == "name":  # the next lookup of this name is answered here, without S3
-            self.fetch_tier.append_ref(value, key)
+        if kind == "name":  # the next lookup finds the object here; S3 still says which key
+            s3_history = self.s3.read_refs(value)
+            when = s3_history[-1]["time"] if s3_history and s3_history[-1]["key"] == key else None
+            self.fetch_tier.append_ref(value, key, when=when, via=S3_TIER)
         return path
 
     def local_hit(self, key: str) -> tuple[FilesystemTier, Path] | None:

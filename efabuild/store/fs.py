@@ -222,14 +222,18 @@ class FilesystemTier:
     def read_refs(self, name: str) -> list[dict]:
         return self.layout.read_refs(name)
 
-    def append_ref(self, name: str, key: str, when: str | None = None) -> bool:
-        """Make `key` the newest entry of `name`; False if it already was."""
+    def append_ref(self, name: str, key: str, when: str | None = None, via: str | None = None) -> bool:
+        """Make `key` the newest entry of `name`; False if it already was. `via="s3"` marks an
+        entry copied from the S3 tier's refs by a fetch: S3 stays the authority for that name."""
         check_key(key)
         with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait):
             history = self.layout.read_refs(name)
             if history and history[-1]["key"] == key:
                 return False
-            history.append({"key": key, "time": when or utc_now()})
+            entry = {"key": key, "time": when or utc_now()}
+            if via:
+                entry["via"] = via
+            history.append(entry)
             self._write_refs(name, history[-MAX_REF_HISTORY:])
             return True
 

@@ -235,6 +235,16 @@ class Layout:
             raise InputError(f"not valid TOML ({exc})", str(self.config_path)) from None
 
 
+def newest_ref(layouts: list[Layout], name: str) -> dict | None:
+    """The newest history entry of `name` over all these directories, None when none knows it."""
+    newest: dict | None = None
+    for layout in layouts:
+        history = layout.read_refs(name)
+        if history and (newest is None or str(history[-1].get("time", "")) > str(newest.get("time", ""))):
+            newest = history[-1]
+    return newest
+
+
 def resolve_in(layouts: list[Layout], ref: str) -> str | None:
     """The key `ref` names according to these directories alone; None when they don't know it.
 
@@ -246,11 +256,7 @@ def resolve_in(layouts: list[Layout], ref: str) -> str | None:
     if kind == "key":
         return value
     if kind == "name":
-        newest: dict | None = None
-        for layout in layouts:
-            history = layout.read_refs(value)
-            if history and (newest is None or str(history[-1].get("time", "")) > str(newest.get("time", ""))):
-                newest = history[-1]
+        newest = newest_ref(layouts, value)
         return None if newest is None else newest["key"]
     candidates: set[str] = set()
     for layout in layouts:
