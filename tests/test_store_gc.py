@@ -144,3 +144,26 @@ def test_gc_removes_leftovers_of_dead_writers_and_skips_objects_in_use(workspace
     assert not leftover.exists() and not cache.layout.record_path(orphan_key).exists()
     assert live.exists() and foreign.is_dir()
     assert cache.has(user1)
+
+
+def test_a_key_made_current_again_while_gc_runs_is_not_deleted(tmp_path: Path):
+    """gc decides from a snapshot; a rollback make that makes an old key current in between wins."""
+    store = Store([FilesystemTier(tmp_path / "fsx", "shared")], keep=1, show_progress=False)
+    old, new = key_for("rollback-old"), key_for("rollback-new")
+    publish(store, old, "demo:user", 1, tmp_path)
+    publish(store, new, "demo:user", 2, tmp_path)
+    decided = store.gc(dry_run=True)
+    assert [r.record.key for r in decided.removals] == [old]
+    store.name("demo:user", old)  # the rollback lands between gc's decision and its deletion
+    store._remove(store.fs_tiers, decided.removals, ())
+    assert store.lookup("demo:user") == store.fs_tiers[0].sqsh_path(old)
+
+
+def test_pruning_refs_never_drops_a_names_newest_entry(tmp_path: Path):
+    """Had gc deleted a key just made current, the name fails loudly instead of quietly reverting."""
+    tier = FilesystemTier(tmp_path / "fsx", "shared")
+    older, newest = key_for("older"), key_for("newest")
+    tier.append_ref("demo:user", older)
+    tier.append_ref("demo:user", newest)
+    tier.drop_ref_entries("demo:user", {older, newest})
+    assert [entry["key"] for entry in tier.read_refs("demo:user")] == [newest]

@@ -58,6 +58,17 @@ class GcReport:
         return sum(r.record.size for r in self.removals)
 
 
+def _current_targets(tiers) -> set[str]:
+    """The key every name currently resolves to, in any of these tiers."""
+    current = set()
+    for tier in tiers:
+        for name in tier.ref_names():
+            history = tier.read_refs(name)
+            if history:
+                current.add(history[-1]["key"])
+    return current
+
+
 def s3_settings_from_dict(data: dict) -> S3Settings:
     return S3Settings(bucket=data["bucket"], prefix=data.get("prefix") or "",
                       region=data.get("region"), endpoint_url=data.get("endpoint_url"))
@@ -387,11 +398,7 @@ class Store:
         for versions in by_name.values():
             newest = sorted(versions, key=lambda k: (versions[k], k), reverse=True)
             keep_keys.update(newest[:keep])
-        for tier in tiers:  # what a name currently resolves to stays resolvable
-            for name in tier.ref_names():
-                history = tier.read_refs(name)
-                if history:
-                    keep_keys.add(history[-1]["key"])
+        keep_keys |= _current_targets(tiers)  # what a name currently resolves to stays resolvable
         all_keys = {record.key for records in held.values() for record in records}
         for pin in pins:
             kind, value = classify_ref(pin)
@@ -417,11 +424,16 @@ class Store:
                     busy.append((tier.name, key))
                     continue
                 try:
+                    # a make may have made this key current again since gc looked: ask afresh
+                    if key in _current_targets(tiers):
+                        continue
                     tier.delete(key)
                     lock.path.unlink(missing_ok=True)  # while held: see FileLock's inode check
                 finally:
                     lock.release()
             else:
+                if key in _current_targets(tiers):
+                    continue
                 tier.delete(key)
             gone[tier.name][removal.record.name].add(key)
         for tier_name, names in gone.items():

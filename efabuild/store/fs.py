@@ -240,7 +240,9 @@ class FilesystemTier:
     def drop_ref_entries(self, name: str, keys: set[str]) -> None:
         with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait):
             history = self.layout.read_refs(name)
-            kept = [entry for entry in history if entry["key"] not in keys]
+            # the newest entry stays even when its object went: a make that made it current while
+            # gc ran must leave the name failing loudly, never quietly back on an older image
+            kept = [entry for entry in history[:-1] if entry["key"] not in keys] + history[-1:]
             if kept == history:
                 return
             if kept:

@@ -444,7 +444,8 @@ class S3Tier:
 
     def drop_ref_entries(self, name: str, keys: set[str]) -> None:
         prefix = self._refs_prefix(name)
-        for item in self._list(prefix):
+        entries = sorted(self._list(prefix), key=lambda item: item["Key"])  # "<time>.<key>": oldest first
+        for item in entries[:-1]:  # the newest stays: see FilesystemTier.drop_ref_entries
             if item["Key"].rpartition(".")[2] in keys:
                 self._delete_object(item["Key"])
 
