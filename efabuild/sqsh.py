@@ -310,6 +310,10 @@ def rewrite_tar(src: int, dst: int, plan: RewritePlan, progress: Callable[[int],
     extensions: list[bytes] = []  # pax / GNU long-name blocks that belong to the next entry
     pax: dict[str, str] = {}
     long_name: str | None = None
+    long_link: str | None = None
+    # hard links to a file written from the config: Enroot overwrites the shared inode in place,
+    # so these paths get the written text too
+    aliases: dict[str, str] = {}
     replaced = plan.replaced
     while True:
         header = bytearray(pipe.take(BLOCK))
@@ -326,6 +330,8 @@ def rewrite_tar(src: int, dst: int, plan: RewritePlan, progress: Callable[[int],
                 pax.update(_parse_pax(data[:size]))
             elif typeflag == b"L":
                 long_name = data[:size].rstrip(b"\0").decode("utf-8", "surrogateescape")
+            else:
+                long_link = data[:size].rstrip(b"\0").decode("utf-8", "surrogateescape")
             continue
         if typeflag == b"g":  # global pax header: applies to the whole archive, keep as is
             pipe.emit(bytes(header))
@@ -334,7 +340,10 @@ def rewrite_tar(src: int, dst: int, plan: RewritePlan, progress: Callable[[int],
         if "size" in pax:
             size = int(pax["size"])
         path = _norm(pax.get("path") or long_name or _ustar_name(header))
-        if plan.drops(path):
+        link_target = _norm(pax.get("linkpath") or long_link or _ustar_linkname(header)) if typeflag == b"1" else ""
+        if link_target in replaced and not plan.drops(path):
+            aliases[path] = link_target
+        elif plan.drops(path):
             if path in replaced and typeflag in (b"0", b"\0"):
                 replaced_modes[path] = fixed_mode(_num(header[100:108]) & 0o7777, is_dir=False, depth=0)
             pipe.copy(_padded(size if _has_body(typeflag) else 0), keep=False)
@@ -357,13 +366,17 @@ def rewrite_tar(src: int, dst: int, plan: RewritePlan, progress: Callable[[int],
             pipe.emit(bytes(_seal(header) if changed else header))
             seen[path] = typeflag
             pipe.copy(_padded(size if _has_body(typeflag) else 0))
-        extensions, pax, long_name = [], {}, None
-    for block in _appended(plan, seen, replaced_modes):
+        extensions, pax, long_name, long_link = [], {}, None, None
+    for block in _appended(plan, seen, replaced_modes, aliases):
         pipe.emit(block)
     pipe.emit(b"\0" * (2 * BLOCK))
     pipe.flush()
     pipe.drain()
     return pipe.consumed
+
+
+def _ustar_linkname(header: bytearray) -> str:
+    return bytes(header[157:257]).split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
 
 
 def _has_body(typeflag: bytes) -> bool:
@@ -386,8 +399,10 @@ def _pax_block(pax: dict[str, str]) -> bytes:
     return head + data + b"\0" * (_padded(len(data)) - len(data))
 
 
-def _appended(plan: RewritePlan, seen: dict[str, bytes], modes: dict[str, int]) -> Iterable[bytes]:
-    """Missing directories (etc, the working directory) and the files written from the config."""
+def _appended(plan: RewritePlan, seen: dict[str, bytes], modes: dict[str, int],
+              aliases: dict[str, str] | None = None) -> Iterable[bytes]:
+    """Missing directories (etc, the working directory) and the files written from the config,
+    also at the paths that were hard links to them."""
     wanted_dirs = _ancestors(plan.workdir) + [p for path, _ in plan.files for p in _ancestors(path)[:-1]]
     for directory in dict.fromkeys(wanted_dirs):
         kind = seen.get(directory)
@@ -398,8 +413,9 @@ def _appended(plan: RewritePlan, seen: dict[str, bytes], modes: dict[str, int]) 
             break  # a symlink or file on the way: leave the image as it is
     for path, text in plan.files:
         data = text.encode("utf-8", "surrogateescape")
-        yield _header(path, typeflag=b"0", mode=modes.get(path, 0o644), size=len(data), mtime=plan.epoch)
-        yield data + b"\0" * (_padded(len(data)) - len(data))
+        for written in [path] + [alias for alias, target in (aliases or {}).items() if target == path]:
+            yield _header(written, typeflag=b"0", mode=modes.get(path, 0o644), size=len(data), mtime=plan.epoch)
+            yield data + b"\0" * (_padded(len(data)) - len(data))
 
 
 # ---------------------------------------------------------------- side effects: engine, mksquashfs

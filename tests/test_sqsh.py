@@ -94,6 +94,20 @@ def test_filter_drops_dev_contents_and_dockerenv_and_replaces_config_files(tmp_p
     assert out["workspace"].isdir() and out["workspace/app"].isdir()
 
 
+def test_hard_links_to_a_rewritten_file_get_its_new_text(tmp_path: Path) -> None:
+    """Enroot writes /etc/fstab & co. in place, so a hard link to one sees the new text too."""
+    out = _filter(tmp_path, _tar([
+        ("etc", "d", 0o755, b""),
+        ("etc/fstab", "f", 0o644, b"old\n"),
+        ("etc/fstab.orig", "h", 0o644, b"etc/fstab"),
+        ("etc/hostname.bak", "h", 0o644, b"etc/hosts"),  # a link to a kept file stays a link
+        ("etc/hosts", "f", 0o644, b""),
+    ]), PLAN)
+    assert out["etc/fstab.orig"].isfile()
+    assert out["etc/fstab.orig#data"] == out["etc/fstab#data"] != b"old\n"
+    assert out["etc/hostname.bak"].islnk()
+
+
 def test_filter_fixes_permissions_as_enroot(tmp_path: Path) -> None:
     deep = "a/b/c/d/e/f"
     out = _filter(tmp_path, _tar([
