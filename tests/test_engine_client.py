@@ -36,7 +36,7 @@ def test_no_engine_at_the_configured_host_names_the_setting(tmp_path, monkeypatc
     with pytest.raises(EngineUnavailable) as caught:
         connect(BuilderSettings(host=dead)).check()
     message = str(caught.value)
-    assert message.startswith(f"no Docker engine at {dead} ([builder] host): ")
+    assert message.startswith(f"no Docker engine at {dead} ([builder] host or --builder): ")
     assert "\n" not in message
 
 

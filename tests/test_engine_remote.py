@@ -24,7 +24,7 @@ def _request(tag: str, base: str, context_dir) -> BuildRequest:
 def test_builder_host_builds_on_that_engine_only(second_engine, busybox_image, image_names, tmp_path):
     remote = connect(BuilderSettings(host=second_engine))
     remote.check()
-    assert remote.where() == f"{second_engine} ([builder] host)"
+    assert remote.where() == f"{second_engine} ([builder] host or --builder)"
     tag = image_names("remote")
     try:
         result = build_layer(remote, _request(tag, busybox_image, tmp_path), tmp_path / "remote.log")

@@ -100,7 +100,7 @@ class Engine:
     def where(self) -> str:
         """Where this client looks for an engine, and which setting said so."""
         if self.settings.host:
-            return f"{self.settings.host} ([builder] host)"
+            return f"{self.settings.host} ([builder] host or --builder)"
         if self.settings.context:
             return f"{self._context_endpoint(self.settings.context)} (docker context {self.settings.context})"
         if os.environ.get("DOCKER_HOST"):
