@@ -73,6 +73,20 @@ def start_publisher(plan: dict, plan_path: Path, env: dict[str, str] | None = No
                             stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO)
 
 
+def race_publishers(plans: list[dict], go: Path, tmp_path: Path, timeout: float) -> list[dict]:
+    """Start one publisher per plan, let them all go at once; each one's {tier: outcome}."""
+    children = [start_publisher(plan, tmp_path / f"plan{index}.json") for index, plan in enumerate(plans)]
+    for child in children:
+        assert wait_for_line(child, "ready")[-1] == "ready"
+    go.touch()
+    outcomes = []
+    for child in children:
+        out, err = child.communicate(timeout=timeout)
+        assert child.returncode == 0, err
+        outcomes.append(json.loads(out.strip().splitlines()[-1].removeprefix("results ")))
+    return outcomes
+
+
 def wait_for_line(process: subprocess.Popen[str], wanted: str) -> list[str]:
     """Read the child's stdout until a line equals `wanted` (or it exits); the lines read."""
     lines = []

@@ -3,7 +3,6 @@ cancel stop buildx and tag nothing."""
 
 from __future__ import annotations
 
-import os
 import secrets
 import signal
 import subprocess

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -18,7 +17,15 @@ from efabuild.errors import EfabuildError, NotFound
 from efabuild.store.core import Store
 from efabuild.store.fs import PUBLISHED, REUSED, FilesystemTier
 from efabuild.store.layout import AmbiguousRef
-from tests.storekit import key_for, make_sqsh, record_for, start_publisher, unsquash_list, wait_for_line
+from tests.storekit import (
+    key_for,
+    make_sqsh,
+    race_publishers,
+    record_for,
+    start_publisher,
+    unsquash_list,
+    wait_for_line,
+)
 
 
 @pytest.fixture
@@ -207,20 +214,12 @@ def test_four_processes_publishing_one_key(tmp_path, sqsh):
     tiers = [["shared", str(tmp_path / "shared")], ["local", str(tmp_path / "cache")]]
     key = key_for("race")
     go = tmp_path / "go"
-    children = []
+    plans = []
     for index in range(4):
         copy = tmp_path / f"export{index}.sqsh"
         copy.write_bytes(sqsh.read_bytes())  # each builder has its own export of the same layer
-        plan = {"tiers": tiers, "key": key, "name": "g:l", "sqsh": str(copy), "go": str(go)}
-        children.append(start_publisher(plan, tmp_path / f"plan{index}.json"))
-    for child in children:
-        assert wait_for_line(child, "ready")[-1] == "ready"
-    go.touch()
-    outcomes = []
-    for child in children:
-        out, err = child.communicate(timeout=120)
-        assert child.returncode == 0, err
-        outcomes.append(json.loads(out.strip().splitlines()[-1].removeprefix("results ")))
+        plans.append({"tiers": tiers, "key": key, "name": "g:l", "sqsh": str(copy), "go": str(go)})
+    outcomes = race_publishers(plans, go, tmp_path, timeout=120)
     for tier in ("local", "shared"):
         assert sorted(o[tier] for o in outcomes) == [PUBLISHED, REUSED, REUSED, REUSED]
     store = Store([FilesystemTier(p, n) for n, p in tiers], show_progress=False)

@@ -17,7 +17,15 @@ from efabuild.store.core import Store
 from efabuild.store.fs import PUBLISHED, REUSED, FilesystemTier
 from efabuild.store.s3 import S3Tier, part_size_for
 from tests.plugins.s3server import DUMMY_CREDENTIALS
-from tests.storekit import efabuild, key_for, make_sqsh, record_for, start_publisher, wait_for_line
+from tests.storekit import (
+    efabuild,
+    key_for,
+    make_sqsh,
+    race_publishers,
+    record_for,
+    start_publisher,
+    wait_for_line,
+)
 
 pytestmark = pytest.mark.s3
 MiB = 1024 * 1024
@@ -130,21 +138,11 @@ def test_a_publisher_that_lost_the_upload_race_reuses_the_winners_object(tmp_pat
 def test_four_processes_publishing_one_key_to_s3(tmp_path, settings, big_sqsh):
     key = key_for("s3-race")
     go = tmp_path / "go"
-    children = []
-    for index in range(4):
-        plan = {"tiers": [["local", str(tmp_path / f"builder{index}")]], "key": key, "name": "g:l",
-                "sqsh": str(big_sqsh), "go": str(go), "s3": {
-                    "bucket": settings.bucket, "prefix": settings.prefix, "region": settings.region,
-                    "endpoint_url": settings.endpoint_url}}
-        children.append(start_publisher(plan, tmp_path / f"plan{index}.json"))
-    for child in children:
-        assert wait_for_line(child, "ready")[-1] == "ready"
-    go.touch()
-    outcomes = []
-    for child in children:
-        out, err = child.communicate(timeout=300)
-        assert child.returncode == 0, err
-        outcomes.append(json.loads(out.strip().splitlines()[-1].removeprefix("results "))["s3"])
+    plans = [{"tiers": [["local", str(tmp_path / f"builder{index}")]], "key": key, "name": "g:l",
+              "sqsh": str(big_sqsh), "go": str(go), "s3": {
+                  "bucket": settings.bucket, "prefix": settings.prefix, "region": settings.region,
+                  "endpoint_url": settings.endpoint_url}} for index in range(4)]
+    outcomes = [outcome["s3"] for outcome in race_publishers(plans, go, tmp_path, timeout=300)]
     assert sorted(outcomes) == [PUBLISHED, REUSED, REUSED, REUSED]
     tier = S3Tier(settings, show_progress=False)
     fetched = tmp_path / "fetched.sqsh"

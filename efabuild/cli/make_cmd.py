@@ -25,7 +25,7 @@ def run(args) -> int:
     from efabuild import make
     from efabuild.cli.common import print_json, with_builder, workspace
     from efabuild.cli.plan_cmd import render
-    from efabuild.errors import EfabuildError, InputError
+    from efabuild.errors import InputError
     from efabuild.planning import prepare
     from efabuild.ui import reporter_for
 
