@@ -46,7 +46,7 @@ def expected_findings(text: str) -> list[tuple[str, int, str | None]]:
     return out
 
 
-def lint_fixture(tmp_path: Path, fixture: str, base: str = "nvcr.io/nvidia/pytorch:26.08-py3"):
+def lint_fixture(tmp_path: Path, fixture: str, base: str = "nvcr.io/nvidia/pytorch:26.08-py3", source: Path = DATA):
     graph = f"""\
 [layers.layer]
 base = "{base}"
@@ -55,7 +55,7 @@ dockerfile_file = "docker/{fixture}"
 """
     root = make_workspace(tmp_path / "ws", graphs={"g": graph}, build=BUILD, files={})
     (root / "docker").mkdir()
-    shutil.copy(DATA / fixture, root / "docker" / fixture)
+    shutil.copy(source / fixture, root / "docker" / fixture)
     findings = lint_workspace(load_workspace(root))
     return [f for f in findings if f.file == f"docker/{fixture}"], findings
 
@@ -128,3 +128,23 @@ dockerfile_file = "Dockerfile"
     text = repr(findings)
     assert "ghp_" not in text and "s3cr3t" not in text and "oauth2" not in text
     assert "https://***@github.com/o/r.git" in text
+
+
+INSTALLER_FORMS = {
+    "flags in a variable": 'ARG FLAGS="-y -g --skip-limit-conf --no-verify"\n'
+                           "RUN apt-get update && ./efa_installer.sh ${FLAGS}\n",
+    "shell with options": "RUN apt-get update && bash -x ./efa_installer.sh -y -g --skip-limit-conf --no-verify\n",
+    "sh -c script": 'RUN apt-get update && sh -c "./efa_installer.sh -y -g --skip-limit-conf --no-verify"\n',
+    "under timeout": "RUN apt-get update && timeout 1800 ./efa_installer.sh -y -g --skip-limit-conf --no-verify\n",
+}
+
+
+@pytest.mark.parametrize("form", sorted(INSTALLER_FORMS))
+def test_the_installer_is_seen_however_it_is_run(tmp_path, form):
+    """Each form lacks exactly --skip-kmod; `-y --enable-gdr` inside one word must not read as -k."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "form.Dockerfile").write_text(
+        INSTALLER_FORMS[form] + "ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib\n")
+    found, _ = lint_fixture(tmp_path, "form.Dockerfile", source=tmp_path / "d")
+    flagged = [f.message for f in found if f.rule == "EFA002"]
+    assert len(flagged) == 1 and "--skip-kmod" in flagged[0], (form, flagged)

@@ -36,15 +36,24 @@ class LayerFacts:
 
 
 def is_installer(command: Command) -> bool:
-    return installer_position(command) is not None
+    return installer_arguments(command) is not None
 
 
-def installer_position(command: Command) -> int | None:
-    """Index in argv of `efa_installer.sh` (run directly or through bash/sh), or None."""
-    for index, word in enumerate(command.argv[:2]):
-        if word.rsplit("/", 1)[-1] == "efa_installer.sh":
-            return index
-        if index == 0 and word.rsplit("/", 1)[-1] not in ("bash", "sh"):
+# commands that run the next word as a program: `bash -x ./efa_installer.sh`, `timeout 1800 ...`
+_WRAPPERS = frozenset({"bash", "sh", "timeout", "nice", "env", "exec", "eval", "stdbuf", "time", "sudo"})
+
+
+def installer_arguments(command: Command) -> list[str] | None:
+    """The words after `efa_installer.sh` when `command` runs it (directly, through a shell or
+    a wrapper, or inside `sh -c "..."`), else None. Words are split as the shell would split an
+    expanded variable or a `-c` script."""
+    tokens = [token for word in command.argv for token in word.split()]
+    for index, token in enumerate(tokens):
+        name = token.rsplit("/", 1)[-1]
+        if name == "efa_installer.sh":
+            return tokens[index + 1:]
+        wrapper_argument = index > 0 and (token.startswith("-") or token[:1].isdigit() or "=" in token)
+        if name not in _WRAPPERS and not wrapper_argument:
             return None
     return None
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator
 
-from efabuild.lint.chain import LayerFacts, installer_position, is_installer
+from efabuild.lint.chain import LayerFacts, installer_arguments, is_installer
 from efabuild.lint.dockerfile import RunCommand
 from efabuild.lint.finding import Finding, finding
 from efabuild.lint.shell import Command
@@ -105,12 +105,11 @@ _CONTAINER_FLAGS = (
 
 def installer_flags(command: Command) -> set[str]:
     """The installer's options as long flags (`-yg` -> {--yes, --enable-gdr})."""
-    position = installer_position(command)
     flags: set[str] = set()
-    for word in command.argv[(position or 0) + 1:]:
+    for word in installer_arguments(command) or []:
         if word.startswith("--"):
             flags.add(word.split("=", 1)[0])
-        elif word.startswith("-") and len(word) > 1:
+        elif re.fullmatch(r"-[A-Za-z]+", word):  # combined short options, like -yg
             for letter in word[1:]:
                 flags.add(_SHORT_FLAGS.get(letter, f"-{letter}"))
     return flags
