@@ -162,8 +162,13 @@ def test_second_open_mpi(tree: Path) -> None:
     ngc.write(tree, "/opt/amazon/openmpi5/include/mpi.h",
               "#define OMPI_MAJOR_VERSION 5\n#define OMPI_MINOR_VERSION 0\n#define OMPI_RELEASE_VERSION 6\n")
     ngc.write(tree, "/opt/amazon/openmpi5/bin/mpirun", "#!/bin/sh\n")
+    # as the EFA installer leaves it: present, but on no loader path, so nothing mixes them
+    idle = audit_tree(tree)["openmpi"]
+    assert idle.status == WARN and "also present, on no loader path or OPAL_PREFIX: /opt/amazon/openmpi5" in idle.message
+    # once the loader is pointed into it, programs mix the two
+    ngc.write(tree, "/etc/ld.so.conf.d/zz-openmpi.conf", "/opt/amazon/openmpi5/lib\n")
     bad = failures(audit_tree(tree))
-    assert bad["openmpi"].startswith("2 Open MPI installations: /usr/local/mpi -> /opt/hpcx/ompi (5.0.7); "
+    assert bad["openmpi"].startswith("2 Open MPI installations in use: /usr/local/mpi -> /opt/hpcx/ompi (5.0.7); "
                                      "/opt/amazon/openmpi5 (5.0.6)")
 
 
@@ -494,8 +499,9 @@ RUN apt-get update && cd /tmp \\
 @pytest.mark.parametrize("variant, check, words", [
     (INSTALL_1_49, "declared:EFA_INSTALLER_VERSION",
      "EFA_INSTALLER_VERSION=1.50.0 declared in demo:efa, but efa-installer 1.49.0 is installed"),
-    (INSTALL_1_49.replace("1.49.0", "1.50.0").replace("--no-verify", "--no-verify --mpi=openmpi4"), "openmpi",
-     "2 Open MPI installations: /usr/local/mpi -> /opt/hpcx/ompi (5.0.7); /opt/amazon/openmpi (4.1.8)"),
+    (INSTALL_1_49.replace("1.49.0", "1.50.0").replace("--no-verify", "--no-verify --mpi=openmpi4")
+     + "ENV LD_LIBRARY_PATH=${LD_LIBRARY_PATH}:/opt/amazon/openmpi/lib\n", "openmpi",
+     "2 Open MPI installations in use: /usr/local/mpi -> /opt/hpcx/ompi (5.0.7); /opt/amazon/openmpi (4.1.8)"),
     ("ENV NCCL_NET_PLUGIN=socket\n", "net-plugin", "NCCL_NET_PLUGIN is 'socket'"),
     ("ENV LD_LIBRARY_PATH=/host/opt/amazon/efa/lib:${LD_LIBRARY_PATH}\n", "ld-library-path",
      "LD_LIBRARY_PATH=/host/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib:"),

@@ -352,14 +352,30 @@ def _ld_library_path(env: Mapping[str, str], image: Measured) -> Check:
 
 
 def _openmpi(image: Measured) -> Check:
-    found = [
-        m.path + (f" -> {m.real_path}" if m.real_path != m.path else "") + f" ({m.version or 'version unknown'})"
-        for m in image.openmpi
-    ]
-    if len(found) > 1:
-        return Check("openmpi", FAIL, f"{len(found)} Open MPI installations: {'; '.join(found)}; programs mixing "
-                                      f"them fail with opal_shmem_base_select/MPI_INIT errors")
-    return Check("openmpi", PASS, found[0] if found else "no Open MPI found")
+    """Two Open MPIs break MPI programs only when both are used: the EFA installer leaves its own
+    under /opt/amazon/openmpi*, harmless until the loader path or OPAL_PREFIX leads into it."""
+    def describe(m) -> str:
+        return m.path + (f" -> {m.real_path}" if m.real_path != m.path else "") + f" ({m.version or 'version unknown'})"
+
+    env = dict(image.env)
+    used_dirs = [d.dir for d in image.library_path] + [env.get("OPAL_PREFIX", "")]
+
+    def in_use(m) -> bool:
+        if m.path == "/usr/local/mpi":  # the NGC image's own
+            return True
+        roots = {m.path.rstrip("/"), m.real_path.rstrip("/")}
+        return any(d and any(d == r or d.startswith(r + "/") for r in roots) for d in used_dirs)
+
+    found = list(image.openmpi)
+    used = [m for m in found if in_use(m)]
+    if len({m.real_path for m in used}) > 1:
+        return Check("openmpi", FAIL, f"{len(used)} Open MPI installations in use: {'; '.join(map(describe, used))}; "
+                                      f"programs mixing them fail with opal_shmem_base_select/MPI_INIT errors")
+    idle = [m for m in found if m not in used]
+    if idle and used:
+        return Check("openmpi", WARN, f"{describe(used[0])} in use; also present, on no loader path or OPAL_PREFIX: "
+                                      f"{'; '.join(map(describe, idle))} (keep them off PATH too)")
+    return Check("openmpi", PASS, "; ".join(map(describe, found)) if found else "no Open MPI found")
 
 
 def _infiniband_env(env: Mapping[str, str]) -> Check:
