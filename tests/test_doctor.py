@@ -194,3 +194,16 @@ def test_artifact_ref_reads_the_manifest_from_the_store(tmp_path, capsys, monkey
     assert main(["doctor", log, "--artifact", "ngc-efa:other", "--store", str(tmp_path / "store")]) == 1
     assert "no artifact named ngc-efa:other" in capsys.readouterr().err
     assert main(["doctor", log, "--artifact", "x:y", "--manifest", "m.json"]) == 2
+
+
+def test_rdma_probe_failing_on_a_sendrecv_instance_is_not_a_missing_device():
+    """aws-ofi-nccl tries RDMA first; on instances without it the probe's fi_getinfo fails and the
+    job runs over SENDRECV on EFA. The plugin given as a full path is the ofi plugin too."""
+    report = run("g6-sendrecv.log", expect_nics=1)
+    assert not report.problems and "no-efa-device" not in ids(report)
+    assert "rdma-protocol-unavailable" in ids(report, "info") and "efa-path" in ids(report)
+    assert "net-plugin-env" not in ids(report)
+
+
+def test_libfabric_version_from_fi_info_with_the_amazon_suffix():
+    assert run("fi-info-version.log").versions["libfabric"][0][0] == "2.6.0"

@@ -148,3 +148,15 @@ def test_the_installer_is_seen_however_it_is_run(tmp_path, form):
     found, _ = lint_fixture(tmp_path, "form.Dockerfile", source=tmp_path / "d")
     flagged = [f.message for f in found if f.rule == "EFA002"]
     assert len(flagged) == 1 and "--skip-kmod" in flagged[0], (form, flagged)
+
+
+def test_the_plugin_library_path_counts_as_ofi(tmp_path):
+    """NCCL_NET_PLUGIN may name aws-ofi-nccl's library itself; audit and doctor accept it too."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "p.Dockerfile").write_text("ENV NCCL_NET_PLUGIN=/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so\n"
+                                                 "ENV NCCL_TUNER_PLUGIN=ofi\n")
+    found, _ = lint_fixture(tmp_path, "p.Dockerfile", source=tmp_path / "d")
+    assert not [f for f in found if f.rule == "EFA006"]
+    (tmp_path / "d" / "p.Dockerfile").write_text("ENV NCCL_NET_PLUGIN=/opt/other/libnccl-net.so\n")
+    found, _ = lint_fixture(tmp_path / "again", "p.Dockerfile", source=tmp_path / "d")
+    assert [f.rule for f in found if f.rule == "EFA006"] == ["EFA006"]

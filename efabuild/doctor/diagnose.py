@@ -10,6 +10,7 @@ from collections.abc import Iterable
 import attrs
 
 from efabuild.doctor.scan import LogLine, Observation
+from efabuild.nccl import is_ofi_plugin
 
 SEVERITIES = ("problem", "warning", "ok", "info", "harmless")
 EVIDENCE_PER_DIAGNOSIS = 3
@@ -149,7 +150,7 @@ def diagnose(facts: Facts, expect_nics: int | None = None, baseline_gbps: float 
     socket = [n for n in networks if n == "Socket"]
     if socket or (facts.has("socket-transport") and not on_efa):
         causes = []
-        if plugin_env is not None and plugin_env != "ofi":
+        if plugin_env is not None and not is_ofi_plugin(plugin_env):
             causes.append(f"NCCL_NET_PLUGIN is '{plugin_env}', not 'ofi'")
         elif plugin_env is None and facts.has("env"):
             causes.append("NCCL_NET_PLUGIN was not reported as set: the default libnccl-net.so is the "
@@ -199,7 +200,16 @@ def diagnose(facts: Facts, expect_nics: int | None = None, baseline_gbps: float 
                 "check that /opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so exists in the image, that "
                 "NCCL_NET_PLUGIN=ofi, and that /opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib lead LD_LIBRARY_PATH",
                 facts.evidence(*plugin_kinds)))
-    if facts.has("no-device"):
+    if facts.has("no-device") and on_efa and "efa" in providers:
+        # aws-ofi-nccl tries its RDMA protocol first; without RDMA (g5, g6, p3dn...) that probe fails
+        # and it falls back to SENDRECV on the same EFA devices
+        out.append(Diagnosis(
+            "rdma-protocol-unavailable", "info", "the RDMA protocol is not available; SENDRECV is used",
+            "aws-ofi-nccl probes its RDMA protocol first; 'fi_getinfo() ... No data available' from that probe "
+            "is normal on instances without EFA RDMA, and the job ran over the efa provider anyway.",
+            "nothing to do (instances with EFA RDMA, such as p4d/p5/p6, use the RDMA protocol)",
+            facts.evidence("no-device")))
+    elif facts.has("no-device"):
         out.append(Diagnosis(
             "no-efa-device", "problem", "libfabric found no EFA device (fi_getinfo: no data)",
             "'fi_getinfo() call failed: No data available' means libfabric sees no EFA device in the container: "
@@ -223,7 +233,7 @@ def diagnose(facts: Facts, expect_nics: int | None = None, baseline_gbps: float 
             facts.evidence("tuner-missing")))
 
     # --- environment left over from InfiniBand clusters ---------------------------------------------
-    if plugin_env is not None and plugin_env != "ofi" and not socket:
+    if plugin_env is not None and not is_ofi_plugin(plugin_env) and not socket:
         out.append(Diagnosis(
             "net-plugin-env", "warning", f"NCCL_NET_PLUGIN={plugin_env}",
             "Only NCCL_NET_PLUGIN=ofi selects aws-ofi-nccl; the default libnccl-net.so is the InfiniBand plugin.",

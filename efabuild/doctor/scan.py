@@ -41,7 +41,7 @@ _PATTERNS: tuple[tuple[str, str, re.Pattern[str], int | None, int | None], ...] 
         ("ofi-version", "aws-ofi-nccl ", r"NET/OFI (?:Initializing|Using) aws-ofi-nccl (\d+\.\d+\.\d+[\w.-]*)", 1,
          None),
         ("libfabric-version", "Libfabric version", r"NET/OFI Using Libfabric version (\d+\.\d+)", 1, None),
-        ("libfabric-version", "libfabric: ", r"^\s*libfabric: (\d+\.\d+\.\d+)\s*$", 1, None),  # fi_info --version
+        ("libfabric-version", "libfabric: ", r"^\s*libfabric: (\d+\.\d+\.\d+)\S*\s*$", 1, None),  # fi_info --version
         # the network NCCL uses
         ("provider", " nics)", r"NET/OFI Selected [Pp]rovider is (\S+?),? (?:fabric is (\S+) )?\(found (\d+) nics\)",
          1, 2),

@@ -19,6 +19,7 @@ from efabuild.lint.chain import LayerFacts, installer_arguments, is_installer
 from efabuild.lint.dockerfile import RunCommand
 from efabuild.lint.finding import Finding, finding
 from efabuild.lint.shell import Command
+from efabuild.nccl import is_ofi_plugin
 
 EFA_LIB_LEAD = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -215,7 +216,7 @@ def nccl_env_problems(name: str, value: str) -> tuple[str, str, str] | None:
     Used for image ENV and for variables exported by job scripts. Never echoes anything but the
     variable's own value, and only for NCCL_* names.
     """
-    if name == "NCCL_NET_PLUGIN" and value != "ofi":
+    if name == "NCCL_NET_PLUGIN" and not is_ofi_plugin(value):
         what = "removes NCCL_NET_PLUGIN" if not value else f"sets NCCL_NET_PLUGIN={value}"
         return ("EFA006",
                 f"{what}: the default libnccl-net.so in the image is the InfiniBand plugin; only 'ofi' "

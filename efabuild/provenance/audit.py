@@ -33,13 +33,13 @@ from typing import Any, Protocol
 import attrs
 
 from efabuild.model import AuditPolicy
+from efabuild.nccl import is_ofi_plugin
 from efabuild.provenance import manifest as manifests
 from efabuild.provenance import versions
 from efabuild.provenance.measured import COMPONENTS, Component, Measured
 
 PASS, FAIL, WARN, SKIP = "ok", "FAIL", "warn", "skip"
 EFA_LD_PREFIX = ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/efa/lib")
-OFI_PLUGIN_VALUES = ("ofi",)
 
 # Build args that declare what a layer installs: arg -> (component, field)
 DECLARING_ARGS = {
@@ -333,7 +333,7 @@ def pitfalls(image: Measured) -> list[Check]:
 
 def _net_plugin(env: Mapping[str, str]) -> Check:
     value = env.get("NCCL_NET_PLUGIN")
-    if value in OFI_PLUGIN_VALUES or (value and posixpath.basename(value) == "libnccl-net-ofi.so"):
+    if is_ofi_plugin(value):
         return Check("net-plugin", PASS, f"NCCL_NET_PLUGIN={value}")
     shown = "not set" if value is None else f"is {value!r}"
     return Check("net-plugin", FAIL, f"NCCL_NET_PLUGIN {shown}: NCCL loads the default libnccl-net.so "
