@@ -140,6 +140,8 @@ def test_two_copies_with_the_newest_first_only_warn(tree: Path) -> None:
     ({"NCCL_NET_PLUGIN": "ib"}, "net-plugin", "NCCL_NET_PLUGIN is 'ib'"),
     ({"NCCL_IB_HCA": "mlx5_0"}, "infiniband-env", "push NCCL off EFA: NCCL_IB_HCA=mlx5_0"),
     ({"NCCL_NET": "IB"}, "infiniband-env", "NCCL_NET=IB"),
+    ({"NCCL_SHARP_DISABLE": "0"}, "infiniband-env", "NCCL_SHARP_DISABLE=0"),
+    ({"NCCL_COLLNET_ENABLE": "1"}, "infiniband-env", "NCCL_COLLNET_ENABLE=1"),
     ({"LD_LIBRARY_PATH": "/usr/local/cuda/lib64:/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"}, "ld-library-path",
      "is not led by /opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"),
 ])

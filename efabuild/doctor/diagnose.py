@@ -10,14 +10,14 @@ from collections.abc import Iterable
 import attrs
 
 from efabuild.doctor.scan import LogLine, Observation
-from efabuild.nccl import is_ofi_plugin
+from efabuild.nccl import INFINIBAND_PREFIXES, is_ofi_plugin
 
 SEVERITIES = ("problem", "warning", "ok", "info", "harmless")
 EVIDENCE_PER_DIAGNOSIS = 3
 LOW_BANDWIDTH_RATIO = 0.5  # the guide sees 1/4-1/10 of baseline; half is already far below
 EFA_NETWORKS = ("Libfabric", "AWS Libfabric")
 # InfiniBand/SHARP settings NCCL reports from the environment ("NCCL_IB_HCA set by environment to ...")
-IB_PREFIXES = ("NCCL_IB_", "NCCL_IBEXT_", "NCCL_SHARP", "NCCL_UCX")
+IB_PREFIXES = INFINIBAND_PREFIXES
 
 
 @attrs.frozen

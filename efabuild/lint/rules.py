@@ -19,7 +19,7 @@ from efabuild.lint.chain import LayerFacts, installer_arguments, is_installer
 from efabuild.lint.dockerfile import RunCommand
 from efabuild.lint.finding import Finding, finding
 from efabuild.lint.shell import Command
-from efabuild.nccl import is_ofi_plugin
+from efabuild.nccl import forces_other_network, is_infiniband_setting, is_ofi_plugin
 
 EFA_LIB_LEAD = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -207,7 +207,6 @@ def second_open_mpi(facts: LayerFacts) -> Iterator[Finding]:
 
 # --- EFA006 / EFA007: NCCL environment ------------------------------------------------------------
 
-_EFA_NET_NAMES = {"libfabric", "aws libfabric", "ofi"}
 
 
 def nccl_env_problems(name: str, value: str) -> tuple[str, str, str] | None:
@@ -222,13 +221,10 @@ def nccl_env_problems(name: str, value: str) -> tuple[str, str, str] | None:
                 f"{what}: the default libnccl-net.so in the image is the InfiniBand plugin; only 'ofi' "
                 "selects aws-ofi-nccl and the EFA path (else NCCL falls back to TCP sockets)",
                 "keep NCCL_NET_PLUGIN=ofi (the NGC base sets it)")
-    if name == "NCCL_NET" and value.strip().lower() not in _EFA_NET_NAMES:
+    if forces_other_network(name, value):
         return ("EFA007", f"NCCL_NET={value} forces a network other than EFA's Libfabric",
                 "remove NCCL_NET (or set it to Libfabric)")
-    if name in ("NCCL_IB_DISABLE", "NCCL_IBEXT_DISABLE") and value.strip() == "1":
-        return None  # disabling the InfiniBand transport is harmless on EFA
-    if name.startswith(("NCCL_IB_", "NCCL_IBEXT_", "NCCL_SHARP", "NCCL_UCX")) or (
-            name == "NCCL_COLLNET_ENABLE" and value.strip() not in ("", "0")):
+    if is_infiniband_setting(name, value):
         return ("EFA007",
                 f"{name} is an InfiniBand/SHARP setting: leftovers like it push NCCL off EFA or do nothing",
                 f"remove {name}")

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import attrs
 
 from efabuild.model import AuditPolicy
-from efabuild.nccl import is_ofi_plugin
+from efabuild.nccl import forces_other_network, is_infiniband_setting, is_ofi_plugin
 from efabuild.provenance import manifest as manifests
 from efabuild.provenance import versions
 from efabuild.provenance.measured import COMPONENTS, Component, Measured
@@ -381,9 +381,7 @@ def _openmpi(image: Measured) -> Check:
 def _infiniband_env(env: Mapping[str, str]) -> Check:
     bad = []
     for name, value in sorted(env.items()):
-        if name.startswith("NCCL_IB_") and not (name == "NCCL_IB_DISABLE" and value.strip() == "1"):
-            bad.append(f"{name}={value}")
-        elif name == "NCCL_NET" and value.strip().lower() not in ("libfabric", "aws libfabric", "ofi"):
+        if is_infiniband_setting(name, value) or forces_other_network(name, value):
             bad.append(f"{name}={value}")
     if bad:
         return Check("infiniband-env", FAIL, f"InfiniBand/non-EFA NCCL settings push NCCL off EFA: {', '.join(bad)}")
