@@ -136,6 +136,9 @@ INSTALLER_FORMS = {
     "shell with options": "RUN apt-get update && bash -x ./efa_installer.sh -y -g --skip-limit-conf --no-verify\n",
     "sh -c script": 'RUN apt-get update && sh -c "./efa_installer.sh -y -g --skip-limit-conf --no-verify"\n',
     "under timeout": "RUN apt-get update && timeout 1800 ./efa_installer.sh -y -g --skip-limit-conf --no-verify\n",
+    "exec form": 'RUN ["/bin/bash", "-c", "apt-get update && ./efa_installer.sh -y -g --skip-limit-conf --no-verify"]\n',
+    "heredoc fed to bash": "RUN bash -ex <<'SCRIPT'\napt-get update\n"
+                           "./efa_installer.sh -y -g --skip-limit-conf --no-verify\nSCRIPT\n",
 }
 
 

@@ -183,12 +183,18 @@ def run_commands(ins: Instruction, lookup) -> list[tuple[Command, int]]:
         except ValueError:
             argv = None
         if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
+            if len(argv) >= 3 and _is_shell(argv[0]) and "-c" in argv[1:-1]:
+                # ["bash", "-c", "script"]: the script is what runs
+                return [(command, ins.line) for command in split_commands(argv[-1], lookup, {})]
             command = Command(words=tuple(argv), argv=tuple(argv), assigns=(), offset=offset, text=body)
             return [(command, ins.line)]
     out: list[tuple[Command, int]] = []
     local: dict[str, str] = {}
     for heredoc in ins.heredocs:
-        if re.match(rf"^<<-?[\"']?{re.escape(heredoc.name)}[\"']?\s*$", body.strip()):
+        # `<<EOF` alone, or a shell reading the script from it: `bash -ex <<'EOF'`
+        redirect = rf"<<-?[\"']?{re.escape(heredoc.name)}[\"']?\s*$"
+        feeds_shell = re.match(rf"^(?:\S*/)?(?:ba)?sh(?:\s+-[A-Za-z]+)*\s*{redirect}", body.strip())
+        if re.match(rf"^{redirect}", body.strip()) or feeds_shell:
             body_lines = heredoc.body.split("\n")
             starts = [0]
             for piece in body_lines[:-1]:
@@ -200,6 +206,10 @@ def run_commands(ins: Instruction, lookup) -> list[tuple[Command, int]]:
     for command in split_commands(body, lookup, local):
         out.append((command, ins.line_at(offset + command.offset)))
     return out
+
+
+def _is_shell(program: str) -> bool:
+    return program.rsplit("/", 1)[-1] in ("sh", "bash", "dash")
 
 
 def _env_pairs(value: str, lookup) -> list[tuple[str, str, str]]:
