@@ -22,7 +22,7 @@ from efabuild.errors import EfabuildError
 from efabuild.keys import short
 from efabuild.model import Layer, Workspace
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
-from efabuild.planning import IMAGE_REPO, Prepared, image_tag
+from efabuild.planning import Prepared, image_tag
 from efabuild.ui import Reporter
 
 # Fixed timestamps for every build: 1980-01-01, the earliest a ZIP archive can hold.
@@ -61,12 +61,8 @@ class _Runner:
         self.reporter = reporter
         self.store_root = self.ws.settings.store.local
         self.plans = prepared.plan.by_name()
-        from efabuild.engine.images import existing_tags
-
-        # key -> a tag that has it: identical inputs in another graph share the image
-        self.tags: dict[str, str] = {}
-        for tag in existing_tags(self.engine, repo_prefix=f"{IMAGE_REPO}/"):
-            self.tags.setdefault(tag.rsplit(":", 1)[-1], tag)
+        # key -> a tag that has it, as the plan saw the engine; grows as layers are built or pulled
+        self.tags: dict[str, str] = dict(prepared.image_tags)
         self._store = None
 
     # --- one layer ---------------------------------------------------------------------------
@@ -91,7 +87,7 @@ class _Runner:
                 self._push(layer, lp)
                 steps.append("push")
         self._ensure_own_tag(layer, lp)
-        if layer.artifact and self._store_has(lp.key):
+        if layer.artifact and self.store.has(lp.key):
             self.store.name(lp.qualname, lp.key)  # no-op unless the artifact came from another name
         elif layer.artifact:
             if self.store.complete(lp.key) is not None:
@@ -112,7 +108,7 @@ class _Runner:
         layer: Layer = self.p.graph.nodes[lp.qualname]["layer"]
         if lp.key in self.tags:
             self._ensure_own_tag(layer, lp)
-        if layer.artifact and self._store_has(lp.key):
+        if layer.artifact and self.store.has(lp.key):
             self.store.name(lp.qualname, lp.key)
 
     def _pull(self, layer: Layer, lp: LayerPlan) -> None:
@@ -197,9 +193,6 @@ class _Runner:
 
             self._store = Store.from_settings(self.ws.settings.store, self.ws.root)
         return self._store
-
-    def _store_has(self, key: str) -> bool:
-        return self.store.has(key)
 
     def _export_and_publish(self, layer: Layer, lp: LayerPlan) -> str:
         from efabuild import artifacts

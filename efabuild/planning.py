@@ -41,6 +41,7 @@ class Prepared:
     engine: object | None  # efabuild.engine.client.Engine when one was reachable
     engine_error: str | None
     records: BuildRecords
+    image_tags: dict[str, str]  # key -> a tag the engine has it under (empty without an engine)
 
 
 def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = True,
@@ -58,7 +59,8 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
         inputs = layer_inputs(ws, graph, order, bases, hasher)
     hasher.state.save()
     keys = {inputs[name].key() for name in order}
-    images = (_engine_keys(engine) if engine else records.built_keys(order)) & keys
+    image_tags = _engine_tags(engine) if engine else {}
+    images = (set(image_tags) if engine else records.built_keys(order)) & keys
     availability = Availability(
         images=frozenset(images),
         registry=frozenset(_registry_keys(ws, engine, graph, [n for n in order if inputs[n].key() not in images],
@@ -74,7 +76,7 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
     plan = make_plan(graph, order, inputs, availability, previous, bases=tuple(bases.values()),
                      context_files_read=hasher.files_read)
     return Prepared(ws=ws, graph=graph, order=order, plan=plan, engine=engine, engine_error=engine_error,
-                    records=records)
+                    records=records, image_tags=image_tags)
 
 
 def never_context(ws: Workspace) -> frozenset[str]:
@@ -135,15 +137,16 @@ def _recorded_digest(records: BuildRecords, ref: str, roots: list[str]) -> str |
     return None
 
 
-def _engine_keys(engine) -> set[str]:
+def _engine_tags(engine) -> dict[str, str]:
+    """key -> one tag holding it: identical inputs in another graph share the image."""
     from efabuild.engine.images import existing_tags
 
-    keys = set()
-    for tag in existing_tags(engine, repo_prefix=f"{IMAGE_REPO}/"):
+    tags: dict[str, str] = {}
+    for tag in sorted(existing_tags(engine, repo_prefix=f"{IMAGE_REPO}/")):
         candidate = tag.rsplit(":", 1)[-1]
         if KEY_TAG.match(candidate):
-            keys.add(candidate)
-    return keys
+            tags.setdefault(candidate, tag)
+    return tags
 
 
 def _registry_keys(ws: Workspace, engine, graph, order, inputs) -> set[str]:

@@ -12,10 +12,11 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
         help="Pyxis importer: `get efabuild://REF` prints the .sqsh path; `release` cleans up",
         description="Called by Pyxis (plugstack.conf importer=...): `get IMAGE_URI` prints the "
                     "absolute .sqsh path of efabuild://REF (Pyxis passes docker://efabuild://REF); "
-                    "`release` is idempotent.",
+                    "any other image is imported with `enroot import` into PYXIS_RUNTIME_PATH. "
+                    "`release` removes that import and is idempotent.",
     )
     p.add_argument("action", choices=("get", "release"))
-    p.add_argument("image", metavar="IMAGE_URI", nargs="?", help="efabuild://REF (for get)")
+    p.add_argument("image", metavar="IMAGE_URI", nargs="?", help="efabuild://REF or any image Enroot imports (for get)")
     p.set_defaults(run=run)
 
 
