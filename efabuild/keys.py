@@ -25,7 +25,6 @@ from efabuild.errors import InputError
 from efabuild.redact import shown_args
 
 KEY_SCHEMA = "efabuild.layer/v1"
-SHORT = 12
 _CHUNK = 1 << 20
 
 
@@ -186,7 +185,3 @@ class ContextHasher:
         digest = hasher.hexdigest()
         self.state.put(rel, st, digest)
         return digest
-
-
-def short(key: str) -> str:
-    return key[:SHORT]

@@ -19,7 +19,7 @@ from pathlib import Path
 import attrs
 
 from efabuild.errors import EfabuildError
-from efabuild.keys import short
+from efabuild.store.layout import short
 from efabuild.model import Layer, Workspace
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
 from efabuild.planning import Prepared, image_tag

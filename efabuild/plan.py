@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping
 import attrs
 import networkx as nx
 
-from efabuild.keys import ContextHasher, LayerInputs, short
+from efabuild.keys import ContextHasher, LayerInputs
+from efabuild.store.layout import short
 from efabuild.model import Layer, Workspace
 from efabuild.redact import shown_args
 
