@@ -15,7 +15,7 @@ from efabuild.ui import Reporter
 
 
 def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
-                       tag: str, reporter: Reporter, epoch: int) -> Path:
+                       tag: str, reporter: Reporter, epoch: int, builder_versions: dict) -> Path:
     from efabuild.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.sqsh import export_image
@@ -45,7 +45,7 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
         manifest = describe_sqsh(
             result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest,
             export_options=export_info, base=_base(prepared, layer), chain=_chain(prepared, layer.qualname),
-            builder=_builder_versions(engine), times={"started": started, "exported": _now()},
+            builder=builder_versions, times={"started": started, "exported": _now()},
         )
         record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info)
         outcome = store.publish(plan.key, result.path, record, manifest)
@@ -67,7 +67,7 @@ def _base(prepared: Prepared, layer: Layer) -> dict | None:
     return {"ref": root.base.ref, "digest": base.digest if base else None}
 
 
-def _builder_versions(engine) -> dict:
+def engine_versions(engine) -> dict:
     try:
         return {k: v for k, v in engine.versions().items() if v is not None}
     except Exception:  # versions are informative; a failed query must not fail the artifact

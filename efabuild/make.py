@@ -8,6 +8,7 @@ branches finish. Every build's full log is kept under the local store.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import tempfile
@@ -186,6 +187,13 @@ class _Runner:
 
     # --- artifacts ---------------------------------------------------------------------------
 
+    @functools.cached_property
+    def builder_versions(self) -> dict:
+        """The engine's tool versions for manifests: asked once per make, not per artifact."""
+        from efabuild.artifacts import engine_versions
+
+        return engine_versions(self.engine)
+
     @property
     def store(self):
         if self._store is None:
@@ -200,6 +208,7 @@ class _Runner:
         path = artifacts.export_and_publish(
             ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
             tag=self.tags[lp.key], reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
+            builder_versions=self.builder_versions,
         )
         return str(path)
 
