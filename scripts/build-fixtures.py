@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Build the offline demo fixture images; does nothing when they are up to date.
 
-Same as `python -m efabuild.fixtures` (see fixtures/README.md); runs from a checkout without
-installing efabuild.
+Same as `python -m efabuild.fixtures` (see fixtures/README.md). It uses this checkout's efabuild
+package, which need not be installed, but needs efabuild's dependencies (python-on-whales, attrs,
+blake3): `bash scripts/setup-host.sh` installs them.
 """
 
 import sys
@@ -10,7 +11,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from efabuild.fixtures import main  # noqa: E402
+try:
+    import attrs, blake3, python_on_whales  # noqa: E401,F401 - imported late by the fixtures code
+    from efabuild.fixtures import main
+except ModuleNotFoundError as exc:  # a bare Python: say what to run instead of a traceback
+    print(f"build-fixtures: missing Python module {exc.name!r}: run `bash scripts/setup-host.sh` "
+          f"(as root) or `pip install -e .` first", file=sys.stderr)
+    sys.exit(2)
 
 if __name__ == "__main__":
     sys.exit(main())

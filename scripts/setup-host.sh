@@ -65,11 +65,27 @@ start_dockerd() {
   log "dockerd did not come up; see /var/log/efabuild-dockerd.log"; tail -n 20 /var/log/efabuild-dockerd.log >&2; exit 1
 }
 
+python_ready() {
+  # Judged by what an installation provides, from outside the checkout (where the package
+  # directory itself is not on the path): the installed distribution with every requirement
+  # met, and the console scripts on PATH.
+  (cd / && python3 - <<'PY'
+import importlib.metadata as md, re, sys
+dist = md.distribution("efabuild")
+for req in dist.requires or []:
+    if "extra ==" in req and 'extra == "test"' not in req:
+        continue
+    md.version(re.split(r"[\s\[<>=!~;(]", req, maxsplit=1)[0])
+PY
+  ) >/dev/null 2>&1 && command -v efabuild >/dev/null && command -v efabuild-pyxis-importer >/dev/null
+}
+
 install_python() {
   local here; here=$(cd "$(dirname "$0")/.." && pwd)
-  python3 -c 'import efabuild' 2>/dev/null && [ -z "${FORCE_PIP:-}" ] && return 0
-  log "installing efabuild (pip install -e)"
+  [ -z "${FORCE_PIP:-}" ] && python_ready && return 0
+  log "installing efabuild (pip install -e) into $(command -v python3)"
   python3 -m pip install -q -e "$here[test]"
+  python_ready || { log "efabuild is installed but not usable from $(command -v python3); see pip's output above"; exit 1; }
 }
 
 need_root

@@ -107,5 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+def pyxis_importer_main() -> int:
+    """The `efabuild-pyxis-importer` console script that plugstack.conf names: Pyxis calls it with
+    `get IMAGE_URI` or `release`, exactly as `efabuild pyxis-importer ...`."""
+    return main(["pyxis-importer", *sys.argv[1:]])
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
