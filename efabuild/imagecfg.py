@@ -76,6 +76,8 @@ class ImageConfig:
 
 def bash_quote(word: str) -> str:
     """Quote one word as bash 5's `${word@Q}` does in a UTF-8 locale."""
+    if word == "'":  # bash special-cases a lone quote (sh_single_quote)
+        return "\\'"
     if not any(_needs_ansi_c(ch) for ch in word):
         return "'" + word.replace("'", "'\\''") + "'"
     out = []

@@ -115,10 +115,20 @@ _WORDS = st.text(
 @pytest.mark.skipif(shutil.which("bash") is None, reason="bash is the reference for ${x@Q}")
 @settings(max_examples=40, deadline=None)
 @given(st.lists(_WORDS, min_size=1, max_size=6))
-def test_bash_quote_matches_bash(words: list[str]) -> None:
-    script = 'for w in "$@"; do printf "%s\\0" "${w@Q}"; done'
+def test_bash_quote_evaluates_to_the_word_in_bash(words: list[str]) -> None:
+    """What matters to /etc/rc is that bash reads each quoted word back as the word itself."""
+    script = 'for q in "$@"; do eval "w=$q"; printf "%s\\0" "$w"; done'
     out = subprocess.run(
-        ["bash", "-c", script, "bash", *words],
+        ["bash", "-c", script, "bash", *[bash_quote(w) for w in words]],
         capture_output=True, check=True, env={"LC_ALL": "C.UTF-8"},
-    ).stdout.decode()
-    assert out.split("\0")[:-1] == [bash_quote(w) for w in words]
+    ).stdout.decode("utf-8", "surrogateescape")
+    assert out.split("\0")[:-1] == words
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is the reference for ${x@Q}")
+@pytest.mark.parametrize("word", ["'", "''", "a'b", "it's", "", "plain", "tab\there", "new\nline", "é", "\x7f", "$x `y`"])
+def test_bash_quote_writes_what_bash_writes(word: str) -> None:
+    """Byte for byte as `${w@Q}`, so /etc/rc is the file Enroot writes (bash quotes a lone `'` as `\\'`)."""
+    out = subprocess.run(["bash", "-c", 'printf "%s" "${1@Q}"', "bash", word],
+                         capture_output=True, check=True, env={"LC_ALL": "C.UTF-8"}).stdout.decode()
+    assert bash_quote(word) == out
