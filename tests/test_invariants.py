@@ -152,3 +152,61 @@ def test_audit_wants_efas_two_directories_in_order(tmp_path):
     ngc.write_config(tree, {**env, "LD_LIBRARY_PATH": swapped})
     check = audit_tree(tree)["ld-library-path"]
     assert check.status == FAIL and "is not led by /opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib" in check.message
+
+
+# ---- export ------------------------------------------------------------------------------------
+
+@pytest.mark.engine
+def test_the_superblock_and_root_directory_carry_the_exports_epoch(busybox_image, tmp_path):
+    """Slip: the export stops fixing the superblock's creation time, so two exports of one image a
+    second apart differ (the determinism test exports twice within the same second)."""
+    import struct
+    import subprocess
+
+    from efabuild.model import ExportSettings
+    from efabuild.sqsh import export_image
+
+    epoch = 1_234_567_890
+    out = tmp_path / "busybox.sqsh"
+    export_image(busybox_image, out, options=ExportSettings(), epoch=epoch)
+    with open(out, "rb") as handle:
+        magic, _inodes, mkfs_time = struct.unpack("<III", handle.read(12))
+    assert magic == 0x73717368  # "hsqs"
+    assert mkfs_time == epoch
+    listing = subprocess.run(["unsquashfs", "-lln", "-UTC", str(out)], capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    root = next(line for line in listing if line.rstrip().endswith("squashfs-root"))
+    assert "2009-02-13 23:31" in root  # the epoch, as unsquashfs prints it in UTC
+
+
+# ---- fetching ----------------------------------------------------------------------------------
+
+@pytest.mark.s3
+def test_four_nodes_looking_up_one_cold_key_download_it_once(tmp_path, moto_server, s3_bucket):
+    """Slip: the cold fetch stops taking its per-key lock; four jobs starting at once on a cold
+    shared store would then download the same 25 GB four times."""
+    import subprocess
+    import sys
+
+    from efabuild.model import S3Settings
+    from tests.httpcount import CountingProxy
+    from tests.storekit import REPO, make_sqsh
+    from tests.test_store_s3 import published
+
+    settings = S3Settings(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=moto_server)
+    key = published(tmp_path / "builder", settings, make_sqsh(tmp_path, os.urandom(8 << 20), "cold"))
+    proxy = CountingProxy(moto_server)
+    shared = tmp_path / "fsx"
+    shared.mkdir()
+    config = (tmp_path / "builder" / "cache" / "store.toml").read_text()
+    assert moto_server in config
+    (shared / "store.toml").write_text(config.replace(moto_server, proxy.url))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    jobs = [subprocess.Popen([sys.executable, "-m", "efabuild", "lookup", "--store", str(shared), key],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(4)]
+    outputs = [job.communicate(timeout=120) for job in jobs]
+    assert [job.returncode for job in jobs] == [0] * 4, outputs
+    assert {out for out, _err in outputs} == {f"{shared}/objects/{key[:2]}/{key}.sqsh\n"}
+    proxy.close()
+    assert proxy.gets(f"{key}.sqsh", range_start=0) == 1, proxy.requests
