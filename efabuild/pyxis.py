@@ -17,6 +17,8 @@ job's working directory. The config may also say `verify = true` to re-hash befo
 from __future__ import annotations
 
 import os
+import re
+import stat
 import subprocess
 import sys
 import tomllib
@@ -30,6 +32,10 @@ PYXIS_PREFIXES = ("docker://",)
 CONFIG_ENV = "EFABUILD_PYXIS_CONFIG"
 DEFAULT_CONFIG = Path("/etc/efabuild/pyxis.toml")
 CONFIG_KEYS = ("store", "verify")
+CONFIG_MAX_BYTES = 64 * 1024
+# Slurm's job and step ids are 32-bit unsigned numbers; its special steps also go by these names
+ID_PATTERN = re.compile(r"[0-9]{1,10}")
+STEP_NAMES = ("batch", "extern", "interactive")
 
 
 def is_efabuild_uri(uri: str) -> bool:
@@ -52,26 +58,49 @@ def parse_image_uri(uri: str) -> str:
 
 
 def read_config(environ: dict[str, str] | None = None) -> dict:
-    """The importer's config file as a dict ({} when there is none)."""
+    """The importer's config file as a dict ({} when there is none).
+
+    Read bounded: a regular file of at most CONFIG_MAX_BYTES, UTF-8 TOML, not nested deeper than
+    a config needs; anything else is one line naming the file.
+    """
     environ = os.environ if environ is None else environ
     path = Path(environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
     try:
-        with open(path, "rb") as handle:
-            config = tomllib.load(handle)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the open
     except FileNotFoundError:
         if environ.get(CONFIG_ENV):
             raise InputError("no such file", f"{CONFIG_ENV}={path}") from None
         return {}
+    except OSError as exc:
+        raise InputError(f"cannot read ({exc.strerror})", str(path)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputError("not a regular file", str(path))
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(CONFIG_MAX_BYTES + 1)
+    if len(data) > CONFIG_MAX_BYTES:
+        raise InputError(f"larger than {CONFIG_MAX_BYTES} bytes: not an importer config", str(path))
+    try:
+        config = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InputError("not UTF-8 text: not an importer config", str(path)) from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"not valid TOML ({exc})", str(path)) from None
+    except RecursionError:
+        raise InputError("nested too deeply: not an importer config", str(path)) from None
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
-        raise InputError(f"unknown key {unknown[0]!r} (known: {', '.join(CONFIG_KEYS)})", str(path))
+        raise InputError(f"unknown key {unknown[0][:40]!r} (known: {', '.join(CONFIG_KEYS)})", str(path))
     if "store" in config and (not isinstance(config["store"], str) or not config["store"]):
-        raise InputError(f"must be a store directory path, not {config['store']!r}", f"{path}: store")
+        raise InputError(f"must be a store directory path, not {_short(config['store'])}", f"{path}: store")
     if "verify" in config and not isinstance(config["verify"], bool):
-        raise InputError(f"must be true or false, not {config['verify']!r}", f"{path}: verify")
+        raise InputError(f"must be true or false, not {_short(config['verify'])}", f"{path}: verify")
     return config
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def get(uri: str, environ: dict[str, str] | None = None) -> Path:
@@ -97,15 +126,40 @@ def release(environ: dict[str, str] | None = None) -> None:
 
 
 def _staged_path(environ, required: bool = True) -> Path | None:
-    """Where a non-efabuild image of this job step is imported (Pyxis' own convention)."""
+    """Where a non-efabuild image of this job step is imported (Pyxis' own convention:
+    RUNTIME/UID/JOB.STEP.squashfs), after checking every part; None for `release` outside a step.
+
+    The variables come from the job's environment, which its user controls: each must be what
+    Slurm and Pyxis set (digits, or a step name), and the result must stay inside the runtime
+    directory, or `release` would delete whatever file a crafted value points at.
+    """
     names = ("PYXIS_RUNTIME_PATH", "SLURM_JOB_ID", "SLURM_STEP_ID")
     missing = [name for name in names if not environ.get(name)]
     if missing:
         if required:
             raise EfabuildError(f"cannot import a non-efabuild image outside a Pyxis job step: {', '.join(missing)} unset")
         return None
+    runtime_text = environ["PYXIS_RUNTIME_PATH"]
+    if "\0" in runtime_text or not runtime_text.startswith("/") or ".." in runtime_text.split("/"):
+        raise InputError(f"must be an absolute path without '..', not {_short(runtime_text)}", "PYXIS_RUNTIME_PATH")
+    runtime = Path(os.path.realpath(runtime_text))
+    if not runtime.is_dir():
+        raise InputError(f"{runtime_text}: not a directory", "PYXIS_RUNTIME_PATH")
     uid = environ.get("SLURM_JOB_UID") or str(os.getuid())
-    return Path(environ["PYXIS_RUNTIME_PATH"]) / uid / f"{environ['SLURM_JOB_ID']}.{environ['SLURM_STEP_ID']}.squashfs"
+    _check_id(uid, "SLURM_JOB_UID", ())
+    _check_id(environ["SLURM_JOB_ID"], "SLURM_JOB_ID", ())
+    _check_id(environ["SLURM_STEP_ID"], "SLURM_STEP_ID", STEP_NAMES)
+    staged = runtime / uid / f"{environ['SLURM_JOB_ID']}.{environ['SLURM_STEP_ID']}.squashfs"
+    # the user's directory is theirs: a link in it must not lead the path out of the runtime directory
+    if not Path(os.path.realpath(staged)).is_relative_to(runtime):
+        raise InputError(f"{staged} resolves outside {runtime}: refusing to touch it", "PYXIS_RUNTIME_PATH")
+    return staged
+
+
+def _check_id(value: str, name: str, names: tuple[str, ...]) -> None:
+    if not (ID_PATTERN.fullmatch(value) or value in names):
+        allowed = "digits" + (f" or one of {', '.join(names)}" if names else "")
+        raise InputError(f"must be {allowed}, not {_short(value)}", name)
 
 
 def _enroot_import(uri: str, environ) -> Path:

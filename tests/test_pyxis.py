@@ -1,4 +1,4 @@
-"""The Pyxis importer, called as Pyxis calls it: through the wrapper script, with Slurm's env.
+"""The Pyxis importer, called as Pyxis calls it: the package's console script, with Slurm's env.
 
 Pyxis itself (a Slurm SPANK plugin) cannot run on this machine; the tests reproduce its calls as
 documented: `get docker://efabuild://REF` (Pyxis prepends docker://), then `release` twice.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,18 @@ from efabuild.store.core import Store
 from efabuild.store.fs import FilesystemTier
 from tests.storekit import REPO, key_for, make_sqsh, record_for
 
-IMPORTER = REPO / "scripts" / "efabuild-pyxis-importer"
+
+
+def console_script(name: str) -> list[str]:
+    """The command pip's wrapper for the console script `name` runs (this tree is not installed
+    here: the shared install must not be repointed), read from pyproject.toml's [project.scripts]."""
+    with open(REPO / "pyproject.toml", "rb") as handle:
+        target = tomllib.load(handle)["project"]["scripts"][name]
+    module, function = target.split(":")
+    return [sys.executable, "-c", f"import sys; from {module} import {function}; sys.exit({function}())"]
+
+
+IMPORTER = console_script("efabuild-pyxis-importer")
 
 
 @pytest.fixture
@@ -33,12 +45,9 @@ def store_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def job_env(tmp_path: Path) -> dict[str, str]:
-    """The importer's environment in a job step: efabuild on PATH, Slurm and Pyxis variables."""
+    """The importer's environment in a job step: Slurm and Pyxis variables (bin/ on PATH for enroot)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    shim = bin_dir / "efabuild"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m efabuild "$@"\n')
-    shim.chmod(0o755)
     runtime = tmp_path / "pyxis-runtime"
     runtime.mkdir()
     return {
@@ -53,7 +62,7 @@ def job_env(tmp_path: Path) -> dict[str, str]:
 
 
 def importer(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(IMPORTER), *args], capture_output=True, text=True, env=env, cwd=cwd)
+    return subprocess.run([*IMPORTER, *args], capture_output=True, text=True, env=env, cwd=cwd)
 
 
 def test_get_prints_only_the_sqsh_path_and_release_is_idempotent(store_dir, job_env, tmp_path):
@@ -130,3 +139,115 @@ def test_image_uri_forms():
     for bad in ("docker://ubuntu:24.04", "efabuild://", "dockerd://efabuild://x:y"):
         with pytest.raises(InputError):
             parse_image_uri(bad)
+
+
+# --- hostile callers: the importer runs as the job's user with an environment that user chose ---
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("SLURM_JOB_UID", "../outside"),
+    ("SLURM_JOB_UID", "/abs"),
+    ("SLURM_JOB_ID", "../../outside/4242"),
+    ("SLURM_JOB_ID", "4242\n"),
+    ("SLURM_STEP_ID", "0/../../../outside/4242.0"),
+    ("SLURM_STEP_ID", "batch.squashfs"),
+    ("PYXIS_RUNTIME_PATH", "relative/runtime"),
+    ("PYXIS_RUNTIME_PATH", "{runtime}/../outside"),
+])
+def test_release_and_get_refuse_variables_that_leave_the_runtime_path(job_env, tmp_path, variable, value):
+    """`SLURM_JOB_UID=../outside` used to make `release` delete a file outside the runtime path."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victims = [outside / "4242.0.squashfs", tmp_path / "outside.squashfs"]
+    for victim in victims:
+        victim.write_text("not yours")
+    (tmp_path / "bin" / "enroot").write_text(ENROOT_STAND_IN)
+    (tmp_path / "bin" / "enroot").chmod(0o755)
+    env = {**job_env, "SLURM_JOB_UID": "1000", variable: value.format(runtime=job_env["PYXIS_RUNTIME_PATH"])}
+    for args in (("release",), ("get", "docker://ubuntu:24.04")):
+        result = importer(*args, env=env, cwd=tmp_path)
+        assert (result.returncode, result.stdout) == (2, ""), (args, result.stderr)
+        assert _one_line(result.stderr).startswith(f"efabuild: {variable}: must be")
+    assert [victim.read_text() for victim in victims] == ["not yours"] * len(victims)
+
+
+def test_a_user_directory_linked_out_of_the_runtime_path_is_refused(job_env, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "4242.0.squashfs"
+    victim.write_text("not yours")
+    (Path(job_env["PYXIS_RUNTIME_PATH"]) / "1000").symlink_to(outside)
+    result = importer("release", env={**job_env, "SLURM_JOB_UID": "1000"}, cwd=tmp_path)
+    assert result.returncode == 2 and "resolves outside" in _one_line(result.stderr)
+    assert victim.read_text() == "not yours"
+
+
+@pytest.mark.parametrize("step", ["batch", "extern", "interactive", "4294967291"])
+def test_slurm_step_names_are_accepted(store_dir, job_env, tmp_path, step):
+    (tmp_path / "bin" / "enroot").write_text(ENROOT_STAND_IN)
+    (tmp_path / "bin" / "enroot").chmod(0o755)
+    env = {**job_env, "SLURM_JOB_UID": "1000", "SLURM_STEP_ID": step}
+    result = importer("get", "docker://ubuntu:24.04", env=env, cwd=tmp_path)
+    staged = Path(job_env["PYXIS_RUNTIME_PATH"]) / "1000" / f"4242.{step}.squashfs"
+    assert (result.returncode, result.stdout) == (0, f"{staged}\n"), result.stderr
+    assert importer("release", env=env, cwd=tmp_path).returncode == 0 and not staged.exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["--help"], ["-h"], ["get", "--help"], ["get", "-h"], ["release", "--help"], [], ["get"],
+    ["get", "efabuild://a", "efabuild://b"], ["frobnicate"], ["release", "extra"], ["--version"],
+])
+def test_no_bad_call_prints_anything_pyxis_would_take_for_a_path(store_dir, job_env, tmp_path, args):
+    """Pyxis starts the first stdout line as a .sqsh whenever the exit status is 0."""
+    env = {**job_env, "EFABUILD_STORE": str(store_dir)}
+    result = importer(*args, env=env, cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, ""), result
+    assert _one_line(result.stderr).startswith("efabuild: ")
+    # the same through the main command, for a plugstack.conf that names a wrapper around it
+    result = subprocess.run([sys.executable, "-m", "efabuild", "pyxis-importer", *args], capture_output=True,
+                            text=True, env=env, cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (2, ""), result
+
+
+def test_no_shipped_importer_runs_a_program_named_by_the_environment(store_dir, job_env, tmp_path):
+    """The importer runs for every job with the job's environment: EFABUILD or PATH must not pick
+    the program that answers Pyxis (the old wrapper script exec'd ${EFABUILD:-efabuild})."""
+    marker = tmp_path / "ran"
+    planted = tmp_path / "bin" / "efabuild"
+    planted.write_text(f"#!/bin/sh\ntouch {marker}\necho /tmp/planted.sqsh\n")
+    planted.chmod(0o755)
+    env = {**job_env, "EFABUILD_STORE": str(store_dir), "EFABUILD": str(planted)}
+    importers = [IMPORTER] + [[str(path)] for path in (REPO / "scripts").glob("*importer*")]
+    for command in importers:
+        result = subprocess.run([*command, "get", "docker://efabuild://ngc-efa:user"],
+                                capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert result.returncode == 0 and result.stdout.startswith(str(store_dir)), (command, result)
+    assert not marker.exists()
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("kind, make, problem", [
+    ("directory", lambda p: p.mkdir(), "not a regular file"),
+    ("fifo", _fifo, "not a regular file"),
+    ("binary", lambda p: p.write_bytes(b"\x7fELF\x02\x01\x01\x00" + os.urandom(2000)), "not UTF-8 text"),
+    ("nested", lambda p: p.write_text("store = " + "[" * 5000 + "]" * 5000 + "\n"), "nested too deeply"),
+    ("huge", lambda p: p.write_text("# " + "x" * 200_000 + "\n"), "larger than 65536 bytes"),
+    ("wrong type", lambda p: p.write_text("store = [" + "1," * 5000 + "]\n"), "store: must be a store directory path"),
+])
+def test_a_hostile_importer_config_is_one_line(store_dir, job_env, tmp_path, kind, make, problem):
+    config = tmp_path / "pyxis.toml"
+    make(config)
+    env = {**job_env, "EFABUILD_PYXIS_CONFIG": str(config)}
+    result = subprocess.run([*IMPORTER, "get", "docker://efabuild://ngc-efa:user"], capture_output=True,
+                            text=True, env=env, cwd=tmp_path, timeout=20)
+    assert (result.returncode, result.stdout) == (2, "")
+    line = _one_line(result.stderr)
+    assert line.startswith(f"efabuild: {config}") and problem in line and len(line) < 300, line

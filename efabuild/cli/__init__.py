@@ -109,8 +109,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def pyxis_importer_main() -> int:
     """The `efabuild-pyxis-importer` console script that plugstack.conf names: Pyxis calls it with
-    `get IMAGE_URI` or `release`, exactly as `efabuild pyxis-importer ...`."""
-    return main(["pyxis-importer", *sys.argv[1:]])
+    `get IMAGE_URI` or `release`. No argument parser: nothing but a path may reach stdout."""
+    from efabuild.cli.pyxis_cmd import protocol
+
+    try:
+        return protocol(sys.argv[1:])
+    except EfabuildError as exc:
+        print(f"efabuild: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except PermissionError as exc:
+        print(f"efabuild: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,35 +1,50 @@
-"""`efabuild pyxis-importer get IMAGE_URI | release`: the Pyxis importer protocol."""
+"""`efabuild pyxis-importer get IMAGE_URI | release`: the Pyxis importer protocol.
+
+Pyxis takes the first line of stdout as the .sqsh to start whenever the exit status is 0, so this
+command parses its own arguments: anything but `get IMAGE_URI` or `release` — `--help` included —
+is a usage line on stderr and exit 2, never text on stdout.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+USAGE = "usage: efabuild-pyxis-importer get IMAGE_URI | release (called by Pyxis, see plugstack.conf importer=)"
+
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
-        name, parents=[common],
+        name, parents=[common], add_help=False,
         help="Pyxis importer: `get efabuild://REF` prints the .sqsh path; `release` cleans up",
         description="Called by Pyxis (plugstack.conf importer=...): `get IMAGE_URI` prints the "
                     "absolute .sqsh path of efabuild://REF (Pyxis passes docker://efabuild://REF); "
                     "any other image is imported with `enroot import` into PYXIS_RUNTIME_PATH. "
                     "`release` removes that import and is idempotent.",
     )
-    p.add_argument("action", choices=("get", "release"))
-    p.add_argument("image", metavar="IMAGE_URI", nargs="?", help="efabuild://REF or any image Enroot imports (for get)")
+    p.add_argument("words", nargs=argparse.REMAINDER)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from efabuild import pyxis
-    from efabuild.errors import InputError
+    return protocol(args.words)
 
-    if args.action == "release":
+
+def protocol(words: list[str]) -> int:
+    """Run one importer call; raises InputError (exit 2, stderr) for anything else."""
+    from efabuild import pyxis
+    from efabuild.errors import EfabuildError, InputError
+
+    if words == ["release"]:
         pyxis.release()
         return 0
-    if not args.image:
-        raise InputError("pyxis-importer get: missing IMAGE_URI (efabuild://REF)")
-    path = pyxis.get(args.image)
+    if words == ["get"]:
+        raise InputError(f"get: missing IMAGE_URI (efabuild://REF); {USAGE}")
+    if len(words) != 2 or words[0] != "get" or words[1].startswith("-") or not words[1]:
+        raise InputError(USAGE)
+    path = str(pyxis.get(words[1]))
+    if not path.startswith("/") or "\n" in path or "\r" in path:
+        raise EfabuildError(f"refusing to hand Pyxis the path {path!r}: not an absolute single-line path")
     sys.stdout.write(f"{path}\n")
     sys.stdout.flush()
     return 0
