@@ -18,7 +18,7 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
                        tag: str, reporter: Reporter, epoch: int, builder_versions: dict) -> Path:
     from efabuild.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
-    from efabuild.sqsh import export_image
+    from efabuild.sqsh import ENROOT_FORMAT, export_image
     from efabuild.store.fsutil import temp_name
     from efabuild.store.record import ArtifactRecord
 
@@ -41,7 +41,8 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
             for shown in bar:
                 shown.close()
         export_info = {"mksquashfs": list(result.options), "compression": ws.settings.export.compression,
-                       "compress_data": ws.settings.export.compress_data, "epoch": epoch}
+                       "compress_data": ws.settings.export.compress_data, "epoch": epoch,
+                       "enroot_format": ENROOT_FORMAT}
         manifest = describe_sqsh(
             result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest,
             export_options=export_info, base=_base(prepared, layer), chain=_chain(prepared, layer.qualname),

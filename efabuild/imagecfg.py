@@ -4,7 +4,7 @@
 `/etc/environment`, `/etc/rc`, `/etc/rc.local` and `/etc/fstab`, overwriting the image's own, and
 creates the working directory. Pyxis and `enroot start` read these files, so an exported `.sqsh`
 must carry them byte for byte as Enroot would write them. Enroot builds them with jq and a bash
-here-document; the quirks kept below (label order, argument quoting with bash's `${x@Q}`, the
+here-document; the quirks kept below (label order, label newlines as spaces, argument quoting with bash's `${x@Q}`, the
 `/bin/sh` default, the literal `${ENROOT_ROOTFS}` in fstab) are Enroot's.
 """
 
@@ -124,7 +124,8 @@ def rc_text(cfg: ImageConfig) -> str:
     entrypoint, cmd = _lines(cfg.entrypoint), _lines(cfg.cmd)
     if not entrypoint and not cmd:
         cmd = ["/bin/sh"]
-    head = "".join(f"# {key} {value}\n" for key, value in cfg.labels)
+    # Enroot ≥ 4.1.2 writes a label's newlines as spaces: each label stays one comment line
+    head = "".join(f"# {key} {value.replace(chr(10), ' ')}\n" for key, value in cfg.labels)
     if head:
         head += "\n"
     ep, args = _quoted(entrypoint), _quoted(cmd)

@@ -4,7 +4,7 @@
 
 The result matches `enroot import dockerd://IMAGE`: no `dev/*` contents and no `.dockerenv`,
 everything owned by root, permissions fixed as Enroot fixes them (u+rX everywhere, u+w on
-directories up to depth 5), `/etc/environment`, `/etc/rc`, `/etc/rc.local` and `/etc/fstab` written
+directories up to depth 15), `/etc/environment`, `/etc/rc`, `/etc/rc.local` and `/etc/fstab` written
 from the image config (see `imagecfg`), the working directory present, and Enroot's compression
 options (`-comp lzo -noD` unless BUILD.toml says otherwise).
 
@@ -35,9 +35,10 @@ from typing import Any
 
 import attrs
 
-from efabuild.errors import EfabuildError, NotFound
+from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.imagecfg import ImageConfig, enroot_files
 from efabuild.model import ExportSettings
+from efabuild.squashopts import extra_options_problem
 from efabuild.store.fsutil import fsync_dir
 
 # progress(bytes streamed so far, expected total or None)
@@ -49,7 +50,10 @@ _SPLICE_MIN = 128 << 10  # bodies this large bypass Python: splice(2) pipe to pi
 _PIPE_SIZE = 1 << 20
 _PROGRESS_EVERY = 64 << 20
 EXPORT_LABEL = "org.efabuild.export"  # on the temporary container: the .sqsh being written
-ENROOT_FIXPERMS_DEPTH = 5  # Enroot: find rootfs -maxdepth 5 -type d ! -perm -u=w -exec chmod u+w
+# The Enroot release whose `enroot import` output an export reproduces; recorded with every
+# artifact, since the same key gives the same bytes only within one format.
+ENROOT_FORMAT = "4.1.2"
+ENROOT_FIXPERMS_DEPTH = 15  # Enroot ≥ 4.0: find rootfs -maxdepth 15 -type d ! -perm -u=w -exec chmod u+w
 # paths `docker create` adds to the rootfs (its init layer) when the image lacks them; their
 # mtimes are the container's creation time, so they are pinned to the export's epoch
 _INIT_LAYER_PATHS = (
@@ -71,7 +75,14 @@ class ExportResult:
 
 
 def mksquashfs_options(options: ExportSettings, *, epoch: int = 0) -> tuple[str, ...]:
-    """Every mksquashfs option of an export, input and output paths aside."""
+    """Every mksquashfs option of an export, input and output paths aside.
+
+    Extra options are checked here too, not only when BUILD.toml is read: whatever builds the
+    settings, no pseudo-file or path option reaches mksquashfs.
+    """
+    problem = extra_options_problem(options.extra_options)
+    if problem:
+        raise InputError(problem, "[export] extra_options")
     return (
         "-tar", "-noappend", "-all-root", "-no-xattrs",
         # a tar stream has no root directory entry: give it the one Enroot's rootfs dir has
@@ -123,7 +134,7 @@ class RewritePlan:
 
 
 def fixed_mode(mode: int, *, is_dir: bool, depth: int) -> int:
-    """Enroot's fixperms: `chmod -R u+rX`, then u+w on directories at depth ≤ 5."""
+    """Enroot's fixperms: `chmod -R u+rX`, then u+w on directories at depth ≤ 15."""
     mode |= 0o400
     if is_dir or mode & 0o111:
         mode |= 0o100

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from efabuild.errors import InputError
+from efabuild.squashopts import extra_options_problem
 from efabuild.model import (
     DEFAULT_PLATFORM,
     AuditPolicy,
@@ -220,8 +221,12 @@ def _export(t: _Table | None) -> ExportSettings:
     if compression not in known:
         raise InputError(f"unknown compression '{compression}' (one of {', '.join(known)})",
                          t.where("compression"))
+    extra = t.str_list("extra_options")
+    problem = extra_options_problem(extra)
+    if problem:
+        raise InputError(problem, t.where("extra_options"))
     return ExportSettings(compression=compression, compress_data=t.get("compress_data", bool, False),
-                          extra_options=t.str_list("extra_options"))
+                          extra_options=extra)
 
 
 VERSION_SPEC = re.compile(r"^([a-z0-9-]+)\s*(>=|<=|==|<|>)\s*([0-9][0-9A-Za-z.+-]*)$")

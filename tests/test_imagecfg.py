@@ -132,3 +132,21 @@ def test_bash_quote_writes_what_bash_writes(word: str) -> None:
     out = subprocess.run(["bash", "-c", 'printf "%s" "${1@Q}"', "bash", word],
                          capture_output=True, check=True, env={"LC_ALL": "C.UTF-8"}).stdout.decode()
     assert bash_quote(word) == out
+
+
+@pytest.mark.parametrize("value", ["line one\ntouch {marker}", "it's\nbroken", "a\n\n\nb\n"])
+def test_a_label_with_newlines_stays_one_comment_line_as_enroot_writes_it(tmp_path, value) -> None:
+    """Enroot ≥ 4.1.2 writes label newlines as spaces. A label copied into /etc/rc with its newline
+    ran its second line as a command at every container start, or broke the script's syntax."""
+    marker = tmp_path / "ran"
+    value = value.format(marker=marker)
+    cfg = ImageConfig.from_docker({"Labels": {"org.example.note": value}, "Cmd": ["true"],
+                                   "WorkingDir": str(tmp_path)})
+    rc = rc_text(cfg)
+    assert rc.startswith(f"# org.example.note {value.replace(chr(10), ' ')}\n\n")
+    script = tmp_path / "rc"
+    script.write_text(rc)
+    # Enroot starts the container with `/etc/rc` run by the image's bash
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=10)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert not marker.exists()

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efabuild.errors import EfabuildError, NotFound
+from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.imagecfg import ImageConfig
 from efabuild.model import ExportSettings
 from efabuild.sqsh import (
@@ -109,21 +109,23 @@ def test_hard_links_to_a_rewritten_file_get_its_new_text(tmp_path: Path) -> None
 
 
 def test_filter_fixes_permissions_as_enroot(tmp_path: Path) -> None:
-    deep = "a/b/c/d/e/f"
+    """Enroot ≥ 4.0 makes directories writable down to depth 15 (`find -maxdepth 15`); 3.x stopped
+    at 5, which left depth 6-15 read-only directories that Enroot 4 fixes."""
+    chain = ["/".join(f"d{i}" for i in range(1, n + 1)) for n in range(1, 17)]  # depths 1..16
     out = _filter(tmp_path, _tar([
         ("etc", "d", 0o755, b""),
         ("etc/shadow", "f", 0o000, b"secret"),
         ("etc/sudoers.d", "d", 0o550, b""),
         ("run.sh", "f", 0o010, b""),
-        ("a", "d", 0o755, b""), ("a/b", "d", 0o755, b""), ("a/b/c", "d", 0o755, b""),
-        ("a/b/c/d", "d", 0o755, b""), ("a/b/c/d/e", "d", 0o500, b""), (deep, "d", 0o500, b""),
+        *[(path, "d", 0o500, b"") for path in chain],
         ("link", "l", 0o777, b"etc/shadow"),
     ]), PLAN)
     assert out["etc/shadow"].mode == 0o400  # u+r
     assert out["etc/sudoers.d"].mode == 0o750  # directories: u+rwx
     assert out["run.sh"].mode == 0o510  # some x bit → u+x
-    assert out["a/b/c/d/e"].mode == 0o700  # depth 5: still made writable
-    assert out[deep].mode == 0o500  # depth 6: Enroot's find stops at depth 5
+    assert out[chain[5]].mode == 0o700  # depth 6: writable (Enroot 3.x left it 0500)
+    assert out[chain[14]].mode == 0o700  # depth 15: still made writable
+    assert out[chain[15]].mode == 0o500  # depth 16: Enroot's find stops at depth 15
 
 
 def test_filter_pins_the_times_docker_create_sets_and_keeps_the_others(tmp_path: Path) -> None:
@@ -387,3 +389,42 @@ def test_export_onto_a_directory_fails_cleanly(small_image: str, tmp_path: Path)
         export_image(small_image, tmp_path / "taken", options=ExportSettings())
     assert os.listdir(tmp_path) == ["taken"]
     assert _no_export_container(tmp_path / "taken")
+
+
+# --- hostile [export] settings: mksquashfs runs on the host, as the user running make ---
+
+PSEUDO_FILE_ATTACKS = [
+    ["-p", "/pwn f 644 0 0 sh -c 'touch {marker}'"],
+    ["-pf", "{marker}.defs"],
+    ["-Xalgorithm", "lzo1x_1", "-pd", "/x"],
+    ["-sort", "/etc/passwd"],
+    ["-ef", "/etc/shadow"],
+    ["-e", "etc"],
+    ["-root-becomes", "pwn"],
+    ["-b", "-p", "/pwn f 644 0 0 sh -c 'touch {marker}'"],  # a value that is an option
+    ["-comp", "xz"],
+]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("extra", PSEUDO_FILE_ATTACKS)
+def test_export_never_passes_pseudo_file_or_path_options_to_mksquashfs(small_image, tmp_path, extra) -> None:
+    """`-p "/pwn f 644 0 0 CMD"` made mksquashfs run CMD on the host during the export."""
+    marker = tmp_path / "pwned"
+    (tmp_path / "pwned.defs").write_text(f"/pwn f 644 0 0 sh -c 'touch {marker}'\n")
+    options = ExportSettings(extra_options=tuple(word.format(marker=marker) for word in extra))
+    with pytest.raises(InputError, match="extra_options"):
+        export_image(small_image, tmp_path / "x.sqsh", options=options)
+    assert not marker.exists()
+    assert not (tmp_path / "x.sqsh").exists() and _no_export_container(tmp_path / "x.sqsh")
+
+
+def test_filesystem_shaping_options_are_allowed() -> None:
+    from efabuild.squashopts import extra_options_problem
+
+    for extra in (["-Xalgorithm", "lzo1x_1"], ["-b", "1M", "-noI", "-noF", "-noX"], ["-processors", "2", "-mem", "512M"],
+                  ["-Xcompression-level", "19"], ["-no-fragments"], ["-Xbcj", "x86", "-Xdict-size", "100%"], []):
+        assert extra_options_problem(extra) is None, extra
+    for extra, problem in ((["-b"], "needs a value"), (["-b", "3000"], "not a valid value"),
+                           (["-processors", "/x"], "not a valid value"), (["-Xhc", "-p"], "is not allowed")):
+        assert problem in extra_options_problem(extra)

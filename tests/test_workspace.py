@@ -165,3 +165,26 @@ def test_files_that_are_not_utf8_are_one_line_errors(tmp_path):
     for command in (["plan", "--offline"], ["lookup", "stack:user"], ["ls"]):
         code, output = run_cli(root, *command)
         assert code == 2 and len(output.strip().splitlines()) == 1 and "BUILD.toml" in output, (command, output)
+
+
+@pytest.mark.parametrize("extra, shown", [
+    ('["-p", "/pwn f 644 0 0 sh -c \'touch {marker}\'"]', "'-p' is not allowed"),
+    ('["-Xalgorithm", "lzo1x_1", "-pf", "{marker}.defs"]', "'-pf' is not allowed"),
+    ('["-sort", "/etc/passwd"]', "'-sort' is not allowed"),
+    ('["-root-becomes", "x"]', "'-root-becomes' is not allowed"),
+    ('["-b", "-p"]', "-b '-p': not a valid value"),
+    ('["-comp", "xz"]', "set `compression` instead"),
+])
+def test_export_options_that_are_not_filesystem_shape_are_rejected_at_load(tmp_path, extra, shown):
+    """`[export] extra_options = ["-p", "/pwn f 644 0 0 sh -c '…'"]` ran a host command during make."""
+    marker = tmp_path / "pwned"
+    (tmp_path / "pwned.defs").write_text(f"/pwn f 644 0 0 sh -c 'touch {marker}'\n")
+    build = '[workspace]\ngraphs = ["graphs/*.toml"]\n[export]\nextra_options = ' + extra.format(marker=marker) + "\n"
+    root = make_workspace(tmp_path / "ws", build=build)
+    for command in (["plan"], ["make", "--no-lint"]):
+        proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), *command],
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+        assert proc.stderr.startswith("efabuild: BUILD.toml: export.extra_options: ") and shown in proc.stderr
+        assert len(proc.stderr.splitlines()) == 1
+    assert not marker.exists()
