@@ -46,9 +46,10 @@ class LayerInputs:
     base_digest: str | None = None
     args: tuple[tuple[str, str], ...] = ()
     context: tuple[ContextEntry, ...] = ()
+    secrets: tuple[str, ...] = ()  # BuildKit secrets by name: their values are never an input
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "schema": KEY_SCHEMA,
             "parent_key": self.parent_key,
             "base": {"ref": self.base_ref, "digest": self.base_digest} if self.base_ref else None,
@@ -57,6 +58,9 @@ class LayerInputs:
             "platform": self.platform,
             "context": [[e.path, e.mode, e.digest] for e in self.context],
         }
+        if self.secrets:  # absent when none, so the keys of layers without secrets stay as they were
+            data["secrets"] = list(self.secrets)
+        return data
 
     def to_shown_dict(self) -> dict[str, Any]:
         """to_dict() with secret-looking build args replaced by a digest: for output and records."""
@@ -72,6 +76,7 @@ class LayerInputs:
             base_ref=base.get("ref"), base_digest=base.get("digest"),
             args=tuple(sorted(data.get("args", {}).items())),
             context=tuple(ContextEntry(*entry) for entry in data.get("context", [])),
+            secrets=tuple(data.get("secrets", ())),
         )
 
     def canonical(self) -> bytes:

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import attrs
 
-from efabuild.errors import EfabuildError
+from efabuild.errors import EfabuildError, InputError
 from efabuild.store.layout import short
 from efabuild.model import Layer, Workspace
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
 from efabuild.planning import Prepared, image_tag
+from efabuild.redact import Redactor, is_secret_arg
 from efabuild.ui import Reporter
 
 # Fixed timestamps for every build: 1980-01-01, the earliest a ZIP archive can hold.
@@ -65,6 +66,8 @@ class _Runner:
         # key -> a tag that has it, as the plan saw the engine; grows as layers are built or pulled
         self.tags: dict[str, str] = dict(prepared.image_tags)
         self._store = None
+        # every secret of this make is hidden in every build's output, whichever layer it belongs to
+        self.redact = output_redactor(prepared)
 
     # --- one layer ---------------------------------------------------------------------------
 
@@ -160,13 +163,15 @@ class _Runner:
                 dockerfile=dockerfile,
                 context_dir=context_dir,
                 build_args=dict(layer.args),
+                secrets=layer.secrets,
                 labels={"org.efabuild.key": lp.key, "org.efabuild.graph": layer.graph,
                         "org.efabuild.layer": layer.name},
                 platform=self.ws.settings.builder.platform,
                 source_date_epoch=SOURCE_DATE_EPOCH,
             )
             build_layer(self.engine, request, log_path,
-                        on_line=lambda text: self.reporter.line(lp.qualname, text), cancel=self.cancel)
+                        on_line=lambda text: self.reporter.line(lp.qualname, text), cancel=self.cancel,
+                        redact=self.redact)
         self.tags[lp.key] = request.tag
         self.p.records.record(lp.qualname, lp.key, lp.inputs)
         return str(log_path)
@@ -232,9 +237,32 @@ def write_context(root: Path, directory: Path, entries) -> None:
         os.utime(folder, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
 
 
+def check_secrets(prepared: Prepared, environ=os.environ) -> None:
+    """Every secret a layer to build reads is set: one line naming the layer's key, before any build."""
+    for name, lp in prepared.plan.by_name().items():
+        layer: Layer = prepared.graph.nodes[name]["layer"]
+        missing = [secret for secret in layer.secrets if secret not in environ]
+        if lp.action == BUILD and missing:
+            raise InputError(f"{missing[0]} is not set: export it before make (the build reads it as a "
+                             f"BuildKit secret, never stored)",
+                             f"{prepared.ws.relpath(layer.source)}: layers.{layer.name}.secrets")
+
+
+def output_redactor(prepared: Prepared, environ=os.environ) -> Redactor:
+    """Hides the secret values of every layer in what make prints: messages, summary, --json."""
+    values = []
+    for name in prepared.order:
+        layer: Layer = prepared.graph.nodes[name]["layer"]
+        values += [v for k, v in layer.args if is_secret_arg(k, v)]
+        values += [environ[secret] for secret in layer.secrets if environ.get(secret)]
+    return Redactor(values)
+
+
 def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
     """Run every layer of the plan that has work, parents before children, `jobs` at a time."""
+    check_secrets(prepared)
     runner = _Runner(prepared, reporter)
+    redact = runner.redact
     graph = prepared.graph
     plans = prepared.plan.by_name()
     pending = list(prepared.order)
@@ -292,6 +320,7 @@ def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
                         outcome = future.result()
                     except Exception as exc:  # one layer's failure must not stop the other branches
                         message = str(exc) if isinstance(exc, EfabuildError) else f"{type(exc).__name__}: {exc}"
+                        message = redact(message)
                         outcome = Outcome(name, plans[name].key, FAILED, error=message)
                         reporter.finished(name, f"FAILED: {message}")
                     else:

@@ -111,6 +111,7 @@ class Layer:
     base: BaseImage | None = None
     parent: str | None = None  # qualified "graph:layer"
     args: tuple[tuple[str, str], ...] = ()  # sorted build args
+    secrets: tuple[str, ...] = ()  # env var names passed as BuildKit secrets (names only in the key)
     context: tuple[str, ...] = ()  # workspace-relative files or directories copied in
     artifact: bool = False  # export a .sqsh
     ignore: tuple[LintIgnore, ...] = ()

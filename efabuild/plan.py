@@ -94,7 +94,7 @@ def layer_inputs(
         where = f"{ws.relpath(layer.source)}: layers.{layer.name}.context"
         common = dict(
             dockerfile=layer.dockerfile, platform=ws.settings.builder.platform, args=layer.args,
-            context=hasher.entries(layer.context, where),
+            secrets=layer.secrets, context=hasher.entries(layer.context, where),
         )
         if layer.parent:
             inputs[qualname] = LayerInputs(parent_key=inputs[layer.parent].key(), **common)
@@ -172,6 +172,8 @@ def explain(old: LayerInputs | None, new: LayerInputs, parent: str | None, keys:
             reasons.append(f"{name} removed (was {before})")
         else:
             reasons.append(f"{name} {before} → {after}")
+    for name in sorted(set(old.secrets) ^ set(new.secrets)):
+        reasons.append(f"secret {name} {'added' if name in new.secrets else 'removed'}")
     if old.dockerfile != new.dockerfile:
         added = removed = 0
         for line in difflib.ndiff(old.dockerfile.splitlines(), new.dockerfile.splitlines()):

@@ -277,7 +277,7 @@ def _known(value: str, known: tuple[str, ...], where: str, what: str) -> None:
 # --- graphs/*.toml ------------------------------------------------------------------------------
 
 LAYER_KEYS = ("base", "digest", "parent", "dockerfile", "dockerfile_file", "args", "context",
-              "artifact", "ignore")
+              "artifact", "ignore", "secrets")
 
 
 def _graph_paths(patterns: tuple[str, ...], root: Path) -> list[Path]:
@@ -336,6 +336,14 @@ def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, r
             raise InputError("not a valid build-arg name", arg_table.where(arg_name))
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise InputError(f"must be a string or number, not {_type_name(value)}", arg_table.where(arg_name))
+    secrets = t.str_list("secrets")
+    for secret in secrets:
+        if not ARG_NAME.match(secret):
+            raise InputError(f"{secret[:40]!r} is not an environment variable name", t.where("secrets"))
+        if secret in args:
+            raise InputError(f"{secret} is also a build arg: a secret must not be one", t.where("secrets"))
+    if len(set(secrets)) != len(secrets):
+        raise InputError("names a secret twice", t.where("secrets"))
     context = tuple(_context_path(entry, root, t.where("context")) for entry in t.str_list("context"))
     ignores = []
     for index, entry in enumerate(t.get("ignore", list, [])):
@@ -350,7 +358,7 @@ def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, r
         graph=graph, name=name, source=path, dockerfile=dockerfile, dockerfile_file=dockerfile_file,
         base=BaseImage(ref=base_ref, digest=digest) if base_ref else None,
         parent=_qualify(parent, graph) if parent else None,
-        args=tuple(sorted((k, str(v)) for k, v in args.items())),
+        args=tuple(sorted((k, str(v)) for k, v in args.items())), secrets=tuple(sorted(secrets)),
         context=context, artifact=t.get("artifact", bool, False), ignore=tuple(ignores),
         line=_table_line(text, name), dockerfile_line=dockerfile_line,
     )

@@ -39,6 +39,7 @@ def run(args) -> int:
     if args.dry_run:
         print(render(prepared.plan, prepared.engine_error))
         return 0
+    make.check_secrets(prepared)  # before the plan is printed: bad input is one line
     print(render(prepared.plan, None), file=sys.stderr)
     reporter = reporter_for(sys.stderr)
     _sigterm_interrupts()  # scancel and timeouts send SIGTERM: stop builds as Ctrl-C does

@@ -30,6 +30,7 @@ from efabuild.engine.images import image_id as lookup_image_id
 from efabuild.engine.images import tag_image
 from efabuild.errors import EfabuildError
 from efabuild.model import DEFAULT_PLATFORM
+from efabuild.redact import Redactor, is_secret_arg
 
 # After SIGINT buildx cancels the build on the engine and exits; it gets this long before SIGKILL.
 STOP_GRACE_S = 30.0
@@ -50,6 +51,7 @@ class BuildRequest:
     dockerfile: str
     context_dir: Path
     build_args: dict[str, str] = attrs.field(factory=dict, converter=_frozen_dict)
+    secrets: tuple[str, ...] = ()  # env var names, given to BuildKit as secrets of the same id
     labels: dict[str, str] = attrs.field(factory=dict, converter=_frozen_dict)
     platform: str = DEFAULT_PLATFORM
     source_date_epoch: int = 0
@@ -96,7 +98,12 @@ def format_failure(tag: str, failure: BuildFailure, log_path: Path) -> str:
 
 
 def buildx_command(engine: Engine, req: BuildRequest, iidfile: Path, metadata_file: Path) -> list[str]:
-    """The `docker buildx build` command line; the Dockerfile comes on stdin."""
+    """The `docker buildx build` command line; the Dockerfile comes on stdin.
+
+    No secret is on it, since any user sees a command line in `ps`: a secret-looking build arg
+    goes by name (`--build-arg NAME`, buildx reads the value from its environment, see
+    `buildx_environment`), and a BuildKit secret by id (`--secret id=NAME,env=NAME`).
+    """
     args = ["buildx", "build", "--progress", "plain", "--file", "-", "--load",
             # a plain single-platform image: attestations would make it an index, which the
             # docker driver's image store and Enroot do not take
@@ -107,11 +114,20 @@ def buildx_command(engine: Engine, req: BuildRequest, iidfile: Path, metadata_fi
         args += ["--builder", engine.buildx_builder]
     build_args = {**req.build_args, "SOURCE_DATE_EPOCH": str(req.source_date_epoch)}
     for key, value in build_args.items():
-        args += ["--build-arg", f"{key}={value}"]
+        args += ["--build-arg", key if is_secret_arg(key, value) else f"{key}={value}"]
+    for name in req.secrets:
+        args += ["--secret", f"id={name},env={name}"]
     for key, value in req.labels.items():
         args += ["--label", f"{key}={value}"]
     args.append(str(req.context_dir))
     return engine.command(*args)
+
+
+def buildx_environment(req: BuildRequest) -> dict[str, str]:
+    """What buildx's environment adds to ours: the values of the args passed by name."""
+    env = {"SOURCE_DATE_EPOCH": str(req.source_date_epoch)}
+    env.update({key: value for key, value in req.build_args.items() if is_secret_arg(key, value)})
+    return env
 
 
 def build_layer(
@@ -120,12 +136,14 @@ def build_layer(
     log_path: Path,
     on_line: Callable[[str], None] | None = None,
     cancel: threading.Event | None = None,
+    redact: Callable[[str], str] | None = None,
 ) -> BuildResult:
     """Build `req` on `engine`, then tag the image `req.tag`.
 
     Every line of BuildKit's plain output goes to `log_path` (kept whole) and to `on_line`.
     Raises BuildFailed when the build fails, BuildInterrupted when `cancel` is set meanwhile, and
     re-raises KeyboardInterrupt after stopping buildx; in all three cases nothing is tagged.
+    `redact` hides secret values in every line (by default, those of this request).
     """
     if not req.context_dir.is_dir():
         raise EfabuildError(f"build of {req.tag}: context directory {req.context_dir} does not exist")
@@ -138,8 +156,14 @@ def build_layer(
         command = buildx_command(engine, req, iidfile, metadata_file)
         log.write(f"# efabuild: building {req.tag} (SOURCE_DATE_EPOCH={req.source_date_epoch})\n")
         log.flush()
-        env = {"SOURCE_DATE_EPOCH": str(req.source_date_epoch)}
-        returncode = _run_buildx(command, req.dockerfile, env, log, reader, on_line, cancel)
+        missing = [name for name in req.secrets if name not in os.environ]
+        if missing:
+            raise EfabuildError(f"build of {req.tag}: secret {missing[0]} is not set in the environment")
+        # BuildKit expands ARG values into step names, and a RUN may print a secret: every line
+        # is redacted before it is logged, parsed for failures or shown
+        redact = redact or Redactor.for_build(req.build_args, req.secrets, os.environ)
+        returncode = _run_buildx(command, req.dockerfile, buildx_environment(req), log, reader,
+                                 on_line, cancel, redact)
         if cancel is not None and cancel.is_set():
             raise BuildInterrupted(f"build of {req.tag} was cancelled; nothing was tagged")
         if returncode != 0:
@@ -158,7 +182,7 @@ def build_layer(
     )
 
 
-def _run_buildx(command, dockerfile, env, log, reader, on_line, cancel) -> int:
+def _run_buildx(command, dockerfile, env, log, reader, on_line, cancel, redact=lambda text: text) -> int:
     try:
         process = subprocess.Popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -177,7 +201,7 @@ def _run_buildx(command, dockerfile, env, log, reader, on_line, cancel) -> int:
         process.stdin.write(dockerfile.encode())
         process.stdin.close()
         for raw in process.stdout:
-            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            line = redact(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
             log.write(line + "\n")
             log.flush()
             reader.feed(line)
@@ -186,7 +210,7 @@ def _run_buildx(command, dockerfile, env, log, reader, on_line, cancel) -> int:
         return process.wait()
     except BaseException:
         # KeyboardInterrupt, or an error in on_line: buildx must not go on building alone
-        _stop(process, log)
+        _stop(process, log, redact)
         raise
     finally:
         if watcher is not None:
@@ -201,7 +225,7 @@ def _watch_cancel(process: subprocess.Popen, cancel: threading.Event) -> None:
             return
 
 
-def _stop(process: subprocess.Popen, log) -> None:
+def _stop(process: subprocess.Popen, log, redact=lambda text: text) -> None:
     """SIGINT (buildx then cancels the build on the engine), SIGKILL if it does not exit."""
     if process.poll() is None:
         try:
@@ -209,7 +233,7 @@ def _stop(process: subprocess.Popen, log) -> None:
         except ProcessLookupError:
             pass
     # keep reading so buildx never blocks on a full pipe while it shuts down
-    drain = threading.Thread(target=_drain, args=(process, log), daemon=True)
+    drain = threading.Thread(target=_drain, args=(process, log, redact), daemon=True)
     drain.start()
     try:
         process.wait(timeout=STOP_GRACE_S)
@@ -224,10 +248,10 @@ def _stop(process: subprocess.Popen, log) -> None:
         pass
 
 
-def _drain(process: subprocess.Popen, log) -> None:
+def _drain(process: subprocess.Popen, log, redact) -> None:
     try:
         for raw in process.stdout:
-            log.write(raw.decode("utf-8", errors="replace"))
+            log.write(redact(raw.decode("utf-8", errors="replace")))
     except (ValueError, OSError):
         pass
 

@@ -20,6 +20,7 @@ from efabuild.lint.dockerfile import RunCommand
 from efabuild.lint.finding import Finding, finding
 from efabuild.lint.shell import Command
 from efabuild.nccl import forces_other_network, is_infiniband_setting, is_ofi_plugin
+from efabuild.redact import secret_name, secret_value
 
 EFA_LIB_LEAD = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -426,37 +427,15 @@ def pinned_pip(facts: LayerFacts) -> Iterator[Finding]:
 
 # --- EFA013: secrets --------------------------------------------------------------------------------
 
-_SECRET_NAME_PARTS = {"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL",
-                      "CREDENTIALS", "APIKEY"}
-_SECRET_NAME_PAIRS = {("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY"), ("SECRET", "KEY"),
-                      ("AUTH", "KEY"), ("SESSION", "KEY")}
-SECRET_VALUE = re.compile(
-    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"  # AWS access key id
-    r"|\bgh[pousr]_[A-Za-z0-9]{36,}"  # GitHub tokens
-    r"|\bgithub_pat_[A-Za-z0-9_]{22,}"
-    r"|\bhf_[A-Za-z0-9]{30,}"  # Hugging Face
-    r"|\bnvapi-[A-Za-z0-9_-]{20,}"  # NGC API key
-    r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"  # Slack
-    r"|\bsk-[A-Za-z0-9_-]{32,}"  # OpenAI-style
-    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----"
-    r"|://[^/\s:@]+:[^/\s@]+@"  # user:password@ in a URL
-)
-
-
-def secret_name(name: str) -> bool:
-    parts = [p for p in re.split(r"[^A-Za-z0-9]+", name.upper()) if p]
-    if any(part in _SECRET_NAME_PARTS for part in parts):
-        return True
-    return any(pair in _SECRET_NAME_PAIRS for pair in zip(parts, parts[1:]))
-
-
-def secret_value(value: str) -> bool:
-    return SECRET_VALUE.search(value) is not None
-
-
 _ONLY_A_VARIABLE = re.compile(r"^\$\{?[A-Za-z_][A-Za-z0-9_]*\}?$")
-_SECRET_FIX = ("pass it at build time as a BuildKit secret (`RUN --mount=type=secret,id=NAME`) or at run "
-               "time; build args and ENV are stored in the image and its history")
+_SECRET_FIX = ("declare `secrets = [\"NAME\"]` in the layer and read it in a `RUN --mount=type=secret,id=NAME` "
+               "(or pass it at run time); literals, build args and ENV are stored in the image and its history")
+
+
+def _secret_fix(name: str) -> str:
+    return (f"declare `secrets = [\"{name}\"]` in the layer, set {name} in make's environment, and read it "
+            f"in the RUN that needs it: `RUN --mount=type=secret,id={name} ... $(cat /run/secrets/{name})`; "
+            "a secret is never in the key, the image, its history or the registry (build args and ENV are)")
 
 
 @rule("EFA013")
@@ -465,13 +444,14 @@ def secrets(facts: LayerFacts) -> Iterator[Finding]:
     for name, value in facts.layer.args:
         if value and (secret_name(name) or secret_value(value)):
             yield _at_key(facts, "EFA013", ("args", name),
-                          f"build arg {name} carries a secret (value not shown)", _SECRET_FIX)
+                          f"build arg {name} carries a secret (value not shown)", _secret_fix(name))
     for arg in facts.evaluated.args:
         if arg.from_graph or not arg.value:
             continue  # graph values are reported above, at the graph's line
         if secret_name(arg.name) or secret_value(arg.value):
             yield _at(facts, "EFA013", arg.line,
-                      f"ARG {arg.name} has a default that looks like a secret (value not shown)", _SECRET_FIX)
+                      f"ARG {arg.name} has a default that looks like a secret (value not shown)",
+                      _secret_fix(arg.name))
     for env in facts.evaluated.envs:
         if not env.value or _ONLY_A_VARIABLE.match(env.value):
             continue  # `ENV X=${X}` with X unset: nothing is stored
@@ -480,7 +460,7 @@ def secrets(facts: LayerFacts) -> Iterator[Finding]:
             what = "copies a build arg that looks like a secret" if via_arg else "looks like a secret"
             yield _at(facts, "EFA013", env.line,
                       f"ENV {env.name} {what} (value not shown): it stays in the image config",
-                      _SECRET_FIX)
+                      _secret_fix(env.name))
     for rc in facts.evaluated.runs:
         if any(secret_value(word) for word in rc.command.words):
             yield _at(facts, "EFA013", rc.line,

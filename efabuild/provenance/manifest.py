@@ -18,7 +18,7 @@ from efabuild import __version__
 from efabuild.digest import bytes_digest
 from efabuild.errors import EfabuildError
 from efabuild.provenance.measured import Measured
-from efabuild.redact import REDACTED, is_secret_name
+from efabuild.redact import REDACTED, is_secret_arg
 
 SCHEMA = "efabuild.manifest/v1"
 _KEY = re.compile(r"^[0-9a-f]{64}$")
@@ -147,7 +147,7 @@ def _chain_entry(entry: Mapping[str, Any]) -> dict[str, Any]:
     if text is not None:
         inputs["dockerfile_digest"] = digest(text.encode("utf-8"))
     if "args" in inputs:
-        inputs["args"] = {k: REDACTED if is_secret_name(k) else v for k, v in dict(inputs["args"]).items()}
+        inputs["args"] = {k: REDACTED if is_secret_arg(k, str(v)) else v for k, v in dict(inputs["args"]).items()}
     return {"layer": entry["layer"], "key": entry["key"], "inputs": _plain(inputs)}
 
 
