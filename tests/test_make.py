@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from efabuild.fixtures import MINI_NGC_TAG, build_fixtures
+from tests.wsfactory import make_workspace
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.engine]
@@ -352,3 +353,29 @@ def test_a_compute_node_that_fetched_a_name_sees_the_next_build_of_it(demo_ws, t
     second = node_lookup()
     assert second != first and second.is_relative_to(node)
     assert second.name.startswith(plan(demo_ws)["demo:user"]["key"])
+
+
+def test_artifacts_record_their_enroot_format_and_older_ones_are_kept(mini_ngc, tmp_path):
+    """Same key → same bytes holds within one Enroot format: the format is recorded, and an artifact
+    stored before it was (or under another one) is kept, not exported again."""
+    graph = f'''[layers.one]\nbase = "{mini_ngc}"\nartifact = true\ndockerfile = "RUN echo {uuid.uuid4().hex} > /id"\n'''
+    root = make_workspace(tmp_path / "ws", {"fmt": graph})
+    try:
+        first = efabuild(root, "make", "--json")
+        assert first.returncode == 0, first.stderr
+        sqsh = Path(efabuild(root, "lookup", "fmt:one").stdout.strip())
+        record_path, manifest_path = sqsh.with_suffix(".json"), sqsh.with_suffix(".manifest.json")
+        record = json.loads(record_path.read_text())
+        assert record["export"]["enroot_format"] == "4.1.2"
+        assert json.loads(manifest_path.read_text())["artifact"]["export"]["enroot_format"] == "4.1.2"
+        # an artifact from before formats were recorded: kept as it is by the next make
+        del record["export"]["enroot_format"]
+        record_path.chmod(0o644)
+        record_path.write_text(json.dumps(record, sort_keys=True, indent=1) + "\n")
+        before = (sqsh.stat().st_ino, sqsh.stat().st_mtime_ns, record_path.read_text())
+        again = efabuild(root, "make", "--json")
+        assert again.returncode == 0, again.stderr
+        assert [o["status"] for o in json.loads(again.stdout)["outcomes"]] == ["reused"]
+        assert (sqsh.stat().st_ino, sqsh.stat().st_mtime_ns, record_path.read_text()) == before
+    finally:
+        _remove_images_of(root)

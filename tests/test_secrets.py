@@ -73,7 +73,15 @@ def _buildx_cmdlines() -> list[str]:
     return seen
 
 
-def test_secrets_never_leave_the_build(mini_ngc, tmp_path):
+@pytest.fixture
+def built_tags():
+    tags: list[str] = []
+    yield tags
+    if tags:
+        subprocess.run(["docker", "image", "rm", "-f", *tags], capture_output=True)
+
+
+def test_secrets_never_leave_the_build(mini_ngc, tmp_path, built_tags):
     secret_value = "hf_" + random.token_hex(17)  # a BuildKit secret of the layer
     arg_value = "hf_" + random.token_hex(17)  # a secret-looking build arg (what EFA013 warns of)
     run_id = uuid.uuid4().hex[:12]
@@ -95,6 +103,8 @@ def test_secrets_never_leave_the_build(mini_ngc, tmp_path):
     assert fetch["inputs"]["secrets"] == [SECRET_ENV]
     other = json.loads(efabuild(root, "plan", "--json", env={**env, SECRET_ENV: "another value"}).stdout)
     assert [layer["key"] for layer in other["layers"]] == [layer["key"] for layer in plan["layers"]]
+    tag = f"efabuild/fetch:{fetch['key']}"
+    built_tags.append(tag)
 
     # make, watching the command line of every buildx process while it runs (`ps` shows them)
     make = subprocess.Popen([sys.executable, "-m", "efabuild", "-C", str(root), "make", "--no-lint", "--json"],
@@ -117,7 +127,6 @@ def test_secrets_never_leave_the_build(mini_ngc, tmp_path):
     assert summary.returncode == 1 and "leaky:broken" in summary.stdout
 
     # the secret reached the build: its length was written by the RUN that mounted it
-    tag = f"efabuild/fetch:{fetch['key']}"
     length = subprocess.run(["docker", "run", "--rm", "--entrypoint", "cat", tag, "/secret-length"], capture_output=True,
                             text=True, check=True).stdout.strip()
     assert length == str(len(secret_value))
@@ -146,3 +155,4 @@ def test_secrets_never_leave_the_build(mini_ngc, tmp_path):
     # a BuildKit secret is not in the image either (a build arg is, by its nature: EFA013)
     assert secret_value not in history and secret_value not in config
     assert secret_value.encode() not in sqsh.read_bytes()
+
