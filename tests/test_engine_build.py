@@ -218,3 +218,13 @@ def test_build_log_of_a_build_keeps_no_environment_secrets(
     log = log_path.read_text()
     assert " PATH=/usr/bin:/bin\n" in log  # the RUN's environment was printed
     assert secret not in log
+
+
+def test_redactor_hides_every_secret_value_and_leaves_short_ones():
+    from efabuild.redact import REDACTED, Redactor
+
+    key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----"
+    redact = Redactor.for_build({"HF_TOKEN": "hf_abcdef", "INDEX": "https://u:pw1234@pypi.example/simple",
+                                 "VERSION": "1.50.0", "DB_PASSWORD": "ab"}, ["SSH_KEY"], {"SSH_KEY": key})
+    text = "#5 [2/3] RUN echo hf_abcdef 1.50.0 https://u:pw1234@pypi.example/simple\nb3BlbnNzaC1rZXktdjEAAAAA ab"
+    assert redact(text) == f"#5 [2/3] RUN echo {REDACTED} 1.50.0 {REDACTED}\n{REDACTED} ab"

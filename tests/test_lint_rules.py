@@ -113,6 +113,22 @@ def test_ngc_only_rules_stay_quiet_on_other_bases(tmp_path, base):
     assert [f for f in found if f.rule == "EFA003"] == []
 
 
+def test_a_secret_build_arg_is_shown_the_way_to_a_buildkit_secret(tmp_path):
+    root = make_workspace(tmp_path / "ws", graphs={"g": f"""\
+[layers.layer]
+base = "ubuntu:24.04"
+digest = "{DIGEST}"
+args = {{ HF_TOKEN = "hf_{'x' * 34}" }}
+dockerfile = '''
+ARG HF_TOKEN
+RUN python fetch.py
+'''
+"""}, build=BUILD, files={})
+    found = [f for f in lint_workspace(load_workspace(root)) if f.rule == "EFA013"]
+    assert len(found) == 1 and "hf_x" not in repr(found)
+    assert 'secrets = ["HF_TOKEN"]' in found[0].fix and "--mount=type=secret,id=HF_TOKEN" in found[0].fix
+
+
 def test_credentials_in_git_urls_are_not_repeated(tmp_path):
     fixture = tmp_path / "Dockerfile"
     fixture.write_text("RUN git clone https://oauth2:ghp_abcdefghijklmnopqrstuvwxyzABCDEFGHIJ@github.com/o/r.git /r\n"

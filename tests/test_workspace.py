@@ -103,6 +103,13 @@ BAD_INPUTS = [
      ["BUILD.toml: audit.min_versions.aws-ofi-ncl", "did you mean 'aws-ofi-nccl'"]),
     ("unknown pin", None, '[audit]\nrequired_pins = ["base-digests"]\n', None,
      ["BUILD.toml: audit.required_pins", "unknown pin", "did you mean 'base-digest'"]),
+    ("secret not a name", SIMPLE_GRAPH + 'secrets = ["HF TOKEN"]\n', None, None,
+     ["layers.user.secrets", "'HF TOKEN' is not an environment variable name"]),
+    ("secret also an arg", SIMPLE_GRAPH.replace('artifact = true\n\n[layers.deepep]',
+                                                'artifact = true\nsecrets = ["EFA_INSTALLER_VERSION"]\n\n[layers.deepep]'),
+     None, None, ["layers.efa.secrets", "EFA_INSTALLER_VERSION is also a build arg"]),
+    ("secret twice", SIMPLE_GRAPH + 'secrets = ["HF_TOKEN", "HF_TOKEN"]\n', None, None,
+     ["layers.user.secrets", "names a secret twice"]),
     ("bad known_bad", None, '[[audit.known_bad]]\nwhen = "nccl 2.19"\nand = "efa-installer<1.29"\n', None,
      ["BUILD.toml: audit.known_bad[0].when", "must look like"]),
 ]
