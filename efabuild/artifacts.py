@@ -44,11 +44,12 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
                        "compress_data": ws.settings.export.compress_data, "epoch": epoch,
                        "enroot_format": ENROOT_FORMAT}
         manifest = describe_sqsh(
-            result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest,
+            result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest, sqsh_sha256=result.sha256,
             export_options=export_info, base=_base(prepared, layer), chain=_chain(prepared, layer.qualname),
             builder=builder_versions, times={"started": started, "exported": _now()},
         )
-        record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info)
+        record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info,
+                                         sha256=result.sha256)
         outcome = store.publish(plan.key, result.path, record, manifest)
         reporter.line(layer.qualname, f"published: {', '.join(f'{t} {s}' for t, s in outcome.items())}")
     finally:

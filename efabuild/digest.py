@@ -1,12 +1,17 @@
-"""blake3 digests of artifacts, written as "blake3:<64 hex>".
+"""blake3 digests of artifacts, written as "blake3:<64 hex>", and their sha256 for other tools.
 
 Files are hashed through mmap with blake3's multithreading (a 25 GB .sqsh takes seconds, not
 minutes); `Hasher` digests a stream while it is being written, so no second pass is needed.
+blake3 is what efabuild checks; sha256 (plain hex) is what in-toto and cosign verifiers match,
+computed beside blake3 in the same read of the file (`file_digests`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import mmap
 import os
+import threading
 from pathlib import Path
 
 import blake3
@@ -14,6 +19,7 @@ import blake3
 ALGORITHM = "blake3"
 PREFIX = ALGORITHM + ":"
 HEX_LENGTH = 64
+_SHA256_CHUNK = 8 << 20
 
 
 class Hasher:
@@ -40,6 +46,57 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
     hasher.update_mmap(os.fspath(Path(path)))
     return PREFIX + hasher.hexdigest()
+
+
+def file_digests(path: str | os.PathLike[str]) -> tuple[str, str]:
+    """("blake3:<hex>", "<sha256 hex>") of a file, in one read of its pages.
+
+    One mmap feeds both: sha256 (single-threaded in OpenSSL, the slower of the two) runs in a
+    thread of its own while blake3 hashes the same pages here; both release the GIL. The pages are
+    read from disk once at most, and right after an export they are still in the page cache.
+    """
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return bytes_digest(b""), hashlib.sha256().hexdigest()
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                sha256 = hashlib.sha256()
+                failed: list[BaseException] = []
+
+                def sha256_pass() -> None:
+                    try:
+                        for start in range(0, size, _SHA256_CHUNK):
+                            sha256.update(view[start:start + _SHA256_CHUNK])
+                    except BaseException as exc:  # re-raised in the caller's thread
+                        failed.append(exc)
+
+                worker = threading.Thread(target=sha256_pass, name="sha256", daemon=True)
+                worker.start()
+                # one blake3 thread: the other core is busy with sha256
+                hasher = blake3.blake3(max_threads=1 if (os.cpu_count() or 1) <= 2 else blake3.blake3.AUTO)
+                hasher.update(view)
+                worker.join()
+                if failed:
+                    raise failed[0]
+                return PREFIX + hasher.hexdigest(), sha256.hexdigest()
+            finally:
+                view.release()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file's bytes (what `verify --sha256` compares with the statement)."""
+    sha256 = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_SHA256_CHUNK):
+            sha256.update(chunk)
+    return sha256.hexdigest()
+
+
+def is_sha256(text: object) -> bool:
+    """True for 64 lowercase hex characters (a sha256 as in-toto writes it: no prefix)."""
+    return isinstance(text, str) and len(text) == HEX_LENGTH and all(c in "0123456789abcdef" for c in text)
 
 
 def bytes_digest(data: bytes) -> str:

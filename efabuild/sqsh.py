@@ -15,10 +15,11 @@ against its source's mtime), the entries `docker create` adds at container creat
 /dev, /etc/hosts & co., the working directory) get a fixed time, and so do the root directory,
 the written files and the superblock; the same image then gives a byte-identical `.sqsh`.
 
-The blake3 digest takes a second pass: mksquashfs seeks back to write its tables and superblock,
-so no single pass over its output sees the final bytes in order. The file is hashed right after
-mksquashfs exits, from the page cache, multithreaded through mmap (about 0.1-0.3 s per GB here,
-against minutes of squashing for a training image).
+The digests take a second pass: mksquashfs seeks back to write its tables and superblock, so no
+single pass over its output sees the final bytes in order. The file is hashed right after
+mksquashfs exits, from the page cache, through one mmap: blake3 (what the store checks) and
+sha256 (what in-toto and cosign verifiers match) in parallel threads (sha256 is the slower one,
+about 1 s per GB here, against minutes of squashing for a training image).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 import attrs
 
+from efabuild.digest import file_digests
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.imagecfg import ImageConfig, enroot_files
 from efabuild.model import ExportSettings
@@ -69,6 +71,7 @@ class ExportResult:
     digest: str  # "blake3:<64 hex>" of the .sqsh file
     options: tuple[str, ...]  # the mksquashfs options used, for the artifact's record
     seconds: float
+    sha256: str | None = None  # hex sha256 of the .sqsh file, for in-toto/cosign verifiers
 
 
 # ---------------------------------------------------------------- pure: options and the plan
@@ -471,16 +474,6 @@ def _grow_pipe(fd: int) -> None:
         pass  # a bigger pipe is only faster, never required
 
 
-def blake3_file(path: Path) -> str:
-    """Multithreaded blake3 of a file, read through mmap (it is still in the page cache)."""
-    import blake3
-
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    if path.stat().st_size:
-        hasher.update_mmap(path)
-    return "blake3:" + hasher.hexdigest()
-
-
 def _image_config(docker: Any, image: str) -> tuple[ImageConfig, int | None]:
     from python_on_whales.exceptions import DockerException, NoSuchImage
 
@@ -597,14 +590,14 @@ def _squash(
                 progress(streamed, expected)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-            digest = blake3_file(tmp)
+            digest, sha256 = file_digests(tmp)
             size = tmp.stat().st_size
             try:
                 os.replace(tmp, out)
             except OSError as exc:
                 raise EfabuildError(f"export {image}: cannot write {out}: {exc.strerror}") from None
             fsync_dir(out.parent)
-            return ExportResult(out, size, digest, opts, time.monotonic() - started)
+            return ExportResult(out, size, digest, opts, time.monotonic() - started, sha256)
         finally:
             for proc in procs:
                 if proc.poll() is None:

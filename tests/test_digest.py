@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 
+import attrs
 import blake3
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efabuild.digest import Hasher, bytes_digest, file_digest, is_digest
+from efabuild.digest import Hasher, bytes_digest, file_digest, file_digests, is_digest, is_sha256, sha256_file
+from efabuild.errors import EfabuildError
+from efabuild.store.record import ArtifactRecord
 
 
 def test_known_value_of_the_empty_input(tmp_path):
@@ -52,3 +56,26 @@ def test_digest_shape():
     assert not is_digest("sha256:" + "0" * 64)
     assert not is_digest("blake3:" + "G" * 64)
     assert not is_digest(None)
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.binary(max_size=20 << 20) | st.sampled_from([b"", b"x", bytes(range(256)) * 40_000]))
+def test_one_read_gives_blake3_and_sha256(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("digests") / "blob"
+    path.write_bytes(data)
+    blake3_digest, sha256 = file_digests(path)
+    assert blake3_digest == "blake3:" + blake3.blake3(data).hexdigest()
+    assert sha256 == hashlib.sha256(data).hexdigest() == sha256_file(path)
+    assert is_sha256(sha256) and not is_sha256("sha256:" + sha256) and not is_sha256(sha256.upper())
+
+
+def test_a_record_without_sha256_stays_readable_and_a_new_one_keeps_it():
+    key = "ab" * 32
+    old = {"version": 1, "key": key, "name": "demo:efa", "size": 3, "digest": "blake3:" + "0" * 64,
+           "created": "2026-01-01T00:00:00.000000Z", "export": {}, "manifest_digest": None}
+    record = ArtifactRecord.from_dict(old)
+    assert record.sha256 is None and "sha256" not in record.to_dict()
+    new = ArtifactRecord.from_json(attrs.evolve(record, sha256="5a" * 32).to_json())
+    assert new.sha256 == "5a" * 32
+    with pytest.raises(EfabuildError, match="sha256 'sha256:"):
+        ArtifactRecord.from_dict({**old, "sha256": "sha256:" + "5a" * 32}, "rec.json")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
+import blake3
 import pytest
 
 from efabuild.fixtures import MINI_NGC_TAG, build_fixtures
@@ -96,6 +98,14 @@ def test_demo_builds_everything_once_then_nothing(demo_ws):
     assert "/workspace/app/train.py" in listing
     assert "/opt/amazon/efa_installed_packages" in listing
     assert "/.dockerenv" not in listing
+    # its record, manifest and in-toto statement name it by blake3 and by sha256
+    key = layers["demo:user"]["key"]
+    sha256 = hashlib.sha256(user.read_bytes()).hexdigest()
+    assert json.loads(user.with_suffix(".json").read_text())["sha256"] == sha256
+    assert json.loads(user.with_name(f"{key}.manifest.json").read_text())["artifact"]["sha256"] == sha256
+    statement = json.loads(efabuild(demo_ws, "show", "--intoto", "demo:user", check=True).stdout)
+    assert statement["subject"] == [{"name": f"{key}.sqsh", "digest": {
+        "sha256": sha256, "blake3": blake3.blake3(user.read_bytes()).hexdigest()}}]
     efa = Path(efabuild(demo_ws, "lookup", "demo:efa", check=True).stdout.strip())
     assert efa != user and "/workspace/app" not in unsquash_list(efa)
     # the image tags carry the keys

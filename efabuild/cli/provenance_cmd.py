@@ -105,6 +105,7 @@ def _show_table(m: dict, verified: bool) -> None:
         ("name", m.get("name", "")),
         ("key", m.get("key", "")),
         ("sqsh", f"{artifact.get('digest', '?')}  {human_bytes(artifact.get('size') or 0)}"),
+        ("sha256", artifact.get("sha256") or "- (exported before efabuild recorded it)"),
         ("export", " ".join(f"{k}={_text(v)}" for k, v in sorted(export.items())) or "-"),
         ("base", f"{base.get('ref') or '-'}" + (f" @ {base['digest']}" if base.get("digest") else " (not pinned)")),
         ("built", "  ".join(f"{k} {v}" for k, v in sorted(times.items())) or "-"),

@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from efabuild.digest import is_digest
+from efabuild.digest import is_digest, is_sha256
 from efabuild.errors import EfabuildError
 from efabuild.store.layout import is_key, split_name
 
@@ -31,6 +31,8 @@ class ArtifactRecord:
     created: str  # UTC ISO time of the export
     export: dict[str, Any] = attrs.field(factory=dict)  # export options (mksquashfs, tool versions)
     manifest_digest: str | None = None  # "blake3:<hex>" of the provenance manifest, if stored
+    # hex sha256 of the .sqsh, for in-toto/cosign verifiers; None in records older than it
+    sha256: str | None = None
 
     @classmethod
     def for_file(
@@ -41,6 +43,7 @@ class ArtifactRecord:
         digest: str,
         export: dict[str, Any] | None = None,
         created: str | None = None,
+        sha256: str | None = None,
     ) -> ArtifactRecord:
         """A record for a freshly exported .sqsh (size read from the file)."""
         return cls(
@@ -50,6 +53,7 @@ class ArtifactRecord:
             digest=digest,
             created=created or utc_now(),
             export=dict(export or {}),
+            sha256=sha256,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -62,6 +66,7 @@ class ArtifactRecord:
             "created": self.created,
             "export": self.export,
             "manifest_digest": self.manifest_digest,
+            **({"sha256": self.sha256} if self.sha256 is not None else {}),
         }
 
     def to_json(self) -> bytes:
@@ -79,6 +84,7 @@ class ArtifactRecord:
                 created=data["created"],
                 export=dict(data.get("export") or {}),
                 manifest_digest=data.get("manifest_digest"),
+                sha256=data.get("sha256"),
             )
         except (KeyError, TypeError) as exc:
             raise EfabuildError(f"{where}: incomplete artifact record (missing {exc})") from None
@@ -104,6 +110,8 @@ class ArtifactRecord:
             problems.append(f"size {self.size!r} is not a byte count")
         if not is_digest(self.digest):
             problems.append(f"digest {self.digest!r} is not blake3:<hex>")
+        if self.sha256 is not None and not is_sha256(self.sha256):
+            problems.append(f"sha256 {self.sha256!r} is not 64 lowercase hex characters")
         if self.manifest_digest is not None and not is_digest(self.manifest_digest):
             problems.append(f"manifest_digest {self.manifest_digest!r} is not blake3:<hex>")
         try:
