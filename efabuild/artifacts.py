@@ -15,7 +15,8 @@ from efabuild.ui import Reporter
 
 
 def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
-                       tag: str, reporter: Reporter, epoch: int, builder_versions: dict) -> Path:
+                       tag: str, reporter: Reporter, epoch: int, builder_versions: dict, signer=None) -> Path:
+    from efabuild.attest import signed
     from efabuild.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.sqsh import ENROOT_FORMAT, export_image
@@ -50,7 +51,9 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
         )
         record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info,
                                          sha256=result.sha256)
-        outcome = store.publish(plan.key, result.path, record, manifest)
+        # signed here, before publishing: the statement is stored with the artifact on every tier
+        envelope = signed(manifest, signer, f"manifest of {layer.qualname}") if signer is not None else None
+        outcome = store.publish(plan.key, result.path, record, manifest, envelope=envelope)
         reporter.line(layer.qualname, f"published: {', '.join(f'{t} {s}' for t, s in outcome.items())}")
     finally:
         out.unlink(missing_ok=True)  # published copies are links or copies of their own

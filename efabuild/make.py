@@ -199,6 +199,16 @@ class _Runner:
 
         return engine_versions(self.engine)
 
+    @functools.cached_property
+    def signer(self):  # noqa: ANN201 - a signing.Signer, or None without [sign]
+        """The [sign] key, loaded once per make (KMS: one GetPublicKey)."""
+        sign = self.ws.settings.sign
+        if sign is None:
+            return None
+        from efabuild.signing import signer_for
+
+        return signer_for(sign.key, root=self.ws.root, region=sign.region, endpoint_url=sign.endpoint_url)
+
     @property
     def store(self):
         if self._store is None:
@@ -213,7 +223,7 @@ class _Runner:
         path = artifacts.export_and_publish(
             ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
             tag=self.tags[lp.key], reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
-            builder_versions=self.builder_versions,
+            builder_versions=self.builder_versions, signer=self.signer,
         )
         return str(path)
 
@@ -263,6 +273,8 @@ def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
     check_secrets(prepared)
     runner = _Runner(prepared, reporter)
     redact = runner.redact
+    if any(lp.artifact and not lp.stored for lp in prepared.plan.layers):
+        runner.signer  # noqa: B018 - a bad [sign] key stops the make before anything is built
     graph = prepared.graph
     plans = prepared.plan.by_name()
     pending = list(prepared.order)

@@ -78,6 +78,15 @@ class AuditPolicy:
 
 
 @attrs.frozen
+class SignSettings:
+    """[sign]: the key make signs every exported artifact's statement with."""
+
+    key: str  # a PEM private key file (relative to the workspace) or a KMS key ARN
+    region: str | None = None  # KMS only; default: the ARN's region
+    endpoint_url: str | None = None  # KMS-compatible endpoints only
+
+
+@attrs.frozen
 class Settings:
     graph_files: tuple[str, ...] = ("graphs/*.toml",)
     store: StoreSettings = attrs.field(factory=lambda: StoreSettings(local=Path("cache")))
@@ -85,6 +94,8 @@ class Settings:
     registry: RegistrySettings | None = None
     export: ExportSettings = attrs.field(factory=ExportSettings)
     audit: AuditPolicy = attrs.field(factory=AuditPolicy)
+    sign: SignSettings | None = None
+    trust_keys: tuple[str, ...] = ()  # [trust] keys: read by efabuild.trust, validated here
 
 
 @attrs.frozen

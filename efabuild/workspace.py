@@ -28,6 +28,7 @@ from efabuild.model import (
     LintIgnore,
     RegistrySettings,
     S3Settings,
+    SignSettings,
     Settings,
     StoreSettings,
     Workspace,
@@ -144,7 +145,7 @@ def _article(name: str) -> str:
 
 
 def _settings(data: dict[str, Any], file: str, root: Path) -> Settings:
-    top = _Table(data, file, "", ("workspace", "store", "builder", "registry", "export", "audit"))
+    top = _Table(data, file, "", ("workspace", "store", "builder", "registry", "export", "audit", "sign", "trust"))
     defaults = Settings()
     ws = top.table("workspace", ("graphs",))
     graph_files = ws.str_list("graphs", defaults.graph_files) if ws else defaults.graph_files
@@ -155,7 +156,28 @@ def _settings(data: dict[str, Any], file: str, root: Path) -> Settings:
         registry=_registry(top.table("registry", ("url", "insecure"))),
         export=_export(top.table("export", ("compression", "compress_data", "extra_options"))),
         audit=_audit(top.table("audit", ("host_efa_installer", "min_versions", "required_pins", "known_bad"))),
+        sign=_sign(top.table("sign", ("key", "region", "endpoint_url"))),
+        trust_keys=_trust(top.table("trust", ("keys", "endpoint_url"))),
     )
+
+
+def _sign(t: _Table | None) -> SignSettings | None:
+    if t is None:
+        return None
+    key = t.get("key", str)
+    if not key:
+        raise InputError("missing: a PEM private key file or a KMS key ARN to sign with", t.where("key"))
+    return SignSettings(key=key, region=t.get("region", str), endpoint_url=t.get("endpoint_url", str))
+
+
+def _trust(t: _Table | None) -> tuple[str, ...]:
+    if t is None:
+        return ()
+    t.get("endpoint_url", str)
+    keys = t.str_list("keys")
+    if not all(k.strip() for k in keys):
+        raise InputError("an empty entry: give PEM public key files, PEM keys or KMS key ARNs", t.where("keys"))
+    return keys
 
 
 def _store(t: _Table | None, root: Path) -> StoreSettings:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install and start everything efabuild and its tests need on a fresh Debian bookworm host (as root):
 #   dockerd (bookworm docker.io), the buildx plugin (trixie docker-buildx), squashfs-tools 4.6
-#   (trixie: the first with tar input), squashfs-tools-ng, docker-registry, and the Python package.
+#   (trixie: the first with tar input), squashfs-tools-ng, docker-registry, cosign (trixie), and the
+#   Python package.
 # Idempotent: what is installed or running already is left alone.
 set -euo pipefail
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -49,6 +50,8 @@ install_packages() {
   [ -z "$trixie_engine" ] || trixie+=(docker.io/trixie docker-cli/trixie)
   [ -x /usr/libexec/docker/cli-plugins/docker-buildx ] || trixie+=(docker-buildx/trixie)
   mksquashfs -help 2>&1 | grep -q -- '-tar' || trixie+=(squashfs-tools/trixie)
+  # cosign 2.x: the third-party verifier the signing tests check efabuild's envelopes with
+  command -v cosign >/dev/null || trixie+=(cosign/trixie)
   if [ ${#trixie[@]} -gt 0 ]; then
     add_trixie_suite; log "installing from trixie: ${trixie[*]}"; apt_install "${trixie[@]}"
   fi

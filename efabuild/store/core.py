@@ -196,7 +196,7 @@ class Store:
         record = tier.record(key)
         if record is None:
             return None
-        return self.publish(key, path, record, tier.manifest(key))
+        return self.publish(key, path, record, tier.manifest(key), envelope=tier.envelope(key))
 
     # ---- publish
     def publish(
@@ -205,11 +205,13 @@ class Store:
         sqsh: str | os.PathLike[str],
         record: ArtifactRecord,
         manifest: bytes | None = None,
+        *,
+        envelope: bytes | None = None,
     ) -> dict[str, str]:
         """Store an exported .sqsh in every tier and point its name at it.
 
         Returns {tier name: "published" | "reused" | "repaired"}. `record.manifest_digest` is
-        set from `manifest` here. Interrupting it leaves every tier without the object or with
+        set from `manifest` here; `envelope` is the signed statement, stored beside it. Interrupting it leaves every tier without the object or with
         the complete object, never a partial one; running it again finishes the job.
         """
         check_key(key)
@@ -218,20 +220,21 @@ class Store:
         elif record.manifest_digest is not None:
             record = attrs.evolve(record, manifest_digest=None)  # no manifest stored with it
         results: dict[str, str] = {}
-        source, current, current_manifest = Path(sqsh), record, manifest
+        source, current, current_manifest, current_envelope = Path(sqsh), record, manifest, envelope
         for tier in reversed(self.fs_tiers):  # local first: a link, no copy
             results[tier.name] = tier.publish(key, source, current, current_manifest,
-                                              show_progress=self.show_progress)
+                                              show_progress=self.show_progress, envelope=current_envelope)
             # Later tiers copy what this tier holds (it may have kept an earlier identical export).
             source = tier.sqsh_path(key)
             current = tier.record(key) or current
             current_manifest = tier.manifest(key)
+            current_envelope = tier.envelope(key)
             # the name asked for: identical inputs in two graphs share one object under two names
             tier.append_ref(record.name, key)
             if self.s3_settings is not None:
                 tier.write_config(store_config_text(self.s3_settings))
         if self.s3 is not None:
-            results[S3_TIER] = self.s3.publish(key, source, current, current_manifest)
+            results[S3_TIER] = self.s3.publish(key, source, current, current_manifest, envelope=current_envelope)
             self.s3.append_ref(record.name, key)
         return results
 
@@ -319,10 +322,12 @@ class Store:
                 manifest = None
             if manifest is None and record.manifest_digest:
                 record = attrs.evolve(record, manifest_digest=None)
+            envelope = self.s3.envelope(key)  # checked by whoever verifies, like on any tier
             staged = target.staging_path(key)
             try:
                 self.s3.download(key, staged, record)
-                target.publish_locked(key, staged, record, manifest, show_progress=self.show_progress)
+                target.publish_locked(key, staged, record, manifest, show_progress=self.show_progress,
+                                      envelope=envelope)
             finally:
                 staged.unlink(missing_ok=True)
         return target.sqsh_path(key)
@@ -342,6 +347,25 @@ class Store:
                 if manifest is not None:
                     return manifest
         return self.s3.manifest(key) if self.s3 is not None else None
+
+    def envelope(self, key: str) -> bytes | None:
+        """The signed statement of `key` from the first tier holding the artifact."""
+        for tier in self.fs_tiers:
+            if tier.has(key):
+                return tier.envelope(key)
+        return self.s3.envelope(key) if self.s3 is not None else None
+
+    def write_envelope(self, key: str, envelope: bytes) -> list[str]:
+        """Store a re-signed statement on every tier holding `key`; the tiers written."""
+        written = []
+        for tier in self.fs_tiers:
+            if tier.has(key):
+                tier.write_envelope(key, envelope)
+                written.append(tier.name)
+        if self.s3 is not None and self.s3.has(key):
+            self.s3.write_envelope(key, envelope)
+            written.append(S3_TIER)
+        return written
 
     def ls(self, *, remote: bool = True) -> list[Listing]:
         """Every artifact with the tiers holding it, by name then creation time."""

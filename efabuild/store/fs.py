@@ -1,7 +1,7 @@
 """A store tier on a POSIX filesystem: the local `cache/` or a shared FSx for Lustre path.
 
-Publishing order (see layout.py): manifest, then record (each temp + fsync + rename), then the
-`.sqsh` hard-linked into place last. The `.sqsh` is the commit point; a record without a `.sqsh`
+Publishing order (see layout.py): manifest, signed statement (`.intoto.jsonl`), then record (each
+temp + fsync + rename), then the `.sqsh` hard-linked into place last. The `.sqsh` is the commit point; a record without a `.sqsh`
 is an interrupted publish, invisible to readers and overwritten by the next publisher. Publishers
 and cold fetchers of one key hold its lock (locks/<key>.lock); readers of committed objects take
 no lock: committed files never change, they are only removed whole by gc.
@@ -22,6 +22,7 @@ from efabuild.errors import EfabuildError
 from efabuild.progress import Progress
 from efabuild.store import fsutil
 from efabuild.store.layout import (
+    ENVELOPE_SUFFIX,
     MANIFEST_SUFFIX,
     RECORD_SUFFIX,
     SQSH_SUFFIX,
@@ -83,6 +84,22 @@ class FilesystemTier:
         except FileNotFoundError:
             return None
 
+    def envelope(self, key: str) -> bytes | None:
+        """The signed statement's bytes (one DSSE envelope), None when unsigned or absent."""
+        if not self.has(key):
+            return None
+        try:
+            return self.layout.envelope_path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write_envelope(self, key: str, envelope: bytes) -> None:
+        """Replace the signed statement of a committed object whole (a signature was added)."""
+        with self.key_lock(key):
+            if not self.layout.has(key):
+                raise EfabuildError(f"{self.name} tier has no artifact {short(key)}")
+            fsutil.atomic_write_bytes(self.layout.envelope_path(key), envelope, self.layout.tmp_dir)
+
     def list(self) -> list[ArtifactRecord]:
         records = []
         for key in self.layout.keys():
@@ -126,6 +143,7 @@ class FilesystemTier:
         manifest: bytes | None = None,
         *,
         show_progress: bool = True,
+        envelope: bytes | None = None,
     ) -> str:
         """Store `sqsh` under `key`: PUBLISHED, REUSED (someone else did already) or REPAIRED.
 
@@ -135,7 +153,7 @@ class FilesystemTier:
         sqsh = Path(sqsh)
         check_publish_input(key, sqsh, record)
         with self.key_lock(key):
-            return self.publish_locked(key, sqsh, record, manifest, show_progress=show_progress)
+            return self.publish_locked(key, sqsh, record, manifest, show_progress=show_progress, envelope=envelope)
 
     def publish_locked(
         self,
@@ -145,6 +163,7 @@ class FilesystemTier:
         manifest: bytes | None = None,
         *,
         show_progress: bool = True,
+        envelope: bytes | None = None,
     ) -> str:
         """publish() for a caller already holding key_lock(key)."""
         if manifest is not None and record.manifest_digest is None:
@@ -172,6 +191,10 @@ class FilesystemTier:
         try:
             if manifest is not None:
                 fsutil.atomic_write_bytes(self.layout.manifest_path(key), manifest, self.layout.tmp_dir)
+            if envelope is not None:
+                fsutil.atomic_write_bytes(self.layout.envelope_path(key), envelope, self.layout.tmp_dir)
+            else:  # a damaged object's old signature must not vouch for the new bytes
+                self.layout.envelope_path(key).unlink(missing_ok=True)
             fsutil.atomic_write_bytes(self.layout.record_path(key), record.to_json(), self.layout.tmp_dir)
             final = self.sqsh_path(key)
             try:
@@ -261,7 +284,8 @@ class FilesystemTier:
     def delete(self, key: str) -> None:
         """Remove an object: the .sqsh first (uncommits it), then its metadata. Caller holds the lock."""
         check_key(key)
-        for path in (self.layout.sqsh_path(key), self.layout.manifest_path(key), self.layout.record_path(key)):
+        for path in (self.layout.sqsh_path(key), self.layout.manifest_path(key), self.layout.envelope_path(key),
+                     self.layout.record_path(key)):
             path.unlink(missing_ok=True)
         try:
             fsutil.fsync_dir(self.layout.object_dir(key))
@@ -303,7 +327,8 @@ class FilesystemTier:
                 continue
             try:
                 if not self.sqsh_path(key).exists():
-                    for path in (self.layout.record_path(key), self.layout.manifest_path(key)):
+                    for path in (self.layout.record_path(key), self.layout.manifest_path(key),
+                                 self.layout.envelope_path(key)):
                         if path.exists():
                             found.append(path)
             finally:
@@ -341,7 +366,7 @@ class FilesystemTier:
                 continue
             names = set(os.listdir(fanout.path))
             for name in names:
-                for suffix in (MANIFEST_SUFFIX, RECORD_SUFFIX):  # the longer suffix first
+                for suffix in (MANIFEST_SUFFIX, ENVELOPE_SUFFIX, RECORD_SUFFIX):  # the longer suffix first
                     if name.endswith(suffix):
                         key = name[: -len(suffix)]
                         if is_key(key) and key + SQSH_SUFFIX not in names:

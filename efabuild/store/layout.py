@@ -5,6 +5,7 @@ Stdlib only (no attrs, boto3, docker): `efabuild lookup` imports this module on 
     <root>/objects/<k[:2]>/<key>.sqsh            the artifact (read-only once published)
     <root>/objects/<k[:2]>/<key>.json            its record (ArtifactRecord as JSON)
     <root>/objects/<k[:2]>/<key>.manifest.json   its provenance manifest, when there is one
+    <root>/objects/<k[:2]>/<key>.intoto.jsonl    its signed in-toto statement (DSSE), when signed
     <root>/refs/<graph>/<layer>.json             name -> history of keys, newest last
     <root>/locks/                                per-key and per-ref lock files
     <root>/tmp/                                  temp files; same filesystem, so publish is a link
@@ -31,6 +32,7 @@ MIN_PREFIX_LENGTH = 8
 SQSH_SUFFIX = ".sqsh"
 RECORD_SUFFIX = ".json"
 MANIFEST_SUFFIX = ".manifest.json"
+ENVELOPE_SUFFIX = ".intoto.jsonl"
 CONFIG_FILE = "store.toml"
 
 _HEX = frozenset("0123456789abcdef")
@@ -137,6 +139,9 @@ class Layout:
 
     def manifest_path(self, key: str) -> Path:
         return self.object_dir(key) / (key + MANIFEST_SUFFIX)
+
+    def envelope_path(self, key: str) -> Path:
+        return self.object_dir(key) / (key + ENVELOPE_SUFFIX)
 
     def ref_path(self, name: str) -> Path:
         graph, layer = split_name(name)

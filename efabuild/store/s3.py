@@ -1,11 +1,12 @@
 """The S3 tier (or any S3-compatible store via endpoint_url), through boto3's credential chain.
 
-Layout under the prefix mirrors a filesystem tier (objects/<k[:2]>/<key>.sqsh|.json|.manifest.json);
+Layout under the prefix mirrors a filesystem tier (objects/<k[:2]>/<key>.sqsh|.json|.manifest.json|
+.intoto.jsonl);
 a name's history is one empty object per entry, refs/<graph>/<layer>/<time>.<key>, so concurrent
 appends never overwrite each other.
 
-Publishing order on S3 is the reverse of a filesystem tier: the .sqsh first, then the manifest,
-then the record. The record is the commit point here (its presence means "complete"), because the
+Publishing order on S3 is the reverse of a filesystem tier: the .sqsh first, then the manifest and
+the signed statement, then the record. The record is the commit point here (its presence means "complete"), because the
 .sqsh upload is the expensive, racing step: it is created with IfNoneMatch='*', so of several
 publishers exactly one completes it and the others get 412 and reuse it. The .sqsh carries its
 blake3 digest as object metadata, so whoever writes the record after a lost race or a crash can
@@ -39,7 +40,16 @@ from efabuild.errors import EfabuildError, NotFound
 from efabuild.model import S3Settings
 from efabuild.progress import Progress
 from efabuild.store.fs import PUBLISHED, REUSED, check_publish_input
-from efabuild.store.layout import MANIFEST_SUFFIX, RECORD_SUFFIX, SQSH_SUFFIX, check_key, is_key, short, split_name
+from efabuild.store.layout import (
+    ENVELOPE_SUFFIX,
+    MANIFEST_SUFFIX,
+    RECORD_SUFFIX,
+    SQSH_SUFFIX,
+    check_key,
+    is_key,
+    short,
+    split_name,
+)
 from efabuild.store.record import ArtifactRecord, utc_now
 
 MiB = 1024 * 1024
@@ -49,6 +59,7 @@ MAX_PARTS = 10_000
 DEFAULT_WORKERS = 10
 READ_CHUNK = 1 * MiB
 DIGEST_METADATA = "blake3"  # x-amz-meta-blake3 on every .sqsh
+SHA256_METADATA = "sha256"  # x-amz-meta-sha256 on .sqsh files exported since records carry it
 STALE_UPLOAD = timedelta(days=1)
 # Error codes meaning "a conditional create found the object already there"
 _ALREADY_EXISTS = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
@@ -138,6 +149,9 @@ class S3Tier:
     def manifest_object(self, key: str) -> str:
         return self._path("objects", key[:2], key + MANIFEST_SUFFIX)
 
+    def envelope_object(self, key: str) -> str:
+        return self._path("objects", key[:2], key + ENVELOPE_SUFFIX)
+
     def _refs_prefix(self, name: str) -> str:
         graph, layer = split_name(name)
         return self._path("refs", graph, layer) + "/"
@@ -220,6 +234,22 @@ class S3Tier:
     def manifest(self, key: str) -> bytes | None:
         return self._get_bytes(self.manifest_object(check_key(key)))
 
+    def envelope(self, key: str) -> bytes | None:
+        """The signed statement (one DSSE envelope), None when unsigned."""
+        return self._get_bytes(self.envelope_object(check_key(key)))
+
+    def write_envelope(self, key: str, envelope: bytes) -> None:
+        """Replace the signed statement of a committed object (a signature was added): one PUT,
+        which S3 makes visible whole."""
+        if not self.has(key):
+            raise EfabuildError(f"s3 tier has no artifact {short(key)}")
+        path = self.envelope_object(key)
+        try:
+            self._call(self.url(path), "put_object", Key=path, Body=envelope, ChecksumAlgorithm="CRC32",
+                       ContentType="application/jsonl")
+        except ClientError as exc:
+            raise self._error(self.url(path), exc) from None
+
     def _list(self, prefix: str) -> list[dict]:
         found: list[dict] = []
         token: str | None = None
@@ -278,6 +308,7 @@ class S3Tier:
         manifest: bytes | None = None,
         *,
         show_progress: bool | None = None,
+        envelope: bytes | None = None,
     ) -> str:
         """Upload `sqsh` under `key`: PUBLISHED, or REUSED when S3 has (or just got) it."""
         sqsh = Path(sqsh)
@@ -300,9 +331,13 @@ class S3Tier:
                 )
             if stored_digest != record.digest:
                 _warn_if_differs(key, attrs.evolve(record, digest=stored_digest), record)
-                record = attrs.evolve(record, digest=stored_digest)
+                stored_sha256 = head.get("Metadata", {}).get(SHA256_METADATA)
+                record = attrs.evolve(record, digest=stored_digest, sha256=stored_sha256 or None)
+                envelope = None  # it names our bytes, not the ones stored
         if manifest is not None:
             self._put_new(self.manifest_object(key), manifest, ContentType="application/json")
+        if envelope is not None:
+            self._put_new(self.envelope_object(key), envelope, ContentType="application/jsonl")
         created = self._put_new(self.record_object(key), record.to_json(), ContentType="application/json")
         return PUBLISHED if won and created else REUSED
 
@@ -310,6 +345,8 @@ class S3Tier:
         """Upload once, reading the file once; False if the object already existed."""
         path = self.sqsh_object(key)
         metadata = {DIGEST_METADATA: record.digest.split(":", 1)[1]}
+        if record.sha256:
+            metadata[SHA256_METADATA] = record.sha256
         size = record.size
         part = part_size_for(size, self.part_size)
         with Progress(f"upload {short(key)} to {self.url(path)}", size, enabled=show) as bar:
@@ -460,7 +497,8 @@ class S3Tier:
     def delete(self, key: str) -> None:
         """Record first (uncommits), then the .sqsh and manifest."""
         check_key(key)
-        for path in (self.record_object(key), self.sqsh_object(key), self.manifest_object(key)):
+        for path in (self.record_object(key), self.sqsh_object(key), self.manifest_object(key),
+                     self.envelope_object(key)):
             self._delete_object(path)
 
     def debris(self, now: datetime | None = None) -> list[str]:
