@@ -49,13 +49,19 @@ def verify_local(path: Path, record: dict) -> None:
 
 
 def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verify: bool = False,
-                cwd: Path | None = None) -> tuple[Path, dict]:
+                cwd: Path | None = None, require_signature: bool = False) -> tuple[Path, dict]:
     """(absolute .sqsh path, its record as a dict) for `ref`.
 
     Raises NotFound (absent), AmbiguousRef (prefix matches several) or InputError (bad REF or
-    store settings).
+    store settings); with `require_signature`, VerificationFailed unless the artifact is signed by
+    a key of the trust policy (a cached verification costs stats only).
     """
     table = locate(store, cwd)
+    policy = None
+    if require_signature:  # read first: a missing policy is a configuration error, found early
+        from efabuild.trust import policy_for
+
+        policy = policy_for(table)
     hit = find_local(table, ref, ask_s3=fetch and table.s3 is not None)
     if hit is not None:
         key, layout = hit
@@ -63,18 +69,35 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         record = layout.read_record_dict(key) or {}
         if verify:
             verify_local(path, record)
+        if policy is not None:
+            _require_signed(layout, key, policy, ref)
         return path, record
     # A miss: the full store resolves remotely, fetches, and words the failure.
     from efabuild.store.core import Store
 
     full = Store.from_table(table)
     path = full.lookup(ref, fetch=fetch, verify=verify)
-    record = full.record(path.name[: -len(SQSH_SUFFIX)])
+    key = path.name[: -len(SQSH_SUFFIX)]
+    record = full.record(key)
+    if policy is not None:
+        _require_signed(Layout(path.parent.parent.parent), key, policy, ref)
     return path, record.to_dict() if record is not None else {}
 
 
+def _require_signed(layout: Layout, key: str, policy, ref: str) -> None:  # noqa: ANN001
+    from efabuild.verification import VerificationFailed, require_signed
+
+    try:
+        require_signed(layout, key, policy)
+    except VerificationFailed as exc:
+        # one line for Pyxis to show: the first problem says enough to act on
+        more = f" (and {len(exc.problems) - 1} more: efabuild verify {ref})" if len(exc.problems) > 1 else ""
+        raise VerificationFailed([f"refusing {ref}: {exc.problems[0]}{more}"]) from None
+
+
 def run(args) -> int:  # noqa: ANN001 - argparse namespace
-    path, record = lookup_path(args.ref, args.store, fetch=not args.no_fetch, verify=args.verify)
+    path, record = lookup_path(args.ref, args.store, fetch=not args.no_fetch, verify=args.verify,
+                               require_signature=args.require_signature)
     if args.json:
         fields = ("key", "name", "size", "digest", "created")
         out = {"path": str(path), **{name: record.get(name) for name in fields}}

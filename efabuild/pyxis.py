@@ -11,7 +11,9 @@ again on release. efabuild artifacts are handed out in place, from the store.
 
 The store is `$EFABUILD_STORE`, else `store = "..."` in the importer's config file
 (`$EFABUILD_PYXIS_CONFIG`, default /etc/efabuild/pyxis.toml), else the workspace around the
-job's working directory. The config may also say `verify = true` to re-hash before every start.
+job's working directory. The config may also say `verify = true` to re-hash before every start, and
+`require_signature = true` to start only artifacts signed by a key of the node's trust policy
+(/etc/efabuild/trust.toml; a cached verification costs a few stats).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ SCHEME = "efabuild://"
 PYXIS_PREFIXES = ("docker://",)
 CONFIG_ENV = "EFABUILD_PYXIS_CONFIG"
 DEFAULT_CONFIG = Path("/etc/efabuild/pyxis.toml")
-CONFIG_KEYS = ("store", "verify")
+CONFIG_KEYS = ("store", "verify", "require_signature")
 CONFIG_MAX_BYTES = 64 * 1024
 # Slurm's job and step ids are 32-bit unsigned numbers; its special steps also go by these names
 ID_PATTERN = re.compile(r"[0-9]{1,10}")
@@ -93,8 +95,9 @@ def read_config(environ: dict[str, str] | None = None) -> dict:
         raise InputError(f"unknown key {unknown[0][:40]!r} (known: {', '.join(CONFIG_KEYS)})", str(path))
     if "store" in config and (not isinstance(config["store"], str) or not config["store"]):
         raise InputError(f"must be a store directory path, not {_short(config['store'])}", f"{path}: store")
-    if "verify" in config and not isinstance(config["verify"], bool):
-        raise InputError(f"must be true or false, not {_short(config['verify'])}", f"{path}: verify")
+    for name in ("verify", "require_signature"):
+        if name in config and not isinstance(config[name], bool):
+            raise InputError(f"must be true or false, not {_short(config[name])}", f"{path}: {name}")
     return config
 
 
@@ -113,7 +116,8 @@ def get(uri: str, environ: dict[str, str] | None = None) -> Path:
     ref = parse_image_uri(uri)
     config = read_config(environ)
     store = environ.get(STORE_ENV) or config.get("store")
-    path, _ = lookup_path(ref, store, fetch=True, verify=bool(config.get("verify", False)))
+    path, _ = lookup_path(ref, store, fetch=True, verify=bool(config.get("verify", False)),
+                          require_signature=bool(config.get("require_signature", False)))
     return path
 
 

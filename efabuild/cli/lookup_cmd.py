@@ -18,6 +18,9 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
                    help="a store directory (default: $EFABUILD_STORE, else the workspace's [store])")
     p.add_argument("--no-fetch", action="store_true", help="only look on the filesystem tiers; never fetch from S3")
     p.add_argument("--verify", action="store_true", help="re-hash the .sqsh and compare it with its record")
+    p.add_argument("--require-signature", action="store_true",
+                   help="refuse an artifact not signed by a key of the trust policy ([trust] in BUILD.toml, "
+                        "else /etc/efabuild/trust.toml); a cached verification costs a few stats")
     p.add_argument("--json", action="store_true", help="print path, key, name, size, digest, created as JSON")
     p.set_defaults(run=run)
 

@@ -1,0 +1,152 @@
+"""`efabuild verify`, `efabuild sign`, `efabuild trust`: signed statements of stored artifacts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+STORE_HELP = "a store directory (default: $EFABUILD_STORE, else the workspace's [store])"
+
+
+def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    if name == "verify":
+        p = sub.add_parser(
+            name, parents=[common], help="check artifacts against their signatures, records and manifests",
+            description="For each artifact on each filesystem tier: a valid signature by a key of the trust "
+                        "policy, the signed statement's subject equal to the file's digests, record and "
+                        "manifest consistent with both. Prints one line per artifact; exit 1 when any fails, "
+                        "with one line per failure.",
+        )
+        p.add_argument("refs", nargs="*", metavar="REF", help="a key, a unique key prefix (≥ 8 hex) or graph:layer")
+        p.add_argument("--all", action="store_true", help="every artifact on the filesystem tiers")
+        p.add_argument("--sha256", action="store_true",
+                       help="also compute the file's sha256 and compare it (what third-party verifiers match)")
+        p.add_argument("--json", action="store_true", help="print the results as JSON")
+        p.set_defaults(run=run_verify)
+    elif name == "sign":
+        p = sub.add_parser(
+            name, parents=[common], help="add a signature to artifacts' stored statements",
+            description="Signs the stored in-toto statement of each REF, unchanged, with another key and stores "
+                        "the envelope (one line, all signatures) on every tier holding the artifact. An artifact "
+                        "exported before signing was configured gets its statement made from its manifest.",
+        )
+        p.add_argument("refs", nargs="+", metavar="REF")
+        p.add_argument("--key", metavar="PEM|ARN",
+                       help="a PEM private key file or a KMS key ARN (default: [sign] key in BUILD.toml)")
+        p.add_argument("--endpoint-url", metavar="URL", help="a KMS-compatible endpoint (KMS keys only)")
+        p.set_defaults(run=run_sign)
+    else:
+        p = sub.add_parser(
+            name, parents=[common], help="resolve the workspace's [trust] keys; write a node's trust policy",
+            description="Reads [trust] keys of BUILD.toml, asks KMS once for the public key of every KMS key ARN "
+                        "and keeps it under the local store's state/trust/ (lookups never ask KMS), then lists "
+                        "the trusted keys. --write PATH writes them, PEM inline, as a node config "
+                        "(/etc/efabuild/trust.toml on compute nodes).",
+        )
+        p.add_argument("--write", metavar="PATH", help="write the policy as a node config to PATH")
+        p.set_defaults(run=run_trust)
+    p.add_argument("--store", metavar="PATH", help=STORE_HELP)
+
+
+# ---- verify
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    from efabuild.errors import InputError
+    from efabuild.store.core import Store
+    from efabuild.store.layout import short
+    from efabuild.store.locate import locate
+    from efabuild.trust import policy_for
+    from efabuild.verification import verify_and_remember
+
+    if bool(args.refs) == bool(args.all):
+        raise InputError("give REF... or --all")
+    table = locate(args.store)
+    policy = policy_for(table)
+    store = Store.from_table(table, show_progress=False)
+    keys = sorted({k for tier in store.fs_tiers for k in tier.layout.keys()}) if args.all else \
+        [store.resolve(ref, remote=False) for ref in args.refs]
+    results, failed = [], False
+    for key in keys:
+        tiers = [tier for tier in store.fs_tiers if tier.has(key)]
+        if not tiers:
+            results.append({"key": key, "tier": None, "problems": [
+                f"{short(key)}: on no filesystem tier of {store.describe()} (efabuild lookup fetches it)"]})
+        for tier in tiers:
+            problems = verify_and_remember(tier.layout, key, policy, sha256=args.sha256)
+            results.append({"key": key, "tier": tier.name, "problems": problems})
+    for result in results:
+        failed = failed or bool(result["problems"])
+    if args.json:
+        sys.stdout.write(json.dumps({"ok": not failed, "policy": policy.source, "results": results},
+                                    indent=1, sort_keys=True) + "\n")
+    else:
+        for result in results:
+            where = f"{short(result['key'])} {result['tier'] or '-'}"
+            if not result["problems"]:
+                sys.stdout.write(f"ok    {where}\n")
+            for problem in result["problems"]:
+                sys.stdout.write(f"FAIL  {where}: {problem}\n")
+    return 1 if failed else 0
+
+
+# ---- sign
+
+
+def run_sign(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from efabuild.attest import sign_stored
+    from efabuild.errors import InputError
+    from efabuild.signing import signer_for
+    from efabuild.store.core import Store
+    from efabuild.store.layout import short
+    from efabuild.store.locate import find_build_toml
+
+    key, region, endpoint_url, root = args.key, None, args.endpoint_url, Path.cwd()
+    if key is None:
+        build_toml = find_build_toml(Path.cwd())
+        if build_toml is None:
+            raise InputError("no key: give --key PEM|ARN (no BUILD.toml with [sign] here)")
+        from efabuild.workspace import load_workspace
+
+        sign = load_workspace(build_toml.parent).settings.sign
+        if sign is None:
+            raise InputError(f"no key: give --key PEM|ARN or set [sign] key in {build_toml}")
+        key, region, endpoint_url, root = sign.key, sign.region, endpoint_url or sign.endpoint_url, build_toml.parent
+    signer = signer_for(key, root=root, region=region, endpoint_url=endpoint_url)
+    store = Store.locate(args.store, show_progress=False)
+    for ref in args.refs:
+        full, tiers, added = sign_stored(store, ref, signer)
+        if added:
+            print(f"{short(full)} {ref}: signed by {signer.description} ({signer.keyid[:12]}); stored on "
+                  f"{', '.join(tiers)}")
+        else:
+            print(f"{short(full)} {ref}: already signed by {signer.description} ({signer.keyid[:12]})")
+    return 0
+
+
+# ---- trust
+
+
+def run_trust(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from efabuild.errors import InputError
+    from efabuild.store.locate import find_build_toml, load_build_store
+    from efabuild.trust import resolve_workspace_keys, write_node_config
+
+    build_toml = find_build_toml(Path.cwd())
+    if build_toml is None:
+        raise InputError("efabuild trust reads [trust] of a workspace: no BUILD.toml here or above")
+    table = load_build_store(build_toml)
+    policy = resolve_workspace_keys(build_toml, table.local)
+    from efabuild.signing import keyid_of, load_public_key
+
+    for source, pem in policy.keys:
+        print(f"{keyid_of(load_public_key(pem, source))[:12]}  {source}")
+    if args.write:
+        write_node_config(Path(args.write), policy)
+        print(f"wrote {args.write} ({len(policy.keys)} keys)")
+    return 0

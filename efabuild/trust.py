@@ -1,0 +1,216 @@
+"""The trust policy: which public keys may sign the artifacts a job is allowed to start.
+
+Stdlib only: `lookup --require-signature` reads it on every job start.
+
+    [trust]
+    keys = [
+      "keys/release.pub.pem",                              # a PEM public key file
+      "arn:aws:kms:us-east-1:123456789012:key/1234abcd-…",  # a KMS key (BUILD.toml only)
+      '''-----BEGIN PUBLIC KEY-----
+    …
+    -----END PUBLIC KEY-----''',                             # the key itself (node config)
+    ]
+    endpoint_url = "https://kms.…"                          # optional, for resolving KMS keys
+
+A workspace reads `[trust]` from BUILD.toml; a bare store (a compute node, the Pyxis importer)
+reads the node config `/etc/efabuild/trust.toml` (`$EFABUILD_TRUST_CONFIG`). A KMS key is resolved
+to its PEM public key when the policy is written — `efabuild trust` saves it under the local
+store's `state/trust/`, `efabuild trust --write PATH` writes a node config with the PEM inline —
+so a lookup never calls KMS. The policy's digest binds cached verifications to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from pathlib import Path
+
+from efabuild.errors import InputError
+
+TRUST_CONFIG_ENV = "EFABUILD_TRUST_CONFIG"
+DEFAULT_NODE_CONFIG = Path("/etc/efabuild/trust.toml")
+TRUST_KEYS = ("keys", "endpoint_url")
+KMS_PREFIX = "arn:aws:kms:"
+PEM_BEGIN = "-----BEGIN PUBLIC KEY-----"
+MAX_PEM_BYTES = 64 << 10
+
+
+class TrustPolicy:
+    """Trusted PEM public keys and where the policy came from (a plain class: fast path)."""
+
+    __slots__ = ("keys", "source")
+
+    def __init__(self, keys: tuple[tuple[str, bytes], ...], source: str) -> None:
+        self.keys = keys  # ((what named it: a path, an ARN or "inline"), PEM bytes)
+        self.source = source
+
+    @property
+    def digest(self) -> str:
+        """sha256 over the normalised PEM texts, in order-independent form."""
+        canonical = sorted(_normalise(pem) for _, pem in self.keys)
+        return hashlib.sha256(b"\0".join(canonical)).hexdigest()
+
+
+def _normalise(pem: bytes) -> bytes:
+    return b"\n".join(line.strip() for line in pem.strip().splitlines() if line.strip())
+
+
+def kms_cache_name(arn: str) -> str:
+    return hashlib.sha256(arn.encode()).hexdigest()[:32] + ".pem"
+
+
+def parse_trust_table(table: object, base: Path, where: str, resolved_dir: Path | None) -> TrustPolicy:
+    """Validate a [trust] table; file paths relative to `base`; KMS ARNs from `resolved_dir`."""
+    if not isinstance(table, dict):
+        raise InputError(f"must be a table, not {table!r}", where)
+    unknown = sorted(set(table) - set(TRUST_KEYS))
+    if unknown:
+        raise InputError(f"unknown key {unknown[0]!r} (known: {', '.join(TRUST_KEYS)})", where)
+    entries = table.get("keys", [])
+    if not isinstance(entries, list) or not all(isinstance(e, str) and e.strip() for e in entries):
+        raise InputError("must be a list of PEM public key files, PEM keys or KMS key ARNs", f"{where}.keys")
+    keys = []
+    for index, entry in enumerate(entries):
+        entry_where = f"{where}.keys[{index}]"
+        if entry.lstrip().startswith(PEM_BEGIN):
+            keys.append(("inline", entry.strip().encode() + b"\n"))
+        elif entry.startswith(KMS_PREFIX):
+            if resolved_dir is None:
+                raise InputError("a KMS key must be resolved to its PEM public key here: write this file with "
+                                 "`efabuild trust --write`", entry_where)
+            pem = _read_pem(resolved_dir / kms_cache_name(entry), entry_where, missing=(
+                f"KMS key {entry} is not resolved yet: run `efabuild trust` (it asks KMS once; lookups never do)"))
+            keys.append((entry, pem))
+        else:
+            path = base / Path(entry).expanduser()
+            keys.append((str(path), _read_pem(path, entry_where)))
+    return TrustPolicy(tuple(keys), where.split(":")[0])
+
+
+def _read_pem(path: Path, where: str, missing: str | None = None) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_PEM_BYTES + 1)
+    except FileNotFoundError:
+        raise InputError(missing or f"no such PEM public key file {path}", where) from None
+    except OSError as exc:
+        raise InputError(f"cannot read {path} ({exc.strerror})", where) from None
+    if len(data) > MAX_PEM_BYTES or PEM_BEGIN.encode() not in data:
+        raise InputError(f"{path} is not a PEM public key ({PEM_BEGIN})", where)
+    return data
+
+
+def node_config_path(environ: dict[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    return Path(environ.get(TRUST_CONFIG_ENV) or DEFAULT_NODE_CONFIG)
+
+
+def node_policy(environ: dict[str, str] | None = None) -> TrustPolicy | None:
+    """The node config's policy; None when there is no node config."""
+    path = node_config_path(environ)
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        return None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"not valid TOML ({exc})", str(path)) from None
+    unknown = sorted(set(data) - {"trust"})
+    if unknown:
+        raise InputError(f"unknown key {unknown[0]!r} (known: trust)", str(path))
+    return parse_trust_table(data.get("trust", {}), path.parent, f"{path}: trust", None)
+
+
+def workspace_policy(build_toml: Path, local_store: Path) -> TrustPolicy | None:
+    """BUILD.toml's [trust]; None when it has none."""
+    try:
+        with open(build_toml, "rb") as handle:
+            data = tomllib.load(handle)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"not valid TOML ({exc})", str(build_toml)) from None
+    if "trust" not in data:
+        return None
+    return parse_trust_table(data["trust"], build_toml.parent, f"{build_toml}: trust",
+                             resolved_dir(local_store))
+
+
+def resolved_dir(local_store: Path) -> Path:
+    return Path(local_store) / "state" / "trust"
+
+
+def policy_for(table, environ: dict[str, str] | None = None) -> TrustPolicy:  # noqa: ANN001 - StoreTable
+    """The policy that applies to a located store: BUILD.toml's for a workspace, else the node's.
+
+    No policy at all is an InputError: requiring signatures without trusting any key would refuse
+    everything, and is a configuration mistake worth one clear line."""
+    policy = None
+    where = str(node_config_path(environ))
+    if not table.bare and Path(table.source).is_file():  # a workspace: source is its BUILD.toml
+        policy = workspace_policy(Path(table.source), table.local)
+        where = f"{table.source} [trust]"
+    if policy is None:
+        policy = node_policy(environ)
+        where = str(node_config_path(environ)) if policy is None or table.bare else where
+    if policy is None or not policy.keys:
+        raise InputError(f"no trusted keys: signatures are required but {where} names none "
+                         f"(`[trust] keys = [...]`)")
+    return policy
+
+
+def resolve_workspace_keys(build_toml: Path, local_store: Path) -> TrustPolicy:
+    """Ask KMS for the public key of every KMS ARN in BUILD.toml's [trust] and keep it under the
+    local store; the policy then reads without KMS. (The one place trust calls KMS.)"""
+    with open(build_toml, "rb") as handle:
+        try:
+            table = tomllib.load(handle).get("trust")
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"not valid TOML ({exc})", str(build_toml)) from None
+    if not isinstance(table, dict) or not table.get("keys"):
+        raise InputError("no [trust] keys to resolve", str(build_toml))
+    entries = table.get("keys")
+    arns = [e for e in entries if isinstance(e, str) and e.startswith(KMS_PREFIX)] if isinstance(entries, list) else []
+    if arns:
+        import boto3
+
+        from efabuild.signing import kms_public_pem
+
+        target = resolved_dir(local_store)
+        target.mkdir(parents=True, exist_ok=True)
+        for arn in arns:
+            region = arn.split(":")[3] or None
+            client = boto3.client("kms", region_name=region, endpoint_url=table.get("endpoint_url"))
+            _write_atomic(target / kms_cache_name(arn), kms_public_pem(client, arn), 0o644)
+    return parse_trust_table(table, build_toml.parent, f"{build_toml}: trust", resolved_dir(local_store))
+
+
+def node_config_text(policy: TrustPolicy) -> str:
+    lines = ["# efabuild trust policy: artifacts must be signed by one of these keys.",
+             "# Written by `efabuild trust --write`; KMS keys are resolved to their public keys.",
+             "[trust]", "keys = ["]
+    for source, pem in policy.keys:
+        lines.append(f"  # {source}")
+        lines.append('  """' + pem.decode().strip() + '""",')
+    lines.append("]")
+    return "\n".join(lines) + "\n"
+
+
+def write_node_config(path: Path, policy: TrustPolicy) -> None:
+    _write_atomic(path, node_config_text(policy).encode(), 0o644)
+
+
+def _write_atomic(path: Path, data: bytes, mode: int) -> None:
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,203 @@
+"""Is a stored artifact exactly what a trusted key signed? Full checks, and the cached answer.
+
+A full verification of key K on a filesystem tier checks that:
+- the record is well formed and is K's, and the `.sqsh` has its size and blake3 digest;
+- the signed statement (`K.intoto.jsonl`) carries a valid signature by a key of the trust policy;
+- the statement's subject is `K.sqsh` with the file's blake3 (and the record's sha256);
+- the manifest, when there is one, has the record's manifest digest and names the same key and
+  digests. With `sha256=True` the file's sha256 is computed and compared too (slower; blake3
+  already binds the bytes).
+
+`require_signed` is the job-start path: a hit in the verification cache costs stats only (no
+hashing, no `cryptography`); a miss runs the full verification and remembers it. Heavy modules are
+imported inside the full check, never at module level.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from efabuild import verifycache
+from efabuild.errors import EfabuildError
+from efabuild.store.layout import Layout, short
+
+MAX_METADATA_BYTES = 16 << 20
+
+
+class VerificationFailed(EfabuildError):
+    """An artifact failed verification; `problems` has one line each. Exit status 1."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _paths(layout: Layout, key: str) -> dict[str, Path]:
+    return {"sqsh": layout.sqsh_path(key), "record": layout.record_path(key),
+            "envelope": layout.envelope_path(key)}
+
+
+def require_signed(layout: Layout, key: str, policy, *, cache: bool = True) -> bool:  # noqa: ANN001
+    """Raise VerificationFailed unless `key` on this tier verifies under `policy`.
+
+    Returns True when the answer came from the verification cache."""
+    paths = _paths(layout, key)
+    stamps = verifycache.take_stamps(paths)
+    sqsh = paths["sqsh"].absolute()
+    if cache and verifycache.is_verified(sqsh, key, stamps, policy.digest):
+        return True
+    started = time.time()
+    problems = verify(layout, key, policy)
+    if problems:
+        raise VerificationFailed(problems)
+    if cache:
+        verifycache.remember(sqsh, key, paths, stamps, policy.digest, started)
+    return False
+
+
+def verify_and_remember(layout: Layout, key: str, policy, *, sha256: bool = False) -> list[str]:  # noqa: ANN001
+    """A full verification (never answered from the cache); a success is remembered for lookups."""
+    paths = _paths(layout, key)
+    stamps = verifycache.take_stamps(paths)
+    started = time.time()
+    problems = verify(layout, key, policy, sha256=sha256)
+    if not problems:
+        verifycache.remember(paths["sqsh"].absolute(), key, paths, stamps, policy.digest, started)
+    return problems
+
+
+def verify(layout: Layout, key: str, policy, *, sha256: bool = False) -> list[str]:  # noqa: ANN001
+    """Every problem with `key` on this tier, one line each (empty: it verifies)."""
+    from efabuild import dsse
+    from efabuild.digest import file_digest, sha256_file
+    from efabuild.store.record import ArtifactRecord
+
+    sqsh = layout.sqsh_path(key)
+    where = f"{sqsh}"
+    problems: list[str] = []
+    record_bytes = _read(layout.record_path(key))
+    if record_bytes is None:
+        return [f"{where}: no record beside it"]
+    try:
+        record = ArtifactRecord.from_json(record_bytes, str(layout.record_path(key)))
+    except EfabuildError as exc:
+        return [str(exc)]
+    if record.key != key:
+        problems.append(f"{layout.record_path(key)}: the record is for {short(record.key)}, not {short(key)}")
+    try:
+        size = sqsh.stat().st_size
+    except FileNotFoundError:
+        return [f"{where}: no such file"]
+    actual = None
+    if size != record.size:
+        problems.append(f"{where}: {size} bytes, its record says {record.size}")
+    else:
+        actual = file_digest(sqsh)
+        if actual != record.digest:
+            problems.append(f"{where}: digest {actual}, its record says {record.digest}")
+    actual_sha256 = sha256_file(sqsh) if sha256 else None
+    if actual_sha256 is not None and record.sha256 is not None and actual_sha256 != record.sha256:
+        problems.append(f"{where}: sha256 {actual_sha256}, its record says {record.sha256}")
+
+    problems += _check_manifest(layout, key, record)
+
+    envelope_path = layout.envelope_path(key)
+    envelope_bytes = _read(envelope_path)
+    if envelope_bytes is None:
+        problems.append(f"{where}: unsigned (no {envelope_path.name})")
+        return problems
+    try:
+        envelope = dsse.decode(envelope_bytes, str(envelope_path))
+    except EfabuildError as exc:
+        problems.append(str(exc))
+        return problems
+    signer = trusted_signer(envelope, policy)
+    if signer is None:
+        count = len(envelope.signatures)
+        problems.append(f"{envelope_path}: {'no signatures' if not count else f'{count} signature(s), none'} "
+                        f"by a key trusted by {policy.source}")
+        return problems
+    try:
+        statement = envelope.statement(str(envelope_path))
+    except EfabuildError as exc:
+        problems.append(str(exc))
+        return problems
+    problems += _check_subject(statement, key, record, str(envelope_path), actual or record.digest, actual_sha256)
+    return problems
+
+
+def trusted_signer(envelope, policy) -> str | None:  # noqa: ANN001
+    """What names the first trusted key with a valid signature on `envelope`, else None."""
+    from efabuild.signing import keyid_of, load_public_key, signature_valid
+
+    pae = envelope.pae()
+    for source, pem in policy.keys:
+        public = load_public_key(pem, source)
+        keyid = keyid_of(public)
+        for signature in envelope.signatures:
+            if signature.keyid and signature.keyid != keyid:
+                continue
+            if signature_valid(public, pae, signature.sig):
+                return source
+    return None
+
+
+def _check_subject(statement: dict, key: str, record, where: str, blake3: str,  # noqa: ANN001
+                   sha256: str | None) -> list[str]:
+    from efabuild.provenance.intoto import PREDICATE_TYPE, STATEMENT_TYPE
+
+    problems = []
+    if statement.get("_type") != STATEMENT_TYPE or statement.get("predicateType") != PREDICATE_TYPE:
+        problems.append(f"{where}: not an in-toto v1 statement with SLSA provenance v1")
+    subjects = statement.get("subject")
+    if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(subjects[0], dict):
+        return problems + [f"{where}: the statement must name exactly one subject"]
+    subject = subjects[0]
+    digests = subject.get("digest") if isinstance(subject.get("digest"), dict) else {}
+    if subject.get("name") != f"{key}.sqsh":
+        problems.append(f"{where}: the statement is for {subject.get('name')!r}, not {key}.sqsh")
+    if "blake3:" + str(digests.get("blake3")) != blake3:
+        problems.append(f"{where}: the statement's subject has blake3 {digests.get('blake3')}, the file "
+                        f"{blake3.split(':', 1)[1]}")
+    for what, value in (("record", record.sha256), ("file", sha256)):
+        if value is not None and digests.get("sha256") != value:
+            problems.append(f"{where}: the statement's subject has sha256 {digests.get('sha256')}, the {what} {value}")
+    return problems
+
+
+def _check_manifest(layout: Layout, key: str, record) -> list[str]:  # noqa: ANN001
+    from efabuild.digest import bytes_digest
+
+    if record.manifest_digest is None:
+        return []
+    path = layout.manifest_path(key)
+    data = _read(path)
+    if data is None:
+        return [f"{path}: missing, though the record names its digest"]
+    if bytes_digest(data) != record.manifest_digest:
+        return [f"{path}: digest {bytes_digest(data)}, the record says {record.manifest_digest}"]
+    try:
+        import json
+
+        manifest = json.loads(data)
+        artifact = manifest.get("artifact") or {}
+    except (ValueError, AttributeError):
+        return [f"{path}: not a JSON manifest"]
+    problems = []
+    if manifest.get("key") != key:
+        problems.append(f"{path}: the manifest is for {manifest.get('key')!r}, not {key}")
+    if artifact.get("digest") != record.digest or artifact.get("sha256") != record.sha256:
+        problems.append(f"{path}: the manifest's digests differ from the record's")
+    return problems
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_METADATA_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    if len(data) > MAX_METADATA_BYTES:
+        raise EfabuildError(f"{path}: larger than any file efabuild writes beside an artifact")
+    return data

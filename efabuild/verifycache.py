@@ -1,0 +1,152 @@
+"""Remembers successful full verifications, so a job start that finds one pays a few stats.
+
+An entry binds a verification to the stat stamps (device, inode, size, mtime_ns, ctime_ns) of
+the `.sqsh`, its record and its signed statement, and to the trust policy's digest. Any write,
+truncate, chmod, chown, utime or rename changes one of them — the kernel sets ctime to the current
+time on each, and no system call lets a non-root user set it back — so an unchanged stamp means
+unchanged bytes, and a changed one forces a full verification. As with git's racy index, nothing
+is cached while a file's ctime is within 2 s of the verification (Lustre keeps whole seconds, so
+a write in the same second could leave the stamp as it was).
+
+Entries live per user (`$XDG_CACHE_HOME/efabuild/verified`, 0700) or root's
+(`/var/cache/efabuild/verified`, readable by all, written by root only); `$EFABUILD_VERIFY_CACHE`
+overrides the user's own directory. An entry is believed only in a directory owned by the
+reader (or root's), owned by the same user and writable by nobody else: one planted by another
+user is ignored. Stdlib only, no hashing: this is the fast path of `lookup --require-signature`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+CACHE_ENV = "EFABUILD_VERIFY_CACHE"
+ROOT_CACHE = Path("/var/cache/efabuild/verified")
+RACY_SECONDS = 2.0
+FORMAT = "efabuild.verified/v1"
+MAX_ENTRY_BYTES = 64 << 10
+
+
+def stamp(path: Path) -> list[int] | None:
+    """[dev, ino, size, mtime_ns, ctime_ns] of a file (not following a final symlink); None if absent."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def take_stamps(paths: dict[str, Path]) -> dict[str, list[int] | None]:
+    return {name: stamp(path) for name, path in paths.items()}
+
+
+def own_dir(environ: dict[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    if environ.get(CACHE_ENV):
+        return Path(environ[CACHE_ENV])
+    if os.geteuid() == 0:
+        return ROOT_CACHE
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "efabuild" / "verified"
+
+
+def _entry_name(sqsh: Path) -> str:
+    return hashlib.sha256(os.fsencode(os.path.abspath(sqsh))).hexdigest()[:40] + ".json"
+
+
+def _trusted_dir(directory: Path, owner: int) -> bool:
+    """Owned by `owner`; 0700 for a user's, root's shared one open for reading only."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != owner:
+        return False
+    return not st.st_mode & (0o022 if directory == ROOT_CACHE else 0o077)
+
+
+def _read_entry(directory: Path, owner: int, name: str) -> dict | None:
+    if not _trusted_dir(directory, owner):
+        return None
+    try:
+        fd = os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != owner or st.st_mode & 0o022:
+            return None  # planted by someone else, or writable by someone else
+        data = os.read(fd, MAX_ENTRY_BYTES)
+    finally:
+        os.close(fd)
+    try:
+        entry = json.loads(data)
+    except ValueError:
+        return None
+    return entry if isinstance(entry, dict) and entry.get("format") == FORMAT else None
+
+
+def _expected(key: str, stamps: dict[str, list[int] | None], policy_digest: str) -> dict:
+    return {"format": FORMAT, "key": key, "stamps": stamps, "policy": policy_digest}
+
+
+def is_verified(sqsh: Path, key: str, stamps: dict[str, list[int] | None], policy_digest: str,
+                environ: dict[str, str] | None = None) -> bool:
+    """True when this user's (or root's) cache holds a verification of exactly these stamps."""
+    if any(value is None for value in stamps.values()):
+        return False
+    expected = _expected(key, stamps, policy_digest)
+    name = _entry_name(sqsh)
+    mine = own_dir(environ)
+    candidates = [(mine, os.geteuid())]
+    if mine != ROOT_CACHE and os.geteuid() != 0:
+        candidates.append((ROOT_CACHE, 0))
+    for directory, owner in candidates:
+        entry = _read_entry(directory, owner, name)
+        if entry is not None and {k: entry.get(k) for k in expected} == expected:
+            return True
+    return False
+
+
+def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, list[int] | None],
+             policy_digest: str, started: float, environ: dict[str, str] | None = None) -> bool:
+    """Record a full verification that began at `started` (time.time()); False when not cached.
+
+    `stamps` were taken before the verification read the files; they are taken again here, and
+    nothing is cached if a file changed meanwhile or its ctime is too recent to be trusted."""
+    if any(value is None for value in stamps.values()):
+        return False
+    if take_stamps(paths) != stamps:
+        return False  # changed while it was being verified
+    newest_ctime = max(value[4] for value in stamps.values()) / 1e9
+    if newest_ctime > started - RACY_SECONDS or newest_ctime > time.time() - RACY_SECONDS:
+        return False
+    directory = own_dir(environ)
+    owner = os.geteuid()
+    try:
+        directory.mkdir(mode=0o755 if directory == ROOT_CACHE else 0o700, parents=True, exist_ok=True)
+    except OSError:
+        return False
+    if not _trusted_dir(directory, owner):
+        return False  # someone else's directory, or open to others: never write into it
+    data = json.dumps(_expected(key, stamps, policy_digest), sort_keys=True).encode()
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".entry.", suffix=".tmp")
+    except OSError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, 0o644 if directory == ROOT_CACHE else 0o600)
+        os.replace(tmp, directory / _entry_name(sqsh))
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        return False
+    return True

@@ -1,0 +1,291 @@
+"""Signed statements: made with real keys, checked by `verify`, `lookup --require-signature`, the
+Pyxis importer and cosign; refused when anything about the artifact was changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from efabuild import dsse
+from efabuild.signing import PemSigner
+from tests.signkit import NAME, make_key, object_path, stored_artifact, trust_config
+from tests.storekit import efabuild, key_for
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    base = tmp_path_factory.mktemp("keys")
+    return {"ec": make_key(base / "a", "ec"), "ed25519": make_key(base / "b", "ed25519"),
+            "other": make_key(base / "c", "ec")}
+
+
+def node_env(tmp_path: Path, store: Path, *public_keys: Path) -> dict[str, str]:
+    """A compute node: a bare store, a trust policy, the user's own verification cache."""
+    config = trust_config(tmp_path / "trust.toml", *public_keys)
+    pyxis = tmp_path / "pyxis.toml"
+    pyxis.write_text(f'store = "{store}"\nrequire_signature = true\n')
+    cache = tmp_path / "verified"
+    return {"EFABUILD_TRUST_CONFIG": str(config), "EFABUILD_VERIFY_CACHE": str(cache),
+            "EFABUILD_PYXIS_CONFIG": str(pyxis), "EFABUILD_STORE": str(store)}
+
+
+def three_ways(ref: str, env: dict[str, str]) -> dict[str, subprocess.CompletedProcess]:
+    """The artifact as verify, a job script's lookup and Pyxis' importer see it."""
+    return {
+        "verify": efabuild("verify", ref, env=env),
+        "lookup": efabuild("lookup", "--require-signature", ref, env=env),
+        "importer": efabuild("pyxis-importer", "get", f"docker://efabuild://{ref}", env=env),
+    }
+
+
+@pytest.mark.parametrize("kind", ["ec", "ed25519"])
+def test_a_signed_artifact_verifies_everywhere(tmp_path, keys, kind):
+    private, public = keys[kind]
+    store, key = stored_artifact(tmp_path, PemSigner(private))
+    envelope = object_path(store, key, ".intoto.jsonl").read_bytes()
+    assert envelope.count(b"\n") == 1  # one envelope, one line
+    statement = dsse.decode(envelope).statement()
+    record = json.loads(object_path(store, key, ".json").read_text())
+    assert statement["subject"] == [{"name": f"{key}.sqsh", "digest": {
+        "blake3": record["digest"].split(":")[1], "sha256": record["sha256"]}}]
+    env = node_env(tmp_path, store, public)
+    results = three_ways(NAME, env)
+    assert results["verify"].returncode == 0, results["verify"].stdout + results["verify"].stderr
+    assert results["verify"].stdout == f"ok    {key[:12]} store\n"
+    for how in ("lookup", "importer"):
+        assert results[how].returncode == 0, results[how].stderr
+        assert results[how].stdout.strip() == str(object_path(store, key, ".sqsh"))
+    sha = efabuild("verify", "--all", "--sha256", "--json", env=env)
+    assert sha.returncode == 0 and json.loads(sha.stdout)["ok"] is True
+
+
+def _flip_byte(store: Path, key: str, other: Path) -> None:
+    sqsh = object_path(store, key, ".sqsh")
+    os.chmod(sqsh, 0o644)
+    with open(sqsh, "r+b") as handle:
+        handle.seek(4096)
+        byte = handle.read(1)
+        handle.seek(4096)
+        handle.write(bytes([byte[0] ^ 1]))
+
+
+def _swap_statement(store: Path, key: str, other: Path) -> None:
+    """The envelope of another artifact, validly signed by the trusted key, put beside this one."""
+    _, other_key = stored_artifact(other, PemSigner(other.parent / "keys-ec.pem"), label="other")
+    shutil.copy(object_path(other / "store", other_key, ".intoto.jsonl"), object_path(store, key, ".intoto.jsonl"))
+
+
+def _untrusted_key(store: Path, key: str, other: Path) -> None:
+    """Re-signed by a key the node does not trust (same statement, its signature replaced)."""
+    path = object_path(store, key, ".intoto.jsonl")
+    envelope = dsse.decode(path.read_bytes())
+    signer = PemSigner(other.parent / "keys-other.pem")
+    bare = dsse.Envelope(envelope.payload)
+    path.write_bytes(dsse.encode(bare.with_signature(signer.sign(bare.pae()))))
+
+
+def _moved_under_another_key(store: Path, key: str, other: Path) -> str:
+    """Every file of the artifact, intact and validly signed, copied under another key."""
+    moved = key_for("moved elsewhere")
+    (store / "objects" / moved[:2]).mkdir(exist_ok=True)
+    for suffix in (".json", ".manifest.json", ".intoto.jsonl", ".sqsh"):
+        shutil.copy(object_path(store, key, suffix), object_path(store, moved, suffix))
+    return moved
+
+
+TAMPERING = {
+    "flipped byte": (_flip_byte, "digest blake3:"),
+    "swapped statement": (_swap_statement, "the statement is for"),
+    "untrusted key": (_untrusted_key, "none by a key trusted by"),
+    "moved under another key": (_moved_under_another_key, "the record is for"),
+}
+
+
+@pytest.mark.parametrize("case", TAMPERING)
+def test_tampering_is_refused_by_verify_lookup_and_the_importer(tmp_path, keys, case):
+    private, public = keys["ec"]
+    for name in ("ec", "other"):
+        shutil.copy(keys[name][0], tmp_path / f"keys-{name}.pem")
+    store, key = stored_artifact(tmp_path / "a", PemSigner(private))
+    env = node_env(tmp_path, store, public)
+    # a first lookup verifies and (the files being 2 s old) caches the result
+    tamper, problem = TAMPERING[case]
+    moved = tamper(store, key, tmp_path / "b")
+    ref = moved or key
+    results = three_ways(ref, env)
+    for how, result in results.items():
+        assert result.returncode == 1, f"{how} accepted it: {result.stdout}{result.stderr}"
+        assert problem in result.stdout + result.stderr, f"{how}: {result.stdout}{result.stderr}"
+    assert results["verify"].stdout.startswith(f"FAIL  {ref[:12]} store: ")
+    for how in ("lookup", "importer"):
+        err = results[how].stderr
+        assert err.startswith(f"efabuild: refusing {ref}: ") and err.count("\n") == 1, err
+        assert results[how].stdout == ""
+
+
+def test_unsigned_artifact_and_missing_policy_are_one_line(tmp_path, keys):
+    store, key = stored_artifact(tmp_path, None)
+    env = node_env(tmp_path, store, keys["ec"][1])
+    unsigned = efabuild("lookup", "--require-signature", key, env=env)
+    assert unsigned.returncode == 1 and unsigned.stderr.count("\n") == 1
+    assert "unsigned (no " in unsigned.stderr
+    plain = efabuild("lookup", key, env=env)  # without the flag nothing is asked
+    assert plain.returncode == 0
+    no_policy = efabuild("lookup", "--require-signature", key,
+                         env={**env, "EFABUILD_TRUST_CONFIG": str(tmp_path / "absent.toml")})
+    assert no_policy.returncode == 2 and "no trusted keys" in no_policy.stderr
+    assert no_policy.stderr.count("\n") == 1
+
+
+def test_sign_adds_a_signature_to_the_stored_statement_unchanged(tmp_path, keys):
+    store, key = stored_artifact(tmp_path, PemSigner(keys["ec"][0]))
+    path = object_path(store, key, ".intoto.jsonl")
+    before = dsse.decode(path.read_bytes())
+    env = {"EFABUILD_STORE": str(store)}
+    added = efabuild("sign", key, "--key", str(keys["ed25519"][0]), env=env)
+    assert added.returncode == 0, added.stderr
+    after = dsse.decode(path.read_bytes())
+    assert path.read_bytes().count(b"\n") == 1
+    assert after.payload == before.payload and after.signatures[0] == before.signatures[0]
+    assert len(after.signatures) == 2
+    again = efabuild("sign", key, "--key", str(keys["ed25519"][0]), env=env)
+    assert again.returncode == 0 and "already signed" in again.stdout
+    assert dsse.decode(path.read_bytes()) == after
+    # either key alone is enough
+    for kind in ("ec", "ed25519"):
+        result = efabuild("verify", key, env=node_env(tmp_path, store, keys[kind][1]))
+        assert result.returncode == 0, result.stdout
+    # private key material is nowhere in the store or the output
+    secret = b"".join(keys["ed25519"][0].read_bytes().splitlines()[1:-1])
+    for stored in store.rglob("*"):
+        if stored.is_file():
+            assert secret not in stored.read_bytes()
+    assert secret.decode() not in added.stdout + added.stderr
+
+
+def test_sign_an_artifact_exported_unsigned(tmp_path, keys):
+    store, key = stored_artifact(tmp_path, None)
+    env = node_env(tmp_path, store, keys["ec"][1])
+    assert efabuild("verify", key, env=env).returncode == 1
+    assert efabuild("sign", key, "--key", str(keys["ec"][0]), env=env).returncode == 0
+    assert efabuild("verify", key, env=env).returncode == 0
+
+
+def test_a_bad_signing_key_is_one_line(tmp_path, keys):
+    store, key = stored_artifact(tmp_path, None)
+    bad = tmp_path / "bad.pem"
+    bad.write_text("-----BEGIN PRIVATE KEY-----\nnot a key\n-----END PRIVATE KEY-----\n")
+    result = efabuild("sign", key, "--key", str(bad), env={"EFABUILD_STORE": str(store)})
+    assert result.returncode == 2 and result.stderr.startswith(f"efabuild: {bad}: not an unencrypted PEM")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+# ---- the verification cache ---------------------------------------------------------------------
+
+LOOKUP_AND_REPORT_MODULES = """
+import sys
+from efabuild.cli import main
+code = main(["lookup", "--require-signature", sys.argv[1]])
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("cryptography", "blake3", "attrs", "boto3"))
+print("MODULES", ",".join(loaded), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def cached_lookup(ref: str, env: dict[str, str]) -> tuple[int, str, list[str]]:
+    full_env = {**os.environ, **env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", LOOKUP_AND_REPORT_MODULES, ref], capture_output=True,
+                          text=True, env=full_env)
+    modules = [line for line in done.stderr.splitlines() if line.startswith("MODULES")][0].split(" ", 1)
+    return done.returncode, done.stdout, [m for m in (modules[1] if len(modules) > 1 else "").split(",") if m]
+
+
+def test_a_cached_lookup_reads_stats_only_and_catches_a_flip_with_mtime_restored(tmp_path, keys):
+    store, key = stored_artifact(tmp_path, PemSigner(keys["ec"][0]))
+    env = node_env(tmp_path, store, keys["ec"][1])
+    time.sleep(2.1)  # the racy rule: nothing is cached for files changed within 2 s
+    code, _, modules = cached_lookup(key, env)
+    assert code == 0 and "cryptography" in modules  # the first lookup verified in full
+    cache = Path(env["EFABUILD_VERIFY_CACHE"])
+    assert oct(cache.stat().st_mode & 0o777) == "0o700" and len(list(cache.iterdir())) == 1
+    code, out, modules = cached_lookup(key, env)
+    assert code == 0 and out.strip() == str(object_path(store, key, ".sqsh"))
+    assert modules == []  # no cryptography, no hashing: stats and small reads only
+    # a byte flipped in place, its mtime put back: ctime still moves, so it is verified again
+    sqsh = object_path(store, key, ".sqsh")
+    before = sqsh.stat()
+    _flip_byte(store, key, tmp_path)
+    os.chmod(sqsh, 0o444)
+    os.utime(sqsh, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert sqsh.stat().st_mtime_ns == before.st_mtime_ns and sqsh.stat().st_size == before.st_size
+    code, out, modules = cached_lookup(key, env)
+    assert code == 1 and out == "" and "cryptography" in modules
+
+
+def test_an_entry_planted_by_another_user_is_ignored(tmp_path, keys):
+    from efabuild import verifycache
+
+    store, key = stored_artifact(tmp_path, PemSigner(keys["ec"][0]))
+    env = node_env(tmp_path, store, keys["ec"][1])
+    time.sleep(2.1)
+    assert cached_lookup(key, env)[0] == 0
+    cache = Path(env["EFABUILD_VERIFY_CACHE"])
+    entry = next(cache.iterdir())
+    nobody = 65534
+    os.chown(entry, nobody, nobody)  # as if another user had written it
+    assert cached_lookup(key, env)[2] != [], "an entry owned by someone else was believed"
+    # the full verification replaced it with the user's own
+    assert next(cache.iterdir()).stat().st_uid == os.geteuid()
+    os.chmod(next(cache.iterdir()), 0o666)  # writable by others: not believed either
+    assert "cryptography" in cached_lookup(key, env)[2]
+    os.chown(cache, nobody, nobody)  # someone else's directory: neither read nor written
+    assert "cryptography" in cached_lookup(key, env)[2]
+    assert next(cache.iterdir()).stat().st_uid == os.geteuid() and verifycache.RACY_SECONDS == 2.0
+
+
+def test_nothing_is_cached_within_two_seconds_of_a_change(tmp_path, keys):
+    store, key = stored_artifact(tmp_path, PemSigner(keys["ec"][0]))
+    env = node_env(tmp_path, store, keys["ec"][1])
+    assert cached_lookup(key, env)[0] == 0  # the files are younger than 2 s
+    cache = Path(env["EFABUILD_VERIFY_CACHE"])
+    assert not cache.exists() or list(cache.iterdir()) == []
+
+
+def test_a_changed_trust_policy_verifies_again(tmp_path, keys):
+    store, key = stored_artifact(tmp_path, PemSigner(keys["ec"][0]))
+    env = node_env(tmp_path, store, keys["ec"][1])
+    time.sleep(2.1)
+    assert cached_lookup(key, env)[0] == 0
+    trust_config(Path(env["EFABUILD_TRUST_CONFIG"]), keys["other"][1])  # the old key no longer trusted
+    code, _, modules = cached_lookup(key, env)
+    assert code == 1 and "cryptography" in modules
+
+
+# ---- cosign, the third-party verifier -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["ec", "ed25519"])
+def test_cosign_accepts_the_envelope(tmp_path, keys, kind):
+    cosign = shutil.which("cosign")
+    assert cosign, "cosign is not installed: scripts/setup-host.sh installs it (Debian trixie's cosign)"
+    private, public = keys[kind]
+    store, key = stored_artifact(tmp_path, PemSigner(private))
+    # a second signature by another key in the same envelope must not confuse it
+    assert efabuild("sign", key, "--key", str(keys["other"][0]), env={"EFABUILD_STORE": str(store)}).returncode == 0
+    sqsh, bundle = object_path(store, key, ".sqsh"), object_path(store, key, ".intoto.jsonl")
+    command = [cosign, "verify-blob-attestation", "--key", str(public), "--insecure-ignore-tlog",
+               "--type", "slsaprovenance1", "--signature", str(bundle), str(sqsh)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "Verified OK" in done.stdout + done.stderr, done.stderr
+    # and refuses another file
+    other = tmp_path / "other.sqsh"
+    other.write_bytes(sqsh.read_bytes() + b"\0")
+    done = subprocess.run(command[:-1] + [str(other)], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
