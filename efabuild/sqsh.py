@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 
-from efabuild.digest import file_digests
+from efabuild.digest import file_digest, file_digests
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.imagecfg import ImageConfig, enroot_files
 from efabuild.model import ExportSettings
@@ -499,10 +499,12 @@ def export_image(
     docker: Any = None,
     progress: Progress | None = None,
     epoch: int = 0,
+    sha256: bool = True,
 ) -> ExportResult:
     """Export `image` from the engine to the `.sqsh` file `out` (atomically replaced).
 
-    `epoch` is the time given to the superblock, the root directory, the written files and the
+    `sha256=False` leaves the sha256 pass out (blake3 only; the benchmark's baseline). `epoch` is
+    the time given to the superblock, the root directory, the written files and the
     entries the container's creation adds. Raises NotFound for an unknown image, EfabuildError
     with the failing tool's last message otherwise; a failure leaves no file behind.
     """
@@ -525,7 +527,7 @@ def export_image(
     except DockerException as exc:
         raise EfabuildError(f"export {image}: {_last_line(exc.stderr or '') or exc}") from None
     try:
-        return _squash(docker, name, image, out, opts, plan, progress, expected, started)
+        return _squash(docker, name, image, out, opts, plan, progress, expected, started, sha256)
     finally:
         try:
             docker.container.remove(name, force=True, volumes=True)
@@ -535,7 +537,7 @@ def export_image(
 
 def _squash(
     docker: Any, container: str, image: str, out: Path, opts: tuple[str, ...], plan: RewritePlan,
-    progress: Progress | None, expected: int | None, started: float,
+    progress: Progress | None, expected: int | None, started: float, with_sha256: bool = True,
 ) -> ExportResult:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -590,7 +592,7 @@ def _squash(
                 progress(streamed, expected)
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
-            digest, sha256 = file_digests(tmp)
+            digest, sha256 = file_digests(tmp) if with_sha256 else (file_digest(tmp), None)
             size = tmp.stat().st_size
             try:
                 os.replace(tmp, out)

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import stat
-import tempfile
 import time
 from pathlib import Path
 
@@ -137,6 +136,8 @@ def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, lis
     if not _trusted_dir(directory, owner):
         return False  # someone else's directory, or open to others: never write into it
     data = json.dumps(_expected(key, stamps, policy_digest), sort_keys=True).encode()
+    import tempfile  # only when writing: the cached path never needs it
+
     try:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".entry.", suffix=".tmp")
     except OSError:

@@ -389,3 +389,39 @@ def test_artifacts_record_their_enroot_format_and_older_ones_are_kept(mini_ngc, 
         assert (sqsh.stat().st_ino, sqsh.stat().st_mtime_ns, record_path.read_text()) == before
     finally:
         _remove_images_of(root)
+
+
+def test_make_signs_every_artifact_it_exports_and_a_reusing_make_adds_nothing(demo_ws, tmp_path):
+    from efabuild import dsse
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(keys / "release.pem")], check=True)
+    subprocess.run(["openssl", "pkey", "-in", str(keys / "release.pem"), "-pubout", "-out", str(keys / "release.pub")],
+                   check=True)
+    shared = tmp_path / "shared"
+    (demo_ws / "BUILD.toml").write_text((demo_ws / "BUILD.toml").read_text() + (
+        f'[store]\nshared = "{shared}"\n[sign]\nkey = "{keys / "release.pem"}"\n'
+        f'[trust]\nkeys = ["{keys / "release.pub"}"]\n'))
+    first = efabuild(demo_ws, "make", "demo")
+    assert first.returncode == 0, first.stderr
+    envelopes = {tier: sorted((root / "objects").rglob("*.intoto.jsonl")) for tier, root in
+                 (("local", demo_ws / "cache"), ("shared", shared))}
+    assert len(envelopes["local"]) == len(envelopes["shared"]) == 2  # demo:efa and demo:user
+    verified = efabuild(demo_ws, "verify", "--all", "--sha256")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert verified.stdout.count("ok ") == 4  # two artifacts on two tiers
+    before = {path: path.read_bytes() for paths in envelopes.values() for path in paths}
+    assert all(len(dsse.decode(data).signatures) == 1 for data in before.values())
+    # the private key is in no output, log or stored file
+    secret = b"".join((keys / "release.pem").read_bytes().splitlines()[1:-1])
+    assert secret.decode() not in first.stdout + first.stderr
+    for path in [*(demo_ws / "cache").rglob("*"), *shared.rglob("*")]:
+        if path.is_file() and not path.name.endswith(".sqsh"):
+            assert secret not in path.read_bytes(), path
+    (keys / "release.pem").unlink()  # a make with nothing to export never needs the key
+    second = efabuild(demo_ws, "make", "demo")
+    assert second.returncode == 0, second.stderr
+    assert {path: path.read_bytes() for path in before} == before
+    assert efabuild(demo_ws, "lookup", "--require-signature", "demo:user",
+                    env={"EFABUILD_VERIFY_CACHE": str(tmp_path / "verified")}).returncode == 0

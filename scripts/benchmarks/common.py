@@ -34,6 +34,7 @@ class Sizes:
     lookup_runs: int
     scale_layers: tuple[int, ...]
     scale_files: tuple[int, ...]
+    sign_verify_bytes: int  # the artifact verified cold by the sign scenario
 
     @classmethod
     def full(cls) -> Sizes:
@@ -47,6 +48,7 @@ class Sizes:
             lookup_runs=30,
             scale_layers=(100, 1_000, 5_000),  # below ~100 layers start-up hides the growth
             scale_files=(1_000, 10_000, 100_000),
+            sign_verify_bytes=1536 * MiB,
         )
 
     @classmethod
@@ -61,6 +63,7 @@ class Sizes:
             lookup_runs=15,
             scale_layers=(50, 400, 1_600),
             scale_files=(1_000, 4_000, 16_000),
+            sign_verify_bytes=64 * MiB,
         )
 
 
