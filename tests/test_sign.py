@@ -289,3 +289,29 @@ def test_cosign_accepts_the_envelope(tmp_path, keys, kind):
     other.write_bytes(sqsh.read_bytes() + b"\0")
     done = subprocess.run(command[:-1] + [str(other)], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
+
+
+@pytest.mark.s3
+def test_the_signed_statement_travels_through_s3_to_a_node_that_fetches(tmp_path, keys, moto_server, s3_bucket):
+    from efabuild.model import S3Settings
+    from efabuild.store.core import Store
+    from efabuild.store.fs import FilesystemTier
+
+    builder_store, key = stored_artifact(tmp_path / "builder", PemSigner(keys["ec"][0]))
+    s3 = S3Settings(bucket=s3_bucket, prefix="efabuild", region="us-east-1", endpoint_url=moto_server)
+    builder = Store([FilesystemTier(builder_store, "local")], s3, show_progress=False)
+    assert builder.complete(key) == {"local": "reused", "s3": "published"}
+    envelope = object_path(builder_store, key, ".intoto.jsonl").read_bytes()
+    assert builder.s3.envelope(key) == envelope
+    # a compute node: its store knows only where S3 is; the first lookup fetches, then verifies
+    node = tmp_path / "node"
+    node.mkdir()
+    shutil.copy(builder_store / "store.toml", node / "store.toml")
+    env = node_env(tmp_path, node, keys["ec"][1])
+    fetched = efabuild("lookup", "--require-signature", NAME, env=env)
+    assert fetched.returncode == 0, fetched.stderr
+    assert object_path(node, key, ".intoto.jsonl").read_bytes() == envelope
+    # a signature added later reaches every tier holding the artifact
+    added = efabuild("sign", key, "--key", str(keys["ed25519"][0]), env={"EFABUILD_STORE": str(builder_store)})
+    assert added.returncode == 0 and "stored on store, s3" in added.stdout, added.stdout + added.stderr
+    assert len(dsse.decode(builder.s3.envelope(key)).signatures) == 2
