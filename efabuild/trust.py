@@ -144,17 +144,16 @@ def policy_for(table, environ: dict[str, str] | None = None) -> TrustPolicy:  # 
 
     No policy at all is an InputError: requiring signatures without trusting any key would refuse
     everything, and is a configuration mistake worth one clear line."""
-    policy = None
-    where = str(node_config_path(environ))
+    policy, asked = None, []
     if not table.bare and Path(table.source).is_file():  # a workspace: source is its BUILD.toml
         policy = workspace_policy(Path(table.source), table.local)
-        where = f"{table.source} [trust]"
-    if policy is None:
+        asked.append(f"{table.source} [trust]")
+    if policy is None:  # a bare store, or a workspace without [trust]: the node's policy
         policy = node_policy(environ)
-        where = str(node_config_path(environ)) if policy is None or table.bare else where
+        asked.append(str(node_config_path(environ)))
     if policy is None or not policy.keys:
-        raise InputError(f"no trusted keys: signatures are required but {where} names none "
-                         f"(`[trust] keys = [...]`)")
+        raise InputError(f"no trusted keys: signatures are required but {' nor '.join(asked)} names "
+                         f"none (`[trust] keys = [...]`)")
     return policy
 
 
