@@ -207,3 +207,15 @@ def test_rdma_probe_failing_on_a_sendrecv_instance_is_not_a_missing_device():
 
 def test_libfabric_version_from_fi_info_with_the_amazon_suffix():
     assert run("fi-info-version.log").versions["libfabric"][0][0] == "2.6.0"
+
+
+def test_plugin_file_name_is_cut_where_nccl_ends_it(capsys):
+    """`Could not find: libnccl-net-ofi.so. Using internal network plugin.`: the missing file is
+    libnccl-net-ofi.so, named once, not NCCL's sentence after it."""
+    assert main(["doctor", str(LOGS / "plugin-not-found.log")]) == 1
+    out = capsys.readouterr().out
+    why = next(line for line in out.splitlines() if "could not load or initialise its network plugin" in line)
+    assert "(libnccl-net-ofi.so);" in why
+    assert "Using internal" not in why
+    report = run("plugin-not-found.log")
+    assert "tuner-missing" in ids(report, "info")

@@ -31,6 +31,10 @@ class Observation:
     extra: str | None = None
 
 
+# `X/Plugin: Could not find: libnccl-net-ofi.so. Using internal network plugin.`: the value is the
+# file name alone; the sentence after it is NCCL's, not part of the name.
+_COULD_NOT_FIND = r"{}/Plugin: Could not find:\s*(\S+?)\.?(?:\s|$)"
+
 # (kind, text the line must contain, pattern, group for value, group for extra). The literal text
 # lets most lines skip most patterns. First match per kind and line wins; a line may give several
 # kinds (a provider line gives the nic count too).
@@ -52,9 +56,9 @@ _PATTERNS: tuple[tuple[str, str, re.Pattern[str], int | None, int | None], ...] 
         ("bootstrap", "Bootstrap", r"Bootstrap ?: Using \[?\d*\]?(\S+)", 1, None),
         # plugin loading
         ("plugin-missing", "NET/Plugin", r"NET/Plugin ?: ?Plugin load (?:\(([^)]*)\) )?returned \d+ ?: ?(.*)", 1, 2),
-        ("plugin-missing", "NET/Plugin", r"NET/Plugin ?: ?dlerror=(.*?)(?: No plugin found.*)?$", 1, None),
+        ("plugin-missing", "NET/Plugin", r"NET/Plugin ?: ?dlerror=([^:\s]+)(?::\s*(.*?))?(?: No plugin found.*)?$", 1, 2),
         ("plugin-missing", "NET/Plugin", r"NET/Plugin ?: ?No plugin found \(?([^),]*)\)?", 1, None),
-        ("plugin-missing", "NET/Plugin", r"NET/Plugin: Could not find:\s*(.*?)\.?\s*$", 1, None),
+        ("plugin-missing", "NET/Plugin", _COULD_NOT_FIND.format("NET"), 1, None),
         ("plugin-missing", "NET/Plugin", r"NET/Plugin: (\S+\.so): (.*)$", 1, 2),
         ("plugin-internal", "NET/Plugin",
          r"NET/Plugin ?: ?(?:Using internal network plugin|No plugin found, using internal)", None, None),
@@ -65,9 +69,9 @@ _PATTERNS: tuple[tuple[str, str, re.Pattern[str], int | None, int | None], ...] 
                                           r"that worked)", None, None),
         ("plugin-loaded", "plugin", r"(?:Successfully loaded external network plugin|NET/Plugin: Loaded net plugin) "
                                     r"(\S+)", 1, None),
-        ("tuner-missing", "TUNER/Plugin", r"TUNER/Plugin: Could not find:\s*(.*?)\.?\s*$", 1, None),
+        ("tuner-missing", "TUNER/Plugin", _COULD_NOT_FIND.format("TUNER"), 1, None),
         ("optional-plugin-missing", "/Plugin: Could not find",
-         r"(PROFILER|GIN|ENV)/Plugin: Could not find:\s*(.*?)\.?\s*$", 1, 2),
+         _COULD_NOT_FIND.format("(PROFILER|GIN|ENV)"), 1, 2),
         ("harmless-collnet", "ncclCollNetPlugin", r"NET/Plugin ?: ?Failed to find ncclCollNetPlugin\S* symbol", None,
          None),
         # EFA device visibility and libfabric
