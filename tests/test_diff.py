@@ -77,3 +77,14 @@ def test_show_of_an_unknown_ref_is_one_line(store: Path, capsys) -> None:
     assert main(["show", "ngc-efa:nothing", "--store", str(store)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("efabuild: no artifact named ngc-efa:nothing") and err.count("\n") == 1
+
+
+def test_show_gives_the_declared_version_of_a_component_no_file_tells(tmp_path: Path, capsys) -> None:
+    """An image whose base declares CUDNN_VERSION but holds no cuDNN header or library: the cudnn
+    row says what the base declares and that it is declared, not a bare 'unknown'."""
+    ngc.full_image(tmp_path / "tree")
+    (tmp_path / "tree/usr/include/x86_64-linux-gnu/cudnn_version.h").unlink()
+    ngc.publish(tmp_path / "store", tmp_path / "tree", tmp_path / "work", KEY_A)
+    assert main(["show", KEY_A, "--store", str(tmp_path / "store")]) == 0
+    cudnn = next(line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.startswith("cudnn "))
+    assert cudnn[:3] == [ngc.CUDNN, "(declared)", "env:CUDNN_VERSION;"]

@@ -127,12 +127,15 @@ def _show_table(m: dict, verified: bool) -> None:
     print()
     rows = [("COMPONENT", "VERSION", "SOURCE")]
     components = measured.get("components") or {}
+    declared = measured.get("declared_by_base") or {}
     for name in [n for n in COMPONENTS if n in components] + sorted(set(components) - set(COMPONENTS)):
         component = components[name]
-        version = component.get("version") or "unknown"
+        version, source = component.get("version"), component.get("source") or "-"
+        if version is None:
+            version, source = _declared_instead(name, declared)
         if component.get("commit"):
             version += f" @ {component['commit'][:12]}"
-        rows.append((name, version, component.get("source") or "-"))
+        rows.append((name, version, source))
         copies = component.get("copies") or []
         if len(copies) > 1 or (copies and copies[0].get("path") != component.get("source")):
             for copy in copies:
@@ -149,11 +152,21 @@ def _show_table(m: dict, verified: bool) -> None:
     print(f"env (from {env.get('source') or 'nowhere: no /etc/environment'}):")
     for name, value in sorted((env.get("vars") or {}).items()):
         print(f"  {name}={value}")
-    declared = measured.get("declared_by_base") or {}
     if declared:
         print("declared by base:")
         for name, item in sorted(declared.items()):
             print(f"  {item.get('source', name)}={item.get('value')}")
+
+
+def _declared_instead(component: str, declared: dict) -> tuple[str, str]:
+    """(VERSION, SOURCE) of a component no file in the image tells: what the base declares about it,
+    marked as declared (e.g. CUDNN_VERSION in an image without cuDNN's header and libraries)."""
+    from efabuild.provenance.audit import DECLARING_BASE
+
+    for name, item in sorted(declared.items()):
+        if DECLARING_BASE.get(name) == component and item.get("value"):
+            return f"{item['value']} (declared)", f"{item.get('source', name)}; not found in the image's files"
+    return "unknown", "not found in the image's files"
 
 
 def _is_loaded(component: dict, copy: dict) -> bool:
