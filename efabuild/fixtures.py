@@ -126,9 +126,8 @@ def build_mini_ngc(
     content = content_digest(root, busybox)
     image = _existing(docker, MINI_NGC_TAG)
     if image is not None and not force and (image.config.labels or {}).get(CONTENT_LABEL) == content:
-        log(f"{MINI_NGC_TAG}: up to date ({content[:12]})")
         return FixtureImage(MINI_NGC_TAG, image.id, content, False, time.monotonic() - started)
-    log(f"{MINI_NGC_TAG}: building ({content[:12]})")
+    log(f"{MINI_NGC_TAG}: building from {root}")
     with tempfile.TemporaryDirectory(prefix="efabuild-fixture-") as tmp:
         context = Path(tmp) / "context"
         shutil.copytree(root, context, symlinks=True)
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(attrs.asdict(img)))
         else:
             state = "built" if img.built else "up to date"
-            print(f"{img.tag} {img.image_id[:19]} {state} in {img.seconds:.1f}s")
+            print(f"{img.tag}: {state} in {img.seconds:.1f}s, image ID {img.image_id[:19]}")
     return 0
 
 

@@ -247,3 +247,18 @@ def test_the_demo_artifact_exports_like_enroot_would(stack, tmp_path: Path) -> N
     assert cat("opt/amazon/efa_installed_packages").startswith("# EFA installer version: 1.50.0\n")
     assert cat("usr/local/lib/python3.12/dist-packages/deep_ep-1.2.1+94a9f8f.dist-info/METADATA")
     assert cat("workspace/app/train.py") == "print('train')\n"
+
+
+def test_build_fixtures_says_up_to_date_once_with_the_image_id(mini_ngc):
+    import subprocess
+    import sys
+
+    from python_on_whales import docker
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "build-fixtures.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = (done.stdout + done.stderr).splitlines()
+    image_id = docker.image.inspect(MINI_NGC_TAG).id
+    assert len(lines) == 1 and lines[0].startswith(f"{MINI_NGC_TAG}: up to date in ")
+    assert lines[0].endswith(f", image ID {image_id[:19]}")
