@@ -49,3 +49,4 @@ def test_a_damaged_artifact_fails_the_job_at_its_lookup(tmp_path: Path) -> None:
     damaged = _run_job_head(store_dir)
     assert damaged.returncode == 1 and "image:" not in damaged.stdout
     assert damaged.stderr.count("\n") == 1 and "corrupt artifact" in damaged.stderr
+

@@ -122,3 +122,19 @@ def test_bad_store_settings_name_file_key_and_problem(workspace):
 def test_no_fetch_on_a_miss_without_s3(workspace):
     result = efabuild("lookup", "--no-fetch", key_for("never built"), cwd=workspace)
     assert result.returncode == 1 and "is in no tier of local" in result.stderr
+
+
+def test_lookup_of_a_layer_that_is_no_artifact_says_so(tmp_path: Path) -> None:
+    from tests.wsfactory import make_workspace
+
+    root = make_workspace(tmp_path / "ws")
+    result = efabuild("lookup", "stack:deepep", cwd=root / "app")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == ("efabuild: stack:deepep is a layer of graphs/stack.toml but not an artifact layer, "
+                             "so it has no .sqsh (artifact layers of stack: stack:efa, stack:user; "
+                             "`artifact = true` exports one)\n")
+    # an artifact layer not built yet, and an unknown layer: the store's own answer
+    for ref in ("stack:user", "stack:nothing"):
+        result = efabuild("lookup", ref, cwd=root)
+        assert result.returncode == 1 and "no artifact named" in result.stderr and "not an artifact layer" \
+            not in result.stderr

@@ -26,6 +26,36 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run(args: argparse.Namespace) -> int:
+    from efabuild.errors import NotFound
     from efabuild.lookup import run as lookup
 
-    return lookup(args)
+    try:
+        return lookup(args)
+    except NotFound:
+        # only on a miss: is REF a layer that is never exported? (reads the workspace's graphs)
+        reason = _not_an_artifact_layer(args.ref)
+        if reason is None:
+            raise
+        raise NotFound(reason) from None
+
+
+def _not_an_artifact_layer(ref: str) -> str | None:
+    """Why a graph:layer the workspace declares has no .sqsh: it is not an artifact layer."""
+    from pathlib import Path
+
+    from efabuild.errors import InputError
+    from efabuild.workspace import find_root, load_workspace
+
+    if ":" not in ref:
+        return None
+    try:
+        ws = load_workspace(find_root(Path.cwd()))
+    except InputError:  # no workspace here (a compute node), or one that does not load
+        return None
+    layer = ws.layers.get(ref)
+    if layer is None or layer.artifact:
+        return None
+    graph = ref.split(":", 1)[0]
+    exported = sorted(name for name, other in ws.layers.items() if other.artifact and other.graph == graph)
+    return (f"{ref} is a layer of {ws.relpath(layer.source)} but not an artifact layer, so it has no .sqsh "
+            f"(artifact layers of {graph}: {', '.join(exported) or 'none'}; `artifact = true` exports one)")
