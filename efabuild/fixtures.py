@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m efabuild.fixtures",
         description=f"Build the offline demo fixture images ({MINI_NGC_TAG}); "
         "does nothing when they are up to date.",
+        allow_abbrev=False,
     )
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
     parser.add_argument("--source", type=Path, default=None, help="the fixtures/ folder (default: the checkout's)")

@@ -32,11 +32,32 @@ COMMANDS: dict[str, str] = {
     "lint": "lint_cmd",
     "doctor": "doctor_cmd",
     "pyxis-importer": "pyxis_cmd",
+    "completion": "completion_cmd",
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """Every efabuild parser: no abbreviated options (`--ver` is not `--verify`), and help text as
+    written, so the examples in an epilog keep their lines. Description and epilog are written
+    indented in the source and dedented when help is shown (textwrap is not loaded otherwise)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def format_help(self) -> str:
+        import textwrap
+
+        if self.description:
+            self.description = textwrap.dedent(self.description).strip("\n")
+        if self.epilog:
+            self.epilog = textwrap.dedent(self.epilog).strip("\n")
+        return super().format_help()
+
+
 def _common_options() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument(
         "-C", dest="directory", metavar="DIR", default=argparse.SUPPRESS,
         help="run in DIR (the workspace is found by walking up to BUILD.toml)",
@@ -46,14 +67,22 @@ def _common_options() -> argparse.ArgumentParser:
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser of every command, or with `only` of that one command (a faster start)."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="efabuild",
-        description="Build NGC + EFA training images layer by layer and store them as Enroot .sqsh by key.",
+        description="""
+            Build NGC + EFA training images layer by layer on BuildKit and store them as Enroot
+            .sqsh artifacts by key, for Slurm + Pyxis jobs. `efabuild COMMAND --help` tells more.""",
+        epilog="""
+            examples:
+              efabuild plan                    # what would be built, and why
+              efabuild make demo               # build what changed; export and store the .sqsh
+              efabuild lookup demo:user        # the .sqsh path for a job script
+              efabuild completion bash > /etc/bash_completion.d/efabuild""",
     )
     parser.add_argument("--version", action="version", version=f"efabuild {__version__}")
     parser.add_argument("-C", dest="directory", metavar="DIR", default=None,
                         help="run in DIR (the workspace is found by walking up to BUILD.toml)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     common = _common_options()
     for name, module_name in COMMANDS.items():

@@ -9,9 +9,15 @@ def configure(name, sub, common):
     p = sub.add_parser(
         name, parents=[common],
         help="diagnose NCCL (NCCL_DEBUG=INFO), srun and build logs: EFA path, TCP fallback, MPI clash...",
-        description="Read NCCL_DEBUG=INFO output, nccl-tests/PyTorch bandwidth lines, srun output and build "
-                    "logs, and say what they show: EFA path or TCP fallback, plugin and device trouble, two "
-                    "Open MPIs, empty apt lists, low bandwidth. Exit 1 when a problem is found.",
+        description="""
+            Read NCCL_DEBUG=INFO output, nccl-tests/PyTorch bandwidth lines, srun output and build
+            logs, and say what they show: EFA path or TCP fallback, plugin and device trouble, two
+            Open MPIs, empty apt lists, low bandwidth. Exit 1 when a problem is found.""",
+        epilog="""
+            examples:
+              efabuild doctor slurm-1234.out --expect-nics 8 --baseline-gbps 340
+              srun ... 2>&1 | efabuild doctor -
+              efabuild doctor slurm-1234.out --artifact ngc-efa:user""",
     )
     p.add_argument("logs", nargs="+", metavar="LOG", help="log files; - reads standard input")
     p.add_argument("--expect-nics", type=_positive_int, metavar="N",

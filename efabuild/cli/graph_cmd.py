@@ -4,9 +4,22 @@ from __future__ import annotations
 
 
 def configure(name, sub, common):
-    p = sub.add_parser(name, parents=[common], help="print the layer graph")
-    p.add_argument("targets", nargs="*", metavar="GRAPH[:LAYER]")
-    p.add_argument("--format", choices=("text", "dot", "mermaid"), default="text")
+    p = sub.add_parser(
+        name, parents=[common], help="print the layer graph",
+        description="""
+            The layers and what each is built on (its parent layer, or a base image), as an
+            indented tree, Graphviz dot or Mermaid. Artifact layers (exported to .sqsh) are marked.""",
+        epilog="""
+            examples:
+              efabuild graph                    # every graph as a tree
+              efabuild graph demo --format mermaid
+              efabuild graph --format dot | dot -Tsvg > layers.svg""",
+    )
+    p.add_argument("targets", nargs="*", metavar="GRAPH[:LAYER]", help="graphs or layers (default: all)")
+    p.add_argument("--format", choices=("text", "dot", "mermaid"), default="text",
+                   help="text: an indented tree, children under their parent (default); dot: Graphviz "
+                        "source, artifact layers as 3-D boxes, bases as cylinders; mermaid: a Mermaid "
+                        "flowchart for Markdown")
     p.set_defaults(run=run)
 
 

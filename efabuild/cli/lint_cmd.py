@@ -9,8 +9,15 @@ def configure(name, sub, common):
     p = sub.add_parser(
         name, parents=[common],
         help="check graphs and job scripts for the NGC + EFA pitfalls (exit 1 on errors)",
-        description="Check each layer's Dockerfile text, args and base, and the job scripts under "
-                    "scripts/, for the known NGC + EFA pitfalls. Exit 1 when any finding is an error.",
+        description="""
+            Check each layer's Dockerfile text, args and base, and the job scripts under scripts/,
+            for the known NGC + EFA pitfalls (rules EFA000-EFA016, see the README). Exit 1 when
+            any finding is an error.""",
+        epilog="""
+            examples:
+              efabuild lint
+              efabuild lint ngc-efa scripts/example-job.sbatch
+              efabuild lint --json""",
     )
     p.add_argument("targets", nargs="*", metavar="GRAPH",
                    help="graph names or files (default: every graph and the job scripts under scripts/); "

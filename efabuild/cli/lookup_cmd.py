@@ -9,9 +9,15 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     p = sub.add_parser(
         name, parents=[common],
         help="print the absolute path of an artifact's .sqsh (for job scripts)",
-        description="Print the absolute path of the .sqsh of REF on the shared or local tier, "
-                    "fetching it from S3 when only S3 has it. Exit 1 with one line when REF is "
-                    "absent or an ambiguous prefix.",
+        description="""
+            Print the absolute path of the .sqsh of REF on the shared or local tier, fetching it
+            from S3 when only S3 has it. Exit 1 with one line when REF is absent, an ambiguous
+            prefix, or a layer that is not an artifact layer.""",
+        epilog="""
+            examples:
+              efabuild lookup demo:user
+              efabuild lookup --store /fsx/efabuild --verify 0123abcd
+              srun --container-image="$(efabuild lookup ngc-efa:user)" ...""",
     )
     p.add_argument("ref", metavar="REF", help="a key, a unique key prefix (≥ 8 hex) or graph:layer")
     p.add_argument("--store", metavar="PATH",

@@ -9,7 +9,18 @@ from efabuild.cli.common import add_builder_option
 
 
 def configure(name, sub, common):
-    p = sub.add_parser(name, parents=[common], help="build the layers whose key changed; export artifacts")
+    p = sub.add_parser(
+        name, parents=[common], help="build the layers whose key changed; export artifacts",
+        description="""
+            Lint, then build every selected layer whose key has no image yet (or pull it from the
+            [registry] layer cache), export each artifact layer to an Enroot .sqsh with its
+            provenance manifest, and publish it to every store tier. Exit 1 when a layer failed.""",
+        epilog="""
+            examples:
+              efabuild make demo                # the demo graph
+              efabuild make ngc-efa:user -j 1   # one layer and what it needs, one build at a time
+              efabuild make --dry-run           # the plan; builds nothing""",
+    )
     p.add_argument("targets", nargs="*", metavar="GRAPH[:LAYER]", help="graphs or layers (default: all)")
     p.add_argument("-j", "--jobs", type=int, default=None, help="layers built in parallel (default: [builder] jobs)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and build nothing")

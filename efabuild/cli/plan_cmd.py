@@ -7,10 +7,22 @@ from efabuild.cli.common import add_builder_option
 
 
 def configure(name, sub, common):
-    p = sub.add_parser(name, parents=[common], help="show what would be built, pulled or exported, and why")
+    p = sub.add_parser(
+        name, parents=[common], help="show what would be built, pulled or exported, and why",
+        description="""
+            Every selected layer with its key, its state (available, to build, to pull, to export)
+            and, for a layer to build, why: changed build args, Dockerfile lines, context files,
+            base digest, or a changed parent. Builds nothing.""",
+        epilog="""
+            examples:
+              efabuild plan                     # every graph
+              efabuild plan demo:user           # one layer and its ancestors
+              efabuild plan --offline --json    # from the build records only, as data""",
+    )
     p.add_argument("targets", nargs="*", metavar="GRAPH[:LAYER]", help="graphs or layers (default: all)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--offline", action="store_true", help="do not ask the engine (digests stay unresolved)")
+    p.add_argument("--offline", action="store_true", help="ask neither the engine nor S3: base digests as at their last build, "
+                        "availability from the build records")
     add_builder_option(p)
     p.set_defaults(run=run)
 

@@ -12,19 +12,34 @@ from pathlib import Path
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     if name == "show":
-        p = sub.add_parser(name, parents=[common], help="an artifact's provenance manifest as a table",
-                           description="Shows what an artifact is, what it was built from and the versions "
-                                       "measured inside it. REF: graph:layer, a key or a key prefix.")
-        p.add_argument("ref", metavar="REF")
+        p = sub.add_parser(
+            name, parents=[common], help="an artifact's provenance manifest as a table",
+            description="""
+                Shows what an artifact is, what it was built from (base, each layer's Dockerfile
+                digest and args, tool versions) and the versions measured inside it.""",
+            epilog="""
+                examples:
+                  efabuild show demo:user
+                  efabuild show 0123abcd --intoto > provenance.json""",
+        )
+        p.add_argument("ref", metavar="REF", help="graph:layer, key or key prefix (≥ 8 hex)")
         p.add_argument("--intoto", action="store_true",
                        help="print the in-toto Statement v1 with the SLSA provenance v1 predicate (JSON)")
         p.set_defaults(run=run_show)
     elif name == "audit":
-        p = sub.add_parser(name, parents=[common], help="check artifacts: integrity, drift, pitfalls, policy",
-                           description="Checks that each artifact is what its manifest says (digests, the "
-                                       ".sqsh measured again), that declared versions are installed, that "
-                                       "the EFA installer matches the host, the known NGC + EFA pitfalls and the "
-                                       "[audit] policy of BUILD.toml. Exit status 1 when any check fails.")
+        p = sub.add_parser(
+            name, parents=[common], help="check artifacts: integrity, drift, pitfalls, policy",
+            description="""
+                Checks that each artifact is what its manifest says (digests, the .sqsh measured
+                again), that declared versions are installed, that the EFA installer matches the
+                host, the known NGC + EFA pitfalls and the [audit] policy of BUILD.toml.
+                Exit status 1 when any check fails.""",
+            epilog="""
+                examples:
+                  efabuild audit demo:user
+                  efabuild audit --all --host-efa 1.50.0
+                  EFABUILD_STORE=/fsx/efabuild efabuild audit --all --json""",
+        )
         p.add_argument("refs", nargs="*", metavar="REF", help="graph:layer, key or key prefix")
         p.add_argument("--all", action="store_true", help="audit every artifact in the store")
         p.add_argument("--host-efa", metavar="VERSION",
@@ -32,12 +47,25 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
                             "/opt/amazon/efa_installed_packages, else [audit] host_efa_installer)")
         p.set_defaults(run=run_audit)
     else:
-        p = sub.add_parser(name, parents=[common], help="what differs between two artifacts",
-                           description="Declared inputs (base, Dockerfiles, args, files) and measured "
-                                       "versions that differ between two artifacts.")
-        p.add_argument("ref_a", metavar="REF_A")
-        p.add_argument("ref_b", metavar="REF_B")
-        p.add_argument("--exit-code", action="store_true", help="exit 1 when they differ (like git diff)")
+        p = sub.add_parser(
+            name, parents=[common], help="what differs between two artifacts",
+            description="""
+                What differs between two artifacts, A then B, read from their manifests (the
+                images are not opened), one row per fact of a KIND:
+                  input     base ref and digest, export options, and per layer its key,
+                            Dockerfile digest, platform, build args and context files
+                  measured  component versions (every copy, which one loads), Open MPI installs,
+                            NCCL/FI env, versions the base declares
+                  tool      the builder's tool versions (BuildKit, mksquashfs, efabuild)""",
+            epilog="""
+                examples:
+                  efabuild diff demo:efa demo:user
+                  efabuild diff 0123abcd demo:user --exit-code   # exit 1 when they differ""",
+        )
+        p.add_argument("ref_a", metavar="REF_A", help="the first artifact: graph:layer, key or key prefix")
+        p.add_argument("ref_b", metavar="REF_B", help="the second artifact, compared with the first")
+        p.add_argument("--exit-code", action="store_true",
+                       help="exit 1 when they differ, 0 when they do not (like git diff); without it, 0 either way")
         p.set_defaults(run=run_diff)
     p.add_argument("--store", metavar="PATH",
                    help="a store directory (default: $EFABUILD_STORE, else the workspace's [store])")

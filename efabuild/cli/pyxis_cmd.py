@@ -17,12 +17,23 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     p = sub.add_parser(
         name, parents=[common], add_help=False,
         help="Pyxis importer: `get efabuild://REF` prints the .sqsh path; `release` cleans up",
-        description="Called by Pyxis (plugstack.conf importer=...): `get IMAGE_URI` prints the "
-                    "absolute .sqsh path of efabuild://REF (Pyxis passes docker://efabuild://REF); "
-                    "any other image is imported with `enroot import` into PYXIS_RUNTIME_PATH. "
-                    "`release` removes that import and is idempotent.",
+        description="""
+            Called by Pyxis (plugstack.conf importer=...): `get IMAGE_URI` prints the absolute
+            .sqsh path of efabuild://REF (Pyxis passes docker://efabuild://REF); any other image
+            is imported with `enroot import` into PYXIS_RUNTIME_PATH. `release` removes that
+            import and is idempotent. The store comes from EFABUILD_STORE or
+            /etc/efabuild/pyxis.toml.""",
+        epilog="""
+            examples:
+              # plugstack.conf
+              required /usr/lib/x86_64-linux-gnu/slurm/spank/pyxis.so importer=/path/to/efabuild-pyxis-importer
+              srun --container-image=efabuild://ngc-efa:user ...
+              EFABUILD_STORE=/fsx/efabuild efabuild pyxis-importer get docker://efabuild://ngc-efa:user""",
     )
-    p.add_argument("words", nargs=argparse.REMAINDER)
+    p.add_argument("words", nargs=argparse.REMAINDER, metavar="get IMAGE_URI | release",
+                   help="get: print the .sqsh path of IMAGE_URI, efabuild://REF (graph:layer, key or key "
+                        "prefix) as Pyxis passes it (docker://efabuild://REF), or any image `enroot import` "
+                        "takes, imported first; release: remove what get imported for this job step")
     p.set_defaults(run=run)
 
 

@@ -9,16 +9,30 @@ import sys
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     if name == "ls":
-        p = sub.add_parser(name, parents=[common], help="list stored artifacts: key, name, size, created, tiers")
+        p = sub.add_parser(
+            name, parents=[common], help="list stored artifacts: key, name, size, created, tiers",
+            description="""
+                Every artifact in the store: short key, name (graph:layer), size, when it was
+                created, and the tiers holding it (local, shared, s3).""",
+            epilog="""
+                examples:
+                  efabuild ls
+                  efabuild ls --store /fsx/efabuild --no-s3 --json""",
+        )
         p.set_defaults(run=run_ls)
     else:
         p = sub.add_parser(
             name, parents=[common],
             help="delete all but the newest N artifacts of every name (dry run unless --yes)",
-            description="Keeps the newest --keep keys of every name, what every name currently "
-                        "points at, and pinned refs/keys ([store] pins in BUILD.toml, --pin); "
-                        "removes the rest and leftovers of interrupted writes from every tier. "
-                        "Prints what it would delete unless --yes.",
+            description="""
+                Keeps the newest --keep keys of every name, what every name currently points at,
+                and pinned refs/keys ([store] pins in BUILD.toml, --pin); removes the rest and
+                leftovers of interrupted writes from every tier. Prints what it would delete
+                unless --yes.""",
+            epilog="""
+                examples:
+                  efabuild gc                       # what would be deleted
+                  efabuild gc --keep 2 --pin ngc-efa:user --yes""",
         )
         p.add_argument("--keep", type=int, metavar="N", help="keys kept per name (default: [store] keep, else 3)")
         p.add_argument("--pin", action="append", default=[], metavar="REF",

@@ -1,0 +1,107 @@
+"""The command line as a user meets it: help with a description and examples for every command,
+no abbreviated options, shell completion that the shell accepts."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+
+import pytest
+
+from efabuild.cli import COMMANDS, build_parser, main
+from tests.storekit import efabuild
+
+
+def _command_parsers() -> dict[str, argparse.ArgumentParser]:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_help_has_a_description_and_examples(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    usage, _, rest = out.partition("\n\n")
+    description = rest.split("\n\n", 1)[0]
+    assert usage.startswith(f"usage: efabuild {command}")
+    assert len(description.split()) >= 8 and not description.startswith(("positional", "options"))
+    examples = out.split("\nexamples:\n", 1)[1]
+    lines = [line.strip() for line in examples.splitlines() if line.strip() and not line.strip().startswith("#")]
+    assert lines and all(f"efabuild {command}" in line or "efabuild" in line for line in lines[:1])
+    # every option and argument says what it is for
+    parser = _command_parsers()[command]
+    for action in parser._actions:
+        assert action.help, f"efabuild {command}: {action.option_strings or action.dest} has no help"
+
+
+def test_top_level_help_has_examples():
+    result = efabuild("--help")
+    assert result.returncode == 0 and "\nexamples:\n  efabuild plan" in result.stdout
+
+
+def _value_for(action: argparse.Action) -> list[str]:
+    if action.nargs == 0:
+        return []
+    return [str(action.choices[0]) if action.choices else "1"]
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_abbreviated_options_are_refused(command):
+    parser = build_parser()
+    positionals = [v for a in _command_parsers()[command]._actions if not a.option_strings for v in _value_for(a)]
+    long_options = [(option, action) for action in _command_parsers()[command]._actions
+                     for option in action.option_strings if option.startswith("--") and len(option) > 4]
+    assert long_options or command in ("pyxis-importer", "completion")
+    for option, action in long_options:
+        abbreviation = option[:-1]
+        _, extras = parser.parse_known_args([command, *positionals, abbreviation, *_value_for(action)])
+        assert abbreviation in extras, f"efabuild {command} took {abbreviation} for {option}"
+    if long_options:
+        option, action = long_options[0]
+        result = efabuild(command, *positionals, option[:-1], *_value_for(action))
+        assert result.returncode == 2 and f"unrecognized arguments: {option[:-1]}" in result.stderr
+
+
+def test_bash_completion_is_valid_and_completes_commands_and_options(tmp_path):
+    result = efabuild("completion", "bash")
+    assert result.returncode == 0
+    script = tmp_path / "efabuild.bash"
+    script.write_text(result.stdout)
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+    def complete(*words: str) -> list[str]:
+        probe = (f'source {script}; COMP_WORDS=(efabuild {" ".join(words)}); COMP_CWORD={len(words)}; '
+                 f'_shtab_efabuild; printf "%s\\n" "${{COMPREPLY[@]}}"')
+        return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+
+    assert complete("gr") == ["graph"]
+    assert complete("lookup", "--ver") == ["--verify"]
+    assert set(complete("graph", "--format", "")) >= {"text", "dot", "mermaid"}
+
+
+@pytest.mark.parametrize("shell", ["zsh", "tcsh"])
+def test_other_shells_get_a_script(shell):
+    result = efabuild("completion", shell)
+    assert result.returncode == 0 and "efabuild" in result.stdout and "lookup" in result.stdout
+    if shutil.which(shell) and shell == "zsh":  # zsh -n checks syntax where zsh is installed
+        assert subprocess.run(["zsh", "-n"], input=result.stdout, text=True).returncode == 0
+
+
+def test_lookup_builds_only_its_own_parser_and_loads_no_completion_code(tmp_path):
+    """Every job runs `efabuild lookup`: it parses with its own parser only, without help text code."""
+    import sys
+
+    from tests.storekit import REPO
+
+    (tmp_path / "BUILD.toml").write_text("")
+    probe = ("import sys\nfrom efabuild.cli import main\nstatus = main(['lookup', '--no-fetch', 'demo:user'])\n"
+             "print(status, ' '.join(sorted(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    status, modules = result.stdout.split(" ", 1)
+    loaded = set(modules.split())
+    assert status == "1" and "efabuild.cli.lookup_cmd" in loaded
+    assert not loaded & {"efabuild.cli.plan_cmd", "efabuild.cli.completion_cmd", "shtab", "textwrap"}
