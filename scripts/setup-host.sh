@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install and start everything efabuild and its tests need on a fresh Debian bookworm host (as root):
 #   dockerd (bookworm docker.io), the buildx plugin (trixie docker-buildx), squashfs-tools 4.6
-#   (trixie: the first with tar input), squashfs-tools-ng, docker-registry, cosign (trixie), and the
-#   Python package.
+#   (trixie: the first with tar input), squashfs-tools-ng, docker-registry, graphviz, cosign (trixie),
+#   and the Python package.
 # Idempotent: what is installed or running already is left alone.
 set -euo pipefail
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -44,6 +44,7 @@ install_packages() {
   command -v docker-registry >/dev/null || [ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
   command -v tar2sqfs >/dev/null || missing+=(squashfs-tools-ng)
   command -v busybox >/dev/null && busybox --list 2>/dev/null | grep -qx sh && [ -x /bin/busybox ] || missing+=(busybox-static)
+  command -v dot >/dev/null || missing+=(graphviz)  # efabuild graph --format svg|png, make --graph
   if [ ${#missing[@]} -gt 0 ]; then log "installing ${missing[*]}"; apt_install "${missing[@]}"; fi
   local trixie=()
   # name/trixie takes just that package from trixie; its dependencies stay bookworm's

@@ -1,36 +1,80 @@
-"""`efabuild graph`: the layer DAG as text, Graphviz dot or Mermaid."""
+"""`efabuild graph`: the layer DAG as text, Graphviz dot or Mermaid, or drawn as SVG/PNG with each
+layer coloured by its plan state."""
 
 from __future__ import annotations
+
+from efabuild.cli.common import add_builder_option
+
+PICTURES = ("svg", "png")
 
 
 def configure(name, sub, common):
     p = sub.add_parser(
-        name, parents=[common], help="print the layer graph",
+        name, parents=[common], help="print or draw the layer graph",
         description="""
             The layers and what each is built on (its parent layer, or a base image), as an
-            indented tree, Graphviz dot or Mermaid. Artifact layers (exported to .sqsh) are marked.""",
+            indented tree, Graphviz dot or Mermaid. Artifact layers (exported to .sqsh) are marked.
+            svg and png draw it with Graphviz, each layer coloured by its plan state (available,
+            to build, to pull, to copy, to export) with its short key and why it builds: they
+            plan first, as `efabuild plan` does.""",
         epilog="""
             examples:
               efabuild graph                    # every graph as a tree
               efabuild graph demo --format mermaid
-              efabuild graph --format dot | dot -Tsvg > layers.svg""",
+              efabuild graph demo --format svg -o plan.svg
+              efabuild graph --format png --offline > plan.png""",
     )
     p.add_argument("targets", nargs="*", metavar="GRAPH[:LAYER]", help="graphs or layers (default: all)")
-    p.add_argument("--format", choices=("text", "dot", "mermaid"), default="text",
+    p.add_argument("--format", choices=("text", "dot", "mermaid", *PICTURES), default="text",
                    help="text: an indented tree, children under their parent (default); dot: Graphviz "
                         "source, artifact layers as 3-D boxes, bases as cylinders; mermaid: a Mermaid "
-                        "flowchart for Markdown")
+                        "flowchart for Markdown; svg, png: the plan drawn by Graphviz's dot, layers "
+                        "coloured by state")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="write svg or png here (atomically) instead of standard output")
+    p.add_argument("--offline", action="store_true",
+                   help="svg, png: plan without the engine or S3, as `efabuild plan --offline`")
+    add_builder_option(p)
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
     from efabuild import dag
     from efabuild.cli.common import workspace
+    from efabuild.errors import InputError
 
+    if args.format not in PICTURES and (args.output or args.offline or args.builder):
+        raise InputError(f"-o, --offline and --builder go with --format svg or png, not {args.format}")
     ws = workspace()
+    if args.format in PICTURES:
+        return _draw(ws, args)
     graph = dag.layer_graph(ws)
     order = dag.select(ws, graph, args.targets)
     print(render(graph, order, args.format))
+    return 0
+
+
+def _draw(ws, args) -> int:
+    import sys
+    from pathlib import Path
+
+    from efabuild import graphviz, picture
+    from efabuild.cli.common import with_builder
+    from efabuild.errors import InputError
+    from efabuild.planning import prepare
+
+    if not args.output and sys.stdout.isatty() and args.format == "png":
+        raise InputError("a PNG is not for a terminal: give -o FILE.png or redirect standard output")
+    prepared = prepare(with_builder(ws, args.builder), args.targets, use_engine=not args.offline)
+    title = "efabuild plan" + (" (offline)" if args.offline else "")
+    source = picture.dot_source(prepared.graph, prepared.order, picture.plan_nodes(prepared.plan), title)
+    data = graphviz.render(source, args.format)
+    if args.output:
+        graphviz.write_atomically(Path(args.output), data)
+    else:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
     return 0
 
 

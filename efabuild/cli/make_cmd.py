@@ -19,7 +19,8 @@ def configure(name, sub, common):
             examples:
               efabuild make demo                # the demo graph
               efabuild make ngc-efa:user -j 1   # one layer and what it needs, one build at a time
-              efabuild make --dry-run           # the plan; builds nothing""",
+              efabuild make --dry-run           # the plan; builds nothing
+              efabuild make demo --graph make.svg""",
     )
     p.add_argument("targets", nargs="*", metavar="GRAPH[:LAYER]", help="graphs or layers (default: all)")
     p.add_argument("-j", "--jobs", type=int, default=None, help="layers built in parallel (default: [builder] jobs)")
@@ -27,6 +28,9 @@ def configure(name, sub, common):
     p.add_argument("--no-lint", action="store_true", help="build even when lint finds errors")
     add_builder_option(p)
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.add_argument("--graph", metavar="FILE",
+                   help="also draw what make did (.svg or .png, with Graphviz): each layer coloured by "
+                        "its outcome, with its key, time and why it was built or failed")
     p.set_defaults(run=run)
 
 
@@ -36,7 +40,7 @@ def run(args) -> int:
     from efabuild import make
     from efabuild.cli.common import print_json, with_builder, workspace
     from efabuild.cli.plan_cmd import render
-    from efabuild.errors import InputError
+    from efabuild.errors import EfabuildError, InputError
     from efabuild.planning import prepare
     from efabuild.ui import reporter_for
 
@@ -44,11 +48,15 @@ def run(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise InputError("--jobs must be at least 1")
     ws = with_builder(ws, args.builder)
+    if args.graph:
+        _graph_format(args.graph)  # a bad name stops here, not after the builds
     if not args.no_lint:
         _lint_or_stop(ws, args.targets)
     prepared = prepare(ws, args.targets, require_engine=not args.dry_run)
     if args.dry_run:
         print(render(prepared.plan, prepared.engine_error))
+        if args.graph:
+            _draw(args.graph, prepared, None)
         return 0
     make.check_secrets(prepared)  # before the plan is printed: bad input is one line
     print(render(prepared.plan, None), file=sys.stderr)
@@ -58,6 +66,11 @@ def run(args) -> int:
         result = make.run(prepared, reporter, jobs=args.jobs or ws.settings.builder.jobs)
     finally:
         reporter.close()
+    if args.graph:
+        try:
+            _draw(args.graph, prepared, result)
+        except EfabuildError as exc:  # the builds are done and stored: the picture is not worth failing
+            print(f"efabuild: warning: --graph {args.graph}: {exc}", file=sys.stderr)
     if args.json:
         print_json({"outcomes": [attrs.asdict(o) for o in result.outcomes], "failed": result.failed})
     else:
@@ -91,3 +104,26 @@ def _lint_or_stop(ws, targets) -> None:
     if errors:
         print(render_text(errors), file=sys.stderr)
         raise InputError(f"lint found {len(errors)} error(s): fix them, or build anyway with --no-lint")
+
+
+def _graph_format(name: str) -> str:
+    from pathlib import Path
+
+    from efabuild.graphviz import format_of, require_dot
+
+    require_dot()
+    return format_of(Path(name))
+
+
+def _draw(name: str, prepared, result) -> None:
+    """The --graph picture: the plan (a dry run) or what the make did with each layer."""
+    from pathlib import Path
+
+    from efabuild import graphviz, picture
+
+    if result is None:
+        nodes, title = picture.plan_nodes(prepared.plan), "efabuild make --dry-run"
+    else:
+        nodes, title = picture.outcome_nodes(prepared.plan, result.outcomes), "efabuild make"
+    source = picture.dot_source(prepared.graph, prepared.order, nodes, title)
+    graphviz.write_atomically(Path(name), graphviz.render(source, _graph_format(name)))
