@@ -1,12 +1,9 @@
-"""Run Graphviz's `dot` on a picture's source, and write the result atomically."""
+"""Run Graphviz's `dot` on a picture's source."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from efabuild.errors import EfabuildError, InputError
@@ -45,22 +42,3 @@ def format_of(path: Path) -> str:
     if fmt not in FORMATS:
         raise InputError("the picture's name must end in .svg or .png", str(path))
     return fmt
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """`path` holds either its old content or all of `data`, never part of it."""
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise InputError("no such directory", str(directory))
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temp, 0o644)  # mkstemp's 0600 would hide a picture meant to be shared
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise

@@ -32,6 +32,18 @@ def table(rows: list[list[str]], header: list[str] | None = None, indent: str = 
     return "\n".join(lines)
 
 
+def write_file(name: str, data: bytes) -> None:
+    """Write a report or picture the user named: all of it or nothing (temp file, fsync, rename)."""
+    from efabuild.errors import InputError
+    from efabuild.store.fsutil import atomic_write_bytes
+
+    path = Path(name)
+    try:
+        atomic_write_bytes(path, data, path.parent if str(path.parent) else Path("."))
+    except OSError as exc:
+        raise InputError(f"cannot write: {exc.strerror}", name) from None
+
+
 def add_builder_option(parser) -> None:
     parser.add_argument("--builder", metavar="NAME",
                         help="build elsewhere: a Docker context, a host URL (unix://, tcp://, ssh://), "

@@ -56,10 +56,9 @@ def run(args) -> int:
 
 def _draw(ws, args) -> int:
     import sys
-    from pathlib import Path
 
     from efabuild import graphviz, picture
-    from efabuild.cli.common import with_builder
+    from efabuild.cli.common import with_builder, write_file
     from efabuild.errors import InputError
     from efabuild.planning import prepare
 
@@ -70,7 +69,7 @@ def _draw(ws, args) -> int:
     source = picture.dot_source(prepared.graph, prepared.order, picture.plan_nodes(prepared.plan), title)
     data = graphviz.render(source, args.format)
     if args.output:
-        graphviz.write_atomically(Path(args.output), data)
+        write_file(args.output, data)
     else:
         sys.stdout.flush()
         sys.stdout.buffer.write(data)

@@ -117,13 +117,12 @@ def _graph_format(name: str) -> str:
 
 def _draw(name: str, prepared, result) -> None:
     """The --graph picture: the plan (a dry run) or what the make did with each layer."""
-    from pathlib import Path
-
     from efabuild import graphviz, picture
+    from efabuild.cli.common import write_file
 
     if result is None:
         nodes, title = picture.plan_nodes(prepared.plan), "efabuild make --dry-run"
     else:
         nodes, title = picture.outcome_nodes(prepared.plan, result.outcomes), "efabuild make"
     source = picture.dot_source(prepared.graph, prepared.order, nodes, title)
-    graphviz.write_atomically(Path(name), graphviz.render(source, _graph_format(name)))
+    write_file(name, graphviz.render(source, _graph_format(name)))
