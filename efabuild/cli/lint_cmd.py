@@ -17,12 +17,16 @@ def configure(name, sub, common):
             examples:
               efabuild lint
               efabuild lint ngc-efa scripts/example-job.sbatch
-              efabuild lint --json""",
+              efabuild lint --json
+              efabuild lint --format sarif > efabuild-lint.sarif   # for code scanning""",
     )
     p.add_argument("targets", nargs="*", metavar="GRAPH",
                    help="graph names or files (default: every graph and the job scripts under scripts/); "
                         "a path to a job script lints that script")
-    p.add_argument("--json", action="store_true", help="print the findings as JSON")
+    p.add_argument("--format", choices=("text", "json", "sarif"), default=None,
+                   help="text: one line and a fix per finding, then totals (default); json: the findings "
+                        "and counts; sarif: a SARIF 2.1.0 log for code-scanning services (GitHub, GitLab)")
+    p.add_argument("--json", action="store_true", help="the same as --format json")
     p.set_defaults(run=run)
 
 
@@ -34,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
     from efabuild.lint import errors_only, lint_workspace, render_text, to_json
     from efabuild.workspace import find_root, load_workspace
 
+    if args.json and args.format not in (None, "json"):
+        raise InputError(f"--json and --format {args.format} ask for two outputs: give one", "lint")
+    fmt = "json" if args.json else args.format or "text"
     ws = load_workspace(find_root(Path.cwd()))
     graph_names = {graph.name for graph in ws.graphs}
     graph_files = {ws.relpath(graph.source) for graph in ws.graphs}
@@ -52,8 +59,13 @@ def run(args: argparse.Namespace) -> int:
         findings = lint_workspace(ws, graphs, scripts)
     else:
         findings = lint_workspace(ws)
-    if args.json:
+    if fmt == "json":
         print(json.dumps(to_json(findings), indent=2))
+    elif fmt == "sarif":
+        from efabuild import __version__
+        from efabuild.lint.sarif import to_sarif
+
+        print(json.dumps(to_sarif(findings, ws.root, __version__), indent=2, ensure_ascii=False))
     else:
         print(render_text(findings))
     return 1 if errors_only(findings) else 0

@@ -38,10 +38,14 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
                 examples:
                   efabuild audit demo:user
                   efabuild audit --all --host-efa 1.50.0
-                  EFABUILD_STORE=/fsx/efabuild efabuild audit --all --json""",
+                  EFABUILD_STORE=/fsx/efabuild efabuild audit --all --json
+                  efabuild audit --all --junit audit.xml   # for the CI's test report""",
         )
         p.add_argument("refs", nargs="*", metavar="REF", help="graph:layer, key or key prefix")
         p.add_argument("--all", action="store_true", help="audit every artifact in the store")
+        p.add_argument("--junit", metavar="FILE",
+                       help="also write a JUnit XML report for CI: one testsuite per artifact, one testcase "
+                            "per check, a failed check a <failure>")
         p.add_argument("--host-efa", metavar="VERSION",
                        help="the host AMI's EFA installer version (default: this host's "
                             "/opt/amazon/efa_installed_packages, else [audit] host_efa_installer)")
@@ -222,6 +226,7 @@ def run_audit(args: argparse.Namespace) -> int:
     if not refs:
         if args.all:
             print("no artifacts", file=sys.stderr)
+            _junit(args.junit, [])  # an empty report, so the CI step that reads it finds one
             return 0
         raise InputError("give one or more REF (graph:layer, key or key prefix), or --all")
     policy = _policy()
@@ -232,6 +237,7 @@ def run_audit(args: argparse.Namespace) -> int:
             results.append(audit_stored(store, ref, policy, host))
         except NotFound as exc:
             results.append(AuditResult(ref, "", ref, (Check("artifact", FAIL, str(exc)),)))
+    _junit(args.junit, results)
     if args.json:
         _json([{"ref": r.ref, "key": r.key, "name": r.name, "ok": not r.failed,
                 "checks": [c.to_dict() for c in r.checks]} for r in results])
@@ -241,6 +247,14 @@ def run_audit(args: argparse.Namespace) -> int:
                 print()
             _audit_table(result)
     return 1 if any(r.failed for r in results) else 0
+
+
+def _junit(name: str | None, results: list) -> None:
+    if name:
+        from efabuild.cli.common import write_file
+        from efabuild.provenance.junit import to_junit
+
+        write_file(name, to_junit(results))
 
 
 def _audit_table(result) -> None:  # noqa: ANN001 - AuditResult
