@@ -20,10 +20,16 @@ def _command_parsers() -> dict[str, argparse.ArgumentParser]:
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_command_help_has_a_description_and_examples(command, capsys):
-    with pytest.raises(SystemExit) as done:
-        main([command, "--help"])
-    assert done.value.code == 0
-    out = capsys.readouterr().out
+    parser = _command_parsers()[command]
+    if command == "pyxis-importer":
+        # Pyxis starts whatever a 0 exit prints: its --help is a usage line on stderr and exit 2
+        # (tests/test_pyxis.py); the same help text is in the parser, for completion and the docs
+        out = parser.format_help()
+    else:
+        with pytest.raises(SystemExit) as done:
+            main([command, "--help"])
+        assert done.value.code == 0
+        out = capsys.readouterr().out
     usage, _, rest = out.partition("\n\n")
     description = rest.split("\n\n", 1)[0]
     assert usage.startswith(f"usage: efabuild {command}")
@@ -32,7 +38,6 @@ def test_every_command_help_has_a_description_and_examples(command, capsys):
     lines = [line.strip() for line in examples.splitlines() if line.strip() and not line.strip().startswith("#")]
     assert lines and all(f"efabuild {command}" in line or "efabuild" in line for line in lines[:1])
     # every option and argument says what it is for
-    parser = _command_parsers()[command]
     for action in parser._actions:
         assert action.help, f"efabuild {command}: {action.option_strings or action.dest} has no help"
 
