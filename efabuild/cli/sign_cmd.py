@@ -13,10 +13,15 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     if name == "verify":
         p = sub.add_parser(
             name, parents=[common], help="check artifacts against their signatures, records and manifests",
-            description="For each artifact on each filesystem tier: a valid signature by a key of the trust "
-                        "policy, the signed statement's subject equal to the file's digests, record and "
-                        "manifest consistent with both. Prints one line per artifact; exit 1 when any fails, "
-                        "with one line per failure.",
+            description="""
+                For each artifact on each filesystem tier: a valid signature by a key of the
+                trust policy, the signed statement's subject equal to the file's digests,
+                record and manifest consistent with both. Prints one line per artifact; exit
+                1 when any fails, with one line per failure.""",
+            epilog="""
+                examples:
+                  efabuild verify demo:user
+                  efabuild verify --all --store /fsx/efabuild --sha256""",
         )
         p.add_argument("refs", nargs="*", metavar="REF", help="a key, a unique key prefix (≥ 8 hex) or graph:layer")
         p.add_argument("--all", action="store_true", help="every artifact on the filesystem tiers")
@@ -27,11 +32,17 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     elif name == "sign":
         p = sub.add_parser(
             name, parents=[common], help="add a signature to artifacts' stored statements",
-            description="Signs the stored in-toto statement of each REF, unchanged, with another key and stores "
-                        "the envelope (one line, all signatures) on every tier holding the artifact. An artifact "
-                        "exported before signing was configured gets its statement made from its manifest.",
+            description="""
+                Signs the stored in-toto statement of each REF, unchanged, with another key
+                and stores the envelope (one line, all signatures) on every tier holding the
+                artifact. An artifact exported before signing was configured gets its
+                statement made from its manifest.""",
+            epilog="""
+                examples:
+                  efabuild sign demo:user --key ops.pem
+                  efabuild sign 0123abcd --key arn:aws:kms:us-east-1:123456789012:key/…""",
         )
-        p.add_argument("refs", nargs="+", metavar="REF")
+        p.add_argument("refs", nargs="+", metavar="REF", help="a key, a unique key prefix (≥ 8 hex) or graph:layer")
         p.add_argument("--key", metavar="PEM|ARN",
                        help="a PEM private key file or a KMS key ARN (default: [sign] key in BUILD.toml)")
         p.add_argument("--endpoint-url", metavar="URL", help="a KMS-compatible endpoint (KMS keys only)")
@@ -39,10 +50,15 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     else:
         p = sub.add_parser(
             name, parents=[common], help="resolve the workspace's [trust] keys; write a node's trust policy",
-            description="Reads [trust] keys of BUILD.toml, asks KMS once for the public key of every KMS key ARN "
-                        "and keeps it under the local store's state/trust/ (lookups never ask KMS), then lists "
-                        "the trusted keys. --write PATH writes them, PEM inline, as a node config "
-                        "(/etc/efabuild/trust.toml on compute nodes).",
+            description="""
+                Reads [trust] keys of BUILD.toml, asks KMS once for the public key of every
+                KMS key ARN and keeps it under the local store's state/trust/ (lookups never
+                ask KMS), then lists the trusted keys. --write PATH writes them, PEM inline,
+                as a node config (/etc/efabuild/trust.toml on compute nodes).""",
+            epilog="""
+                examples:
+                  efabuild trust                                   # the trusted keys
+                  efabuild trust --write /etc/efabuild/trust.toml  # a compute node's policy""",
         )
         p.add_argument("--write", metavar="PATH", help="write the policy as a node config to PATH")
         p.set_defaults(run=run_trust)
