@@ -17,7 +17,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
             examples:
               efabuild lookup demo:user
               efabuild lookup --store /fsx/efabuild --verify 0123abcd
-              srun --container-image="$(efabuild lookup ngc-efa:user)" ...""",
+              srun --container-image="$(efabuild lookup --require-signature ngc-efa:user)" ...""",
     )
     p.add_argument("ref", metavar="REF", help="a key, a unique key prefix (≥ 8 hex) or graph:layer")
     p.add_argument("--store", metavar="PATH",
