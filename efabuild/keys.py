@@ -22,7 +22,7 @@ import attrs
 import blake3
 
 from efabuild.errors import InputError
-from efabuild.redact import shown_args
+from efabuild.redact import shown_args, shown_dockerfile
 
 KEY_SCHEMA = "efabuild.layer/v1"
 _CHUNK = 1 << 20
@@ -63,9 +63,11 @@ class LayerInputs:
         return data
 
     def to_shown_dict(self) -> dict[str, Any]:
-        """to_dict() with secret-looking build args replaced by a digest: for output and records."""
+        """to_dict() with secret-looking build args and ARG/ENV defaults replaced by a digest: for
+        output and records."""
         data = self.to_dict()
         data["args"] = shown_args(data["args"])
+        data["dockerfile"] = shown_dockerfile(data["dockerfile"])
         return data
 
     @classmethod

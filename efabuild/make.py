@@ -24,7 +24,7 @@ from efabuild.store.layout import short
 from efabuild.model import Layer, Workspace
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
 from efabuild.planning import Prepared, image_tag
-from efabuild.redact import Redactor, is_secret_arg
+from efabuild.redact import Redactor, dockerfile_secret_values, is_secret_arg
 from efabuild.ui import Reporter
 
 # Fixed timestamps for every build: 1980-01-01, the earliest a ZIP archive can hold.
@@ -264,6 +264,7 @@ def output_redactor(prepared: Prepared, environ=os.environ) -> Redactor:
     for name in prepared.order:
         layer: Layer = prepared.graph.nodes[name]["layer"]
         values += [v for k, v in layer.args if is_secret_arg(k, v)]
+        values += dockerfile_secret_values(layer.dockerfile)
         values += [environ[secret] for secret in layer.secrets if environ.get(secret)]
     return Redactor(values)
 

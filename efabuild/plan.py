@@ -16,7 +16,7 @@ import networkx as nx
 from efabuild.keys import ContextHasher, LayerInputs
 from efabuild.store.layout import short
 from efabuild.model import Layer, Workspace
-from efabuild.redact import shown_args
+from efabuild.redact import shown_args, shown_dockerfile
 
 BUILD, PULL, EXPORT, NOTHING = "build", "pull", "export", "none"
 
@@ -174,9 +174,11 @@ def explain(old: LayerInputs | None, new: LayerInputs, parent: str | None, keys:
             reasons.append(f"{name} {before} → {after}")
     for name in sorted(set(old.secrets) ^ set(new.secrets)):
         reasons.append(f"secret {name} {'added' if name in new.secrets else 'removed'}")
-    if old.dockerfile != new.dockerfile:
+    # records keep the text as shown (secret defaults as digests): compare it the same way
+    old_text, new_text = shown_dockerfile(old.dockerfile), shown_dockerfile(new.dockerfile)
+    if old_text != new_text:
         added = removed = 0
-        for line in difflib.ndiff(old.dockerfile.splitlines(), new.dockerfile.splitlines()):
+        for line in difflib.ndiff(old_text.splitlines(), new_text.splitlines()):
             added += line.startswith("+ ")
             removed += line.startswith("- ")
         reasons.append(f"Dockerfile: +{added} −{removed} lines")

@@ -149,8 +149,11 @@ def _staged_path(environ, required: bool = True) -> Path | None:
     runtime = Path(os.path.realpath(runtime_text))
     if not runtime.is_dir():
         raise InputError(f"{runtime_text}: not a directory", "PYXIS_RUNTIME_PATH")
-    uid = environ.get("SLURM_JOB_UID") or str(os.getuid())
+    own_uid = str(os.getuid())
+    uid = environ.get("SLURM_JOB_UID") or own_uid
     _check_id(uid, "SLURM_JOB_UID", ())
+    if own_uid != "0" and uid != own_uid:  # Pyxis runs the importer as the job's user
+        raise InputError(f"must be the importer's own uid {own_uid}, not {_short(uid)}", "SLURM_JOB_UID")
     _check_id(environ["SLURM_JOB_ID"], "SLURM_JOB_ID", ())
     _check_id(environ["SLURM_STEP_ID"], "SLURM_STEP_ID", STEP_NAMES)
     staged = runtime / uid / f"{environ['SLURM_JOB_ID']}.{environ['SLURM_STEP_ID']}.squashfs"

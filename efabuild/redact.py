@@ -59,13 +59,39 @@ def is_secret_arg(name: str, value: str) -> bool:
 
 def shown_value(name: str, value: str) -> str:
     """`value`, or for a secret a stand-in that changes when the value changes (idempotent)."""
-    if not is_secret_arg(name, value) or (value.startswith("<redacted") and value.endswith(">")):
+    if not is_secret_arg(name, value) or _is_stand_in(value):
         return value
     return f"<redacted {blake3.blake3(f'{name}={value}'.encode()).hexdigest()[:12]}>"
 
 
 def shown_args(args: dict[str, str]) -> dict[str, str]:
     return {name: shown_value(name, value) for name, value in args.items()}
+
+
+# `ARG NAME=value` / `ENV NAME=value` (one pair per line, optionally quoted): defaults that lint's
+# EFA013 refuses, hidden in output all the same when a build goes ahead with --no-lint
+_DOCKERFILE_PAIR = re.compile(r"""^\s*(?:ARG|ENV)\s+([A-Za-z_][A-Za-z0-9_]*)=(["']?)(.*?)\2\s*$""",
+                              re.IGNORECASE | re.MULTILINE)
+
+
+def dockerfile_secret_values(text: str) -> list[str]:
+    """The secret-looking values a Dockerfile text sets with ARG or ENV."""
+    return [value for name, _, value in _DOCKERFILE_PAIR.findall(text)
+            if value and is_secret_arg(name, value) and not _is_stand_in(value)]
+
+
+def shown_dockerfile(text: str) -> str:
+    """The Dockerfile text with those values replaced as `shown_value` does (idempotent)."""
+    def replace(match: re.Match) -> str:
+        name, quote, value = match.groups()
+        shown = shown_value(name, value) if value and not _is_stand_in(value) else value
+        start, end = match.span(3)
+        return match.group(0)[: start - match.start()] + shown + match.group(0)[end - match.start():]
+    return _DOCKERFILE_PAIR.sub(replace, text)
+
+
+def _is_stand_in(value: str) -> bool:
+    return value.startswith("<redacted") and value.endswith(">")
 
 
 class Redactor:

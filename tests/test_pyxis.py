@@ -251,3 +251,17 @@ def test_a_hostile_importer_config_is_one_line(store_dir, job_env, tmp_path, kin
     assert (result.returncode, result.stdout) == (2, "")
     line = _one_line(result.stderr)
     assert line.startswith(f"efabuild: {config}") and problem in line and len(line) < 300, line
+
+
+def test_a_job_user_cannot_name_another_users_directory(job_env, monkeypatch):
+    """Pyxis runs the importer as the job's user, so SLURM_JOB_UID must be that uid. The tests run
+    as root and this machine's Python is not reachable by another user, so the importer's view of
+    its own uid is what is changed here (os.getuid), in process."""
+    from efabuild import pyxis
+
+    monkeypatch.setattr(pyxis.os, "getuid", lambda: 1000)
+    env = {**job_env, "SLURM_JOB_UID": "1001"}
+    with pytest.raises(InputError, match="must be the importer's own uid 1000, not '1001'"):
+        pyxis.release(env)
+    assert pyxis._staged_path({**job_env, "SLURM_JOB_UID": "1000"}).parent.name == "1000"
+    assert pyxis._staged_path(job_env).parent.name == "1000"  # unset: the importer's own

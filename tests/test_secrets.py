@@ -42,7 +42,8 @@ secrets = ["{secret_env}"]
 args = {{ HF_TOKEN = "{arg_value}" }}
 dockerfile = '''
 ARG HF_TOKEN
-RUN --mount=type=secret,id={secret_env} echo "failing with $(cat /run/secrets/{secret_env}) and $HF_TOKEN" && exit 3
+ARG SESSION_TOKEN={default_value}
+RUN --mount=type=secret,id={secret_env} echo "failing with $(cat /run/secrets/{secret_env}) $HF_TOKEN $SESSION_TOKEN" && exit 3
 '''
 ignore = [{{ rule = "EFA013", reason = "this test leaks on purpose" }}]
 """
@@ -84,9 +85,10 @@ def built_tags():
 def test_secrets_never_leave_the_build(mini_ngc, tmp_path, built_tags):
     secret_value = "hf_" + random.token_hex(17)  # a BuildKit secret of the layer
     arg_value = "hf_" + random.token_hex(17)  # a secret-looking build arg (what EFA013 warns of)
+    default_value = random.token_hex(12)  # an ARG default with a secret-looking name
     run_id = uuid.uuid4().hex[:12]
     root = make_workspace(tmp_path / "ws", {"leaky": GRAPH.format(
-        base=mini_ngc, secret_env=SECRET_ENV, arg_value=arg_value, run_id=run_id)})
+        base=mini_ngc, secret_env=SECRET_ENV, arg_value=arg_value, default_value=default_value, run_id=run_id)})
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     env.pop(SECRET_ENV, None)
 
@@ -122,7 +124,7 @@ def test_secrets_never_leave_the_build(mini_ngc, tmp_path, built_tags):
     outcomes = {o["qualname"]: o for o in json.loads(stdout)["outcomes"]}
     assert outcomes["leaky:fetch"]["status"] == "built" and outcomes["leaky:broken"]["status"] == "failed"
     failure = outcomes["leaky:broken"]["error"]
-    assert "exit code 3" in failure and "failing with <redacted> and <redacted>" in failure
+    assert "exit code 3" in failure and "failing with <redacted> <redacted> <redacted>" in failure
     summary = efabuild(root, "make", "--no-lint", env=env)  # the table form of the same failure
     assert summary.returncode == 1 and "leaky:broken" in summary.stdout
 
@@ -149,9 +151,9 @@ def test_secrets_never_leave_the_build(mini_ngc, tmp_path, built_tags):
               "plan": json.dumps(plan), **{f"log {p.relative_to(root)}": p.read_text() for p in logs},
               **{f"stored {p.relative_to(root)}": p.read_bytes().decode(errors="replace") for p in stored},
               "buildx command lines": "\n".join(cmdlines)}
-    for value in (secret_value, arg_value):
+    for what, value in (("the secret", secret_value), ("HF_TOKEN", arg_value), ("SESSION_TOKEN", default_value)):
         leaks = [where for where, text in places.items() if value in text]
-        assert leaks == [], f"value of {'the secret' if value == secret_value else 'HF_TOKEN'} in {leaks}"
+        assert leaks == [], f"value of {what} in {leaks}"
     # a BuildKit secret is not in the image either (a build arg is, by its nature: EFA013)
     assert secret_value not in history and secret_value not in config
     assert secret_value.encode() not in sqsh.read_bytes()
