@@ -12,15 +12,20 @@ import sys
 from pathlib import Path
 
 from efabuild.errors import EfabuildError
-from efabuild.store.layout import SQSH_SUFFIX, Layout, classify_ref, newest_ref, resolve_in
+from efabuild.store.fsutil import shown
+from efabuild.store.layout import SQSH_SUFFIX, Layout, classify_ref, newest_ref, record_problems, resolve_in
 from efabuild.store.locate import StoreTable, locate
 
 
-def find_local(table: StoreTable, ref: str, ask_s3: bool = False) -> tuple[str, Layout] | None:
-    """(key, layout of the tier holding it) when a filesystem tier has it committed, else None.
+def find_local(table: StoreTable, ref: str, ask_s3: bool = False) -> tuple[str, Layout, dict] | None:
+    """(key, layout of the tier holding it, its record) when a filesystem tier holds it intact,
+    else None.
 
-    With `ask_s3`, a name these tiers only copied from S3 at a fetch is not answered here: S3
-    says which key it names now.
+    Intact: the .sqsh and its record are regular files in the store (nothing below the store's
+    root is followed) and the .sqsh has the size its record says (a stat; --verify re-hashes).
+    A tier whose copy is not is passed over; when no tier has a good copy, the first problem
+    found is raised, unless S3 can still supply it. With `ask_s3`, a name these tiers only copied
+    from S3 at a fetch is not answered here: S3 says which key it names now.
     """
     layouts = [Layout(root) for _, root in table.roots()]
     if ask_s3 and classify_ref(ref)[0] == "name":
@@ -30,19 +35,45 @@ def find_local(table: StoreTable, ref: str, ask_s3: bool = False) -> tuple[str, 
     key = resolve_in(layouts, ref)
     if key is None:
         return None
+    problems = []
     for layout in layouts:
-        if layout.has(key):
-            return key, layout
+        try:
+            record = intact_record(layout, key)
+        except EfabuildError as exc:
+            problems.append(exc)
+            continue
+        if record is not None:
+            return key, layout, record
+    if problems and not ask_s3:
+        raise problems[0]
     return None
+
+
+def intact_record(layout: Layout, key: str) -> dict | None:
+    """The record of `key` in this directory when its .sqsh is there and has the recorded size."""
+    info = layout.committed(key)
+    if info is None:
+        return None
+    record = layout.read_record_dict(key)
+    if record is None:
+        return None
+    path = shown(layout.record_path(key))
+    problems = record_problems(record)
+    if problems:
+        raise EfabuildError(f"{path}: " + "; ".join(problems))
+    if record["key"] != key:
+        raise EfabuildError(f"{path}: the record is for key {record['key'][:12]}, not for its file name")
+    size = record["size"]
+    if info.st_size != size:
+        raise EfabuildError(f"{shown(layout.sqsh_path(key))}: corrupt artifact: {info.st_size} bytes, "
+                            f"its record says {size}")
+    return record
 
 
 def verify_local(path: Path, record: dict) -> None:
     """Re-hash a stored .sqsh and compare it with its record (blake3 imported only here)."""
     from efabuild.digest import file_digest
 
-    size = path.stat().st_size
-    if size != record.get("size"):
-        raise EfabuildError(f"{path}: corrupt artifact: {size} bytes, its record says {record.get('size')}")
     actual = file_digest(path)
     if actual != record.get("digest"):
         raise EfabuildError(f"{path}: corrupt artifact: digest {actual}, its record says {record.get('digest')}")
@@ -52,9 +83,10 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
                 cwd: Path | None = None, require_signature: bool = False) -> tuple[Path, dict]:
     """(absolute .sqsh path, its record as a dict) for `ref`.
 
-    Raises NotFound (absent), AmbiguousRef (prefix matches several) or InputError (bad REF or
-    store settings); with `require_signature`, VerificationFailed unless the artifact is signed by
-    a key of the trust policy (a cached verification costs stats only).
+    Raises NotFound (absent), AmbiguousRef (prefix matches several), InputError (bad REF or
+    store settings) or EfabuildError (the stored copy is damaged or not a file); with
+    `require_signature`, VerificationFailed unless the artifact is signed by a key of the trust
+    policy (a cached verification costs stats only).
     """
     table = locate(store, cwd)
     policy = None
@@ -64,9 +96,8 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         policy = policy_for(table)
     hit = find_local(table, ref, ask_s3=fetch and table.s3 is not None)
     if hit is not None:
-        key, layout = hit
+        key, layout, record = hit
         path = layout.sqsh_path(key).absolute()
-        record = layout.read_record_dict(key) or {}
         if verify:
             verify_local(path, record)
         if policy is not None:

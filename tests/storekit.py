@@ -120,7 +120,9 @@ def _install_pause(point: str) -> None:
             _pause(point)
 
     def link(src, dst, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
-        final = str(dst).endswith(SQSH_SUFFIX) and "/objects/" in str(dst)
+        # the commit point: a link into objects/, by path or relative to the object directory
+        by_fd = kwargs.get("dst_dir_fd") is not None and not str(dst).startswith("efatmp.")
+        final = str(dst).endswith(SQSH_SUFFIX) and ("/objects/" in str(dst) or by_fd)
         if point == "before-sqsh-link" and final:
             _pause(point)
         real_link(src, dst, *args, **kwargs)

@@ -161,9 +161,7 @@ class Store:
 
     def staging_dir(self) -> Path:
         """Where an exporter should write a .sqsh so that publishing links it instead of copying."""
-        tmp = self.local_tier.layout.tmp_dir
-        tmp.mkdir(parents=True, exist_ok=True)
-        return tmp
+        return self.local_tier.checked_tmp_dir()
 
     def describe(self) -> str:
         parts = [f"{t.name} {t.root}" for t in self.fs_tiers]
@@ -452,7 +450,7 @@ class Store:
                     if key in _current_targets(tiers):
                         continue
                     tier.delete(key)
-                    lock.path.unlink(missing_ok=True)  # while held: see FileLock's inode check
+                    lock.remove()  # while held: see FileLock's inode check
                 finally:
                     lock.release()
             else:

@@ -5,15 +5,21 @@ temp + fsync + rename), then the `.sqsh` hard-linked into place last. The `.sqsh
 is an interrupted publish, invisible to readers and overwritten by the next publisher. Publishers
 and cold fetchers of one key hold its lock (locks/<key>.lock); readers of committed objects take
 no lock: committed files never change, they are only removed whole by gc.
+
+Other users write the same directories. Nothing below the tier's root is followed when it is a
+link, and only regular files count (fsutil): a planted entry is skipped with a warning naming it,
+replaced when a publish writes that name, and never opened, chmod-ed or deleted through.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import logging
 import os
 import socket
-import sys
+import stat
 import time
 from pathlib import Path
 
@@ -31,6 +37,7 @@ from efabuild.store.layout import (
     is_key,
     short,
 )
+from efabuild.store.fsutil import UnsafeEntry, shown
 from efabuild.store.lock import FileLock, LockBusy, pid_alive
 from efabuild.store.record import ArtifactRecord, utc_now
 
@@ -43,12 +50,15 @@ REUSED = "reused"
 REPAIRED = "repaired"
 
 
+log = logging.getLogger(__name__)
+
+
 def _warn(message: str) -> None:
-    print(f"efabuild: warning: {message}", file=sys.stderr)
+    log.warning(message)
 
 
 def _on_wait(what: str) -> None:
-    print(f"efabuild: waiting for another process holding {what}", file=sys.stderr)
+    log.info("waiting for another process holding %s", what)
 
 
 class FilesystemTier:
@@ -68,20 +78,26 @@ class FilesystemTier:
         return self.layout.sqsh_path(key)
 
     def record(self, key: str) -> ArtifactRecord | None:
-        """The record of a committed object (None if absent or not committed)."""
-        if not self.layout.sqsh_path(key).is_file():
+        """The record of a committed object (None if absent or not committed); EfabuildError
+        naming the file when the object is not what a publish writes."""
+        if self.layout.committed(key) is None:
             return None
         data = self.layout.read_record_dict(key)
         if data is None:
             return None
-        return ArtifactRecord.from_dict(data, str(self.layout.record_path(key)))
+        where = shown(self.layout.record_path(key))
+        record = ArtifactRecord.from_dict(data, where)
+        if record.key != key:
+            raise EfabuildError(f"{where}: the record is for key {short(record.key)}, not for its file name")
+        return record
 
     def manifest(self, key: str) -> bytes | None:
         if not self.has(key):
             return None
         try:
-            return self.layout.manifest_path(key).read_bytes()
-        except FileNotFoundError:
+            return self.layout.read_manifest(key)
+        except UnsafeEntry as exc:
+            _warn(f"{self.name} tier: ignoring {exc}")  # then: no manifest, as audit and show say
             return None
 
     def envelope(self, key: str) -> bytes | None:
@@ -89,8 +105,9 @@ class FilesystemTier:
         if not self.has(key):
             return None
         try:
-            return self.layout.envelope_path(key).read_bytes()
-        except FileNotFoundError:
+            return self.layout.read_envelope(key)
+        except UnsafeEntry as exc:
+            _warn(f"{self.name} tier: ignoring {exc}")  # then: unsigned, as verify says
             return None
 
     def write_envelope(self, key: str, envelope: bytes) -> None:
@@ -101,6 +118,7 @@ class FilesystemTier:
             fsutil.atomic_write_bytes(self.layout.envelope_path(key), envelope, self.layout.tmp_dir)
 
     def list(self) -> list[ArtifactRecord]:
+        """Every committed artifact; one that is damaged or planted is skipped with a warning."""
         records = []
         for key in self.layout.keys():
             try:
@@ -121,7 +139,7 @@ class FilesystemTier:
         if record is None:
             raise EfabuildError(f"{self.name} tier has no artifact {short(key)}")
         path = self.sqsh_path(key)
-        size = path.stat().st_size
+        size = self.layout.committed(key).st_size
         if size != record.size:
             raise EfabuildError(
                 f"{path}: corrupt artifact: {size} bytes, its record says {record.size}"
@@ -132,7 +150,7 @@ class FilesystemTier:
 
     # ---- locks
     def key_lock(self, key: str, **options: object) -> FileLock:
-        return FileLock(self.layout.key_lock_path(check_key(key)), on_wait=_on_wait, **options)
+        return FileLock(self.layout.key_lock_path(check_key(key)), on_wait=_on_wait, root=self.root, **options)
 
     # ---- publish
     def publish(
@@ -172,7 +190,7 @@ class FilesystemTier:
         if self.layout.has(key):
             existing = self.record(key)
             assert existing is not None
-            stored_size = self.sqsh_path(key).stat().st_size
+            stored_size = self.layout.committed(key).st_size
             if stored_size == existing.size:
                 if existing.digest != record.digest:
                     _warn(
@@ -184,39 +202,46 @@ class FilesystemTier:
                   f"{existing.size}); replacing it")
             repairing = True
 
-        self.layout.tmp_dir.mkdir(parents=True, exist_ok=True)
-        object_dir = self.layout.object_dir(key)
-        object_dir.mkdir(parents=True, exist_ok=True)
-        staged = self._stage(key, sqsh, show_progress)
-        try:
-            if manifest is not None:
-                fsutil.atomic_write_bytes(self.layout.manifest_path(key), manifest, self.layout.tmp_dir)
-            if envelope is not None:
-                fsutil.atomic_write_bytes(self.layout.envelope_path(key), envelope, self.layout.tmp_dir)
-            else:  # a damaged object's old signature must not vouch for the new bytes
-                self.layout.envelope_path(key).unlink(missing_ok=True)
-            fsutil.atomic_write_bytes(self.layout.record_path(key), record.to_json(), self.layout.tmp_dir)
-            final = self.sqsh_path(key)
+        with contextlib.ExitStack() as stack:
+            tmp_fd = stack.enter_context(fsutil.store_dir(self.root, "tmp", create=True))
+            object_fd = stack.enter_context(fsutil.store_dir(self.root, "objects", key[:2], create=True))
+            staged = self._stage(key, sqsh, tmp_fd, show_progress)
             try:
-                os.link(staged, final)  # no-overwrite: the commit point
-            except FileExistsError:
-                # A .sqsh without a record (damaged store) or a damaged one: we hold the lock,
-                # so nobody else is writing it; replace it whole.
-                os.replace(staged, final)
-            fsutil.fsync_dir(object_dir)
-        finally:
-            staged.unlink(missing_ok=True)  # the object keeps its own link
+                if manifest is not None:
+                    fsutil.atomic_write_bytes(self.layout.manifest_path(key), manifest, self.layout.tmp_dir)
+                if envelope is not None:
+                    fsutil.atomic_write_bytes(self.layout.envelope_path(key), envelope, self.layout.tmp_dir)
+                else:  # a damaged object's old signature must not vouch for the new bytes
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(key + ENVELOPE_SUFFIX, dir_fd=object_fd)
+                fsutil.atomic_write_bytes(self.layout.record_path(key), record.to_json(), self.layout.tmp_dir)
+                final = key + SQSH_SUFFIX
+                try:
+                    # no-overwrite: the commit point
+                    os.link(staged, final, src_dir_fd=tmp_fd, dst_dir_fd=object_fd, follow_symlinks=False)
+                except FileExistsError:
+                    # A .sqsh without a record (damaged store), a damaged one, or an entry someone
+                    # planted: we hold the lock, so nobody else is writing it; replace it whole (a
+                    # link is replaced, not followed).
+                    try:
+                        os.replace(staged, final, src_dir_fd=tmp_fd, dst_dir_fd=object_fd)
+                    except IsADirectoryError:
+                        raise UnsafeEntry(f"{shown(self.sqsh_path(key))}: a directory, not an artifact") from None
+                os.fsync(object_fd)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(staged, dir_fd=tmp_fd)  # the object keeps its own link
         return REPAIRED if repairing else PUBLISHED
 
-    def _stage(self, key: str, sqsh: Path, show_progress: bool) -> Path:
-        """A read-only file on this filesystem with the .sqsh bytes: a link when possible."""
+    def _stage(self, key: str, sqsh: Path, tmp_fd: int, show_progress: bool) -> str:
+        """The name of a read-only file in tmp/ with the .sqsh bytes: a link when possible."""
         tmp_dir = self.layout.tmp_dir
         staged = fsutil.temp_name(tmp_dir, key, SQSH_SUFFIX)
         linked = False
-        if fsutil.same_filesystem(sqsh, tmp_dir):
+        if os.stat(sqsh).st_dev == os.fstat(tmp_fd).st_dev:
             fsutil.fsync_file(sqsh)  # the exporter may not have; the link must not outlive the data
             try:
-                os.link(sqsh, staged)
+                os.link(sqsh, staged.name, dst_dir_fd=tmp_fd)
                 linked = True
             except OSError as exc:
                 # bind mounts (EXDEV) and protected_hardlinks (EPERM: someone else's file) refuse
@@ -228,28 +253,43 @@ class FilesystemTier:
                 with Progress(f"copy {short(key)} to {self.name}", size, enabled=show_progress) as bar:
                     fsutil.copy_file(sqsh, staged, bar)
             except BaseException:
-                staged.unlink(missing_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(staged.name, dir_fd=tmp_fd)
                 raise
+        fd = os.open(staged.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=tmp_fd)
         try:
-            os.chmod(staged, 0o444)  # stored artifacts never change
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.fchmod(fd, 0o444)  # stored artifacts never change
         except PermissionError:
             pass  # a linked file owned by someone else keeps its mode
-        return staged
+        finally:
+            os.close(fd)
+        return staged.name
+
+    def checked_tmp_dir(self) -> Path:
+        """tmp/, made if missing, and checked to be a directory of the store (not a planted link)."""
+        with fsutil.store_dir(self.root, "tmp", create=True):
+            return self.layout.tmp_dir
 
     def staging_path(self, key: str, suffix: str = SQSH_SUFFIX) -> Path:
         """A fresh temp path on this tier's filesystem (for downloads and exports)."""
-        self.layout.tmp_dir.mkdir(parents=True, exist_ok=True)
-        return fsutil.temp_name(self.layout.tmp_dir, key, suffix)
+        return fsutil.temp_name(self.checked_tmp_dir(), key, suffix)
 
     # ---- refs
     def read_refs(self, name: str) -> list[dict]:
-        return self.layout.read_refs(name)
+        """History of `name`; [] with a warning when its ref file is damaged or planted, so that
+        one bad file does not stop gc for every other name."""
+        try:
+            return self.layout.read_refs(name)
+        except EfabuildError as exc:
+            _warn(f"{self.name} tier: skipping {exc}")
+            return []
 
     def append_ref(self, name: str, key: str, when: str | None = None, via: str | None = None) -> bool:
         """Make `key` the newest entry of `name`; False if it already was. `via="s3"` marks an
         entry copied from the S3 tier's refs by a fetch: S3 stays the authority for that name."""
         check_key(key)
-        with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait):
+        with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait, root=self.root):
             history = self.layout.read_refs(name)
             if history and history[-1]["key"] == key:
                 return False
@@ -261,7 +301,7 @@ class FilesystemTier:
             return True
 
     def drop_ref_entries(self, name: str, keys: set[str]) -> None:
-        with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait):
+        with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait, root=self.root):
             history = self.layout.read_refs(name)
             # the newest entry stays even when its object went: a make that made it current while
             # gc ran must leave the name failing loudly, never quietly back on an older image
@@ -271,7 +311,10 @@ class FilesystemTier:
             if kept:
                 self._write_refs(name, kept)
             else:
-                self.layout.ref_path(name).unlink(missing_ok=True)
+                path = self.layout.ref_path(name)
+                with fsutil.store_dir(self.root, "refs", path.parent.name) as fd, \
+                        contextlib.suppress(FileNotFoundError):
+                    os.unlink(path.name, dir_fd=fd)
 
     def ref_names(self) -> list[str]:
         return self.layout.ref_names()
@@ -284,11 +327,12 @@ class FilesystemTier:
     def delete(self, key: str) -> None:
         """Remove an object: the .sqsh first (uncommits it), then its metadata. Caller holds the lock."""
         check_key(key)
-        for path in (self.layout.sqsh_path(key), self.layout.manifest_path(key), self.layout.envelope_path(key),
-                     self.layout.record_path(key)):
-            path.unlink(missing_ok=True)
         try:
-            fsutil.fsync_dir(self.layout.object_dir(key))
+            with fsutil.store_dir(self.root, "objects", key[:2]) as fd:
+                for suffix in (SQSH_SUFFIX, MANIFEST_SUFFIX, ENVELOPE_SUFFIX, RECORD_SUFFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(key + suffix, dir_fd=fd)  # a link itself, never what it points at
+                os.fsync(fd)
         except FileNotFoundError:
             pass
 
@@ -303,73 +347,90 @@ class FilesystemTier:
         found: list[Path] = []
         host = socket.gethostname().split(".")[0]
         try:
-            temps = list(os.scandir(self.layout.tmp_dir))
-        except FileNotFoundError:
+            with fsutil.store_dir(self.root, "tmp") as fd:
+                temps = [(name, os.stat(name, dir_fd=fd, follow_symlinks=False)) for name in os.listdir(fd)
+                         if fsutil.parse_temp_owner(name)]
+        except (FileNotFoundError, NotADirectoryError):
             temps = []
-        for entry in temps:
-            owner = fsutil.parse_temp_owner(entry.name)
-            if owner is None or not entry.is_file(follow_symlinks=False):
+        except UnsafeEntry as exc:
+            _warn(f"{self.name} tier: skipping {exc}")
+            temps = []
+        for name, info in temps:
+            if not stat.S_ISREG(info.st_mode):
                 continue  # not ours (other tools keep their own temp dirs here)
-            try:
-                age = now - entry.stat(follow_symlinks=False).st_mtime
-            except FileNotFoundError:
-                continue
+            owner = fsutil.parse_temp_owner(name)
             if owner[0] == host:
                 if not pid_alive(owner[1]):
-                    found.append(Path(entry.path))
-            elif age > STALE_TEMP_SECONDS:
-                found.append(Path(entry.path))
+                    found.append(self.layout.tmp_dir / name)
+            elif now - info.st_mtime > STALE_TEMP_SECONDS:
+                found.append(self.layout.tmp_dir / name)
         for key in self._uncommitted_keys():
             lock = self.key_lock(key)
             try:
                 lock.acquire(blocking=False)
-            except LockBusy:
+            except LockBusy as exc:
+                if isinstance(exc, UnsafeEntry):
+                    _warn(f"{self.name} tier: skipping {exc}")
                 continue
             try:
-                if not self.sqsh_path(key).exists():
-                    for path in (self.layout.record_path(key), self.layout.manifest_path(key),
-                                 self.layout.envelope_path(key)):
-                        if path.exists():
-                            found.append(path)
+                if not self._exists(self.sqsh_path(key)):
+                    found.extend(path for path in (self.layout.record_path(key), self.layout.manifest_path(key),
+                                                   self.layout.envelope_path(key))
+                                 if self._exists(path))
             finally:
                 lock.release()
         return found
+
+    def _exists(self, path: Path) -> bool:
+        """Whether a directory entry of that name exists below the root (a link counts)."""
+        try:
+            with fsutil.store_dir(self.root, *fsutil.relative_parts(self.root, path.parent)) as fd:
+                os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+            return True
+        except (FileNotFoundError, NotADirectoryError):
+            return False
 
     def remove_debris(self, path: Path) -> None:
         """Remove one item debris() reported, re-checking under the key's lock for records."""
         path = Path(path)
         if path.parent == self.layout.tmp_dir and fsutil.parse_temp_owner(path.name):
-            path.unlink(missing_ok=True)
+            with fsutil.store_dir(self.root, "tmp") as fd, contextlib.suppress(FileNotFoundError):
+                os.unlink(path.name, dir_fd=fd)
             return
         key = path.name.split(".", 1)[0]
         if not is_key(key) or path.parent != self.layout.object_dir(key):
-            raise EfabuildError(f"{path}: not a leftover of this store")
+            raise EfabuildError(f"{shown(path)}: not a leftover of this store")
         lock = self.key_lock(key)
         try:
             lock.acquire(blocking=False)
         except LockBusy:
-            return  # a publisher is back at work on it
+            return  # a publisher is back at work on it (or its lock file was planted)
         try:
-            if not self.sqsh_path(key).exists():
-                path.unlink(missing_ok=True)
+            if not self._exists(self.sqsh_path(key)):
+                with fsutil.store_dir(self.root, "objects", key[:2]) as fd, \
+                        contextlib.suppress(FileNotFoundError):
+                    os.unlink(path.name, dir_fd=fd)
         finally:
             lock.release()
 
     def _uncommitted_keys(self) -> list[str]:
         keys: set[str] = set()
         try:
-            fanouts = list(os.scandir(self.layout.objects_dir))
-        except FileNotFoundError:
-            return []
+            with fsutil.store_dir(self.root, "objects") as fd:
+                fanouts = [entry.name for entry in os.scandir(fd) if entry.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError, UnsafeEntry):
+            return []  # keys() has said why
         for fanout in fanouts:
-            if not fanout.is_dir():
+            try:
+                with fsutil.store_dir(self.root, "objects", fanout) as fd:
+                    names = set(os.listdir(fd))
+            except (FileNotFoundError, NotADirectoryError, UnsafeEntry):
                 continue
-            names = set(os.listdir(fanout.path))
             for name in names:
                 for suffix in (MANIFEST_SUFFIX, ENVELOPE_SUFFIX, RECORD_SUFFIX):  # the longer suffix first
                     if name.endswith(suffix):
                         key = name[: -len(suffix)]
-                        if is_key(key) and key + SQSH_SUFFIX not in names:
+                        if is_key(key) and key[:2] == fanout and key + SQSH_SUFFIX not in names:
                             keys.add(key)
                         break
         return sorted(keys)
@@ -378,10 +439,10 @@ class FilesystemTier:
     def write_config(self, text: str) -> None:
         path = self.layout.config_path
         try:
-            if path.read_text(encoding="utf-8") == text:
+            if fsutil.read_under(self.root, path, len(text.encode()) + 1) == text.encode():
                 return
-        except FileNotFoundError:
-            pass
+        except UnsafeEntry:
+            pass  # replaced below
         fsutil.atomic_write_bytes(path, text.encode(), self.layout.tmp_dir)
 
 

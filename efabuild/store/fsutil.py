@@ -1,17 +1,199 @@
-"""Crash-safe file operations: temp file in the same filesystem, fsync, then rename or link."""
+"""File operations on a store directory: crash-safe (temp file in the same filesystem, fsync, then
+rename or link) and never led out of the store by what another writer planted in it.
+
+A shared store is written by many users. Below its root (which the admin chose, and may be a
+link), efabuild follows no symbolic link: directories are walked one component at a time with
+`O_NOFOLLOW` relative to the previous one (`openat`), files are opened with `O_NOFOLLOW` relative
+to their directory, and anything that is not a regular file where a file belongs (a link, FIFO,
+device, directory) is an `UnsafeEntry`, never opened for reading. Reads are bounded.
+
+Stdlib only: `efabuild lookup` reads records through these helpers on its fast path.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import secrets
 import socket
+import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from efabuild.progress import Progress
+from efabuild.errors import EfabuildError
+
+if TYPE_CHECKING:
+    from efabuild.progress import Progress
 
 COPY_CHUNK = 64 * 1024 * 1024
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# errno values of an O_NOFOLLOW | O_DIRECTORY open that met something other than a directory
+_NOT_A_DIR = {errno.ELOOP, errno.ENOTDIR, errno.EMLINK}
+
+
+class UnsafeEntry(EfabuildError):
+    """A store entry that efabuild did not write: a link, FIFO, device or directory where a file
+    belongs, a file where a directory belongs, or a file too large to be what it claims."""
+
+
+def shown(path: str | os.PathLike[str]) -> str:
+    """A path for a one-line message: control characters (a newline in a planted name) escaped."""
+    text = os.fspath(path)
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def kind_of(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a regular file"
+
+
+def _kind_at(dir_fd: int, name: str) -> str:
+    try:
+        return kind_of(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return "not a directory"
+
+
+def open_dir(root: Path, parts: tuple[str, ...] | list[str], *, create: bool = False) -> int:
+    """A descriptor of root/parts..., walked without following links below `root`.
+
+    With `create`, missing directories are made (the umask decides their mode, as for mkdir -p).
+    FileNotFoundError when one is missing; UnsafeEntry when one is not a real directory.
+    """
+    root = Path(root)
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the root itself is trusted
+    where = root
+    try:
+        for part in parts:
+            where = where / part
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+                child = _open_child_dir(fd, part, where)
+            except OSError as exc:
+                if exc.errno not in _NOT_A_DIR:
+                    raise
+                raise UnsafeEntry(f"{shown(where)}: {_kind_at(fd, part)}, not a directory") from None
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_child_dir(fd: int, part: str, where: Path) -> int:
+    try:
+        return os.open(part, _DIR_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        if exc.errno not in _NOT_A_DIR:
+            raise
+        raise UnsafeEntry(f"{shown(where)}: {_kind_at(fd, part)}, not a directory") from None
+
+
+@contextlib.contextmanager
+def store_dir(root: Path, *parts: str, create: bool = False) -> Iterator[int]:
+    """`with store_dir(root, "objects", "ab") as fd:` — open_dir() that closes itself."""
+    fd = open_dir(root, parts, create=create)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def relative_parts(root: Path, directory: Path) -> tuple[str, ...]:
+    """The components of `directory` below `root` (ValueError when it is not below it)."""
+    return Path(directory).relative_to(root).parts
+
+
+def stat_file(dir_fd: int, name: str, where: Path) -> os.stat_result | None:
+    """lstat of a file that must be regular: None when absent, UnsafeEntry when it is not a file."""
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        raise UnsafeEntry(f"{shown(where)}: {kind_of(info.st_mode)}, not a file")
+    return info
+
+
+def read_file(dir_fd: int, name: str, where: Path, limit: int) -> bytes | None:
+    """The bytes of a regular file of at most `limit` bytes; None when absent.
+
+    Never opens a link, FIFO (which would block) or device; never reads more than `limit` + 1.
+    """
+    info = stat_file(dir_fd, name, where)
+    if info is None:
+        return None
+    _check_size(info.st_size, where, limit)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise UnsafeEntry(f"{shown(where)}: a symbolic link, not a file") from None
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):  # swapped since the lstat
+            raise UnsafeEntry(f"{shown(where)}: {kind_of(opened.st_mode)}, not a file")
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, limit + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        _check_size(total, where, limit)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _check_size(size: int, where: Path, limit: int) -> None:
+    if size > limit:
+        raise UnsafeEntry(f"{shown(where)}: {size} bytes, more than such a file can be ({limit})")
+
+
+def read_under(root: Path, path: Path, limit: int) -> bytes | None:
+    """read_file() of `path`, whose directories below `root` are walked without following links."""
+    path = Path(path)
+    try:
+        with store_dir(root, *relative_parts(root, path.parent)) as fd:
+            return read_file(fd, path.name, path, limit)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def stat_under(root: Path, path: Path) -> os.stat_result | None:
+    """stat_file() of `path` below `root`: None when absent, UnsafeEntry when not a file."""
+    path = Path(path)
+    try:
+        with store_dir(root, *relative_parts(root, path.parent)) as fd:
+            return stat_file(fd, path.name, path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
 
 
 _TEMP = re.compile(r"efatmp\.(?P<host>[^.]+)\.(?P<pid>[0-9]+)\.[0-9a-f]{8}\.")
@@ -46,27 +228,37 @@ def fsync_file(path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes, tmp_dir: Path, mode: int = 0o644) -> None:
-    """Replace `path` with `data` so readers see the old or the new content, never a mix."""
-    tmp_dir.mkdir(parents=True, exist_ok=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_name(tmp_dir, path.name, ".part")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
+    """Replace `path` with `data` so readers see the old or the new content, never a mix.
+
+    Below the directory that holds both `tmp_dir` and `path`, no link is followed: a planted
+    link in place of `path` is replaced, never written through.
+    """
+    path, tmp_dir = Path(path), Path(tmp_dir)
+    root = Path(os.path.commonpath([tmp_dir, path.parent]))
+    with store_dir(root, *relative_parts(root, tmp_dir), create=True) as tmp_fd, \
+            store_dir(root, *relative_parts(root, path.parent), create=True) as dir_fd:
+        tmp = temp_name(tmp_dir, path.name, ".part").name
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                     dir_fd=tmp_fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp, dir_fd=tmp_fd)
+            raise
         os.close(fd)
-        tmp.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+        try:
+            os.replace(tmp, path.name, src_dir_fd=tmp_fd, dst_dir_fd=dir_fd)
+        except IsADirectoryError:
+            os.unlink(tmp, dir_fd=tmp_fd)
+            raise UnsafeEntry(f"{shown(path)}: a directory, not a file") from None
+        except BaseException:
+            os.unlink(tmp, dir_fd=tmp_fd)
+            raise
+        os.fsync(dir_fd)
 
 
 def same_filesystem(a: Path, b: Path) -> bool:

@@ -19,12 +19,14 @@ sees a `.sqsh` under objects/ also finds its complete record beside it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import tomllib
 from pathlib import Path
 
 from efabuild.errors import EfabuildError, InputError
+from efabuild.store import fsutil
 
 KEY_LENGTH = 64
 SHORT_KEY_LENGTH = 12
@@ -34,6 +36,14 @@ RECORD_SUFFIX = ".json"
 MANIFEST_SUFFIX = ".manifest.json"
 ENVELOPE_SUFFIX = ".intoto.jsonl"
 CONFIG_FILE = "store.toml"
+# Upper bounds of what efabuild writes, so a planted file cannot make a reader exhaust memory
+RECORD_LIMIT = 1 << 20
+REFS_LIMIT = 4 << 20  # MAX_REF_HISTORY entries
+MANIFEST_LIMIT = 64 << 20
+ENVELOPE_LIMIT = 4 << 20
+CONFIG_LIMIT = 1 << 20
+
+log = logging.getLogger(__name__)
 
 _HEX = frozenset("0123456789abcdef")
 # graph and layer names become path components: no separators, no leading dot
@@ -154,34 +164,61 @@ class Layout:
         graph, layer = split_name(name)
         return self.locks_dir / f"ref.{graph}.{layer}.lock"
 
-    # ---- lock-free reads
+    # ---- lock-free reads (nothing below the root is followed: see fsutil)
+    def committed(self, key: str) -> os.stat_result | None:
+        """lstat of the .sqsh when the object is committed (its .sqsh, linked last, and its record
+        both exist); None when not. UnsafeEntry when either is not a regular file."""
+        try:
+            with fsutil.store_dir(self.root, "objects", key[:2]) as fd:
+                info = fsutil.stat_file(fd, key + SQSH_SUFFIX, self.sqsh_path(key))
+                if info is None or fsutil.stat_file(fd, key + RECORD_SUFFIX, self.record_path(key)) is None:
+                    return None
+                return info
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
     def has(self, key: str) -> bool:
-        """Committed: the .sqsh (linked last) and its record both exist."""
-        return self.sqsh_path(key).is_file() and self.record_path(key).is_file()
+        """Committed, and both files are what efabuild writes (regular files)."""
+        try:
+            return self.committed(key) is not None
+        except fsutil.UnsafeEntry:
+            return False
 
     def read_record_dict(self, key: str) -> dict | None:
-        try:
-            text = self.record_path(key).read_bytes()
-        except FileNotFoundError:
+        path = self.record_path(key)
+        text = fsutil.read_under(self.root, path, RECORD_LIMIT)
+        if text is None:
             return None
-        try:
-            data = json.loads(text)  # ValueError covers bytes that are not UTF-8
-        except ValueError as exc:
-            raise EfabuildError(f"{self.record_path(key)}: unreadable artifact record ({exc})") from None
+        data = _parse_json(text, path, "artifact record")
         if not isinstance(data, dict):
-            raise EfabuildError(f"{self.record_path(key)}: artifact record is not a JSON object")
+            raise EfabuildError(f"{fsutil.shown(path)}: artifact record is not a JSON object")
         return data
 
+    def read_manifest(self, key: str) -> bytes | None:
+        return fsutil.read_under(self.root, self.manifest_path(key), MANIFEST_LIMIT)
+
+    def read_envelope(self, key: str) -> bytes | None:
+        return fsutil.read_under(self.root, self.envelope_path(key), ENVELOPE_LIMIT)
+
     def keys(self) -> list[str]:
-        """Keys of committed objects, sorted."""
+        """Keys of committed objects, sorted. Entries efabuild does not write are skipped with a
+        warning that names them."""
         found = []
         try:
-            fanouts = sorted(os.scandir(self.objects_dir), key=lambda e: e.name)
-        except FileNotFoundError:
+            with fsutil.store_dir(self.root, "objects") as fd:
+                entries = sorted((e.name, e.is_dir(follow_symlinks=False), e.is_symlink()) for e in os.scandir(fd))
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        for fanout in fanouts:
-            if fanout.is_dir():
-                found.extend(self._committed_in(Path(fanout.path), ""))
+        except fsutil.UnsafeEntry as exc:
+            log.warning("skipping %s", exc)
+            return []
+        for name, is_dir, is_link in entries:
+            path = self.objects_dir / name
+            if not is_dir:
+                if is_link:
+                    log.warning("skipping %s: a symbolic link, not a directory", fsutil.shown(path))
+                continue
+            found.extend(self._committed_in(path, ""))
         return sorted(found)
 
     def keys_with_prefix(self, prefix: str) -> list[str]:
@@ -189,7 +226,8 @@ class Layout:
 
     def _committed_in(self, directory: Path, prefix: str) -> list[str]:
         try:
-            names = os.listdir(directory)
+            with fsutil.store_dir(self.root, *fsutil.relative_parts(self.root, directory)) as fd:
+                names = os.listdir(fd)
         except (FileNotFoundError, NotADirectoryError):
             return []
         present = set(names)
@@ -204,40 +242,115 @@ class Layout:
     def read_refs(self, name: str) -> list[dict]:
         """History of `name` as [{"key", "time"}...], newest last; [] when unknown."""
         path = self.ref_path(name)
-        try:
-            data = json.loads(path.read_bytes())
-        except FileNotFoundError:
+        text = fsutil.read_under(self.root, path, REFS_LIMIT)
+        if text is None:
             return []
-        except ValueError as exc:
-            raise EfabuildError(f"{path}: unreadable ref file ({exc})") from None
+        data = _parse_json(text, path, "ref file")
         history = data.get("history") if isinstance(data, dict) else None
         if not isinstance(history, list):
-            raise EfabuildError(f"{path}: ref file has no history list")
-        return [e for e in history if isinstance(e, dict) and is_key(e.get("key"))]
+            raise EfabuildError(f"{fsutil.shown(path)}: ref file has no history list")
+        return [e for e in history
+                if isinstance(e, dict) and is_key(e.get("key")) and isinstance(e.get("time", ""), str)]
 
     def ref_names(self) -> list[str]:
+        """Every graph:layer with a ref file; other entries under refs/ are skipped with a warning."""
         names = []
         try:
-            graphs = sorted(os.listdir(self.refs_dir))
-        except FileNotFoundError:
+            with fsutil.store_dir(self.root, "refs") as fd:
+                graphs = sorted((e.name, e.is_dir(follow_symlinks=False), e.stat(follow_symlinks=False).st_mode)
+                                for e in os.scandir(fd))
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        for graph in graphs:
-            try:
-                files = sorted(os.listdir(self.refs_dir / graph))
-            except NotADirectoryError:
+        except fsutil.UnsafeEntry as exc:
+            log.warning("skipping %s", exc)
+            return []
+        for graph_name, is_dir, mode in graphs:
+            where = self.refs_dir / graph_name
+            if not is_dir:
+                log.warning("skipping %s: %s, not a directory of ref files", fsutil.shown(where),
+                            fsutil.kind_of(mode))
                 continue
-            names.extend(f"{graph}:{f[:-5]}" for f in files if f.endswith(".json"))
+            try:
+                with fsutil.store_dir(self.root, "refs", graph_name) as fd:
+                    files = sorted(os.listdir(fd))
+            except (FileNotFoundError, NotADirectoryError, fsutil.UnsafeEntry):
+                continue
+            for file in files:
+                layer = file[:-5] if file.endswith(".json") else ""
+                if not (_NAME_PART.fullmatch(graph_name) and _NAME_PART.fullmatch(layer)):
+                    if not file.startswith("."):  # editors' and tools' hidden files
+                        log.warning("skipping %s: not a ref file name (graph/layer.json)",
+                                    fsutil.shown(where / file))
+                    continue
+                names.append(f"{graph_name}:{layer}")
         return names
 
     def read_config(self) -> dict:
         """store.toml as a dict ({} when absent): tells a bare store where its S3 tier is."""
         try:
-            with open(self.config_path, "rb") as handle:
-                return tomllib.load(handle)
+            text = fsutil.read_under(self.root, self.config_path, CONFIG_LIMIT)
+        except fsutil.UnsafeEntry as exc:
+            raise InputError(str(exc)) from None
         except FileNotFoundError:
             return {}
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"not valid TOML ({exc})", str(self.config_path)) from None
+        if text is None:
+            return {}
+        try:
+            return tomllib.loads(text.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise InputError(f"not valid TOML ({_brief(exc)})", fsutil.shown(self.config_path)) from None
+
+
+def _brief(exc: BaseException) -> str:
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+
+
+def _parse_json(text: bytes, path: Path, what: str) -> object:
+    try:
+        return json.loads(text)  # ValueError covers bytes that are not UTF-8
+    except (ValueError, RecursionError) as exc:
+        raise EfabuildError(f"{fsutil.shown(path)}: unreadable {what} ({_brief(exc)})") from None
+
+
+def _is_blake3(value: object) -> bool:
+    # efabuild.digest.is_digest, without importing blake3 on lookup's fast path
+    return isinstance(value, str) and value.startswith("blake3:") and is_key(value[len("blake3:"):])
+
+
+def _brief_value(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def record_problems(data: dict) -> list[str]:
+    """What is wrong with an artifact record read from a store ([] when nothing): a damaged or
+    forged record names each field of the wrong type or form."""
+    problems = [f"missing {name!r}" for name in ("key", "name", "size", "digest", "created") if name not in data]
+    if problems:
+        return problems
+    if not is_key(data["key"]):
+        problems.append(f"key {_brief_value(data['key'])} is not 64 hex characters")
+    size = data["size"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        problems.append(f"size {_brief_value(size)} is not a byte count")
+    if not _is_blake3(data["digest"]):
+        problems.append(f"digest {_brief_value(data['digest'])} is not blake3:<hex>")
+    manifest_digest = data.get("manifest_digest")
+    if manifest_digest is not None and not _is_blake3(manifest_digest):
+        problems.append(f"manifest_digest {_brief_value(manifest_digest)} is not blake3:<hex>")
+    sha256 = data.get("sha256")
+    if sha256 is not None and not is_key(sha256):  # 64 lowercase hex, as is a key
+        problems.append(f"sha256 {_brief_value(sha256)} is not 64 lowercase hex characters")
+    name = data["name"]
+    graph, sep, layer = name.partition(":") if isinstance(name, str) else ("", "", "")
+    if not (sep and _NAME_PART.fullmatch(graph) and _NAME_PART.fullmatch(layer)):
+        problems.append(f"name {_brief_value(name)} is not graph:layer")
+    if not isinstance(data["created"], str) or not data["created"]:
+        problems.append(f"created {_brief_value(data['created'])} is not a time")
+    export = data.get("export")
+    if export is not None and not isinstance(export, dict):
+        problems.append(f"export {_brief_value(export)} is not a table of export options")
+    return problems
 
 
 def newest_ref(layouts: list[Layout], name: str) -> dict | None:

@@ -10,9 +10,8 @@ from typing import Any
 
 import attrs
 
-from efabuild.digest import is_digest, is_sha256
 from efabuild.errors import EfabuildError
-from efabuild.store.layout import is_key, split_name
+from efabuild.store.layout import record_problems
 
 RECORD_VERSION = 1
 
@@ -75,19 +74,23 @@ class ArtifactRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "artifact record") -> ArtifactRecord:
-        try:
-            record = cls(
-                key=data["key"],
-                name=data["name"],
-                size=data["size"],
-                digest=data["digest"],
-                created=data["created"],
-                export=dict(data.get("export") or {}),
-                manifest_digest=data.get("manifest_digest"),
-                sha256=data.get("sha256"),
-            )
-        except (KeyError, TypeError) as exc:
-            raise EfabuildError(f"{where}: incomplete artifact record (missing {exc})") from None
+        """A record read from a store: every field of the right type, or one EfabuildError."""
+        missing = [name for name in ("key", "name", "size", "digest", "created") if name not in data]
+        if missing:
+            raise EfabuildError(f"{where}: incomplete artifact record (missing {missing[0]!r})")
+        if data.get("export") is not None and not isinstance(data["export"], dict):
+            raise EfabuildError(f"{where}: " + "; ".join(record_problems(data)))
+        export = data.get("export")
+        record = cls(
+            key=data["key"],
+            name=data["name"],
+            size=data["size"],
+            digest=data["digest"],
+            created=data["created"],
+            export=dict(export or {}),
+            manifest_digest=data.get("manifest_digest"),
+            sha256=data.get("sha256"),
+        )
         record.check(where)
         return record
 
@@ -95,28 +98,15 @@ class ArtifactRecord:
     def from_json(cls, text: bytes | str, where: str = "artifact record") -> ArtifactRecord:
         try:
             data = json.loads(text)
-        except ValueError as exc:
-            raise EfabuildError(f"{where}: unreadable artifact record ({exc})") from None
+        except (ValueError, RecursionError) as exc:
+            reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+            raise EfabuildError(f"{where}: unreadable artifact record ({reason})") from None
         if not isinstance(data, dict):
             raise EfabuildError(f"{where}: artifact record is not a JSON object")
         return cls.from_dict(data, where)
 
     def check(self, where: str = "artifact record") -> None:
         """Refuse records that could not have come from a publish (damaged or forged)."""
-        problems = []
-        if not is_key(self.key):
-            problems.append(f"key {self.key!r} is not 64 hex characters")
-        if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 0:
-            problems.append(f"size {self.size!r} is not a byte count")
-        if not is_digest(self.digest):
-            problems.append(f"digest {self.digest!r} is not blake3:<hex>")
-        if self.sha256 is not None and not is_sha256(self.sha256):
-            problems.append(f"sha256 {self.sha256!r} is not 64 lowercase hex characters")
-        if self.manifest_digest is not None and not is_digest(self.manifest_digest):
-            problems.append(f"manifest_digest {self.manifest_digest!r} is not blake3:<hex>")
-        try:
-            split_name(self.name)
-        except EfabuildError:
-            problems.append(f"name {self.name!r} is not graph:layer")
+        problems = record_problems(self.to_dict())
         if problems:
             raise EfabuildError(f"{where}: " + "; ".join(problems))
