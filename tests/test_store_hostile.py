@@ -395,7 +395,7 @@ def naming(lines: list[str], planted: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_planted_entry_is_skipped_with_one_line_and_never_followed(case, scene, capsys):
+def test_planted_entry_is_skipped_with_one_line_and_never_followed(case, scene, capsys, monkeypatch):
     (scene.root / "refs" / "g").mkdir(parents=True, exist_ok=True)
     (scene.root / "locks").mkdir(exist_ok=True)
     planted, ref = CASES[case](scene)
@@ -429,11 +429,18 @@ def test_planted_entry_is_skipped_with_one_line_and_never_followed(case, scene, 
             assert len(naming(err, planted)) == 1, err
         assert all(str(scene.outside) not in line for line in out.splitlines()), out
 
-    # lookup: the planted thing is no artifact (one line, exit 1); never a path out of the store
+    # lookup, show and the Pyxis importer: the planted thing is no artifact (one line, exit 1);
+    # never a path out of the store
     if ref is not None:
-        code, out, err = run(capsys, "lookup", "--store", store, ref)
-        assert code == 1, (out, err)
-        assert out == ""
+        for argv in (["lookup", "--store", store, ref], ["show", "--store", store, ref]):
+            code, out, err = run(capsys, *argv)
+            assert code == 1, (argv, out, err)
+            assert out == ""
+            assert len(err) == 1 and err[0].startswith("efabuild: "), err
+        monkeypatch.setenv("EFABUILD_STORE", store)
+        code, out, err = run(capsys, "pyxis-importer", "get", f"docker://efabuild://{ref}")
+        monkeypatch.delenv("EFABUILD_STORE")
+        assert (code, out) == (1, ""), err  # stdout is what Pyxis starts: nothing
         assert len(err) == 1 and err[0].startswith("efabuild: "), err
     for key in good:
         code, out, err = run(capsys, "lookup", "--store", store, key)
@@ -447,8 +454,10 @@ def test_planted_entry_is_skipped_with_one_line_and_never_followed(case, scene, 
 
 
 # ---- writes: publishing over what a writer planted -------------------------------------------
-@pytest.mark.parametrize("case", ["sqsh-symlink-out", "record-symlink", "lock-symlink-planted",
-                                  "lock-dangling-planted", "tmp-dir-symlink", "fanout-symlink"])
+@pytest.mark.parametrize("case", ["sqsh-symlink-out", "sqsh-fifo", "sqsh-directory", "record-symlink",
+                                  "record-directory", "record-other-key", "record-name-int",
+                                  "lock-symlink-planted", "lock-dangling-planted", "tmp-dir-symlink",
+                                  "fanout-symlink"])
 def test_publish_never_writes_through_a_planted_link(case, scene):
     (scene.root / "locks").mkdir(exist_ok=True)
     if case == "lock-symlink-planted":

@@ -188,19 +188,25 @@ class FilesystemTier:
             raise EfabuildError("publish: a manifest was given but the record has no manifest_digest")
         repairing = False
         if self.layout.has(key):
-            existing = self.record(key)
-            assert existing is not None
-            stored_size = self.layout.committed(key).st_size
-            if stored_size == existing.size:
+            try:
+                existing = self.record(key)
+            except EfabuildError as exc:  # damaged or forged: we hold the lock, write it anew
+                _warn(f"{self.name} tier: replacing {short(key)}: {exc}")
+                existing = None
+            stored = self.layout.committed(key)
+            if existing is None or stored is None:
+                repairing = True
+            elif stored.st_size == existing.size:
                 if existing.digest != record.digest:
                     _warn(
                         f"{self.name} tier: {short(key)} exists with digest {existing.digest}; the new "
                         f"export has {record.digest} (export not byte-identical); keeping the stored one"
                     )
                 return REUSED
-            _warn(f"{self.name} tier: {short(key)} is damaged ({stored_size} bytes, record says "
-                  f"{existing.size}); replacing it")
-            repairing = True
+            else:
+                _warn(f"{self.name} tier: {short(key)} is damaged ({stored.st_size} bytes, record says "
+                      f"{existing.size}); replacing it")
+                repairing = True
 
         with contextlib.ExitStack() as stack:
             tmp_fd = stack.enter_context(fsutil.store_dir(self.root, "tmp", create=True))
