@@ -20,6 +20,7 @@ from pathlib import Path
 
 from efabuild import verifycache
 from efabuild.errors import EfabuildError
+from efabuild.store import fsutil
 from efabuild.store.layout import Layout, short
 
 MAX_METADATA_BYTES = 16 << 20
@@ -76,19 +77,22 @@ def verify(layout: Layout, key: str, policy, *, sha256: bool = False) -> list[st
     sqsh = layout.sqsh_path(key)
     where = f"{sqsh}"
     problems: list[str] = []
-    record_bytes = _read(layout.record_path(key))
-    if record_bytes is None:
-        return [f"{where}: no record beside it"]
     try:
+        record_bytes = _read(layout, layout.record_path(key))
+        if record_bytes is None:
+            return [f"{where}: no record beside it"]
         record = ArtifactRecord.from_json(record_bytes, str(layout.record_path(key)))
     except EfabuildError as exc:
         return [str(exc)]
     if record.key != key:
         problems.append(f"{layout.record_path(key)}: the record is for {short(record.key)}, not {short(key)}")
     try:
-        size = sqsh.stat().st_size
-    except FileNotFoundError:
+        info = fsutil.stat_under(layout.root, sqsh)  # a planted FIFO or device is never read
+    except EfabuildError as exc:
+        return problems + [str(exc)]
+    if info is None:
         return [f"{where}: no such file"]
+    size = info.st_size
     actual = None
     if size != record.size:
         problems.append(f"{where}: {size} bytes, its record says {record.size}")
@@ -103,11 +107,11 @@ def verify(layout: Layout, key: str, policy, *, sha256: bool = False) -> list[st
     problems += _check_manifest(layout, key, record)
 
     envelope_path = layout.envelope_path(key)
-    envelope_bytes = _read(envelope_path)
-    if envelope_bytes is None:
-        problems.append(f"{where}: unsigned (no {envelope_path.name})")
-        return problems
     try:
+        envelope_bytes = _read(layout, envelope_path)
+        if envelope_bytes is None:
+            problems.append(f"{where}: unsigned (no {envelope_path.name})")
+            return problems
         envelope = dsse.decode(envelope_bytes, str(envelope_path))
     except EfabuildError as exc:
         problems.append(str(exc))
@@ -172,7 +176,7 @@ def _check_manifest(layout: Layout, key: str, record) -> list[str]:  # noqa: ANN
     if record.manifest_digest is None:
         return []
     path = layout.manifest_path(key)
-    data = _read(path)
+    data = _read(layout, path)
     if data is None:
         return [f"{path}: missing, though the record names its digest"]
     if bytes_digest(data) != record.manifest_digest:
@@ -192,12 +196,6 @@ def _check_manifest(layout: Layout, key: str, record) -> list[str]:  # noqa: ANN
     return problems
 
 
-def _read(path: Path) -> bytes | None:
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_METADATA_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    if len(data) > MAX_METADATA_BYTES:
-        raise EfabuildError(f"{path}: larger than any file efabuild writes beside an artifact")
-    return data
+def _read(layout: Layout, path: Path) -> bytes | None:
+    """A file beside an artifact, bounded, never through a link or from a FIFO (fsutil)."""
+    return fsutil.read_under(layout.root, path, MAX_METADATA_BYTES)

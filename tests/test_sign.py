@@ -100,11 +100,20 @@ def _moved_under_another_key(store: Path, key: str, other: Path) -> str:
     return moved
 
 
+def _statement_by_link(store: Path, key: str, other: Path) -> None:
+    """The valid envelope moved out of the store and linked back: the store holds no signature."""
+    path = object_path(store, key, ".intoto.jsonl")
+    other.mkdir()
+    shutil.move(path, other / "statement.intoto.jsonl")
+    path.symlink_to(other / "statement.intoto.jsonl")
+
+
 TAMPERING = {
     "flipped byte": (_flip_byte, "digest blake3:"),
     "swapped statement": (_swap_statement, "the statement is for"),
     "untrusted key": (_untrusted_key, "none by a key trusted by"),
     "moved under another key": (_moved_under_another_key, "the record is for"),
+    "statement by link": (_statement_by_link, "intoto.jsonl: a symbolic link, not a file"),
 }
 
 
@@ -124,9 +133,12 @@ def test_tampering_is_refused_by_verify_lookup_and_the_importer(tmp_path, keys, 
         assert result.returncode == 1, f"{how} accepted it: {result.stdout}{result.stderr}"
         assert problem in result.stdout + result.stderr, f"{how}: {result.stdout}{result.stderr}"
     assert results["verify"].stdout.startswith(f"FAIL  {ref[:12]} store: ")
+    # a record under another key's file name is no artifact at all: refused before any signature
+    prefix = f"efabuild: {object_path(store, ref, '.json')}: " if case == "moved under another key" \
+        else f"efabuild: refusing {ref}: "
     for how in ("lookup", "importer"):
         err = results[how].stderr
-        assert err.startswith(f"efabuild: refusing {ref}: ") and err.count("\n") == 1, err
+        assert err.startswith(prefix) and err.count("\n") == 1, err
         assert results[how].stdout == ""
 
 
