@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import attrs
 
 from efabuild.lint.dockerfile import Evaluated, evaluate
-from efabuild.lint.locate import Locator, locator_for
+from efabuild.lint.locate import GraphTexts, Locator, locator_for
 from efabuild.lint.shell import Command
 from efabuild.model import Layer, Settings, Workspace
 
@@ -73,35 +73,43 @@ def is_ngc_ref(ref: str) -> bool:
     return path != ["pytorch", "pytorch"]
 
 
-def layer_facts(ws: Workspace) -> dict[str, LayerFacts]:
-    """Facts for every layer of the workspace, parents evaluated before children."""
+def layer_facts(ws: Workspace, texts: GraphTexts | None = None) -> dict[str, LayerFacts]:
+    """Facts for every layer of the workspace, parents evaluated before children.
+
+    Linear in the number of layers: each is evaluated once, from its parent's facts, and each
+    graph file is indexed once (`texts`). Iterative, so a chain of any length needs no recursion.
+    """
     layers = ws.layers
+    texts = texts or GraphTexts()
     facts: dict[str, LayerFacts] = {}
-    visiting: set[str] = set()
-
-    def visit(qualname: str) -> LayerFacts | None:
-        if qualname in facts:
-            return facts[qualname]
-        layer = layers.get(qualname)
-        if layer is None or qualname in visiting:  # unknown parent or a cycle: the loader reports those
-            return None
-        visiting.add(qualname)
-        parent = visit(layer.parent) if layer.parent else None
-        if parent is not None:
-            env_before: Mapping[str, str] = parent.evaluated.env_after
-            installer_before = parent.installer_before or parent.installer_here
-            ngc = parent.ngc
-        else:
-            env_before, installer_before = {}, False
-            ngc = layer.base is not None and is_ngc_ref(layer.base.ref)
-        evaluated = evaluate(layer.dockerfile, layer.args_dict, env_before)
-        facts[qualname] = LayerFacts(
-            layer=layer, evaluated=evaluated, locator=locator_for(ws, layer), settings=ws.settings,
-            ngc=ngc, installer_before=installer_before, env_before=env_before,
-        )
-        visiting.discard(qualname)
-        return facts[qualname]
-
-    for qualname in layers:
-        visit(qualname)
+    for start in layers:
+        # the not yet evaluated part of the chain above `start`, nearest first
+        pending: list[Layer] = []
+        seen: set[str] = set()
+        qualname: str | None = start
+        while qualname is not None and qualname not in facts:
+            layer = layers.get(qualname)
+            if layer is None or qualname in seen:  # unknown parent or a cycle: the loader reports those
+                pending = []
+                break
+            seen.add(qualname)
+            pending.append(layer)
+            qualname = layer.parent
+        for layer in reversed(pending):
+            facts[layer.qualname] = _facts(ws, layer, facts.get(layer.parent) if layer.parent else None, texts)
     return facts
+
+
+def _facts(ws: Workspace, layer: Layer, parent: LayerFacts | None, texts: GraphTexts) -> LayerFacts:
+    if parent is not None:
+        env_before: Mapping[str, str] = parent.evaluated.env_after
+        installer_before = parent.installer_before or parent.installer_here
+        ngc = parent.ngc
+    else:
+        env_before, installer_before = {}, False
+        ngc = layer.base is not None and is_ngc_ref(layer.base.ref)
+    evaluated = evaluate(layer.dockerfile, layer.args_dict, env_before)
+    return LayerFacts(
+        layer=layer, evaluated=evaluated, locator=locator_for(ws, layer, texts), settings=ws.settings,
+        ngc=ngc, installer_before=installer_before, env_before=env_before,
+    )

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 
 import attrs
+from rpds import HashTrieMap
 
 from efabuild.lint.shell import Command, lookup_in, split_commands, split_words
 
@@ -137,7 +138,9 @@ def evaluate(text: str, build_args: Mapping[str, str] | None = None,
              env_before: Mapping[str, str] | None = None) -> Evaluated:
     """Walk a layer's Dockerfile text as one build would, starting from the parent's environment."""
     build_args = dict(build_args or {})
-    env: dict[str, str] = dict(env_before or {})
+    # a persistent map: a child layer starts from its parent's environment without copying it, so
+    # a chain of n layers that each set an ENV costs O(n log n), not O(n²) time and memory
+    env: HashTrieMap = env_before if isinstance(env_before, HashTrieMap) else HashTrieMap(env_before or {})
     arg_values: dict[str, str] = {}
     args: list[ArgDecl] = []
     envs: list[EnvSet] = []
@@ -161,7 +164,7 @@ def evaluate(text: str, build_args: Mapping[str, str] | None = None,
         elif ins.keyword == "ENV":
             for name, raw, value in _env_pairs(ins.value, lookup):
                 envs.append(EnvSet(name=name, value=value, raw=raw, line=ins.line))
-                env[name] = value
+                env = env.insert(name, value)
         elif ins.keyword == "RUN":
             for command, line in run_commands(ins, lookup):
                 runs.append(RunCommand(command=command, line=line, run_line=ins.line, run_index=run_index))

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import attrs
 
+from efabuild import configfile
+from efabuild.errors import InputError
 from efabuild.model import Layer, Workspace
 
 
@@ -32,11 +34,58 @@ class Locator:
         return self.graph_file, line if line is not None else self.table_line
 
 
-def locator_for(ws: Workspace, layer: Layer) -> Locator:
+class GraphTexts:
+    """Each graph file read and indexed once, whatever the number of its layers: a lint of 10k
+    layers must not read or scan a 10k-layer file 10k times."""
+
+    def __init__(self) -> None:
+        self._index: dict[Path, _GraphText] = {}
+        self.files_indexed = 0  # how many times a file was read and split (for tests)
+
+    def get(self, path: Path) -> _GraphText:
+        found = self._index.get(path)
+        if found is None:
+            found = self._index[path] = _GraphText(_read_lines(path))
+            self.files_indexed += 1
+        return found
+
+
+class _GraphText:
+    """A graph file's lines and, for each layer, the lines of its table and subtables."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.headers: dict[str, int] = {}  # layer -> line of its first [layers.NAME] header
+        self.tables: dict[str, list[tuple[int, str]]] = {}
+        owner: str | None = None
+        for number, text in enumerate(lines, 1):
+            if _TABLE_START.match(text):
+                header = _LAYER_HEADER.match(text)
+                owner = (header.group(1) or header.group(2)) if header else None
+                # the layer's own table starts its lines; a subtable before it belongs to nobody
+                if owner is not None and owner not in self.headers:
+                    if _OWN_TABLE_END.match(text, header.end() - 1):
+                        self.headers[owner] = number
+                        self.tables[owner] = []
+                    else:
+                        owner = None
+            if owner is not None and owner in self.tables:
+                self.tables[owner].append((number, text))
+
+    def table(self, name: str, table_line: int | None) -> tuple[tuple[int, str], ...]:
+        """The header line and every line up to the next table that is not one of this layer's."""
+        if table_line is None:
+            return ()
+        if self.headers.get(name) == table_line:
+            return tuple(self.tables[name])
+        return _table_lines(self.lines, table_line, name)  # a header the index did not see
+
+
+def locator_for(ws: Workspace, layer: Layer, texts: GraphTexts | None = None) -> Locator:
     graph_file = ws.relpath(layer.source)
-    lines = _read_lines(layer.source)
-    table_line = layer.line if layer.line is not None else _table_line(lines, layer.name)
-    table = _table_lines(lines, table_line, layer.name)
+    text = (texts or GraphTexts()).get(layer.source)
+    table_line = layer.line if layer.line is not None else text.headers.get(layer.name)
+    table = text.table(layer.name, table_line)
     if layer.dockerfile_file:
         return Locator(graph_file=graph_file, text_file=layer.dockerfile_file, text_first_line=1,
                        table_line=table_line, table_lines=table)
@@ -48,19 +97,16 @@ def locator_for(ws: Workspace, layer: Layer) -> Locator:
                    table_line=table_line, table_lines=table)
 
 
+_TABLE_START = re.compile(r"\s*\[")
+_LAYER_HEADER = re.compile(r'\s*\[+\s*layers\s*\.\s*(?:"([^"]*)"|([A-Za-z0-9_-]+))\s*[.\]]')
+_OWN_TABLE_END = re.compile(r"\]\s*(?:#.*)?$")  # `[layers.NAME]` itself, not `[layers.NAME.args]`
+
+
 def _read_lines(path: Path) -> list[str]:
     try:
-        return Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError):
+        return configfile.read_text(path, str(path)).splitlines()
+    except InputError:
         return []
-
-
-def _table_line(lines: list[str], name: str) -> int | None:
-    pattern = re.compile(rf'^\s*\[\s*layers\s*\.\s*"?{re.escape(name)}"?\s*\]')
-    for index, line in enumerate(lines):
-        if pattern.match(line):
-            return index + 1
-    return None
 
 
 def _table_lines(lines: list[str], table_line: int | None, name: str) -> tuple[tuple[int, str], ...]:
