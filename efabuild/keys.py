@@ -170,7 +170,10 @@ class ContextHasher:
     def _entry(self, rel: str, path: str, st: os.stat_result, where: str) -> Iterator[ContextEntry]:
         if stat.S_ISLNK(st.st_mode):
             target = os.readlink(path)
-            resolved = Path(path).resolve()
+            try:
+                resolved = Path(path).resolve()
+            except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+                raise InputError(f"'{rel}' is a symlink loop", where) from None
             if resolved != self.root and self.root not in resolved.parents:
                 raise InputError(f"'{rel}' is a symlink leading outside the workspace", where)
             yield ContextEntry(rel, "symlink", blake3.blake3(target.encode()).hexdigest())

@@ -11,10 +11,10 @@ import functools
 import glob
 import os
 import re
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from efabuild import configfile, grammar
 from efabuild.errors import InputError
 from efabuild.squashopts import extra_options_problem
 from efabuild.model import (
@@ -36,12 +36,12 @@ from efabuild.model import (
 
 BUILD_FILE = "BUILD.toml"
 
+# Patterns are used with fullmatch: `$` would also match before a trailing newline.
 # Lowercase, like a Docker repository path component: safe as an image tag part and a file name.
-SAFE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+SAFE_NAME = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*")
 MAX_NAME = 64
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-TOML_LINE = re.compile(r"\(at line (\d+), column \d+\)")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+ARG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def find_root(start: Path) -> Path:
@@ -61,6 +61,7 @@ def load_workspace(root: Path) -> Workspace:
     _check_unique_graphs(graphs, root)
     ws = Workspace(root=root, settings=settings, graphs=graphs)
     _check_parents(ws)
+    _check_cycles(ws)
     return ws
 
 
@@ -68,27 +69,12 @@ def load_workspace(root: Path) -> Workspace:
 
 
 def _read_text(path: Path, where: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("file not found", where) from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (byte {exc.start})", where) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", where) from None
+    return configfile.read_text(path, where)
 
 
 def _read_toml(path: Path, root: Path, text: str | None = None) -> dict[str, Any]:
     where = _rel(path, root)
-    if text is None:
-        text = _read_text(path, where)
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        message = str(exc)
-        line = TOML_LINE.search(message)
-        problem = TOML_LINE.sub("", message).strip()
-        raise InputError(f"invalid TOML: {problem}", f"{where}:{line.group(1)}" if line else where) from None
+    return configfile.parse_toml(_read_text(path, where) if text is None else text, where)
 
 
 class _Table:
@@ -189,8 +175,12 @@ def _store(t: _Table | None, root: Path) -> StoreSettings:
         bucket = s3.get("bucket", str)
         if not bucket:
             raise InputError("missing: the S3 tier needs a bucket", s3.where("bucket"))
+        endpoint_url = s3.get("endpoint_url", str)
+        problem = endpoint_url is not None and grammar.endpoint_url_problem(endpoint_url)
+        if problem:
+            raise InputError(problem, s3.where("endpoint_url"))
         s3_settings = S3Settings(bucket=bucket, prefix=s3.get("prefix", str, ""),
-                                 region=s3.get("region", str), endpoint_url=s3.get("endpoint_url", str))
+                                 region=s3.get("region", str), endpoint_url=endpoint_url)
     keep = t.get("keep", int, 3)
     if keep < 1:
         raise InputError("must be at least 1", t.where("keep"))
@@ -218,9 +208,16 @@ def _builder(t: _Table | None) -> BuilderSettings:
     chosen = [k for k in ("context", "host", "buildx_builder") if k in t.data]
     if len(chosen) > 1:
         raise InputError(f"set only one of {', '.join(chosen)}", t.where(chosen[1]))
+    checks = {"platform": grammar.platform_problem, "context": grammar.tool_name_problem,
+              "host": grammar.host_problem, "buildx_builder": grammar.tool_name_problem}
+    values = {key: t.get(key, str) for key in checks}
+    for key, value in values.items():
+        problem = value is not None and checks[key](value)
+        if problem:
+            raise InputError(problem, t.where(key))
     return BuilderSettings(
-        platform=t.get("platform", str, DEFAULT_PLATFORM), jobs=jobs, context=t.get("context", str),
-        host=t.get("host", str), buildx_builder=t.get("buildx_builder", str),
+        platform=values["platform"] or DEFAULT_PLATFORM, jobs=jobs, context=values["context"],
+        host=values["host"], buildx_builder=values["buildx_builder"],
     )
 
 
@@ -230,8 +227,9 @@ def _registry(t: _Table | None) -> RegistrySettings | None:
     url = t.get("url", str)
     if not url:
         raise InputError("missing: the layer-cache registry needs a url", t.where("url"))
-    if "://" in url:
-        raise InputError("give host[:port][/path] without a scheme", t.where("url"))
+    problem = grammar.registry_problem(url.rstrip("/"))
+    if problem:
+        raise InputError(problem, t.where("url"))
     return RegistrySettings(url=url.rstrip("/"), insecure=t.get("insecure", bool, False))
 
 
@@ -251,7 +249,8 @@ def _export(t: _Table | None) -> ExportSettings:
                           extra_options=extra)
 
 
-VERSION_SPEC = re.compile(r"^([a-z0-9-]+)\s*(>=|<=|==|<|>)\s*([0-9][0-9A-Za-z.+-]*)$")
+VERSION = re.compile(r"[0-9][0-9A-Za-z.+-]*")
+VERSION_SPEC = re.compile(r"([a-z0-9-]+)\s*(>=|<=|==|<|>)\s*([0-9][0-9A-Za-z.+-]*)")
 
 
 def _audit(t: _Table | None) -> AuditPolicy:
@@ -264,10 +263,10 @@ def _audit(t: _Table | None) -> AuditPolicy:
     minimums = t.get("min_versions", dict, {})
     for component, version in minimums.items():
         _known(component, components, t.where(f"min_versions.{component}"), "component")
-        if not isinstance(version, str):
-            raise InputError("must be a version string", t.where(f"min_versions.{component}"))
+        if not isinstance(version, str) or not VERSION.fullmatch(version):
+            raise InputError("must be a version string like \"1.19.0\"", t.where(f"min_versions.{component}"))
     for pin in t.str_list("required_pins"):
-        if not (pin.startswith("arg:") and ARG_NAME.match(pin[4:])):
+        if not (pin.startswith("arg:") and ARG_NAME.fullmatch(pin[4:])):
             _known(pin, KNOWN_PINS, t.where("required_pins"), "pin (or arg:NAME)")
     known_bad = []
     for index, entry in enumerate(t.get("known_bad", list, [])):
@@ -275,14 +274,17 @@ def _audit(t: _Table | None) -> AuditPolicy:
         parts = []
         for key in ("when", "and"):
             spec = item.get(key, str)
-            match = VERSION_SPEC.match(spec or "")
+            match = VERSION_SPEC.fullmatch(spec or "")
             if not match:
                 raise InputError("must look like 'nccl>=2.19'", item.where(key))
             _known(match.group(1), components, item.where(key), "component")
             parts += [match.group(1), match.group(2) + match.group(3)]
         known_bad.append((*parts, item.get("why", str, "")))
+    host_efa_installer = t.get("host_efa_installer", str)
+    if host_efa_installer is not None and not VERSION.fullmatch(host_efa_installer):
+        raise InputError("must be a version string like \"1.50.0\"", t.where("host_efa_installer"))
     return AuditPolicy(
-        host_efa_installer=t.get("host_efa_installer", str),
+        host_efa_installer=host_efa_installer,
         min_versions=tuple(sorted(minimums.items())),
         required_pins=t.str_list("required_pins"),
         known_bad=tuple(known_bad),
@@ -305,11 +307,20 @@ LAYER_KEYS = ("base", "digest", "parent", "dockerfile", "dockerfile_file", "args
 def _graph_paths(patterns: tuple[str, ...], root: Path) -> list[Path]:
     paths: list[Path] = []
     for pattern in patterns:
+        where = f"{BUILD_FILE}: workspace.graphs: {pattern!r}"
+        if not pattern or os.path.isabs(pattern) or "\0" in pattern:
+            raise InputError("must be a path or glob relative to the workspace", where)
         matches = sorted(glob.glob(pattern, root_dir=root, recursive=True))
-        if not matches and not glob.has_magic(pattern):
-            raise InputError("file not found", f"{BUILD_FILE}: workspace.graphs: {pattern}")
+        if not matches:
+            raise InputError("matches no file" if glob.has_magic(pattern) else "file not found", where)
         for match in matches:
-            path = root / match
+            path = root / os.path.normpath(match)
+            try:
+                resolved = path.resolve()
+            except (OSError, RuntimeError):  # a symlink loop
+                raise InputError(f"'{match}' is a symlink loop", where) from None
+            if root not in resolved.parents:
+                raise InputError(f"'{match}' is outside the workspace", where)
             if path not in paths:
                 paths.append(path)
     return paths
@@ -345,22 +356,27 @@ def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, r
     digest = t.get("digest", str)
     if digest and not base_ref:
         raise InputError("a digest pins a base image; this layer has a parent", t.where("digest"))
-    if digest and not DIGEST.match(digest):
+    if digest and not DIGEST.fullmatch(digest):
         raise InputError("must be 'sha256:' and 64 lowercase hex digits", t.where("digest"))
-    if base_ref and (not base_ref.strip() or any(c.isspace() for c in base_ref) or "@" in base_ref):
-        raise InputError("must be an image reference like registry/repo:tag (pin with digest = ...)",
-                         t.where("base"))
+    if base_ref is not None:
+        problem = grammar.image_ref_problem(base_ref)
+        if problem:
+            raise InputError(problem, t.where("base"))
     dockerfile, dockerfile_file, dockerfile_line = _dockerfile(t, file, dotted, text, root)
     args = t.get("args", dict, {})
     arg_table = _Table(args, file, f"{dotted}.args", tuple(args))
     for arg_name, value in args.items():
-        if not ARG_NAME.match(arg_name):
+        if not ARG_NAME.fullmatch(arg_name):
             raise InputError("not a valid build-arg name", arg_table.where(arg_name))
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise InputError(f"must be a string or number, not {_type_name(value)}", arg_table.where(arg_name))
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            # TOML reads 1.10 as 1.1: quote it, so the build gets what the file says
+            raise InputError(f"must be a string, not {_type_name(value)} (quote it: \"{value}\")",
+                             arg_table.where(arg_name))
+        if not isinstance(value, str):
+            raise InputError(f"must be a string, not {_type_name(value)}", arg_table.where(arg_name))
     secrets = t.str_list("secrets")
     for secret in secrets:
-        if not ARG_NAME.match(secret):
+        if not ARG_NAME.fullmatch(secret):
             raise InputError(f"{secret[:40]!r} is not an environment variable name", t.where("secrets"))
         if secret in args:
             raise InputError(f"{secret} is also a build arg: a secret must not be one", t.where("secrets"))
@@ -380,7 +396,7 @@ def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, r
         graph=graph, name=name, source=path, dockerfile=dockerfile, dockerfile_file=dockerfile_file,
         base=BaseImage(ref=base_ref, digest=digest) if base_ref else None,
         parent=_qualify(parent, graph) if parent else None,
-        args=tuple(sorted((k, str(v)) for k, v in args.items())), secrets=tuple(sorted(secrets)),
+        args=tuple(sorted(args.items())), secrets=tuple(sorted(secrets)),
         context=context, artifact=t.get("artifact", bool, False), ignore=tuple(ignores),
         line=_table_line(text, name), dockerfile_line=dockerfile_line,
     )
@@ -424,7 +440,10 @@ def _context_path(entry: str, root: Path, where: str) -> str:
     path = root / normalized
     if not path.exists() and not path.is_symlink():
         raise InputError(f"'{entry}' does not exist", where)
-    resolved = path.resolve()
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+        raise InputError(f"'{entry}' is a symlink loop", where) from None
     if resolved != root and root not in resolved.parents:
         raise InputError(f"'{entry}' leads outside the workspace (symlink to {resolved})", where)
     return normalized
@@ -435,9 +454,9 @@ def _qualify(parent: str, graph: str) -> str:
 
 
 def _check_name(name: str, where: str) -> None:
-    if len(name) > MAX_NAME or not SAFE_NAME.match(name):
+    if len(name) > MAX_NAME or not SAFE_NAME.fullmatch(name):
         raise InputError(
-            f"'{name}' is not a safe name: use lowercase letters, digits and single . _ - inside "
+            f"{name!r} is not a safe name: use lowercase letters, digits and single . _ - inside "
             f"(at most {MAX_NAME} characters)", where)
 
 
@@ -496,6 +515,28 @@ def _check_parents(ws: Workspace) -> None:
             suggestion = f" (did you mean '{hint[0]}'?)" if hint else ""
             raise InputError(f"unknown layer '{wanted}'{suggestion}",
                              f"{ws.relpath(layer.source)}: layers.{layer.name}.parent")
+
+
+def _check_cycles(ws: Workspace) -> None:
+    """A layer has one parent, so following parents from each layer either ends at a base or
+    comes back to a layer of the same walk: a cycle. Iterative and linear (each layer is walked
+    once), so a long chain or cycle needs no deep recursion."""
+    layers = ws.layers
+    done: set[str] = set()
+    for start in layers:
+        walk: dict[str, int] = {}
+        current: str | None = start
+        while current is not None and current not in done:
+            if current in walk:
+                names = list(walk)[walk[current]:] + [current]
+                first = layers[current]
+                shown = " -> ".join(names) if len(names) <= 8 else (
+                    f"{' -> '.join(names[:4])} -> … -> {' -> '.join(names[-3:])} ({len(names) - 1} layers)")
+                raise InputError(f"cycle: {shown}",
+                                 f"{ws.relpath(first.source)}: layers.{first.name}.parent")
+            walk[current] = len(walk)
+            current = layers[current].parent
+        done.update(walk)
 
 
 def _rel(path: Path, root: Path) -> str:

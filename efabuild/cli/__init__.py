@@ -14,7 +14,7 @@ import os
 import sys
 
 from efabuild import __version__
-from efabuild.errors import EfabuildError
+from efabuild.errors import EfabuildError, InputError
 
 # command name -> module under efabuild.cli that defines configure(parser) and run(args) -> int
 COMMANDS: dict[str, str] = {
@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except EfabuildError as exc:
-        print(f"efabuild: {exc}", file=sys.stderr)
+        # bad input is always one line; an operation's failure may end with log lines
+        print(f"efabuild: {one_line(str(exc)) if isinstance(exc, InputError) else exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("efabuild: interrupted", file=sys.stderr)
@@ -164,6 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # output piped into head & co.: not an error of ours
         return 0
+
+
+def one_line(message: str) -> str:
+    """A message as one line: a newline or other control character from the input (a layer name
+    `"a\\n"`, a path) is shown escaped, as Python writes it, not acted on by the terminal."""
+    if message.isprintable():
+        return message
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in message)
 
 
 def pyxis_importer_main() -> int:

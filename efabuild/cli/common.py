@@ -56,11 +56,19 @@ def with_builder(ws, value: str | None):
         return ws
     import attrs
 
+    from efabuild import grammar
+    from efabuild.errors import InputError
+
     builder = attrs.evolve(ws.settings.builder, context=None, host=None, buildx_builder=None)
     if "://" in value:
+        problem = grammar.host_problem(value)
         builder = attrs.evolve(builder, host=value)
     elif value.startswith("buildx:"):
+        problem = grammar.tool_name_problem(value.split(":", 1)[1])
         builder = attrs.evolve(builder, buildx_builder=value.split(":", 1)[1])
     else:
+        problem = grammar.tool_name_problem(value)
         builder = attrs.evolve(builder, context=value)
+    if problem:
+        raise InputError(problem, f"--builder {value!r}")
     return attrs.evolve(ws, settings=attrs.evolve(ws.settings, builder=builder))

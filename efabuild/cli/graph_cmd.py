@@ -107,14 +107,14 @@ def render(graph, order: list[str], fmt: str) -> str:
         lines += [f"  {ids[b]} --> {ids[a]}" for a, b in edges]
         return "\n".join(lines)
     lines = []
-
-    def walk(name: str, depth: int) -> None:
-        lines.append("  " * depth + _label(graph.nodes[name]["layer"]))
-        for child in graph.successors(name):
-            if child in selected:
-                walk(child, depth + 1)
-
     for name in order:
-        if not any(p in selected for p in graph.predecessors(name)):
-            walk(name, 0)
+        if any(p in selected for p in graph.predecessors(name)):
+            continue
+        # depth first with an explicit stack: a chain of thousands of layers needs no recursion
+        stack = [(name, 0)]
+        while stack:
+            current, depth = stack.pop()
+            lines.append("  " * depth + _label(graph.nodes[current]["layer"]))
+            children = [child for child in graph.successors(current) if child in selected]
+            stack.extend((child, depth + 1) for child in reversed(children))
     return "\n".join(lines)

@@ -23,7 +23,7 @@ from efabuild.nccl import forces_other_network, is_infiniband_setting, is_ofi_pl
 from efabuild.redact import secret_name, secret_value
 
 EFA_LIB_LEAD = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
-HEX40 = re.compile(r"^[0-9a-f]{40}$")
+HEX40 = re.compile(r"[0-9a-f]{40}")
 UNRESOLVED = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
 INSTALLER_TARBALL = re.compile(r"aws-efa-installer-([^/\s]+?)\.tar\.gz")
 
@@ -318,7 +318,7 @@ def pinned_git(facts: LayerFacts) -> Iterator[Finding]:
                           "whenever the branch moves", fix)
                 continue
             rc, revision = revisions[0]
-            if HEX40.match(revision) or (revision == "FETCH_HEAD" and any(HEX40.match(w) for w in fetched)):
+            if HEX40.fullmatch(revision) or (revision == "FETCH_HEAD" and any(HEX40.fullmatch(w) for w in fetched)):
                 continue
             names = _arg_names(rc.command.text)
             if UNRESOLVED.search(revision):
@@ -337,7 +337,7 @@ def pinned_git(facts: LayerFacts) -> Iterator[Finding]:
         for requirement in _pip_requirements(rc.command):
             if requirement.startswith("git+"):
                 ref = requirement.split("#", 1)[0].rsplit("@", 1)
-                if len(ref) < 2 or not HEX40.match(ref[1]) or ref[0].endswith(":"):
+                if len(ref) < 2 or not HEX40.fullmatch(ref[1]) or ref[0].endswith(":"):
                     yield _at(facts, "EFA011", rc.line,
                               f"pip installs {redact_url(requirement.split('#', 1)[0])} without a pinned commit",
                               "append @<40-hex commit> to the git URL")

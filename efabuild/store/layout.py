@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import re
-import tomllib
 from pathlib import Path
 
 from efabuild.errors import EfabuildError, InputError
@@ -295,10 +294,13 @@ class Layout:
             return {}
         if text is None:
             return {}
+        from efabuild.configfile import parse_toml
+
+        where = fsutil.shown(self.config_path)
         try:
-            return tomllib.loads(text.decode("utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
-            raise InputError(f"not valid TOML ({_brief(exc)})", fsutil.shown(self.config_path)) from None
+            return parse_toml(text.decode("utf-8"), where)
+        except UnicodeDecodeError as exc:
+            raise InputError(f"not UTF-8 text (byte {exc.start})", where) from None
 
 
 def _brief(exc: BaseException) -> str:

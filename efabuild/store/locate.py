@@ -20,10 +20,11 @@ directory to BUILD.toml and read only its `[store]` table:
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 
+from efabuild.configfile import load_toml
 from efabuild.errors import InputError
+from efabuild.grammar import endpoint_url_problem
 from efabuild.store.layout import Layout, classify_ref
 
 BUILD_FILE = "BUILD.toml"
@@ -85,6 +86,9 @@ def parse_s3_table(table: object, where: str) -> dict:
     for name in ("region", "endpoint_url"):
         value = table.get(name)
         s3[name] = None if value is None else _string(value, f"{where}.{name}")
+    problem = s3["endpoint_url"] and endpoint_url_problem(s3["endpoint_url"])
+    if problem:
+        raise InputError(problem, f"{where}.endpoint_url")
     return s3
 
 
@@ -119,17 +123,18 @@ def parse_store_table(table: object, root: Path, where: str) -> StoreTable:
 
 
 def load_build_store(build_toml: Path) -> StoreTable:
-    try:
-        with open(build_toml, "rb") as handle:
-            data = tomllib.load(handle)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # both ValueErrors
-        raise InputError(f"not valid TOML ({exc})", str(build_toml)) from None
+    data = load_toml(build_toml, str(build_toml))
     return parse_store_table(data.get("store"), build_toml.parent, f"{build_toml}: store")
 
 
 def bare_store(path: str, source: str) -> StoreTable:
     """A store directory given by path: one filesystem tier, S3 from its store.toml."""
-    root = Path(path).expanduser().absolute()
+    expanded = os.path.expanduser(path)
+    if expanded.startswith("~"):
+        raise InputError(f"{path!r}: no such user", source)
+    root = Path(expanded).absolute()
+    if root.exists() and not root.is_dir():
+        raise InputError(f"{path!r} is not a directory (a store is a directory)", source)
     config = Layout(root).read_config()
     s3 = config.get("s3")
     s3 = None if s3 is None else parse_s3_table(s3, f"{root / 'store.toml'}: s3")

@@ -1,0 +1,146 @@
+"""Reading a config or graph file the user points at: a regular file of bounded size, as TOML.
+
+Every BUILD.toml, graph, Dockerfile file and store.toml goes through `read_text`, so a path that
+names a FIFO (which would block an open forever), a device (`/dev/zero` never ends), a directory or
+a huge file is one InputError line, in bounded time and memory. Stdlib only: `efabuild lookup`
+reads store.toml on its fast path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from efabuild.errors import InputError
+
+MAX_CONFIG_BYTES = 4 * 1024 * 1024  # far above any real graph; small enough to read at once
+# tomllib recurses once per nesting level of arrays and inline tables; real files nest a few deep
+MAX_TOML_NESTING = 100
+_TOML_LINE = re.compile(r"\(at line (\d+), column \d+\)")
+
+
+def read_bytes(path: str | os.PathLike, where: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """The contents of a regular file of at most `limit` bytes, else InputError naming `where`.
+
+    Opened non-blocking so that a FIFO cannot hang the open; checked with fstat on the open
+    descriptor (no race with a swapped path); read at most limit + 1 bytes, so a file that grows
+    or lies about its size is still bounded.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise InputError("file not found", where) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", where) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"not a regular file ({_kind(st.st_mode)})", where)
+        if st.st_size > limit:
+            raise InputError(f"too large: {st.st_size} bytes (at most {_mib(limit)})", where)
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise InputError(f"too large: more than {limit} bytes (at most {_mib(limit)})", where)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", where) from None
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str | os.PathLike, where: str, limit: int = MAX_CONFIG_BYTES) -> str:
+    data = read_bytes(path, where, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte {exc.start})", where) from None
+
+
+def parse_toml(text: str, where: str) -> dict[str, Any]:
+    """TOML text as a dict; a syntax error names its line (`where:LINE: invalid TOML: ...`)."""
+    depth = _nesting(text)
+    if depth > MAX_TOML_NESTING:
+        raise InputError(f"invalid TOML: arrays or inline tables nested {depth} deep "
+                         f"(at most {MAX_TOML_NESTING})", where)
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        line = _TOML_LINE.search(message)
+        problem = _TOML_LINE.sub("", message).strip()
+        raise InputError(f"invalid TOML: {problem}", f"{where}:{line.group(1)}" if line else where) from None
+    except RecursionError:  # a nesting the scan above did not see; never a traceback
+        raise InputError("invalid TOML: nested too deeply", where) from None
+
+
+def load_toml(path: str | os.PathLike, where: str, missing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The file as TOML; `missing` (when given) stands for a file that does not exist."""
+    if missing is not None and not os.path.lexists(path):
+        return missing
+    return parse_toml(read_text(path, where), where)
+
+
+def _nesting(text: str) -> int:
+    """An upper bound of the nesting of `[` and `{` outside strings and comments (linear scan).
+
+    Table headers (`[a]`, `[[a]]`) open and close on one line, so they count at most 2.
+    """
+    depth = deepest = 0
+    index = 0
+    while True:
+        token = _TOKEN.search(text, index)
+        if token is None:
+            return deepest
+        char = token.group()
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            index = token.end()
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+            index = token.end()
+        else:  # a comment or a string: skip to its end
+            closing = _CLOSING[char].match(text, token.end())
+            index = closing.end() if closing else len(text)
+
+
+_TOKEN = re.compile(r"""[\[\]{}#]|""\"|'''|"|'""")
+# the rest of a comment or a string after its opening token; an unterminated one ends at its line's
+# end (single-line strings) or at the end of the text: tomllib reports those
+_CLOSING = {
+    "#": re.compile(r"[^\n]*"),
+    '"""': re.compile(r'(?:[^"\\]|\\.|"(?!""))*(?:"""|$)', re.DOTALL),
+    "'''": re.compile(r"(?:[^']|'(?!''))*(?:'''|$)", re.DOTALL),
+    '"': re.compile(r'(?:[^"\\\n]|\\.)*"?'),
+    "'": re.compile(r"[^'\n]*'?"),
+}
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def _mib(limit: int) -> str:
+    return f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit} bytes"
+
+
+def is_regular_file(path: Path) -> bool:
+    """Whether `path` (symlinks followed) is a regular file; False for anything unreadable."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
