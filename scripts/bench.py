@@ -9,7 +9,7 @@ Prints a table and writes JSON (default bench-results/bench.json). Every figure 
 against a baseline measured in the same run on the same data; each time is the median of a few
 repeats. Needs the Docker engine with buildx, squashfs-tools and busybox-static
 (`bash scripts/setup-host.sh`); the S3 scenarios start their own loopback S3 server.
-Scenarios: plan, hash, export, publish, fetch, lookup, scale, sign.
+Scenarios: plan, hash, export, publish, fetch, lookup, scale, sign, lint.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks.common import REPO_ROOT, Context, Result, Sizes, human_bytes  # noqa: E402
 
-SCENARIOS = ("plan", "hash", "export", "publish", "fetch", "lookup", "scale", "sign")
+SCENARIOS = ("plan", "hash", "export", "publish", "fetch", "lookup", "scale", "sign", "lint")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,7 +63,7 @@ def run_scenarios(ctx: Context, selected: tuple[str, ...]) -> list[Result]:
     groups: dict[str, tuple[str, list[str]]] = {}
     for name in selected:
         module = {"plan": "plan_noop", "hash": "hashing", "publish": "s3", "fetch": "s3",
-                  "sign": "signing"}.get(name, name)
+                  "sign": "signing", "lint": "lint_scale"}.get(name, name)
         groups.setdefault(module, (module, []))[1].append(name)
     results: list[Result] = []
     for module_name, ids in groups.values():
