@@ -12,7 +12,6 @@ import os
 import re
 import stat
 import tomllib
-from pathlib import Path
 from typing import Any
 
 from efabuild.errors import InputError
@@ -83,11 +82,12 @@ def parse_toml(text: str, where: str) -> dict[str, Any]:
         raise InputError("invalid TOML: nested too deeply", where) from None
 
 
-def load_toml(path: str | os.PathLike, where: str, missing: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_toml(path: str | os.PathLike, where: str, missing: dict[str, Any] | None = None,
+              limit: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
     """The file as TOML; `missing` (when given) stands for a file that does not exist."""
     if missing is not None and not os.path.lexists(path):
         return missing
-    return parse_toml(read_text(path, where), where)
+    return parse_toml(read_text(path, where, limit), where)
 
 
 def _nesting(text: str) -> int:
@@ -137,10 +137,3 @@ def _kind(mode: int) -> str:
 def _mib(limit: int) -> str:
     return f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit} bytes"
 
-
-def is_regular_file(path: Path) -> bool:
-    """Whether `path` (symlinks followed) is a regular file; False for anything unreadable."""
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False

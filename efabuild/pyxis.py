@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
+from efabuild.configfile import load_toml
 from efabuild.errors import EfabuildError, InputError
 from efabuild.store.locate import STORE_ENV
 
@@ -67,29 +66,11 @@ def read_config(environ: dict[str, str] | None = None) -> dict:
     """
     environ = os.environ if environ is None else environ
     path = Path(environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the open
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         if environ.get(CONFIG_ENV):
-            raise InputError("no such file", f"{CONFIG_ENV}={path}") from None
+            raise InputError("no such file", f"{CONFIG_ENV}={path}")
         return {}
-    except OSError as exc:
-        raise InputError(f"cannot read ({exc.strerror})", str(path)) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise InputError("not a regular file", str(path))
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read(CONFIG_MAX_BYTES + 1)
-    if len(data) > CONFIG_MAX_BYTES:
-        raise InputError(f"larger than {CONFIG_MAX_BYTES} bytes: not an importer config", str(path))
-    try:
-        config = tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise InputError("not UTF-8 text: not an importer config", str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"not valid TOML ({exc})", str(path)) from None
-    except RecursionError:
-        raise InputError("nested too deeply: not an importer config", str(path)) from None
+    config = load_toml(path, str(path), limit=CONFIG_MAX_BYTES)
     unknown = sorted(set(config) - set(CONFIG_KEYS))
     if unknown:
         raise InputError(f"unknown key {unknown[0][:40]!r} (known: {', '.join(CONFIG_KEYS)})", str(path))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from efabuild.cli import main
-from tests.wsfactory import SIMPLE_GRAPH, make_workspace
+from tests.wsfactory import make_workspace
 
 BUILD = '[workspace]\ngraphs = ["graphs/*.toml"]\n'
 ONE_LAYER = "[layers.a]\nbase = \"example.com/pytorch:26.08-py3\"\ndockerfile = 'RUN true'\n"

@@ -238,8 +238,8 @@ def _fifo(path: Path) -> None:
     ("directory", lambda p: p.mkdir(), "not a regular file"),
     ("fifo", _fifo, "not a regular file"),
     ("binary", lambda p: p.write_bytes(b"\x7fELF\x02\x01\x01\x00" + os.urandom(2000)), "not UTF-8 text"),
-    ("nested", lambda p: p.write_text("store = " + "[" * 5000 + "]" * 5000 + "\n"), "nested too deeply"),
-    ("huge", lambda p: p.write_text("# " + "x" * 200_000 + "\n"), "larger than 65536 bytes"),
+    ("nested", lambda p: p.write_text("store = " + "[" * 5000 + "]" * 5000 + "\n"), "nested 5000 deep"),
+    ("huge", lambda p: p.write_text("# " + "x" * 200_000 + "\n"), "at most 65536 bytes"),
     ("wrong type", lambda p: p.write_text("store = [" + "1," * 5000 + "]\n"), "store: must be a store directory path"),
 ])
 def test_a_hostile_importer_config_is_one_line(store_dir, job_env, tmp_path, kind, make, problem):
