@@ -13,11 +13,12 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from efabuild.errors import InputError
+from efabuild.configfile import read_bytes
 from efabuild.lint.finding import Finding, finding
 from efabuild.lint.rules import nccl_env_problems
 from efabuild.lint.shell import Command, split_commands
 
+_HEAD_BYTES = 200_000  # enough of a file to tell a job script
 SCRIPT_SUFFIXES = {".sh", ".bash", ".sbatch", ".slurm", ".job"}
 _JOB_MARKERS = re.compile(r"\bsrun\b|\bsalloc\b|\bsbatch\b|^#SBATCH", re.MULTILINE)
 _SBATCH_CPUS = re.compile(r"^#SBATCH\s+(?:--cpus-per-task\b|--cpus-per-gpu\b|-c\s*\d)", re.MULTILINE)
@@ -42,7 +43,8 @@ def job_scripts(root: Path) -> list[Path]:
 
 def is_job_script(path: Path) -> bool:
     try:
-        head = path.read_bytes()[:200_000]
+        with open(path, "rb") as handle:  # a regular file (checked by the caller): open cannot block
+            head = handle.read(_HEAD_BYTES)
     except OSError:
         return False
     if b"\0" in head:
@@ -69,10 +71,7 @@ def _options(command: Command) -> list[tuple[str, str | None]]:
 
 
 def lint_script(path: Path, display: str) -> list[Finding]:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", display) from None
+    text = read_bytes(path, display).decode("utf-8", errors="replace")
     starts = [0] + [m.end() for m in re.finditer("\n", text)]
 
     def line_of(offset: int) -> int:
