@@ -43,7 +43,9 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
                 shown.close()
         export_info = {"mksquashfs": list(result.options), "compression": ws.settings.export.compression,
                        "compress_data": ws.settings.export.compress_data, "epoch": epoch,
-                       "enroot_format": ENROOT_FORMAT}
+                       "enroot_format": ENROOT_FORMAT,
+                       # absent in artifacts exported before times were clamped
+                       "time_clamp": result.time_clamp}
         manifest = describe_sqsh(
             result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest, sqsh_sha256=result.sha256,
             export_options=export_info, base=_base(prepared, layer), chain=_chain(prepared, layer.qualname),

@@ -60,6 +60,8 @@ class ExportSettings:
     compression: str = "lzo"
     compress_data: bool = False  # Enroot's -noD: data blocks uncompressed
     extra_options: tuple[str, ...] = ()
+    # file times written by a build are clamped to the base's creation time (see sqsh.py)
+    clamp_times: bool = True
 
     def mksquashfs_options(self) -> tuple[str, ...]:
         opts = ("-comp", self.compression)

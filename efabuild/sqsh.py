@@ -10,10 +10,13 @@ options (`-comp lzo -noD` unless BUILD.toml says otherwise).
 
 The rewrite is a tar header filter: it parses each 512-byte header, drops or patches it, and moves
 file bodies from `docker export`'s pipe to mksquashfs' pipe with splice(2), so the 25 GB of file
-data never passes through Python. Deterministic: file mtimes are kept (a `.pyc` is only valid
-against its source's mtime), the entries `docker create` adds at container creation (.dockerenv,
-/dev, /etc/hosts & co., the working directory) get a fixed time, and so do the root directory,
-the written files and the superblock; the same image then gives a byte-identical `.sqsh`.
+data never passes through Python. Deterministic: the entries `docker create` adds at container
+creation (.dockerenv, /dev, /etc/hosts & co., the working directory) get a fixed time, and so do
+the root directory, the written files and the superblock; the same image then gives a
+byte-identical `.sqsh`. File times are clamped to the image's time clamp (see `time_clamp`): the
+files a build writes carry its wall-clock time, which would make two builds of one key differ,
+while the base's files keep their times (a timestamp-checked `.pyc` is only valid against its
+source's mtime).
 
 The digests take a second pass: mksquashfs seeks back to write its tables and superblock, so no
 single pass over its output sees the final bytes in order. The file is hashed right after
@@ -72,6 +75,7 @@ class ExportResult:
     options: tuple[str, ...]  # the mksquashfs options used, for the artifact's record
     seconds: float
     sha256: str | None = None  # hex sha256 of the .sqsh file, for in-toto/cosign verifiers
+    time_clamp: int | None = None  # file times later than this were set to it; None: times kept
 
 
 # ---------------------------------------------------------------- pure: options and the plan
@@ -116,9 +120,10 @@ class RewritePlan:
     pinned: frozenset[str]  # entries whose mtime becomes `epoch`
     replaced: frozenset[str]  # the image's own copies of `files`, dropped
     epoch: int = 0
+    clamp: int | None = None  # every other entry's mtime becomes min(mtime, clamp)
 
     @classmethod
-    def for_config(cls, cfg: ImageConfig, *, epoch: int = 0) -> RewritePlan:
+    def for_config(cls, cfg: ImageConfig, *, epoch: int = 0, clamp: int | None = None) -> RewritePlan:
         workdir = _norm(cfg.workdir)
         pinned = set(_INIT_LAYER_PATHS) | set(_ancestors(workdir))
         for volume in cfg.volumes:  # docker create makes volume mount points too
@@ -130,7 +135,16 @@ class RewritePlan:
             pinned=frozenset(pinned),
             replaced=frozenset(path for path, _ in files),
             epoch=epoch,
+            clamp=clamp,
         )
+
+    def mtime(self, path: str, mtime: float) -> float:
+        """The time an entry gets in the .sqsh."""
+        if path in self.pinned:
+            return self.epoch
+        if self.clamp is not None and mtime > self.clamp:
+            return self.clamp
+        return mtime
 
     def drops(self, path: str) -> bool:
         return path == ".dockerenv" or path.startswith("dev/") or path in self.replaced
@@ -369,12 +383,14 @@ def rewrite_tar(src: int, dst: int, plan: RewritePlan, progress: Callable[[int],
                 if perms != mode & 0o7777:
                     _set_num(header, 100, 8, (mode & ~0o7777) | perms)
                     changed = True
-            if path in plan.pinned:
-                _set_num(header, 136, 12, plan.epoch)
+            mtime = float(pax["mtime"]) if "mtime" in pax else _num(header[136:148])
+            new_mtime = plan.mtime(path, mtime)
+            if new_mtime != mtime:
+                _set_num(header, 136, 12, int(new_mtime))
                 changed = True
                 if "mtime" in pax:
-                    pax["mtime"] = str(plan.epoch)
-                    extensions = [_pax_block(pax)]
+                    pax["mtime"] = str(int(new_mtime))
+                    extensions = [b for b in extensions if b[156:157] != b"x"] + [_pax_block(pax)]
             for block in extensions:
                 pipe.emit(block)
             pipe.emit(bytes(_seal(header) if changed else header))
@@ -474,7 +490,39 @@ def _grow_pipe(fd: int) -> None:
         pass  # a bigger pipe is only faster, never required
 
 
-def _image_config(docker: Any, image: str) -> tuple[ImageConfig, int | None]:
+def time_clamp(created: Iterable[str]) -> int | None:
+    """The latest of an image's creation times (its config's and its history's), in whole
+    seconds: no file of its base is newer than the base's own creation, and efabuild's build
+    steps are all dated SOURCE_DATE_EPOCH, so this is the base's time, pinned by its digest."""
+    import datetime
+
+    times = []
+    for text in created:
+        text = text.strip()
+        if not text:
+            continue
+        # RFC 3339 with up to nanoseconds; fromisoformat takes at most microseconds
+        head, dot, rest = text.partition(".")
+        if dot:
+            digits = len(rest) - len(rest.lstrip("0123456789"))
+            text = head + "." + rest[:min(digits, 6)] + rest[digits:]
+        try:
+            times.append(datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp())
+        except ValueError:
+            continue
+    return int(max(times)) if times else None
+
+
+def _image_created(docker: Any, image: str, config_created: str) -> list[str]:
+    docker_cmd = [str(part) for part in docker.client_config.docker_cmd]
+    listed = subprocess.run([*docker_cmd, "image", "history", "--no-trunc", "--format", "{{.CreatedAt}}", image],
+                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    if listed.returncode != 0:
+        raise EfabuildError(f"export {image}: cannot read its history: {_last_line(listed.stderr)}")
+    return [config_created, *listed.stdout.splitlines()]
+
+
+def _image_config(docker: Any, image: str) -> tuple[ImageConfig, int | None, str]:
     from python_on_whales.exceptions import DockerException, NoSuchImage
 
     try:
@@ -488,7 +536,8 @@ def _image_config(docker: Any, image: str) -> tuple[ImageConfig, int | None]:
         "Env": c.env, "Labels": c.labels, "WorkingDir": c.working_dir,
         "Entrypoint": c.entrypoint, "Cmd": c.cmd, "Volumes": c.volumes,
     })
-    return cfg, inspected.size
+    created = inspected.created.isoformat() if inspected.created else ""
+    return cfg, inspected.size, created
 
 
 def export_image(
@@ -505,7 +554,8 @@ def export_image(
 
     `sha256=False` leaves the sha256 pass out (blake3 only; the benchmark's baseline). `epoch` is
     the time given to the superblock, the root directory, the written files and the
-    entries the container's creation adds. Raises NotFound for an unknown image, EfabuildError
+    entries the container's creation adds; with `options.clamp_times`, no other file is newer
+    than the image's `time_clamp`. Raises NotFound for an unknown image, EfabuildError
     with the failing tool's last message otherwise; a failure leaves no file behind.
     """
     from python_on_whales import DockerClient
@@ -514,8 +564,9 @@ def export_image(
     docker = docker or DockerClient()
     started = time.monotonic()
     out = Path(out).absolute()
-    cfg, expected = _image_config(docker, image)
-    plan = RewritePlan.for_config(cfg, epoch=epoch)
+    cfg, expected, created = _image_config(docker, image)
+    clamp = time_clamp(_image_created(docker, image, created)) if options.clamp_times else None
+    plan = RewritePlan.for_config(cfg, epoch=epoch, clamp=clamp)
     opts = mksquashfs_options(options, epoch=epoch)
     name = f"efabuild-export-{uuid.uuid4().hex[:12]}"
     try:
@@ -599,7 +650,8 @@ def _squash(
             except OSError as exc:
                 raise EfabuildError(f"export {image}: cannot write {out}: {exc.strerror}") from None
             fsync_dir(out.parent)
-            return ExportResult(out, size, digest, opts, time.monotonic() - started, sha256)
+            return ExportResult(out, size, digest, opts, time.monotonic() - started, sha256,
+                                time_clamp=plan.clamp)
         finally:
             for proc in procs:
                 if proc.poll() is None:

@@ -140,7 +140,7 @@ def _settings(data: dict[str, Any], file: str, root: Path) -> Settings:
         store=_store(top.table("store", ("local", "shared", "keep", "pins", "s3")), root),
         builder=_builder(top.table("builder", ("platform", "jobs", "context", "host", "buildx_builder"))),
         registry=_registry(top.table("registry", ("url", "insecure"))),
-        export=_export(top.table("export", ("compression", "compress_data", "extra_options"))),
+        export=_export(top.table("export", ("compression", "compress_data", "extra_options", "clamp_times"))),
         audit=_audit(top.table("audit", ("host_efa_installer", "min_versions", "required_pins", "known_bad"))),
         sign=_sign(top.table("sign", ("key", "region", "endpoint_url"))),
         trust_keys=_trust(top.table("trust", ("keys", "endpoint_url"))),
@@ -246,7 +246,7 @@ def _export(t: _Table | None) -> ExportSettings:
     if problem:
         raise InputError(problem, t.where("extra_options"))
     return ExportSettings(compression=compression, compress_data=t.get("compress_data", bool, False),
-                          extra_options=extra)
+                          extra_options=extra, clamp_times=t.get("clamp_times", bool, True))
 
 
 VERSION = re.compile(r"[0-9][0-9A-Za-z.+-]*")

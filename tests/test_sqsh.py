@@ -10,6 +10,7 @@ import tarfile
 import uuid
 from pathlib import Path
 
+import attrs
 import blake3
 import pytest
 from hypothesis import given, settings
@@ -27,6 +28,7 @@ from efabuild.sqsh import (
     fixed_mode,
     mksquashfs_options,
     rewrite_tar,
+    time_clamp,
 )
 
 # ---------------------------------------------------------------- the tar filter, no engine
@@ -137,6 +139,38 @@ def test_filter_pins_the_times_docker_create_sets_and_keeps_the_others(tmp_path:
     assert out["workspace"].mtime == 42 and out["data"].mtime == 42
     assert out["etc/motd"].mtime == T0
     assert out["etc/rc"].mtime == 42
+
+
+def test_filter_clamps_newer_times_and_keeps_older_ones(tmp_path: Path) -> None:
+    """A build's files carry its wall-clock time: clamped. The base's files are older: kept."""
+    plan = attrs.evolve(PLAN, clamp=T0 - 100)
+    long = "usr/lib/" + "p" * 120 + "/written.py"  # a pax header carries its name
+    data = _tar([("etc", "d", 0o755, b""), ("etc/motd", "f", 0o644, b"hi"), (long, "f", 0o644, b"x")])
+    old = io.BytesIO()
+    with tarfile.open(fileobj=old, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        info = tarfile.TarInfo("usr/lib/base.py")
+        info.mtime, info.size = T0 - 5000, 1
+        tar.addfile(info, io.BytesIO(b"y"))
+    out = _filter(tmp_path, _concat(data, old.getvalue()), plan)
+    assert out["etc/motd"].mtime == T0 - 100 and out[long].mtime == T0 - 100
+    assert out[long + "#data"] == b"x"
+    assert out["usr/lib/base.py"].mtime == T0 - 5000
+    assert out["etc"].mtime == 42  # pinned entries keep the export's epoch
+    unclamped = _filter(tmp_path, data, PLAN)
+    assert unclamped["etc/motd"].mtime == T0
+
+
+def _concat(first: bytes, second: bytes) -> bytes:
+    """Two tar archives as one stream: the first without its end-of-archive blocks."""
+    with tarfile.open(fileobj=io.BytesIO(first)) as tar:
+        end = max(m.offset_data + (m.size + 511) // 512 * 512 for m in tar.getmembers())
+    return first[:end] + second
+
+
+def test_time_clamp_is_the_latest_creation_time_in_whole_seconds() -> None:
+    assert time_clamp(["2026-11-30T15:44:25.022946752Z", "1980-01-01T00:00:00Z",
+                       "2026-11-30T16:44:25+01:00", "", "garbage"]) == 1796053465
+    assert time_clamp([""]) is None
 
 
 def test_filter_reads_long_names_from_pax_and_gnu_headers(tmp_path: Path) -> None:
