@@ -156,7 +156,7 @@ class _Runner:
 
         log_path = self.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        dockerfile = f"{self.from_line(layer, lp)}\n{layer.dockerfile}"
+        dockerfile = generated_dockerfile(self.from_line(layer, lp), layer.dockerfile)
         with self._context_dir(layer, lp) as context_dir:
             request = BuildRequest(
                 tag=image_tag(layer.name, lp.key),
@@ -226,6 +226,13 @@ class _Runner:
             builder_versions=self.builder_versions, signer=self.signer,
         )
         return str(path)
+
+
+def generated_dockerfile(from_line: str, text: str) -> str:
+    """The Dockerfile a layer is built from. A build arg reaches RUN steps only when declared:
+    with SOURCE_DATE_EPOCH in their environment, pip and compileall write hash-checked .pyc files,
+    which stay valid when the export clamps their sources' times."""
+    return f"{from_line}\nARG SOURCE_DATE_EPOCH\n{text}"
 
 
 def write_context(root: Path, directory: Path, entries) -> None:
