@@ -3,8 +3,10 @@
 The "mini NGC" base `efabuild-fixtures/pytorch:26.08-py3` stands in for
 nvcr.io/nvidia/pytorch:26.08-py3 with its file layout, env and labels, plus offline stand-ins for
 apt-get, curl, git, pip and the EFA installer (see fixtures/README.md). It is built from
-`fixtures/mini-ngc` and a static busybox with `docker buildx build`, and labelled with a digest
-of its sources: a run with unchanged sources finds the image and builds nothing.
+`fixtures/mini-ngc`, a static busybox and the host's CPython 3.11 (the interpreter, the shared
+libraries it loads and the few standard modules `compileall` needs, with Debian's timestamp-checked
+`.pyc` files) with `docker buildx build`, and labelled with a digest of its sources: a run with
+unchanged sources finds the image and builds nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,8 +37,26 @@ DEEPEP_COMMITS = (
     "2b95b07b437d74a177142f0fdd63980696968ed3",  # fixture default-branch head
     "2b8a11b1f65ce11965e632eebd205138d7c34e6a",  # fixture older commit (version 1.2.0)
 )
-_FORMAT = "1"  # bump when the way the context is assembled changes
+_FORMAT = "2"  # bump when the way the context is assembled changes
 _BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
+PYTHON = "/usr/bin/python3.11"  # Debian bookworm's python3.11-minimal and libpython3.11-stdlib
+# what `python3 -m compileall` and `py_compile` import beyond the interpreter's frozen modules;
+# the host's interpreter is asked, so the list follows its patch release
+_PYTHON_PROBE = """
+import compileall, importlib.util, os, py_compile, runpy, sys, tempfile
+std = os.path.dirname(os.__file__)
+with tempfile.TemporaryDirectory() as empty:
+    sys.argv = ["compileall", "-q", empty]
+    compileall.main()
+print(std)
+for module in list(sys.modules.values()):
+    path = getattr(module, "__file__", None) or ""
+    if path.startswith(std + "/") and os.path.isfile(path) and not os.path.islink(path):
+        print(path)
+        cached = importlib.util.cache_from_source(path)
+        if os.path.isfile(cached):
+            print(cached)
+"""
 
 
 @attrs.frozen
@@ -79,8 +100,35 @@ def find_busybox() -> Path:
     )
 
 
-def content_digest(source: Path, busybox: Path) -> str:
-    """blake3 over every file of `source` (path, kind, mode, bytes or link target) and busybox."""
+def python_files(python: str | None = None) -> dict[str, Path]:
+    """rootfs path → host file: the interpreter, the shared libraries it loads (`ldd`), and the
+    standard modules `python3 -m compileall` imports, with the `.pyc` files Debian compiled."""
+    python = python or os.environ.get("EFABUILD_FIXTURE_PYTHON") or PYTHON
+    missing = EfabuildError(f"no {python}: install Debian's python3.11 (scripts/setup-host.sh does)")
+    if not Path(python).is_file():
+        raise missing
+    try:
+        libs = subprocess.run(["ldd", python], capture_output=True, text=True, check=True, timeout=30).stdout
+        found = subprocess.run([python, "-I", "-c", _PYTHON_PROBE], capture_output=True, text=True,
+                               check=True, timeout=30).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        raise missing from None
+    files = {f"usr/bin/{Path(python).name}": Path(python)}
+    for line in libs.splitlines():
+        parts = line.split()
+        path = parts[2] if len(parts) >= 3 and parts[1] == "=>" else parts[0] if parts else ""
+        if path.startswith("/"):
+            # the loader keeps its absolute path; libraries go where Debian's loader looks first
+            rootfs = path.lstrip("/") if "ld-linux" in path else f"usr/lib/x86_64-linux-gnu/{Path(path).name}"
+            files[rootfs] = Path(path).resolve()
+    for path in found[1:]:
+        files[path.lstrip("/")] = Path(path)
+    return files
+
+
+def content_digest(source: Path, busybox: Path, extra: dict[str, Path] | None = None) -> str:
+    """blake3 over every file of `source` (path, kind, mode, bytes or link target), busybox and
+    the `extra` files (rootfs path → host file)."""
     import blake3
 
     h = blake3.blake3()
@@ -97,6 +145,11 @@ def content_digest(source: Path, busybox: Path) -> str:
             h.update(f"D\0{rel}\0".encode())
     h.update(b"busybox\0")
     h.update(busybox.read_bytes())
+    for rel, path in sorted((extra or {}).items()):
+        st = path.stat()
+        # the mtime too: a .pyc is only valid against its source's
+        h.update(f"X\0{rel}\0{st.st_mode & 0o111 and 1}\0{int(st.st_mtime)}\0{st.st_size}\0".encode())
+        h.update(path.read_bytes())
     return h.hexdigest()
 
 
@@ -123,7 +176,8 @@ def build_mini_ngc(
     if not (root / "Dockerfile").is_file():
         raise InputError("no Dockerfile: the fixture sources are missing", str(root))
     busybox = find_busybox()
-    content = content_digest(root, busybox)
+    python = python_files()
+    content = content_digest(root, busybox, python)
     image = _existing(docker, MINI_NGC_TAG)
     if image is not None and not force and (image.config.labels or {}).get(CONTENT_LABEL) == content:
         return FixtureImage(MINI_NGC_TAG, image.id, content, False, time.monotonic() - started)
@@ -132,6 +186,13 @@ def build_mini_ngc(
         context = Path(tmp) / "context"
         shutil.copytree(root, context, symlinks=True)
         shutil.copy2(busybox, context / "busybox")
+        for rel, path in python.items():
+            target = context / "python" / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)  # keeps the mtime each .pyc was compiled against
+        (context / "python/usr/bin/python3").symlink_to(Path(PYTHON).name)
+        # the landmark of the interpreter's exec_prefix: no compiled modules beyond its own
+        (context / "python/usr/lib/python3.11/lib-dynload").mkdir(parents=True, exist_ok=True)
         try:
             docker.buildx.build(
                 context, tags=[MINI_NGC_TAG], labels={CONTENT_LABEL: content},
