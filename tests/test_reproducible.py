@@ -1,0 +1,155 @@
+"""Same key, same bytes: the demo graph built on two engines, at different times, with cold build
+caches, gives byte-identical .sqsh artifacts. Both engines take the fixture base from a loopback
+registry, so they build on the same base digest (a fixture built on each engine would have another
+image ID, hence other keys)."""
+
+from __future__ import annotations
+
+import calendar
+import importlib.util
+import json
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from efabuild.fixtures import MINI_NGC_TAG, build_fixtures
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def docker(host: str | None, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    command = ["docker", *(["--host", host] if host else []), *args]
+    return subprocess.run(command, capture_output=True, text=True, check=check)
+
+
+def efabuild(root: Path, *args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), *args], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    return proc
+
+
+@pytest.fixture(scope="module")
+def registry_base(local_registry, second_engine) -> str:
+    """The fixture base pushed to the loopback registry and pulled from there by both engines:
+    `REGISTRY/efabuild-fixtures/pytorch@sha256:…`."""
+    image = build_fixtures()[0].image_id  # by ID: another checkout may retag the shared name meanwhile
+    name = f"{local_registry}/{MINI_NGC_TAG}"
+    docker(None, "image", "tag", image, name)
+    pushed = docker(None, "image", "push", name).stdout
+    digest = next(word for line in pushed.splitlines() if "digest:" in line for word in line.split()
+                  if word.startswith("sha256:"))
+    pinned = f"{name.rsplit(':', 1)[0]}@{digest}"
+    for host in (None, second_engine):
+        docker(host, "image", "pull", pinned)
+    return pinned
+
+
+def _workspace(root: Path, base: str, run_id: str) -> Path:
+    """The shipped demo graph on the registry base, with a run-unique ARG the first RUN sees, so
+    BuildKit's cache has none of its steps on either engine."""
+    root.mkdir()
+    shutil.copytree(REPO / "app", root / "app")
+    (root / "graphs").mkdir()
+    text = (REPO / "graphs" / "demo.toml").read_text()
+    ref, digest = base.split("@")
+    text = text.replace(f'base = "{MINI_NGC_TAG}"', f'base = "{ref}:26.08-py3"\ndigest = "{digest}"')
+    text = text.replace("ARG EFA_INSTALLER_VERSION=1.50.0\n", "ARG EFA_INSTALLER_VERSION=1.50.0\nARG TEST_RUN\n")
+    text = text.replace('args = { EFA_INSTALLER_VERSION = "1.50.0" }',
+                        f'args = {{ EFA_INSTALLER_VERSION = "1.50.0", TEST_RUN = "{run_id}" }}')
+    assert run_id in text and digest in text
+    (root / "graphs" / "demo.toml").write_text(text)
+    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
+    return root
+
+
+def _keys(root: Path, *builder: str) -> dict[str, str]:
+    data = json.loads(efabuild(root, "plan", "--json", *builder).stdout)
+    return {layer["name"]: layer["key"] for layer in data["layers"]}
+
+
+def _listing(sqsh: Path) -> dict[str, list[str]]:
+    """path → [mode, owner, size, date, time (to the second), …] as unsquashfs lists it."""
+    out = subprocess.run(["unsquashfs", "-lln", "-full-precision", "-UTC", "-d", "", str(sqsh)],
+                         capture_output=True, text=True, check=True).stdout
+    rows = {}
+    for line in out.splitlines():
+        cols = line.split()
+        if len(cols) >= 6 and cols[0][0] in "-dlcbps":
+            rows[cols[5]] = cols
+    return rows
+
+
+def _cat(sqsh: Path, path: str) -> bytes:
+    return subprocess.run(["unsquashfs", "-cat", str(sqsh), path], capture_output=True, check=True).stdout
+
+
+def _epoch(cols: list[str]) -> int:
+    return calendar.timegm(time.strptime(f"{cols[3]} {cols[4]}", "%Y-%m-%d %H:%M:%S"))
+
+
+def test_same_key_gives_the_same_sqsh_on_two_engines(registry_base, second_engine, tmp_path):
+    from python_on_whales import DockerClient
+
+    from efabuild.model import ExportSettings
+    from efabuild.sqsh import export_image
+
+    # the same base on both engines: same registry digest, same image ID
+    ids = {docker(host, "image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", registry_base)
+           .stdout.strip() for host in (None, second_engine)}
+    assert len(ids) == 1 and registry_base.split("@")[1] in ids.pop()
+
+    run_id = uuid.uuid4().hex[:12]
+    here, there = _workspace(tmp_path / "here", registry_base, run_id), _workspace(tmp_path / "there", registry_base, run_id)
+    keys = _keys(here)
+    assert _keys(there, "--builder", second_engine) == keys
+    first_started = time.time()
+    efabuild(here, "make", "demo")
+    time.sleep(max(0.0, first_started + 2.5 - time.time()))
+    efabuild(there, "make", "--builder", second_engine, "demo")
+    try:
+        # without the clamp, the same images export to different bytes: the build's own times
+        loose = [export_image(f"efabuild/user:{keys['demo:user']}", tmp_path / f"loose-{n}.sqsh",
+                              options=ExportSettings(clamp_times=False), docker=DockerClient(host=host))
+                 for n, host in enumerate((None, second_engine))]
+        assert loose[0].digest != loose[1].digest and loose[0].time_clamp is None
+        listed = [_listing(result.path) for result in loose]
+        assert {p: c[:3] for p, c in listed[0].items()} == {p: c[:3] for p, c in listed[1].items()}
+        assert any(listed[0][p][3:5] != listed[1][p][3:5] for p in listed[0])
+
+        # with it (the default), every artifact key is byte-identical across engines and times
+        for layer in ("demo:efa", "demo:user"):
+            mine = Path(efabuild(here, "lookup", layer).stdout.strip())
+            theirs = Path(efabuild(there, "lookup", layer).stdout.strip())
+            assert mine.name == theirs.name == f"{keys[layer]}.sqsh"
+            assert mine.read_bytes() == theirs.read_bytes(), f"{layer}: the .sqsh differs between engines"
+            record = json.loads(mine.with_suffix(".json").read_text())
+            assert record["export"]["time_clamp"] >= 315532800
+
+        user = Path(efabuild(here, "lookup", "demo:user").stdout.strip())
+        files = _listing(user)
+        clamp = json.loads(user.with_suffix(".json").read_text())["export"]["time_clamp"]
+        assert max(_epoch(cols) for cols in files.values()) <= clamp
+        # the build's .pyc (pip compiles with SOURCE_DATE_EPOCH declared): hash-checked, valid
+        site = "/usr/local/lib/python3.12/dist-packages/deep_ep"
+        pyc = _cat(user, f"{site}/__pycache__/buffer.cpython-311.pyc")
+        flags, = struct.unpack("<I", pyc[4:8])
+        assert flags == 0b11  # checked hash
+        assert pyc[8:16] == importlib.util.source_hash(_cat(user, f"{site}/buffer.py"))
+        # the base's timestamp-checked .pyc keeps matching its source's time and size
+        std = "/usr/lib/python3.11"
+        pyc = _cat(user, f"{std}/__pycache__/compileall.cpython-311.pyc")
+        flags, mtime, size = struct.unpack("<III", pyc[4:16])
+        assert flags == 0 and mtime == _epoch(files[f"{std}/compileall.py"])
+        assert size == int(files[f"{std}/compileall.py"][2])
+    finally:
+        for host in (None, second_engine):
+            tags = [f"efabuild/{layer.split(':')[1]}:{key}" for layer, key in keys.items()]
+            docker(host, "image", "rm", "--force", *tags, check=False)
