@@ -38,13 +38,15 @@ apt_install() { apt_update; DEBIAN_FRONTEND=noninteractive apt-get install -y -q
 install_packages() {
   local missing=() trixie_engine=
   # bookworm's docker.io brings containerd/runc; the engine itself is then taken from trixie:
-  # docker.io 26.1 embeds BuildKit 0.13 (SOURCE_DATE_EPOCH, rewrite-timestamp), bookworm's 20.10 has 0.8
+  # docker.io 26.1 embeds BuildKit 0.13 (SOURCE_DATE_EPOCH; its exporters ignore rewrite-timestamp), bookworm's 20.10 has 0.8
   command -v dockerd >/dev/null || missing+=(docker.io)
   dockerd --version 2>/dev/null | grep -qE "version (2[6-9]|[3-9][0-9])\." || trixie_engine=1
   command -v docker-registry >/dev/null || [ -x /usr/bin/docker-registry ] || missing+=(docker-registry)
   command -v tar2sqfs >/dev/null || missing+=(squashfs-tools-ng)
   command -v busybox >/dev/null && busybox --list 2>/dev/null | grep -qx sh && [ -x /bin/busybox ] || missing+=(busybox-static)
   command -v dot >/dev/null || missing+=(graphviz)  # efabuild graph --format svg|png, make --graph
+  # the fixture base's CPython (efabuild/fixtures.py): Debian's, whatever python runs efabuild
+  [ -x /usr/bin/python3.11 ] && [ -f /usr/lib/python3.11/compileall.py ] || missing+=(python3.11)
   if [ ${#missing[@]} -gt 0 ]; then log "installing ${missing[*]}"; apt_install "${missing[@]}"; fi
   local trixie=()
   # name/trixie takes just that package from trixie; its dependencies stay bookworm's
