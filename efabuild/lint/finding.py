@@ -56,6 +56,7 @@ RULES: dict[str, Rule] = {rule.id: rule for rule in (
     Rule("EFA014", "warning", "EFA installer version differs from the host AMI's, or is not pinned"),
     Rule("EFA015", "info", "job script starts containers without --cpus-per-task"),
     Rule("EFA016", "info", "job script mounts /dev/infiniband (not needed with ENROOT_RESTRICT_DEV n)"),
+    Rule("EFA017", "info", "apt-get install without pinned versions: a rebuild may fetch other packages"),
 )}
 
 

@@ -343,6 +343,41 @@ def pinned_git(facts: LayerFacts) -> Iterator[Finding]:
                               "append @<40-hex commit> to the git URL")
 
 
+# --- EFA017: unpinned apt-get install ------------------------------------------------------------
+
+_APT_OPTIONS_WITH_VALUE = {"-o", "--option", "-c", "--config-file", "-t", "--target-release",
+                           "--default-release"}
+
+
+def _apt_packages(command: Command) -> list[str]:
+    """The package arguments of `apt-get install` / `apt install` (empty for anything else)."""
+    words = list(command.argv)
+    if command.program not in ("apt-get", "apt") or "install" not in words[1:]:
+        return []
+    out, skip = [], False
+    for word in words[words.index("install") + 1:]:
+        if skip:
+            skip = False
+        elif word in _APT_OPTIONS_WITH_VALUE:
+            skip = True
+        elif not word.startswith("-"):
+            out.append(word)
+    return out
+
+
+@rule("EFA017")
+def pinned_apt(facts: LayerFacts) -> Iterator[Finding]:
+    for rc in facts.evaluated.runs:
+        unpinned = [p for p in _apt_packages(rc.command)
+                    if "=" not in p and "/" not in p and not p.endswith(".deb")]
+        if unpinned:
+            yield _at(facts, "EFA017", rc.line,
+                      f"apt-get installs {', '.join(unpinned)} without a version: a rebuild gets whatever "
+                      "the mirror has that day, so the same key can give other bytes (make --check shows it)",
+                      "pin them (`curl=7.88.1-10+deb12u8`), or accept that this layer is reproducible only "
+                      "against a snapshot of the mirror")
+
+
 # --- EFA012: pinned pip installs ----------------------------------------------------------------
 
 LARGE_PACKAGES = {
