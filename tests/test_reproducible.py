@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.fixtures import MINI_NGC_TAG, build_fixtures
+from efabuild.fixtures import MINI_NGC_TAG
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -37,22 +37,14 @@ def efabuild(root: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def registry_base(local_registry, second_engine) -> str:
-    """The fixture base pushed to the loopback registry and pulled from there by both engines:
-    `REGISTRY/efabuild-fixtures/pytorch@sha256:…`."""
-    image = build_fixtures()[0].image_id  # by ID: another checkout may retag the shared name meanwhile
-    name = f"{local_registry}/{MINI_NGC_TAG}"
-    docker(None, "image", "tag", image, name)
-    pushed = docker(None, "image", "push", name).stdout
-    digest = next(word for line in pushed.splitlines() if "digest:" in line for word in line.split()
-                  if word.startswith("sha256:"))
-    pinned = f"{name.rsplit(':', 1)[0]}@{digest}"
+def registry_base(pinned_fixture_base, second_engine) -> str:
+    """The fixture base from the loopback registry, pulled from there by both engines."""
     for host in (None, second_engine):
-        docker(host, "image", "pull", pinned)
-    return pinned
+        docker(host, "image", "pull", pinned_fixture_base)
+    return pinned_fixture_base
 
 
-def _workspace(root: Path, base: str, run_id: str) -> Path:
+def demo_workspace(root: Path, base: str, run_id: str) -> Path:
     """The shipped demo graph on the registry base, with a run-unique ARG the first RUN sees, so
     BuildKit's cache has none of its steps on either engine."""
     root.mkdir()
@@ -107,7 +99,8 @@ def test_same_key_gives_the_same_sqsh_on_two_engines(registry_base, second_engin
     assert len(ids) == 1 and registry_base.split("@")[1] in ids.pop()
 
     run_id = uuid.uuid4().hex[:12]
-    here, there = _workspace(tmp_path / "here", registry_base, run_id), _workspace(tmp_path / "there", registry_base, run_id)
+    here, there = (demo_workspace(tmp_path / "here", registry_base, run_id),
+                   demo_workspace(tmp_path / "there", registry_base, run_id))
     keys = _keys(here)
     assert _keys(there, "--builder", second_engine) == keys
     first_started = time.time()

@@ -26,6 +26,9 @@ def configure(name, sub, common):
     p.add_argument("-j", "--jobs", type=int, default=None, help="layers built in parallel (default: [builder] jobs)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and build nothing")
     p.add_argument("--no-lint", action="store_true", help="build even when lint finds errors")
+    p.add_argument("--check", action="store_true",
+                   help="rebuild each GRAPH:LAYER without the build cache on its parent's image (parents are "
+                        "not rebuilt) and compare with its stored .sqsh; exit 1 when they differ")
     add_builder_option(p)
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.add_argument("--graph", metavar="FILE",
@@ -48,6 +51,8 @@ def run(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise InputError("--jobs must be at least 1")
     ws = with_builder(ws, args.builder)
+    if args.check:
+        return _check(ws, args)
     if args.graph:
         _graph_format(args.graph)  # a bad name stops here, not after the builds
     if not args.no_lint:
@@ -81,6 +86,35 @@ def run(args) -> int:
             print(f"efabuild: {outcome.qualname} failed: {outcome.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _check(ws, args) -> int:
+    from efabuild import check
+    from efabuild.cli.common import print_json
+    from efabuild.errors import InputError
+    from efabuild.planning import prepare
+    from efabuild.ui import reporter_for
+
+    if not args.targets or any(":" not in target for target in args.targets):
+        raise InputError("--check takes the layers to check as GRAPH:LAYER")
+    if args.dry_run:
+        raise InputError("--check and --dry-run do not go together")
+    prepared = prepare(ws, args.targets, require_engine=True)
+    reporter = reporter_for(sys.stderr)
+    _sigterm_interrupts()
+    results = []
+    try:
+        for target in args.targets:
+            results.append(check.check_layer(prepared, target, reporter))
+    finally:
+        reporter.close()
+    if args.json:
+        import attrs
+
+        print_json({"checks": [attrs.asdict(r) | {"identical": r.identical} for r in results]})
+    else:
+        print("\n".join(check.render(r) for r in results))
+    return 0 if all(r.identical for r in results) else 1
 
 
 def _sigterm_interrupts() -> None:

@@ -55,6 +55,7 @@ class BuildRequest:
     labels: dict[str, str] = attrs.field(factory=dict, converter=_frozen_dict)
     platform: str = DEFAULT_PLATFORM
     source_date_epoch: int = 0
+    no_cache: bool = False  # every step runs again (make --check)
 
 
 @attrs.frozen
@@ -112,6 +113,8 @@ def buildx_command(engine: Engine, req: BuildRequest, iidfile: Path, metadata_fi
             "--iidfile", str(iidfile), "--metadata-file", str(metadata_file)]
     if engine.buildx_builder:
         args += ["--builder", engine.buildx_builder]
+    if req.no_cache:
+        args.append("--no-cache")
     build_args = {**req.build_args, "SOURCE_DATE_EPOCH": str(req.source_date_epoch)}
     for key, value in build_args.items():
         args += ["--build-arg", key if is_secret_arg(key, value) else f"{key}={value}"]

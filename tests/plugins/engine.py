@@ -165,3 +165,19 @@ def _stop_pid(pid: int, grace_s: float = 20.0) -> None:
         time.sleep(0.1)
     if _alive(pid):
         os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def pinned_fixture_base(local_registry) -> str:
+    """The offline fixture base (efabuild.fixtures) pushed to the loopback registry, as
+    `REGISTRY/efabuild-fixtures/pytorch@sha256:…`: a FROM pinned by digest, so its keys hold even
+    when another checkout rebuilds the shared fixture tag meanwhile."""
+    from efabuild.fixtures import MINI_NGC_TAG, build_fixtures
+
+    image = build_fixtures()[0].image_id  # by ID: the shared name may be retagged meanwhile
+    name = f"{local_registry}/{MINI_NGC_TAG}"
+    subprocess.run(["docker", "image", "tag", image, name], capture_output=True, check=True)
+    pushed = subprocess.run(["docker", "image", "push", name], capture_output=True, text=True, check=True).stdout
+    digest = next(word for line in pushed.splitlines() if "digest:" in line for word in line.split()
+                  if word.startswith("sha256:"))
+    return f"{name.rsplit(':', 1)[0]}@{digest}"

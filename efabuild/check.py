@@ -1,0 +1,130 @@
+"""`efabuild make --check`: is a stored artifact reproducible? (the spirit of `nix build --check`)
+
+The layer is built again without BuildKit's cache, on its parent's image as the engine has it
+(parents are not rebuilt), exported the way `make` exports, and compared with the stored `.sqsh`
+file by file. The rebuilt image gets a tag of its own and is removed afterwards: the layer's own
+image and artifact stay as they were.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import attrs
+
+from efabuild.errors import EfabuildError, InputError
+from efabuild.model import Layer
+from efabuild.planning import Prepared
+from efabuild.sqshdiff import Difference
+from efabuild.store.layout import short
+from efabuild.ui import Reporter
+
+CHECK_REPO = "efabuild-check"
+# export options that decide the bytes of a .sqsh, as recorded with an artifact
+_PACKING = ("mksquashfs", "time_clamp")
+
+
+@attrs.frozen
+class CheckResult:
+    qualname: str
+    key: str
+    stored: Path
+    stored_digest: str
+    rebuilt_digest: str
+    differences: tuple[Difference, ...]
+    # recorded export options of the stored artifact that differ from this export's
+    packing: tuple[tuple[str, object, object], ...] = ()
+    log: str = ""
+
+    @property
+    def identical(self) -> bool:
+        return self.stored_digest == self.rebuilt_digest
+
+
+def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckResult:
+    from efabuild import make
+    from efabuild.engine.build import BuildRequest, build_layer
+    from efabuild.engine.images import untag_image
+    from efabuild.sqsh import export_image
+    from efabuild.sqshdiff import compare, read_sqsh
+
+    runner = make._Runner(prepared, reporter)
+    lp = prepared.plan.by_name()[qualname]
+    layer: Layer = prepared.graph.nodes[qualname]["layer"]
+    if not layer.artifact:
+        raise InputError(f"{qualname} has no artifact to compare (artifact = false)", "make --check")
+    record = runner.store.record(lp.key)
+    if record is None or not runner.store.has(lp.key):
+        raise EfabuildError(f"{qualname}: no stored artifact for key {short(lp.key)}: "
+                            f"build it first (efabuild make {qualname})")
+    stored = runner.store.lookup(lp.key)
+    if layer.parent and prepared.plan.by_name()[layer.parent].key not in runner.tags:
+        raise EfabuildError(f"{qualname}: its parent {layer.parent} is not in the engine and --check does not "
+                            f"rebuild parents: run `efabuild make {layer.parent}` first")
+    tag = f"{CHECK_REPO}/{layer.name}:{lp.key}"
+    log_path = runner.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.check.log"
+    work = Path(tempfile.mkdtemp(prefix=f"check-{layer.name}-", dir=_tmp(runner.store_root)))
+    try:
+        reporter.started(qualname, "check", f"rebuilding {short(lp.key)} without the build cache")
+        with runner._context_dir(layer, lp) as context_dir:
+            request = BuildRequest(
+                tag=tag, dockerfile=make.generated_dockerfile(runner.from_line(layer, lp), layer.dockerfile),
+                context_dir=context_dir, build_args=dict(layer.args),
+                labels={"org.efabuild.key": lp.key, "org.efabuild.graph": layer.graph,
+                        "org.efabuild.layer": layer.name},
+                platform=prepared.ws.settings.builder.platform,
+                source_date_epoch=make.SOURCE_DATE_EPOCH, no_cache=True,
+            )
+            build_layer(runner.engine, request, log_path, on_line=lambda text: reporter.line(qualname, text),
+                        cancel=runner.cancel)
+        try:
+            rebuilt = export_image(tag, work / "rebuilt.sqsh", options=prepared.ws.settings.export,
+                                   docker=runner.engine.client, epoch=make.SOURCE_DATE_EPOCH)
+        finally:
+            untag_image(runner.engine, tag)
+        differences: tuple[Difference, ...] = ()
+        if rebuilt.digest != record.digest:
+            differences = tuple(compare(read_sqsh(stored), read_sqsh(rebuilt.path)))
+        now = {"mksquashfs": list(rebuilt.options), "time_clamp": rebuilt.time_clamp}
+        packing = tuple((name, record.export.get(name), now[name]) for name in _PACKING
+                        if record.export.get(name) != now[name])
+        return CheckResult(qualname, lp.key, stored, record.digest, rebuilt.digest, differences, packing,
+                           str(log_path))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _tmp(store_root: Path) -> Path:
+    path = store_root / "tmp"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def render(result: CheckResult, limit: int = 50) -> str:
+    """What the user reads: identical, or which files differ and how, and the likely causes."""
+    from efabuild.sqshdiff import summary
+
+    if result.identical:
+        return (f"{result.qualname} ({short(result.key)}): rebuilt without the build cache, identical to "
+                f"the stored artifact ({result.stored_digest})")
+    lines = [f"{result.qualname} ({short(result.key)}): the rebuild differs from the stored artifact "
+             f"{result.stored}"]
+    counts = summary(result.differences)
+    if counts:
+        lines.append("  " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+        lines.extend("  " + d.render() for d in result.differences[:limit])
+        if len(result.differences) > limit:
+            lines.append(f"  … and {len(result.differences) - limit} more")
+    else:
+        lines.append("  every file is the same: the difference is in how the .sqsh was packed")
+    for name, before, after in result.packing:
+        shown = "absent (exported before times were clamped)" if before is None and name == "time_clamp" else before
+        lines.append(f"  stored with export option {name} = {shown}, rebuilt with {after}")
+    lines.append("  usual cause: network fetches at build time (apt-get, pip, curl) get whatever the "
+                 "server has that day: pin versions and digests (lint's EFA017 lists unpinned apt-get "
+                 "installs); time-stamped output (date, timestamp-checked .pyc from a plain import) "
+                 "differs at every build")
+    lines.append(f"  log: {result.log}")
+    return "\n".join(lines)
