@@ -53,6 +53,45 @@ def test_unknown_context_and_unknown_buildx_builder_are_named(docker_engine):
         connect(BuilderSettings(buildx_builder="efabuild-no-such-builder")).check()
 
 
+def test_a_registered_but_dead_builder_is_one_line_naming_it_and_how_to_start_it(docker_engine, tmp_path):
+    """`buildx inspect` exits 0 for it (`Status: inactive`); builds would fail 20 s later."""
+    import socket
+    import sys
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    name = f"efabuild-test-dead-{port}"
+    subprocess.run(["docker", "buildx", "create", "--name", name, "--driver", "remote", f"tcp://127.0.0.1:{port}"],
+                   capture_output=True, check=True)
+    try:
+        with pytest.raises(EngineUnavailable) as caught:
+            connect(BuilderSettings(buildx_builder=name)).check()
+        message = str(caught.value)
+        assert "\n" not in message
+        assert message.startswith(f"buildx builder '{name}' (remote) is not running ")
+        assert f"tcp://127.0.0.1:{port}: inactive" in message and "start the BuildKit daemon" in message
+        # the command line says the same in one line, before planning anything
+        (tmp_path / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
+        (tmp_path / "graphs").mkdir()
+        (tmp_path / "graphs" / "g.toml").write_text('[layers.a]\nbase = "busybox"\ndockerfile = "RUN true"\n')
+        made = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(tmp_path), "make", "--no-lint",
+                               "--builder", f"buildx:{name}"], capture_output=True, text=True)
+        assert made.returncode == 1 and made.stderr.strip() == f"efabuild: {message}"
+    finally:
+        subprocess.run(["docker", "buildx", "rm", name], capture_output=True)
+
+
+def test_builder_nodes_reads_buildx_inspect():
+    from efabuild.engine.client import builder_nodes
+
+    text = ("Name:          farm\nDriver:        remote\nLast Activity: 2026-11-30 16:07:27 +0000 UTC\n\n"
+            "Nodes:\nName:     farm0\nEndpoint: tcp://10.0.0.1:1234\nStatus:   inactive\n\n"
+            "Name:     farm1\nEndpoint: tcp://10.0.0.2:1234\nStatus:   running\nBuildKit version: v0.17.0\n")
+    assert builder_nodes(text) == ("remote", [("farm0", "tcp://10.0.0.1:1234", "inactive"),
+                                              ("farm1", "tcp://10.0.0.2:1234", "running")])
+
+
 def test_host_and_context_together_is_bad_input():
     with pytest.raises(InputError, match=r"^BUILD.toml \[builder\]: set either host or context"):
         connect(BuilderSettings(host="unix:///x.sock", context="other"))

@@ -151,6 +151,31 @@ class Engine:
                     f"({_first_line(found.stderr)}): create it with `docker buildx create --name "
                     f"{self.buildx_builder} ...` or fix [builder] buildx_builder in BUILD.toml"
                 )
+            self._check_builder_runs(found.stdout)
+
+    def _check_builder_runs(self, inspected: str) -> None:
+        """`buildx inspect` exits 0 for a builder none of whose nodes answers (`Status: inactive`):
+        a make would fail 20 s later. A stopped docker-container or kubernetes builder is started
+        here, as a build would start it; a `remote` one cannot be."""
+        driver, nodes = builder_nodes(inspected)
+        if any(status == "running" for _, _, status in nodes):
+            return
+        name = self.buildx_builder
+        shown = ", ".join(f"{node} at {endpoint or '?'}: {status or 'no status'}" for node, endpoint, status in nodes)
+        if driver != "remote":
+            try:
+                started = self.run("buildx", "inspect", "--bootstrap", name, timeout=CHECK_TIMEOUT_S)
+            except EngineTimeout:
+                started = None
+            if started is not None and started.returncode == 0 and any(
+                    status == "running" for _, _, status in builder_nodes(started.stdout)[1]):
+                return
+        how = ("start the BuildKit daemon it points at" if driver == "remote"
+               else f"start it with `docker buildx inspect --bootstrap {name}`")
+        raise EngineUnavailable(
+            f"buildx builder {name!r} ({driver or 'unknown driver'}) is not running ({shown or 'no nodes'}): "
+            f"{how}, or pick another in [builder] buildx_builder"
+        )
 
     def versions(self) -> dict[str, str | None]:
         """Versions of the client, engine, buildx and BuildKit, for build manifests."""
@@ -202,3 +227,24 @@ def connect(builder: BuilderSettings) -> Engine:
 def _first_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[0].removeprefix("ERROR: ") if lines else "no output"
+
+
+def builder_nodes(inspected: str) -> tuple[str, list[tuple[str, str, str]]]:
+    """`docker buildx inspect` text → (driver, [(node, endpoint, status)])."""
+    driver = ""
+    nodes: list[tuple[str, str, str]] = []
+    in_nodes = False
+    for line in inspected.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "Nodes":
+            in_nodes = True
+        elif not in_nodes and key == "Driver":
+            driver = value
+        elif in_nodes and key == "Name":
+            nodes.append((value, "", ""))
+        elif in_nodes and nodes and key == "Endpoint":
+            nodes[-1] = (nodes[-1][0], value, nodes[-1][2])
+        elif in_nodes and nodes and key == "Status":
+            nodes[-1] = (nodes[-1][0], nodes[-1][1], value)
+    return driver, nodes
