@@ -83,9 +83,12 @@ def test_check_finds_a_time_stamp_and_passes_a_reproducible_layer(pinned_fixture
         assert "network fetches" in out
         assert stored.read_bytes() == before  # the stored artifact is left as it was
         # a layer without such steps rebuilds to the same bytes
-        same = efabuild(root, "make", "--check", "g:tools")
+        same = efabuild(root, "make", "--check", "--json", "g:tools")
         assert same.returncode == 0, same.stdout + same.stderr
-        assert "identical" in same.stdout
+        [result] = json.loads(same.stdout)["checks"]
+        assert result["identical"] and result["differences"] == [] and result["packing"] == []
+        assert result["rebuilt_digest"] == result["stored_digest"] == json.loads(
+            Path(efabuild(root, "lookup", "g:tools").stdout.strip()).with_suffix(".json").read_text())["digest"]
         assert not subprocess.run(["docker", "image", "ls", "-q", f"efabuild-check/stamp:{keys['g:stamp']}"],
                                   capture_output=True, text=True).stdout.strip()
         # a graph instead of a layer, an unknown layer: one line, exit 2

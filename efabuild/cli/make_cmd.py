@@ -111,7 +111,8 @@ def _check(ws, args) -> int:
     if args.json:
         import attrs
 
-        print_json({"checks": [attrs.asdict(r) | {"identical": r.identical} for r in results]})
+        print_json({"checks": [attrs.asdict(r) | {"stored": str(r.stored), "identical": r.identical}
+                               for r in results]})
     else:
         print("\n".join(check.render(r) for r in results))
     return 0 if all(r.identical for r in results) else 1
