@@ -515,8 +515,11 @@ def time_clamp(created: Iterable[str]) -> int | None:
 
 def _image_created(docker: Any, image: str, config_created: str) -> list[str]:
     docker_cmd = [str(part) for part in docker.client_config.docker_cmd]
-    listed = subprocess.run([*docker_cmd, "image", "history", "--no-trunc", "--format", "{{.CreatedAt}}", image],
-                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    try:
+        listed = subprocess.run([*docker_cmd, "image", "history", "--no-trunc", "--format", "{{.CreatedAt}}", image],
+                                capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise EfabuildError(f"export {image}: the engine did not list its history within 120 s") from None
     if listed.returncode != 0:
         raise EfabuildError(f"export {image}: cannot read its history: {_last_line(listed.stderr)}")
     return [config_created, *listed.stdout.splitlines()]
