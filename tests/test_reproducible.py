@@ -94,9 +94,10 @@ def test_same_key_gives_the_same_sqsh_on_two_engines(registry_base, second_engin
     from efabuild.sqsh import export_image
 
     # the same base on both engines: same registry digest, same image ID
-    ids = {docker(host, "image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", registry_base)
-           .stdout.strip() for host in (None, second_engine)}
-    assert len(ids) == 1 and registry_base.split("@")[1] in ids.pop()
+    seen = [docker(host, "image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", registry_base)
+            .stdout.strip().split(" ", 1) for host in (None, second_engine)]
+    assert seen[0][0] == seen[1][0]
+    assert all(registry_base in json.loads(repo_digests) for _, repo_digests in seen)
 
     run_id = uuid.uuid4().hex[:12]
     here, there = (demo_workspace(tmp_path / "here", registry_base, run_id),

@@ -180,4 +180,6 @@ def pinned_fixture_base(local_registry) -> str:
     pushed = subprocess.run(["docker", "image", "push", name], capture_output=True, text=True, check=True).stdout
     digest = next(word for line in pushed.splitlines() if "digest:" in line for word in line.split()
                   if word.startswith("sha256:"))
+    # no registry name left behind in the engine: tests of the layer-cache registry count them
+    subprocess.run(["docker", "image", "rm", "--no-prune", name], capture_output=True, check=True)
     return f"{name.rsplit(':', 1)[0]}@{digest}"
