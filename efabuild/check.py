@@ -45,7 +45,7 @@ class CheckResult:
 
 def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckResult:
     from efabuild import make
-    from efabuild.engine.build import BuildRequest, build_layer
+    from efabuild.engine.build import build_layer
     from efabuild.engine.images import untag_image
     from efabuild.sqsh import export_image
     from efabuild.sqshdiff import compare, read_sqsh
@@ -69,16 +69,9 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
     try:
         reporter.started(qualname, "check", f"rebuilding {short(lp.key)} without the build cache")
         with runner._context_dir(layer, lp) as context_dir:
-            request = BuildRequest(
-                tag=tag, dockerfile=make.generated_dockerfile(runner.from_line(layer, lp), layer.dockerfile),
-                context_dir=context_dir, build_args=dict(layer.args),
-                labels={"org.efabuild.key": lp.key, "org.efabuild.graph": layer.graph,
-                        "org.efabuild.layer": layer.name},
-                platform=prepared.ws.settings.builder.platform,
-                source_date_epoch=make.SOURCE_DATE_EPOCH, no_cache=True,
-            )
+            request = runner.build_request(layer, lp, context_dir, tag, no_cache=True)
             build_layer(runner.engine, request, log_path, on_line=lambda text: reporter.line(qualname, text),
-                        cancel=runner.cancel)
+                        cancel=runner.cancel, redact=runner.redact)
         try:
             rebuilt = export_image(tag, work / "rebuilt.sqsh", options=prepared.ws.settings.export,
                                    docker=runner.engine.client, epoch=make.SOURCE_DATE_EPOCH)

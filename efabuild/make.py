@@ -151,24 +151,29 @@ class _Runner:
             return f"FROM {layer.base.ref}@{digest}"
         return f"FROM {layer.base.ref}"
 
+    def build_request(self, layer: Layer, lp: LayerPlan, context_dir: Path, tag: str, *, no_cache: bool = False):
+        from efabuild.engine.build import BuildRequest
+
+        return BuildRequest(
+            tag=tag,
+            dockerfile=generated_dockerfile(self.from_line(layer, lp), layer.dockerfile),
+            context_dir=context_dir,
+            build_args=dict(layer.args),
+            secrets=layer.secrets,
+            labels={"org.efabuild.key": lp.key, "org.efabuild.graph": layer.graph,
+                    "org.efabuild.layer": layer.name},
+            platform=self.ws.settings.builder.platform,
+            source_date_epoch=SOURCE_DATE_EPOCH,
+            no_cache=no_cache,
+        )
+
     def _build(self, layer: Layer, lp: LayerPlan) -> str:
-        from efabuild.engine.build import BuildRequest, build_layer
+        from efabuild.engine.build import build_layer
 
         log_path = self.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        dockerfile = generated_dockerfile(self.from_line(layer, lp), layer.dockerfile)
         with self._context_dir(layer, lp) as context_dir:
-            request = BuildRequest(
-                tag=image_tag(layer.name, lp.key),
-                dockerfile=dockerfile,
-                context_dir=context_dir,
-                build_args=dict(layer.args),
-                secrets=layer.secrets,
-                labels={"org.efabuild.key": lp.key, "org.efabuild.graph": layer.graph,
-                        "org.efabuild.layer": layer.name},
-                platform=self.ws.settings.builder.platform,
-                source_date_epoch=SOURCE_DATE_EPOCH,
-            )
+            request = self.build_request(layer, lp, context_dir, image_tag(layer.name, lp.key))
             build_layer(self.engine, request, log_path,
                         on_line=lambda text: self.reporter.line(lp.qualname, text), cancel=self.cancel,
                         redact=self.redact)
