@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import os
 import sys
 
@@ -112,36 +111,25 @@ def command_in(argv: list[str]) -> str | None:
     return None
 
 
-class _Reporter(logging.Handler):
-    """Prints what the library reports (store warnings, waits) as the CLI's own lines, each once:
-    gc looks at a damaged ref file more than once, the user needs to read about it once."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.seen: set[str] = set()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if message in self.seen:
-            return
-        self.seen.add(message)
-        prefix = "efabuild: warning: " if record.levelno >= logging.WARNING else "efabuild: "
-        print(prefix + message, file=sys.stderr)  # the stderr of the moment (tests capture it)
+# Commands whose usual path never reports anything: they install the reporter only when they
+# leave it (importing logging costs lookup's local hit about a tenth of its time).
+REPORT_ON_DEMAND = {"lookup"}
 
 
-def _report_library_messages() -> None:
-    logger = logging.getLogger("efabuild")
-    for handler in [h for h in logger.handlers if isinstance(h, _Reporter)]:
-        logger.removeHandler(handler)  # main() called again in one process
-    logger.addHandler(_Reporter())
-    logger.setLevel(logging.INFO)
+def report_library_messages() -> None:
+    """Print what the library reports through logging as the CLI's own lines (cli/reporting)."""
+    from efabuild.cli import reporting
+
+    reporting.install()
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    _report_library_messages()
     parser = build_parser(command_in(argv))
     args = parser.parse_args(argv)
+    args.report_messages = report_library_messages
+    if args.command not in REPORT_ON_DEMAND:
+        report_library_messages()
     if args.directory:
         try:
             os.chdir(args.directory)

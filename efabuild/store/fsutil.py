@@ -16,8 +16,6 @@ import contextlib
 import errno
 import os
 import re
-import secrets
-import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -201,6 +199,9 @@ _TEMP = re.compile(r"efatmp\.(?P<host>[^.]+)\.(?P<pid>[0-9]+)\.[0-9a-f]{8}\.")
 
 def temp_name(tmp_dir: Path, stem: str, suffix: str) -> Path:
     """A unique temp path naming its owner, so gc can tell a live writer's file from debris."""
+    import secrets  # here, not at the top: lookup's fast path reads through this module
+    import socket
+
     host = socket.gethostname().split(".")[0] or "host"
     return tmp_dir / f"efatmp.{host}.{os.getpid()}.{secrets.token_hex(4)}.{stem}{suffix}"
 

@@ -19,7 +19,6 @@ sees a `.sqsh` under objects/ also finds its complete record beside it.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 from pathlib import Path
@@ -42,7 +41,12 @@ MANIFEST_LIMIT = 64 << 20
 ENVELOPE_LIMIT = 4 << 20
 CONFIG_LIMIT = 1 << 20
 
-log = logging.getLogger(__name__)
+
+def _warn(message: str, *args: object) -> None:
+    # logging is imported only when there is something to say: lookup's fast path never has
+    import logging
+
+    logging.getLogger(__name__).warning(message, *args)
 
 _HEX = frozenset("0123456789abcdef")
 # graph and layer names become path components: no separators, no leading dot
@@ -209,13 +213,13 @@ class Layout:
         except (FileNotFoundError, NotADirectoryError):
             return []
         except fsutil.UnsafeEntry as exc:
-            log.warning("skipping %s", exc)
+            _warn("skipping %s", exc)
             return []
         for name, is_dir, is_link in entries:
             path = self.objects_dir / name
             if not is_dir:
                 if is_link:
-                    log.warning("skipping %s: a symbolic link, not a directory", fsutil.shown(path))
+                    _warn("skipping %s: a symbolic link, not a directory", fsutil.shown(path))
                 continue
             found.extend(self._committed_in(path, ""))
         return sorted(found)
@@ -261,12 +265,12 @@ class Layout:
         except (FileNotFoundError, NotADirectoryError):
             return []
         except fsutil.UnsafeEntry as exc:
-            log.warning("skipping %s", exc)
+            _warn("skipping %s", exc)
             return []
         for graph_name, is_dir, mode in graphs:
             where = self.refs_dir / graph_name
             if not is_dir:
-                log.warning("skipping %s: %s, not a directory of ref files", fsutil.shown(where),
+                _warn("skipping %s: %s, not a directory of ref files", fsutil.shown(where),
                             fsutil.kind_of(mode))
                 continue
             try:
@@ -278,7 +282,7 @@ class Layout:
                 layer = file[:-5] if file.endswith(".json") else ""
                 if not (_NAME_PART.fullmatch(graph_name) and _NAME_PART.fullmatch(layer)):
                     if not file.startswith("."):  # editors' and tools' hidden files
-                        log.warning("skipping %s: not a ref file name (graph/layer.json)",
+                        _warn("skipping %s: not a ref file name (graph/layer.json)",
                                     fsutil.shown(where / file))
                     continue
                 names.append(f"{graph_name}:{layer}")
