@@ -109,4 +109,5 @@ def test_lookup_builds_only_its_own_parser_and_loads_no_completion_code(tmp_path
     status, modules = result.stdout.split(" ", 1)
     loaded = set(modules.split())
     assert status == "1" and "efabuild.cli.lookup_cmd" in loaded
-    assert not loaded & {"efabuild.cli.plan_cmd", "efabuild.cli.completion_cmd", "shtab", "textwrap"}
+    # (a miss reports through logging, whose traceback module brings textwrap: not help text)
+    assert not loaded & {"efabuild.cli.plan_cmd", "efabuild.cli.completion_cmd", "shtab"}
