@@ -17,6 +17,7 @@ from efabuild.ui import Reporter
 def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
                        tag: str, reporter: Reporter, epoch: int, builder_versions: dict, signer=None) -> Path:
     from efabuild.attest import signed
+    from efabuild.digest import Sha256Pass
     from efabuild.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.sqsh import ENROOT_FORMAT, export_image
@@ -36,8 +37,9 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
 
     try:
         try:
+            # blake3 right after mksquashfs; sha256 below, in a thread while the probe reads the image
             result = export_image(tag, out, options=ws.settings.export, docker=engine.client,
-                                  progress=progress, epoch=epoch)
+                                  progress=progress, epoch=epoch, sha256=False)
         finally:
             for shown in bar:
                 shown.close()
@@ -46,13 +48,14 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
                        "enroot_format": ENROOT_FORMAT,
                        # absent in artifacts exported before times were clamped
                        "time_clamp": result.time_clamp}
+        sha256 = Sha256Pass(result.path)
         manifest = describe_sqsh(
-            result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest, sqsh_sha256=result.sha256,
+            result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest, sqsh_sha256=sha256.result,
             export_options=export_info, base=_base(prepared, layer), chain=_chain(prepared, layer.qualname),
             builder=builder_versions, times={"started": started, "exported": _now()},
         )
         record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info,
-                                         sha256=result.sha256)
+                                         sha256=sha256.result())
         # signed here, before publishing: the statement is stored with the artifact on every tier
         envelope = signed(manifest, signer, f"manifest of {layer.qualname}") if signer is not None else None
         outcome = store.publish(plan.key, result.path, record, manifest, envelope=envelope)

@@ -94,6 +94,30 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return sha256.hexdigest()
 
 
+class Sha256Pass:
+    """sha256 of a file computed in a thread, so that other work (the manifest's probe) runs
+    meanwhile; right after an export the pages are still in the page cache. `result()` waits."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._value: str | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(os.fspath(path),), name="sha256", daemon=True)
+        self._thread.start()
+
+    def _run(self, path: str) -> None:
+        try:
+            self._value = sha256_file(path)
+        except BaseException as exc:  # re-raised by result() in the caller's thread
+            self._error = exc
+
+    def result(self) -> str:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+
 def is_sha256(text: object) -> bool:
     """True for 64 lowercase hex characters (a sha256 as in-toto writes it: no prefix)."""
     return isinstance(text, str) and len(text) == HEX_LENGTH and all(c in "0123456789abcdef" for c in text)

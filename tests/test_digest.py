@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efabuild.digest import Hasher, bytes_digest, file_digest, file_digests, is_digest, is_sha256, sha256_file
+from efabuild.digest import Hasher, Sha256Pass, bytes_digest, file_digest, file_digests, is_digest, is_sha256, sha256_file
 from efabuild.errors import EfabuildError
 from efabuild.store.record import ArtifactRecord
 
@@ -65,7 +65,7 @@ def test_one_read_gives_blake3_and_sha256(tmp_path_factory, data):
     path.write_bytes(data)
     blake3_digest, sha256 = file_digests(path)
     assert blake3_digest == "blake3:" + blake3.blake3(data).hexdigest()
-    assert sha256 == hashlib.sha256(data).hexdigest() == sha256_file(path)
+    assert sha256 == hashlib.sha256(data).hexdigest() == sha256_file(path) == Sha256Pass(path).result()
     assert is_sha256(sha256) and not is_sha256("sha256:" + sha256) and not is_sha256(sha256.upper())
 
 

@@ -7,7 +7,7 @@ reads and verifies a stored manifest for `show` and `diff`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +37,16 @@ def describe_sqsh(
     times: Mapping[str, Any],
     image_env: Mapping[str, str] | Iterable[str] | None = None,
     image_labels: Mapping[str, str] | None = None,
-    sqsh_sha256: str | None = None,
+    sqsh_sha256: str | Callable[[], str] | None = None,
 ) -> bytes:
     """Probe an exported .sqsh and return its canonical manifest bytes, ready for store.publish.
 
     Without `image_env`/`image_labels` the env and labels are read from the .sqsh's /etc/environment
-    and /etc/rc: what Enroot and Pyxis will use when the container starts."""
+    and /etc/rc: what Enroot and Pyxis will use when the container starts. `sqsh_sha256` may be a
+    callable, asked once the probe is done."""
     measured = probe_tree(SqshView(sqsh), image_env, image_labels)
+    if callable(sqsh_sha256):  # computed while the probe ran (see digest.Sha256Pass)
+        sqsh_sha256 = sqsh_sha256()
     return manifests.encode(manifests.build_manifest(
         key=key, name=name, sqsh_digest=sqsh_digest, sqsh_size=Path(sqsh).stat().st_size,
         export_options=export_options, base=base, chain=chain, measured=measured, builder=builder,

@@ -177,6 +177,7 @@ def _export_and_publish(ctx: Context, scratch: Path, signer) -> tuple:  # noqa: 
     from python_on_whales import DockerClient
 
     from efabuild.attest import signed
+    from efabuild.digest import Sha256Pass
     from efabuild.model import ExportSettings
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.store.core import Store
@@ -192,11 +193,14 @@ def _export_and_publish(ctx: Context, scratch: Path, signer) -> tuple:  # noqa: 
         from efabuild.sqsh import export_image
 
         key = hashlib.sha256(uuid.uuid4().bytes).hexdigest()
-        result = export_image(image, out, options=ExportSettings(), docker=docker, sha256=with_signing)
+        # as artifacts.export_and_publish does: sha256 in a thread while the probe runs
+        result = export_image(image, out, options=ExportSettings(), docker=docker, sha256=False)
+        sha256 = Sha256Pass(result.path) if with_signing else None
         manifest = describe_sqsh(result.path, key=key, name=NAME, sqsh_digest=result.digest,
-                                 sqsh_sha256=result.sha256, export_options={}, base=None, chain=[],
-                                 builder={}, times={})
-        record = ArtifactRecord.for_file(key, NAME, result.path, result.digest, sha256=result.sha256)
+                                 sqsh_sha256=sha256.result if sha256 else None, export_options={}, base=None,
+                                 chain=[], builder={}, times={})
+        record = ArtifactRecord.for_file(key, NAME, result.path, result.digest,
+                                         sha256=sha256.result() if sha256 else None)
         envelope = signed(manifest, signer) if with_signing else None
         store = Store.at(scratch / f"export-store-{key[:8]}", show_progress=False)
         store.publish(key, result.path, record, manifest, envelope=envelope)
