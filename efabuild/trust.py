@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tomllib
 from pathlib import Path
 
@@ -34,6 +35,7 @@ TRUST_KEYS = ("keys", "endpoint_url")
 KMS_PREFIX = "arn:aws:kms:"
 PEM_BEGIN = "-----BEGIN PUBLIC KEY-----"
 MAX_PEM_BYTES = 64 << 10
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class TrustPolicy:
@@ -90,15 +92,24 @@ def parse_trust_table(table: object, base: Path, where: str, resolved_dir: Path 
 
 def _read_pem(path: Path, where: str, missing: str | None = None) -> bytes:
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_PEM_BYTES + 1)
+        data = _read_bounded(path, MAX_PEM_BYTES)
     except FileNotFoundError:
         raise InputError(missing or f"no such PEM public key file {path}", where) from None
     except OSError as exc:
         raise InputError(f"cannot read {path} ({exc.strerror})", where) from None
-    if len(data) > MAX_PEM_BYTES or PEM_BEGIN.encode() not in data:
+    if data is None or PEM_BEGIN.encode() not in data:
         raise InputError(f"{path} is not a PEM public key ({PEM_BEGIN})", where)
     return data
+
+
+def _read_bounded(path: Path, limit: int) -> bytes | None:
+    """A regular file's bytes, at most `limit`; None for anything else (a FIFO never blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = handle.read(limit + 1)
+    return data if len(data) <= limit else None
 
 
 def node_config_path(environ: dict[str, str] | None = None) -> Path:
@@ -110,12 +121,17 @@ def node_policy(environ: dict[str, str] | None = None) -> TrustPolicy | None:
     """The node config's policy; None when there is no node config."""
     path = node_config_path(environ)
     try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
+        raw = _read_bounded(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         return None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"not valid TOML ({exc})", str(path)) from None
+    except OSError as exc:
+        raise InputError(f"cannot read ({exc.strerror})", str(path)) from None
+    if raw is None:
+        raise InputError(f"not a regular file of at most {MAX_CONFIG_BYTES} bytes", str(path))
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise InputError(f"not valid TOML ({type(exc).__name__})", str(path)) from None
     unknown = sorted(set(data) - {"trust"})
     if unknown:
         raise InputError(f"unknown key {unknown[0]!r} (known: trust)", str(path))

@@ -327,3 +327,28 @@ def test_the_signed_statement_travels_through_s3_to_a_node_that_fetches(tmp_path
     added = efabuild("sign", key, "--key", str(keys["ed25519"][0]), env={"EFABUILD_STORE": str(builder_store)})
     assert added.returncode == 0 and "stored on store, s3" in added.stdout, added.stdout + added.stderr
     assert len(dsse.decode(builder.s3.envelope(key)).signatures) == 2
+
+
+def test_a_bad_trust_policy_is_one_line_naming_the_file(tmp_path, keys):
+    store, key = stored_artifact(tmp_path, PemSigner(keys["ec"][0]))
+    env = node_env(tmp_path, store, keys["ec"][1])
+    config = Path(env["EFABUILD_TRUST_CONFIG"])
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    cases = {
+        "[trust\n": "not valid TOML",
+        "[trust]\nkeys = [\"missing.pem\"]\n": f"no such PEM public key file {tmp_path / 'missing.pem'}",
+        f"[trust]\nkeys = [\"{fifo}\"]\n": "is not a PEM public key",  # a FIFO is never opened blocking
+        "[trust]\nkey = []\n": "unknown key 'key'",
+        "[trust]\nkeys = [\"arn:aws:kms:us-east-1:1:key/x\"]\n": "a KMS key must be resolved",
+    }
+    for text, problem in cases.items():
+        config.write_text(text)
+        for args in (("verify", key), ("lookup", "--require-signature", key)):
+            result = efabuild(*args, env=env)
+            assert result.returncode == 2 and result.stderr.startswith(f"efabuild: {config}"), result.stderr
+            assert problem in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    os.unlink(config)
+    os.mkfifo(config)
+    result = efabuild("lookup", "--require-signature", key, env=env)
+    assert result.returncode == 2 and "not a regular file" in result.stderr
