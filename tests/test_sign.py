@@ -352,3 +352,14 @@ def test_a_bad_trust_policy_is_one_line_naming_the_file(tmp_path, keys):
     os.mkfifo(config)
     result = efabuild("lookup", "--require-signature", key, env=env)
     assert result.returncode == 2 and "not a regular file" in result.stderr
+
+
+def test_a_fifo_planted_as_the_statement_is_refused_not_waited_on(tmp_path, keys):
+    store, key = stored_artifact(tmp_path, PemSigner(keys["ec"][0]))
+    env = node_env(tmp_path, store, keys["ec"][1])
+    envelope = object_path(store, key, ".intoto.jsonl")
+    envelope.unlink()
+    os.mkfifo(envelope)
+    for args in (("verify", key), ("lookup", "--require-signature", key)):
+        result = efabuild(*args, env=env)
+        assert result.returncode == 1 and "a FIFO, not a file" in result.stdout + result.stderr
