@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
-import tomllib
 from pathlib import Path
 
+from efabuild.configfile import load_toml, read_bytes
 from efabuild.errors import InputError
 
 TRUST_CONFIG_ENV = "EFABUILD_TRUST_CONFIG"
@@ -35,7 +34,6 @@ TRUST_KEYS = ("keys", "endpoint_url")
 KMS_PREFIX = "arn:aws:kms:"
 PEM_BEGIN = "-----BEGIN PUBLIC KEY-----"
 MAX_PEM_BYTES = 64 << 10
-MAX_CONFIG_BYTES = 1 << 20
 
 
 class TrustPolicy:
@@ -91,25 +89,12 @@ def parse_trust_table(table: object, base: Path, where: str, resolved_dir: Path 
 
 
 def _read_pem(path: Path, where: str, missing: str | None = None) -> bytes:
-    try:
-        data = _read_bounded(path, MAX_PEM_BYTES)
-    except FileNotFoundError:
-        raise InputError(missing or f"no such PEM public key file {path}", where) from None
-    except OSError as exc:
-        raise InputError(f"cannot read {path} ({exc.strerror})", where) from None
-    if data is None or PEM_BEGIN.encode() not in data:
+    if not os.path.lexists(path):
+        raise InputError(missing or f"no such PEM public key file {path}", where)
+    data = read_bytes(path, f"{where}: {path}", MAX_PEM_BYTES)
+    if PEM_BEGIN.encode() not in data:
         raise InputError(f"{path} is not a PEM public key ({PEM_BEGIN})", where)
     return data
-
-
-def _read_bounded(path: Path, limit: int) -> bytes | None:
-    """A regular file's bytes, at most `limit`; None for anything else (a FIFO never blocks)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = handle.read(limit + 1)
-    return data if len(data) <= limit else None
 
 
 def node_config_path(environ: dict[str, str] | None = None) -> Path:
@@ -120,18 +105,9 @@ def node_config_path(environ: dict[str, str] | None = None) -> Path:
 def node_policy(environ: dict[str, str] | None = None) -> TrustPolicy | None:
     """The node config's policy; None when there is no node config."""
     path = node_config_path(environ)
-    try:
-        raw = _read_bounded(path, MAX_CONFIG_BYTES)
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return None
-    except OSError as exc:
-        raise InputError(f"cannot read ({exc.strerror})", str(path)) from None
-    if raw is None:
-        raise InputError(f"not a regular file of at most {MAX_CONFIG_BYTES} bytes", str(path))
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise InputError(f"not valid TOML ({type(exc).__name__})", str(path)) from None
+    data = load_toml(path, str(path))
     unknown = sorted(set(data) - {"trust"})
     if unknown:
         raise InputError(f"unknown key {unknown[0]!r} (known: trust)", str(path))
@@ -140,11 +116,7 @@ def node_policy(environ: dict[str, str] | None = None) -> TrustPolicy | None:
 
 def workspace_policy(build_toml: Path, local_store: Path) -> TrustPolicy | None:
     """BUILD.toml's [trust]; None when it has none."""
-    try:
-        with open(build_toml, "rb") as handle:
-            data = tomllib.load(handle)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"not valid TOML ({exc})", str(build_toml)) from None
+    data = load_toml(build_toml, str(build_toml))
     if "trust" not in data:
         return None
     return parse_trust_table(data["trust"], build_toml.parent, f"{build_toml}: trust",
@@ -176,11 +148,7 @@ def policy_for(table, environ: dict[str, str] | None = None) -> TrustPolicy:  # 
 def resolve_workspace_keys(build_toml: Path, local_store: Path) -> TrustPolicy:
     """Ask KMS for the public key of every KMS ARN in BUILD.toml's [trust] and keep it under the
     local store; the policy then reads without KMS. (The one place trust calls KMS.)"""
-    with open(build_toml, "rb") as handle:
-        try:
-            table = tomllib.load(handle).get("trust")
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"not valid TOML ({exc})", str(build_toml)) from None
+    table = load_toml(build_toml, str(build_toml)).get("trust")
     if not isinstance(table, dict) or not table.get("keys"):
         raise InputError("no [trust] keys to resolve", str(build_toml))
     entries = table.get("keys")

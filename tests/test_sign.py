@@ -336,9 +336,9 @@ def test_a_bad_trust_policy_is_one_line_naming_the_file(tmp_path, keys):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     cases = {
-        "[trust\n": "not valid TOML",
+        "[trust\n": "invalid TOML",
         "[trust]\nkeys = [\"missing.pem\"]\n": f"no such PEM public key file {tmp_path / 'missing.pem'}",
-        f"[trust]\nkeys = [\"{fifo}\"]\n": "is not a PEM public key",  # a FIFO is never opened blocking
+        f"[trust]\nkeys = [\"{fifo}\"]\n": "not a regular file (a FIFO)",  # never opened blocking
         "[trust]\nkey = []\n": "unknown key 'key'",
         "[trust]\nkeys = [\"arn:aws:kms:us-east-1:1:key/x\"]\n": "a KMS key must be resolved",
     }
