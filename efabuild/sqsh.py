@@ -555,7 +555,7 @@ def export_image(
 ) -> ExportResult:
     """Export `image` from the engine to the `.sqsh` file `out` (atomically replaced).
 
-    `sha256=False` leaves the sha256 pass out (blake3 only; the benchmark's baseline). `epoch` is
+    `sha256=False` leaves the sha256 pass out (make runs it beside the manifest's probe). `epoch` is
     the time given to the superblock, the root directory, the written files and the
     entries the container's creation adds; with `options.clamp_times`, no other file is newer
     than the image's `time_clamp`. Raises NotFound for an unknown image, EfabuildError
