@@ -20,7 +20,6 @@ import http.server
 import json
 import threading
 import urllib.request
-from pathlib import Path
 
 import pytest
 
