@@ -60,7 +60,3 @@ def trust_config(path: Path, *public_keys: Path) -> Path:
 
 def object_path(store: Path, key: str, suffix: str) -> Path:
     return store / "objects" / key[:2] / f"{key}{suffix}"
-
-
-def make_writable(path: Path) -> None:
-    os.chmod(path, 0o644)
