@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from efabuild.errors import EfabuildError
@@ -81,8 +80,7 @@ def verify_local(path: Path, record: dict) -> None:
 
 
 def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verify: bool = False,
-                cwd: Path | None = None, require_signature: bool = False,
-                before_full_store: Callable[[], None] | None = None) -> tuple[Path, dict]:
+                cwd: Path | None = None, require_signature: bool = False) -> tuple[Path, dict]:
     """(absolute .sqsh path, its record as a dict) for `ref`.
 
     Raises NotFound (absent), AmbiguousRef (prefix matches several), InputError (bad REF or
@@ -106,8 +104,6 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
             _require_signed(layout, key, policy, ref)
         return path, record
     # A miss: the full store resolves remotely, fetches, and words the failure.
-    if before_full_store is not None:
-        before_full_store()  # e.g. the CLI's reporter: the full store may warn or wait for a lock
     from efabuild.store.core import Store
 
     full = Store.from_table(table)
@@ -132,8 +128,7 @@ def _require_signed(layout: Layout, key: str, policy, ref: str) -> None:  # noqa
 
 def run(args) -> int:  # noqa: ANN001 - argparse namespace
     path, record = lookup_path(args.ref, args.store, fetch=not args.no_fetch, verify=args.verify,
-                               require_signature=args.require_signature,
-                               before_full_store=getattr(args, "report_messages", None))
+                               require_signature=args.require_signature)
     if args.json:
         fields = ("key", "name", "size", "digest", "created")
         out = {"path": str(path), **{name: record.get(name) for name in fields}}

@@ -13,6 +13,7 @@ import os
 import sys
 
 from efabuild import __version__
+from efabuild.cli import reporting
 from efabuild.errors import EfabuildError, InputError
 
 # command name -> module under efabuild.cli that defines configure(parser) and run(args) -> int
@@ -111,25 +112,11 @@ def command_in(argv: list[str]) -> str | None:
     return None
 
 
-# Commands whose usual path never reports anything: they install the reporter only when they
-# leave it (importing logging costs lookup's local hit about a tenth of its time).
-REPORT_ON_DEMAND = {"lookup"}
-
-
-def report_library_messages() -> None:
-    """Print what the library reports through logging as the CLI's own lines (cli/reporting)."""
-    from efabuild.cli import reporting
-
-    reporting.install()
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(command_in(argv))
     args = parser.parse_args(argv)
-    args.report_messages = report_library_messages
-    if args.command not in REPORT_ON_DEMAND:
-        report_library_messages()
+    reporting.install()  # what the library reports, printed as our own lines
     if args.directory:
         try:
             os.chdir(args.directory)

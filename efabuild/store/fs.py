@@ -16,13 +16,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import logging
 import os
 import socket
 import stat
 import time
 from pathlib import Path
 
+from efabuild import notices
 from efabuild.digest import file_digest
 from efabuild.errors import EfabuildError
 from efabuild.progress import Progress
@@ -50,15 +50,12 @@ REUSED = "reused"
 REPAIRED = "repaired"
 
 
-log = logging.getLogger(__name__)
-
-
 def _warn(message: str) -> None:
-    log.warning(message)
+    notices.warn(message)
 
 
 def _on_wait(what: str) -> None:
-    log.info("waiting for another process holding %s", what)
+    notices.note(f"waiting for another process holding {what}")
 
 
 class FilesystemTier:

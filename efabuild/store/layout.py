@@ -23,6 +23,7 @@ import os
 import re
 from pathlib import Path
 
+from efabuild import notices
 from efabuild.errors import EfabuildError, InputError
 from efabuild.store import fsutil
 
@@ -43,10 +44,7 @@ CONFIG_LIMIT = 1 << 20
 
 
 def _warn(message: str, *args: object) -> None:
-    # logging is imported only when there is something to say: lookup's fast path never has
-    import logging
-
-    logging.getLogger(__name__).warning(message, *args)
+    notices.warn(message % args)
 
 _HEX = frozenset("0123456789abcdef")
 # graph and layer names become path components: no separators, no leading dot
