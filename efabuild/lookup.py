@@ -14,10 +14,10 @@ from pathlib import Path
 from efabuild.errors import EfabuildError
 from efabuild.store.fsutil import shown
 from efabuild.store.layout import SQSH_SUFFIX, Layout, classify_ref, newest_ref, record_problems, resolve_in
-from efabuild.store.locate import StoreTable, locate
+from efabuild.store.config import StoreConfig, locate
 
 
-def find_local(table: StoreTable, ref: str, ask_s3: bool = False) -> tuple[str, Layout, dict] | None:
+def find_local(table: StoreConfig, ref: str, ask_s3: bool = False) -> tuple[str, Layout, dict] | None:
     """(key, layout of the tier holding it, its record) when a filesystem tier holds it intact,
     else None.
 
@@ -106,7 +106,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     # A miss: the full store resolves remotely, fetches, and words the failure.
     from efabuild.store.core import Store
 
-    full = Store.from_table(table)
+    full = Store.from_config(table)
     path = full.lookup(ref, fetch=fetch, verify=verify)
     key = path.name[: -len(SQSH_SUFFIX)]
     record = full.record(key)

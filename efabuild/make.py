@@ -219,7 +219,7 @@ class _Runner:
         if self._store is None:
             from efabuild.store import Store
 
-            self._store = Store.from_settings(self.ws.settings.store, self.ws.root)
+            self._store = Store.from_config(self.ws.settings.store)
         return self._store
 
     def _export_and_publish(self, layer: Layer, lp: LayerPlan) -> str:

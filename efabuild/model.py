@@ -9,29 +9,12 @@ from pathlib import Path
 
 import attrs
 
+from efabuild.store.config import StoreConfig  # stdlib-only: the store's settings, parsed once
+
 DEFAULT_PLATFORM = "linux/amd64"
 
 # Enroot's defaults (ENROOT_SQUASH_OPTIONS): lzo for portability, data blocks left uncompressed.
 ENROOT_SQUASH_OPTIONS = ("-comp", "lzo", "-noD")
-
-
-@attrs.frozen
-class S3Settings:
-    bucket: str
-    prefix: str = ""
-    region: str | None = None
-    endpoint_url: str | None = None
-
-
-@attrs.frozen
-class StoreSettings:
-    """Where artifacts live. `local` is always present; `shared` (FSx) and `s3` are optional."""
-
-    local: Path
-    shared: Path | None = None
-    s3: S3Settings | None = None
-    keep: int = 3  # gc keeps the newest N keys of every name
-    pins: tuple[str, ...] = ()  # refs or keys gc never deletes
 
 
 @attrs.frozen
@@ -91,7 +74,7 @@ class SignSettings:
 @attrs.frozen
 class Settings:
     graph_files: tuple[str, ...] = ("graphs/*.toml",)
-    store: StoreSettings = attrs.field(factory=lambda: StoreSettings(local=Path("cache")))
+    store: StoreConfig = attrs.field(factory=lambda: StoreConfig(local=Path("cache")))
     builder: BuilderSettings = attrs.field(factory=BuilderSettings)
     registry: RegistrySettings | None = None
     export: ExportSettings = attrs.field(factory=ExportSettings)

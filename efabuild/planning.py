@@ -176,7 +176,7 @@ def _stored_keys(ws: Workspace, graph, order, inputs, remote: bool) -> set[str]:
         return set()
     from efabuild.store import Store
 
-    store = Store.from_settings(ws.settings.store, ws.root)
+    store = Store.from_config(ws.settings.store)
     fs_tiers = len(store.fs_tiers)
     if remote and store.s3_settings is not None:
         try:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from efabuild.configfile import load_toml
 from efabuild.errors import EfabuildError, InputError
-from efabuild.store.locate import STORE_ENV
+from efabuild.store.config import STORE_ENV
 
 SCHEME = "efabuild://"
 PYXIS_PREFIXES = ("docker://",)

@@ -27,12 +27,11 @@ from efabuild.model import (
     Layer,
     LintIgnore,
     RegistrySettings,
-    S3Settings,
     SignSettings,
     Settings,
-    StoreSettings,
     Workspace,
 )
+from efabuild.store.config import parse_store_table
 
 BUILD_FILE = "BUILD.toml"
 
@@ -137,7 +136,7 @@ def _settings(data: dict[str, Any], file: str, root: Path) -> Settings:
     graph_files = ws.str_list("graphs", defaults.graph_files) if ws else defaults.graph_files
     return Settings(
         graph_files=graph_files,
-        store=_store(top.table("store", ("local", "shared", "keep", "pins", "s3")), root),
+        store=parse_store_table(data.get("store"), root, file),
         builder=_builder(top.table("builder", ("platform", "jobs", "context", "host", "buildx_builder"))),
         registry=_registry(top.table("registry", ("url", "insecure"))),
         export=_export(top.table("export", ("compression", "compress_data", "extra_options", "clamp_times"))),
@@ -164,39 +163,6 @@ def _trust(t: _Table | None) -> tuple[str, ...]:
     if not all(k.strip() for k in keys):
         raise InputError("an empty entry: give PEM public key files, PEM keys or KMS key ARNs", t.where("keys"))
     return keys
-
-
-def _store(t: _Table | None, root: Path) -> StoreSettings:
-    if t is None:
-        return StoreSettings(local=root / "cache")
-    s3 = t.table("s3", ("bucket", "prefix", "region", "endpoint_url"))
-    s3_settings = None
-    if s3 is not None:
-        bucket = s3.get("bucket", str)
-        if not bucket:
-            raise InputError("missing: the S3 tier needs a bucket", s3.where("bucket"))
-        endpoint_url = s3.get("endpoint_url", str)
-        problem = endpoint_url is not None and grammar.endpoint_url_problem(endpoint_url)
-        if problem:
-            raise InputError(problem, s3.where("endpoint_url"))
-        s3_settings = S3Settings(bucket=bucket, prefix=s3.get("prefix", str, ""),
-                                 region=s3.get("region", str), endpoint_url=endpoint_url)
-    keep = t.get("keep", int, 3)
-    if keep < 1:
-        raise InputError("must be at least 1", t.where("keep"))
-    shared = t.get("shared", str)
-    return StoreSettings(
-        local=_dir_setting(t.get("local", str, "cache"), root),
-        shared=_dir_setting(shared, root) if shared else None,
-        s3=s3_settings,
-        keep=keep,
-        pins=t.str_list("pins"),
-    )
-
-
-def _dir_setting(value: str, root: Path) -> Path:
-    path = Path(os.path.expanduser(value))
-    return path if path.is_absolute() else root / path
 
 
 def _builder(t: _Table | None) -> BuilderSettings:

@@ -166,14 +166,14 @@ def _install_pause(point: str) -> None:
 
 def _main(plan_path: str) -> int:
     plan = json.loads(Path(plan_path).read_text())
-    from efabuild.model import S3Settings
+    from efabuild.store.config import S3Config
     from efabuild.store.core import Store
     from efabuild.store.fs import FilesystemTier
 
     if plan.get("pause"):
         _install_pause(plan["pause"])
     tiers = [FilesystemTier(path, name) for name, path in plan["tiers"]]
-    s3 = S3Settings(**plan["s3"]) if plan.get("s3") else None
+    s3 = S3Config(**plan["s3"]) if plan.get("s3") else None
     store = Store(tiers, s3, show_progress=False, s3_options={"part_size": 5 * 1024 * 1024})
     sqsh = Path(plan["sqsh"])
     record = record_for(plan["key"], plan["name"], sqsh)

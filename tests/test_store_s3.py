@@ -12,7 +12,7 @@ import pytest
 
 from efabuild.digest import file_digest
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.model import S3Settings
+from efabuild.store.config import S3Config
 from efabuild.store.core import Store
 from efabuild.store.fs import PUBLISHED, REUSED, FilesystemTier
 from efabuild.store.s3 import S3Tier, part_size_for
@@ -33,8 +33,8 @@ SMALL_PARTS = {"part_size": 5 * MiB}  # S3's minimum, so a 12 MiB file has three
 
 
 @pytest.fixture
-def settings(moto_server: str, s3_bucket: str) -> S3Settings:
-    return S3Settings(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=moto_server)
+def settings(moto_server: str, s3_bucket: str) -> S3Config:
+    return S3Config(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=moto_server)
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +42,11 @@ def big_sqsh(tmp_path_factory) -> Path:
     return make_sqsh(tmp_path_factory.mktemp("big"), os.urandom(12 * MiB), "big")
 
 
-def builder_store(base: Path, settings: S3Settings) -> Store:
+def builder_store(base: Path, settings: S3Config) -> Store:
     return Store([FilesystemTier(base / "cache", "local")], settings, show_progress=False, s3_options=SMALL_PARTS)
 
 
-def published(base: Path, settings: S3Settings, sqsh: Path, name: str = "ngc-efa:user",
+def published(base: Path, settings: S3Config, sqsh: Path, name: str = "ngc-efa:user",
               manifest: bytes | None = b'{"m": 1}') -> str:
     key = key_for(name + str(sqsh))
     results = builder_store(base, settings).publish(key, sqsh, record_for(key, name, sqsh), manifest)

@@ -22,10 +22,9 @@ import attrs
 
 from efabuild.digest import bytes_digest
 from efabuild.errors import EfabuildError, InputError, NotFound
-from efabuild.model import S3Settings, StoreSettings
 from efabuild.store.fs import FilesystemTier
 from efabuild.store.layout import check_key, classify_ref, newest_ref, pick_one, resolve_in, short
-from efabuild.store.locate import DEFAULT_KEEP, StoreTable, bare_store, locate
+from efabuild.store.config import DEFAULT_KEEP, S3Config, StoreConfig, bare_store, locate
 from efabuild.store.lock import LockBusy
 from efabuild.store.record import ArtifactRecord
 
@@ -69,12 +68,7 @@ def _current_targets(tiers) -> set[str]:
     return current
 
 
-def s3_settings_from_dict(data: dict) -> S3Settings:
-    return S3Settings(bucket=data["bucket"], prefix=data.get("prefix") or "",
-                      region=data.get("region"), endpoint_url=data.get("endpoint_url"))
-
-
-def store_config_text(s3: S3Settings) -> str:
+def store_config_text(s3: S3Config) -> str:
     """store.toml for a store directory: where its S3 tier is. Never credentials."""
     lines = [
         "# Where this store's S3 tier is; written by efabuild when it publishes.",
@@ -92,7 +86,7 @@ class Store:
     def __init__(
         self,
         fs_tiers: list[FilesystemTier],
-        s3: S3Settings | None = None,
+        s3: S3Config | None = None,
         *,
         keep: int = DEFAULT_KEEP,
         pins: tuple[str, ...] = (),
@@ -111,29 +105,19 @@ class Store:
 
     # ---- construction
     @classmethod
-    def from_settings(cls, settings: StoreSettings, root: Path, **options: object) -> Store:
-        """The store of a workspace rooted at `root` (relative paths are relative to it)."""
-        tiers = []
-        if settings.shared is not None:
-            tiers.append(FilesystemTier(Path(root) / settings.shared, "shared"))
-        tiers.append(FilesystemTier(Path(root) / settings.local, "local"))
-        return cls(tiers, settings.s3, keep=settings.keep, pins=settings.pins, **options)
-
-    @classmethod
-    def from_table(cls, table: StoreTable, **options: object) -> Store:
-        tiers = [FilesystemTier(path, name) for name, path in table.roots()]
-        s3 = s3_settings_from_dict(table.s3) if table.s3 else None
-        return cls(tiers, s3, keep=table.keep, pins=table.pins, **options)
+    def from_config(cls, config: StoreConfig, **options: object) -> Store:
+        tiers = [FilesystemTier(path, name) for name, path in config.roots()]
+        return cls(tiers, config.s3, keep=config.keep, pins=config.pins, **options)
 
     @classmethod
     def at(cls, path: str | os.PathLike[str], **options: object) -> Store:
         """A bare store directory (e.g. /fsx/efabuild on a compute node); S3 from its store.toml."""
-        return cls.from_table(bare_store(os.fspath(path), str(path)), **options)
+        return cls.from_config(bare_store(os.fspath(path), str(path)), **options)
 
     @classmethod
     def locate(cls, store: str | None = None, cwd: Path | None = None, **options: object) -> Store:
         """--store PATH, else $EFABUILD_STORE, else the workspace's [store] table."""
-        return cls.from_table(locate(store, cwd), **options)
+        return cls.from_config(locate(store, cwd), **options)
 
     # ---- tiers
     @property

@@ -37,8 +37,8 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from efabuild.digest import file_digest, is_digest
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.model import S3Settings
 from efabuild.progress import Progress
+from efabuild.store.config import S3Config
 from efabuild.store.fs import PUBLISHED, REUSED, check_publish_input
 from efabuild.store.layout import (
     ENVELOPE_SUFFIX,
@@ -114,7 +114,7 @@ class S3Tier:
 
     def __init__(
         self,
-        settings: S3Settings,
+        settings: S3Config,
         *,
         client: object | None = None,
         part_size: int = DEFAULT_PART_SIZE,

@@ -98,7 +98,7 @@ def scenarios(ctx: Context, ids: list[str]) -> list:
     import boto3
 
     from efabuild.digest import file_digest
-    from efabuild.model import S3Settings
+    from efabuild.store.config import S3Config
     from efabuild.store.core import Store
     from efabuild.store.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
@@ -116,7 +116,7 @@ def scenarios(ctx: Context, ids: list[str]) -> list:
         client = boto3.session.Session().client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
         bucket = f"bench-{secrets.token_hex(4)}"
         client.create_bucket(Bucket=bucket)
-        settings = S3Settings(bucket=bucket, endpoint_url=server.endpoint, region="us-east-1")
+        settings = S3Config(bucket=bucket, endpoint_url=server.endpoint, region="us-east-1")
         tier = S3Tier(settings, show_progress=False)
 
         def record_for(key: str) -> ArtifactRecord:
