@@ -70,13 +70,26 @@ def intact_record(layout: Layout, key: str) -> dict | None:
     return record
 
 
-def verify_local(path: Path, record: dict) -> None:
-    """Re-hash a stored .sqsh and compare it with its record (blake3 imported only here)."""
-    from efabuild.digest import file_digest
+def verify_tiers(table: StoreConfig, key: str) -> None:
+    """Re-hash every filesystem tier's copy of `key` against its record (blake3 imported only
+    here); one EfabuildError naming each tier whose copy is damaged."""
+    from efabuild.store.record import ArtifactRecord
+    from efabuild.store.transfer import DamagedCopy, check_file
 
-    actual = file_digest(path)
-    if actual != record.get("digest"):
-        raise EfabuildError(f"{path}: corrupt artifact: digest {actual}, its record says {record.get('digest')}")
+    problems = []
+    for name, root in table.roots():
+        layout = Layout(root)
+        try:
+            record = intact_record(layout, key)
+            if record is None:
+                continue
+            check_file(name, layout.sqsh_path(key).absolute(), ArtifactRecord.from_dict(record))
+        except DamagedCopy as exc:
+            problems.append(str(exc))
+        except EfabuildError as exc:
+            problems.append(f"{name} tier: {exc}")
+    if problems:
+        raise EfabuildError("; ".join(problems))
 
 
 def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verify: bool = False,
@@ -99,7 +112,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         key, layout, record = hit
         path = layout.sqsh_path(key).absolute()
         if verify:
-            verify_local(path, record)
+            verify_tiers(table, key)
         if policy is not None:
             _require_signed(layout, key, policy, ref)
         return path, record

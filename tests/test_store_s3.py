@@ -109,7 +109,7 @@ def test_a_corrupted_s3_object_is_refused_and_nothing_becomes_visible(tmp_path, 
                          Metadata={"blake3": file_digest(big_sqsh).removeprefix("blake3:")})
     shared = tmp_path / "fsx"
     store = Store([FilesystemTier(shared, "shared")], settings, show_progress=False, s3_options=SMALL_PARTS)
-    with pytest.raises(EfabuildError, match="corrupt: digest"):
+    with pytest.raises(EfabuildError, match="corrupt artifact: digest"):
         store.lookup(key)
     assert not store.fs_tiers[0].has(key)
     assert os.listdir(shared / "tmp") == []

@@ -22,13 +22,18 @@ import attrs
 
 from efabuild.digest import bytes_digest
 from efabuild.errors import EfabuildError, InputError, NotFound
-from efabuild.store.fs import FilesystemTier
+from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.layout import check_key, classify_ref, newest_ref, pick_one, resolve_in, short
 from efabuild.store.config import DEFAULT_KEEP, S3Config, StoreConfig, bare_store, locate
 from efabuild.store.lock import LockBusy
 from efabuild.store.record import ArtifactRecord
+from efabuild.store.transfer import DamagedCopy, send, transfer, verified_copy
 
 S3_TIER = "s3"
+
+
+def _warn(message: str) -> None:
+    print(f"efabuild: warning: {message}", file=sys.stderr)
 
 
 @attrs.frozen
@@ -102,6 +107,7 @@ class Store:
         self.show_progress = show_progress
         self._s3_options = dict(s3_options or {})
         self._s3 = None
+        self._damaged: dict[str, set[str]] = {}  # key -> tiers whose copy failed verification
 
     # ---- construction
     @classmethod
@@ -168,17 +174,46 @@ class Store:
         return len(self.where(key)) == len(self.tier_names)
 
     def complete(self, key: str) -> dict[str, str] | None:
-        """Copy `key` from a tier that has it into the tiers that don't; None if no filesystem
-        tier has it (then it must be exported). Saves a re-export when only one tier lacks it."""
+        """Copy `key` from a tier holding a good copy into the tiers lacking it, and repair damaged
+        copies from it. None when no tier holds a good copy: then it must be exported (and
+        publishing the export replaces the damaged copies). Saves a re-export when only one tier
+        lacks it. Filesystem tiers are tried first: an S3 source costs a download."""
         check_key(key)
-        hit = self.local_hit(key)
-        if hit is None:
+        holders = [tier for tier in self._tiers(remote=True) if tier.has(key)]
+        if not holders:
             return None
-        tier, path = hit
-        record = tier.record(key)
-        if record is None:
-            return None
-        return self.publish(key, path, record, tier.manifest(key), envelope=tier.envelope(key))
+        lacking = [tier for tier in self._tiers(remote=True) if tier not in holders]
+        for source in holders:
+            try:
+                with verified_copy(key, source, self.local_tier) as copy:
+                    damaged = self._damaged.get(key, set())
+                    results = {t.name: REUSED for t in holders if t.name not in damaged}
+                    for target in lacking + [t for t in holders if t.name in damaged]:
+                        results[target.name] = self._send(copy, target)
+                    self._record_names(copy.record.name, key, [t for t in lacking])
+                    return results
+            except DamagedCopy as exc:
+                _warn(f"{exc}; not copied from there")
+                self._damaged.setdefault(key, set()).add(source.name)
+        return None
+
+    def _send(self, copy, target) -> str:  # noqa: ANN001 - a transfer.Copy, a tier
+        """One verified copy onto one tier, replacing a copy found damaged there."""
+        damaged = self._damaged.get(copy.key, set())
+        repairing = target.name in damaged
+        if repairing and target.name == S3_TIER:
+            target.delete(copy.key)  # S3 keeps the first object written under a key: make room
+        outcome = send(copy, target, show_progress=self.show_progress)
+        if repairing:
+            damaged.discard(target.name)
+            outcome = REPAIRED if outcome == PUBLISHED else outcome
+        return outcome
+
+    def _record_names(self, name: str, key: str, tiers: list) -> None:
+        for tier in tiers:
+            tier.append_ref(name, key)
+            if isinstance(tier, FilesystemTier) and self.s3_settings is not None:
+                tier.write_config(store_config_text(self.s3_settings))
 
     # ---- publish
     def publish(
@@ -201,23 +236,18 @@ class Store:
             record = attrs.evolve(record, manifest_digest=bytes_digest(manifest))
         elif record.manifest_digest is not None:
             record = attrs.evolve(record, manifest_digest=None)  # no manifest stored with it
-        results: dict[str, str] = {}
-        source, current, current_manifest, current_envelope = Path(sqsh), record, manifest, envelope
-        for tier in reversed(self.fs_tiers):  # local first: a link, no copy
-            results[tier.name] = tier.publish(key, source, current, current_manifest,
-                                              show_progress=self.show_progress, envelope=current_envelope)
-            # Later tiers copy what this tier holds (it may have kept an earlier identical export).
-            source = tier.sqsh_path(key)
-            current = tier.record(key) or current
-            current_manifest = tier.manifest(key)
-            current_envelope = tier.envelope(key)
-            # the name asked for: identical inputs in two graphs share one object under two names
-            tier.append_ref(record.name, key)
-            if self.s3_settings is not None:
-                tier.write_config(store_config_text(self.s3_settings))
-        if self.s3 is not None:
-            results[S3_TIER] = self.s3.publish(key, source, current, current_manifest, envelope=current_envelope)
-            self.s3.append_ref(record.name, key)
+        # The export goes to the local tier first (a link, no copy); the other tiers copy what the
+        # local tier then holds (it may have kept an earlier identical export), which publish has
+        # just written or re-hashed: trusted, not hashed again.
+        first, others = self.local_tier, [t for t in self._tiers(remote=True) if t is not self.local_tier]
+        results = {first.name: first.publish(key, Path(sqsh), record, manifest, show_progress=self.show_progress,
+                                             envelope=envelope)}
+        self._damaged.get(key, set()).discard(first.name)
+        with verified_copy(key, first, first, trusted=True) as copy:
+            for target in others:
+                results[target.name] = self._send(copy, target)
+        # the name asked for: identical inputs in two graphs share one object under two names
+        self._record_names(record.name, key, [first, *others])
         return results
 
     def name(self, name: str, key: str) -> None:
@@ -260,10 +290,11 @@ class Store:
         key = self.resolve(ref, remote=fetch)
         hit = self.local_hit(key)
         if hit is not None:
-            tier, path = hit
             if verify:
-                tier.verify(key)
-            return path
+                damaged = [str(exc) for tier, exc in self.verify(key, remote=False) if exc is not None]
+                if damaged:
+                    raise EfabuildError("; ".join(damaged))
+            return hit[1]
         if self.s3_settings is None:
             raise NotFound(f"artifact {short(key)} ({ref}) is in no tier of {self.describe()}")
         if not fetch:
@@ -276,6 +307,20 @@ class Store:
             when = s3_history[-1]["time"] if s3_history and s3_history[-1]["key"] == key else None
             self.fetch_tier.append_ref(value, key, when=when, via=S3_TIER)
         return path
+
+    def verify(self, key: str, *, remote: bool = True) -> list[tuple[str, DamagedCopy | None]]:
+        """Every tier's copy of `key` re-hashed against its record: [(tier, None or what is wrong)].
+        An S3 copy is verified by downloading it into the local tier's tmp/ (removed after)."""
+        found = []
+        for tier in self._tiers(remote):
+            if not tier.has(key):
+                continue
+            try:
+                with verified_copy(key, tier, self.local_tier):
+                    found.append((tier.name, None))
+            except DamagedCopy as exc:
+                found.append((tier.name, exc))
+        return found
 
     def local_hit(self, key: str) -> tuple[FilesystemTier, Path] | None:
         for tier in self.fs_tiers:
@@ -291,27 +336,7 @@ class Store:
         with target.key_lock(key):
             if target.has(key):  # fetched by someone else while we waited
                 return target.sqsh_path(key)
-            record = self.s3.record(key)
-            if record is None:
-                raise NotFound(f"artifact {short(key)} is in no tier of {self.describe()}")
-            if record.key != key:
-                raise EfabuildError(f"{self.s3.url(self.s3.record_object(key))}: record is for "
-                                    f"{short(record.key)}, not {short(key)}")
-            manifest = self.s3.manifest(key) if record.manifest_digest else None
-            if manifest is not None and bytes_digest(manifest) != record.manifest_digest:
-                print(f"efabuild: warning: s3 tier: the manifest of {short(key)} does not match its "
-                      f"record; fetching the artifact without it", file=sys.stderr)
-                manifest = None
-            if manifest is None and record.manifest_digest:
-                record = attrs.evolve(record, manifest_digest=None)
-            envelope = self.s3.envelope(key)  # checked by whoever verifies, like on any tier
-            staged = target.staging_path(key)
-            try:
-                self.s3.download(key, staged, record)
-                target.publish_locked(key, staged, record, manifest, show_progress=self.show_progress,
-                                      envelope=envelope)
-            finally:
-                staged.unlink(missing_ok=True)
+            transfer(key, self.s3, [target], target, locked=True, show_progress=self.show_progress)
         return target.sqsh_path(key)
 
     # ---- metadata

@@ -29,6 +29,7 @@ from efabuild.progress import Progress
 from efabuild.store import fsutil
 from efabuild.store.layout import (
     ENVELOPE_SUFFIX,
+    MANIFEST_LIMIT,
     MANIFEST_SUFFIX,
     RECORD_SUFFIX,
     SQSH_SUFFIX,
@@ -40,6 +41,7 @@ from efabuild.store.layout import (
 from efabuild.store.fsutil import UnsafeEntry, shown
 from efabuild.store.lock import FileLock, LockBusy, pid_alive
 from efabuild.store.record import ArtifactRecord, utc_now
+from efabuild.store.transfer import DamagedCopy, check_file
 
 MAX_REF_HISTORY = 1000
 # Temp files of writers on other hosts are only judged by age.
@@ -89,12 +91,16 @@ class FilesystemTier:
         return record
 
     def manifest(self, key: str) -> bytes | None:
+        return self.sidecar(key, MANIFEST_SUFFIX)
+
+    def sidecar(self, key: str, suffix: str) -> bytes | None:
+        """A file stored beside a committed .sqsh (e.g. its manifest), None when absent."""
         if not self.has(key):
             return None
         try:
-            return self.layout.read_manifest(key)
+            return fsutil.read_under(self.root, self.layout.object_dir(key) / (key + suffix), MANIFEST_LIMIT)
         except UnsafeEntry as exc:
-            _warn(f"{self.name} tier: ignoring {exc}")  # then: no manifest, as audit and show say
+            _warn(f"{self.name} tier: ignoring {exc}")  # then: no such file, as audit and show say
             return None
 
     def envelope(self, key: str) -> bytes | None:
@@ -113,6 +119,9 @@ class FilesystemTier:
             if not self.layout.has(key):
                 raise EfabuildError(f"{self.name} tier has no artifact {short(key)}")
             fsutil.atomic_write_bytes(self.layout.envelope_path(key), envelope, self.layout.tmp_dir)
+
+    def describe(self, key: str) -> str:
+        return str(self.sqsh_path(key))
 
     def list(self) -> list[ArtifactRecord]:
         """Every committed artifact; one that is damaged or planted is skipped with a warning."""
@@ -135,15 +144,7 @@ class FilesystemTier:
         record = self.record(key)
         if record is None:
             raise EfabuildError(f"{self.name} tier has no artifact {short(key)}")
-        path = self.sqsh_path(key)
-        size = self.layout.committed(key).st_size
-        if size != record.size:
-            raise EfabuildError(
-                f"{path}: corrupt artifact: {size} bytes, its record says {record.size}"
-            )
-        actual = file_digest(path)
-        if actual != record.digest:
-            raise EfabuildError(f"{path}: corrupt artifact: digest {actual}, its record says {record.digest}")
+        check_file(self.name, self.sqsh_path(key), record)
 
     # ---- locks
     def key_lock(self, key: str, **options: object) -> FileLock:
@@ -190,20 +191,24 @@ class FilesystemTier:
             except EfabuildError as exc:  # damaged or forged: we hold the lock, write it anew
                 _warn(f"{self.name} tier: replacing {short(key)}: {exc}")
                 existing = None
-            stored = self.layout.committed(key)
-            if existing is None or stored is None:
+            if existing is None or self.layout.committed(key) is None:
                 repairing = True
-            elif stored.st_size == existing.size:
+            else:
+                # Re-hashed before it is kept: a damaged copy kept here would be copied on as good.
+                # (Reached only when someone else published first, or to repair: never on a warm path.)
+                try:
+                    check_file(self.name, self.sqsh_path(key), existing)
+                except DamagedCopy as exc:
+                    _warn(f"{exc}; replacing it")
+                    repairing = True
+                    existing = None
+            if existing is not None:
                 if existing.digest != record.digest:
                     _warn(
                         f"{self.name} tier: {short(key)} exists with digest {existing.digest}; the new "
                         f"export has {record.digest} (export not byte-identical); keeping the stored one"
                     )
                 return REUSED
-            else:
-                _warn(f"{self.name} tier: {short(key)} is damaged ({stored.st_size} bytes, record says "
-                      f"{existing.size}); replacing it")
-                repairing = True
 
         with contextlib.ExitStack() as stack:
             tmp_fd = stack.enter_context(fsutil.store_dir(self.root, "tmp", create=True))

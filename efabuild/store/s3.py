@@ -51,6 +51,7 @@ from efabuild.store.layout import (
     split_name,
 )
 from efabuild.store.record import ArtifactRecord, utc_now
+from efabuild.store.transfer import DamagedCopy
 
 MiB = 1024 * 1024
 MIN_PART_SIZE = 5 * MiB  # S3's floor for all parts but the last
@@ -232,7 +233,14 @@ class S3Tier:
         return ArtifactRecord.from_json(data, self.url(self.record_object(key)))
 
     def manifest(self, key: str) -> bytes | None:
-        return self._get_bytes(self.manifest_object(check_key(key)))
+        return self.sidecar(key, MANIFEST_SUFFIX)
+
+    def sidecar(self, key: str, suffix: str) -> bytes | None:
+        """An object stored beside the .sqsh (e.g. its manifest), None when absent."""
+        return self._get_bytes(self._path("objects", key[:2], check_key(key) + suffix))
+
+    def describe(self, key: str) -> str:
+        return self.url(self.sqsh_object(key))
 
     def envelope(self, key: str) -> bytes | None:
         """The signed statement (one DSSE envelope), None when unsigned."""
@@ -415,7 +423,7 @@ class S3Tier:
             raise NotFound(f"{what}: missing although its record exists (deleted meanwhile?)")
         size, etag = head["ContentLength"], head["ETag"]
         if size != record.size:
-            raise EfabuildError(f"{what}: corrupt: {size} bytes, its record says {record.size}; not fetched")
+            raise DamagedCopy(self.name, what, f"{size} bytes, its record says {record.size}; not fetched")
         part = part_size_for(size, self.part_size)
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
@@ -449,7 +457,7 @@ class S3Tier:
         actual = file_digest(dest)
         if actual != record.digest:
             dest.unlink(missing_ok=True)
-            raise EfabuildError(f"{what}: corrupt: digest {actual}, its record says {record.digest}; not fetched")
+            raise DamagedCopy(self.name, what, f"digest {actual}, its record says {record.digest}; not fetched")
 
     # ---- refs
     def read_refs(self, name: str) -> list[dict]:

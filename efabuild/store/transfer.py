@@ -1,0 +1,149 @@
+"""Copying one artifact from one tier to others: the single way bytes move between tiers.
+
+make's "copy between tiers" (`Store.complete`), publishing past the first tier (`Store.publish`)
+and fetching from S3 (`Store.fetch`) all call `transfer`. Its source is verified against its own
+record before anything is copied (size first: a stat; then the blake3 digest), so a damaged copy
+is never spread as good under a correct record. An S3 source is verified by downloading it (the
+download checks the digest before the file is used).
+
+An artifact is its `.sqsh`, its record, and the files listed in `SIDECARS`, which travel with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import stat
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from efabuild.digest import bytes_digest, file_digest
+from efabuild.errors import EfabuildError, NotFound
+from efabuild.store.layout import ENVELOPE_SUFFIX, MANIFEST_SUFFIX, short
+from efabuild.store.record import ArtifactRecord
+
+# Files stored beside each .sqsh and carried with it, in the order tiers write them; and the record
+# field that holds each one's digest (None: carried as it is).
+SIDECARS: dict[str, str | None] = {MANIFEST_SUFFIX: "manifest_digest", ENVELOPE_SUFFIX: None}
+
+
+def _warn(message: str) -> None:
+    print(f"efabuild: warning: {message}", file=sys.stderr)
+
+
+class DamagedCopy(EfabuildError):
+    """A tier's copy of an artifact does not match its record."""
+
+    def __init__(self, tier: str, where: str, problem: str) -> None:
+        self.tier = tier
+        super().__init__(f"{tier} tier: {where}: corrupt artifact: {problem}")
+
+
+@attrs.frozen
+class Copy:
+    """An artifact's files as one tier holds them, verified: a .sqsh file, its record, sidecars."""
+
+    key: str
+    tier: str
+    sqsh: Path
+    record: ArtifactRecord
+    sidecars: dict[str, bytes]
+
+    @property
+    def manifest(self) -> bytes | None:
+        return self.sidecars.get(MANIFEST_SUFFIX)
+
+    @property
+    def envelope(self) -> bytes | None:
+        """The signed statement; whoever verifies checks it (it names the bytes it signs)."""
+        return self.sidecars.get(ENVELOPE_SUFFIX)
+
+
+def check_file(tier: str, path: Path, record: ArtifactRecord) -> None:
+    """DamagedCopy unless `path` has the size and blake3 digest its record says (size first)."""
+    try:
+        info = path.lstat()  # a link planted in a store is not an artifact, whatever it points at
+    except OSError as exc:
+        raise DamagedCopy(tier, str(path), f"cannot read it ({exc.strerror})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise DamagedCopy(tier, str(path), "not a regular file")
+    size = info.st_size
+    if size != record.size:
+        raise DamagedCopy(tier, str(path), f"{size} bytes, its record says {record.size}")
+    try:
+        actual = file_digest(path)
+    except OSError as exc:
+        raise DamagedCopy(tier, str(path), f"cannot read it ({exc.strerror})") from None
+    if actual != record.digest:
+        raise DamagedCopy(tier, str(path), f"digest {actual}, its record says {record.digest}")
+
+
+def _sidecars(tier: Any, key: str, record: ArtifactRecord) -> tuple[ArtifactRecord, dict[str, bytes]]:
+    """The sidecars a tier holds for `key` that match the record; a stray one is dropped with a
+    warning (the artifact itself is fine), and the record then no longer claims it."""
+    found: dict[str, bytes] = {}
+    for suffix, field in SIDECARS.items():
+        data = tier.sidecar(key, suffix)
+        expected = getattr(record, field) if field else None
+        if data is not None and field and expected is not None and bytes_digest(data) != expected:
+            _warn(f"{tier.name} tier: the {suffix} of {short(key)} does not match its record; "
+                 f"copying the artifact without it")
+            data = None
+        if data is None and expected is not None:
+            record = attrs.evolve(record, **{field: None})
+        if data is not None:
+            found[suffix] = data
+    return record, found
+
+
+@contextlib.contextmanager
+def verified_copy(key: str, source: Any, staging: Any, *, trusted: bool = False) -> Iterator[Copy]:
+    """The artifact as `source` holds it, verified. A filesystem tier's own file is used in place;
+    an S3 object is downloaded into `staging` (a filesystem tier) and removed afterwards.
+    `trusted` skips re-hashing a filesystem copy this process has just written and hashed."""
+    record = source.record(key)
+    if record is None:
+        raise NotFound(f"artifact {short(key)} is not in the {source.name} tier ({source.describe(key)})")
+    if record.key != key:
+        raise DamagedCopy(source.name, source.describe(key), f"its record is for {short(record.key)}")
+    record, sidecars = _sidecars(source, key, record)
+    if hasattr(source, "sqsh_path"):  # a filesystem tier
+        path = source.sqsh_path(key)
+        if not trusted:
+            check_file(source.name, path, record)
+        yield Copy(key, source.name, path, record, sidecars)
+        return
+    staged = staging.staging_path(key)
+    try:
+        source.download(key, staged, record)  # verifies size and digest before returning
+        yield Copy(key, source.name, staged, record, sidecars)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
+def send(copy: Copy, target: Any, *, locked: bool = False, show_progress: bool = True) -> str:
+    """Store a verified copy on `target`: "published", "reused" or "repaired"."""
+    if locked:  # the caller holds target's key lock (a fetch)
+        return target.publish_locked(copy.key, copy.sqsh, copy.record, copy.manifest,
+                                     show_progress=show_progress, envelope=copy.envelope)
+    return target.publish(copy.key, copy.sqsh, copy.record, copy.manifest, show_progress=show_progress,
+                          envelope=copy.envelope)
+
+
+def transfer(key: str, source: Any, targets: list, staging: Any, *, trusted: bool = False,
+             locked: bool = False, show_progress: bool = True) -> dict[str, str]:
+    """Copy `key` from `source` to every tier of `targets`, verifying the source first.
+
+    Returns {target tier name: outcome}. Raises DamagedCopy, naming the source tier and file,
+    when the source does not match its record; nothing is copied then.
+    """
+    results: dict[str, str] = {}
+    if not targets:
+        return results
+    with verified_copy(key, source, staging, trusted=trusted) as copy:
+        for target in targets:
+            results[target.name] = send(copy, target, locked=locked, show_progress=show_progress)
+    return results

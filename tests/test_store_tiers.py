@@ -1,0 +1,99 @@
+"""Copying between tiers never spreads a damaged copy: the source is re-verified first, and a
+damaged copy is repaired from a good one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from efabuild.digest import file_digest
+from efabuild.store.core import Store
+from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED
+from tests.storekit import efabuild, key_for, make_sqsh, record_for
+
+
+def flip_a_byte(path: Path, offset: int = 4096) -> None:
+    """Damage one stored copy without changing its size (as a bad disk or a stray write would).
+    Rewritten whole: tiers on one filesystem share the export's inode through hard links."""
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    damaged = path.with_name(path.name + ".damaged")
+    damaged.write_bytes(data)
+    os.replace(damaged, path)
+
+
+def workspace(root: Path, store: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "BUILD.toml").write_text(f"[store]\n{store}\n")
+    return root
+
+
+@pytest.fixture
+def export(tmp_path: Path) -> Path:
+    return make_sqsh(tmp_path, os.urandom(64 * 1024), "user")
+
+
+def test_a_damaged_local_copy_is_not_copied_to_a_new_shared_tier(tmp_path, export, capfd):
+    ws = workspace(tmp_path / "ws", 'local = "cache"')
+    key = key_for("user")
+    record = record_for(key, "ngc-efa:user", export)
+    again = tmp_path / "again.sqsh"  # the same bytes exported again (publishing links the first)
+    again.write_bytes(export.read_bytes())
+    Store.locate(cwd=ws, show_progress=False).publish(key, export, record, None)
+    local = ws / "cache" / "objects" / key[:2] / f"{key}.sqsh"
+    flip_a_byte(local)
+    ws = workspace(ws, f'local = "cache"\nshared = "{tmp_path / "fsx"}"')
+    store = Store.locate(cwd=ws, show_progress=False)
+    capfd.readouterr()
+    assert store.complete(key) is None  # no good copy anywhere: the caller must export again
+    err = capfd.readouterr().err
+    assert f"local tier: {local}: corrupt artifact: digest blake3:" in err
+    assert store.where(key) == ("local",)  # the shared tier did not get the damaged bytes
+    assert not (tmp_path / "fsx" / "objects").exists()
+    # publishing the export again (what make does next) replaces the damaged copy
+    assert store.publish(key, again, record, None) == {"local": REPAIRED, "shared": PUBLISHED}
+    assert file_digest(local) == file_digest(tmp_path / "fsx" / "objects" / key[:2] / f"{key}.sqsh") \
+        == record.digest
+    assert efabuild("lookup", "--verify", key, cwd=ws).returncode == 0
+
+
+def test_lookup_verify_checks_every_tier_and_names_the_damaged_one(tmp_path, export):
+    shared = tmp_path / "fsx"
+    ws = workspace(tmp_path / "ws", f'local = "cache"\nshared = "{shared}"')
+    key = key_for("user")
+    Store.locate(cwd=ws, show_progress=False).publish(key, export, record_for(key, "ngc-efa:user", export))
+    local = ws / "cache" / "objects" / key[:2] / f"{key}.sqsh"
+    assert efabuild("lookup", "--verify", "ngc-efa:user", cwd=ws).stdout == \
+        f"{shared / 'objects' / key[:2] / key}.sqsh\n"
+    flip_a_byte(local)
+    plain = efabuild("lookup", "ngc-efa:user", cwd=ws)
+    assert plain.returncode == 0  # without --verify: no re-hash, the shared copy answers
+    result = efabuild("lookup", "--verify", "ngc-efa:user", cwd=ws)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith(f"efabuild: local tier: {local}: corrupt artifact: digest blake3:")
+    assert "shared tier" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.s3
+def test_make_completes_from_s3_when_the_shared_copy_is_damaged_and_repairs_it(
+        tmp_path, export, moto_server, s3_bucket, capfd):
+    shared = tmp_path / "fsx"
+    s3 = f'[store.s3]\nbucket = "{s3_bucket}"\nendpoint_url = "{moto_server}"\nregion = "us-east-1"'
+    builder = workspace(tmp_path / "builder", f'shared = "{shared}"\n{s3}')
+    key = key_for("user")
+    record = record_for(key, "ngc-efa:user", export)
+    Store.locate(cwd=builder, show_progress=False).publish(key, export, record, b'{"m": 1}')
+    shared_copy = shared / "objects" / key[:2] / f"{key}.sqsh"
+    flip_a_byte(shared_copy)
+    # another workspace on the same shared tier and bucket, with an empty local tier
+    other = Store.locate(cwd=workspace(tmp_path / "other", f'shared = "{shared}"\n{s3}'), show_progress=False)
+    capfd.readouterr()
+    assert other.complete(key) == {"s3": REUSED, "local": PUBLISHED, "shared": REPAIRED}
+    assert f"shared tier: {shared_copy}: corrupt artifact" in capfd.readouterr().err
+    local_copy = tmp_path / "other" / "cache" / "objects" / key[:2] / f"{key}.sqsh"
+    assert file_digest(local_copy) == file_digest(shared_copy) == record.digest
+    assert other.manifest(key) == b'{"m": 1}'
+    assert [(tier, problem) for tier, problem in other.verify(key)] == [("shared", None), ("local", None),
+                                                                         ("s3", None)]
