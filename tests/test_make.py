@@ -309,6 +309,31 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
                    and p.suffix != ".sqsh")
 
 
+@pytest.mark.s3
+def test_a_damaged_local_artifact_is_not_spread_to_new_tiers_but_repaired(demo_ws, tmp_path, moto_server, s3_bucket,
+                                                                          s3_client):
+    from efabuild.digest import bytes_digest, file_digest
+    from tests.test_store_tiers import flip_a_byte
+
+    efabuild(demo_ws, "make", "demo", check=True)
+    user = Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip())
+    good = file_digest(user)
+    flip_a_byte(user)
+    shared = tmp_path / "fsx"
+    with (demo_ws / "BUILD.toml").open("a") as f:
+        f.write(f'[store]\nshared = "{shared}"\n[store.s3]\nbucket = "{s3_bucket}"\n'
+                f'endpoint_url = "{moto_server}"\n')
+    proc = efabuild(demo_ws, "make", "demo", check=True)
+    assert f"local tier: {user}: corrupt artifact: digest" in proc.stderr
+    assert outcomes(proc)["demo:user"] == "exported"  # exported again: no good copy was anywhere
+    # every tier now holds the good bytes, the damaged local copy included
+    assert efabuild(demo_ws, "lookup", "--verify", "demo:user", check=True).stdout.strip().startswith(str(shared))
+    assert file_digest(user) == good
+    key = user.name.removesuffix(".sqsh")
+    body = s3_client.get_object(Bucket=s3_bucket, Key=f"objects/{key[:2]}/{key}.sqsh")["Body"].read()
+    assert bytes_digest(body) == good
+
+
 def test_built_context_files_are_normalised_like_the_key(demo_ws):
     """The key ignores umask and mtimes, so the image must too: one key, one image."""
     train = demo_ws / "app" / "train.py"
