@@ -260,8 +260,47 @@ def test_flipped_byte_in_the_sqsh_is_caught(store: Path, capsys) -> None:
     code, report = run_audit(capsys, KEY[:12], "--store", str(store))
     assert code == 1
     message = next(c["message"] for c in report[0]["checks"] if c["check"] == "sqsh-integrity")
-    assert message.startswith("the .sqsh was altered or damaged: digest blake3:")
+    assert message.startswith(f"store tier: the .sqsh was altered or damaged: digest blake3:")
     assert "but the record says" in message
+
+
+def test_every_tier_holding_the_artifact_is_checked_and_the_damaged_one_named(
+        store: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    shared = tmp_path / "fsx"
+    shutil.copytree(store, shared)
+    ngc.write(tmp_path / "ws", "/BUILD.toml", f'[store]\nlocal = "{store}"\nshared = "{shared}"\n')
+    monkeypatch.delenv("EFABUILD_STORE", raising=False)
+    monkeypatch.chdir(tmp_path / "ws")
+    code, report = run_audit(capsys, KEY[:12], "--host-efa", "1.50.0")
+    integrity = next(c for c in report[0]["checks"] if c["check"] == "sqsh-integrity")
+    assert code == 0 and integrity["message"].endswith("as recorded, on shared, local")
+    local = store / "objects" / KEY[:2] / f"{KEY}.sqsh"  # the copy lookup does not hand out
+    data = bytearray(local.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    local.unlink()
+    local.write_bytes(bytes(data))
+    code, report = run_audit(capsys, KEY[:12], "--host-efa", "1.50.0")
+    integrity = next(c for c in report[0]["checks"] if c["check"] == "sqsh-integrity")
+    assert code == 1 and integrity["status"] == FAIL
+    assert integrity["message"].startswith("local tier: the .sqsh was altered or damaged: digest blake3:")
+    assert "shared tier" not in integrity["message"]
+
+
+def test_audit_all_on_a_node_fails_for_an_artifact_it_cannot_read(store: Path, tmp_path: Path, capsys,
+                                                                  monkeypatch) -> None:
+    other = "ab" * 32
+    objects = store / "objects" / other[:2]
+    objects.mkdir(parents=True, exist_ok=True)
+    shutil.copy(store / "objects" / KEY[:2] / f"{KEY}.sqsh", objects / f"{other}.sqsh")
+    (objects / f"{other}.json").write_text("{not json")
+    monkeypatch.setenv("EFABUILD_STORE", str(store))  # a bare store, as on a compute node
+    monkeypatch.chdir(tmp_path)
+    code = main(["audit", "--all", "--host-efa", "1.50.0", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert {r["key"]: r["ok"] for r in report} == {KEY: True, other: False}
+    failed = next(r for r in report if r["key"] == other)["checks"][0]
+    assert failed["status"] == FAIL and failed["message"].startswith(f"store tier: unreadable: {objects / other}.json")
 
 
 def test_edited_manifest_is_caught(store: Path, capsys) -> None:

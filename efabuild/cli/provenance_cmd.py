@@ -222,8 +222,16 @@ def run_audit(args: argparse.Namespace) -> int:
     if args.all and args.refs:
         raise InputError("give REF... or --all, not both")
     store = _store(args)
-    refs = [listing.record.key for listing in store.ls()] if args.all else list(args.refs)
-    if not refs:
+    results = []
+    if args.all:
+        listings, unreadable = store.inventory()
+        refs = [listing.record.key for listing in listings]
+        # an artifact that cannot be read is a failed audit, not one left out
+        results += [AuditResult(key, key, "?", (Check("artifact", FAIL, f"{tier} tier: unreadable: {problem}"),))
+                    for tier, key, problem in unreadable]
+    else:
+        refs = list(args.refs)
+    if not refs and not results:
         if args.all:
             print("no artifacts", file=sys.stderr)
             _junit(args.junit, [])  # an empty report, so the CI step that reads it finds one
@@ -231,7 +239,6 @@ def run_audit(args: argparse.Namespace) -> int:
         raise InputError("give one or more REF (graph:layer, key or key prefix), or --all")
     policy = _policy()
     host = host_facts(args.host_efa, policy)
-    results = []
     for ref in refs:
         try:
             results.append(audit_stored(store, ref, policy, host))

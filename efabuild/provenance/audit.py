@@ -113,7 +113,7 @@ def audit(
     """Every check for one artifact. `measured` is the stored .sqsh probed again (None if absent,
     with `probe_error` saying why when reading it failed)."""
     manifest, checks = _manifest_checks(record, manifest_bytes)
-    checks.insert(0, _sqsh_integrity(record, manifest, sqsh))
+    checks.insert(0, sqsh_integrity(record, manifest, sqsh))
     stored = manifests.measured_of(manifest) if manifest is not None else None
     if measured is not None and stored is not None:
         checks.append(manifest_vs_image(stored, measured))
@@ -139,7 +139,7 @@ def failed(checks: list[Check]) -> bool:
 
 
 # ---- integrity -------------------------------------------------------------------------------
-def _sqsh_integrity(record: RecordLike, manifest: Mapping[str, Any] | None, sqsh: FileFacts | None) -> Check:
+def sqsh_integrity(record: RecordLike, manifest: Mapping[str, Any] | None, sqsh: FileFacts | None) -> Check:
     name = "sqsh-integrity"
     if sqsh is None:
         return Check(name, FAIL, "the .sqsh is missing from the store")

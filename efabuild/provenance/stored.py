@@ -97,19 +97,60 @@ def audit_stored(store: Any, ref: str, policy: AuditPolicy, host: checks_.HostFa
         path: Path | None = store.lookup(key, fetch=True, verify=False)
     except NotFound:
         path = None
+    copies = _copies(store, key)
     sqsh = measured = None
     probe_error = None
     if path is not None:
-        sqsh = checks_.FileFacts(path.stat().st_size, file_digest(path))
+        sqsh = next((facts for _, where, facts, _ in copies if where == path), None)
         try:
             measured = probe_tree(SqshView(path))
         except EfabuildError as exc:
             probe_error = str(exc)
+    manifest_bytes = store.manifest(key)
     results = checks_.audit(
-        record=record, manifest_bytes=store.manifest(key), sqsh=sqsh, measured=measured,
+        record=record, manifest_bytes=manifest_bytes, sqsh=sqsh, measured=measured,
         policy=policy, host=host, probe_error=probe_error,
     )
+    if path is not None:
+        results[0] = _integrity_of_every_copy(record, manifest_bytes, copies)
     return AuditResult(ref, key, record.name, tuple(results))
+
+
+def _copies(store: Any, key: str) -> list[tuple[str, Any, checks_.FileFacts | None, str | None]]:
+    """(tier, path or URL, facts, why unreadable) for every tier holding `key`. A filesystem copy
+    is hashed; an S3 copy is judged by its size and the digest stored with it (S3 checked the
+    bytes' CRC32 checksums when they were uploaded)."""
+    found = []
+    for tier in store.fs_tiers:
+        if not tier.has(key):
+            continue
+        where = tier.sqsh_path(key)
+        try:
+            found.append((tier.name, where, checks_.FileFacts(where.stat().st_size, file_digest(where)), None))
+        except OSError as exc:
+            found.append((tier.name, where, None, f"{where}: cannot read: {exc.strerror}"))
+    if store.s3 is not None and store.s3.has(key):
+        size, digest = store.s3.stored_facts(key)
+        found.append(("s3", store.s3.describe(key), checks_.FileFacts(size, digest or "none recorded"), None))
+    return found
+
+
+def _integrity_of_every_copy(record: Any, manifest_bytes: bytes | None, copies: list) -> checks_.Check:
+    try:
+        manifest = manifests.decode(manifest_bytes, "manifest") if manifest_bytes is not None else None
+    except EfabuildError:
+        manifest = None  # manifest-integrity says what is wrong with it
+    problems, good = [], []
+    for tier, _, facts, unreadable in copies:
+        check = checks_.sqsh_integrity(record, manifest, facts) if unreadable is None else None
+        if check is None or check.status == checks_.FAIL:
+            problems.append(f"{tier} tier: {unreadable or check.message}")
+        else:
+            good.append(tier)
+    if problems:
+        return checks_.Check("sqsh-integrity", checks_.FAIL, "; ".join(problems))
+    return checks_.Check("sqsh-integrity", checks_.PASS,
+                         f"{record.size} bytes, {record.digest[:19]}… as recorded, on {', '.join(good)}")
 
 
 def host_facts(flag: str | None, policy: AuditPolicy, host_file: Path = HOST_EFA_FILE) -> checks_.HostFacts:

@@ -375,13 +375,27 @@ class Store:
         return written
 
     def ls(self, *, remote: bool = True) -> list[Listing]:
-        """Every artifact with the tiers holding it, by name then creation time."""
+        """Every artifact with the tiers holding it, by name then creation time (an unreadable
+        record is skipped with a warning)."""
+        listings, unreadable = self.inventory(remote=remote)
+        for tier, key, problem in unreadable:
+            _warn(f"{tier} tier: skipping {short(key)}: {problem}")
+        return listings
+
+    def inventory(self, *, remote: bool = True) -> tuple[list[Listing], list[tuple[str, str, str]]]:
+        """(what ls lists, [(tier, key, problem)] of stored objects whose record is unreadable)."""
         found: dict[str, tuple[ArtifactRecord, list[str]]] = {}
+        unreadable: list[tuple[str, str, str]] = []
         for tier in self._tiers(remote):
-            for record in tier.list():
+            if isinstance(tier, FilesystemTier):
+                records, bad = tier.scan()
+                unreadable += [(tier.name, key, problem) for key, problem in bad]
+            else:
+                records = tier.list()
+            for record in records:
                 found.setdefault(record.key, (record, []))[1].append(tier.name)
         listings = [Listing(record, tuple(tiers)) for record, tiers in found.values()]
-        return sorted(listings, key=lambda l: (l.record.name, l.record.created, l.record.key))
+        return sorted(listings, key=lambda l: (l.record.name, l.record.created, l.record.key)), unreadable
 
     def _tiers(self, remote: bool) -> list:
         return self.fs_tiers + ([self.s3] if remote and self.s3 is not None else [])

@@ -125,16 +125,23 @@ class FilesystemTier:
 
     def list(self) -> list[ArtifactRecord]:
         """Every committed artifact; one that is damaged or planted is skipped with a warning."""
-        records = []
+        records, unreadable = self.scan()
+        for key, problem in unreadable:
+            _warn(f"{self.name} tier: skipping {short(key)}: {problem}")
+        return records
+
+    def scan(self) -> tuple[list[ArtifactRecord], list[tuple[str, str]]]:
+        """(records of committed objects, [(key, problem)] of those damaged, planted or unreadable)."""
+        records, unreadable = [], []
         for key in self.layout.keys():
             try:
                 record = self.record(key)
             except EfabuildError as exc:
-                _warn(f"{self.name} tier: skipping {short(key)}: {exc}")
+                unreadable.append((key, str(exc)))
                 continue
             if record is not None:
                 records.append(record)
-        return records
+        return records, unreadable
 
     def resolve_prefix(self, prefix: str) -> list[str]:
         return self.layout.keys_with_prefix(prefix)

@@ -239,6 +239,12 @@ class S3Tier:
         """An object stored beside the .sqsh (e.g. its manifest), None when absent."""
         return self._get_bytes(self._path("objects", key[:2], check_key(key) + suffix))
 
+    def stored_facts(self, key: str) -> tuple[int, str | None]:
+        """(size, blake3 digest stored with it) of the .sqsh object, from a HEAD."""
+        head = self._head(self.sqsh_object(check_key(key))) or {}
+        stored = head.get("Metadata", {}).get(DIGEST_METADATA)
+        return head.get("ContentLength", -1), f"blake3:{stored}" if stored else None
+
     def describe(self, key: str) -> str:
         return self.url(self.sqsh_object(key))
 
