@@ -167,3 +167,19 @@ def test_pruning_refs_never_drops_a_names_newest_entry(tmp_path: Path):
     tier.append_ref("demo:user", newest)
     tier.drop_ref_entries("demo:user", {older, newest})
     assert [entry["key"] for entry in tier.read_refs("demo:user")] == [newest]
+
+
+def test_gc_on_a_read_only_store_is_one_line(workspace):
+    """The store mounted read-only (as job users see FSx) in a private mount namespace."""
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs a private mount namespace (unshare -m) for a read-only bind mount")
+    fsx = workspace / "fsx"
+    before = sorted(str(p.relative_to(fsx)) for p in fsx.rglob("*"))
+    command = (f"mount --bind {fsx} {fsx} && mount -o remount,bind,ro {fsx} && "
+               f"exec {sys.executable} -m efabuild gc --yes --store {fsx}")
+    result = subprocess.run(["unshare", "-m", "sh", "-c", command], capture_output=True, text=True, cwd=workspace,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(f"efabuild: store tier {fsx}: read-only file system")
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
+    assert sorted(str(p.relative_to(fsx)) for p in fsx.rglob("*")) == before

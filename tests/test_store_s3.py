@@ -219,3 +219,30 @@ def test_has_where_and_complete_fill_the_tiers_that_lack_an_artifact(tmp_path, s
     assert store.complete(key) == {"local": REUSED, "shared": PUBLISHED, "s3": PUBLISHED}
     assert store.where(key) == ("shared", "local", "s3") and store.has(key)
     assert store.complete(key_for("never exported")) is None
+
+
+def test_gc_on_a_nodes_bare_store_leaves_s3_alone_unless_asked(tmp_path, settings, s3_client):
+    from efabuild.digest import file_digest
+    from efabuild.store.record import ArtifactRecord
+
+    builder = builder_store(tmp_path / "builder", settings)
+    keys = [key_for(f"user{i}") for i in range(3)]
+    for day, key in enumerate(keys, start=1):
+        sqsh = make_sqsh(tmp_path, os.urandom(4096), f"user{day}")
+        builder.publish(key, sqsh, ArtifactRecord.for_file(key, "ngc-efa:user", sqsh, file_digest(sqsh),
+                                                           created=f"2026-11-0{day}T00:00:00.000000Z"))
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "store.toml").write_text((tmp_path / "builder" / "cache" / "store.toml").read_text())
+
+    def s3_sqshes() -> int:
+        listing = s3_client.list_objects_v2(Bucket=settings.bucket, Prefix="efabuild/objects/")
+        return sum(item["Key"].endswith(".sqsh") for item in listing.get("Contents", []))
+
+    result = efabuild("gc", "--yes", "--keep", "1", "--store", str(node), check=True)
+    assert s3_sqshes() == 3
+    for key in keys[:2]:
+        assert f"would delete with --s3  s3  {key[:12]}  ngc-efa:user" in result.stdout
+    assert "S3 left alone (2 objects, give --s3 to delete them there too)" in result.stdout
+    result = efabuild("gc", "--yes", "--s3", "--keep", "1", "--store", str(node), check=True)
+    assert s3_sqshes() == 1 and f"deleted  s3  {keys[0][:12]}" in result.stdout

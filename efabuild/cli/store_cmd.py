@@ -38,6 +38,9 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
         p.add_argument("--pin", action="append", default=[], metavar="REF",
                        help="also keep this key, key prefix or graph:layer (all its versions); repeatable")
         p.add_argument("--yes", action="store_true", help="really delete")
+        p.add_argument("--s3", action="store_true",
+                       help="also delete from the S3 tier of a bare store (--store, EFABUILD_STORE): "
+                            "without it a compute node's gc only says what S3 would lose")
         p.set_defaults(run=run_gc)
     p.add_argument("--store", metavar="PATH",
                    help="a store directory (default: $EFABUILD_STORE, else the workspace's [store])")
@@ -85,12 +88,17 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
 
 
 def run_gc(args: argparse.Namespace) -> int:
+    from efabuild.errors import InputError
     from efabuild.progress import human_bytes
     from efabuild.store.layout import short
 
     store = _store(args)
+    if args.s3 and args.no_s3:
+        raise InputError("give --s3 or --no-s3, not both")
+    # A workspace's store is the builder's: its gc covers S3. A bare store is a node's view of
+    # a shared one: S3 only when asked.
     report = store.gc(keep=args.keep, pins=store.pins + tuple(args.pin), dry_run=not args.yes,
-                      remote=not args.no_s3)
+                      remote=not args.no_s3, delete_remote=args.s3 or not store.bare)
     busy = set(report.busy)
     if args.json:
         out = {
@@ -102,6 +110,8 @@ def run_gc(args: argparse.Namespace) -> int:
                 for r in report.removals
             ],
             "debris": [{"tier": tier, "item": item} for tier, item in report.debris],
+            "spared": [{"tier": r.tier, "key": r.record.key, "name": r.record.name, "size": r.record.size,
+                        "created": r.record.created} for r in report.spared],
             "kept": list(report.kept),
             "freed": 0 if report.dry_run else sum(
                 r.record.size for r in report.removals if (r.tier, r.record.key) not in busy),
@@ -113,11 +123,16 @@ def run_gc(args: argparse.Namespace) -> int:
         state = "skipped (in use)" if (r.tier, r.record.key) in busy else verb
         print(f"{state}  {r.tier}  {short(r.record.key)}  {r.record.name}  {human_bytes(r.record.size)}"
               f"  {_when(r.record.created)}")
+    for r in report.spared:
+        print(f"would delete with --s3  {r.tier}  {short(r.record.key)}  {r.record.name}  "
+              f"{human_bytes(r.record.size)}  {_when(r.record.created)}")
     for tier, item in report.debris:
         print(f"{'would remove' if report.dry_run else 'removed'} leftover  {tier}  {item}")
     freed = sum(r.record.size for r in report.removals if (r.tier, r.record.key) not in busy)
     summary = (f"{len(report.removals) - len(busy)} objects, {human_bytes(freed)}; "
                f"kept {len(report.kept)} keys (newest {report.keep} per name, current refs, pins)")
+    if report.spared:
+        summary += f"; S3 left alone ({len(report.spared)} objects, give --s3 to delete them there too)"
     if report.dry_run:
         print(f"gc: would delete {summary}; run with --yes to delete")
     else:

@@ -22,6 +22,7 @@ import attrs
 
 from efabuild.digest import bytes_digest
 from efabuild.errors import EfabuildError, InputError, NotFound
+from efabuild.store.gc import keys_to_keep
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.layout import check_key, classify_ref, newest_ref, pick_one, resolve_in, short
 from efabuild.store.config import DEFAULT_KEEP, S3Config, StoreConfig, bare_store, locate
@@ -56,10 +57,25 @@ class GcReport:
     kept: tuple[str, ...]  # keys kept
     debris: tuple[tuple[str, str], ...]  # (tier, path or URL) of interrupted writes
     busy: tuple[tuple[str, str], ...] = ()  # (tier, key) skipped: in use by a publisher or fetcher
+    spared: tuple[Removal, ...] = ()  # what S3 would lose if asked (a bare store's gc without --s3)
 
     @property
     def freed(self) -> int:
         return sum(r.record.size for r in self.removals)
+
+
+def _check_writable(tier: FilesystemTier) -> None:
+    """One line before anything is deleted, rather than a failure halfway."""
+    try:
+        read_only = bool(os.statvfs(tier.root).f_flag & os.ST_RDONLY)
+    except OSError as exc:
+        raise EfabuildError(f"{tier.name} tier {tier.root}: {exc.strerror}; nothing deleted") from None
+    if read_only:
+        raise EfabuildError(f"{tier.name} tier {tier.root}: read-only file system; nothing deleted "
+                            f"(run gc where the store is mounted writable)")
+    if not os.access(tier.root, os.W_OK):
+        raise EfabuildError(f"{tier.name} tier {tier.root}: permission denied; nothing deleted "
+                            f"(run gc as a user who may write the store)")
 
 
 def _current_targets(tiers) -> set[str]:
@@ -97,6 +113,7 @@ class Store:
         pins: tuple[str, ...] = (),
         show_progress: bool = True,
         s3_options: dict | None = None,
+        bare: bool = False,
     ) -> None:
         if not fs_tiers:
             raise ValueError("a store needs at least one filesystem tier")
@@ -105,6 +122,7 @@ class Store:
         self.keep = keep
         self.pins = tuple(pins)
         self.show_progress = show_progress
+        self.bare = bare  # a store directory given by path (a compute node's), not a workspace's
         self._s3_options = dict(s3_options or {})
         self._s3 = None
         self._damaged: dict[str, set[str]] = {}  # key -> tiers whose copy failed verification
@@ -113,7 +131,7 @@ class Store:
     @classmethod
     def from_config(cls, config: StoreConfig, **options: object) -> Store:
         tiers = [FilesystemTier(path, name) for name, path in config.roots()]
-        return cls(tiers, config.s3, keep=config.keep, pins=config.pins, **options)
+        return cls(tiers, config.s3, keep=config.keep, pins=config.pins, bare=config.bare, **options)
 
     @classmethod
     def at(cls, path: str | os.PathLike[str], **options: object) -> Store:
@@ -408,12 +426,14 @@ class Store:
         dry_run: bool = True,
         *,
         remote: bool = True,
+        delete_remote: bool = True,
     ) -> GcReport:
         """Delete all but the newest `keep` keys of every name, the current ref targets and pins.
 
-        Decided over the union of all tiers, so every tier keeps the same keys. Objects being
-        published or fetched right now (key lock held) are skipped. Leftovers of interrupted
-        writes are removed too.
+        Decided over the union of all tiers (S3's too when `remote`), so every tier keeps the same
+        keys; S3 is deleted from only with `delete_remote` (else its removals are reported as
+        spared). Objects being published or fetched right now (key lock held) are skipped.
+        Leftovers of interrupted writes are removed too.
         """
         keep = self.keep if keep is None else keep
         if keep < 1:
@@ -421,39 +441,21 @@ class Store:
         pins = self.pins if pins is None else tuple(pins)
         tiers = self._tiers(remote)
         held = {tier.name: tier.list() for tier in tiers}
-        keep_keys = self._keys_to_keep(held, tiers, keep, pins)
-        removals = tuple(
-            Removal(tier.name, record)
-            for tier in tiers
-            for record in held[tier.name]
-            if record.key not in keep_keys
-        )
-        debris = tuple((tier.name, str(item)) for tier in tiers for item in tier.debris())
-        report = GcReport(keep, dry_run, removals, tuple(sorted(keep_keys)), debris)
+        keep_keys = keys_to_keep(held, _current_targets(tiers), keep, pins)
+        doomed = tuple(Removal(tier.name, record) for tier in tiers for record in held[tier.name]
+                       if record.key not in keep_keys)
+        deleting = [tier for tier in tiers if delete_remote or tier.name != S3_TIER]
+        removals = tuple(r for r in doomed if r.tier != S3_TIER or delete_remote)
+        spared = tuple(r for r in doomed if r not in removals)
+        debris = tuple((tier.name, str(item)) for tier in deleting for item in tier.debris())
+        report = GcReport(keep, dry_run, removals, tuple(sorted(keep_keys)), debris, spared=spared)
         if dry_run:
             return report
+        for tier in deleting:
+            if isinstance(tier, FilesystemTier) and (any(r.tier == tier.name for r in removals)
+                                                     or any(t == tier.name for t, _ in debris)):
+                _check_writable(tier)
         return attrs.evolve(report, busy=self._remove(tiers, removals, debris))
-
-    def _keys_to_keep(self, held: dict, tiers: list, keep: int, pins: tuple[str, ...]) -> set[str]:
-        by_name: dict[str, dict[str, str]] = defaultdict(dict)  # name -> key -> created
-        for records in held.values():
-            for record in records:
-                by_name[record.name][record.key] = max(by_name[record.name].get(record.key, ""), record.created)
-        keep_keys: set[str] = set()
-        for versions in by_name.values():
-            newest = sorted(versions, key=lambda k: (versions[k], k), reverse=True)
-            keep_keys.update(newest[:keep])
-        keep_keys |= _current_targets(tiers)  # what a name currently resolves to stays resolvable
-        all_keys = {record.key for records in held.values() for record in records}
-        for pin in pins:
-            kind, value = classify_ref(pin)
-            if kind == "key":
-                keep_keys.add(value)
-            elif kind == "prefix":
-                keep_keys.update(k for k in all_keys if k.startswith(value))
-            else:  # a pinned name keeps every version of it
-                keep_keys.update(by_name.get(value, {}))
-        return keep_keys
 
     def _remove(self, tiers: list, removals: tuple[Removal, ...], debris: tuple) -> tuple:
         by_name = {tier.name: tier for tier in tiers}

@@ -387,6 +387,8 @@ class FilesystemTier:
                 if isinstance(exc, UnsafeEntry):
                     _warn(f"{self.name} tier: skipping {exc}")
                 continue
+            except OSError:  # a store this user may only read (e.g. mounted read-only): not judged
+                continue
             try:
                 if not self._exists(self.sqsh_path(key)):
                     found.extend(path for path in (self.layout.record_path(key), self.layout.manifest_path(key),
