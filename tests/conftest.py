@@ -3,4 +3,5 @@
 pytest_plugins = [
     "tests.plugins.engine",
     "tests.plugins.s3server",
+    "tests.plugins.faultproxy",
 ]

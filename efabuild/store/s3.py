@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import sys
 import threading
+import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -62,9 +64,19 @@ READ_CHUNK = 1 * MiB
 DIGEST_METADATA = "blake3"  # x-amz-meta-blake3 on every .sqsh
 SHA256_METADATA = "sha256"  # x-amz-meta-sha256 on .sqsh files exported since records carry it
 STALE_UPLOAD = timedelta(days=1)
+REQUEST_ATTEMPTS = 5  # per S3 request, by botocore (with its own backoff)
+STREAM_ATTEMPTS = 5  # per ranged GET whose body is cut mid-stream, by us
+STREAM_BACKOFF = 0.25  # seconds before the 2nd attempt, doubled after each (with jitter)
 # Error codes meaning "a conditional create found the object already there"
 _ALREADY_EXISTS = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _MISSING = {"404", "NoSuchKey", "NotFound"}
+
+
+def _why(exc: BaseException) -> str:
+    """The root cause of a transfer error, in a few words (botocore nests urllib3's)."""
+    while exc.__context__ is not None and isinstance(exc.__context__, (BotoCoreError, OSError)):
+        exc = exc.__context__
+    return f"{type(exc).__name__}: {exc.strerror}" if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def _code(exc: ClientError) -> str:
@@ -165,7 +177,9 @@ class S3Tier:
                 # a dead endpoint should fail in seconds, not minutes; transfers retry parts anyway
                 config = Config(
                     max_pool_connections=self.workers + 4,
-                    retries={"mode": "standard", "max_attempts": 3},
+                    # standard mode retries throttling, 5xx and connection errors of a request,
+                    # re-sending its body: a part upload cut by a reset is sent again
+                    retries={"mode": "standard", "max_attempts": REQUEST_ATTEMPTS},
                     connect_timeout=10,
                 )
                 self._client = boto3.session.Session().client(
@@ -437,12 +451,23 @@ class S3Tier:
 
             def fetch(offset: int) -> None:
                 end = min(offset + part, size) - 1
-                response = self._call(what, "get_object", Key=path, Range=f"bytes={offset}-{end}", IfMatch=etag)
                 position = offset
-                for chunk in response["Body"].iter_chunks(READ_CHUNK):
-                    os.pwrite(fd, chunk, position)
-                    position += len(chunk)
-                    bar.update(len(chunk))
+                # botocore retries a request that fails, not a response body cut mid-stream: a
+                # reset while reading resumes from the byte reached, a bounded number of times
+                for attempt in range(1, STREAM_ATTEMPTS + 1):
+                    try:
+                        response = self._call(what, "get_object", Key=path, Range=f"bytes={position}-{end}",
+                                              IfMatch=etag)
+                        for chunk in response["Body"].iter_chunks(READ_CHUNK):
+                            os.pwrite(fd, chunk, position)
+                            position += len(chunk)
+                            bar.update(len(chunk))
+                        break
+                    except (BotoCoreError, OSError) as exc:
+                        if attempt == STREAM_ATTEMPTS:
+                            raise EfabuildError(f"{what}: gave up after {attempt} attempts at byte {position} "
+                                                f"of {size}: {_why(exc)}") from None
+                        time.sleep(random.uniform(0.5, 1.0) * STREAM_BACKOFF * 2 ** (attempt - 1))
                 if position != end + 1:
                     raise EfabuildError(f"{what}: short read at byte {position} of {size}")
 
