@@ -188,12 +188,12 @@ def test_four_nodes_looking_up_one_cold_key_download_it_once(tmp_path, moto_serv
     import subprocess
     import sys
 
-    from efabuild.model import S3Settings
+    from efabuild.store.config import S3Config
     from tests.httpcount import CountingProxy
     from tests.storekit import REPO, make_sqsh
     from tests.test_store_s3 import published
 
-    settings = S3Settings(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=moto_server)
+    settings = S3Config(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=moto_server)
     key = published(tmp_path / "builder", settings, make_sqsh(tmp_path, os.urandom(8 << 20), "cold"))
     proxy = CountingProxy(moto_server)
     shared = tmp_path / "fsx"
