@@ -97,3 +97,23 @@ def test_make_completes_from_s3_when_the_shared_copy_is_damaged_and_repairs_it(
     assert other.manifest(key) == b'{"m": 1}'
     assert [(tier, problem) for tier, problem in other.verify(key)] == [("shared", None), ("local", None),
                                                                          ("s3", None)]
+
+
+def test_every_file_of_an_artifact_travels_with_it(tmp_path, export, monkeypatch):
+    """The files beside a .sqsh are one list (transfer.SIDECARS): one more is carried and removed
+    like the manifest."""
+    from efabuild.store import transfer
+
+    monkeypatch.setitem(transfer.SIDECARS, ".note.txt", None)
+    shared = tmp_path / "fsx"
+    key = key_for("user")
+    Store.at(shared, show_progress=False).publish(key, export, record_for(key, "ngc-efa:user", export), b"{}")
+    (shared / "objects" / key[:2] / f"{key}.note.txt").write_text("carried\n")
+    ws = workspace(tmp_path / "ws", f'shared = "{shared}"')
+    store = Store.locate(cwd=ws, show_progress=False)
+    assert store.complete(key) == {"shared": REUSED, "local": PUBLISHED}
+    local = ws / "cache" / "objects" / key[:2]
+    assert (local / f"{key}.note.txt").read_text() == "carried\n"
+    assert (local / f"{key}.manifest.json").read_bytes() == b"{}"
+    store.local_tier.delete(key)
+    assert list(local.iterdir()) == []

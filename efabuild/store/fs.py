@@ -20,6 +20,7 @@ import os
 import socket
 import stat
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from efabuild import notices
@@ -41,7 +42,7 @@ from efabuild.store.layout import (
 from efabuild.store.fsutil import UnsafeEntry, shown
 from efabuild.store.lock import FileLock, LockBusy, pid_alive
 from efabuild.store.record import ArtifactRecord, utc_now
-from efabuild.store.transfer import DamagedCopy, check_file
+from efabuild.store.transfer import SIDECARS, DamagedCopy, check_file
 
 MAX_REF_HISTORY = 1000
 # Temp files of writers on other hosts are only judged by age.
@@ -167,8 +168,10 @@ class FilesystemTier:
         *,
         show_progress: bool = True,
         envelope: bytes | None = None,
+        sidecars: Mapping[str, bytes] | None = None,
     ) -> str:
         """Store `sqsh` under `key`: PUBLISHED, REUSED (someone else did already) or REPAIRED.
+        `sidecars` ({suffix: bytes}, see transfer.SIDECARS) are stored beside it like the manifest.
 
         On the same filesystem the file is hard-linked, not copied: the caller hands it over and
         must not modify it afterwards (deleting it is fine).
@@ -176,7 +179,8 @@ class FilesystemTier:
         sqsh = Path(sqsh)
         check_publish_input(key, sqsh, record)
         with self.key_lock(key):
-            return self.publish_locked(key, sqsh, record, manifest, show_progress=show_progress, envelope=envelope)
+            return self.publish_locked(key, sqsh, record, manifest, show_progress=show_progress, envelope=envelope,
+                                       sidecars=sidecars)
 
     def publish_locked(
         self,
@@ -187,6 +191,7 @@ class FilesystemTier:
         *,
         show_progress: bool = True,
         envelope: bytes | None = None,
+        sidecars: Mapping[str, bytes] | None = None,
     ) -> str:
         """publish() for a caller already holding key_lock(key)."""
         if manifest is not None and record.manifest_digest is None:
@@ -229,6 +234,8 @@ class FilesystemTier:
                 else:  # a damaged object's old signature must not vouch for the new bytes
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(key + ENVELOPE_SUFFIX, dir_fd=object_fd)
+                for suffix, data in (sidecars or {}).items():
+                    fsutil.atomic_write_bytes(self.layout.object_dir(key) / (key + suffix), data, self.layout.tmp_dir)
                 fsutil.atomic_write_bytes(self.layout.record_path(key), record.to_json(), self.layout.tmp_dir)
                 final = key + SQSH_SUFFIX
                 try:
@@ -344,7 +351,7 @@ class FilesystemTier:
         check_key(key)
         try:
             with fsutil.store_dir(self.root, "objects", key[:2]) as fd:
-                for suffix in (SQSH_SUFFIX, MANIFEST_SUFFIX, ENVELOPE_SUFFIX, RECORD_SUFFIX):
+                for suffix in (SQSH_SUFFIX, *SIDECARS, RECORD_SUFFIX):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(key + suffix, dir_fd=fd)  # a link itself, never what it points at
                 os.fsync(fd)
@@ -391,9 +398,9 @@ class FilesystemTier:
                 continue
             try:
                 if not self._exists(self.sqsh_path(key)):
-                    found.extend(path for path in (self.layout.record_path(key), self.layout.manifest_path(key),
-                                                   self.layout.envelope_path(key))
-                                 if self._exists(path))
+                    leftovers = [self.layout.record_path(key)] + [self.layout.object_dir(key) / (key + suffix)
+                                                                  for suffix in SIDECARS]
+                    found.extend(path for path in leftovers if self._exists(path))
             finally:
                 lock.release()
         return found
@@ -444,7 +451,7 @@ class FilesystemTier:
             except (FileNotFoundError, NotADirectoryError, UnsafeEntry):
                 continue
             for name in names:
-                for suffix in (MANIFEST_SUFFIX, ENVELOPE_SUFFIX, RECORD_SUFFIX):  # the longer suffix first
+                for suffix in (*sorted(SIDECARS, key=len, reverse=True), RECORD_SUFFIX):  # longer suffixes first
                     if name.endswith(suffix):
                         key = name[: -len(suffix)]
                         if is_key(key) and key[:2] == fanout and key + SQSH_SUFFIX not in names:

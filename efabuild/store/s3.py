@@ -28,6 +28,7 @@ import random
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -53,7 +54,7 @@ from efabuild.store.layout import (
     split_name,
 )
 from efabuild.store.record import ArtifactRecord, utc_now
-from efabuild.store.transfer import DamagedCopy
+from efabuild.store.transfer import SIDECARS, DamagedCopy
 
 MiB = 1024 * 1024
 MIN_PART_SIZE = 5 * MiB  # S3's floor for all parts but the last
@@ -301,7 +302,7 @@ class S3Tier:
         records, sqshes = set(), set()
         for item in listing:
             base = item["Key"].rsplit("/", 1)[-1]
-            if base.endswith(MANIFEST_SUFFIX):
+            if base.endswith(tuple(SIDECARS)):
                 continue
             if base.endswith(RECORD_SUFFIX) and is_key(base[: -len(RECORD_SUFFIX)]):
                 records.add(base[: -len(RECORD_SUFFIX)])
@@ -337,8 +338,10 @@ class S3Tier:
         *,
         show_progress: bool | None = None,
         envelope: bytes | None = None,
+        sidecars: Mapping[str, bytes] | None = None,
     ) -> str:
-        """Upload `sqsh` under `key`: PUBLISHED, or REUSED when S3 has (or just got) it."""
+        """Upload `sqsh` under `key`: PUBLISHED, or REUSED when S3 has (or just got) it.
+        `sidecars` ({suffix: bytes}, see transfer.SIDECARS) are stored beside it like the manifest."""
         sqsh = Path(sqsh)
         check_publish_input(key, sqsh, record)
         show = self.show_progress if show_progress is None else show_progress
@@ -366,6 +369,8 @@ class S3Tier:
             self._put_new(self.manifest_object(key), manifest, ContentType="application/json")
         if envelope is not None:
             self._put_new(self.envelope_object(key), envelope, ContentType="application/jsonl")
+        for suffix, data in (sidecars or {}).items():
+            self._put_new(self._path("objects", key[:2], key + suffix), data)
         created = self._put_new(self.record_object(key), record.to_json(), ContentType="application/json")
         return PUBLISHED if won and created else REUSED
 
@@ -536,8 +541,8 @@ class S3Tier:
     def delete(self, key: str) -> None:
         """Record first (uncommits), then the .sqsh and manifest."""
         check_key(key)
-        for path in (self.record_object(key), self.sqsh_object(key), self.manifest_object(key),
-                     self.envelope_object(key)):
+        sidecars = [self._path("objects", key[:2], key + suffix) for suffix in SIDECARS]
+        for path in (self.record_object(key), self.sqsh_object(key), *sidecars):
             self._delete_object(path)
 
     def debris(self, now: datetime | None = None) -> list[str]:

@@ -126,11 +126,10 @@ def verified_copy(key: str, source: Any, staging: Any, *, trusted: bool = False)
 
 def send(copy: Copy, target: Any, *, locked: bool = False, show_progress: bool = True) -> str:
     """Store a verified copy on `target`: "published", "reused" or "repaired"."""
-    if locked:  # the caller holds target's key lock (a fetch)
-        return target.publish_locked(copy.key, copy.sqsh, copy.record, copy.manifest,
-                                     show_progress=show_progress, envelope=copy.envelope)
-    return target.publish(copy.key, copy.sqsh, copy.record, copy.manifest, show_progress=show_progress,
-                          envelope=copy.envelope)
+    others = {suffix: data for suffix, data in copy.sidecars.items() if suffix not in (MANIFEST_SUFFIX, ENVELOPE_SUFFIX)}
+    publish = target.publish_locked if locked else target.publish  # locked: the caller holds it (a fetch)
+    return publish(copy.key, copy.sqsh, copy.record, copy.manifest, show_progress=show_progress,
+                   envelope=copy.envelope, sidecars=others)
 
 
 def transfer(key: str, source: Any, targets: list, staging: Any, *, trusted: bool = False,
