@@ -194,12 +194,13 @@ class Store:
     def complete(self, key: str) -> dict[str, str] | None:
         """Copy `key` from a tier holding a good copy into the tiers lacking it, and repair damaged
         copies from it. None when no tier holds a good copy: then it must be exported (and
-        publishing the export replaces the damaged copies). Saves a re-export when only one tier
-        lacks it. Filesystem tiers are tried first: an S3 source costs a download."""
+        publishing the export replaces the damaged copies). Saves a re-export when a filesystem
+        tier holds it. Filesystem tiers are tried first: an S3 source (used only to repair a
+        damaged filesystem copy) costs a download."""
         check_key(key)
         holders = [tier for tier in self._tiers(remote=True) if tier.has(key)]
-        if not holders:
-            return None
+        if not any(isinstance(tier, FilesystemTier) for tier in holders):
+            return None  # only S3 has it: exporting again costs no more than the download
         lacking = [tier for tier in self._tiers(remote=True) if tier not in holders]
         for source in holders:
             try:
