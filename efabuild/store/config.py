@@ -25,7 +25,6 @@ so a setting one accepts the other accepts too.
 
 from __future__ import annotations
 
-import difflib
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -89,6 +88,8 @@ def _string(value: object, where: str, allow_empty: bool = False) -> str:
 def _known(table: dict, known: tuple[str, ...], where: str) -> None:
     for key in table:
         if key not in known:
+            import difflib  # only for the message: lookup's fast path never pays for it
+
             hint = difflib.get_close_matches(str(key), known, n=1)
             suggestion = f" (did you mean '{hint[0]}'?)" if hint else f" (known: {', '.join(known)})"
             raise InputError(f"unknown key {key!r}{suggestion}", where)
