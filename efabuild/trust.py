@@ -127,7 +127,7 @@ def resolved_dir(local_store: Path) -> Path:
     return Path(local_store) / "state" / "trust"
 
 
-def policy_for(table, environ: dict[str, str] | None = None) -> TrustPolicy:  # noqa: ANN001 - StoreTable
+def policy_for(table, environ: dict[str, str] | None = None) -> TrustPolicy:  # noqa: ANN001 - StoreConfig
     """The policy that applies to a located store: BUILD.toml's for a workspace, else the node's.
 
     No policy at all is an InputError: requiring signatures without trusting any key would refuse

@@ -305,12 +305,12 @@ def test_cosign_accepts_the_envelope(tmp_path, keys, kind):
 
 @pytest.mark.s3
 def test_the_signed_statement_travels_through_s3_to_a_node_that_fetches(tmp_path, keys, moto_server, s3_bucket):
-    from efabuild.model import S3Settings
+    from efabuild.store.config import S3Config
     from efabuild.store.core import Store
     from efabuild.store.fs import FilesystemTier
 
     builder_store, key = stored_artifact(tmp_path / "builder", PemSigner(keys["ec"][0]))
-    s3 = S3Settings(bucket=s3_bucket, prefix="efabuild", region="us-east-1", endpoint_url=moto_server)
+    s3 = S3Config(bucket=s3_bucket, prefix="efabuild", region="us-east-1", endpoint_url=moto_server)
     builder = Store([FilesystemTier(builder_store, "local")], s3, show_progress=False)
     assert builder.complete(key) == {"local": "reused", "s3": "published"}
     envelope = object_path(builder_store, key, ".intoto.jsonl").read_bytes()

@@ -72,7 +72,7 @@ def run_verify(args: argparse.Namespace) -> int:
     from efabuild.errors import InputError
     from efabuild.store.core import Store
     from efabuild.store.layout import short
-    from efabuild.store.locate import locate
+    from efabuild.store.config import locate
     from efabuild.trust import policy_for
     from efabuild.verification import verify_and_remember
 
@@ -118,7 +118,7 @@ def run_sign(args: argparse.Namespace) -> int:
     from efabuild.signing import signer_for
     from efabuild.store.core import Store
     from efabuild.store.layout import short
-    from efabuild.store.locate import find_build_toml
+    from efabuild.store.config import find_build_toml
 
     key, region, endpoint_url, root = args.key, None, args.endpoint_url, Path.cwd()
     if key is None:
@@ -150,7 +150,7 @@ def run_trust(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from efabuild.errors import InputError
-    from efabuild.store.locate import find_build_toml, load_build_store
+    from efabuild.store.config import find_build_toml, load_build_store
     from efabuild.trust import resolve_workspace_keys, write_node_config
 
     build_toml = find_build_toml(Path.cwd())
