@@ -80,7 +80,7 @@ def run_verify(args: argparse.Namespace) -> int:
         raise InputError("give REF... or --all")
     table = locate(args.store)
     policy = policy_for(table)
-    store = Store.from_table(table, show_progress=False)
+    store = Store.from_config(table, show_progress=False)
     keys = sorted({k for tier in store.fs_tiers for k in tier.layout.keys()}) if args.all else \
         [store.resolve(ref, remote=False) for ref in args.refs]
     results, failed = [], False
