@@ -209,7 +209,7 @@ class Store:
                     results = {t.name: REUSED for t in holders if t.name not in damaged}
                     for target in lacking + [t for t in holders if t.name in damaged]:
                         results[target.name] = self._send(copy, target)
-                    self._record_names(copy.record.name, key, [t for t in lacking])
+                    self._record_names(copy.record.name, key, self._tiers(remote=True))  # as publish does
                     return results
             except DamagedCopy as exc:
                 _warn(f"{exc}; not copied from there")
