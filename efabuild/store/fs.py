@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from efabuild import notices
-from efabuild.digest import file_digest
 from efabuild.errors import EfabuildError
 from efabuild.progress import Progress
 from efabuild.store import fsutil
