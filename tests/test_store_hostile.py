@@ -412,12 +412,17 @@ def test_planted_entry_is_skipped_with_one_line_and_never_followed(case, scene, 
     if err:
         assert naming(err, planted), err
 
-    # audit --all: the other artifacts audited, their .sqsh intact
+    # audit --all: the other artifacts audited, their .sqsh intact; a stored object it cannot
+    # read is a failed audit (exit 1) naming the tier, not one silently left out
     code, out, err = run(capsys, "audit", "--all", "--json", "--store", store)
     report = {item["key"]: item for item in (json.loads(out) if out.strip() else [])}
-    assert set(report) == good
-    for item in report.values():
-        assert {c["check"]: c["status"] for c in item["checks"]}["sqsh-integrity"] == PASS
+    unreadable = {key for key, item in report.items() if item["name"] == "?"}
+    assert set(report) - unreadable == good
+    for key in unreadable:
+        assert report[key]["ok"] is False and code == 1
+        assert report[key]["checks"][0]["message"].startswith("store tier: unreadable: ")
+    for key in good:
+        assert {c["check"]: c["status"] for c in report[key]["checks"]}["sqsh-integrity"] == PASS
     assert len([line for line in err if line != "no artifacts"]) <= 1, err
 
     # gc as the admin runs it: a dry run, then for real; never a traceback, never out of the store
