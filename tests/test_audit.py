@@ -269,6 +269,7 @@ def test_every_tier_holding_the_artifact_is_checked_and_the_damaged_one_named(
     shared = tmp_path / "fsx"
     shutil.copytree(store, shared)
     ngc.write(tmp_path / "ws", "/BUILD.toml", f'[store]\nlocal = "{store}"\nshared = "{shared}"\n')
+    ngc.write(tmp_path / "ws", "/graphs/demo.toml", '[layers.base]\nbase = "busybox:1.36"\ndockerfile = "RUN true"\n')
     monkeypatch.delenv("EFABUILD_STORE", raising=False)
     monkeypatch.chdir(tmp_path / "ws")
     code, report = run_audit(capsys, KEY[:12], "--host-efa", "1.50.0")
