@@ -15,12 +15,14 @@ from efabuild.ui import Reporter
 
 
 def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
-                       tag: str, reporter: Reporter, epoch: int, builder_versions: dict, signer=None) -> Path:
+                       tag: str, reporter: Reporter, epoch: int, builder_versions: dict, signer=None,
+                       cancel=None) -> Path:
     from efabuild.attest import signed
     from efabuild.digest import Sha256Pass
     from efabuild.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
-    from efabuild.sqsh import ENROOT_FORMAT, export_image
+    from efabuild.sqsh import ENROOT_FORMAT, ExportCancelled, export_image
+    from efabuild.stops import step_boundary
     from efabuild.store.fsutil import temp_name
     from efabuild.store.record import ArtifactRecord
 
@@ -39,7 +41,7 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
         try:
             # blake3 right after mksquashfs; sha256 below, in a thread while the probe reads the image
             result = export_image(tag, out, options=ws.settings.export, docker=engine.client,
-                                  progress=progress, epoch=epoch, sha256=False)
+                                  progress=progress, epoch=epoch, sha256=False, cancel=cancel)
         finally:
             for shown in bar:
                 shown.close()
@@ -56,8 +58,11 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
         )
         record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info,
                                          sha256=sha256.result())
+        if cancel is not None and cancel.is_set():
+            raise ExportCancelled(f"{layer.qualname}: interrupted before publishing; nothing was published")
         # signed here, before publishing: the statement is stored with the artifact on every tier
         envelope = signed(manifest, signer, f"manifest of {layer.qualname}") if signer is not None else None
+        step_boundary("publish")
         outcome = store.publish(plan.key, result.path, record, manifest, envelope=envelope)
         reporter.line(layer.qualname, f"published: {', '.join(f'{t} {s}' for t, s in outcome.items())}")
     finally:

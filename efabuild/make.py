@@ -11,7 +11,6 @@ import contextlib
 import functools
 import os
 import shutil
-import tempfile
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -22,7 +21,10 @@ import attrs
 from efabuild.errors import EfabuildError, InputError
 from efabuild.store.layout import short
 from efabuild.model import Layer, Workspace
+from efabuild.owner import owned_name
+from efabuild.store.fs import CONTEXT_PREFIX
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
+from efabuild.stops import step_boundary
 from efabuild.planning import Prepared, image_tag
 from efabuild.redact import Redactor, dockerfile_secret_values, is_secret_arg
 from efabuild.ui import Reporter
@@ -72,17 +74,34 @@ class _Runner:
     # --- one layer ---------------------------------------------------------------------------
 
     def run_layer(self, lp: LayerPlan) -> Outcome:
+        """Build or pull, export and publish one layer, holding its key's build lock: concurrent
+        makes of one key on this host build it once, the others wait and then reuse it."""
+        from efabuild.engine.build import BuildInterrupted
+
         layer: Layer = self.p.graph.nodes[lp.qualname]["layer"]
         started = time.monotonic()
+        lock = self.store.local_tier.build_lock(
+            lp.key, on_wait=lambda _: self.reporter.started(lp.qualname, "wait", "another make has this key"))
+        if not lock.acquire_unless(self.cancel):
+            raise BuildInterrupted(f"{lp.qualname}: interrupted while waiting for another make of this key")
+        try:
+            return self._run_layer_locked(layer, lp, started)
+        finally:
+            lock.release()
+
+    def _run_layer_locked(self, layer: Layer, lp: LayerPlan, started: float) -> Outcome:
         steps: list[str] = []
         log = artifact = ""
         status = REUSED
-        if lp.action == PULL:
+        action = lp.action
+        if action in (PULL, BUILD) and self._made_meanwhile(layer, lp):
+            action = NOTHING  # another make built it while this one planned or waited
+        if action == PULL:
             self.reporter.started(lp.qualname, "pull", short(lp.key))
             self._pull(layer, lp)
             steps.append("pull")
             status = PULLED
-        elif lp.action == BUILD:
+        elif action == BUILD:
             self.reporter.started(lp.qualname, "build", "; ".join(lp.reasons))
             log = self._build(layer, lp)
             steps.append("build")
@@ -106,6 +125,29 @@ class _Runner:
                 steps.append("export")
                 status = EXPORTED if status == REUSED else status
         return Outcome(lp.qualname, lp.key, status, time.monotonic() - started, tuple(steps), log, artifact)
+
+    def _made_meanwhile(self, layer: Layer, lp: LayerPlan) -> bool:
+        from efabuild.engine.images import image_exists
+
+        tag = image_tag(layer.name, lp.key)
+        if not image_exists(self.engine, tag):
+            return False
+        self.tags[lp.key] = tag
+        return True
+
+    def sweep_leftovers(self) -> None:
+        """Remove what makes killed on this host left behind: temp files and build contexts in
+        the store tiers, export containers in the engine. A live make's are never touched."""
+        from efabuild.engine.leftovers import dead_export_containers, remove_containers
+
+        try:
+            for tier in self.store.fs_tiers:
+                for item in tier.debris():
+                    tier.remove_debris(item)
+            if self.engine is not None:
+                remove_containers(self.engine, dead_export_containers(self.engine))
+        except (OSError, EfabuildError) as exc:  # housekeeping: never a reason to fail the make
+            self.reporter.say(f"efabuild: warning: leftovers of earlier makes not removed: {exc}")
 
     def alias(self, lp: LayerPlan) -> None:
         """A layer whose key another layer just made: give it its own tag and store name."""
@@ -174,6 +216,7 @@ class _Runner:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with self._context_dir(layer, lp) as context_dir:
             request = self.build_request(layer, lp, context_dir, image_tag(layer.name, lp.key))
+            step_boundary("build")
             build_layer(self.engine, request, log_path,
                         on_line=lambda text: self.reporter.line(lp.qualname, text), cancel=self.cancel,
                         redact=self.redact)
@@ -188,7 +231,9 @@ class _Runner:
         whatever the checkout's umask or timestamps."""
         tmp_root = self.store_root / "tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
-        directory = Path(tempfile.mkdtemp(prefix=f"context-{layer.name}-", dir=tmp_root))
+        # named by its owner: a make killed meanwhile leaves it to the next make or gc
+        directory = tmp_root / owned_name(CONTEXT_PREFIX, layer.name)
+        directory.mkdir(mode=0o700)
         try:
             write_context(self.ws.root, directory, lp.inputs.context)
             yield directory
@@ -228,7 +273,7 @@ class _Runner:
         path = artifacts.export_and_publish(
             ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
             tag=self.tags[lp.key], reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
-            builder_versions=self.builder_versions, signer=self.signer,
+            builder_versions=self.builder_versions, signer=self.signer, cancel=self.cancel,
         )
         return str(path)
 
@@ -288,6 +333,7 @@ def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
     redact = runner.redact
     if any(lp.artifact and not lp.stored for lp in prepared.plan.layers):
         runner.signer  # noqa: B018 - a bad [sign] key stops the make before anything is built
+    runner.sweep_leftovers()
     graph = prepared.graph
     plans = prepared.plan.by_name()
     pending = list(prepared.order)

@@ -31,6 +31,7 @@ import errno
 import os
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -43,7 +44,9 @@ from efabuild.digest import file_digest, file_digests
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.imagecfg import ImageConfig, enroot_files
 from efabuild.model import ExportSettings
+from efabuild.owner import Owner
 from efabuild.squashopts import extra_options_problem
+from efabuild.stops import step_boundary
 from efabuild.store.fsutil import fsync_dir
 
 # progress(bytes streamed so far, expected total or None)
@@ -55,6 +58,7 @@ _SPLICE_MIN = 128 << 10  # bodies this large bypass Python: splice(2) pipe to pi
 _PIPE_SIZE = 1 << 20
 _PROGRESS_EVERY = 64 << 20
 EXPORT_LABEL = "org.efabuild.export"  # on the temporary container: the .sqsh being written
+OWNER_LABEL = "org.efabuild.owner"  # …and the process exporting (efabuild.engine.leftovers)
 # The Enroot release whose `enroot import` output an export reproduces; recorded with every
 # artifact, since the same key gives the same bytes only within one format.
 ENROOT_FORMAT = "4.1.2"
@@ -490,6 +494,24 @@ def _grow_pipe(fd: int) -> None:
         pass  # a bigger pipe is only faster, never required
 
 
+class ExportCancelled(EfabuildError):
+    """The export was cancelled (Ctrl-C, SIGTERM): its processes were killed, nothing was kept."""
+
+    exit_code = 130
+
+
+_CANCEL_POLL_S = 0.1
+
+
+def _kill_on_cancel(procs: list[subprocess.Popen], cancel: threading.Event, finished: threading.Event) -> None:
+    while not finished.is_set():
+        if cancel.wait(_CANCEL_POLL_S):
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+            return
+
+
 def time_clamp(created: Iterable[str]) -> int | None:
     """The latest of an image's creation times (its config's and its history's), in whole
     seconds: no file of its base is newer than the base's own creation, and efabuild's build
@@ -552,14 +574,16 @@ def export_image(
     progress: Progress | None = None,
     epoch: int = 0,
     sha256: bool = True,
+    cancel: threading.Event | None = None,
 ) -> ExportResult:
     """Export `image` from the engine to the `.sqsh` file `out` (atomically replaced).
 
     `sha256=False` leaves the sha256 pass out (make runs it beside the manifest's probe). `epoch` is
     the time given to the superblock, the root directory, the written files and the
     entries the container's creation adds; with `options.clamp_times`, no other file is newer
-    than the image's `time_clamp`. Raises NotFound for an unknown image, EfabuildError
-    with the failing tool's last message otherwise; a failure leaves no file behind.
+    than the image's `time_clamp`. Raises NotFound for an unknown image, ExportCancelled when
+    `cancel` is set meanwhile (docker export and mksquashfs are killed at once), EfabuildError
+    with the failing tool's last message otherwise; each leaves no file and no container behind.
     """
     from python_on_whales import DockerClient
     from python_on_whales.exceptions import DockerException
@@ -576,12 +600,14 @@ def export_image(
         # a command is given so images without CMD can be created; the container never starts.
         # The label names the export, so a leftover (the process was killed) can be found.
         docker.container.create(
-            image, ["/bin/true"], name=name, pull="never", labels={EXPORT_LABEL: str(out)}
+            image, ["/bin/true"], name=name, pull="never",
+            labels={EXPORT_LABEL: str(out), OWNER_LABEL: Owner.current().token},
         )
     except DockerException as exc:
         raise EfabuildError(f"export {image}: {_last_line(exc.stderr or '') or exc}") from None
     try:
-        return _squash(docker, name, image, out, opts, plan, progress, expected, started, sha256)
+        step_boundary("export")
+        return _squash(docker, name, image, out, opts, plan, progress, expected, started, sha256, cancel)
     finally:
         try:
             docker.container.remove(name, force=True, volumes=True)
@@ -592,6 +618,7 @@ def export_image(
 def _squash(
     docker: Any, container: str, image: str, out: Path, opts: tuple[str, ...], plan: RewritePlan,
     progress: Progress | None, expected: int | None, started: float, with_sha256: bool = True,
+    cancel: threading.Event | None = None,
 ) -> ExportResult:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -601,6 +628,7 @@ def _squash(
     tmp = out.parent / f"{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     docker_cmd = [str(part) for part in docker.client_config.docker_cmd]
     procs: list[subprocess.Popen] = []
+    finished = threading.Event()
     with tempfile.TemporaryFile() as export_err, tempfile.TemporaryFile() as squash_log:
         try:
             exporter = subprocess.Popen(
@@ -619,6 +647,9 @@ def _squash(
                     "mksquashfs not found: install squashfs-tools 4.6 or later (scripts/setup-host.sh)"
                 ) from None
             procs.append(squasher)
+            if cancel is not None:  # the filter blocks in read/splice: killing both ends frees it
+                threading.Thread(target=_kill_on_cancel, args=(procs, cancel, finished),
+                                 daemon=True).start()
             assert exporter.stdout is not None and squasher.stdin is not None
             _grow_pipe(exporter.stdout.fileno())
             _grow_pipe(squasher.stdin.fileno())
@@ -636,6 +667,8 @@ def _squash(
                         proc.kill()
             squasher.stdin.close()
             export_rc, squash_rc = exporter.wait(), squasher.wait()
+            if cancel is not None and cancel.is_set():
+                raise ExportCancelled(f"export {image}: interrupted; nothing was written")
             if export_rc > 0:
                 raise EfabuildError(f"export {image}: docker export failed: {_tail(export_err) or export_rc}")
             if squash_rc > 0:
@@ -661,3 +694,4 @@ def _squash(
                     proc.kill()
                     proc.wait()
             tmp.unlink(missing_ok=True)
+            finished.set()

@@ -54,6 +54,31 @@ def _store(args: argparse.Namespace):  # noqa: ANN202 - efabuild.store.Store
     return Store.locate(args.store)
 
 
+def _dead_export_containers(args: argparse.Namespace, remove: bool) -> list[str]:
+    """In a workspace: export containers its engine holds for makes killed on this host (a bare
+    store on a compute node has no engine to ask)."""
+    import os
+    import shutil
+
+    from efabuild.errors import EfabuildError
+    from efabuild.store.config import STORE_ENV
+
+    if args.store or os.environ.get(STORE_ENV) or shutil.which("docker") is None:
+        return []
+    from efabuild.cli.common import workspace
+    from efabuild.engine.client import connect
+    from efabuild.engine.leftovers import dead_export_containers, remove_containers
+
+    try:
+        engine = connect(workspace().settings.builder)
+        names = dead_export_containers(engine)
+        if remove:
+            remove_containers(engine, names)
+    except EfabuildError:
+        return []  # no engine answering here: nothing of it to clean
+    return names
+
+
 def _when(created: str) -> str:
     """'2026-11-30T04:32:11.123456Z' -> '2026-11-30 04:32:11Z' for tables."""
     return created.replace("T", " ")[:19] + "Z" if len(created) >= 19 else created
@@ -99,6 +124,8 @@ def run_gc(args: argparse.Namespace) -> int:
     # a shared one: S3 only when asked.
     report = store.gc(keep=args.keep, pins=store.pins + tuple(args.pin), dry_run=not args.yes,
                       remote=not args.no_s3, delete_remote=args.s3 or not store.bare)
+    containers = _dead_export_containers(args, remove=args.yes)
+    debris = [*report.debris, *(("engine", f"container {name}") for name in containers)]
     busy = set(report.busy)
     if args.json:
         out = {
@@ -109,7 +136,7 @@ def run_gc(args: argparse.Namespace) -> int:
                  "created": r.record.created, "skipped_busy": (r.tier, r.record.key) in busy}
                 for r in report.removals
             ],
-            "debris": [{"tier": tier, "item": item} for tier, item in report.debris],
+            "debris": [{"tier": tier, "item": item} for tier, item in debris],
             "spared": [{"tier": r.tier, "key": r.record.key, "name": r.record.name, "size": r.record.size,
                         "created": r.record.created} for r in report.spared],
             "kept": list(report.kept),
@@ -126,7 +153,7 @@ def run_gc(args: argparse.Namespace) -> int:
     for r in report.spared:
         print(f"would delete with --s3  {r.tier}  {short(r.record.key)}  {r.record.name}  "
               f"{human_bytes(r.record.size)}  {_when(r.record.created)}")
-    for tier, item in report.debris:
+    for tier, item in debris:
         print(f"{'would remove' if report.dry_run else 'removed'} leftover  {tier}  {item}")
     freed = sum(r.record.size for r in report.removals if (r.tier, r.record.key) not in busy)
     summary = (f"{len(report.removals) - len(busy)} objects, {human_bytes(freed)}; "

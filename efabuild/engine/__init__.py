@@ -5,5 +5,6 @@ One module per component:
 - `images`: exists / inspect / digest of images in that engine;
 - `build`: build one layer image and tag it only once it is complete;
 - `buildlog`: read BuildKit's plain progress output (pure, no engine);
-- `registry`: push and pull layer images to and from the layer-cache registry.
+- `registry`: push and pull layer images to and from the layer-cache registry;
+- `leftovers`: export containers of makes that were killed, found and removed.
 """

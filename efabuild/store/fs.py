@@ -17,6 +17,7 @@ import contextlib
 import errno
 import json
 import os
+import shutil
 import socket
 import stat
 import time
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
+from efabuild.owner import owner_of
 from efabuild.progress import Progress
 from efabuild.store import fsutil
 from efabuild.store.layout import (
@@ -46,6 +48,9 @@ from efabuild.store.transfer import SIDECARS, DamagedCopy, check_file
 MAX_REF_HISTORY = 1000
 # Temp files of writers on other hosts are only judged by age.
 STALE_TEMP_SECONDS = 24 * 3600
+
+# build contexts a make writes into the local tier's tmp/ (efabuild.make), named by their owner
+CONTEXT_PREFIX = "context"
 
 PUBLISHED = "published"
 REUSED = "reused"
@@ -156,6 +161,10 @@ class FilesystemTier:
     # ---- locks
     def key_lock(self, key: str, **options: object) -> FileLock:
         return FileLock(self.layout.key_lock_path(check_key(key)), on_wait=_on_wait, root=self.root, **options)
+
+    def build_lock(self, key: str, **options: object) -> FileLock:
+        """One make at a time builds, exports and publishes a key; the others wait, then reuse."""
+        return FileLock(self.layout.build_lock_path(check_key(key)), root=self.root, **options)
 
     # ---- publish
     def publish(
@@ -358,7 +367,8 @@ class FilesystemTier:
             pass
 
     def debris(self, now: float | None = None) -> list[Path]:
-        """Leftovers of interrupted writers: stale temp files and records without a .sqsh.
+        """Leftovers of interrupted writers: stale temp files, build contexts of makes that are
+        gone, and records without a .sqsh.
 
         A temp file is stale when its writer (named in the file name) is dead on this host, or
         when it is older than a day (writer on another host). A record without a .sqsh counts only
@@ -370,13 +380,18 @@ class FilesystemTier:
         try:
             with fsutil.store_dir(self.root, "tmp") as fd:
                 temps = [(name, os.stat(name, dir_fd=fd, follow_symlinks=False)) for name in os.listdir(fd)
-                         if fsutil.parse_temp_owner(name)]
+                         if fsutil.parse_temp_owner(name) or owner_of(name, CONTEXT_PREFIX)]
         except (FileNotFoundError, NotADirectoryError):
             temps = []
         except UnsafeEntry as exc:
             _warn(f"{self.name} tier: skipping {exc}")
             temps = []
         for name, info in temps:
+            context_owner = owner_of(name, CONTEXT_PREFIX)
+            if context_owner is not None:  # a make's build context: removed once the make is gone
+                if stat.S_ISDIR(info.st_mode) and context_owner.gone():
+                    found.append(self.layout.tmp_dir / name)
+                continue
             if not stat.S_ISREG(info.st_mode):
                 continue  # not ours (other tools keep their own temp dirs here)
             owner = fsutil.parse_temp_owner(name)
@@ -419,6 +434,10 @@ class FilesystemTier:
         if path.parent == self.layout.tmp_dir and fsutil.parse_temp_owner(path.name):
             with fsutil.store_dir(self.root, "tmp") as fd, contextlib.suppress(FileNotFoundError):
                 os.unlink(path.name, dir_fd=fd)
+            return
+        if path.parent == self.layout.tmp_dir and owner_of(path.name, CONTEXT_PREFIX):
+            with fsutil.store_dir(self.root, "tmp") as fd:
+                shutil.rmtree(path.name, dir_fd=fd, ignore_errors=True)  # a link is not followed
             return
         key = path.name.split(".", 1)[0]
         if not is_key(key) or path.parent != self.layout.object_dir(key):

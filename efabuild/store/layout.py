@@ -161,6 +161,10 @@ class Layout:
     def key_lock_path(self, key: str) -> Path:
         return self.locks_dir / (key + ".lock")
 
+    def build_lock_path(self, key: str) -> Path:
+        """Held by the make building, exporting and publishing `key` (local store only)."""
+        return self.locks_dir / (key + ".build")
+
     def ref_lock_path(self, name: str) -> Path:
         graph, layer = split_name(name)
         return self.locks_dir / f"ref.{graph}.{layer}.lock"

@@ -101,6 +101,21 @@ class FileLock:
             self._close_dir()
             raise
 
+    def acquire_unless(self, cancel: threading.Event, poll: float = 0.25) -> bool:
+        """Wait for the lock while `cancel` is not set (a blocking wait cannot be interrupted
+        from another thread); False when cancelled first."""
+        waited = False
+        while True:
+            try:
+                self.acquire(blocking=False)
+                return True
+            except LockBusy:
+                if not waited and self.on_wait:
+                    self.on_wait(str(self.path))
+                waited = True
+            if cancel.wait(poll):
+                return False
+
     def release(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None

@@ -1,0 +1,87 @@
+"""Who left something behind, and whether that process is gone.
+
+Temporary build contexts and export containers carry their owner's host, pid and start time (in
+their name or a label). A leftover is removed only when its owner is on this host and gone: its
+pid no longer exists, or now belongs to a process started at another time (pids are reused).
+An owner on another host is never judged from here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+from functools import cache
+
+import attrs
+
+from efabuild.store.lock import pid_alive
+
+# host.pid.start, the host without its domain (no dots), start in clock ticks since boot
+TOKEN = r"(?P<host>[^./]+)\.(?P<pid>[0-9]+)\.(?P<start>[0-9]+)"
+_TOKEN = re.compile(TOKEN)
+
+
+def this_host() -> str:
+    return socket.gethostname().split(".")[0] or "host"
+
+
+def start_time(pid: int) -> int:
+    """The process' start time (field 22 of /proc/PID/stat); 0 when unknown (not Linux, gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    # the command name (field 2) is in parentheses and may contain spaces: split after it
+    fields = stat[stat.rfind(b")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return 0
+
+
+@attrs.frozen
+class Owner:
+    host: str
+    pid: int
+    start: int  # 0: unknown, then the pid alone decides
+
+    @classmethod
+    def current(cls) -> Owner:
+        return _current(os.getpid())  # keyed by pid: a forked child is its own owner
+
+    @property
+    def token(self) -> str:
+        return f"{self.host}.{self.pid}.{self.start}"
+
+    @classmethod
+    def parse(cls, token: str) -> Owner | None:
+        match = _TOKEN.fullmatch(token or "")
+        return cls(match["host"], int(match["pid"]), int(match["start"])) if match else None
+
+    def gone(self) -> bool:
+        """True only when this process certainly no longer runs (it ran on this host)."""
+        if self.host != this_host():
+            return False
+        if not pid_alive(self.pid):
+            return True
+        now = start_time(self.pid)
+        return bool(self.start and now and now != self.start)
+
+
+@cache
+def _current(pid: int) -> Owner:
+    return Owner(this_host(), pid, start_time(pid))
+
+
+def owned_name(prefix: str, what: str) -> str:
+    """`PREFIX-HOST.PID.START-RANDOM-WHAT`: a name that says which process made it."""
+    return f"{prefix}-{Owner.current().token}-{secrets.token_hex(4)}-{what}"
+
+
+def owner_of(name: str, prefix: str) -> Owner | None:
+    """The owner in an owned_name() with this prefix; None for any other name."""
+    match = re.match(rf"{re.escape(prefix)}-{TOKEN}-[0-9a-f]{{8}}-", name)
+    return Owner(match["host"], int(match["pid"]), int(match["start"])) if match else None
