@@ -27,8 +27,8 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
             description="""
                 Keeps the newest --keep keys of every name, what every name currently points at,
                 and pinned refs/keys ([store] pins in BUILD.toml, --pin); removes the rest and
-                leftovers of interrupted writes from every tier. Prints what it would delete
-                unless --yes.""",
+                leftovers of interrupted writes from every tier, and of makes killed on this host
+                (build contexts, export containers). Prints what it would delete unless --yes.""",
             epilog="""
                 examples:
                   efabuild gc                       # what would be deleted
