@@ -145,7 +145,8 @@ class _Runner:
                 for item in tier.debris():
                     tier.remove_debris(item)
             if self.engine is not None:
-                remove_containers(self.engine, dead_export_containers(self.engine))
+                stores = [tier.root for tier in self.store.fs_tiers]
+                remove_containers(self.engine, dead_export_containers(self.engine, stores))
         except (OSError, EfabuildError) as exc:  # housekeeping: never a reason to fail the make
             self.reporter.say(f"efabuild: warning: leftovers of earlier makes not removed: {exc}")
 

@@ -80,8 +80,12 @@ def test_gc_dry_run_deletes_nothing_and_yes_deletes_what_it_listed(workspace):
     assert listed(workspace) == before
     assert efabuild("lookup", user[1], cwd=workspace).returncode == 0
 
+    build_lock = FilesystemTier(workspace / "cache", "local").layout.build_lock_path(user[1])
+    build_lock.parent.mkdir(parents=True, exist_ok=True)
+    build_lock.touch()  # left by the make that built user1
     done = efabuild("gc", "--yes", cwd=workspace, check=True)
     assert done.stdout.splitlines()[-1].startswith("gc: deleted 2 objects, 8.0 KiB")
+    assert not build_lock.exists()
     after = listed(workspace)
     assert set(before) - set(after) == {user[1]}
     assert efabuild("lookup", user[1], cwd=workspace).returncode == 1

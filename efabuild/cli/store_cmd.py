@@ -54,9 +54,9 @@ def _store(args: argparse.Namespace):  # noqa: ANN202 - efabuild.store.Store
     return Store.locate(args.store)
 
 
-def _dead_export_containers(args: argparse.Namespace, remove: bool) -> list[str]:
-    """In a workspace: export containers its engine holds for makes killed on this host (a bare
-    store on a compute node has no engine to ask)."""
+def _dead_export_containers(args: argparse.Namespace, stores: list, remove: bool) -> list[str]:
+    """In a workspace: export containers into its store that its engine holds for makes killed on
+    this host (a bare store on a compute node has no engine to ask)."""
     import os
     import shutil
 
@@ -71,7 +71,7 @@ def _dead_export_containers(args: argparse.Namespace, remove: bool) -> list[str]
 
     try:
         engine = connect(workspace().settings.builder)
-        names = dead_export_containers(engine)
+        names = dead_export_containers(engine, stores)
         if remove:
             remove_containers(engine, names)
     except EfabuildError:
@@ -124,7 +124,7 @@ def run_gc(args: argparse.Namespace) -> int:
     # a shared one: S3 only when asked.
     report = store.gc(keep=args.keep, pins=store.pins + tuple(args.pin), dry_run=not args.yes,
                       remote=not args.no_s3, delete_remote=args.s3 or not store.bare)
-    containers = _dead_export_containers(args, remove=args.yes)
+    containers = _dead_export_containers(args, [tier.root for tier in store.fs_tiers], remove=args.yes)
     debris = [*report.debris, *(("engine", f"container {name}") for name in containers)]
     busy = set(report.busy)
     if args.json:

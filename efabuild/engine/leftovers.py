@@ -18,8 +18,8 @@ from efabuild.store.fsutil import parse_temp_owner
 LIST_TIMEOUT_S = 30.0
 
 
-def dead_export_containers(engine: Engine) -> list[str]:
-    """Names of export containers whose owner is gone."""
+def dead_export_containers(engine: Engine, stores: list[Path]) -> list[str]:
+    """Names of export containers writing into one of the `stores` whose owner is gone."""
     found = engine.run("container", "ls", "--all", "--filter", f"label={EXPORT_LABEL}", "--format",
                        f'{{{{.Names}}}}\t{{{{.Label "{OWNER_LABEL}"}}}}\t{{{{.Label "{EXPORT_LABEL}"}}}}',
                        timeout=LIST_TIMEOUT_S)
@@ -30,7 +30,7 @@ def dead_export_containers(engine: Engine) -> list[str]:
         name, _, rest = line.partition("\t")
         token, _, target = rest.partition("\t")
         owner = Owner.parse(token) or _owner_from_target(target)
-        if name and owner is not None and owner.gone():
+        if name and owner is not None and _inside(target, stores) and owner.gone():
             dead.append(name)
     return dead
 
@@ -38,6 +38,11 @@ def dead_export_containers(engine: Engine) -> list[str]:
 def remove_containers(engine: Engine, names: list[str]) -> None:
     if names:
         engine.run("container", "rm", "--force", "--volumes", *names, timeout=LIST_TIMEOUT_S)
+
+
+def _inside(target: str, stores: list[Path]) -> bool:
+    path = Path(target)
+    return path.is_absolute() and any(path.is_relative_to(store) for store in stores)
 
 
 def _owner_from_target(target: str) -> Owner | None:

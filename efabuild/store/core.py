@@ -477,6 +477,7 @@ class Store:
                         continue
                     tier.delete(key)
                     lock.remove()  # while held: see FileLock's inode check
+                    _drop_build_lock(tier, key)
                 finally:
                     lock.release()
             else:
@@ -495,3 +496,15 @@ class Store:
                 tier.remove_debris(item)
         return tuple(busy)
 
+
+def _drop_build_lock(tier: FilesystemTier, key: str) -> None:
+    """A deleted key's build lock file goes too, unless a make holds it (building it again)."""
+    lock = tier.build_lock(key)
+    try:
+        lock.acquire(blocking=False)
+    except LockBusy:
+        return
+    try:
+        lock.remove()
+    finally:
+        lock.release()
