@@ -108,4 +108,4 @@ def test_kill_9_at_every_step_boundary_and_at_random_points(kill_ws):
         done = efabuild(kill_ws, "make")
         assert done.returncode == 0, f"{where}: the next make failed: {done.stderr}"
         assert_no_debris(kill_ws, f"{where}, after the next make")
-        check_store(kill_ws, f"{where}, after the next make")
+    check_store(kill_ws, f"after every kill and make (seed {SEED})")
