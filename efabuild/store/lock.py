@@ -109,6 +109,8 @@ class FileLock:
             try:
                 self.acquire(blocking=False)
                 return True
+            except UnsafeLock:
+                raise  # never freed by waiting
             except LockBusy:
                 if not waited and self.on_wait:
                     self.on_wait(str(self.path))
