@@ -1,0 +1,155 @@
+"""Chunk indexes: a `.sqsh` cut into content-defined chunks, each named by the blake3 of its bytes.
+
+Two versions of one image share most of their bytes, but not at the same offsets: a file added in
+the user layer shifts everything after it. Content-defined chunking (FastCDC) cuts where the
+content says, not where the offset says, so the shared bytes fall into the same chunks in both
+versions. The chunked S3 tier stores each chunk once; a fetch copies the chunks it already has
+from artifacts on the node (seeds) and downloads only the rest.
+
+An index lists the chunks in file order with their lengths, plus the whole file's size and
+digest. It is kept beside every stored artifact (`objects/<k[:2]>/<key>.chunks.json`), so a seed
+needs no re-chunking, and it is the S3 artifact's table of contents. An index read from a store is
+untrusted input: `ChunkIndex.from_json` checks every field, and every chunk is verified against its
+id when it is used.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import blake3
+
+from efabuild.digest import PREFIX, is_digest
+from efabuild.errors import EfabuildError
+
+FORMAT = "efabuild.chunks/v1"
+KiB, MiB = 1024, 1024 * 1024
+# Chosen by measurement (README "Chunked S3 tier"): on a one-file change, 64 KiB to 1 MiB average
+# chunks all leave the new bytes dominated by SquashFS's rewritten metadata tables (a few MiB), so
+# the largest size wins: a 25 GB image is ~25,000 S3 objects, not 400,000.
+MIN_SIZE, AVG_SIZE, MAX_SIZE = 256 * KiB, 1 * MiB, 4 * MiB
+MAX_INDEX_BYTES = 64 * MiB  # a 25 GB image at the minimum chunk size needs ~16 MiB
+_HEX = frozenset("0123456789abcdef")
+
+
+class BadChunkIndex(EfabuildError):
+    """An index that is not one efabuild wrote: the artifact is not used from it."""
+
+
+def chunk_id(data: bytes | memoryview) -> str:
+    return blake3.blake3(data).hexdigest()
+
+
+def is_chunk_id(text: object) -> bool:
+    return isinstance(text, str) and len(text) == 64 and _HEX.issuperset(text)
+
+
+@attrs.frozen
+class ChunkIndex:
+    size: int  # bytes of the whole file
+    digest: str  # "blake3:<hex>" of the whole file
+    chunks: tuple[tuple[str, int], ...]  # (chunk id, length) in file order
+    chunking: tuple[int, int, int] = (MIN_SIZE, AVG_SIZE, MAX_SIZE)
+
+    def spans(self) -> Iterator[tuple[str, int, int]]:
+        """(chunk id, offset, length) of every chunk, in file order."""
+        offset = 0
+        for cid, length in self.chunks:
+            yield cid, offset, length
+            offset += length
+
+    def unique(self) -> dict[str, int]:
+        """Each distinct chunk id with its length."""
+        return dict(self.chunks)
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "format": FORMAT, "size": self.size, "digest": self.digest,
+            "chunking": {"min": self.chunking[0], "avg": self.chunking[1], "max": self.chunking[2]},
+            "chunks": [[cid, length] for cid, length in self.chunks],
+        }, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> ChunkIndex:
+        """Parse and check an index read from a store; BadChunkIndex naming `where` if it is not valid."""
+        if len(data) > MAX_INDEX_BYTES:
+            raise BadChunkIndex(f"{where}: chunk index larger than {MAX_INDEX_BYTES // MiB} MiB")
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError):
+            raise BadChunkIndex(f"{where}: chunk index is not JSON") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise BadChunkIndex(f"{where}: not a {FORMAT} chunk index")
+        size, digest, chunks, chunking = doc.get("size"), doc.get("digest"), doc.get("chunks"), doc.get("chunking")
+        if not _is_count(size) or not is_digest(digest) or not isinstance(chunks, list):
+            raise BadChunkIndex(f"{where}: chunk index has a bad size, digest or chunk list")
+        parsed = []
+        total = 0
+        for entry in chunks:
+            if not (isinstance(entry, list) and len(entry) == 2 and is_chunk_id(entry[0])
+                    and _is_count(entry[1]) and entry[1] > 0):
+                raise BadChunkIndex(f"{where}: chunk index entry {str(entry)[:80]!r} is not [id, length]")
+            parsed.append((entry[0], entry[1]))
+            total += entry[1]
+        if total != size:
+            raise BadChunkIndex(f"{where}: chunk lengths add up to {total} bytes, the index says {size}")
+        limits = (MIN_SIZE, AVG_SIZE, MAX_SIZE)
+        if isinstance(chunking, dict) and all(_is_count(chunking.get(k)) for k in ("min", "avg", "max")):
+            limits = (chunking["min"], chunking["avg"], chunking["max"])
+        return cls(size=size, digest=digest, chunks=tuple(parsed), chunking=limits)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def chunk_file(path: str | os.PathLike[str], *, chunking: tuple[int, int, int] = (MIN_SIZE, AVG_SIZE, MAX_SIZE),
+               progress=None) -> ChunkIndex:  # noqa: ANN001 - progress(n) callback
+    """Cut a file into chunks and digest it whole, in one read (through mmap: the pages of a
+    freshly exported .sqsh are still in the page cache, and memory stays bounded)."""
+    from fastcdc import fastcdc  # imported here: only publishing and fetching chunk
+
+    whole = blake3.blake3()
+    chunks: list[tuple[str, int]] = []
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return ChunkIndex(size=0, digest=PREFIX + whole.hexdigest(), chunks=(), chunking=chunking)
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as view:
+            low, avg, high = chunking
+            for chunk in fastcdc(view, min_size=low, avg_size=avg, max_size=high, fat=True):
+                whole.update(chunk.data)
+                chunks.append((chunk_id(chunk.data), chunk.length))
+                if progress is not None:
+                    progress(chunk.length)
+    finally:
+        os.close(fd)
+    return ChunkIndex(size=size, digest=PREFIX + whole.hexdigest(), chunks=tuple(chunks), chunking=chunking)
+
+
+def read_index(path: Path, where: str | None = None) -> ChunkIndex | None:
+    """The index stored at `path` in a filesystem tier, or None if there is none or it is unusable
+    (a store writer may have put anything there: not followed if a link, never read unbounded)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        import stat
+
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_INDEX_BYTES:
+            return None
+        data = os.read(fd, MAX_INDEX_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        return ChunkIndex.from_json(data, where or str(path))
+    except BadChunkIndex:
+        return None

@@ -1,0 +1,142 @@
+"""Chunk indexes and the S3 chunk store: dedup, seeded assembly, verification of every chunk."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from efabuild.digest import file_digest
+from efabuild.model import S3Settings
+from efabuild.store.chunks import BadChunkIndex, ChunkIndex, chunk_file, read_index
+from efabuild.store.s3 import S3Tier
+from efabuild.store.s3chunks import ChunkError, ChunkStore, Seed, assemble
+
+KiB, MiB = 1024, 1024 * 1024
+SMALL = (4 * KiB, 16 * KiB, 64 * KiB)  # small chunks, so a few MiB make many of them
+
+
+def versions(tmp_path: Path) -> tuple[Path, Path]:
+    """Two 'images' that share most bytes at shifted offsets: v2 has 3 KiB inserted near the
+    start and one byte changed near the end."""
+    rng = random.Random(7)
+    body = rng.randbytes(3 * MiB)
+    one = tmp_path / "v1.bin"
+    one.write_bytes(body)
+    changed = bytearray(body[:100 * KiB] + rng.randbytes(3 * KiB) + body[100 * KiB:])
+    changed[-10 * KiB] ^= 0xFF
+    two = tmp_path / "v2.bin"
+    two.write_bytes(bytes(changed))
+    return one, two
+
+
+def test_index_covers_the_file_and_digests_it_whole(tmp_path):
+    one, _ = versions(tmp_path)
+    index = chunk_file(one, chunking=SMALL)
+    assert index.size == one.stat().st_size and index.digest == file_digest(one)
+    assert sum(length for _, length in index.chunks) == index.size
+    assert all(SMALL[0] <= length <= SMALL[2] for _, length in index.chunks[:-1])
+    assert ChunkIndex.from_json(index.to_json(), "x") == index
+
+
+def test_a_shifted_version_shares_almost_all_chunks(tmp_path):
+    one, two = versions(tmp_path)
+    a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
+    new = sum(length for cid, length in b.unique().items() if cid not in a.unique())
+    assert new < 0.1 * b.size  # fixed-size blocks would share nothing after the insertion
+
+
+@pytest.mark.parametrize("doc, problem", [
+    ({"format": "other"}, "not a efabuild.chunks/v1"),
+    ({"size": -1}, "bad size"),
+    ({"digest": "md5:00"}, "bad size, digest"),
+    ({"chunks": [["zz", 1]]}, "is not [id, length]"),
+    ({"chunks": [["a" * 64, 0]]}, "is not [id, length]"),
+    ({"chunks": [["a" * 64, True]]}, "is not [id, length]"),
+    ({"size": 5}, "add up to 3 bytes, the index says 5"),
+])
+def test_an_index_read_from_a_store_is_checked(doc, problem):
+    good = {"format": "efabuild.chunks/v1", "size": 3, "digest": "blake3:" + "0" * 64, "chunks": [["a" * 64, 3]]}
+    with pytest.raises(BadChunkIndex, match=problem.replace("[", r"\[").replace("]", r"\]")):
+        ChunkIndex.from_json(json.dumps({**good, **doc}).encode(), "objects/ab/k.chunks.json")
+
+
+def test_deeply_nested_or_huge_index_is_refused(tmp_path):
+    with pytest.raises(BadChunkIndex, match="not JSON"):
+        ChunkIndex.from_json(b"[" * 100_000 + b"]" * 100_000, "x")
+    with pytest.raises(BadChunkIndex, match="larger than"):
+        ChunkIndex.from_json(b" " * (65 * MiB), "x")
+
+
+def test_read_index_never_follows_a_link_or_reads_a_fifo(tmp_path):
+    one, _ = versions(tmp_path)
+    real = tmp_path / "real.chunks.json"
+    real.write_bytes(chunk_file(one, chunking=SMALL).to_json())
+    assert read_index(real) is not None
+    (tmp_path / "link.chunks.json").symlink_to(real)
+    assert read_index(tmp_path / "link.chunks.json") is None
+    os.mkfifo(tmp_path / "fifo.chunks.json")
+    assert read_index(tmp_path / "fifo.chunks.json") is None  # returns at once: opened non-blocking
+    (tmp_path / "junk.chunks.json").write_text("{]")
+    assert read_index(tmp_path / "junk.chunks.json") is None
+
+
+# ---- the S3 chunk store, on the loopback S3 server ---------------------------------------------
+
+@pytest.fixture
+def chunk_store(moto_server: str, s3_bucket: str) -> ChunkStore:
+    settings = S3Settings(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=moto_server)
+    return ChunkStore(S3Tier(settings, show_progress=False))
+
+
+
+
+@pytest.mark.s3
+def test_upload_sends_only_missing_chunks_and_assembly_uses_seeds(tmp_path, chunk_store):
+    one, two = versions(tmp_path)
+    a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
+    first = chunk_store.upload(a, one, chunk_store.missing(a.unique()))
+    assert first.chunks == len(a.unique()) and first.reused == 0
+    second = chunk_store.upload(b, two, chunk_store.missing(b.unique()))
+    assert second.reused > 0.9 * len(b.unique())
+    assert second.bytes < 0.1 * b.size
+
+    out = tmp_path / "fetched.bin"
+    with open(out, "wb") as handle:
+        seeded = assemble(chunk_store, b, handle.fileno(), [Seed(one, a)])
+    assert file_digest(out) == b.digest
+    assert seeded.bytes == second.bytes and seeded.reused_bytes == b.size - second.bytes
+
+    cold = tmp_path / "cold.bin"
+    with open(cold, "wb") as handle:
+        everything = assemble(chunk_store, b, handle.fileno(), [])
+    assert file_digest(cold) == b.digest and everything.reused == 0
+
+
+@pytest.mark.s3
+def test_a_corrupt_chunk_or_seed_never_reaches_the_file(tmp_path, chunk_store, s3_client):
+    one, two = versions(tmp_path)
+    a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
+    chunk_store.upload(b, two, chunk_store.missing(b.unique()))
+    # a seed whose bytes changed after it was indexed: its chunks are downloaded instead
+    damaged = bytearray(one.read_bytes())
+    for i in range(0, len(damaged), 64):
+        damaged[i] ^= 1
+    one.write_bytes(bytes(damaged))
+    out = tmp_path / "out.bin"
+    with open(out, "wb") as handle:
+        result = assemble(chunk_store, b, handle.fileno(), [Seed(one, a)])
+    assert result.reused == 0 and file_digest(out) == b.digest
+    # a chunk object replaced by other (valid zstd) bytes is refused
+    from efabuild.store.s3chunks import compress
+
+    cid = b.chunks[0][0]
+    s3_client.put_object(Bucket=chunk_store.tier.bucket, Key=chunk_store.object(cid), Body=compress(b"x" * b.chunks[0][1]))
+    with open(tmp_path / "bad.bin", "wb") as handle, pytest.raises(ChunkError, match="corrupt"):
+        assemble(chunk_store, b, handle.fileno(), [])
+    s3_client.delete_object(Bucket=chunk_store.tier.bucket, Key=chunk_store.object(cid))
+    with open(tmp_path / "gone.bin", "wb") as handle, pytest.raises(ChunkError, match="missing"):
+        assemble(chunk_store, b, handle.fileno(), [])
