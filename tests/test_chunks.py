@@ -23,7 +23,7 @@ def versions(tmp_path: Path) -> tuple[Path, Path]:
     """Two 'images' that share most bytes at shifted offsets: v2 has 3 KiB inserted near the
     start and one byte changed near the end."""
     rng = random.Random(7)
-    body = rng.randbytes(3 * MiB)
+    body = rng.randbytes(1 * MiB)
     one = tmp_path / "v1.bin"
     one.write_bytes(body)
     changed = bytearray(body[:100 * KiB] + rng.randbytes(3 * KiB) + body[100 * KiB:])
@@ -140,3 +140,56 @@ def test_a_corrupt_chunk_or_seed_never_reaches_the_file(tmp_path, chunk_store, s
     s3_client.delete_object(Bucket=chunk_store.tier.bucket, Key=chunk_store.object(cid))
     with open(tmp_path / "gone.bin", "wb") as handle, pytest.raises(ChunkError, match="missing"):
         assemble(chunk_store, b, handle.fileno(), [])
+
+
+@pytest.mark.s3
+def test_gc_deletes_a_chunk_only_after_a_grace_period_in_which_nothing_used_it(tmp_path, chunk_store, s3_client):
+    import time
+
+    from efabuild.store.s3chunks import collect
+
+    one, two = versions(tmp_path)
+    a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
+    tier = chunk_store.tier
+    for name, index, path in (("a", a, one), ("b", b, two)):
+        chunk_store.upload(index, path, chunk_store.missing(index.unique()))
+        tier._put_new(tier._path("objects", "00", f"{name * 64}.chunks.json"), index.to_json())
+    only_a = set(a.unique()) - set(b.unique())
+    assert only_a
+    s3_client.delete_object(Bucket=tier.bucket, Key=tier._path("objects", "00", "a" * 64 + ".chunks.json"))
+
+    start = time.time() + 1  # chunk objects' times have whole seconds
+    first = collect(chunk_store, grace=3600, dry_run=False, now=start)
+    assert first.deleted == 0 and first.marked == len(only_a)  # marked, not deleted
+    early = collect(chunk_store, grace=3600, dry_run=False, now=start + 60)
+    assert early.deleted == 0  # the grace period has not passed
+    # after the grace period, a publisher reuses one of the marked chunks: it stays
+    reused = sorted(only_a)[0]
+    tier._put_new(tier._path("objects", "00", "c" * 64 + ".chunks.json"),
+                  ChunkIndex(size=a.unique()[reused], digest=a.digest, chunks=((reused, a.unique()[reused]),)).to_json())
+    dry = collect(chunk_store, grace=3600, dry_run=True, now=start + 7200)
+    assert dry.deleted == len(only_a) - 1
+    assert chunk_store.missing(only_a) == set()  # a dry run deletes nothing
+    done = collect(chunk_store, grace=3600, dry_run=False, now=start + 7200)
+    assert done.deleted == len(only_a) - 1
+    assert chunk_store.missing(only_a) == only_a - {reused}
+    out = tmp_path / "b.bin"
+    with open(out, "wb") as handle:
+        assemble(chunk_store, b, handle.fileno(), [])
+    assert file_digest(out) == b.digest  # b's chunks were never touched
+
+
+@pytest.mark.s3
+def test_gc_skips_a_junk_index_with_a_warning(tmp_path, chunk_store, caplog):
+    from efabuild.store.s3chunks import collect
+
+    one, _ = versions(tmp_path)
+    a = chunk_file(one, chunking=SMALL)
+    chunk_store.upload(a, one, chunk_store.missing(a.unique()))
+    tier = chunk_store.tier
+    tier._put_new(tier._path("objects", "00", "a" * 64 + ".chunks.json"), a.to_json())
+    tier._put_new(tier._path("objects", "00", "b" * 64 + ".chunks.json"), b"[" * 10000)
+    report = collect(chunk_store, grace=0, dry_run=False)
+    assert report.referenced == len(a.unique()) and report.deleted == 0
+    assert report.skipped_indexes == (tier._path("objects", "00", "b" * 64 + ".chunks.json"),)
+    assert "not JSON" in caplog.text

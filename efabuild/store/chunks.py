@@ -153,3 +153,31 @@ def read_index(path: Path, where: str | None = None) -> ChunkIndex | None:
         return ChunkIndex.from_json(data, where or str(path))
     except BadChunkIndex:
         return None
+
+
+# ---- garbage collection of shared chunks (the decision; the S3 chunk store carries it out) -----
+
+@attrs.frozen
+class Mark:
+    """Chunks that no index referenced at `time` (seconds since the epoch)."""
+
+    time: float
+    unreferenced: frozenset[str]
+
+
+def chunks_to_delete(stored: dict[str, float], referenced: set[str], marks: list[Mark], now: float,
+                     grace: float) -> set[str]:
+    """Mark and sweep with a grace period, as restic and borg prune shared chunks.
+
+    `stored` maps each chunk in the bucket to its last-modified time. A chunk is deleted only if
+    a mark at least `grace` old already found it unreferenced, it has not been written since that
+    mark, and no index references it now. A publisher that found a chunk present re-checks it
+    just before and just after writing its index and uploads it again if it went away, so a
+    sweep that overlaps a publish costs at most a re-upload, never an artifact.
+    """
+    doomed: set[str] = set()
+    for mark in marks:
+        if mark.time > now - grace:
+            continue
+        doomed |= {cid for cid in mark.unreferenced if cid in stored and stored[cid] <= mark.time}
+    return doomed - referenced

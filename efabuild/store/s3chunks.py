@@ -14,8 +14,12 @@ neither a damaged object nor a damaged seed can reach a job.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -23,10 +27,15 @@ from pathlib import Path
 import attrs
 
 from efabuild.errors import EfabuildError
-from efabuild.store.chunks import ChunkIndex, chunk_id
+from efabuild.store.chunks import BadChunkIndex, ChunkIndex, Mark, chunk_id, chunks_to_delete, is_chunk_id
+
+log = logging.getLogger(__name__)
 
 ZSTD_LEVEL = 3  # several hundred MB/s per core, and -noD images compress well
 CHUNKS_DIR = "chunks"
+MARKS_DIR = "gc/marks"
+INDEX_SUFFIX = ".chunks.json"
+DEFAULT_GRACE = 24 * 3600.0  # a publish or fetch in flight for longer than this may need a retry
 
 
 class ChunkError(EfabuildError):
@@ -135,6 +144,62 @@ class ChunkStore:
         return Transfer(chunks=sent["chunks"], bytes=sent["bytes"], wire_bytes=sent["wire"],
                         reused=len(reused), reused_bytes=sum(unique[c] for c in reused))
 
+    def index_objects(self) -> list[str]:
+        """Every artifact's chunk index object in the tier."""
+        return [item["Key"] for item in self.tier._list(self.tier._path("objects") + "/")
+                if item["Key"].endswith(INDEX_SUFFIX)]
+
+    def referenced(self) -> tuple[set[str], list[str]]:
+        """The chunk ids that some index references, and the index objects that could not be read
+        (skipped with a warning: a junk object planted in the bucket must not stop gc)."""
+        paths = self.index_objects()
+
+        def read(path: str) -> ChunkIndex | None:
+            data = self.tier._get_bytes(path)
+            if data is None:
+                return None  # deleted meanwhile, with its artifact
+            try:
+                return ChunkIndex.from_json(data, self.tier.url(path))
+            except BadChunkIndex as exc:
+                log.warning("skipping %s", exc)
+                return None
+
+        indexes = run_parallel(read, paths, self.tier.workers)
+        referenced: set[str] = set()
+        skipped = []
+        for path, index in zip(paths, indexes):
+            if index is None:
+                skipped.append(path)
+            else:
+                referenced.update(index.unique())
+        return referenced, skipped
+
+    def marks(self) -> list[tuple[str, Mark]]:
+        found = []
+        for item in self.tier._list(self.tier._path(MARKS_DIR) + "/"):
+            data = self.tier._get_bytes(item["Key"])
+            try:
+                doc = json.loads(data or b"")
+                mark = Mark(time=float(doc["time"]),
+                            unreferenced=frozenset(c for c in doc["unreferenced"] if is_chunk_id(c)))
+            except (ValueError, KeyError, TypeError, RecursionError):
+                log.warning("skipping %s: not a gc mark", self.tier.url(item["Key"]))
+                continue
+            found.append((item["Key"], mark))
+        return found
+
+    def write_mark(self, mark: Mark) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(mark.time))
+        path = self.tier._path(MARKS_DIR, f"{stamp}-{uuid.uuid4().hex[:8]}.json")
+        body = json.dumps({"time": mark.time, "unreferenced": sorted(mark.unreferenced)}).encode()
+        self.tier._put_new(path, body, ContentType="application/json")
+
+    def delete_objects(self, paths: list[str]) -> None:
+        for start in range(0, len(paths), 1000):  # S3's limit per DeleteObjects call
+            batch = paths[start:start + 1000]
+            self.tier._call(self.tier.url(batch[0]), "delete_objects",
+                            Delete={"Objects": [{"Key": p} for p in batch], "Quiet": True})
+
     def fetch(self, cid: str, length: int) -> tuple[bytes, int]:
         """One chunk's raw bytes, verified against its id; and the bytes it took on the wire."""
         path = self.object(cid)
@@ -146,6 +211,39 @@ class ChunkStore:
         if chunk_id(raw) != cid:
             raise ChunkError(f"{what}: corrupt: its bytes do not hash to its name")
         return raw, len(body)
+
+
+@attrs.frozen
+class ChunkGc:
+    deleted: int  # chunks deleted (or that would be, in a dry run)
+    deleted_bytes: int  # their stored (compressed) size
+    marked: int  # unreferenced chunks marked now, deleted by a later gc after the grace period
+    referenced: int  # distinct chunks that some index references
+    skipped_indexes: tuple[str, ...] = ()  # index objects that could not be read
+
+
+def collect(store: ChunkStore, *, grace: float = DEFAULT_GRACE, dry_run: bool = True,
+            now: float | None = None) -> ChunkGc:
+    """One mark-and-sweep pass over the tier's chunks (see chunks.chunks_to_delete)."""
+    now = time.time() if now is None else now
+    tier = store.tier
+    stored = {}
+    for item in tier._list(tier._path(CHUNKS_DIR) + "/"):
+        cid = item["Key"].rsplit("/", 1)[-1]
+        if is_chunk_id(cid):
+            stored[cid] = (item["LastModified"].timestamp(), item.get("Size", 0))
+    referenced, skipped = store.referenced()
+    marks = store.marks()
+    doomed = chunks_to_delete({cid: t for cid, (t, _) in stored.items()}, referenced,
+                              [mark for _, mark in marks], now, grace)
+    unreferenced = set(stored) - referenced - doomed
+    if not dry_run:
+        store.delete_objects([store.object(cid) for cid in sorted(doomed)])
+        store.delete_objects([path for path, mark in marks if mark.time <= now - grace])
+        if unreferenced:
+            store.write_mark(Mark(time=now, unreferenced=frozenset(unreferenced)))
+    return ChunkGc(deleted=len(doomed), deleted_bytes=sum(stored[c][1] for c in doomed), marked=len(unreferenced),
+                   referenced=len(referenced), skipped_indexes=tuple(skipped))
 
 
 @attrs.frozen
