@@ -156,8 +156,10 @@ def _install_pause(point: str) -> None:
             if point == "s3-mid-upload" and operation == "upload_part" and kwargs.get("PartNumber") == 2:
                 with lock:
                     _pause(point)
+            if point == "s3-before-index" and operation == "put_object" and kwargs["Key"].endswith(".chunks.json"):
+                _pause(point)
             if point == "s3-before-record" and operation == "put_object" and kwargs["Key"].endswith(RECORD_SUFFIX) \
-                    and not kwargs["Key"].endswith(MANIFEST_SUFFIX):
+                    and not kwargs["Key"].endswith((MANIFEST_SUFFIX, ".chunks.json")):
                 _pause(point)
             return real_call(self, what, operation, **kwargs)
 
@@ -174,7 +176,7 @@ def _main(plan_path: str) -> int:
         _install_pause(plan["pause"])
     tiers = [FilesystemTier(path, name) for name, path in plan["tiers"]]
     s3 = S3Config(**plan["s3"]) if plan.get("s3") else None
-    store = Store(tiers, s3, show_progress=False, s3_options={"part_size": 5 * 1024 * 1024})
+    store = Store(tiers, s3, show_progress=False, s3_options=plan.get("s3_options", {"part_size": 5 * 1024 * 1024}))
     sqsh = Path(plan["sqsh"])
     record = record_for(plan["key"], plan["name"], sqsh)
     if plan.get("go"):  # start together with the other publishers

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from efabuild.digest import file_digest
-from efabuild.model import S3Settings
-from efabuild.store.chunks import BadChunkIndex, ChunkIndex, chunk_file, read_index
+from efabuild.store.config import S3Config
+from efabuild.store.chunks import BadChunkIndex, ChunkIndex, chunk_file
 from efabuild.store.s3 import S3Tier
 from efabuild.store.s3chunks import ChunkError, ChunkStore, Seed, assemble
 
@@ -71,24 +71,42 @@ def test_deeply_nested_or_huge_index_is_refused(tmp_path):
         ChunkIndex.from_json(b" " * (65 * MiB), "x")
 
 
-def test_read_index_never_follows_a_link_or_reads_a_fifo(tmp_path):
-    one, _ = versions(tmp_path)
-    real = tmp_path / "real.chunks.json"
-    real.write_bytes(chunk_file(one, chunking=SMALL).to_json())
-    assert read_index(real) is not None
-    (tmp_path / "link.chunks.json").symlink_to(real)
-    assert read_index(tmp_path / "link.chunks.json") is None
-    os.mkfifo(tmp_path / "fifo.chunks.json")
-    assert read_index(tmp_path / "fifo.chunks.json") is None  # returns at once: opened non-blocking
-    (tmp_path / "junk.chunks.json").write_text("{]")
-    assert read_index(tmp_path / "junk.chunks.json") is None
+def test_an_index_beside_an_artifact_is_never_followed_and_junk_is_ignored(tmp_path, caplog):
+    """What a store writer plants in place of an index costs that artifact its use as a seed,
+    nothing else: no link followed, no FIFO opened (it would block), no junk trusted."""
+    from efabuild.store.fs import FilesystemTier
+    from tests.storekit import key_for, make_sqsh, record_for
+
+    tier = FilesystemTier(tmp_path / "store", "shared")
+    sqsh = make_sqsh(tmp_path, os.urandom(MiB))
+    key = key_for("indexed")
+    tier.publish(key, sqsh, record_for(key, "demo:user", sqsh), show_progress=False)
+    index = chunk_file(tier.sqsh_path(key), chunking=SMALL)
+    tier.keep_index(key, index)
+    assert tier.chunk_index(key) == index and tier.recently_indexed() == [key]
+    path = tier.index_path(key)
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(index.to_json())
+    for plant in ("link", "fifo", "junk", "other-file"):
+        path.unlink()
+        if plant == "link":
+            path.symlink_to(elsewhere)
+        elif plant == "fifo":
+            os.mkfifo(path)
+        elif plant == "junk":
+            path.write_text("{]")
+        else:  # a valid index of other bytes
+            path.write_bytes(chunk_file(elsewhere, chunking=SMALL).to_json())
+        assert tier.chunk_index(key) is None, plant
+    assert "not a file" in caplog.text and "not JSON" in caplog.text
+    assert tier.sqsh_path(key).is_file() and tier.record(key) is not None
 
 
 # ---- the S3 chunk store, on the loopback S3 server ---------------------------------------------
 
 @pytest.fixture
 def chunk_store(moto_server: str, s3_bucket: str) -> ChunkStore:
-    settings = S3Settings(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=moto_server)
+    settings = S3Config(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=moto_server)
     return ChunkStore(S3Tier(settings, show_progress=False))
 
 

@@ -189,6 +189,7 @@ def test_four_nodes_looking_up_one_cold_key_download_it_once(tmp_path, moto_serv
     import sys
 
     from efabuild.store.config import S3Config
+    from efabuild.store.s3 import S3Tier
     from tests.httpcount import CountingProxy
     from tests.storekit import REPO, make_sqsh
     from tests.test_store_s3 import published
@@ -209,4 +210,7 @@ def test_four_nodes_looking_up_one_cold_key_download_it_once(tmp_path, moto_serv
     assert [job.returncode for job in jobs] == [0] * 4, outputs
     assert {out for out, _err in outputs} == {f"{shared}/objects/{key[:2]}/{key}.sqsh\n"}
     proxy.close()
-    assert proxy.gets(f"{key}.sqsh", range_start=0) == 1, proxy.requests
+    assert proxy.gets(f"{key}.chunks.json") == 1, proxy.requests  # one fetch, assembled from chunks
+    chunk_gets = sum(1 for method, path, _ in proxy.requests if method == "GET" and "/chunks/" in path)
+    index = S3Tier(settings).chunk_index(key)
+    assert chunk_gets == len(index.unique())

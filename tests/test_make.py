@@ -289,7 +289,8 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
     tiers = {entry["name"]: sorted(entry["tiers"]) for entry in json.loads(listing.stdout)}
     assert tiers["demo:user"] == tiers["demo:efa"] == ["local", "s3", "shared"]
     stored = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="images/")["Contents"]]
-    assert sum(key.endswith(".sqsh") for key in stored) == 2
+    assert sum(key.endswith(".chunks.json") for key in stored) == 2  # chunked: an index per artifact
+    assert any("/chunks/" in key for key in stored)
     # a compute node: only the shared filesystem's refs and store.toml, no workspace, no objects yet
     shutil.rmtree(shared / "objects")
     node = subprocess.run([sys.executable, "-m", "efabuild", "lookup", "demo:user"], capture_output=True, text=True,

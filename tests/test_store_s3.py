@@ -29,7 +29,10 @@ from tests.storekit import (
 
 pytestmark = pytest.mark.s3
 MiB = 1024 * 1024
-SMALL_PARTS = {"part_size": 5 * MiB}  # S3's minimum, so a 12 MiB file has three parts
+# This module covers whole-object artifacts, as efabuild published them before the chunked tier
+# (tests/test_store_chunked.py) and still reads them: multipart uploads of S3's minimum part size,
+# so a 12 MiB file has three parts.
+SMALL_PARTS = {"part_size": 5 * MiB, "chunked": False}
 
 
 @pytest.fixture
@@ -156,7 +159,7 @@ def test_kill_9_during_an_s3_publish_leaves_nothing_visible(tmp_path, settings, 
     s3 = {"bucket": settings.bucket, "prefix": settings.prefix, "region": settings.region,
           "endpoint_url": settings.endpoint_url}
     plan = {"tiers": [["local", str(tmp_path / "cache")]], "key": key, "name": "g:l", "sqsh": str(big_sqsh),
-            "pause": point, "s3": s3}
+            "pause": point, "s3": s3, "s3_options": SMALL_PARTS}
     child = start_publisher(plan, tmp_path / "plan.json")
     try:
         assert wait_for_line(child, f"at {point}")[-1] == f"at {point}"

@@ -133,28 +133,6 @@ def chunk_file(path: str | os.PathLike[str], *, chunking: tuple[int, int, int] =
     return ChunkIndex(size=size, digest=PREFIX + whole.hexdigest(), chunks=tuple(chunks), chunking=chunking)
 
 
-def read_index(path: Path, where: str | None = None) -> ChunkIndex | None:
-    """The index stored at `path` in a filesystem tier, or None if there is none or it is unusable
-    (a store writer may have put anything there: not followed if a link, never read unbounded)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        import stat
-
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_INDEX_BYTES:
-            return None
-        data = os.read(fd, MAX_INDEX_BYTES + 1)
-    finally:
-        os.close(fd)
-    try:
-        return ChunkIndex.from_json(data, where or str(path))
-    except BadChunkIndex:
-        return None
-
-
 # ---- garbage collection of shared chunks (the decision; the S3 chunk store carries it out) -----
 
 @attrs.frozen

@@ -24,6 +24,7 @@ from efabuild.digest import bytes_digest
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.store.gc import keys_to_keep
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
+from efabuild.store.s3chunks import Seed
 from efabuild.store.layout import check_key, classify_ref, newest_ref, pick_one, resolve_in, short
 from efabuild.store.config import DEFAULT_KEEP, S3Config, StoreConfig, bare_store, locate
 from efabuild.store.lock import LockBusy
@@ -152,6 +153,7 @@ class Store:
             from efabuild.store.s3 import S3Tier
 
             self._s3 = S3Tier(self.s3_settings, show_progress=self.show_progress, **self._s3_options)
+            self._s3.seed_provider = self.seeds  # what this node holds, for chunked transfers
         return self._s3
 
     @property
@@ -223,10 +225,22 @@ class Store:
         if repairing and target.name == S3_TIER:
             target.delete(copy.key)  # S3 keeps the first object written under a key: make room
         outcome = send(copy, target, show_progress=self.show_progress)
+        if target.name == S3_TIER:
+            self._keep_chunk_index(copy.key, target.last_index)
         if repairing:
             damaged.discard(target.name)
             outcome = REPAIRED if outcome == PUBLISHED else outcome
         return outcome
+
+    def _keep_chunk_index(self, key: str, index) -> None:  # noqa: ANN001 - ChunkIndex | None
+        """Keep the index S3 just cut the artifact into beside each filesystem copy, so that
+        copy seeds later fetches of newer versions without being read again."""
+        if index is None:
+            return
+        for tier in self.fs_tiers:
+            record = tier.record(key) if tier.has(key) else None
+            if record is not None and (record.size, record.digest) == (index.size, index.digest):
+                tier.keep_index(key, index)
 
     def _record_names(self, name: str, key: str, tiers: list) -> None:
         for tier in tiers:
@@ -357,6 +371,25 @@ class Store:
                 return target.sqsh_path(key)
             transfer(key, self.s3, [target], target, locked=True, show_progress=self.show_progress)
         return target.sqsh_path(key)
+
+    def seeds(self, name: str, limit: int = 8) -> tuple[Seed, ...]:
+        """Artifacts on this node's filesystem tiers whose chunk indexes are kept: earlier versions
+        of `name` first (they share the most), then the most recently indexed others (a parent
+        layer's artifact holds most of its children's bytes)."""
+        found: dict[str, Seed] = {}
+        for tier in self.fs_tiers:
+            for entry in reversed(tier.read_refs(name)):
+                index = tier.chunk_index(entry["key"])
+                if index is not None and len(found) < limit // 2:
+                    found.setdefault(index.digest, Seed(tier.sqsh_path(entry["key"]), index))
+        for tier in self.fs_tiers:
+            for key in tier.recently_indexed():
+                if len(found) >= limit:
+                    break
+                index = tier.chunk_index(key)
+                if index is not None:
+                    found.setdefault(index.digest, Seed(tier.sqsh_path(key), index))
+        return tuple(found.values())
 
     # ---- metadata
     def record(self, key: str) -> ArtifactRecord | None:

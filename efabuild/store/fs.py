@@ -29,7 +29,9 @@ from efabuild.errors import EfabuildError
 from efabuild.owner import owner_of
 from efabuild.progress import Progress
 from efabuild.store import fsutil
+from efabuild.store.chunks import MAX_INDEX_BYTES, ChunkIndex
 from efabuild.store.layout import (
+    INDEX_SUFFIX,
     ENVELOPE_SUFFIX,
     MANIFEST_LIMIT,
     MANIFEST_SUFFIX,
@@ -159,6 +161,50 @@ class FilesystemTier:
         check_file(self.name, self.sqsh_path(key), record)
 
     # ---- locks
+    # ---- chunk indexes: kept beside an artifact so it can seed the next fetch from S3
+    def index_path(self, key: str) -> Path:
+        return self.layout.object_dir(check_key(key)) / (key + INDEX_SUFFIX)
+
+    def chunk_index(self, key: str) -> ChunkIndex | None:
+        """The artifact's chunk index, if one is kept and matches the stored record. Anything else
+        a store writer put there (a link, a FIFO, junk) is ignored with a warning: it only costs
+        this artifact its use as a seed."""
+        where = self.index_path(key)
+        try:
+            data = fsutil.read_under(self.root, where, MAX_INDEX_BYTES)
+            index = None if data is None else ChunkIndex.from_json(data, shown(where))
+            record = self.record(key) if index is not None else None
+        except EfabuildError as exc:  # UnsafeEntry, BadChunkIndex, a damaged record
+            _warn(f"{self.name} tier: ignoring {exc}")
+            return None
+        if index is None or record is None or (index.size, index.digest) != (record.size, record.digest):
+            return None
+        return index
+
+    def recently_indexed(self, limit: int = 64) -> list[str]:
+        """Keys whose chunk index is kept here, most recently written first (entries that are
+        not plain files in plain directories are passed over, never followed)."""
+        found = []
+        try:
+            with fsutil.store_dir(self.root, "objects") as objects:
+                fanout = [e.name for e in os.scandir(objects) if e.is_dir(follow_symlinks=False)]
+        except (OSError, UnsafeEntry):
+            return []
+        for name in fanout:
+            try:
+                with fsutil.store_dir(self.root, "objects", name) as fd:
+                    for entry in os.scandir(fd):
+                        key = entry.name[: -len(INDEX_SUFFIX)]
+                        if entry.name.endswith(INDEX_SUFFIX) and is_key(key) and entry.is_file(follow_symlinks=False):
+                            found.append((entry.stat(follow_symlinks=False).st_mtime_ns, key))
+            except (OSError, UnsafeEntry):
+                continue
+        return [key for _, key in sorted(found, reverse=True)[:limit]]
+
+    def keep_index(self, key: str, index: ChunkIndex) -> None:
+        if self.has(key):
+            fsutil.atomic_write_bytes(self.index_path(key), index.to_json(), self.layout.tmp_dir)
+
     def key_lock(self, key: str, **options: object) -> FileLock:
         return FileLock(self.layout.key_lock_path(check_key(key)), on_wait=_on_wait, root=self.root, **options)
 

@@ -28,7 +28,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -45,6 +45,7 @@ from efabuild.store.config import S3Config
 from efabuild.store.fs import PUBLISHED, REUSED, check_publish_input
 from efabuild.store.layout import (
     ENVELOPE_SUFFIX,
+    INDEX_SUFFIX,
     MANIFEST_SUFFIX,
     RECORD_SUFFIX,
     SQSH_SUFFIX,
@@ -55,6 +56,8 @@ from efabuild.store.layout import (
 )
 from efabuild.store.record import ArtifactRecord, utc_now
 from efabuild.store.transfer import SIDECARS, DamagedCopy
+from efabuild.store.chunks import AVG_SIZE, MAX_SIZE, MIN_SIZE, BadChunkIndex, ChunkIndex, chunk_file
+from efabuild.store.s3chunks import ChunkStore, Seed, Transfer, assemble
 
 MiB = 1024 * 1024
 MIN_PART_SIZE = 5 * MiB  # S3's floor for all parts but the last
@@ -134,6 +137,8 @@ class S3Tier:
         part_size: int = DEFAULT_PART_SIZE,
         workers: int = DEFAULT_WORKERS,
         show_progress: bool = True,
+        chunked: bool = True,
+        chunking: tuple[int, int, int] | None = None,
     ) -> None:
         self.settings = settings
         self.bucket = settings.bucket
@@ -141,6 +146,14 @@ class S3Tier:
         self.part_size = max(part_size, MIN_PART_SIZE)
         self.workers = max(1, workers)
         self.show_progress = show_progress
+        self.chunked = chunked  # publish as chunks + index (else one whole object, as before)
+        self.chunks = ChunkStore(self)
+        # name -> artifacts this node holds with known chunk indexes (set by the Store): they seed
+        # fetches and tell publish which chunks the bucket most likely has
+        self.seed_provider: Callable[[str], tuple[Seed, ...]] | None = None
+        self.chunking = chunking or (MIN_SIZE, AVG_SIZE, MAX_SIZE)  # (min, avg, max) chunk bytes
+        self.last_transfer: Transfer | None = None  # what the last chunked publish or fetch moved
+        self.last_index: ChunkIndex | None = None  # the index of the last chunked publish
         self._client = client
         self._client_lock = threading.Lock()
 
@@ -165,6 +178,9 @@ class S3Tier:
 
     def envelope_object(self, key: str) -> str:
         return self._path("objects", key[:2], key + ENVELOPE_SUFFIX)
+
+    def index_object(self, key: str) -> str:
+        return self._path("objects", key[:2], key + INDEX_SUFFIX)
 
     def _refs_prefix(self, name: str) -> str:
         graph, layer = split_name(name)
@@ -304,6 +320,9 @@ class S3Tier:
             base = item["Key"].rsplit("/", 1)[-1]
             if base.endswith(tuple(SIDECARS)):
                 continue
+            if base.endswith(INDEX_SUFFIX) and is_key(base[: -len(INDEX_SUFFIX)]):
+                sqshes.add(base[: -len(INDEX_SUFFIX)])  # a chunked artifact's data
+                continue
             if base.endswith(RECORD_SUFFIX) and is_key(base[: -len(RECORD_SUFFIX)]):
                 records.add(base[: -len(RECORD_SUFFIX)])
             elif base.endswith(SQSH_SUFFIX) and is_key(base[: -len(SQSH_SUFFIX)]):
@@ -339,17 +358,38 @@ class S3Tier:
         show_progress: bool | None = None,
         envelope: bytes | None = None,
         sidecars: Mapping[str, bytes] | None = None,
+        index: ChunkIndex | None = None,
+        likely_present: set[str] = frozenset(),
     ) -> str:
         """Upload `sqsh` under `key`: PUBLISHED, or REUSED when S3 has (or just got) it.
-        `sidecars` ({suffix: bytes}, see transfer.SIDECARS) are stored beside it like the manifest."""
+        `sidecars` ({suffix: bytes}, see transfer.SIDECARS) are stored beside it like the manifest.
+
+        Chunked (the default): only the chunks the bucket lacks are sent, then the chunk index,
+        then the record as the commit point. `index` is the file's chunk index when the caller
+        has it already (also taken from `sidecars`, as a filesystem tier keeps it beside the
+        artifact); `likely_present` are chunk ids this node has seen in other artifacts."""
         sqsh = Path(sqsh)
         check_publish_input(key, sqsh, record)
         show = self.show_progress if show_progress is None else show_progress
+        self.last_transfer = self.last_index = None
         existing = self.record(key)
         if existing is not None:
             _warn_if_differs(key, existing, record)
             return REUSED
-        won = self._upload_sqsh(key, sqsh, record, show)
+        sidecars = dict(sidecars or {})
+        # a filesystem tier's chunk index is a hint, never stored as it is: the chunked publish
+        # writes the index of what it uploaded, and a whole object must have none
+        hint = sidecars.pop(INDEX_SUFFIX, None)
+        if index is None and hint is not None:
+            try:
+                index = ChunkIndex.from_json(hint, f"{key}{INDEX_SUFFIX}")
+            except BadChunkIndex:
+                index = None
+        if self.chunked:
+            index = self._publish_chunks(key, sqsh, record, index, show)
+            won = True
+        else:
+            won = self._upload_sqsh(key, sqsh, record, show)
         if not won:
             # Another publisher's .sqsh is there: the record must describe its bytes, not ours.
             head = self._head(self.sqsh_object(key)) or {}
@@ -369,10 +409,40 @@ class S3Tier:
             self._put_new(self.manifest_object(key), manifest, ContentType="application/json")
         if envelope is not None:
             self._put_new(self.envelope_object(key), envelope, ContentType="application/jsonl")
-        for suffix, data in (sidecars or {}).items():
+        for suffix, data in sidecars.items():
             self._put_new(self._path("objects", key[:2], key + suffix), data)
         created = self._put_new(self.record_object(key), record.to_json(), ContentType="application/json")
         return PUBLISHED if won and created else REUSED
+
+    def _publish_chunks(self, key: str, sqsh: Path, record: ArtifactRecord, index: ChunkIndex | None,
+                        show: bool) -> ChunkIndex:
+        if index is None or (index.size, index.digest, index.chunking) != (record.size, record.digest, self.chunking):
+            with Progress(f"chunk {short(key)}", record.size, enabled=show) as bar:
+                index = chunk_file(sqsh, chunking=self.chunking, progress=bar.update)
+        if index.digest != record.digest:  # never publish bytes under a record they do not match
+            raise EfabuildError(f"{sqsh}: digest {index.digest}, its record says {record.digest}; not published")
+        unique = index.unique()
+        missing = self.chunks.missing(unique)
+        with Progress(f"upload {short(key)} to {self.url(self.index_object(key))} "
+                      f"({len(missing)} of {len(unique)} chunks new)",
+                      sum(unique[c] for c in missing), enabled=show) as bar:
+            sent = self.chunks.upload(index, sqsh, missing, progress=bar.update)
+            # gc may have swept a chunk we found present: look again just before the index
+            # commits to them, and once more after, and send back whatever went away
+            for _ in range(2):
+                gone = self.chunks.missing(set(unique) - missing)
+                if gone:
+                    self.chunks.upload(index, sqsh, gone)
+                if _ == 0:
+                    self._put_new(self.index_object(key), index.to_json(), ContentType="application/json")
+        self.last_transfer, self.last_index = sent, index
+        return index
+
+    def chunk_index(self, key: str) -> ChunkIndex | None:
+        """The artifact's chunk index, or None for a whole-object artifact."""
+        path = self.index_object(check_key(key))
+        data = self._get_bytes(path)
+        return None if data is None else ChunkIndex.from_json(data, self.url(path))
 
     def _upload_sqsh(self, key: str, sqsh: Path, record: ArtifactRecord, show: bool) -> bool:
         """Upload once, reading the file once; False if the object already existed."""
@@ -438,9 +508,45 @@ class S3Tier:
                     pass  # gc aborts what is left behind
 
     # ---- fetch
-    def download(self, key: str, dest: Path, record: ArtifactRecord, *, show_progress: bool | None = None) -> None:
-        """Fetch the .sqsh into the new file `dest`, verified against `record` (else removed)."""
+    def download(self, key: str, dest: Path, record: ArtifactRecord, *, show_progress: bool | None = None,
+                 seeds: tuple[Seed, ...] = ()) -> ChunkIndex | None:
+        """Fetch the .sqsh into the new file `dest`, verified against `record` (else removed).
+
+        A chunked artifact is assembled from `seeds` (files on this node with known chunk
+        indexes) and downloads of the chunks they lack; its index is returned, to be kept
+        beside the fetched file as a seed for the next fetch."""
         show = self.show_progress if show_progress is None else show_progress
+        index = self.chunk_index(key)
+        if index is not None:
+            if not seeds and self.seed_provider is not None:
+                seeds = self.seed_provider(record.name)
+            self._download_chunks(key, dest, record, index, seeds, show)
+            return index
+        self._download_whole(key, dest, record, show)
+        return None
+
+    def _download_chunks(self, key: str, dest: Path, record: ArtifactRecord, index: ChunkIndex,
+                         seeds: tuple[Seed, ...], show: bool) -> None:
+        what = self.url(self.index_object(key))
+        if index.size != record.size or index.digest != record.digest:
+            raise DamagedCopy(self.name, what, f"describes {index.size} bytes {index.digest}, its record says "
+                                               f"{record.size} bytes {record.digest}; not fetched")
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            with Progress(f"fetch {short(key)} from {what}", index.size, enabled=show) as bar:
+                self.last_transfer = assemble(self.chunks, index, fd, seeds, progress=bar.update)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            dest.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        actual = file_digest(dest)
+        if actual != record.digest:
+            dest.unlink(missing_ok=True)
+            raise DamagedCopy(self.name, what, f"digest {actual}, its record says {record.digest}; not fetched")
+
+    def _download_whole(self, key: str, dest: Path, record: ArtifactRecord, show: bool) -> None:
         path = self.sqsh_object(check_key(key))
         what = self.url(path)
         head = self._head(path)

@@ -27,6 +27,7 @@ from pathlib import Path
 import attrs
 
 from efabuild.errors import EfabuildError
+from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.chunks import BadChunkIndex, ChunkIndex, Mark, chunk_id, chunks_to_delete, is_chunk_id
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 ZSTD_LEVEL = 3  # several hundred MB/s per core, and -noD images compress well
 CHUNKS_DIR = "chunks"
 MARKS_DIR = "gc/marks"
-INDEX_SUFFIX = ".chunks.json"
 DEFAULT_GRACE = 24 * 3600.0  # a publish or fetch in flight for longer than this may need a retry
 
 

@@ -22,12 +22,13 @@ import attrs
 
 from efabuild.digest import bytes_digest, file_digest
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.store.layout import ENVELOPE_SUFFIX, MANIFEST_SUFFIX, short
+from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX, short
 from efabuild.store.record import ArtifactRecord
 
 # Files stored beside each .sqsh and carried with it, in the order tiers write them; and the record
 # field that holds each one's digest (None: carried as it is).
-SIDECARS: dict[str, str | None] = {MANIFEST_SUFFIX: "manifest_digest", ENVELOPE_SUFFIX: None}
+# The chunk index is checked by whoever uses it (against the record, and chunk by chunk).
+SIDECARS: dict[str, str | None] = {MANIFEST_SUFFIX: "manifest_digest", ENVELOPE_SUFFIX: None, INDEX_SUFFIX: None}
 
 
 def _warn(message: str) -> None:

@@ -1,0 +1,180 @@
+"""The chunked S3 tier end to end through the store, on the loopback S3 server: versions share
+chunks, a node's fetch is seeded by what it holds, damage is refused, interrupted publishes and a
+concurrent gc lose nothing, and whole-object artifacts of before stay readable."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from efabuild.digest import file_digest
+from efabuild.errors import EfabuildError
+from efabuild.store.config import S3Config
+from efabuild.store.core import Store
+from efabuild.store.fs import FilesystemTier
+from efabuild.store.s3 import S3Tier
+from efabuild.store.s3chunks import collect
+from tests.storekit import key_for, make_sqsh, record_for, start_publisher, wait_for_line
+
+pytestmark = pytest.mark.s3
+KiB, MiB = 1024, 1024 * 1024
+# small chunks, so that a few MiB hold many of them (the defaults suit images of gigabytes)
+CHUNKED = {"chunking": (8 * KiB, 32 * KiB, 128 * KiB)}
+
+
+@pytest.fixture
+def settings(moto_server: str, s3_bucket: str) -> S3Config:
+    return S3Config(bucket=s3_bucket, prefix="images/", region="us-east-1", endpoint_url=moto_server)
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory) -> list[Path]:
+    """Three versions of an image: v2 inserts 20 KiB early on, v3 also changes a byte late."""
+    rng = random.Random(3)
+    body = rng.randbytes(4 * MiB)
+    insert = rng.randbytes(20 * KiB)
+    v2 = body[:MiB] + insert + body[MiB:]
+    v3 = bytearray(v2)
+    v3[-100 * KiB] ^= 0xFF
+    base = tmp_path_factory.mktemp("versions")
+    return [make_sqsh(base, payload, f"v{i + 1}") for i, payload in enumerate((body, v2, bytes(v3)))]
+
+
+def builder(base: Path, settings: S3Config, **options) -> Store:
+    return Store([FilesystemTier(base / "cache", "local")], settings, show_progress=False,
+                 s3_options={**CHUNKED, **options})
+
+
+def node(base: Path, settings: S3Config) -> Store:
+    return Store([FilesystemTier(base / "fsx", "shared")], settings, show_progress=False, s3_options=CHUNKED)
+
+
+def publish(store: Store, sqsh: Path, name: str = "demo:user") -> str:
+    key = key_for(f"{name}-{sqsh.name}")
+    store.publish(key, sqsh, record_for(key, name, sqsh), b'{"m": 1}')
+    return key
+
+
+def test_versions_share_chunks_and_a_seeded_fetch_downloads_only_the_difference(tmp_path, settings, versions):
+    store = builder(tmp_path, settings)
+    k1 = publish(store, versions[0])
+    first = store.s3.last_transfer
+    assert first.bytes == versions[0].stat().st_size and first.reused == 0
+    k2 = publish(store, versions[1])
+    second = store.s3.last_transfer
+    assert second.bytes < 0.05 * versions[1].stat().st_size  # the insertion and SquashFS's tables
+    assert store.fs_tiers[0].chunk_index(k2) is not None  # kept beside the artifact, to seed fetches
+
+    cluster = node(tmp_path, settings)
+    assert file_digest(cluster.lookup(k1)) == file_digest(versions[0])
+    cold = cluster.s3.last_transfer
+    assert cold.reused == 0 and cold.bytes == versions[0].stat().st_size
+    assert file_digest(cluster.lookup("demo:user")) == file_digest(versions[1])
+    seeded = cluster.s3.last_transfer
+    assert seeded.bytes <= second.bytes and seeded.reused_bytes > 0.9 * versions[1].stat().st_size
+    assert os.listdir(tmp_path / "fsx" / "tmp") == []
+
+
+def test_a_damaged_chunk_index_or_chunk_is_refused_and_nothing_becomes_visible(tmp_path, settings, versions,
+                                                                                 s3_client):
+    key = publish(builder(tmp_path, settings), versions[0])
+    tier = S3Tier(settings, **CHUNKED)
+    index_object = tier.index_object(key)
+    good = s3_client.get_object(Bucket=settings.bucket, Key=index_object)["Body"].read()
+    # an index that describes other bytes than its record
+    other = S3Tier(settings, **CHUNKED)
+    other.publish(key_for("other"), versions[1], record_for(key_for("other"), "demo:other", versions[1]))
+    s3_client.put_object(Bucket=settings.bucket, Key=index_object, Body=other.last_index.to_json())
+    cluster = node(tmp_path, settings)
+    with pytest.raises(EfabuildError, match="corrupt"):
+        cluster.lookup(key)
+    assert not cluster.fs_tiers[0].has(key)
+    # junk in its place
+    s3_client.put_object(Bucket=settings.bucket, Key=index_object, Body=b"[" * 5000)
+    with pytest.raises(EfabuildError, match="not JSON"):
+        cluster.lookup(key)
+    # the right index, but one chunk's bytes replaced
+    s3_client.put_object(Bucket=settings.bucket, Key=index_object, Body=good)
+    from efabuild.store.chunks import ChunkIndex
+    from efabuild.store.s3chunks import compress
+
+    cid, length = ChunkIndex.from_json(good, "x").chunks[3]
+    s3_client.put_object(Bucket=settings.bucket, Key=tier.chunks.object(cid), Body=compress(b"\0" * length))
+    with pytest.raises(EfabuildError, match="corrupt"):
+        cluster.lookup(key)
+    assert not cluster.fs_tiers[0].has(key) and os.listdir(tmp_path / "fsx" / "tmp") == []
+
+
+def test_an_interrupted_publish_leaves_only_unreferenced_chunks_and_the_retry_sends_none_again(
+        tmp_path, settings, versions):
+    key = key_for("killed-chunked")
+    s3 = {"bucket": settings.bucket, "prefix": settings.prefix, "region": settings.region,
+          "endpoint_url": settings.endpoint_url}
+    plan = {"tiers": [["local", str(tmp_path / "cache")]], "key": key, "name": "demo:user",
+            "sqsh": str(versions[0]), "pause": "s3-before-index", "s3": s3, "s3_options": CHUNKED}
+    child = start_publisher(plan, tmp_path / "plan.json")
+    try:
+        assert wait_for_line(child, "at s3-before-index")[-1] == "at s3-before-index"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    tier = S3Tier(settings, **CHUNKED)
+    assert not tier.has(key) and tier.list() == []
+    with pytest.raises(EfabuildError):
+        node(tmp_path, settings).lookup(key)
+    store = builder(tmp_path / "again", settings)
+    store.publish(key, versions[0], record_for(key, "demo:user", versions[0]))
+    assert store.s3.last_transfer.bytes == 0  # every chunk was already there
+    assert file_digest(node(tmp_path / "n2", settings).lookup(key)) == file_digest(versions[0])
+
+
+def test_gc_between_a_publishers_existence_check_and_its_index_write_loses_nothing(tmp_path, settings, versions):
+    """The publisher finds every chunk present (an earlier artifact of the same bytes was deleted,
+    its chunks are unreferenced and were marked long ago); gc sweeps them before its index lands."""
+    import time
+
+    old = builder(tmp_path / "old", settings)
+    old_key = publish(old, versions[0], "demo:old")
+    old.s3.delete(old_key)
+    chunk_store = old.s3.chunks
+    first = collect(chunk_store, grace=3600, dry_run=False, now=time.time() + 1)
+    assert first.marked > 0 and first.deleted == 0
+
+    store = builder(tmp_path / "new", settings)
+    reached, release = threading.Event(), threading.Event()
+    real_put = store.s3._put_new
+
+    def paused_put(path: str, body: bytes, **extra):  # noqa: ANN003, ANN202
+        if path.endswith(".chunks.json") and not reached.is_set():
+            reached.set()
+            assert release.wait(60)
+        return real_put(path, body, **extra)
+
+    store.s3._put_new = paused_put
+    key = key_for("after-gc")
+    publisher = threading.Thread(target=store.publish, args=(key, versions[0], record_for(key, "demo:user", versions[0])))
+    publisher.start()
+    assert reached.wait(60)
+    swept = collect(chunk_store, grace=3600, dry_run=False, now=time.time() + 7200)
+    assert swept.deleted == first.marked  # gc saw no index using them: all gone
+    release.set()
+    publisher.join(60)
+    assert not publisher.is_alive()
+    assert store.s3.last_transfer.bytes == 0  # its existence check had found every chunk present
+    index = store.s3.chunk_index(key)
+    assert chunk_store.missing(index.unique()) == set()  # the publisher sent them back
+    assert file_digest(node(tmp_path, settings).lookup(key)) == file_digest(versions[0])
+
+
+def test_whole_object_artifacts_of_before_stay_readable(tmp_path, settings, versions):
+    whole = builder(tmp_path / "old", settings, chunked=False)
+    key = publish(whole, versions[2])
+    assert S3Tier(settings).chunk_index(key) is None
+    cluster = node(tmp_path, settings)
+    assert file_digest(cluster.lookup(key)) == file_digest(versions[2])
+    assert cluster.fs_tiers[0].chunk_index(key) is None
