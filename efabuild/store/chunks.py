@@ -67,6 +67,10 @@ class ChunkIndex:
         """Each distinct chunk id with its length."""
         return dict(self.chunks)
 
+    def size_unique(self) -> int:
+        """Bytes of the distinct chunks (what storing this file alone would take)."""
+        return sum(self.unique().values())
+
     def to_json(self) -> bytes:
         return json.dumps({
             "format": FORMAT, "size": self.size, "digest": self.digest,

@@ -386,7 +386,9 @@ class S3Tier:
             except BadChunkIndex:
                 index = None
         if self.chunked:
-            index = self._publish_chunks(key, sqsh, record, index, show)
+            if not likely_present and self.seed_provider is not None:
+                likely_present = {cid for seed in self.seed_provider(record.name) for cid in seed.index.unique()}
+            index = self._publish_chunks(key, sqsh, record, index, likely_present, show)
             won = True
         else:
             won = self._upload_sqsh(key, sqsh, record, show)
@@ -415,26 +417,29 @@ class S3Tier:
         return PUBLISHED if won and created else REUSED
 
     def _publish_chunks(self, key: str, sqsh: Path, record: ArtifactRecord, index: ChunkIndex | None,
-                        show: bool) -> ChunkIndex:
+                        likely_present: set[str], show: bool) -> ChunkIndex:
         if index is None or (index.size, index.digest, index.chunking) != (record.size, record.digest, self.chunking):
             with Progress(f"chunk {short(key)}", record.size, enabled=show) as bar:
                 index = chunk_file(sqsh, chunking=self.chunking, progress=bar.update)
         if index.digest != record.digest:  # never publish bytes under a record they do not match
             raise EfabuildError(f"{sqsh}: digest {index.digest}, its record says {record.digest}; not published")
         unique = index.unique()
-        missing = self.chunks.missing(unique)
-        with Progress(f"upload {short(key)} to {self.url(self.index_object(key))} "
-                      f"({len(missing)} of {len(unique)} chunks new)",
-                      sum(unique[c] for c in missing), enabled=show) as bar:
-            sent = self.chunks.upload(index, sqsh, missing, progress=bar.update)
-            # gc may have swept a chunk we found present: look again just before the index
-            # commits to them, and once more after, and send back whatever went away
-            for _ in range(2):
-                gone = self.chunks.missing(set(unique) - missing)
-                if gone:
-                    self.chunks.upload(index, sqsh, gone)
-                if _ == 0:
-                    self._put_new(self.index_object(key), index.to_json(), ContentType="application/json")
+        # HEAD only the chunks this node has seen in other artifacts; the others are most likely
+        # new, and a conditional PUT of one that exists is refused harmlessly
+        known = set(unique) & likely_present
+        to_send = (set(unique) - known) | self.chunks.missing(known)
+        with Progress(f"upload {short(key)} to {self.url(self.index_object(key))}",
+                      sum(unique[c] for c in to_send), enabled=show) as bar:
+            sent = self.chunks.upload(index, sqsh, to_send, progress=bar.update)
+        # gc may have swept a chunk found present: look again just before the index commits to
+        # them, and once more after, and send back whatever went away
+        found_present = set(unique) - sent.created
+        for attempt in range(2):
+            gone = self.chunks.missing(found_present)
+            if gone:
+                self.chunks.upload(index, sqsh, gone)
+            if attempt == 0:
+                self._put_new(self.index_object(key), index.to_json(), ContentType="application/json")
         self.last_transfer, self.last_index = sent, index
         return index
 

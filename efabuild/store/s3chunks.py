@@ -49,6 +49,7 @@ class Transfer:
     wire_bytes: int = 0  # bytes on the wire (compressed)
     reused: int = 0  # chunks found in the bucket (publish) or in seeds (fetch)
     reused_bytes: int = 0
+    created: frozenset[str] = attrs.field(default=frozenset(), repr=False)  # chunk ids this upload created
 
 
 def chunk_object(prefix_path: Callable[..., str], cid: str) -> str:
@@ -114,12 +115,13 @@ class ChunkStore:
     def upload(self, index: ChunkIndex, source: Path, ids: set[str],
                progress: Callable[[int], None] | None = None) -> Transfer:
         """Send the chunks `ids` of `source` (described by `index`), compressed, each created only
-        if absent. Memory: one chunk per worker."""
+        if absent (a chunk found there already counts as reused). Memory: one chunk per worker."""
         spans = {}
         for cid, offset, length in index.spans():
             spans.setdefault(cid, (offset, length))
         fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
         sent = {"chunks": 0, "bytes": 0, "wire": 0}
+        created_ids: set[str] = set()
         lock = threading.Lock()
         try:
             def send(cid: str) -> None:
@@ -128,11 +130,13 @@ class ChunkStore:
                 if chunk_id(raw) != cid:  # the file changed under us: never store a misnamed chunk
                     raise ChunkError(f"{source}: bytes at {offset} no longer hash to chunk {cid[:12]}")
                 body = compress(raw)
-                self.tier._put_new(self.object(cid), body, ContentType="application/zstd")
-                with lock:
-                    sent["chunks"] += 1
-                    sent["bytes"] += length
-                    sent["wire"] += len(body)
+                created = self.tier._put_new(self.object(cid), body, ContentType="application/zstd")
+                if created:
+                    with lock:
+                        created_ids.add(cid)
+                        sent["chunks"] += 1
+                        sent["bytes"] += length
+                        sent["wire"] += len(body)
                 if progress is not None:
                     progress(length)
 
@@ -140,9 +144,9 @@ class ChunkStore:
         finally:
             os.close(fd)
         unique = index.unique()
-        reused = [cid for cid in unique if cid not in ids]
         return Transfer(chunks=sent["chunks"], bytes=sent["bytes"], wire_bytes=sent["wire"],
-                        reused=len(reused), reused_bytes=sum(unique[c] for c in reused))
+                        reused=len(unique) - sent["chunks"], reused_bytes=index.size_unique() - sent["bytes"],
+                        created=frozenset(created_ids))
 
     def index_objects(self) -> list[str]:
         """Every artifact's chunk index object in the tier."""

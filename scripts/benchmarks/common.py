@@ -35,6 +35,9 @@ class Sizes:
     scale_layers: tuple[int, ...]
     scale_files: tuple[int, ...]
     sign_verify_bytes: int  # the artifact verified cold by the sign scenario
+    chunked_large_files: int
+    chunked_large_bytes: int  # each
+    chunked_small_files: int
 
     @classmethod
     def full(cls) -> Sizes:
@@ -49,6 +52,9 @@ class Sizes:
             scale_layers=(100, 1_000, 5_000),  # below ~100 layers start-up hides the growth
             scale_files=(1_000, 10_000, 100_000),
             sign_verify_bytes=1536 * MiB,
+            chunked_large_files=4,
+            chunked_large_bytes=320 * MiB,
+            chunked_small_files=20_000,
         )
 
     @classmethod
@@ -64,6 +70,9 @@ class Sizes:
             scale_layers=(50, 400, 1_600),
             scale_files=(1_000, 4_000, 16_000),
             sign_verify_bytes=64 * MiB,
+            chunked_large_files=2,
+            chunked_large_bytes=16 * MiB,
+            chunked_small_files=1_000,
         )
 
 

@@ -1,0 +1,175 @@
+"""chunked: what the chunked S3 tier saves when one file of the user layer changes.
+
+Images: an "EFA" SquashFS (large binaries and many small text files, Enroot's mksquashfs options),
+and five versions of a "user" image on top of it that add a fixed 8 files of 256 KiB each
+(2 MiB); each version changes one of them. All on moto's S3 server over loopback.
+
+- publish: bytes and time of publishing user v2 after v1, chunked, vs publishing v2 as one whole
+  object (what efabuild did before);
+- fetch: bytes and time of fetching v2 onto a node that holds v1 (its seed) vs a whole-object fetch;
+- dedup: share of the user image's bytes in chunks the EFA image already holds, and bytes S3
+  stores for five versions ÷ the size of one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from benchmarks.common import BenchError, Check, Context, Result, Timing, human_bytes, warm
+from benchmarks.s3 import S3Server
+
+KiB, MiB = 1024, 1024 * 1024
+USER_FILES, USER_FILE_BYTES = 8, 256 * KiB
+VERSIONS = 5
+
+
+def _tree(root: Path, large: int, large_bytes: int, small: int, seed: int) -> None:
+    rng = random.Random(seed)
+    words = [rng.randbytes(4).hex() for _ in range(4000)]
+    for i in range(large):
+        path = root / "opt" / f"lib{i}" / f"libbig{i}.so"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as f:
+            for _ in range(large_bytes // MiB):
+                f.write(rng.randbytes(MiB))
+    for i in range(small):
+        path = root / "usr" / "lib" / "python3" / f"pkg{i // 200}" / f"mod{i}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(" ".join(rng.choice(words) for _ in range(rng.randint(20, 400))))
+
+
+def _user(base: Path, dest: Path, version: int) -> None:
+    """The base tree (hard links: no copy) plus the user layer of `version`."""
+    subprocess.run(["cp", "-al", str(base), str(dest)], check=True)
+    rng = random.Random(1000)
+    for i in range(USER_FILES):
+        data = bytearray(rng.randbytes(USER_FILE_BYTES))
+        if i == 0:
+            data[:16] = f"version {version:08d}".encode()  # the one file that changes
+        path = dest / "workspace" / "app" / f"part{i}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(bytes(data))
+
+
+def _squash(tree: Path, out: Path) -> Path:
+    subprocess.run(["mksquashfs", str(tree), str(out), "-noappend", "-all-root", "-comp", "lzo", "-noD",
+                    "-mkfs-time", "0", "-all-time", "0", "-quiet", "-no-progress"], check=True)
+    return out
+
+
+def scenario(ctx: Context) -> Result:
+    import boto3
+
+    from efabuild.digest import file_digest
+    from efabuild.store.config import S3Config
+    from efabuild.store.chunks import chunk_file
+    from efabuild.store.core import Store
+    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.record import ArtifactRecord
+    from efabuild.store.s3 import S3Tier
+
+    sizes = ctx.sizes
+    scratch = ctx.scratch("chunked")
+    large, large_bytes, small = sizes.chunked_large_files, sizes.chunked_large_bytes, sizes.chunked_small_files
+    ctx.log(f"chunked: writing the EFA tree ({large} × {human_bytes(large_bytes)} + {small} small files)")
+    _tree(scratch / "efa", large, large_bytes, small, seed=5)
+    images = {"efa": _squash(scratch / "efa", scratch / "efa.sqsh")}
+    for version in range(1, VERSIONS + 1):
+        tree = scratch / f"user{version}"
+        _user(scratch / "efa", tree, version)
+        images[f"user{version}"] = _squash(tree, scratch / f"user{version}.sqsh")
+        shutil.rmtree(tree)
+    size = images["user2"].stat().st_size
+
+    def record(key: str, name: str, path: Path) -> ArtifactRecord:
+        return ArtifactRecord.for_file(key, name, path, file_digest(path))
+
+    with S3Server() as server:
+        client = boto3.session.Session().client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
+        bucket = f"bench-{secrets.token_hex(4)}"
+        client.create_bucket(Bucket=bucket)
+        settings = S3Config(bucket=bucket, prefix="chunked/", endpoint_url=server.endpoint, region="us-east-1")
+        whole_settings = S3Config(bucket=bucket, prefix="whole/", endpoint_url=server.endpoint, region="us-east-1")
+        builder = Store([FilesystemTier(scratch / "builder", "local")], settings, show_progress=False)
+        keys = {name: secrets.token_hex(32) for name in images}
+
+        ctx.log("chunked: publishing efa and user v1")
+        for name in ("efa", "user1"):
+            builder.publish(keys[name], images[name], record(keys[name], f"bench:{name[:4]}", images[name]))
+        efa_chunks = set(chunk_file(images["efa"]).unique())
+        user_index = chunk_file(images["user1"])
+        shared_with_efa = sum(length for cid, length in user_index.chunks if cid in efa_chunks) / user_index.size
+
+        ctx.log("chunked: timing the publish of user v2")
+        warm(images["user2"])
+        started = time.perf_counter()
+        builder.publish(keys["user2"], images["user2"], record(keys["user2"], "bench:user", images["user2"]))
+        ours_publish = time.perf_counter() - started
+        sent = builder.s3.last_transfer
+        whole = S3Tier(whole_settings, show_progress=False, chunked=False)
+        started = time.perf_counter()
+        whole.publish(keys["user2"], images["user2"], record(keys["user2"], "bench:user", images["user2"]))
+        whole_publish = time.perf_counter() - started
+
+        ctx.log("chunked: timing the fetch of user v2 onto a node holding v1")
+        node = Store([FilesystemTier(scratch / "node", "shared")], settings, show_progress=False)
+        node.fetch(keys["user1"])
+        node.fs_tiers[0].append_ref("bench:user", keys["user1"])
+        started = time.perf_counter()
+        node.fetch(keys["user2"])
+        ours_fetch = time.perf_counter() - started
+        got = node.s3.last_transfer
+        whole_node = Store([FilesystemTier(scratch / "whole-node", "shared")], whole_settings, show_progress=False,
+                           s3_options={"chunked": False})
+        started = time.perf_counter()
+        whole_node.fetch(keys["user2"])
+        whole_fetch = time.perf_counter() - started
+
+        for version in range(3, VERSIONS + 1):
+            name = f"user{version}"
+            builder.publish(keys[name], images[name], record(keys[name], "bench:user", images[name]))
+        # everything the chunked prefix holds: the EFA image and five user versions on it
+        five = sum(item["Size"] for item in _listing(client, bucket, "chunked/"))
+        if got is None or sent is None:
+            raise BenchError("the chunked publish or fetch reported no transfer")
+    return Result(
+        id="chunked",
+        what=f"user layer, one file changed, {human_bytes(size)} image (S3 loopback)",
+        checks=(
+            Check("publish: bytes sent", 100 * sent.bytes / size, 1.0, "lower", unit="%",
+                  efabuild=human_bytes(sent.bytes), baseline=human_bytes(size)),
+            Check("publish: time vs whole object", ours_publish / whole_publish, 0.1, "lower",
+                  efabuild=f"{ours_publish:.2f} s", baseline=f"{whole_publish:.2f} s (whole object)"),
+            Check("fetch: bytes downloaded", 100 * got.bytes / size, 1.0, "lower", unit="%",
+                  efabuild=human_bytes(got.bytes), baseline=human_bytes(size)),
+            Check("fetch: time vs whole object", ours_fetch / whole_fetch, 0.2, "lower",
+                  efabuild=f"{ours_fetch:.2f} s", baseline=f"{whole_fetch:.2f} s (whole object)"),
+            Check("user bytes in EFA's chunks", 100 * shared_with_efa, 95.0, "higher", unit="%"),
+            Check(f"S3 bytes for {VERSIONS} versions ÷ one", five / size, 1.2, "lower", unit="×",
+                  efabuild=human_bytes(five), baseline=human_bytes(size)),
+        ),
+        timings=(Timing("chunked publish of v2", (ours_publish,)), Timing("whole-object publish", (whole_publish,)),
+                 Timing("seeded fetch of v2", (ours_fetch,)), Timing("whole-object fetch", (whole_fetch,))),
+        figures={"image_bytes": size, "publish_sent_bytes": sent.bytes, "publish_sent_chunks": sent.chunks,
+                 "fetch_downloaded_bytes": got.bytes, "fetch_reused_bytes": got.reused_bytes,
+                 "s3_bytes_all_versions": five, "user_files_added": USER_FILES,
+                 "user_bytes_added": USER_FILES * USER_FILE_BYTES},
+        notes=("S3 bytes: every chunk object (zstd), index, record and manifest under the prefix, the EFA "
+               "image included (its bytes are the bulk of every user version)",),
+    )
+
+
+def _listing(client, bucket: str, prefix: str) -> list[dict]:  # noqa: ANN001
+    items, token = [], None
+    while True:
+        page = client.list_objects_v2(Bucket=bucket, Prefix=prefix, **({"ContinuationToken": token} if token else {}))
+        items += page.get("Contents", [])
+        if not page.get("IsTruncated"):
+            return items
+        token = page["NextContinuationToken"]
