@@ -163,3 +163,25 @@ def chunks_to_delete(stored: dict[str, float], referenced: set[str], marks: list
             continue
         doomed |= {cid for cid in mark.unreferenced if cid in stored and stored[cid] <= mark.time}
     return doomed - referenced
+
+
+@attrs.frozen
+class Usage:
+    """What one chunked artifact costs in the bucket (bytes as stored, compressed)."""
+
+    stored: int  # its distinct chunks
+    unique: int  # the chunks no other artifact references: what deleting it would free
+
+
+def usage(indexes: dict[str, ChunkIndex], stored_sizes: dict[str, int]) -> dict[str, Usage]:
+    """Stored and unique bytes of each artifact, from every index and each chunk's stored size."""
+    users: dict[str, int] = {}
+    for index in indexes.values():
+        for cid in index.unique():
+            users[cid] = users.get(cid, 0) + 1
+    result = {}
+    for key, index in indexes.items():
+        ids = index.unique()
+        result[key] = Usage(stored=sum(stored_sizes.get(cid, 0) for cid in ids),
+                            unique=sum(stored_sizes.get(cid, 0) for cid in ids if users[cid] == 1))
+    return result
