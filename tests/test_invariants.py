@@ -192,10 +192,17 @@ def test_four_nodes_looking_up_one_cold_key_download_it_once(tmp_path, moto_serv
     from efabuild.store.s3 import S3Tier
     from tests.httpcount import CountingProxy
     from tests.storekit import REPO, make_sqsh
-    from tests.test_store_s3 import published
 
     settings = S3Config(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=moto_server)
-    key = published(tmp_path / "builder", settings, make_sqsh(tmp_path, os.urandom(8 << 20), "cold"))
+    from efabuild.store.core import Store
+    from efabuild.store.fs import FilesystemTier
+    from tests.storekit import key_for, record_for
+
+    sqsh = make_sqsh(tmp_path, os.urandom(8 << 20), "cold")
+    key = key_for("cold")
+    builder = Store([FilesystemTier(tmp_path / "builder" / "cache", "local")], settings, show_progress=False,
+                    s3_options={"chunking": (64 << 10, 256 << 10, 1 << 20)})
+    builder.publish(key, sqsh, record_for(key, "demo:user", sqsh))
     proxy = CountingProxy(moto_server)
     shared = tmp_path / "fsx"
     shared.mkdir()
@@ -213,4 +220,5 @@ def test_four_nodes_looking_up_one_cold_key_download_it_once(tmp_path, moto_serv
     assert proxy.gets(f"{key}.chunks.json") == 1, proxy.requests  # one fetch, assembled from chunks
     chunk_gets = sum(1 for method, path, _ in proxy.requests if method == "GET" and "/chunks/" in path)
     index = S3Tier(settings).chunk_index(key)
+    assert index is not None and len(index.unique()) > 8
     assert chunk_gets == len(index.unique())
