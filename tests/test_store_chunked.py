@@ -178,3 +178,27 @@ def test_whole_object_artifacts_of_before_stay_readable(tmp_path, settings, vers
     cluster = node(tmp_path, settings)
     assert file_digest(cluster.lookup(key)) == file_digest(versions[2])
     assert cluster.fs_tiers[0].chunk_index(key) is None
+
+
+def test_du_reports_what_each_artifact_costs_and_the_dedup_ratio(tmp_path, settings, versions):
+    import json
+
+    from tests.storekit import efabuild
+
+    store = builder(tmp_path, settings)
+    keys = [publish(store, sqsh) for sqsh in versions]
+    result = efabuild("du", "--json", "--store", str(tmp_path / "cache"), check=True)
+    report = json.loads(result.stdout)
+    s3 = report["tiers"]["s3"]
+    sizes = [sqsh.stat().st_size for sqsh in versions]
+    assert s3["artifacts"] == 3 and s3["bytes"] == sum(sizes)
+    assert s3["dedup_ratio"] > 2.5  # three versions stored about as one
+    rows = {row["key"]: row for row in report["s3_artifacts"]}
+    assert set(rows) == set(keys)
+    for row in rows.values():
+        assert row["unique"] < 0.2 * row["stored"]  # most of each version is shared with the others
+    filesystem = [tier for name, tier in report["tiers"].items() if name != "s3"]
+    assert filesystem == [{"artifacts": 3, "bytes": sum(sizes)}]  # --store opens that one tier
+    text = efabuild("du", "--store", str(tmp_path / "cache"), check=True).stdout.splitlines()
+    assert text[0].split() == ["KEY", "NAME", "SIZE", "S3", "STORED", "S3", "UNIQUE"]
+    assert text[-1].startswith("s3: 3 artifacts") and "dedup" in text[-1]

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "lookup": "lookup_cmd",
     "ls": "store_cmd",
     "gc": "store_cmd",
+    "du": "du_cmd",
     "show": "provenance_cmd",
     "audit": "provenance_cmd",
     "diff": "provenance_cmd",

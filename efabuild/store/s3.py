@@ -56,8 +56,8 @@ from efabuild.store.layout import (
 )
 from efabuild.store.record import ArtifactRecord, utc_now
 from efabuild.store.transfer import SIDECARS, DamagedCopy
-from efabuild.store.chunks import AVG_SIZE, MAX_SIZE, MIN_SIZE, BadChunkIndex, ChunkIndex, chunk_file
-from efabuild.store.s3chunks import ChunkStore, Seed, Transfer, assemble
+from efabuild.store.chunks import AVG_SIZE, MAX_SIZE, MIN_SIZE, BadChunkIndex, ChunkIndex, Usage, chunk_file, usage
+from efabuild.store.s3chunks import CHUNKS_DIR, ChunkStore, Seed, Transfer, assemble
 
 MiB = 1024 * 1024
 MIN_PART_SIZE = 5 * MiB  # S3's floor for all parts but the last
@@ -655,6 +655,37 @@ class S3Tier:
         sidecars = [self._path("objects", key[:2], key + suffix) for suffix in SIDECARS]
         for path in (self.record_object(key), self.sqsh_object(key), *sidecars):
             self._delete_object(path)
+
+    def usage(self) -> tuple[dict[str, tuple[ArtifactRecord, Usage]], int, int]:
+        """What each artifact costs in the bucket as stored (compressed chunks, or its whole
+        object); the bytes all of them take, shared chunks counted once; and the bytes of chunks
+        no index references (gc's to sweep)."""
+        records = {record.key: record for record in self.list()}
+        chunk_sizes = {}
+        for item in self._list(self._path(CHUNKS_DIR) + "/"):
+            chunk_sizes[item["Key"].rsplit("/", 1)[-1]] = item.get("Size", 0)
+        whole_sizes = {}
+        for item in self._list(self._path("objects") + "/"):
+            base = item["Key"].rsplit("/", 1)[-1]
+            if base.endswith(SQSH_SUFFIX):
+                whole_sizes[base[: -len(SQSH_SUFFIX)]] = item.get("Size", 0)
+        keys = sorted(records)
+        indexes = dict(zip(keys, run_parallel(self._index_or_none, keys, self.workers)))
+        chunked = usage({k: i for k, i in indexes.items() if i is not None}, chunk_sizes)
+        result = {}
+        for key in keys:
+            size = whole_sizes.get(key, 0)
+            result[key] = (records[key], chunked.get(key, Usage(stored=size, unique=size)))
+        referenced = {cid for index in indexes.values() if index is not None for cid in index.unique()}
+        stored = sum(chunk_sizes.get(cid, 0) for cid in referenced) + sum(
+            whole_sizes.get(key, 0) for key in keys if indexes[key] is None)
+        return result, stored, sum(size for cid, size in chunk_sizes.items() if cid not in referenced)
+
+    def _index_or_none(self, key: str) -> ChunkIndex | None:
+        try:
+            return self.chunk_index(key)
+        except EfabuildError:
+            return None
 
     def debris(self, now: datetime | None = None) -> list[str]:
         """s3:// URLs of leftovers older than a day: .sqsh without a record, unfinished uploads."""

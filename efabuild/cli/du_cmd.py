@@ -1,0 +1,67 @@
+"""`efabuild du`: what the store's artifacts cost, and what deduplication saves in S3."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        name, parents=[common], help="bytes each artifact takes in each tier, and S3's dedup ratio",
+        description="""
+            For every artifact: its size, and in the S3 tier the bytes its chunks take as stored
+            (compressed) and the bytes only it references (what deleting it would free). The last
+            lines sum each tier and give S3's deduplication ratio: the artifacts' sizes over the
+            bytes stored. Reads every chunk index of the bucket: slower than `ls`.""",
+        epilog="""
+            examples:
+              efabuild du
+              efabuild du --store /fsx/efabuild --json""",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--store", metavar="PATH",
+                   help="a store directory (default: $EFABUILD_STORE, else the workspace's [store])")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from efabuild.progress import human_bytes
+    from efabuild.store.core import Store
+    from efabuild.store.layout import short
+
+    store = Store.locate(args.store)
+    tiers = {}
+    for tier in store.fs_tiers:
+        records = tier.list()
+        tiers[tier.name] = {"artifacts": len(records), "bytes": sum(r.size for r in records)}
+    artifacts, stored, garbage = ({}, 0, 0) if store.s3 is None else store.s3.usage()
+    if store.s3 is not None:
+        logical = sum(record.size for record, _ in artifacts.values())
+        tiers["s3"] = {"artifacts": len(artifacts), "bytes": logical, "stored_bytes": stored,
+                       "unreferenced_bytes": garbage,
+                       "dedup_ratio": round(logical / stored, 3) if stored else None}
+    rows = [{"key": key, "name": record.name, "size": record.size, "stored": u.stored, "unique": u.unique}
+            for key, (record, u) in sorted(artifacts.items(), key=lambda kv: (kv[1][0].name, kv[1][0].created))]
+    if args.json:
+        sys.stdout.write(json.dumps({"version": 1, "tiers": tiers, "s3_artifacts": rows}, indent=1, sort_keys=True)
+                         + "\n")
+        return 0
+    if rows:
+        table = [("KEY", "NAME", "SIZE", "S3 STORED", "S3 UNIQUE")] + [
+            (short(r["key"]), r["name"], human_bytes(r["size"]), human_bytes(r["stored"]), human_bytes(r["unique"]))
+            for r in rows]
+        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+        for row in table:
+            sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() + "\n")
+    for name, t in tiers.items():
+        line = f"{name}: {t['artifacts']} artifacts, {human_bytes(t['bytes'])}"
+        if name == "s3":
+            ratio = f"{t['dedup_ratio']:.2f}×" if t["dedup_ratio"] else "-"
+            line += (f" in {human_bytes(t['stored_bytes'])} stored (dedup {ratio}); "
+                     f"{human_bytes(t['unreferenced_bytes'])} unreferenced, for gc")
+        print(line)
+    return 0
+
