@@ -202,3 +202,26 @@ def test_du_reports_what_each_artifact_costs_and_the_dedup_ratio(tmp_path, setti
     text = efabuild("du", "--store", str(tmp_path / "cache"), check=True).stdout.splitlines()
     assert text[0].split() == ["KEY", "NAME", "SIZE", "S3", "STORED", "S3", "UNIQUE"]
     assert text[-1].startswith("s3: 3 artifacts") and "dedup" in text[-1]
+
+
+def test_gc_of_an_artifact_marks_its_own_chunks_and_a_later_gc_sweeps_them(tmp_path, settings, versions):
+    import time
+
+    store = Store([FilesystemTier(tmp_path / "cache", "local")], settings, show_progress=False,
+                  s3_options={**CHUNKED, "chunk_grace": 1.0}, keep=1)
+    old = publish(store, versions[0])
+    time.sleep(1.1)  # created times order the versions
+    new = publish(store, versions[2])
+    old_only = set(store.s3.chunk_index(old).unique()) - set(store.s3.chunk_index(new).unique())
+    assert old_only
+    dry = store.gc(dry_run=True)
+    assert {r.record.key for r in dry.removals} == {old} and dry.chunks.deleted == 0
+    first = store.gc(dry_run=False)
+    assert {(r.tier, r.record.key) for r in first.removals} == {("local", old), ("s3", old)}
+    assert first.chunks.deleted == 0 and first.chunks.marked == len(old_only)  # marked, kept a grace period
+    assert store.s3.chunks.missing(old_only) == set()
+    time.sleep(1.5)
+    second = store.gc(dry_run=False)
+    assert second.chunks.deleted == len(old_only)
+    assert store.s3.chunks.missing(old_only) == old_only
+    assert file_digest(node(tmp_path, settings).lookup(new)) == file_digest(versions[2])

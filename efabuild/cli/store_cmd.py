@@ -140,6 +140,9 @@ def run_gc(args: argparse.Namespace) -> int:
             "spared": [{"tier": r.tier, "key": r.record.key, "name": r.record.name, "size": r.record.size,
                         "created": r.record.created} for r in report.spared],
             "kept": list(report.kept),
+            "s3_chunks": None if report.chunks is None else {
+                "deleted": report.chunks.deleted, "deleted_bytes": report.chunks.deleted_bytes,
+                "marked": report.chunks.marked, "referenced": report.chunks.referenced},
             "freed": 0 if report.dry_run else sum(
                 r.record.size for r in report.removals if (r.tier, r.record.key) not in busy),
         }
@@ -155,6 +158,10 @@ def run_gc(args: argparse.Namespace) -> int:
               f"{human_bytes(r.record.size)}  {_when(r.record.created)}")
     for tier, item in debris:
         print(f"{'would remove' if report.dry_run else 'removed'} leftover  {tier}  {item}")
+    if report.chunks is not None and (report.chunks.deleted or report.chunks.marked):
+        print(f"{verb} {report.chunks.deleted} s3 chunks no artifact uses ({human_bytes(report.chunks.deleted_bytes)})"
+              + (f"; {report.chunks.marked} unused chunks marked, deleted by a gc after the grace period"
+                 if report.chunks.marked and not report.dry_run else ""))
     freed = sum(r.record.size for r in report.removals if (r.tier, r.record.key) not in busy)
     summary = (f"{len(report.removals) - len(busy)} objects, {human_bytes(freed)}; "
                f"kept {len(report.kept)} keys (newest {report.keep} per name, current refs, pins)")

@@ -24,7 +24,7 @@ from efabuild.digest import bytes_digest
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.store.gc import keys_to_keep
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
-from efabuild.store.s3chunks import Seed
+from efabuild.store.s3chunks import DEFAULT_GRACE, Seed
 from efabuild.store.layout import check_key, classify_ref, newest_ref, pick_one, resolve_in, short
 from efabuild.store.config import DEFAULT_KEEP, S3Config, StoreConfig, bare_store, locate
 from efabuild.store.lock import LockBusy
@@ -59,6 +59,7 @@ class GcReport:
     debris: tuple[tuple[str, str], ...]  # (tier, path or URL) of interrupted writes
     busy: tuple[tuple[str, str], ...] = ()  # (tier, key) skipped: in use by a publisher or fetcher
     spared: tuple[Removal, ...] = ()  # what S3 would lose if asked (a bare store's gc without --s3)
+    chunks: object | None = None  # s3chunks.ChunkGc: the S3 tier's shared chunks, swept after a grace period
 
     @property
     def freed(self) -> int:
@@ -125,6 +126,7 @@ class Store:
         self.show_progress = show_progress
         self.bare = bare  # a store directory given by path (a compute node's), not a workspace's
         self._s3_options = dict(s3_options or {})
+        self.chunk_grace = float(self._s3_options.pop("chunk_grace", DEFAULT_GRACE))
         self._s3 = None
         self._damaged: dict[str, set[str]] = {}  # key -> tiers whose copy failed verification
 
@@ -483,13 +485,18 @@ class Store:
         spared = tuple(r for r in doomed if r not in removals)
         debris = tuple((tier.name, str(item)) for tier in deleting for item in tier.debris())
         report = GcReport(keep, dry_run, removals, tuple(sorted(keep_keys)), debris, spared=spared)
-        if dry_run:
-            return report
-        for tier in deleting:
-            if isinstance(tier, FilesystemTier) and (any(r.tier == tier.name for r in removals)
-                                                     or any(t == tier.name for t, _ in debris)):
-                _check_writable(tier)
-        return attrs.evolve(report, busy=self._remove(tiers, removals, debris))
+        if not dry_run:
+            for tier in deleting:
+                if isinstance(tier, FilesystemTier) and (any(r.tier == tier.name for r in removals)
+                                                         or any(t == tier.name for t, _ in debris)):
+                    _check_writable(tier)
+            report = attrs.evolve(report, busy=self._remove(tiers, removals, debris))
+        if any(tier.name == S3_TIER for tier in deleting):
+            from efabuild.store.s3chunks import collect
+
+            # after the artifacts: the chunks only they used are marked now, swept by a later gc
+            report = attrs.evolve(report, chunks=collect(self.s3.chunks, dry_run=dry_run, grace=self.chunk_grace))
+        return report
 
     def _remove(self, tiers: list, removals: tuple[Removal, ...], debris: tuple) -> tuple:
         by_name = {tier.name: tier for tier in tiers}

@@ -318,10 +318,10 @@ class S3Tier:
         records, sqshes = set(), set()
         for item in listing:
             base = item["Key"].rsplit("/", 1)[-1]
-            if base.endswith(tuple(SIDECARS)):
-                continue
             if base.endswith(INDEX_SUFFIX) and is_key(base[: -len(INDEX_SUFFIX)]):
                 sqshes.add(base[: -len(INDEX_SUFFIX)])  # a chunked artifact's data
+                continue
+            if base.endswith(tuple(SIDECARS)):
                 continue
             if base.endswith(RECORD_SUFFIX) and is_key(base[: -len(RECORD_SUFFIX)]):
                 records.add(base[: -len(RECORD_SUFFIX)])
