@@ -23,9 +23,11 @@ def big_sqsh(tmp_path_factory) -> Path:
     return make_sqsh(tmp_path_factory.mktemp("big"), os.urandom(12 * MiB), "big")
 
 
-def s3_store(base: Path, endpoint: str, bucket: str) -> Store:
+def s3_store(base: Path, endpoint: str, bucket: str, **options) -> Store:
+    """A builder's store; whole objects (multipart uploads, ranged GETs) unless chunked=True."""
     settings = S3Config(bucket=bucket, prefix="efabuild", region="us-east-1", endpoint_url=endpoint)
-    return Store([FilesystemTier(base, "local")], settings, show_progress=False, s3_options={"part_size": 5 * MiB})
+    return Store([FilesystemTier(base, "local")], settings, show_progress=False,
+                 s3_options={"part_size": 5 * MiB, "chunked": False, **options})
 
 
 def node_store(base: Path, endpoint: str, bucket: str) -> Path:
@@ -77,3 +79,30 @@ def test_a_part_upload_reset_is_retried_before_the_publish_fails(tmp_path, big_s
     assert cut.fired == 5
     body = s3_client.get_object(Bucket=s3_bucket, Key=f"efabuild/objects/{key[:2]}/{key}.sqsh")["Body"].read()
     assert len(body) == big_sqsh.stat().st_size and body == big_sqsh.read_bytes()
+
+
+# ---- the chunked tier: chunk objects go through the same kinds of faults -----------------------
+
+def test_chunk_gets_cut_mid_body_are_retried(tmp_path, big_sqsh, moto_server, s3_bucket, fault_proxy):
+    key = key_for("flaky chunked fetch")
+    s3_store(tmp_path / "builder", moto_server, s3_bucket, chunked=True).publish(
+        key, big_sqsh, record_for(key, "ngc-efa:user", big_sqsh))
+    node = node_store(tmp_path / "node", fault_proxy.endpoint, s3_bucket)
+    cut = fault_proxy.reset_response(f"GET /{s3_bucket}/efabuild/chunks/".encode(), after=64 * 1024, times=3)
+    result = efabuild("lookup", "--store", str(node), key)
+    assert result.returncode == 0, result.stderr
+    assert cut.fired == 3 and "Traceback" not in result.stderr
+    assert file_digest(Path(result.stdout.strip())) == file_digest(big_sqsh)
+
+
+def test_chunk_puts_reset_are_retried_before_the_publish_fails(tmp_path, big_sqsh, s3_bucket, fault_proxy):
+    key = key_for("flaky chunked upload")
+    store = s3_store(tmp_path / "builder", fault_proxy.endpoint, s3_bucket, chunked=True)
+    cut = fault_proxy.reset_request(f"PUT /{s3_bucket}/efabuild/chunks/".encode(), times=3)
+    assert store.publish(key, big_sqsh, record_for(key, "ngc-efa:user", big_sqsh)) == \
+        {"local": PUBLISHED, "s3": PUBLISHED}
+    assert cut.fired == 3
+    node = node_store(tmp_path / "node", store.s3_settings.endpoint_url, s3_bucket)
+    fetched = efabuild("lookup", "--store", str(node), key)
+    assert fetched.returncode == 0, fetched.stderr
+    assert file_digest(Path(fetched.stdout.strip())) == file_digest(big_sqsh)

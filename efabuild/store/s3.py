@@ -151,6 +151,7 @@ class S3Tier:
         # name -> artifacts this node holds with known chunk indexes (set by the Store): they seed
         # fetches and tell publish which chunks the bucket most likely has
         self.seed_provider: Callable[[str], tuple[Seed, ...]] | None = None
+        self._index_bytes: dict[str, bytes | None] = {}
         self.chunking = chunking or (MIN_SIZE, AVG_SIZE, MAX_SIZE)  # (min, avg, max) chunk bytes
         self.last_transfer: Transfer | None = None  # what the last chunked publish or fetch moved
         self.last_index: ChunkIndex | None = None  # the index of the last chunked publish
@@ -268,7 +269,10 @@ class S3Tier:
 
     def sidecar(self, key: str, suffix: str) -> bytes | None:
         """An object stored beside the .sqsh (e.g. its manifest), None when absent."""
-        return self._get_bytes(self._path("objects", key[:2], check_key(key) + suffix))
+        data = self._get_bytes(self._path("objects", key[:2], check_key(key) + suffix))
+        if suffix == INDEX_SUFFIX:
+            self._index_bytes[key] = data  # the fetch that follows needs it too: one GET
+        return data
 
     def stored_facts(self, key: str) -> tuple[int, str | None]:
         """(size, blake3 digest stored with it) of the .sqsh object, from a HEAD."""
@@ -446,7 +450,7 @@ class S3Tier:
     def chunk_index(self, key: str) -> ChunkIndex | None:
         """The artifact's chunk index, or None for a whole-object artifact."""
         path = self.index_object(check_key(key))
-        data = self._get_bytes(path)
+        data = self._index_bytes.pop(key) if key in self._index_bytes else self._get_bytes(path)
         return None if data is None else ChunkIndex.from_json(data, self.url(path))
 
     def _upload_sqsh(self, key: str, sqsh: Path, record: ArtifactRecord, show: bool) -> bool:

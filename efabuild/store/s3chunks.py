@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import os
 import threading
 import time
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 ZSTD_LEVEL = 3  # several hundred MB/s per core, and -noD images compress well
 CHUNKS_DIR = "chunks"
 MARKS_DIR = "gc/marks"
-DEFAULT_GRACE = 24 * 3600.0  # a publish or fetch in flight for longer than this may need a retry
+DEFAULT_GRACE = 24 * 3600.0
+STREAM_ATTEMPTS, STREAM_BACKOFF = 5, 0.2  # a chunk GET cut mid-body: tries, first backoff (s)  # a publish or fetch in flight for longer than this may need a retry
 
 
 class ChunkError(EfabuildError):
@@ -148,6 +150,20 @@ class ChunkStore:
                         reused=len(unique) - sent["chunks"], reused_bytes=index.size_unique() - sent["bytes"],
                         created=frozenset(created_ids))
 
+    def _get_retried(self, path: str, what: str) -> bytes | None:
+        """GET one chunk object. botocore retries a request that fails, not a body cut
+        mid-stream: that is tried again here, a bounded number of times with backoff."""
+        from botocore.exceptions import BotoCoreError
+
+        for attempt in range(1, STREAM_ATTEMPTS + 1):
+            try:
+                return self.tier._get_bytes(path)
+            except (BotoCoreError, OSError) as exc:
+                if attempt == STREAM_ATTEMPTS:
+                    raise ChunkError(f"{what}: gave up after {attempt} attempts: {exc}") from None
+                time.sleep(random.uniform(0.5, 1.0) * STREAM_BACKOFF * 2 ** (attempt - 1))
+        return None
+
     def index_objects(self) -> list[str]:
         """Every artifact's chunk index object in the tier."""
         return [item["Key"] for item in self.tier._list(self.tier._path("objects") + "/")
@@ -208,7 +224,7 @@ class ChunkStore:
         """One chunk's raw bytes, verified against its id; and the bytes it took on the wire."""
         path = self.object(cid)
         what = self.tier.url(path)
-        body = self.tier._get_bytes(path)
+        body = self._get_retried(path, what)
         if body is None:
             raise ChunkError(f"{what}: missing (deleted by gc while in use, or never uploaded)")
         raw = decompress(body, length, what)
