@@ -128,6 +128,11 @@ def test_unchanged_plan_reads_no_file_contents(tmp_path):
 def test_freshly_written_files_are_not_trusted_by_the_cache(tmp_path):
     """A file modified within the mtime granularity could change unseen: it is hashed again."""
     root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
+    # "just written", however long the plans below take on a loaded machine: an mtime ahead of
+    # the clock is inside the racy window at every plan
+    ahead = time.time() + 3600
+    for path in (root / "app").rglob("*"):
+        os.utime(path, (ahead, ahead))
     plan_json(root)
     assert plan_json(root)["context_files_read"] == 2  # both just written: not cached yet
 
