@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -57,7 +57,7 @@ from efabuild.store.layout import (
 from efabuild.store.record import ArtifactRecord, utc_now
 from efabuild.store.transfer import SIDECARS, DamagedCopy
 from efabuild.store.chunks import AVG_SIZE, MAX_SIZE, MIN_SIZE, BadChunkIndex, ChunkIndex, Usage, chunk_file, usage
-from efabuild.store.s3chunks import CHUNKS_DIR, ChunkStore, Seed, Transfer, assemble
+from efabuild.store.s3chunks import CHUNKS_DIR, ChunkStore, Seed, Transfer, assemble, run_parallel
 
 MiB = 1024 * 1024
 MIN_PART_SIZE = 5 * MiB  # S3's floor for all parts but the last
@@ -97,27 +97,6 @@ def _already_exists(exc: ClientError) -> bool:
 
 def _missing(exc: ClientError) -> bool:
     return _code(exc) in _MISSING or _status(exc) == 404
-
-
-def run_parallel(function, items, workers: int) -> list:  # noqa: ANN001
-    """function(item) for every item on up to `workers` threads, results in order.
-
-    On the first failure the tasks not yet started are cancelled, the running ones finish, and
-    that failure is raised.
-    """
-    items = list(items)
-    if not items:
-        return []
-    with ThreadPoolExecutor(min(workers, len(items))) as pool:
-        futures = [pool.submit(function, item) for item in items]
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = next((f for f in futures if f in done and f.exception() is not None), None)
-        if failed is not None:
-            for future in pending:
-                future.cancel()
-    if failed is not None:
-        raise failed.exception()
-    return [future.result() for future in futures]
 
 
 def part_size_for(size: int, preferred: int = DEFAULT_PART_SIZE) -> int:
@@ -550,6 +529,10 @@ class S3Tier:
             dest.unlink(missing_ok=True)
             raise
         os.close(fd)
+        self._check_fetched(dest, record, what)
+
+    def _check_fetched(self, dest: Path, record: ArtifactRecord, what: str) -> None:
+        """The whole fetched file against its record, before anyone may see it (else removed)."""
         actual = file_digest(dest)
         if actual != record.digest:
             dest.unlink(missing_ok=True)
@@ -605,10 +588,7 @@ class S3Tier:
             dest.unlink(missing_ok=True)
             raise
         os.close(fd)
-        actual = file_digest(dest)
-        if actual != record.digest:
-            dest.unlink(missing_ok=True)
-            raise DamagedCopy(self.name, what, f"digest {actual}, its record says {record.digest}; not fetched")
+        self._check_fetched(dest, record, what)
 
     # ---- refs
     def read_refs(self, name: str) -> list[dict]:

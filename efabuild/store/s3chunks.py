@@ -85,17 +85,25 @@ def decompress(data: bytes, length: int, what: str) -> bytes:
     return raw
 
 
-def run_parallel(function: Callable, items: Iterable, workers: int) -> list:  # noqa: ANN001
-    """Run `function` over `items` on `workers` threads; the first failure cancels the rest."""
-    with ThreadPoolExecutor(max(1, workers)) as pool:
+def run_parallel(function, items, workers: int) -> list:  # noqa: ANN001
+    """function(item) for every item on up to `workers` threads, results in order.
+
+    On the first failure the tasks not yet started are cancelled, the running ones finish, and
+    that failure is raised.
+    """
+    items = list(items)
+    if not items:
+        return []
+    with ThreadPoolExecutor(min(workers, len(items))) as pool:
         futures = [pool.submit(function, item) for item in items]
         done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        for future in pending:
-            future.cancel()
-        for future in done:
-            if future.exception() is not None:
-                raise future.exception()
-        return [future.result() for future in futures]
+        failed = next((f for f in futures if f in done and f.exception() is not None), None)
+        if failed is not None:
+            for future in pending:
+                future.cancel()
+    if failed is not None:
+        raise failed.exception()
+    return [future.result() for future in futures]
 
 
 class ChunkStore:
