@@ -80,7 +80,7 @@ class Settings:
     export: ExportSettings = attrs.field(factory=ExportSettings)
     audit: AuditPolicy = attrs.field(factory=AuditPolicy)
     sign: SignSettings | None = None
-    trust_keys: tuple[str, ...] = ()  # [trust] keys: read by efabuild.trust, validated here
+    trust_keys: tuple[str, ...] = ()  # [trust] keys: read by efabuild.signing.trust, validated here
 
 
 @attrs.frozen

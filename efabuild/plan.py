@@ -14,7 +14,7 @@ import attrs
 import networkx as nx
 
 from efabuild.keys import ContextHasher, LayerInputs
-from efabuild.store.layout import short
+from efabuild.refs import short
 from efabuild.model import Layer, Workspace
 from efabuild.redact import shown_args, shown_dockerfile
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from efabuild import configfile, grammar
 from efabuild.errors import InputError
-from efabuild.squashopts import extra_options_problem
+from efabuild.grammar import extra_options_problem
 from efabuild.model import (
     DEFAULT_PLATFORM,
     AuditPolicy,

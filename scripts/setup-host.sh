@@ -74,9 +74,14 @@ start_dockerd() {
 python_ready() {
   # Judged by what an installation provides, from outside the checkout (where the package
   # directory itself is not on the path): the installed distribution with every requirement
-  # met, and the console scripts on PATH.
-  (cd / && python3 - <<'PY'
-import importlib.metadata as md, re, sys
+  # met, the package imported from this checkout (an editable install of a moved or deleted
+  # checkout still has its metadata), and the console scripts on PATH.
+  local here; here=$(cd "$(dirname "$0")/.." && pwd -P)
+  (cd / && EFABUILD_CHECKOUT="$here" python3 - <<'PY'
+import importlib.metadata as md, os, re, sys
+import efabuild
+if not os.path.realpath(efabuild.__file__).startswith(os.environ["EFABUILD_CHECKOUT"] + os.sep):
+    sys.exit(1)
 dist = md.distribution("efabuild")
 for req in dist.requires or []:
     if "extra ==" in req and 'extra == "test"' not in req:

@@ -30,8 +30,8 @@ def make_key(directory: Path, kind: str) -> tuple[Path, Path]:
 def stored_artifact(directory: Path, signer, *, label: str = "artifact", name: str = NAME) -> tuple[Path, str]:  # noqa: ANN001
     """A store at directory/store holding one real .sqsh with record, manifest and (when `signer`)
     its signed statement, published through the store like make does. (store root, key)"""
-    from efabuild.attest import signed
-    from efabuild.digest import file_digests
+    from efabuild.signing.attest import signed
+    from efabuild.store.digest import file_digests
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.store.core import Store
     from efabuild.store.record import ArtifactRecord

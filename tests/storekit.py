@@ -38,7 +38,7 @@ def key_for(text: str) -> str:
 
 
 def record_for(key: str, name: str, sqsh: Path):  # noqa: ANN201 - ArtifactRecord
-    from efabuild.digest import file_digest
+    from efabuild.store.digest import file_digest
     from efabuild.store.record import ArtifactRecord
 
     return ArtifactRecord.for_file(key, name, sqsh, file_digest(sqsh),

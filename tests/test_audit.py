@@ -377,7 +377,7 @@ def test_image_built_and_exported_by_the_engine_audits_clean(docker_engine, tmp_
 
     from efabuild.model import ExportSettings
     from efabuild.provenance.stored import describe_sqsh
-    from efabuild.sqsh import export_image
+    from efabuild.export.squash import export_image
     from efabuild.store import ArtifactRecord, Store
 
     context = tmp_path / "context"
@@ -448,10 +448,10 @@ class DemoBuilds:
         """Export `tag` and publish it; chain: (qualname, Dockerfile text, args) from the base up."""
         from datetime import datetime, timezone
 
-        from efabuild.digest import bytes_digest
+        from efabuild.store.digest import bytes_digest
         from efabuild.model import ExportSettings
         from efabuild.provenance.stored import describe_sqsh
-        from efabuild.sqsh import export_image
+        from efabuild.export.squash import export_image
         from efabuild.store import ArtifactRecord, Store
 
         key = bytes_digest(tag.encode()).split(":")[1]
@@ -476,7 +476,7 @@ class DemoBuilds:
 
 @pytest.fixture(scope="module")
 def demo(docker_engine, tmp_path_factory):
-    from efabuild.fixtures import MINI_NGC_TAG, build_fixtures
+    from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
 
     build_fixtures()
     builds = DemoBuilds(tmp_path_factory.mktemp("demo"))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.sqshdiff import FileFacts, compare
+from efabuild.export.sqshdiff import FileFacts, compare
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

@@ -10,7 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efabuild.digest import Hasher, Sha256Pass, bytes_digest, file_digest, file_digests, is_digest, is_sha256, sha256_file
+from efabuild.store.digest import (
+    Hasher,
+    Sha256Pass,
+    bytes_digest,
+    file_digest,
+    file_digests,
+    is_digest,
+    is_sha256,
+    sha256_file,
+)
 from efabuild.errors import EfabuildError
 from efabuild.store.record import ArtifactRecord
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from efabuild.signing import PemSigner
+from efabuild.signing.keys import PemSigner
 from tests.signkit import make_key, object_path, stored_artifact, trust_config
 from tests.storekit import REPO
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.fixtures import (
+from efabuild.build.fixtures import (
     DEEPEP_COMMITS,
     EFA_INSTALLER_VERSIONS,
     MINI_NGC_TAG,
@@ -231,7 +231,7 @@ def test_the_demo_artifact_exports_like_enroot_would(stack, tmp_path: Path) -> N
     import subprocess
 
     from efabuild.model import ExportSettings
-    from efabuild.sqsh import export_image
+    from efabuild.export.squash import export_image
 
     sqsh = export_image(stack["user"], tmp_path / "user.sqsh", options=ExportSettings()).path
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efabuild.imagecfg import (
+from efabuild.export.enroot import (
     RC_LOCAL_TEXT,
     ImageConfig,
     bash_quote,

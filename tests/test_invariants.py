@@ -111,7 +111,7 @@ def test_a_base_digest_change_is_a_reason(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("form", ["full key", "key prefix", "name"])
 def test_gc_keeps_a_pin_in_every_form(tmp_path, capsys, monkeypatch, form):
     """Slip: gc matches pins as prefixes or names and drops a pin written as a whole key."""
-    from efabuild.digest import file_digest
+    from efabuild.store.digest import file_digest
     from efabuild.store.core import Store
     from efabuild.store.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
@@ -164,7 +164,7 @@ def test_the_superblock_and_root_directory_carry_the_exports_epoch(busybox_image
     import subprocess
 
     from efabuild.model import ExportSettings
-    from efabuild.sqsh import export_image
+    from efabuild.export.squash import export_image
 
     epoch = 1_234_567_890
     out = tmp_path / "busybox.sqsh"

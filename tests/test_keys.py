@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from efabuild import dag
 from efabuild.keys import ContextHasher, LayerInputs
 from efabuild.plan import BaseResolution, layer_inputs
-from efabuild.state import HashState
+from efabuild.build.hashcache import HashState
 from efabuild.workspace import load_workspace
 from tests.wsfactory import SIMPLE_GRAPH, make_workspace
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from efabuild.fixtures import MINI_NGC_TAG, build_fixtures
+from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
 from tests.wsfactory import make_workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -313,7 +313,7 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
 @pytest.mark.s3
 def test_a_damaged_local_artifact_is_not_spread_to_new_tiers_but_repaired(demo_ws, tmp_path, moto_server, s3_bucket,
                                                                           s3_client):
-    from efabuild.digest import file_digest
+    from efabuild.store.digest import file_digest
     from tests.test_store_tiers import flip_a_byte
 
     efabuild(demo_ws, "make", "demo", check=True)
@@ -425,7 +425,7 @@ def test_artifacts_record_their_enroot_format_and_older_ones_are_kept(mini_ngc, 
 
 
 def test_make_signs_every_artifact_it_exports_and_a_reusing_make_adds_nothing(demo_ws, tmp_path):
-    from efabuild import dsse
+    from efabuild.signing import dsse
 
     keys = tmp_path / "keys"
     keys.mkdir()

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from efabuild import graphviz, picture
+from efabuild.cli import graphviz
+from efabuild.cli import picture
 from efabuild.plan import Availability, make_plan
-from efabuild.planning import prepare
+from efabuild.build.prepare import prepare
 from efabuild.workspace import load_workspace
 from tests.wsfactory import SIMPLE_GRAPH, make_workspace
 
@@ -88,7 +89,7 @@ def test_graph_command_draws_the_offline_plan(tmp_path):
 
 @pytest.mark.engine
 def test_make_draws_what_it_did(tmp_path, docker_engine):
-    from efabuild.fixtures import MINI_NGC_TAG, build_fixtures
+    from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
 
     build_fixtures()
     run = uuid.uuid4().hex[:12]  # keys new to the engine

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from efabuild.planning import prepare
+from efabuild.build.prepare import prepare
 from efabuild.workspace import load_workspace
 from tests.wsfactory import SIMPLE_GRAPH as WITH_ARTIFACTS
 from tests.wsfactory import make_workspace

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.pyxis import parse_image_uri
+from efabuild.pyxis.importer import parse_image_uri
 from efabuild.errors import InputError
 from efabuild.store.core import Store
 from efabuild.store.fs import FilesystemTier
@@ -257,7 +257,7 @@ def test_a_job_user_cannot_name_another_users_directory(job_env, monkeypatch):
     """Pyxis runs the importer as the job's user, so SLURM_JOB_UID must be that uid. The tests run
     as root and this machine's Python is not reachable by another user, so the importer's view of
     its own uid is what is changed here (os.getuid), in process."""
-    from efabuild import pyxis
+    from efabuild.pyxis import importer as pyxis
 
     monkeypatch.setattr(pyxis.os, "getuid", lambda: 1000)
     env = {**job_env, "SLURM_JOB_UID": "1001"}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.fixtures import MINI_NGC_TAG
+from efabuild.build.fixtures import MINI_NGC_TAG
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -91,7 +91,7 @@ def test_same_key_gives_the_same_sqsh_on_two_engines(registry_base, second_engin
     from python_on_whales import DockerClient
 
     from efabuild.model import ExportSettings
-    from efabuild.sqsh import export_image
+    from efabuild.export.squash import export_image
 
     # the same base on both engines: same registry digest, same image ID
     seen = [docker(host, "image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", registry_base)

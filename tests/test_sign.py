@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from efabuild import dsse
-from efabuild.signing import PemSigner
+from efabuild.signing import dsse
+from efabuild.signing.keys import PemSigner
 from tests.signkit import NAME, make_key, object_path, stored_artifact, trust_config
 from tests.storekit import efabuild, key_for
 
@@ -242,7 +242,7 @@ def test_a_cached_lookup_reads_stats_only_and_catches_a_flip_with_mtime_restored
 
 
 def test_an_entry_planted_by_another_user_is_ignored(tmp_path, keys):
-    from efabuild import verifycache
+    from efabuild.signing import verifycache
 
     store, key = stored_artifact(tmp_path, PemSigner(keys["ec"][0]))
     env = node_env(tmp_path, store, keys["ec"][1])

@@ -23,9 +23,9 @@ import urllib.request
 
 import pytest
 
-from efabuild import dsse
-from efabuild.attest import sign_stored
-from efabuild.signing import KMS_RAW_LIMIT, KmsSigner
+from efabuild.signing import dsse
+from efabuild.signing.attest import sign_stored
+from efabuild.signing.keys import KMS_RAW_LIMIT, KmsSigner
 from efabuild.store.core import Store
 from tests.signkit import NAME, object_path, stored_artifact
 from tests.storekit import efabuild
@@ -51,7 +51,7 @@ def test_kms_signed_artifact_verifies_with_the_resolved_public_key(tmp_path, mot
     signer = KmsSigner(kms_key, endpoint_url=moto_server, message_type="RAW")
     stored = Store.at(store_root, show_progress=False)
     manifest = stored.manifest(key)
-    from efabuild.attest import statement_payload
+    from efabuild.signing.attest import statement_payload
 
     assert len(dsse.pae(dsse.PAYLOAD_TYPE, statement_payload(manifest))) < KMS_RAW_LIMIT
     assert sign_stored(stored, key, signer)[1:] == (["store"], True)

@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from efabuild.errors import EfabuildError, InputError, NotFound
-from efabuild.imagecfg import ImageConfig
+from efabuild.export.enroot import ImageConfig
 from efabuild.model import ExportSettings
-from efabuild.sqsh import (
+from efabuild.export.squash import (
     EXPORT_LABEL,
     ExportResult,
     RewritePlan,
@@ -454,7 +454,7 @@ def test_export_never_passes_pseudo_file_or_path_options_to_mksquashfs(small_ima
 
 
 def test_filesystem_shaping_options_are_allowed() -> None:
-    from efabuild.squashopts import extra_options_problem
+    from efabuild.grammar import extra_options_problem
 
     for extra in (["-Xalgorithm", "lzo1x_1"], ["-b", "1M", "-noI", "-noF", "-noX"], ["-processors", "2", "-mem", "512M"],
                   ["-Xcompression-level", "19"], ["-no-fragments"], ["-Xbcj", "x86", "-Xdict-size", "100%"], []):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.digest import file_digest
+from efabuild.store.digest import file_digest
 from efabuild.errors import EfabuildError
 from efabuild.store.config import S3Config
 from efabuild.store.core import Store

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.digest import file_digest
+from efabuild.store.digest import file_digest
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.store.core import Store
 from efabuild.store.fs import PUBLISHED, REUSED, FilesystemTier
-from efabuild.store.layout import AmbiguousRef
+from efabuild.refs import AmbiguousRef
 from tests.storekit import (
     key_for,
     make_sqsh,

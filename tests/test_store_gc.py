@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.digest import file_digest
+from efabuild.store.digest import file_digest
 from efabuild.store.core import Store
 from efabuild.store.fs import FilesystemTier
 from efabuild.store.record import ArtifactRecord

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from efabuild.progress import Progress, human_bytes, human_duration, status_text
+from efabuild.store.progress import Progress, human_bytes, human_duration, status_text
 
 MiB = 1024 * 1024
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.digest import file_digest
+from efabuild.store.digest import file_digest
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.store.config import S3Config
 from efabuild.store.core import Store
@@ -225,7 +225,7 @@ def test_has_where_and_complete_fill_the_tiers_that_lack_an_artifact(tmp_path, s
 
 
 def test_gc_on_a_nodes_bare_store_leaves_s3_alone_unless_asked(tmp_path, settings, s3_client):
-    from efabuild.digest import file_digest
+    from efabuild.store.digest import file_digest
     from efabuild.store.record import ArtifactRecord
 
     builder = builder_store(tmp_path / "builder", settings)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.digest import file_digest
+from efabuild.store.digest import file_digest
 from efabuild.store.config import S3Config
 from efabuild.store.core import Store
 from efabuild.store.fs import PUBLISHED, FilesystemTier

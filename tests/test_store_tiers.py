@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.digest import file_digest
+from efabuild.store.digest import file_digest
 from efabuild.store.core import Store
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED
 from tests.storekit import efabuild, key_for, make_sqsh, record_for

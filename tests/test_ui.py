@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from efabuild.ui import LiveReporter, Reporter, reporter_for
+from efabuild.build.reporter import LiveReporter, Reporter, reporter_for
 
 
 class Terminal(io.StringIO):

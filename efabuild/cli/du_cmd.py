@@ -28,9 +28,9 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run(args: argparse.Namespace) -> int:
-    from efabuild.progress import human_bytes
+    from efabuild.store.progress import human_bytes
     from efabuild.store.core import Store
-    from efabuild.store.layout import short
+    from efabuild.refs import short
 
     store = Store.locate(args.store)
     tiers = {}

@@ -57,10 +57,11 @@ def run(args) -> int:
 def _draw(ws, args) -> int:
     import sys
 
-    from efabuild import graphviz, picture
+    from efabuild.cli import graphviz
+    from efabuild.cli import picture
     from efabuild.cli.common import with_builder, write_file
     from efabuild.errors import InputError
-    from efabuild.planning import prepare
+    from efabuild.build.prepare import prepare
 
     if not args.output and sys.stdout.isatty() and args.format == "png":
         raise InputError("a PNG is not for a terminal: give -o FILE.png or redirect standard output")

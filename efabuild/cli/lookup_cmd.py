@@ -33,7 +33,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 def run(args: argparse.Namespace) -> int:
     from efabuild.errors import NotFound
-    from efabuild.lookup import run as lookup
+    from efabuild.store.lookup import run as lookup
 
     try:
         return lookup(args)

@@ -40,12 +40,12 @@ def configure(name, sub, common):
 def run(args) -> int:
     import attrs
 
-    from efabuild import make
+    from efabuild.build import run as make
     from efabuild.cli.common import print_json, with_builder, workspace
     from efabuild.cli.plan_cmd import render
     from efabuild.errors import EfabuildError, InputError
-    from efabuild.planning import prepare
-    from efabuild.ui import reporter_for
+    from efabuild.build.prepare import prepare
+    from efabuild.build.reporter import reporter_for
 
     ws = workspace()
     if args.jobs is not None and args.jobs < 1:
@@ -89,11 +89,11 @@ def run(args) -> int:
 
 
 def _check(ws, args) -> int:
-    from efabuild import check
+    from efabuild.build import check
     from efabuild.cli.common import print_json
     from efabuild.errors import InputError
-    from efabuild.planning import prepare
-    from efabuild.ui import reporter_for
+    from efabuild.build.prepare import prepare
+    from efabuild.build.reporter import reporter_for
 
     if not args.targets or any(":" not in target for target in args.targets):
         raise InputError("--check takes the layers to check as GRAPH:LAYER")
@@ -144,7 +144,7 @@ def _lint_or_stop(ws, targets) -> None:
 def _graph_format(name: str) -> str:
     from pathlib import Path
 
-    from efabuild.graphviz import format_of, require_dot
+    from efabuild.cli.graphviz import format_of, require_dot
 
     require_dot()
     return format_of(Path(name))
@@ -152,7 +152,8 @@ def _graph_format(name: str) -> str:
 
 def _draw(name: str, prepared, result) -> None:
     """The --graph picture: the plan (a dry run) or what the make did with each layer."""
-    from efabuild import graphviz, picture
+    from efabuild.cli import graphviz
+    from efabuild.cli import picture
     from efabuild.cli.common import write_file
 
     if result is None:

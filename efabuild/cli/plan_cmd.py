@@ -29,7 +29,7 @@ def configure(name, sub, common):
 
 def run(args) -> int:
     from efabuild.cli.common import print_json, with_builder, workspace
-    from efabuild.planning import prepare
+    from efabuild.build.prepare import prepare
 
     prepared = prepare(with_builder(workspace(), args.builder), args.targets, use_engine=not args.offline)
     if args.json:

@@ -125,7 +125,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def _show_table(m: dict, verified: bool) -> None:
-    from efabuild.progress import human_bytes
+    from efabuild.store.progress import human_bytes
     from efabuild.provenance.measured import COMPONENTS
 
     artifact = m.get("artifact") or {}

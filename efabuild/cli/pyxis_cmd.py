@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
 def protocol(words: list[str]) -> int:
     """Run one importer call; raises InputError (exit 2, stderr) for anything else."""
-    from efabuild import pyxis
+    from efabuild.pyxis import importer as pyxis
     from efabuild.errors import EfabuildError, InputError
 
     if words == ["release"]:

@@ -71,10 +71,10 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 def run_verify(args: argparse.Namespace) -> int:
     from efabuild.errors import InputError
     from efabuild.store.core import Store
-    from efabuild.store.layout import short
+    from efabuild.refs import short
     from efabuild.store.config import locate
-    from efabuild.trust import policy_for
-    from efabuild.verification import verify_and_remember
+    from efabuild.signing.trust import policy_for
+    from efabuild.signing.verify import verify_and_remember
 
     if bool(args.refs) == bool(args.all):
         raise InputError("give REF... or --all")
@@ -113,11 +113,11 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_sign(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from efabuild.attest import sign_stored
+    from efabuild.signing.attest import sign_stored
     from efabuild.errors import InputError
-    from efabuild.signing import signer_for
+    from efabuild.signing.keys import signer_for
     from efabuild.store.core import Store
-    from efabuild.store.layout import short
+    from efabuild.refs import short
     from efabuild.store.config import find_build_toml
 
     key, region, endpoint_url, root = args.key, None, args.endpoint_url, Path.cwd()
@@ -151,14 +151,14 @@ def run_trust(args: argparse.Namespace) -> int:
 
     from efabuild.errors import InputError
     from efabuild.store.config import find_build_toml, load_build_store
-    from efabuild.trust import resolve_workspace_keys, write_node_config
+    from efabuild.signing.trust import resolve_workspace_keys, write_node_config
 
     build_toml = find_build_toml(Path.cwd())
     if build_toml is None:
         raise InputError("efabuild trust reads [trust] of a workspace: no BUILD.toml here or above")
     table = load_build_store(build_toml)
     policy = resolve_workspace_keys(build_toml, table.local)
-    from efabuild.signing import keyid_of, load_public_key
+    from efabuild.signing.keys import keyid_of, load_public_key
 
     for source, pem in policy.keys:
         print(f"{keyid_of(load_public_key(pem, source))[:12]}  {source}")

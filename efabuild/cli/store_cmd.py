@@ -85,8 +85,8 @@ def _when(created: str) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    from efabuild.progress import human_bytes
-    from efabuild.store.layout import short
+    from efabuild.store.progress import human_bytes
+    from efabuild.refs import short
 
     listings = _store(args).ls(remote=not args.no_s3)
     if args.json:
@@ -114,8 +114,8 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
 
 def run_gc(args: argparse.Namespace) -> int:
     from efabuild.errors import InputError
-    from efabuild.progress import human_bytes
-    from efabuild.store.layout import short
+    from efabuild.store.progress import human_bytes
+    from efabuild.refs import short
 
     store = _store(args)
     if args.s3 and args.no_s3:

@@ -1,7 +1,7 @@
 """Export containers left behind by makes that were killed (kill -9, OOM, a node reboot).
 
 Every export creates a container labelled with the `.sqsh` it writes and its owner (host, pid,
-start time; see efabuild.owner); the export removes it when it ends, however it ends, unless the
+start time; see efabuild.store.owner); the export removes it when it ends, however it ends, unless the
 process dies first. Those are found here by label and removed once their owner is gone — never a
 live make's, nor one of another host's.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from efabuild.engine.client import Engine
-from efabuild.owner import Owner
-from efabuild.sqsh import EXPORT_LABEL, OWNER_LABEL
+from efabuild.store.owner import Owner
+from efabuild.export.squash import EXPORT_LABEL, OWNER_LABEL
 from efabuild.store.fsutil import parse_temp_owner
 
 LIST_TIMEOUT_S = 30.0

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from efabuild import __version__
-from efabuild.digest import bytes_digest
+from efabuild.store.digest import bytes_digest
 from efabuild.errors import EfabuildError
 from efabuild.provenance.measured import Measured
 from efabuild.redact import REDACTED, is_secret_arg

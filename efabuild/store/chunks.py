@@ -24,7 +24,7 @@ from pathlib import Path
 import attrs
 import blake3
 
-from efabuild.digest import PREFIX, is_digest
+from efabuild.store.digest import PREFIX, is_digest
 from efabuild.errors import EfabuildError
 
 FORMAT = "efabuild.chunks/v1"

@@ -32,7 +32,8 @@ from typing import NamedTuple
 from efabuild.configfile import load_toml
 from efabuild.errors import InputError
 from efabuild.grammar import endpoint_url_problem
-from efabuild.store.layout import Layout, classify_ref
+from efabuild.store.layout import Layout
+from efabuild.refs import classify_ref
 
 BUILD_FILE = "BUILD.toml"
 STORE_ENV = "EFABUILD_STORE"

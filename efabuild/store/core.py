@@ -20,12 +20,13 @@ from pathlib import Path
 
 import attrs
 
-from efabuild.digest import bytes_digest
+from efabuild.store.digest import bytes_digest
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.store.gc import keys_to_keep
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.s3chunks import DEFAULT_GRACE, Seed
-from efabuild.store.layout import check_key, classify_ref, newest_ref, pick_one, resolve_in, short
+from efabuild.store.layout import newest_ref, resolve_in
+from efabuild.refs import check_key, classify_ref, pick_one, short
 from efabuild.store.config import DEFAULT_KEEP, S3Config, StoreConfig, bare_store, locate
 from efabuild.store.lock import LockBusy
 from efabuild.store.record import ArtifactRecord

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
-from efabuild.owner import owner_of
-from efabuild.progress import Progress
+from efabuild.store.owner import owner_of
+from efabuild.store.progress import Progress
 from efabuild.store import fsutil
 from efabuild.store.chunks import MAX_INDEX_BYTES, ChunkIndex
 from efabuild.store.layout import (
@@ -38,10 +38,8 @@ from efabuild.store.layout import (
     RECORD_SUFFIX,
     SQSH_SUFFIX,
     Layout,
-    check_key,
-    is_key,
-    short,
 )
+from efabuild.refs import check_key, is_key, short
 from efabuild.store.fsutil import UnsafeEntry, shown
 from efabuild.store.lock import FileLock, LockBusy, pid_alive
 from efabuild.store.record import ArtifactRecord, utc_now
@@ -51,7 +49,7 @@ MAX_REF_HISTORY = 1000
 # Temp files of writers on other hosts are only judged by age.
 STALE_TEMP_SECONDS = 24 * 3600
 
-# build contexts a make writes into the local tier's tmp/ (efabuild.make), named by their owner
+# build contexts a make writes into the local tier's tmp/ (efabuild.build.run), named by their owner
 CONTEXT_PREFIX = "context"
 
 PUBLISHED = "published"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from efabuild.errors import EfabuildError
 
 if TYPE_CHECKING:
-    from efabuild.progress import Progress
+    from efabuild.store.progress import Progress
 
 COPY_CHUNK = 64 * 1024 * 1024
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

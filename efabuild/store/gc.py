@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from efabuild.store.layout import classify_ref
+from efabuild.refs import classify_ref
 from efabuild.store.record import ArtifactRecord
 
 

@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 from efabuild import notices
 from efabuild.errors import EfabuildError, InputError
+from efabuild.refs import NAME_PART, classify_ref, is_key, pick_one, split_name
 from efabuild.store import fsutil
 
-KEY_LENGTH = 64
-SHORT_KEY_LENGTH = 12
-MIN_PREFIX_LENGTH = 8
 SQSH_SUFFIX = ".sqsh"
 RECORD_SUFFIX = ".json"
 MANIFEST_SUFFIX = ".manifest.json"
@@ -46,72 +43,6 @@ CONFIG_LIMIT = 1 << 20
 
 def _warn(message: str, *args: object) -> None:
     notices.warn(message % args)
-
-_HEX = frozenset("0123456789abcdef")
-# graph and layer names become path components: no separators, no leading dot
-_NAME_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
-
-
-class AmbiguousRef(EfabuildError):
-    """A key prefix matches several artifacts. Exit status 1, like an absent artifact."""
-
-
-def is_hex(text: str) -> bool:
-    return bool(text) and all(c in _HEX for c in text)
-
-
-def is_key(text: object) -> bool:
-    return isinstance(text, str) and len(text) == KEY_LENGTH and is_hex(text)
-
-
-def short(key: str) -> str:
-    return key[:SHORT_KEY_LENGTH]
-
-
-def check_key(key: str) -> str:
-    if not is_key(key):
-        raise InputError(f"not a layer key (64 lowercase hex characters): {key!r}")
-    return key
-
-
-def split_name(name: str, where: str | None = None) -> tuple[str, str]:
-    """'graph:layer' -> ('graph', 'layer'), both safe as path components."""
-    graph, sep, layer = name.partition(":")
-    if not sep or not _NAME_PART.fullmatch(graph) or not _NAME_PART.fullmatch(layer):
-        raise InputError(
-            f"not an artifact name of the form graph:layer (letters, digits, _ . + -): {name!r}",
-            where,
-        )
-    return graph, layer
-
-
-def classify_ref(ref: str) -> tuple[str, str]:
-    """What a user typed: ('key', key), ('prefix', hex) or ('name', 'graph:layer')."""
-    if ":" in ref:
-        split_name(ref)
-        return "name", ref
-    lowered = ref.lower()
-    if is_hex(lowered):
-        if len(lowered) == KEY_LENGTH:
-            return "key", lowered
-        if len(lowered) > KEY_LENGTH:
-            raise InputError(f"too long for a layer key ({len(ref)} > {KEY_LENGTH} hex characters): {ref!r}")
-        if len(lowered) < MIN_PREFIX_LENGTH:
-            raise InputError(
-                f"key prefix {ref!r} is too short: give at least {MIN_PREFIX_LENGTH} hex characters"
-            )
-        return "prefix", lowered
-    raise InputError(f"not a key, key prefix (≥ {MIN_PREFIX_LENGTH} hex) or graph:layer name: {ref!r}")
-
-
-def pick_one(ref: str, candidates: list[str] | set[str]) -> str | None:
-    """The single key a prefix matched; None for no match; AmbiguousRef for several."""
-    unique = sorted(set(candidates))
-    if len(unique) > 1:
-        shown = ", ".join(short(k) for k in unique[:5]) + (", ..." if len(unique) > 5 else "")
-        raise AmbiguousRef(f"key prefix {ref} is ambiguous: {len(unique)} artifacts match ({shown})")
-    return unique[0] if unique else None
-
 
 class Layout:
     """Paths of one store directory, and lock-free reads of what is committed there."""
@@ -283,7 +214,7 @@ class Layout:
                 continue
             for file in files:
                 layer = file[:-5] if file.endswith(".json") else ""
-                if not (_NAME_PART.fullmatch(graph_name) and _NAME_PART.fullmatch(layer)):
+                if not (NAME_PART.fullmatch(graph_name) and NAME_PART.fullmatch(layer)):
                     if not file.startswith("."):  # editors' and tools' hidden files
                         _warn("skipping %s: not a ref file name (graph/layer.json)",
                                     fsutil.shown(where / file))
@@ -322,7 +253,7 @@ def _parse_json(text: bytes, path: Path, what: str) -> object:
 
 
 def _is_blake3(value: object) -> bool:
-    # efabuild.digest.is_digest, without importing blake3 on lookup's fast path
+    # efabuild.store.digest.is_digest, without importing blake3 on lookup's fast path
     return isinstance(value, str) and value.startswith("blake3:") and is_key(value[len("blake3:"):])
 
 
@@ -352,7 +283,7 @@ def record_problems(data: dict) -> list[str]:
         problems.append(f"sha256 {_brief_value(sha256)} is not 64 lowercase hex characters")
     name = data["name"]
     graph, sep, layer = name.partition(":") if isinstance(name, str) else ("", "", "")
-    if not (sep and _NAME_PART.fullmatch(graph) and _NAME_PART.fullmatch(layer)):
+    if not (sep and NAME_PART.fullmatch(graph) and NAME_PART.fullmatch(layer)):
         problems.append(f"name {_brief_value(name)} is not graph:layer")
     if not isinstance(data["created"], str) or not data["created"]:
         problems.append(f"created {_brief_value(data['created'])} is not a time")

@@ -38,25 +38,25 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from efabuild.digest import file_digest, is_digest
+from efabuild.store.digest import file_digest, is_digest
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.progress import Progress
+from efabuild.store.progress import Progress
 from efabuild.store.config import S3Config
 from efabuild.store.fs import PUBLISHED, REUSED, check_publish_input
-from efabuild.store.layout import (
-    ENVELOPE_SUFFIX,
-    INDEX_SUFFIX,
-    MANIFEST_SUFFIX,
-    RECORD_SUFFIX,
-    SQSH_SUFFIX,
-    check_key,
-    is_key,
-    short,
-    split_name,
-)
+from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX, RECORD_SUFFIX, SQSH_SUFFIX
+from efabuild.refs import check_key, is_key, short, split_name
 from efabuild.store.record import ArtifactRecord, utc_now
 from efabuild.store.transfer import SIDECARS, DamagedCopy
-from efabuild.store.chunks import AVG_SIZE, MAX_SIZE, MIN_SIZE, BadChunkIndex, ChunkIndex, Usage, chunk_file, usage
+from efabuild.store.chunks import (
+    AVG_SIZE,
+    MAX_SIZE,
+    MIN_SIZE,
+    BadChunkIndex,
+    ChunkIndex,
+    Usage,
+    chunk_file,
+    usage,
+)
 from efabuild.store.s3chunks import CHUNKS_DIR, ChunkStore, Seed, Transfer, assemble, run_parallel
 
 MiB = 1024 * 1024

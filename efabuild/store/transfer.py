@@ -20,9 +20,10 @@ from typing import Any
 
 import attrs
 
-from efabuild.digest import bytes_digest, file_digest
+from efabuild.store.digest import bytes_digest, file_digest
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX, short
+from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
+from efabuild.refs import short
 from efabuild.store.record import ArtifactRecord
 
 # Files stored beside each .sqsh and carried with it, in the order tiers write them; and the record

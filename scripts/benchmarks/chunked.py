@@ -66,7 +66,7 @@ def _squash(tree: Path, out: Path) -> Path:
 def scenario(ctx: Context) -> Result:
     import boto3
 
-    from efabuild.digest import file_digest
+    from efabuild.store.digest import file_digest
     from efabuild.store.config import S3Config
     from efabuild.store.chunks import chunk_file
     from efabuild.store.core import Store

@@ -63,7 +63,7 @@ def scenario(ctx: Context) -> Result:
     from python_on_whales import DockerClient
 
     from efabuild.model import ExportSettings
-    from efabuild.sqsh import export_image
+    from efabuild.export.squash import export_image
 
     sizes = ctx.sizes
     ctx.log(f"export: test image ({sizes.export_small_files} small files, {sizes.export_large_files} × "

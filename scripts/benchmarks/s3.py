@@ -97,7 +97,7 @@ def _read_bytes_during(call) -> tuple[float, int]:  # noqa: ANN001
 def scenarios(ctx: Context, ids: list[str]) -> list:
     import boto3
 
-    from efabuild.digest import file_digest
+    from efabuild.store.digest import file_digest
     from efabuild.store.config import S3Config
     from efabuild.store.core import Store
     from efabuild.store.fs import FilesystemTier

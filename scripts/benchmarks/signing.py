@@ -39,7 +39,7 @@ NAME = "bench:user"
 
 
 def scenario(ctx: Context) -> Result:
-    from efabuild.signing import PemSigner
+    from efabuild.signing.keys import PemSigner
 
     scratch = ctx.scratch("sign")
     private, public = _key(scratch)
@@ -72,8 +72,8 @@ def _key(scratch: Path) -> tuple[Path, Path]:
 
 def _signed_store(root: Path, sqsh: Path, signer) -> str:  # noqa: ANN001
     """Publish `sqsh` (any bytes) with its record and a signed statement; returns its key."""
-    from efabuild import dsse
-    from efabuild.digest import file_digests
+    from efabuild.signing import dsse
+    from efabuild.store.digest import file_digests
     from efabuild.provenance.intoto import PREDICATE_TYPE, STATEMENT_TYPE
     from efabuild.store.core import Store
     from efabuild.store.record import ArtifactRecord
@@ -107,8 +107,8 @@ def _drop_cache(path: Path, global_drop: bool) -> str:
 
 def _first_verification(ctx: Context, scratch: Path, signer, env: dict) -> tuple:  # noqa: ANN001
     from efabuild.store.layout import Layout
-    from efabuild.trust import node_policy
-    from efabuild.verification import verify
+    from efabuild.signing.trust import node_policy
+    from efabuild.signing.verify import verify
 
     size = ctx.sizes.sign_verify_bytes
     source = scratch / "big.sqsh"
@@ -176,8 +176,8 @@ def _cached_lookup(ctx: Context, scratch: Path, signer, env: dict) -> tuple:  # 
 def _export_and_publish(ctx: Context, scratch: Path, signer) -> tuple:  # noqa: ANN001
     from python_on_whales import DockerClient
 
-    from efabuild.attest import signed
-    from efabuild.digest import Sha256Pass
+    from efabuild.signing.attest import signed
+    from efabuild.store.digest import Sha256Pass
     from efabuild.model import ExportSettings
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.store.core import Store
@@ -190,7 +190,7 @@ def _export_and_publish(ctx: Context, scratch: Path, signer) -> tuple:  # noqa: 
     sizes_out: dict[str, int] = {}
 
     def pipeline(with_signing: bool) -> None:
-        from efabuild.sqsh import export_image
+        from efabuild.export.squash import export_image
 
         key = hashlib.sha256(uuid.uuid4().bytes).hexdigest()
         # as artifacts.export_and_publish does: sha256 in a thread while the probe runs

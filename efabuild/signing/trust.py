@@ -156,7 +156,7 @@ def resolve_workspace_keys(build_toml: Path, local_store: Path) -> TrustPolicy:
     if arns:
         import boto3
 
-        from efabuild.signing import kms_public_pem
+        from efabuild.signing.keys import kms_public_pem
 
         target = resolved_dir(local_store)
         target.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Build the offline demo fixture images (no registry needed): `python -m efabuild.fixtures`.
+"""Build the offline demo fixture images (no registry needed): `python -m efabuild.build.fixtures`.
 
 The "mini NGC" base `efabuild-fixtures/pytorch:26.08-py3` stands in for
 nvcr.io/nvidia/pytorch:26.08-py3 with its file layout, env and labels, plus offline stand-ins for
@@ -70,7 +70,7 @@ class FixtureImage:
 
 def source_dir() -> Path:
     """The fixtures/ folder of the source tree (efabuild runs from a checkout in development)."""
-    return Path(__file__).resolve().parent.parent / "fixtures"
+    return Path(__file__).resolve().parents[2] / "fixtures"
 
 
 def is_static_elf(path: Path) -> bool:
@@ -215,7 +215,7 @@ def build_fixtures(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m efabuild.fixtures",
+        prog="python -m efabuild.build.fixtures",
         description=f"Build the offline demo fixture images ({MINI_NGC_TAG}); "
         "does nothing when they are up to date.",
         allow_abbrev=False,

@@ -7,7 +7,6 @@ the build records.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from collections.abc import Iterable
@@ -19,18 +18,10 @@ from efabuild import dag
 from efabuild.errors import EfabuildError
 from efabuild.keys import ContextHasher, bulk_objects
 from efabuild.model import Workspace
+from efabuild.refs import IMAGE_REPO, KEY_TAG, image_tag
 from efabuild.plan import Availability, BaseResolution, Plan, layer_inputs, make_plan
-from efabuild.records import BuildRecords
-from efabuild.state import HashState
-
-IMAGE_REPO = "efabuild"
-KEY_TAG = re.compile(r"^[0-9a-f]{64}$")
-
-
-def image_tag(layer_name: str, key: str) -> str:
-    """The engine tag of a finished layer: `efabuild/<layer>:<key>`."""
-    return f"{IMAGE_REPO}/{layer_name}:{key}"
-
+from efabuild.build.records import BuildRecords
+from efabuild.build.hashcache import HashState
 
 @attrs.frozen
 class Prepared:

@@ -1,7 +1,7 @@
 """The layer DAG as a Graphviz picture: each layer a box coloured by its plan state (or by what
 `make` did with it), with its short key and why it builds.
 
-Pure: plan and outcomes in, Graphviz dot source out. `efabuild.graphviz` turns the source into
+Pure: plan and outcomes in, Graphviz dot source out. `efabuild.cli.graphviz` turns the source into
 SVG or PNG with Graphviz's `dot`.
 """
 

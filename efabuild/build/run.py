@@ -19,15 +19,16 @@ from pathlib import Path
 import attrs
 
 from efabuild.errors import EfabuildError, InputError
-from efabuild.store.layout import short
+from efabuild.refs import short
 from efabuild.model import Layer, Workspace
-from efabuild.owner import owned_name
+from efabuild.store.owner import owned_name
 from efabuild.store.fs import CONTEXT_PREFIX
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
-from efabuild.stops import step_boundary
-from efabuild.planning import Prepared, image_tag
+from efabuild.build.stops import step_boundary
+from efabuild.build.prepare import Prepared
+from efabuild.refs import image_tag
 from efabuild.redact import Redactor, dockerfile_secret_values, is_secret_arg
-from efabuild.ui import Reporter
+from efabuild.build.reporter import Reporter
 
 # Fixed timestamps for every build: 1980-01-01, the earliest a ZIP archive can hold.
 SOURCE_DATE_EPOCH = 315532800
@@ -246,7 +247,7 @@ class _Runner:
     @functools.cached_property
     def builder_versions(self) -> dict:
         """The engine's tool versions for manifests: asked once per make, not per artifact."""
-        from efabuild.artifacts import engine_versions
+        from efabuild.build.publish import engine_versions
 
         return engine_versions(self.engine)
 
@@ -256,7 +257,7 @@ class _Runner:
         sign = self.ws.settings.sign
         if sign is None:
             return None
-        from efabuild.signing import signer_for
+        from efabuild.signing.keys import signer_for
 
         return signer_for(sign.key, root=self.ws.root, region=sign.region, endpoint_url=sign.endpoint_url)
 
@@ -269,7 +270,7 @@ class _Runner:
         return self._store
 
     def _export_and_publish(self, layer: Layer, lp: LayerPlan) -> str:
-        from efabuild import artifacts
+        from efabuild.build import publish as artifacts
 
         path = artifacts.export_and_publish(
             ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,

@@ -16,10 +16,10 @@ import attrs
 
 from efabuild.errors import EfabuildError, InputError
 from efabuild.model import Layer
-from efabuild.planning import Prepared
-from efabuild.sqshdiff import Difference
-from efabuild.store.layout import short
-from efabuild.ui import Reporter
+from efabuild.build.prepare import Prepared
+from efabuild.export.sqshdiff import Difference
+from efabuild.refs import short
+from efabuild.build.reporter import Reporter
 
 CHECK_REPO = "efabuild-check"
 # export options that decide the bytes of a .sqsh, as recorded with an artifact
@@ -44,11 +44,11 @@ class CheckResult:
 
 
 def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckResult:
-    from efabuild import make
+    from efabuild.build import run as make
     from efabuild.engine.build import build_layer
     from efabuild.engine.images import untag_image
-    from efabuild.sqsh import export_image
-    from efabuild.sqshdiff import compare, read_sqsh
+    from efabuild.export.squash import export_image
+    from efabuild.export.sqshdiff import compare, read_sqsh
 
     runner = make._Runner(prepared, reporter)
     lp = prepared.plan.by_name()[qualname]
@@ -97,7 +97,7 @@ def _tmp(store_root: Path) -> Path:
 
 def render(result: CheckResult, limit: int = 50) -> str:
     """What the user reads: identical, or which files differ and how, and the likely causes."""
-    from efabuild.sqshdiff import summary
+    from efabuild.export.sqshdiff import summary
 
     if result.identical:
         return (f"{result.qualname} ({short(result.key)}): rebuilt without the build cache, identical to "

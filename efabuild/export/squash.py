@@ -40,13 +40,13 @@ from typing import Any
 
 import attrs
 
-from efabuild.digest import file_digest, file_digests
+from efabuild.store.digest import file_digest, file_digests
 from efabuild.errors import EfabuildError, InputError, NotFound
-from efabuild.imagecfg import ImageConfig, enroot_files
+from efabuild.export.enroot import ImageConfig, enroot_files
 from efabuild.model import ExportSettings
-from efabuild.owner import Owner
-from efabuild.squashopts import extra_options_problem
-from efabuild.stops import step_boundary
+from efabuild.store.owner import Owner
+from efabuild.grammar import extra_options_problem
+from efabuild.build.stops import step_boundary
 from efabuild.store.fsutil import fsync_dir
 
 # progress(bytes streamed so far, expected total or None)
@@ -58,7 +58,7 @@ _SPLICE_MIN = 128 << 10  # bodies this large bypass Python: splice(2) pipe to pi
 _PIPE_SIZE = 1 << 20
 _PROGRESS_EVERY = 64 << 20
 EXPORT_LABEL = "org.efabuild.export"  # on the temporary container: the .sqsh being written
-OWNER_LABEL = "org.efabuild.owner"  # …and the process exporting (efabuild.engine.leftovers)
+OWNER_LABEL = "org.efabuild.store.owner"  # …and the process exporting (efabuild.engine.leftovers)
 # The Enroot release whose `enroot import` output an export reproduces; recorded with every
 # artifact, since the same key gives the same bytes only within one format.
 ENROOT_FORMAT = "4.1.2"

@@ -7,9 +7,9 @@ signature of an artifact covers the same bytes.
 
 from __future__ import annotations
 
-from efabuild import dsse
+from efabuild.signing import dsse
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.store.layout import short
+from efabuild.refs import short
 
 
 def statement_payload(manifest: bytes, where: str = "manifest") -> bytes:

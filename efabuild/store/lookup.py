@@ -13,7 +13,8 @@ from pathlib import Path
 
 from efabuild.errors import EfabuildError
 from efabuild.store.fsutil import shown
-from efabuild.store.layout import SQSH_SUFFIX, Layout, classify_ref, newest_ref, record_problems, resolve_in
+from efabuild.store.layout import SQSH_SUFFIX, Layout, newest_ref, record_problems, resolve_in
+from efabuild.refs import classify_ref
 from efabuild.store.config import StoreConfig, locate
 
 
@@ -104,7 +105,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     table = locate(store, cwd)
     policy = None
     if require_signature:  # read first: a missing policy is a configuration error, found early
-        from efabuild.trust import policy_for
+        from efabuild.signing.trust import policy_for
 
         policy = policy_for(table)
     hit = find_local(table, ref, ask_s3=fetch and table.s3 is not None)
@@ -129,7 +130,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
 
 
 def _require_signed(layout: Layout, key: str, policy, ref: str) -> None:  # noqa: ANN001
-    from efabuild.verification import VerificationFailed, require_signed
+    from efabuild.signing.verify import VerificationFailed, require_signed
 
     try:
         require_signed(layout, key, policy)

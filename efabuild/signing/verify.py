@@ -18,10 +18,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from efabuild import verifycache
+from efabuild.signing import verifycache
 from efabuild.errors import EfabuildError
 from efabuild.store import fsutil
-from efabuild.store.layout import Layout, short
+from efabuild.store.layout import Layout
+from efabuild.refs import short
 
 MAX_METADATA_BYTES = 16 << 20
 
@@ -70,8 +71,8 @@ def verify_and_remember(layout: Layout, key: str, policy, *, sha256: bool = Fals
 
 def verify(layout: Layout, key: str, policy, *, sha256: bool = False) -> list[str]:  # noqa: ANN001
     """Every problem with `key` on this tier, one line each (empty: it verifies)."""
-    from efabuild import dsse
-    from efabuild.digest import file_digest, sha256_file
+    from efabuild.signing import dsse
+    from efabuild.store.digest import file_digest, sha256_file
     from efabuild.store.record import ArtifactRecord
 
     sqsh = layout.sqsh_path(key)
@@ -133,7 +134,7 @@ def verify(layout: Layout, key: str, policy, *, sha256: bool = False) -> list[st
 
 def trusted_signer(envelope, policy) -> str | None:  # noqa: ANN001
     """What names the first trusted key with a valid signature on `envelope`, else None."""
-    from efabuild.signing import keyid_of, load_public_key, signature_valid
+    from efabuild.signing.keys import keyid_of, load_public_key, signature_valid
 
     pae = envelope.pae()
     for source, pem in policy.keys:
@@ -171,7 +172,7 @@ def _check_subject(statement: dict, key: str, record, where: str, blake3: str,  
 
 
 def _check_manifest(layout: Layout, key: str, record) -> list[str]:  # noqa: ANN001
-    from efabuild.digest import bytes_digest
+    from efabuild.store.digest import bytes_digest
 
     if record.manifest_digest is None:
         return []

@@ -10,19 +10,19 @@ from pathlib import Path
 from efabuild import dag
 from efabuild.model import Layer, Workspace
 from efabuild.plan import LayerPlan
-from efabuild.planning import Prepared
-from efabuild.ui import Reporter
+from efabuild.build.prepare import Prepared
+from efabuild.build.reporter import Reporter
 
 
 def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
                        tag: str, reporter: Reporter, epoch: int, builder_versions: dict, signer=None,
                        cancel=None) -> Path:
-    from efabuild.attest import signed
-    from efabuild.digest import Sha256Pass
-    from efabuild.progress import Progress
+    from efabuild.signing.attest import signed
+    from efabuild.store.digest import Sha256Pass
+    from efabuild.store.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
-    from efabuild.sqsh import ENROOT_FORMAT, ExportCancelled, export_image
-    from efabuild.stops import step_boundary
+    from efabuild.export.squash import ENROOT_FORMAT, ExportCancelled, export_image
+    from efabuild.build.stops import step_boundary
     from efabuild.store.fsutil import temp_name
     from efabuild.store.record import ArtifactRecord
 

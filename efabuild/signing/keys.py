@@ -15,7 +15,7 @@ import hashlib
 from pathlib import Path
 from typing import Protocol
 
-from efabuild.dsse import Signature
+from efabuild.signing.dsse import Signature
 from efabuild.errors import EfabuildError, InputError
 
 KMS_PREFIX = "arn:aws:kms:"

@@ -1,0 +1,1 @@
+"""The build pipeline: gather facts, plan, build on the engine, export, publish."""

@@ -1,0 +1,1 @@
+"""DSSE envelopes, signing keys (PEM, KMS), attestations, the trust policy and verification."""
