@@ -128,7 +128,8 @@ def test_guide_layers_build_and_install_what_they_say(stack, builder) -> None:
         test -d /opt/DeepEP/build || echo build-dir-removed
         cat /workspace/app/train.py
         test ! -e /etc/security/limits.d/efa.conf && echo no-limits-file
-        test ! -e /opt/amazon/openmpi && echo no-second-mpi
+        /opt/amazon/openmpi/bin/ompi_info; /opt/amazon/openmpi5/bin/ompi_info
+        grep -l /opt/amazon/openmpi /etc/ld.so.conf.d/* || echo no-mpi-on-loader-path
     """)
     assert out.startswith(
         "# EFA installer version: 1.50.0\n# Debug packages installed: no\n# Packages installed:\n"
@@ -136,7 +137,8 @@ def test_guide_layers_build_and_install_what_they_say(stack, builder) -> None:
     for expected in ("libfabric.so.1.30.0", "aws-ofi-nccl 1.21.1 (libnccl-ofi-ngc-v3)",
                      "libnccl-ofi-ngc-v3\t1.21.1-1", "libfabric1-aws\t2.6.0amzn1.0",
                      "deep_ep-1.2.1+94a9f8f.dist-info", "Version: 1.2.1+94a9f8f",
-                     "build-dir-removed", "print('train')", "no-limits-file", "no-second-mpi"):
+                     "build-dir-removed", "print('train')", "no-limits-file",
+                     "Open MPI: 4.1.8", "Open MPI: 5.0.8", "no-mpi-on-loader-path"):
         assert expected in out
     assert "\n0\n" in out  # the apt lists were emptied again
     env = builder.env(stack["user"])
