@@ -144,6 +144,26 @@ def test_manifest_comparison_is_pure_and_leaves_unknowns_alone():
     assert "aws-ofi-nccl, libfabric" in out[1].title
 
 
+def test_every_rule_gives_only_the_ids_it_is_registered_with():
+    """The registry is what doctor knows: each rule names the diagnoses it gives, no two rules share one."""
+    from efabuild.doctor.diagnose import RULES, Seen
+    from efabuild.doctor.facts import Facts
+    from efabuild.doctor.scan import scan_lines
+
+    registered = [i for r in RULES for i in r.ids]
+    assert len(registered) == len(set(registered)) and all(r.catches for r in RULES)
+    given = set()
+    for path in sorted(LOGS.glob("*.log")):
+        facts = Facts(scan_lines(path.name, path.read_text().splitlines()))
+        for options in ({}, {"expect_nics": 8, "baseline_gbps": 400.0}):
+            seen = Seen.of(facts, options.get("expect_nics"), options.get("baseline_gbps"))
+            for r in RULES:
+                out = {d.id for d in r.check(seen)}
+                assert out <= set(r.ids), (path.name, r.ids, out)
+                given |= out
+    assert "efa-path" in given and "tcp-fallback" in given
+
+
 def test_unrecognised_text():
     report = examine([("x.log", io.StringIO("hello\nworld\n"))])
     assert [d.id for d in report.diagnoses] == ["nothing-recognised"]

@@ -15,15 +15,9 @@ from typing import Any
 import attrs
 
 from efabuild.doctor.compare import compare_with_manifest
-from efabuild.doctor.diagnose import (
-    SEVERITIES,
-    Diagnosis,
-    Evidence,
-    Facts,
-    diagnose,
-    mixed_versions,
-    versions_seen,
-)
+from efabuild.doctor.diagnose import diagnose
+from efabuild.doctor.facts import SEVERITIES, Diagnosis, Evidence, Facts
+from efabuild.doctor.versions import mixed_versions, versions_seen
 from efabuild.doctor.scan import scan_lines
 
 __all__ = ["Diagnosis", "Evidence", "Report", "examine", "render_text", "to_json"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from efabuild.doctor.diagnose import Diagnosis, Evidence, normal_version
+from efabuild.doctor.facts import Diagnosis, Evidence
+from efabuild.doctor.versions import normal_version
 
 COMPARED = ("nccl", "aws-ofi-nccl", "libfabric")
 

@@ -1,310 +1,84 @@
 """From observations to diagnoses, following the guide's troubleshooting table.
 
-Pure: `Facts` (what the logs showed, counted, with the first few lines of each) in, diagnoses out.
+Pure: `Facts` (what the logs showed) in, diagnoses out. Each rule is a small function
+`(Seen) -> Iterable[Diagnosis]`, registered in RULES with the diagnosis ids it gives and what it
+catches; `diagnose` runs them in registration order, which is the report's order within a severity.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 
-from efabuild.doctor.scan import LogLine, Observation
+from efabuild.doctor.facts import Diagnosis, Evidence, Facts
 from efabuild.nccl import INFINIBAND_PREFIXES, is_ofi_plugin
 
-SEVERITIES = ("problem", "warning", "ok", "info", "harmless")
-EVIDENCE_PER_DIAGNOSIS = 3
 LOW_BANDWIDTH_RATIO = 0.5  # the guide sees 1/4-1/10 of baseline; half is already far below
 EFA_NETWORKS = ("Libfabric", "AWS Libfabric")
 # InfiniBand/SHARP settings NCCL reports from the environment ("NCCL_IB_HCA set by environment to ...")
 IB_PREFIXES = INFINIBAND_PREFIXES
+PLUGIN_KINDS = ("plugin-missing", "plugin-unsupported", "plugin-init-failed", "plugin-internal")
 
 
 @attrs.frozen
-class Evidence:
-    file: str
-    line: int
-    text: str
+class Seen:
+    """The facts with what several rules ask of them worked out once, and the caller's expectations."""
+    facts: Facts
+    expect_nics: int | None
+    baseline_gbps: float | None
+    networks: list[str]
+    providers: list[str]
+    env: dict[str, str]  # NCCL_* settings NCCL reported from the environment (first value seen)
+    ib_settings: list[str]
 
     @classmethod
-    def of(cls, line: LogLine) -> Evidence:
-        return cls(file=line.file, line=line.number, text=line.text)
+    def of(cls, facts: Facts, expect_nics: int | None, baseline_gbps: float | None) -> Seen:
+        env: dict[str, str] = {}
+        for observation in facts.of("env"):
+            env.setdefault(observation.value or "", observation.extra or "")
+        ib_settings = sorted(name for name in env if name.startswith(IB_PREFIXES)
+                             and not (name in ("NCCL_IB_DISABLE", "NCCL_IBEXT_DISABLE") and env[name] == "1"))
+        return cls(facts, expect_nics, baseline_gbps, facts.values("network"), facts.values("provider"), env,
+                   ib_settings)
+
+    @property
+    def on_efa(self) -> bool:
+        return any(n in EFA_NETWORKS for n in self.networks)
+
+    @property
+    def on_socket(self) -> bool:
+        return "Socket" in self.networks
+
+    @property
+    def plugin_env(self) -> str | None:
+        return self.env.get("NCCL_NET_PLUGIN")
+
+
+DiagnosisRule = Callable[[Seen], Iterable[Diagnosis]]
 
 
 @attrs.frozen
-class Diagnosis:
-    id: str
-    severity: str  # problem | warning | ok | info | harmless
-    title: str
-    explanation: str
-    fix: str
-    evidence: tuple[Evidence, ...] = ()
-
-    def to_json(self) -> dict:
-        return attrs.asdict(self)
+class Rule:
+    ids: tuple[str, ...]  # the diagnosis ids it may give
+    catches: str
+    check: DiagnosisRule
 
 
-class Facts:
-    """Observations grouped by kind and value, keeping counts and the first lines of each."""
-
-    def __init__(self, observations: Iterable[Observation] = ()) -> None:
-        self.groups: dict[tuple[str, str | None], list[Observation]] = {}
-        self.counts: dict[tuple[str, str | None], int] = {}
-        self.busbw: list[tuple[float, LogLine]] = []
-        for observation in observations:
-            self.add(observation)
-
-    def add(self, observation: Observation) -> None:
-        if observation.kind in ("busbw-row", "busbw", "busbw-avg"):
-            values = [observation.value, observation.extra] if observation.kind == "busbw-row" else \
-                [observation.value]
-            for value in values:
-                if value:
-                    self.busbw.append((float(value), observation.line))
-            key = (observation.kind, None)
-        else:
-            key = (observation.kind, observation.value)
-        self.counts[key] = self.counts.get(key, 0) + 1
-        group = self.groups.setdefault(key, [])
-        if len(group) < EVIDENCE_PER_DIAGNOSIS:
-            group.append(observation)
-
-    def of(self, kind: str) -> list[Observation]:
-        return [o for (k, _), group in self.groups.items() if k == kind for o in group]
-
-    def values(self, kind: str) -> list[str]:
-        """Distinct values seen for a kind, in first-seen order."""
-        return [v for (k, v) in self.groups if k == kind and v is not None]
-
-    def has(self, kind: str) -> bool:
-        return any(k == kind for k, _ in self.groups)
-
-    def count(self, kind: str) -> int:
-        return sum(n for (k, _), n in self.counts.items() if k == kind)
-
-    def evidence(self, *kinds: str, values: Iterable[str] | None = None) -> tuple[Evidence, ...]:
-        wanted = set(values) if values is not None else None
-        found = [Evidence.of(o.line) for kind in kinds for o in self.of(kind)
-                 if wanted is None or o.value in wanted]
-        unique = sorted(set(found), key=lambda e: (e.file, e.line))
-        return tuple(unique[:EVIDENCE_PER_DIAGNOSIS])
-
-    def peak_busbw(self) -> tuple[float, LogLine] | None:
-        rows = [(v, line) for v, line in self.busbw]
-        return max(rows, key=lambda item: item[0]) if rows else None
+RULES: list[Rule] = []
 
 
-def _env(facts: Facts) -> dict[str, str]:
-    """NCCL_* settings NCCL reported from the environment (first value seen)."""
-    out: dict[str, str] = {}
-    for observation in facts.of("env"):
-        out.setdefault(observation.value or "", observation.extra or "")
-    return out
+def rule(*ids: str, catches: str) -> Callable[[DiagnosisRule], DiagnosisRule]:
+    def register(fn: DiagnosisRule) -> DiagnosisRule:
+        RULES.append(Rule(ids, catches, fn))
+        return fn
+
+    return register
 
 
 def diagnose(facts: Facts, expect_nics: int | None = None, baseline_gbps: float | None = None) -> list[Diagnosis]:
-    out: list[Diagnosis] = []
-    networks = facts.values("network")
-    on_efa = any(n in EFA_NETWORKS for n in networks)
-    providers = facts.values("provider")
-    env = _env(facts)
-    ib_settings = sorted(name for name in env if name.startswith(IB_PREFIXES)
-                         and not (name in ("NCCL_IB_DISABLE", "NCCL_IBEXT_DISABLE") and env[name] == "1"))
-    plugin_env = env.get("NCCL_NET_PLUGIN")
-
-    # --- the network path ------------------------------------------------------------------------
-    if on_efa:
-        nics = facts.values("nics")
-        nic_text = f", found {' / '.join(nics)} nics" if nics else ""
-        provider_text = f"provider {', '.join(providers)}" if providers else "provider not logged"
-        out.append(Diagnosis(
-            "efa-path", "ok", "NCCL runs over EFA",
-            f"'Using network {networks[0] if networks[0] in EFA_NETWORKS else 'Libfabric'}' with {provider_text}"
-            f"{nic_text}: the aws-ofi-nccl plugin carries the inter-node traffic.",
-            "nothing to do" + ("" if expect_nics is not None or not nics else
-                               "; pass --expect-nics N to check the nic count against the instance's EFA devices"),
-            facts.evidence("network", "provider", values=[*EFA_NETWORKS, *providers])))
-        if providers and any(p != "efa" for p in providers):
-            out.append(Diagnosis(
-                "not-efa-provider", "problem", f"libfabric provider {', '.join(providers)}, not efa",
-                "aws-ofi-nccl picked a libfabric provider other than efa (e.g. tcp or sockets): traffic does not "
-                "use the EFA devices.",
-                "check that /dev/infiniband is visible in the container and FI_PROVIDER is unset or efa",
-                facts.evidence("provider")))
-    if expect_nics is not None:
-        nics = facts.values("nics")
-        wrong = [n for n in nics if int(n) != expect_nics]
-        if wrong:
-            out.append(Diagnosis(
-                "nic-count", "problem", f"found {' / '.join(wrong)} nics, expected {expect_nics}",
-                "aws-ofi-nccl saw a different number of EFA devices than the instance has: some devices are "
-                "not visible in the container, or the job runs on another instance type.",
-                "check `ls /dev/infiniband` in the container (Enroot: ENROOT_RESTRICT_DEV n) and the instance "
-                "type; compare with `fi_info -p efa -t FI_EP_RDM` on the host",
-                facts.evidence("nics", values=wrong)))
-        elif not nics and on_efa:
-            out.append(Diagnosis(
-                "nic-count-unknown", "warning", "the nic count is not in the log",
-                "NCCL ran over Libfabric but no 'found N nics' line was logged, so --expect-nics could not be "
-                "checked.", "run with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS unset or including INIT,NET)"))
-    socket = [n for n in networks if n == "Socket"]
-    if socket or (facts.has("socket-transport") and not on_efa):
-        causes = []
-        if plugin_env is not None and not is_ofi_plugin(plugin_env):
-            causes.append(f"NCCL_NET_PLUGIN is '{plugin_env}', not 'ofi'")
-        elif plugin_env is None and facts.has("env"):
-            causes.append("NCCL_NET_PLUGIN was not reported as set: the default libnccl-net.so is the "
-                          "InfiniBand plugin")
-        if ib_settings:
-            causes.append(f"InfiniBand settings are set ({', '.join(ib_settings)})")
-        if facts.has("plugin-missing") or facts.has("plugin-unsupported") or facts.has("plugin-init-failed"):
-            causes.append("the aws-ofi-nccl plugin did not load or initialise (see below)")
-        if facts.has("no-device"):
-            causes.append("no EFA device is visible in the container")
-        if env.get("NCCL_NET", "").lower() == "socket":
-            causes.append("NCCL_NET=Socket forces TCP")
-        if not causes:
-            causes = ["NCCL_NET_PLUGIN not 'ofi'", "leftover InfiniBand NCCL_* settings",
-                      "the aws-ofi-nccl plugin missing from the library path",
-                      "no /dev/infiniband in the container"]
-        mixed = " on some ranks (others use Libfabric)" if on_efa else ""
-        out.append(Diagnosis(
-            "tcp-fallback", "problem", f"NCCL fell back to TCP sockets{mixed}",
-            "'Using network Socket' means NCCL did not use EFA; communication is many times slower. "
-            f"Likely cause{'s' if len(causes) > 1 else ''}: {'; '.join(causes)}.",
-            "keep NCCL_NET_PLUGIN=ofi, remove InfiniBand NCCL_* settings, and check that the image's "
-            "/opt/amazon/ofi-nccl/lib leads LD_LIBRARY_PATH (efabuild lint, efabuild audit)",
-            facts.evidence("network", "socket-transport", values=["Socket", *facts.values("socket-transport")])))
-    if "IB" in networks:
-        out.append(Diagnosis(
-            "ib-network", "problem", "NCCL chose its InfiniBand transport",
-            "'Using network IB' on an EFA cluster means the ofi plugin was not used; EFA does not speak IB verbs "
-            "to NCCL's internal transport.",
-            "keep NCCL_NET_PLUGIN=ofi and remove NCCL_NET=IB and NCCL_IB_* settings",
-            facts.evidence("network", values=["IB"])))
-
-    # --- plugin and device trouble ----------------------------------------------------------------
-    plugin_kinds = ("plugin-missing", "plugin-unsupported", "plugin-init-failed", "plugin-internal")
-    if any(facts.has(k) for k in plugin_kinds):
-        if on_efa and not socket:
-            out.append(Diagnosis(
-                "plugin-load-noise", "info", "a network plugin name failed to load, but Libfabric was used",
-                "NCCL tried a plugin file that is not there before finding aws-ofi-nccl; the EFA path works.",
-                "nothing to do", facts.evidence(*plugin_kinds)))
-        else:
-            missing = ", ".join(v for v in facts.values("plugin-missing") if v) or "the net plugin"
-            out.append(Diagnosis(
-                "plugin-load-failed", "problem", "the NCCL network plugin did not load",
-                f"NCCL could not load or initialise its network plugin ({missing}); without aws-ofi-nccl it "
-                "uses its internal IB/Socket transports, which on EFA means TCP.",
-                "check that /opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so exists in the image, that "
-                "NCCL_NET_PLUGIN=ofi, and that /opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib lead LD_LIBRARY_PATH",
-                facts.evidence(*plugin_kinds)))
-    if facts.has("no-device") and on_efa and "efa" in providers:
-        # aws-ofi-nccl tries its RDMA protocol first; without RDMA (g5, g6, p3dn...) that probe fails
-        # and it falls back to SENDRECV on the same EFA devices
-        out.append(Diagnosis(
-            "rdma-protocol-unavailable", "info", "the RDMA protocol is not available; SENDRECV is used",
-            "aws-ofi-nccl probes its RDMA protocol first; 'fi_getinfo() ... No data available' from that probe "
-            "is normal on instances without EFA RDMA, and the job ran over the efa provider anyway.",
-            "nothing to do (instances with EFA RDMA, such as p4d/p5/p6, use the RDMA protocol)",
-            facts.evidence("no-device")))
-    elif facts.has("no-device"):
-        out.append(Diagnosis(
-            "no-efa-device", "problem", "libfabric found no EFA device (fi_getinfo: no data)",
-            "'fi_getinfo() call failed: No data available' means libfabric sees no EFA device in the container: "
-            "/dev/infiniband is not there (Enroot restricts devices, or the pod lacks the EFA device plugin), or "
-            "the instance has no EFA.",
-            "set ENROOT_RESTRICT_DEV n in enroot.conf (or request the EFA devices); check `ls /dev/infiniband` "
-            "in the container", facts.evidence("no-device")))
-    if facts.has("libfabric-too-old"):
-        out.append(Diagnosis(
-            "libfabric-too-old", "problem", "the libfabric in use is too old for this aws-ofi-nccl",
-            "aws-ofi-nccl refused the EFA provider because the libfabric it loaded is older than it needs: an "
-            "older copy (the base image's, or a host mount) comes first on the library path.",
-            "put /opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib first on LD_LIBRARY_PATH and drop host library "
-            "mounts", facts.evidence("libfabric-too-old")))
-    if facts.has("tuner-missing"):
-        out.append(Diagnosis(
-            "tuner-missing", "info", "the NCCL tuner plugin was not found",
-            "NCCL_TUNER_PLUGIN names a plugin that is not on the library path; NCCL uses its internal tuner. "
-            "Communication works, collectives may pick less tuned algorithms.",
-            "keep /opt/amazon/ofi-nccl/lib on LD_LIBRARY_PATH (it carries the ofi tuner)",
-            facts.evidence("tuner-missing")))
-
-    # --- environment left over from InfiniBand clusters ---------------------------------------------
-    if plugin_env is not None and not is_ofi_plugin(plugin_env) and not socket:
-        out.append(Diagnosis(
-            "net-plugin-env", "warning", f"NCCL_NET_PLUGIN={plugin_env}",
-            "Only NCCL_NET_PLUGIN=ofi selects aws-ofi-nccl; the default libnccl-net.so is the InfiniBand plugin.",
-            "keep NCCL_NET_PLUGIN=ofi", facts.evidence("env", values=["NCCL_NET_PLUGIN"])))
-    if ib_settings and not socket:
-        out.append(Diagnosis(
-            "ib-settings", "warning", f"InfiniBand NCCL settings in the environment: {', '.join(ib_settings)}",
-            "Leftover InfiniBand settings do nothing useful on EFA and can push NCCL off it.",
-            f"unset {' '.join(ib_settings)}", facts.evidence("env", values=ib_settings)))
-
-    # --- MPI, build and container start ---------------------------------------------------------------
-    if facts.has("mpi-clash"):
-        out.append(Diagnosis(
-            "mpi-clash", "problem", "two Open MPI installations mixed (opal_shmem_base_select / MPI_INIT failed)",
-            "A program built against one Open MPI loaded another's components: on an NGC image, the EFA "
-            "installer's Open MPI (/opt/amazon/openmpi) was put on PATH/LD_LIBRARY_PATH next to NGC's "
-            "/usr/local/mpi.",
-            "keep only the NGC Open MPI on the paths; check communication inside the container with a "
-            "PyTorch-based measurement, not an MPI benchmark", facts.evidence("mpi-clash")))
-    if facts.has("apt-lists-empty"):
-        out.append(Diagnosis(
-            "apt-lists-empty", "problem", "the EFA installer could not find its apt dependencies",
-            "'Unable to locate package environment-modules' / 'failed to install third-party dependencies': the "
-            "apt lists were empty in the layer that ran efa_installer.sh.",
-            "run `apt-get update` in the same RUN as efa_installer.sh, before it (efabuild lint: EFA001)",
-            facts.evidence("apt-lists-empty")))
-    if facts.has("cuda-forward-compat"):
-        out.append(Diagnosis(
-            "cuda-forward-compat", "info", "CUDA Forward Compatibility mode ENABLED: normal",
-            "The container's CUDA is newer than the host driver's; the forward-compatibility libraries bridge "
-            "the gap. GPU work, NCCL/EFA and training run normally.",
-            "nothing to do; test custom CUDA kernels in this setting", facts.evidence("cuda-forward-compat")))
-
-    # --- bandwidth ------------------------------------------------------------------------------------
-    peak = facts.peak_busbw()
-    if peak is not None:
-        value, line = peak
-        if baseline_gbps and value < LOW_BANDWIDTH_RATIO * baseline_gbps and not socket:
-            out.append(Diagnosis(
-                "low-bandwidth", "problem",
-                f"bus bandwidth {value:g} GB/s is {value / baseline_gbps:.0%} of the {baseline_gbps:g} GB/s baseline",
-                ("On the EFA path (Libfabric) " if on_efa else "") + "bandwidth at 1/4-1/10 of baseline usually "
-                "means too few CPU cores per rank: the plugin's progress threads starve.",
-                "give each rank more cores, e.g. `--cpus-per-task=24` (required in the validated 2-node run)",
-                (Evidence.of(line),)))
-        else:
-            versus = f" ({value / baseline_gbps:.0%} of the {baseline_gbps:g} GB/s baseline)" if baseline_gbps else ""
-            out.append(Diagnosis(
-                "bandwidth", "info", f"peak bus bandwidth {value:g} GB/s{versus}",
-                "The highest bus bandwidth in the log (nccl-tests rows or busbw lines).",
-                "pass --baseline-gbps X to compare with a known-good run" if not baseline_gbps else "nothing to do",
-                (Evidence.of(line),)))
-
-    # --- lines that alarm people but are fine ----------------------------------------------------------
-    if facts.has("harmless-collnet"):
-        out.append(Diagnosis(
-            "collnet-symbol", "harmless", "'Failed to find ncclCollNetPlugin symbol': harmless",
-            "aws-ofi-nccl provides no CollNet (SHARP) interface; NCCL notes it and carries on.",
-            "nothing to do", facts.evidence("harmless-collnet")))
-    if facts.has("optional-plugin-missing"):
-        kinds = "/".join(facts.values("optional-plugin-missing"))
-        out.append(Diagnosis(
-            "optional-plugin", "harmless", f"'{kinds}/Plugin: Could not find': harmless",
-            "NCCL looks for optional profiler/GIN/env plugins; none is installed and none is needed.",
-            "nothing to do", facts.evidence("optional-plugin-missing")))
-    if facts.has("bootstrap") and not socket:
-        out.append(Diagnosis(
-            "bootstrap-socket", "harmless", "'Bootstrap : Using eth0': harmless",
-            "NCCL always bootstraps over a TCP socket; that is not the data path and not a TCP fallback.",
-            "nothing to do", facts.evidence("bootstrap")))
-
+    seen = Seen.of(facts, expect_nics, baseline_gbps)
+    out = [d for r in RULES for d in r.check(seen)]
     if not out:
         out.append(Diagnosis(
             "nothing-recognised", "info", "no NCCL, MPI or build lines recognised",
@@ -313,39 +87,287 @@ def diagnose(facts: Facts, expect_nics: int | None = None, baseline_gbps: float 
     return out
 
 
-def versions_seen(facts: Facts) -> dict[str, list[tuple[str, Evidence]]]:
-    """component -> [(version, first line showing it)] for nccl, aws-ofi-nccl and libfabric."""
-    out: dict[str, list[tuple[str, Evidence]]] = {}
-    for component, kind in (("nccl", "nccl-version"), ("aws-ofi-nccl", "ofi-version"),
-                            ("libfabric", "libfabric-version")):
-        seen = [(o.value, Evidence.of(o.line)) for o in facts.of(kind) if o.value]
-        first: dict[str, Evidence] = {}
-        for version, evidence in seen:
-            first.setdefault(version, evidence)
-        if first:
-            out[component] = list(first.items())
-    return out
+# --- the network path ----------------------------------------------------------------------------
+
+@rule("efa-path", catches="NCCL over Libfabric: the EFA path works (with its provider and nic count)")
+def efa_path(seen: Seen) -> Iterator[Diagnosis]:
+    if not seen.on_efa:
+        return
+    facts, networks, providers = seen.facts, seen.networks, seen.providers
+    nics = facts.values("nics")
+    nic_text = f", found {' / '.join(nics)} nics" if nics else ""
+    provider_text = f"provider {', '.join(providers)}" if providers else "provider not logged"
+    yield Diagnosis(
+        "efa-path", "ok", "NCCL runs over EFA",
+        f"'Using network {networks[0] if networks[0] in EFA_NETWORKS else 'Libfabric'}' with {provider_text}"
+        f"{nic_text}: the aws-ofi-nccl plugin carries the inter-node traffic.",
+        "nothing to do" + ("" if seen.expect_nics is not None or not nics else
+                           "; pass --expect-nics N to check the nic count against the instance's EFA devices"),
+        facts.evidence("network", "provider", values=[*EFA_NETWORKS, *providers]))
 
 
-def mixed_versions(seen: dict[str, list[tuple[str, Evidence]]]) -> list[Diagnosis]:
-    out = []
-    for component, versions in seen.items():
-        distinct = {normal_version(component, v) for v, _ in versions}
-        if len(distinct) > 1:
-            out.append(Diagnosis(
-                "mixed-versions", "warning", f"{component}: {' and '.join(v for v, _ in versions)} in one job",
-                "Ranks loaded different versions: nodes run different images, or a host library shadows the "
-                "image's on some nodes.",
-                "run every node from the same .sqsh and drop host library mounts",
-                tuple(e for _, e in versions[:EVIDENCE_PER_DIAGNOSIS])))
-    return out
+@rule("not-efa-provider", catches="aws-ofi-nccl on a libfabric provider other than efa (tcp, sockets)")
+def not_efa_provider(seen: Seen) -> Iterator[Diagnosis]:
+    providers = seen.providers
+    if seen.on_efa and providers and any(p != "efa" for p in providers):
+        yield Diagnosis(
+            "not-efa-provider", "problem", f"libfabric provider {', '.join(providers)}, not efa",
+            "aws-ofi-nccl picked a libfabric provider other than efa (e.g. tcp or sockets): traffic does not "
+            "use the EFA devices.",
+            "check that /dev/infiniband is visible in the container and FI_PROVIDER is unset or efa",
+            seen.facts.evidence("provider"))
 
 
-def normal_version(component: str, version: str) -> str:
-    """Comparable form: aws-ofi-nccl without '-aws'; libfabric as major.minor (all NCCL logs show)."""
-    version = version.strip().removeprefix("v")
-    if component == "aws-ofi-nccl":
-        return version.removesuffix("-aws")
-    if component == "libfabric":
-        return ".".join(version.split(".")[:2])
-    return version
+@rule("nic-count", "nic-count-unknown", catches="a nic count other than --expect-nics, or none logged")
+def nic_count(seen: Seen) -> Iterator[Diagnosis]:
+    if seen.expect_nics is None:
+        return
+    nics = seen.facts.values("nics")
+    wrong = [n for n in nics if int(n) != seen.expect_nics]
+    if wrong:
+        yield Diagnosis(
+            "nic-count", "problem", f"found {' / '.join(wrong)} nics, expected {seen.expect_nics}",
+            "aws-ofi-nccl saw a different number of EFA devices than the instance has: some devices are "
+            "not visible in the container, or the job runs on another instance type.",
+            "check `ls /dev/infiniband` in the container (Enroot: ENROOT_RESTRICT_DEV n) and the instance "
+            "type; compare with `fi_info -p efa -t FI_EP_RDM` on the host",
+            seen.facts.evidence("nics", values=wrong))
+    elif not nics and seen.on_efa:
+        yield Diagnosis(
+            "nic-count-unknown", "warning", "the nic count is not in the log",
+            "NCCL ran over Libfabric but no 'found N nics' line was logged, so --expect-nics could not be "
+            "checked.", "run with NCCL_DEBUG=INFO (and NCCL_DEBUG_SUBSYS unset or including INIT,NET)")
+
+
+def _tcp_causes(seen: Seen) -> list[str]:
+    """What the logs say pushed NCCL onto sockets, or the usual suspects when they say nothing."""
+    facts, plugin_env, env = seen.facts, seen.plugin_env, seen.env
+    causes = []
+    if plugin_env is not None and not is_ofi_plugin(plugin_env):
+        causes.append(f"NCCL_NET_PLUGIN is '{plugin_env}', not 'ofi'")
+    elif plugin_env is None and facts.has("env"):
+        causes.append("NCCL_NET_PLUGIN was not reported as set: the default libnccl-net.so is the "
+                      "InfiniBand plugin")
+    if seen.ib_settings:
+        causes.append(f"InfiniBand settings are set ({', '.join(seen.ib_settings)})")
+    if facts.has("plugin-missing") or facts.has("plugin-unsupported") or facts.has("plugin-init-failed"):
+        causes.append("the aws-ofi-nccl plugin did not load or initialise (see below)")
+    if facts.has("no-device"):
+        causes.append("no EFA device is visible in the container")
+    if env.get("NCCL_NET", "").lower() == "socket":
+        causes.append("NCCL_NET=Socket forces TCP")
+    return causes or ["NCCL_NET_PLUGIN not 'ofi'", "leftover InfiniBand NCCL_* settings",
+                      "the aws-ofi-nccl plugin missing from the library path",
+                      "no /dev/infiniband in the container"]
+
+
+@rule("tcp-fallback", catches="'Using network Socket': NCCL fell back to TCP, with the likely causes")
+def tcp_fallback(seen: Seen) -> Iterator[Diagnosis]:
+    facts = seen.facts
+    if not (seen.on_socket or (facts.has("socket-transport") and not seen.on_efa)):
+        return
+    causes = _tcp_causes(seen)
+    mixed = " on some ranks (others use Libfabric)" if seen.on_efa else ""
+    yield Diagnosis(
+        "tcp-fallback", "problem", f"NCCL fell back to TCP sockets{mixed}",
+        "'Using network Socket' means NCCL did not use EFA; communication is many times slower. "
+        f"Likely cause{'s' if len(causes) > 1 else ''}: {'; '.join(causes)}.",
+        "keep NCCL_NET_PLUGIN=ofi, remove InfiniBand NCCL_* settings, and check that the image's "
+        "/opt/amazon/ofi-nccl/lib leads LD_LIBRARY_PATH (efabuild lint, efabuild audit)",
+        facts.evidence("network", "socket-transport", values=["Socket", *facts.values("socket-transport")]))
+
+
+@rule("ib-network", catches="'Using network IB' on an EFA cluster")
+def ib_network(seen: Seen) -> Iterator[Diagnosis]:
+    if "IB" in seen.networks:
+        yield Diagnosis(
+            "ib-network", "problem", "NCCL chose its InfiniBand transport",
+            "'Using network IB' on an EFA cluster means the ofi plugin was not used; EFA does not speak IB verbs "
+            "to NCCL's internal transport.",
+            "keep NCCL_NET_PLUGIN=ofi and remove NCCL_NET=IB and NCCL_IB_* settings",
+            seen.facts.evidence("network", values=["IB"]))
+
+
+# --- plugin and device trouble --------------------------------------------------------------------
+
+@rule("plugin-load-noise", "plugin-load-failed",
+      catches="a network plugin that did not load: noise when Libfabric was used anyway, else a problem")
+def plugin_load(seen: Seen) -> Iterator[Diagnosis]:
+    facts = seen.facts
+    if not any(facts.has(k) for k in PLUGIN_KINDS):
+        return
+    if seen.on_efa and not seen.on_socket:
+        yield Diagnosis(
+            "plugin-load-noise", "info", "a network plugin name failed to load, but Libfabric was used",
+            "NCCL tried a plugin file that is not there before finding aws-ofi-nccl; the EFA path works.",
+            "nothing to do", facts.evidence(*PLUGIN_KINDS))
+        return
+    missing = ", ".join(v for v in facts.values("plugin-missing") if v) or "the net plugin"
+    yield Diagnosis(
+        "plugin-load-failed", "problem", "the NCCL network plugin did not load",
+        f"NCCL could not load or initialise its network plugin ({missing}); without aws-ofi-nccl it "
+        "uses its internal IB/Socket transports, which on EFA means TCP.",
+        "check that /opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so exists in the image, that "
+        "NCCL_NET_PLUGIN=ofi, and that /opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib lead LD_LIBRARY_PATH",
+        facts.evidence(*PLUGIN_KINDS))
+
+
+@rule("rdma-protocol-unavailable", "no-efa-device",
+      catches="'fi_getinfo() ... No data available': the RDMA probe on an instance without it, or no EFA device")
+def no_device(seen: Seen) -> Iterator[Diagnosis]:
+    facts = seen.facts
+    if not facts.has("no-device"):
+        return
+    if seen.on_efa and "efa" in seen.providers:
+        # aws-ofi-nccl tries its RDMA protocol first; without RDMA (g5, g6, p3dn...) that probe fails
+        # and it falls back to SENDRECV on the same EFA devices
+        yield Diagnosis(
+            "rdma-protocol-unavailable", "info", "the RDMA protocol is not available; SENDRECV is used",
+            "aws-ofi-nccl probes its RDMA protocol first; 'fi_getinfo() ... No data available' from that probe "
+            "is normal on instances without EFA RDMA, and the job ran over the efa provider anyway.",
+            "nothing to do (instances with EFA RDMA, such as p4d/p5/p6, use the RDMA protocol)",
+            facts.evidence("no-device"))
+        return
+    yield Diagnosis(
+        "no-efa-device", "problem", "libfabric found no EFA device (fi_getinfo: no data)",
+        "'fi_getinfo() call failed: No data available' means libfabric sees no EFA device in the container: "
+        "/dev/infiniband is not there (Enroot restricts devices, or the pod lacks the EFA device plugin), or "
+        "the instance has no EFA.",
+        "set ENROOT_RESTRICT_DEV n in enroot.conf (or request the EFA devices); check `ls /dev/infiniband` "
+        "in the container", facts.evidence("no-device"))
+
+
+@rule("libfabric-too-old", catches="aws-ofi-nccl refusing the efa provider of an older libfabric")
+def libfabric_too_old(seen: Seen) -> Iterator[Diagnosis]:
+    if seen.facts.has("libfabric-too-old"):
+        yield Diagnosis(
+            "libfabric-too-old", "problem", "the libfabric in use is too old for this aws-ofi-nccl",
+            "aws-ofi-nccl refused the EFA provider because the libfabric it loaded is older than it needs: an "
+            "older copy (the base image's, or a host mount) comes first on the library path.",
+            "put /opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib first on LD_LIBRARY_PATH and drop host library "
+            "mounts", seen.facts.evidence("libfabric-too-old"))
+
+
+@rule("tuner-missing", catches="a NCCL_TUNER_PLUGIN not on the library path")
+def tuner_missing(seen: Seen) -> Iterator[Diagnosis]:
+    if seen.facts.has("tuner-missing"):
+        yield Diagnosis(
+            "tuner-missing", "info", "the NCCL tuner plugin was not found",
+            "NCCL_TUNER_PLUGIN names a plugin that is not on the library path; NCCL uses its internal tuner. "
+            "Communication works, collectives may pick less tuned algorithms.",
+            "keep /opt/amazon/ofi-nccl/lib on LD_LIBRARY_PATH (it carries the ofi tuner)",
+            seen.facts.evidence("tuner-missing"))
+
+
+# --- environment left over from InfiniBand clusters -----------------------------------------------
+
+@rule("net-plugin-env", catches="NCCL_NET_PLUGIN set to something other than ofi (no TCP fallback seen)")
+def net_plugin_env(seen: Seen) -> Iterator[Diagnosis]:
+    plugin_env = seen.plugin_env
+    if plugin_env is not None and not is_ofi_plugin(plugin_env) and not seen.on_socket:
+        yield Diagnosis(
+            "net-plugin-env", "warning", f"NCCL_NET_PLUGIN={plugin_env}",
+            "Only NCCL_NET_PLUGIN=ofi selects aws-ofi-nccl; the default libnccl-net.so is the InfiniBand plugin.",
+            "keep NCCL_NET_PLUGIN=ofi", seen.facts.evidence("env", values=["NCCL_NET_PLUGIN"]))
+
+
+@rule("ib-settings", catches="InfiniBand NCCL_* settings in the environment (no TCP fallback seen)")
+def ib_settings(seen: Seen) -> Iterator[Diagnosis]:
+    names = seen.ib_settings
+    if names and not seen.on_socket:
+        yield Diagnosis(
+            "ib-settings", "warning", f"InfiniBand NCCL settings in the environment: {', '.join(names)}",
+            "Leftover InfiniBand settings do nothing useful on EFA and can push NCCL off it.",
+            f"unset {' '.join(names)}", seen.facts.evidence("env", values=names))
+
+
+# --- MPI, build and container start ---------------------------------------------------------------
+
+@rule("mpi-clash", catches="opal_shmem_base_select / MPI_INIT failed: two Open MPIs mixed")
+def mpi_clash(seen: Seen) -> Iterator[Diagnosis]:
+    if seen.facts.has("mpi-clash"):
+        yield Diagnosis(
+            "mpi-clash", "problem", "two Open MPI installations mixed (opal_shmem_base_select / MPI_INIT failed)",
+            "A program built against one Open MPI loaded another's components: on an NGC image, the EFA "
+            "installer's Open MPI (/opt/amazon/openmpi) was put on PATH/LD_LIBRARY_PATH next to NGC's "
+            "/usr/local/mpi.",
+            "keep only the NGC Open MPI on the paths; check communication inside the container with a "
+            "PyTorch-based measurement, not an MPI benchmark", seen.facts.evidence("mpi-clash"))
+
+
+@rule("apt-lists-empty", catches="the EFA installer's apt dependencies not found (no apt-get update in its RUN)")
+def apt_lists_empty(seen: Seen) -> Iterator[Diagnosis]:
+    if seen.facts.has("apt-lists-empty"):
+        yield Diagnosis(
+            "apt-lists-empty", "problem", "the EFA installer could not find its apt dependencies",
+            "'Unable to locate package environment-modules' / 'failed to install third-party dependencies': the "
+            "apt lists were empty in the layer that ran efa_installer.sh.",
+            "run `apt-get update` in the same RUN as efa_installer.sh, before it (efabuild lint: EFA001)",
+            seen.facts.evidence("apt-lists-empty"))
+
+
+@rule("cuda-forward-compat", catches="'CUDA Forward Compatibility mode ENABLED', which is normal")
+def cuda_forward_compat(seen: Seen) -> Iterator[Diagnosis]:
+    if seen.facts.has("cuda-forward-compat"):
+        yield Diagnosis(
+            "cuda-forward-compat", "info", "CUDA Forward Compatibility mode ENABLED: normal",
+            "The container's CUDA is newer than the host driver's; the forward-compatibility libraries bridge "
+            "the gap. GPU work, NCCL/EFA and training run normally.",
+            "nothing to do; test custom CUDA kernels in this setting", seen.facts.evidence("cuda-forward-compat"))
+
+
+# --- bandwidth ------------------------------------------------------------------------------------
+
+@rule("low-bandwidth", "bandwidth",
+      catches="the peak bus bandwidth, a problem below half of --baseline-gbps (too few cores per rank)")
+def bandwidth(seen: Seen) -> Iterator[Diagnosis]:
+    peak = seen.facts.peak_busbw()
+    if peak is None:
+        return
+    value, line = peak
+    baseline_gbps = seen.baseline_gbps
+    if baseline_gbps and value < LOW_BANDWIDTH_RATIO * baseline_gbps and not seen.on_socket:
+        yield Diagnosis(
+            "low-bandwidth", "problem",
+            f"bus bandwidth {value:g} GB/s is {value / baseline_gbps:.0%} of the {baseline_gbps:g} GB/s baseline",
+            ("On the EFA path (Libfabric) " if seen.on_efa else "") + "bandwidth at 1/4-1/10 of baseline usually "
+            "means too few CPU cores per rank: the plugin's progress threads starve.",
+            "give each rank more cores, e.g. `--cpus-per-task=24` (required in the validated 2-node run)",
+            (Evidence.of(line),))
+        return
+    versus = f" ({value / baseline_gbps:.0%} of the {baseline_gbps:g} GB/s baseline)" if baseline_gbps else ""
+    yield Diagnosis(
+        "bandwidth", "info", f"peak bus bandwidth {value:g} GB/s{versus}",
+        "The highest bus bandwidth in the log (nccl-tests rows or busbw lines).",
+        "pass --baseline-gbps X to compare with a known-good run" if not baseline_gbps else "nothing to do",
+        (Evidence.of(line),))
+
+
+# --- lines that alarm people but are fine ---------------------------------------------------------
+
+@rule("collnet-symbol", catches="'Failed to find ncclCollNetPlugin symbol', which is harmless")
+def collnet_symbol(seen: Seen) -> Iterator[Diagnosis]:
+    if seen.facts.has("harmless-collnet"):
+        yield Diagnosis(
+            "collnet-symbol", "harmless", "'Failed to find ncclCollNetPlugin symbol': harmless",
+            "aws-ofi-nccl provides no CollNet (SHARP) interface; NCCL notes it and carries on.",
+            "nothing to do", seen.facts.evidence("harmless-collnet"))
+
+
+@rule("optional-plugin", catches="optional profiler/GIN/env plugins not found, which is harmless")
+def optional_plugin(seen: Seen) -> Iterator[Diagnosis]:
+    if seen.facts.has("optional-plugin-missing"):
+        kinds = "/".join(seen.facts.values("optional-plugin-missing"))
+        yield Diagnosis(
+            "optional-plugin", "harmless", f"'{kinds}/Plugin: Could not find': harmless",
+            "NCCL looks for optional profiler/GIN/env plugins; none is installed and none is needed.",
+            "nothing to do", seen.facts.evidence("optional-plugin-missing"))
+
+
+@rule("bootstrap-socket", catches="'Bootstrap : Using eth0', the TCP bootstrap, not a fallback")
+def bootstrap_socket(seen: Seen) -> Iterator[Diagnosis]:
+    if seen.facts.has("bootstrap") and not seen.on_socket:
+        yield Diagnosis(
+            "bootstrap-socket", "harmless", "'Bootstrap : Using eth0': harmless",
+            "NCCL always bootstraps over a TCP socket; that is not the data path and not a TCP fallback.",
+            "nothing to do", seen.facts.evidence("bootstrap"))
