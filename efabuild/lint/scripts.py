@@ -15,7 +15,7 @@ from pathlib import Path
 
 from efabuild.configfile import read_bytes
 from efabuild.lint.finding import Finding, finding
-from efabuild.lint.rules import nccl_env_problems
+from efabuild.lint.rules.nccl_env import nccl_env_problems
 from efabuild.lint.shell import Command, split_commands
 
 _HEAD_BYTES = 200_000  # enough of a file to tell a job script
