@@ -422,7 +422,7 @@ def _describe(outcome: Outcome) -> str:
 
 
 def summary(result: MakeResult) -> str:
-    from efabuild.cli.common import table
+    from efabuild.cli.output import table
 
     rows = [[o.qualname, short(o.key), o.status, f"{o.seconds:.1f}s",
              o.artifact or (o.error.splitlines()[0] if o.error else "")]

@@ -1,35 +1,14 @@
-"""Helpers shared by command modules: finding the workspace, JSON and table output."""
+"""Helpers shared by command modules: finding the workspace, writing a file the user named, --builder."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
-from typing import Any
 
 
 def workspace():
     from efabuild.workspace import find_root, load_workspace
 
     return load_workspace(find_root(Path.cwd()))
-
-
-def print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)
-    sys.stdout.write("\n")
-
-
-def table(rows: list[list[str]], header: list[str] | None = None, indent: str = "") -> str:
-    """Left-aligned columns; the last column is not padded."""
-    all_rows = ([header] if header else []) + rows
-    if not all_rows:
-        return ""
-    widths = [max(len(r[i]) for r in all_rows) for i in range(len(all_rows[0]) - 1)]
-    lines = []
-    for row in all_rows:
-        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])] + [row[-1]]
-        lines.append((indent + "  ".join(cells)).rstrip())
-    return "\n".join(lines)
 
 
 def write_file(name: str, data: bytes) -> None:

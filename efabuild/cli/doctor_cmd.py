@@ -54,10 +54,10 @@ def _positive_float(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import sys
     from contextlib import ExitStack
 
+    from efabuild.cli.output import print_json
     from efabuild.doctor import examine, render_text, to_json
     from efabuild.errors import InputError
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         report = examine(sources, expect_nics=args.expect_nics, baseline_gbps=args.baseline_gbps,
                          manifest=manifest, artifact=args.artifact or args.manifest, ref=args.artifact)
     if args.json:
-        print(json.dumps(to_json(report), indent=2))
+        print_json(to_json(report))
     else:
         print(render_text(report))
     return 1 if report.problems else 0

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -28,6 +26,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run(args: argparse.Namespace) -> int:
+    from efabuild.cli.output import print_json, print_table
     from efabuild.store.progress import human_bytes
     from efabuild.store.core import Store
     from efabuild.refs import short
@@ -46,16 +45,12 @@ def run(args: argparse.Namespace) -> int:
     rows = [{"key": key, "name": record.name, "size": record.size, "stored": u.stored, "unique": u.unique}
             for key, (record, u) in sorted(artifacts.items(), key=lambda kv: (kv[1][0].name, kv[1][0].created))]
     if args.json:
-        sys.stdout.write(json.dumps({"version": 1, "tiers": tiers, "s3_artifacts": rows}, indent=1, sort_keys=True)
-                         + "\n")
+        print_json({"version": 1, "tiers": tiers, "s3_artifacts": rows})
         return 0
     if rows:
-        table = [("KEY", "NAME", "SIZE", "S3 STORED", "S3 UNIQUE")] + [
-            (short(r["key"]), r["name"], human_bytes(r["size"]), human_bytes(r["stored"]), human_bytes(r["unique"]))
-            for r in rows]
-        widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-        for row in table:
-            sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() + "\n")
+        print_table([(short(r["key"]), r["name"], human_bytes(r["size"]), human_bytes(r["stored"]),
+                      human_bytes(r["unique"])) for r in rows],
+                    ("KEY", "NAME", "SIZE", "S3 STORED", "S3 UNIQUE"))
     for name, t in tiers.items():
         line = f"{name}: {t['artifacts']} artifacts, {human_bytes(t['bytes'])}"
         if name == "s3":

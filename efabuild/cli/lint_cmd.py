@@ -31,9 +31,9 @@ def configure(name, sub, common):
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
+    from efabuild.cli.output import print_json
     from efabuild.errors import InputError
     from efabuild.lint import errors_only, lint_workspace, render_text, to_json
     from efabuild.workspace import find_root, load_workspace
@@ -60,12 +60,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         findings = lint_workspace(ws)
     if fmt == "json":
-        print(json.dumps(to_json(findings), indent=2))
+        print_json(to_json(findings))
     elif fmt == "sarif":
         from efabuild import __version__
         from efabuild.lint.sarif import to_sarif
 
-        print(json.dumps(to_sarif(findings, ws.root, __version__), indent=2, ensure_ascii=False))
+        print_json(to_sarif(findings, ws.root, __version__))
     else:
         print(render_text(findings))
     return 1 if errors_only(findings) else 0

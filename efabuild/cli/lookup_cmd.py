@@ -32,17 +32,29 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from efabuild.errors import NotFound
-    from efabuild.store.lookup import run as lookup
+    from efabuild.store.lookup import lookup_path
 
     try:
-        return lookup(args)
+        path, record = lookup_path(args.ref, args.store, fetch=not args.no_fetch, verify=args.verify,
+                                   require_signature=args.require_signature)
     except NotFound:
         # only on a miss: is REF a layer that is never exported? (reads the workspace's graphs)
         reason = _not_an_artifact_layer(args.ref)
         if reason is None:
             raise
         raise NotFound(reason) from None
+    if args.json:
+        from efabuild.cli.output import print_json
+
+        fields = ("key", "name", "size", "digest", "created")
+        print_json({"path": str(path), **{name: record.get(name) for name in fields}})
+    else:
+        sys.stdout.write(f"{path}\n")
+    sys.stdout.flush()
+    return 0
 
 
 def _not_an_artifact_layer(ref: str) -> str | None:

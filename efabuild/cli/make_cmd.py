@@ -41,7 +41,8 @@ def run(args) -> int:
     import attrs
 
     from efabuild.build import run as make
-    from efabuild.cli.common import print_json, with_builder, workspace
+    from efabuild.cli.common import with_builder, workspace
+    from efabuild.cli.output import print_json
     from efabuild.cli.plan_cmd import render
     from efabuild.errors import EfabuildError, InputError
     from efabuild.build.prepare import prepare
@@ -90,7 +91,7 @@ def run(args) -> int:
 
 def _check(ws, args) -> int:
     from efabuild.build import check
-    from efabuild.cli.common import print_json
+    from efabuild.cli.output import print_json
     from efabuild.errors import InputError
     from efabuild.build.prepare import prepare
     from efabuild.build.reporter import reporter_for

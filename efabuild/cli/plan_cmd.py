@@ -28,7 +28,8 @@ def configure(name, sub, common):
 
 
 def run(args) -> int:
-    from efabuild.cli.common import print_json, with_builder, workspace
+    from efabuild.cli.common import with_builder, workspace
+    from efabuild.cli.output import print_json
     from efabuild.build.prepare import prepare
 
     prepared = prepare(with_builder(workspace(), args.builder), args.targets, use_engine=not args.offline)
@@ -43,7 +44,7 @@ def run(args) -> int:
 
 
 def render(plan, engine_error: str | None) -> str:
-    from efabuild.cli.common import table
+    from efabuild.cli.output import table
     from efabuild.plan import NOTHING
 
     rows = []

@@ -5,75 +5,84 @@ $EFABUILD_STORE)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    if name == "show":
-        p = sub.add_parser(
-            name, parents=[common], help="an artifact's provenance manifest as a table",
-            description="""
-                Shows what an artifact is, what it was built from (base, each layer's Dockerfile
-                digest and args, tool versions) and the versions measured inside it.""",
-            epilog="""
-                examples:
-                  efabuild show demo:user
-                  efabuild show 0123abcd --intoto > provenance.json""",
-        )
-        p.add_argument("ref", metavar="REF", help="graph:layer, key or key prefix (≥ 8 hex)")
-        p.add_argument("--intoto", action="store_true",
-                       help="print the in-toto Statement v1 with the SLSA provenance v1 predicate (JSON)")
-        p.set_defaults(run=run_show)
-    elif name == "audit":
-        p = sub.add_parser(
-            name, parents=[common], help="check artifacts: integrity, drift, pitfalls, policy",
-            description="""
-                Checks that each artifact is what its manifest says (digests, the .sqsh measured
-                again), that declared versions are installed, that the EFA installer matches the
-                host, the known NGC + EFA pitfalls and the [audit] policy of BUILD.toml.
-                Exit status 1 when any check fails.""",
-            epilog="""
-                examples:
-                  efabuild audit demo:user
-                  efabuild audit --all --host-efa 1.50.0
-                  EFABUILD_STORE=/fsx/efabuild efabuild audit --all --json
-                  efabuild audit --all --junit audit.xml   # for the CI's test report""",
-        )
-        p.add_argument("refs", nargs="*", metavar="REF", help="graph:layer, key or key prefix")
-        p.add_argument("--all", action="store_true", help="audit every artifact in the store")
-        p.add_argument("--junit", metavar="FILE",
-                       help="also write a JUnit XML report for CI: one testsuite per artifact, one testcase "
-                            "per check, a failed check a <failure>")
-        p.add_argument("--host-efa", metavar="VERSION",
-                       help="the host AMI's EFA installer version (default: this host's "
-                            "/opt/amazon/efa_installed_packages, else [audit] host_efa_installer)")
-        p.set_defaults(run=run_audit)
-    else:
-        p = sub.add_parser(
-            name, parents=[common], help="what differs between two artifacts",
-            description="""
-                What differs between two artifacts, A then B, read from their manifests (the
-                images are not opened), one row per fact of a KIND:
-                  input     base ref and digest, export options, and per layer its key,
-                            Dockerfile digest, platform, build args and context files
-                  measured  component versions (every copy, which one loads), Open MPI installs,
-                            NCCL/FI env, versions the base declares
-                  tool      the builder's tool versions (BuildKit, mksquashfs, efabuild)""",
-            epilog="""
-                examples:
-                  efabuild diff demo:efa demo:user
-                  efabuild diff 0123abcd demo:user --exit-code   # exit 1 when they differ""",
-        )
-        p.add_argument("ref_a", metavar="REF_A", help="the first artifact: graph:layer, key or key prefix")
-        p.add_argument("ref_b", metavar="REF_B", help="the second artifact, compared with the first")
-        p.add_argument("--exit-code", action="store_true",
-                       help="exit 1 when they differ, 0 when they do not (like git diff); without it, 0 either way")
-        p.set_defaults(run=run_diff)
+    p = {"show": _configure_show, "audit": _configure_audit}.get(name, _configure_diff)(name, sub, common)
     p.add_argument("--store", metavar="PATH",
                    help="a store directory (default: $EFABUILD_STORE, else the workspace's [store])")
     p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _configure_show(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser):
+    p = sub.add_parser(
+        name, parents=[common], help="an artifact's provenance manifest as a table",
+        description="""
+            Shows what an artifact is, what it was built from (base, each layer's Dockerfile
+            digest and args, tool versions) and the versions measured inside it.""",
+        epilog="""
+            examples:
+              efabuild show demo:user
+              efabuild show 0123abcd --intoto > provenance.json""",
+    )
+    p.add_argument("ref", metavar="REF", help="graph:layer, key or key prefix (≥ 8 hex)")
+    p.add_argument("--intoto", action="store_true",
+                   help="print the in-toto Statement v1 with the SLSA provenance v1 predicate (JSON)")
+    p.set_defaults(run=run_show)
+    return p
+
+
+def _configure_audit(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser):
+    p = sub.add_parser(
+        name, parents=[common], help="check artifacts: integrity, drift, pitfalls, policy",
+        description="""
+            Checks that each artifact is what its manifest says (digests, the .sqsh measured
+            again), that declared versions are installed, that the EFA installer matches the
+            host, the known NGC + EFA pitfalls and the [audit] policy of BUILD.toml.
+            Exit status 1 when any check fails.""",
+        epilog="""
+            examples:
+              efabuild audit demo:user
+              efabuild audit --all --host-efa 1.50.0
+              EFABUILD_STORE=/fsx/efabuild efabuild audit --all --json
+              efabuild audit --all --junit audit.xml   # for the CI's test report""",
+    )
+    p.add_argument("refs", nargs="*", metavar="REF", help="graph:layer, key or key prefix")
+    p.add_argument("--all", action="store_true", help="audit every artifact in the store")
+    p.add_argument("--junit", metavar="FILE",
+                   help="also write a JUnit XML report for CI: one testsuite per artifact, one testcase "
+                        "per check, a failed check a <failure>")
+    p.add_argument("--host-efa", metavar="VERSION",
+                   help="the host AMI's EFA installer version (default: this host's "
+                        "/opt/amazon/efa_installed_packages, else [audit] host_efa_installer)")
+    p.set_defaults(run=run_audit)
+    return p
+
+
+def _configure_diff(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser):
+    p = sub.add_parser(
+        name, parents=[common], help="what differs between two artifacts",
+        description="""
+            What differs between two artifacts, A then B, read from their manifests (the
+            images are not opened), one row per fact of a KIND:
+              input     base ref and digest, export options, and per layer its key,
+                        Dockerfile digest, platform, build args and context files
+              measured  component versions (every copy, which one loads), Open MPI installs,
+                        NCCL/FI env, versions the base declares
+              tool      the builder's tool versions (BuildKit, mksquashfs, efabuild)""",
+        epilog="""
+            examples:
+              efabuild diff demo:efa demo:user
+              efabuild diff 0123abcd demo:user --exit-code   # exit 1 when they differ""",
+    )
+    p.add_argument("ref_a", metavar="REF_A", help="the first artifact: graph:layer, key or key prefix")
+    p.add_argument("ref_b", metavar="REF_B", help="the second artifact, compared with the first")
+    p.add_argument("--exit-code", action="store_true",
+                   help="exit 1 when they differ, 0 when they do not (like git diff); without it, 0 either way")
+    p.set_defaults(run=run_diff)
+    return p
 
 
 def _store(args: argparse.Namespace):  # noqa: ANN202 - efabuild.store.Store
@@ -95,19 +104,9 @@ def _policy():  # noqa: ANN202 - AuditPolicy
     return load_workspace(root).settings.audit
 
 
-def _json(value: object) -> None:
-    sys.stdout.write(json.dumps(value, indent=1, sort_keys=True, ensure_ascii=False) + "\n")
-
-
-def _table(rows: list[tuple[str, ...]], indent: str = "") -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths)]
-        sys.stdout.write(indent + "  ".join(cells).rstrip() + "\n")
-
-
 # ---- show ------------------------------------------------------------------------------------
 def run_show(args: argparse.Namespace) -> int:
+    from efabuild.cli.output import print_json
     from efabuild.provenance.intoto import to_intoto
     from efabuild.provenance.stored import load_manifest
 
@@ -116,24 +115,47 @@ def run_show(args: argparse.Namespace) -> int:
         print(f"efabuild: warning: the manifest of {found.key[:12]} does not match the digest in its record; "
               f"run efabuild audit {found.key[:12]}", file=sys.stderr)
     if args.intoto:
-        _json(to_intoto(found.manifest))
+        print_json(to_intoto(found.manifest))
     elif args.json:
-        _json({"key": found.key, "name": found.name, "verified": found.verified, "manifest": found.manifest})
+        print_json({"key": found.key, "name": found.name, "verified": found.verified, "manifest": found.manifest})
     else:
         _show_table(found.manifest, found.verified)
     return 0
 
 
 def _show_table(m: dict, verified: bool) -> None:
+    from efabuild.cli.output import print_table
+
+    print_table(_summary_rows(m, verified))
+    chain = m.get("chain") or []
+    if chain:
+        print()
+        print_table(_chain_rows(chain), ("LAYER", "KEY", "DOCKERFILE", "ARGS"))
+    measured = m.get("measured") or {}
+    print()
+    print_table(_component_rows(measured), ("COMPONENT", "VERSION", "SOURCE"))
+    env = measured.get("env") or {}
+    print()
+    print(f"env (from {env.get('source') or 'nowhere: no /etc/environment'}):")
+    for name, value in sorted((env.get("vars") or {}).items()):
+        print(f"  {name}={value}")
+    declared = measured.get("declared_by_base") or {}
+    if declared:
+        print("declared by base:")
+        for name, item in sorted(declared.items()):
+            print(f"  {item.get('source', name)}={item.get('value')}")
+
+
+def _summary_rows(m: dict, verified: bool) -> list[tuple[str, str]]:
+    """What the artifact is and how it was made, one (FIELD, VALUE) row each."""
     from efabuild.store.progress import human_bytes
-    from efabuild.provenance.measured import COMPONENTS
 
     artifact = m.get("artifact") or {}
     export = artifact.get("export") or {}
     base = m.get("base") or {}
     times = m.get("times") or {}
     builder = m.get("builder") or {}
-    header = [
+    return [
         ("name", m.get("name", "")),
         ("key", m.get("key", "")),
         ("sqsh", f"{artifact.get('digest', '?')}  {human_bytes(artifact.get('size') or 0)}"),
@@ -144,20 +166,24 @@ def _show_table(m: dict, verified: bool) -> None:
         ("tools", "  ".join(f"{k} {v}" for k, v in sorted(builder.items())) or "-"),
         ("manifest", "verified against the record" if verified else "NOT VERIFIED: differs from the record"),
     ]
-    _table(header)
-    chain = m.get("chain") or []
-    if chain:
-        print()
-        rows = [("LAYER", "KEY", "DOCKERFILE", "ARGS")]
-        for entry in chain:
-            inputs = entry.get("inputs") or {}
-            args = " ".join(f"{k}={v}" for k, v in sorted((inputs.get("args") or {}).items())) or "-"
-            dockerfile = (inputs.get("dockerfile_digest") or "-")[:19]
-            rows.append((entry.get("layer", "?"), (entry.get("key") or "?")[:12], dockerfile, args))
-        _table(rows)
-    measured = m.get("measured") or {}
-    print()
-    rows = [("COMPONENT", "VERSION", "SOURCE")]
+
+
+def _chain_rows(chain: list) -> list[tuple[str, ...]]:
+    rows = []
+    for entry in chain:
+        inputs = entry.get("inputs") or {}
+        args = " ".join(f"{k}={v}" for k, v in sorted((inputs.get("args") or {}).items())) or "-"
+        dockerfile = (inputs.get("dockerfile_digest") or "-")[:19]
+        rows.append((entry.get("layer", "?"), (entry.get("key") or "?")[:12], dockerfile, args))
+    return rows
+
+
+def _component_rows(measured: dict) -> list[tuple[str, ...]]:
+    """Each component's version and where it was read (every copy when there are several, and
+    which one the loader takes), then each Open MPI install."""
+    from efabuild.provenance.measured import COMPONENTS
+
+    rows = []
     components = measured.get("components") or {}
     declared = measured.get("declared_by_base") or {}
     for name in [n for n in COMPONENTS if n in components] + sorted(set(components) - set(COMPONENTS)):
@@ -178,16 +204,7 @@ def _show_table(m: dict, verified: bool) -> None:
         if install.get("real_path") not in (None, where):
             where += f" -> {install['real_path']}"
         rows.append(("openmpi", install.get("version") or "unknown", where))
-    _table(rows)
-    env = measured.get("env") or {}
-    print()
-    print(f"env (from {env.get('source') or 'nowhere: no /etc/environment'}):")
-    for name, value in sorted((env.get("vars") or {}).items()):
-        print(f"  {name}={value}")
-    if declared:
-        print("declared by base:")
-        for name, item in sorted(declared.items()):
-            print(f"  {item.get('source', name)}={item.get('value')}")
+    return rows
 
 
 def _declared_instead(component: str, declared: dict) -> tuple[str, str]:
@@ -215,6 +232,7 @@ def _text(value: object) -> str:
 
 # ---- audit -----------------------------------------------------------------------------------
 def run_audit(args: argparse.Namespace) -> int:
+    from efabuild.cli.output import print_json
     from efabuild.errors import InputError, NotFound
     from efabuild.provenance.audit import FAIL, Check
     from efabuild.provenance.stored import AuditResult, audit_stored, host_facts
@@ -246,7 +264,7 @@ def run_audit(args: argparse.Namespace) -> int:
             results.append(AuditResult(ref, "", ref, (Check("artifact", FAIL, str(exc)),)))
     _junit(args.junit, results)
     if args.json:
-        _json([{"ref": r.ref, "key": r.key, "name": r.name, "ok": not r.failed,
+        print_json([{"ref": r.ref, "key": r.key, "name": r.name, "ok": not r.failed,
                 "checks": [c.to_dict() for c in r.checks]} for r in results])
     else:
         for index, result in enumerate(results):
@@ -265,12 +283,11 @@ def _junit(name: str | None, results: list) -> None:
 
 
 def _audit_table(result) -> None:  # noqa: ANN001 - AuditResult
+    from efabuild.cli.output import print_table
     from efabuild.provenance.audit import FAIL, WARN
 
-    title = f"{result.name} {result.key[:12]}".strip()
-    rows = [("CHECK", "STATUS", "DETAIL")] + [(c.name, c.status, c.message) for c in result.checks]
-    print(title)
-    _table(rows, indent="  ")
+    print(f"{result.name} {result.key[:12]}".strip())
+    print_table([(c.name, c.status, c.message) for c in result.checks], ("CHECK", "STATUS", "DETAIL"), indent="  ")
     failures = sum(c.status == FAIL for c in result.checks)
     warnings = sum(c.status == WARN for c in result.checks)
     verdict = f"{failures} failed" if failures else "passed"
@@ -279,6 +296,7 @@ def _audit_table(result) -> None:  # noqa: ANN001 - AuditResult
 
 # ---- diff ------------------------------------------------------------------------------------
 def run_diff(args: argparse.Namespace) -> int:
+    from efabuild.cli.output import print_json, print_table
     from efabuild.provenance.diff import diff_manifests
     from efabuild.provenance.stored import load_manifest
 
@@ -290,7 +308,7 @@ def run_diff(args: argparse.Namespace) -> int:
                   file=sys.stderr)
     differences = diff_manifests(a.manifest, b.manifest)
     if args.json:
-        _json({"a": {"ref": args.ref_a, "key": a.key, "name": a.name},
+        print_json({"a": {"ref": args.ref_a, "key": a.key, "name": a.name},
                "b": {"ref": args.ref_b, "key": b.key, "name": b.name},
                "differences": [d.to_dict() for d in differences]})
     else:
@@ -300,8 +318,6 @@ def run_diff(args: argparse.Namespace) -> int:
             print("no differences in declared inputs or measured versions")
         else:
             print()
-            rows = [("KIND", "WHAT", "A", "B")] + [
-                (d.kind, d.what, "-" if d.a is None else d.a, "-" if d.b is None else d.b) for d in differences
-            ]
-            _table(rows)
+            print_table([(d.kind, d.what, "-" if d.a is None else d.a, "-" if d.b is None else d.b)
+                         for d in differences], ("KIND", "WHAT", "A", "B"))
     return 1 if args.exit_code and differences else 0

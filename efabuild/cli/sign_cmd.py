@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 STORE_HELP = "a store directory (default: $EFABUILD_STORE, else the workspace's [store])"
@@ -69,6 +68,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from efabuild.cli.output import print_json
     from efabuild.errors import InputError
     from efabuild.store.core import Store
     from efabuild.refs import short
@@ -95,8 +95,7 @@ def run_verify(args: argparse.Namespace) -> int:
     for result in results:
         failed = failed or bool(result["problems"])
     if args.json:
-        sys.stdout.write(json.dumps({"ok": not failed, "policy": policy.source, "results": results},
-                                    indent=1, sort_keys=True) + "\n")
+        print_json({"ok": not failed, "policy": policy.source, "results": results})
     else:
         for result in results:
             where = f"{short(result['key'])} {result['tier'] or '-'}"

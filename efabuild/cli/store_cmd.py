@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
@@ -85,6 +84,7 @@ def _when(created: str) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
+    from efabuild.cli.output import print_json, print_table
     from efabuild.store.progress import human_bytes
     from efabuild.refs import short
 
@@ -93,26 +93,19 @@ def run_ls(args: argparse.Namespace) -> int:
         out = [{**listing.record.to_dict(), "tiers": list(listing.tiers)} for listing in listings]
         for item in out:
             item.pop("version", None)
-        sys.stdout.write(json.dumps(out, indent=1, sort_keys=True) + "\n")
+        print_json(out)
         return 0
     if not listings:
         print("no artifacts", file=sys.stderr)
         return 0
-    rows = [("KEY", "NAME", "SIZE", "CREATED", "TIERS")] + [
-        (short(l.record.key), l.record.name, human_bytes(l.record.size), _when(l.record.created), ",".join(l.tiers))
-        for l in listings
-    ]
-    _print_table(rows)
+    print_table([(short(l.record.key), l.record.name, human_bytes(l.record.size), _when(l.record.created),
+                  ",".join(l.tiers)) for l in listings],
+                ("KEY", "NAME", "SIZE", "CREATED", "TIERS"))
     return 0
 
 
-def _print_table(rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        sys.stdout.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() + "\n")
-
-
 def run_gc(args: argparse.Namespace) -> int:
+    from efabuild.cli.output import print_json
     from efabuild.errors import InputError
     from efabuild.store.progress import human_bytes
     from efabuild.refs import short
@@ -128,25 +121,7 @@ def run_gc(args: argparse.Namespace) -> int:
     debris = [*report.debris, *(("engine", f"container {name}") for name in containers)]
     busy = set(report.busy)
     if args.json:
-        out = {
-            "dry_run": report.dry_run,
-            "keep": report.keep,
-            "removals": [
-                {"tier": r.tier, "key": r.record.key, "name": r.record.name, "size": r.record.size,
-                 "created": r.record.created, "skipped_busy": (r.tier, r.record.key) in busy}
-                for r in report.removals
-            ],
-            "debris": [{"tier": tier, "item": item} for tier, item in debris],
-            "spared": [{"tier": r.tier, "key": r.record.key, "name": r.record.name, "size": r.record.size,
-                        "created": r.record.created} for r in report.spared],
-            "kept": list(report.kept),
-            "s3_chunks": None if report.chunks is None else {
-                "deleted": report.chunks.deleted, "deleted_bytes": report.chunks.deleted_bytes,
-                "marked": report.chunks.marked, "referenced": report.chunks.referenced},
-            "freed": 0 if report.dry_run else sum(
-                r.record.size for r in report.removals if (r.tier, r.record.key) not in busy),
-        }
-        sys.stdout.write(json.dumps(out, indent=1, sort_keys=True) + "\n")
+        print_json(_gc_json(report, debris, busy))
         return 0
     verb = "would delete" if report.dry_run else "deleted"
     for r in report.removals:
@@ -172,3 +147,25 @@ def run_gc(args: argparse.Namespace) -> int:
     else:
         print(f"gc: deleted {summary}")
     return 0
+
+
+def _gc_json(report, debris: list[tuple[str, str]], busy: set) -> dict:  # noqa: ANN001 - GcReport
+    """What gc removed (or would), left behind and kept, as data for --json."""
+    return {
+        "dry_run": report.dry_run,
+        "keep": report.keep,
+        "removals": [
+            {"tier": r.tier, "key": r.record.key, "name": r.record.name, "size": r.record.size,
+             "created": r.record.created, "skipped_busy": (r.tier, r.record.key) in busy}
+            for r in report.removals
+        ],
+        "debris": [{"tier": tier, "item": item} for tier, item in debris],
+        "spared": [{"tier": r.tier, "key": r.record.key, "name": r.record.name, "size": r.record.size,
+                    "created": r.record.created} for r in report.spared],
+        "kept": list(report.kept),
+        "s3_chunks": None if report.chunks is None else {
+            "deleted": report.chunks.deleted, "deleted_bytes": report.chunks.deleted_bytes,
+            "marked": report.chunks.marked, "referenced": report.chunks.referenced},
+        "freed": 0 if report.dry_run else sum(
+            r.record.size for r in report.removals if (r.tier, r.record.key) not in busy),
+    }

@@ -7,8 +7,6 @@ store has an S3 tier and fetching is allowed, loads the full store.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 from efabuild.errors import EfabuildError
@@ -138,16 +136,3 @@ def _require_signed(layout: Layout, key: str, policy, ref: str) -> None:  # noqa
         # one line for Pyxis to show: the first problem says enough to act on
         more = f" (and {len(exc.problems) - 1} more: efabuild verify {ref})" if len(exc.problems) > 1 else ""
         raise VerificationFailed([f"refusing {ref}: {exc.problems[0]}{more}"]) from None
-
-
-def run(args) -> int:  # noqa: ANN001 - argparse namespace
-    path, record = lookup_path(args.ref, args.store, fetch=not args.no_fetch, verify=args.verify,
-                               require_signature=args.require_signature)
-    if args.json:
-        fields = ("key", "name", "size", "digest", "created")
-        out = {"path": str(path), **{name: record.get(name) for name in fields}}
-        sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
-    else:
-        sys.stdout.write(f"{path}\n")
-    sys.stdout.flush()
-    return 0
