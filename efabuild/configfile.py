@@ -1,9 +1,10 @@
-"""Reading a config or graph file the user points at: a regular file of bounded size, as TOML.
+"""Reading a config or graph file the user points at: a regular file of bounded size, as TOML,
+and its tables read with their types checked.
 
 Every BUILD.toml, graph, Dockerfile file and store.toml goes through `read_text`, so a path that
 names a FIFO (which would block an open forever), a device (`/dev/zero` never ends), a directory or
 a huge file is one InputError line, in bounded time and memory. Stdlib only: `efabuild lookup`
-reads store.toml on its fast path.
+reads store.toml and BUILD.toml's [store] on its fast path.
 """
 
 from __future__ import annotations
@@ -124,6 +125,77 @@ _CLOSING = {
     '"': re.compile(r'(?:[^"\\\n]|\\.)*"?'),
     "'": re.compile(r"[^'\n]*'?"),
 }
+
+
+class Table:
+    """A TOML table and where it is (file and dotted path), for messages: typed reads, and unknown
+    keys refused with a suggestion.
+
+    An unknown key is named at its own place (`BUILD.toml: builder.jbos: unknown key ...`), or, with
+    `unknown_at_table`, by the table (`BUILD.toml: store: unknown key 'shard' ...`).
+    """
+
+    def __init__(self, data: Any, file: str, dotted: str, known: tuple[str, ...],
+                 unknown_at_table: bool = False) -> None:
+        self.data, self.file, self.dotted = data, file, dotted
+        if not isinstance(data, dict):
+            raise InputError(f"must be a table, not {type_name(data)}", self.where())
+        for key in data:
+            if key not in known:
+                if unknown_at_table:
+                    check_known(key, known, self.where(), "key")
+                raise InputError(f"unknown key{_suggestion(key, known)}", self.where(key))
+
+    def where(self, key: str | None = None) -> str:
+        """`file: dotted.key`, for a message about `key` (about the table itself without one)."""
+        dotted = ".".join(part for part in (self.dotted, key) if part)
+        return f"{self.file}: {dotted}" if dotted else self.file
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
+        if key not in self.data:
+            return default
+        value = self.data[key]
+        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+            expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise InputError(f"must be {_ARTICLES.get(expected, expected)}, not {type_name(value)}",
+                             self.where(key))
+        return value
+
+    def str_list(self, key: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+        values = self.get(key, list)
+        if values is None:
+            return default
+        for value in values:
+            if not isinstance(value, str):
+                raise InputError(f"must be a list of strings, found {type_name(value)}", self.where(key))
+        return tuple(values)
+
+    def table(self, key: str, known: tuple[str, ...]) -> Table | None:
+        if key not in self.data:
+            return None
+        return Table(self.data[key], self.file, ".".join(part for part in (self.dotted, key) if part), known)
+
+
+def type_name(value: Any) -> str:
+    """How a message names a TOML value's type: `must be a string, not an integer`."""
+    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a float"}.get(type(value), type(value).__name__)
+
+
+_ARTICLES = {"str": "a string", "int": "an integer", "bool": "a boolean", "list": "an array", "dict": "a table"}
+
+
+def check_known(value: str, known: tuple[str, ...], where: str, what: str) -> None:
+    """InputError `unknown WHAT 'value' (did you mean ...?)` unless `value` is one of `known`."""
+    if value not in known:
+        raise InputError(f"unknown {what} {value!r}{_suggestion(value, known)}", where)
+
+
+def _suggestion(value: str, known: tuple[str, ...]) -> str:
+    import difflib  # only for a message: lookup's fast path never pays for it
+
+    hint = difflib.get_close_matches(str(value), known, n=1)
+    return f" (did you mean '{hint[0]}'?)" if hint else f" (known: {', '.join(known)})"
 
 
 def _kind(mode: int) -> str:

@@ -32,6 +32,8 @@ PLATFORM = re.compile(r"[a-z0-9_]+/[a-z0-9_]+(?:/[a-z0-9_]+)?")
 # docker context and buildx builder names (docker/cli's restrictedNamePattern)
 TOOL_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.+-]*")
 HOST_SCHEMES = ("unix", "tcp", "ssh", "npipe", "fd")
+# a build-arg (and secret environment variable) name, as a Dockerfile's ARG takes it
+ARG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def image_ref_problem(ref: str) -> str | None:

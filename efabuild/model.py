@@ -1,6 +1,7 @@
 """Frozen value classes for a workspace: settings from BUILD.toml and layers from graphs/*.toml.
 
-Pure data: reading and validating files is `workspace.py`'s job, keys are `keys.py`'s.
+Pure data: reading and validating files is `workspace.py`'s and `settings.py`'s job, keys are
+`keys.py`'s. Also the vocabulary [audit] policies use: the measured components and the pins.
 """
 
 from __future__ import annotations
@@ -9,9 +10,24 @@ from pathlib import Path
 
 import attrs
 
-from efabuild.store.config import StoreConfig  # stdlib-only: the store's settings, parsed once
+from efabuild.settings import StoreConfig  # stdlib-only: the store's settings, parsed once
 
 DEFAULT_PLATFORM = "linux/amd64"
+
+# The components an image probe measures, in display order; [audit] policies name them.
+COMPONENTS = (
+    "ngc-release",
+    "cuda",
+    "nccl",
+    "cudnn",
+    "pytorch",
+    "libfabric",
+    "aws-ofi-nccl",
+    "efa-installer",
+    "deepep",
+)
+# What [audit] required_pins may name, besides "arg:NAME".
+KNOWN_PINS = ("base-digest", "deepep-commit", "efa-installer")
 
 # Enroot's defaults (ENROOT_SQUASH_OPTIONS): lzo for portability, data blocks left uncompressed.
 ENROOT_SQUASH_OPTIONS = ("-comp", "lzo", "-noD")

@@ -15,32 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from efabuild import configfile, grammar
+from efabuild.configfile import Table, type_name
 from efabuild.errors import InputError
-from efabuild.grammar import extra_options_problem
-from efabuild.model import (
-    DEFAULT_PLATFORM,
-    AuditPolicy,
-    BaseImage,
-    BuilderSettings,
-    ExportSettings,
-    Graph,
-    Layer,
-    LintIgnore,
-    RegistrySettings,
-    SignSettings,
-    Settings,
-    Workspace,
-)
-from efabuild.store.config import parse_store_table
-
-BUILD_FILE = "BUILD.toml"
+from efabuild.grammar import ARG_NAME
+from efabuild.model import BaseImage, Graph, Layer, LintIgnore, Workspace
+from efabuild.settings import BUILD_FILE, parse_settings
 
 # Patterns are used with fullmatch: `$` would also match before a trailing newline.
 # Lowercase, like a Docker repository path component: safe as an image tag part and a file name.
 SAFE_NAME = re.compile(r"[a-z0-9]+(?:[._-][a-z0-9]+)*")
 MAX_NAME = 64
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-ARG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def find_root(start: Path) -> Path:
@@ -55,7 +40,7 @@ def find_root(start: Path) -> Path:
 def load_workspace(root: Path) -> Workspace:
     root = root.resolve()
     build_path = root / BUILD_FILE
-    settings = _settings(_read_toml(build_path, root), build_path.name, root)
+    settings = parse_settings(_read_toml(build_path, root), build_path.name, root)
     graphs = tuple(_graph(path, root) for path in _graph_paths(settings.graph_files, root))
     _check_unique_graphs(graphs, root)
     ws = Workspace(root=root, settings=settings, graphs=graphs)
@@ -64,7 +49,7 @@ def load_workspace(root: Path) -> Workspace:
     return ws
 
 
-# --- TOML reading and small typed accessors ----------------------------------------------------
+# --- reading ------------------------------------------------------------------------------------
 
 
 def _read_text(path: Path, where: str) -> str:
@@ -74,194 +59,6 @@ def _read_text(path: Path, where: str) -> str:
 def _read_toml(path: Path, root: Path, text: str | None = None) -> dict[str, Any]:
     where = _rel(path, root)
     return configfile.parse_toml(_read_text(path, where) if text is None else text, where)
-
-
-class _Table:
-    """A TOML table with its dotted location, for messages; rejects unknown keys with a suggestion."""
-
-    def __init__(self, data: Any, file: str, dotted: str, known: tuple[str, ...]) -> None:
-        if not isinstance(data, dict):
-            raise InputError(f"must be a table, not {_type_name(data)}", f"{file}: {dotted}")
-        self.data, self.file, self.dotted = data, file, dotted
-        for key in data:
-            if key not in known:
-                hint = difflib.get_close_matches(key, known, n=1)
-                suggestion = f" (did you mean '{hint[0]}'?)" if hint else f" (known: {', '.join(known)})"
-                raise InputError(f"unknown key{suggestion}", self.where(key))
-
-    def where(self, key: str) -> str:
-        return f"{self.file}: {self.dotted}.{key}" if self.dotted else f"{self.file}: {key}"
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
-        if key not in self.data:
-            return default
-        value = self.data[key]
-        if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-            expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-            raise InputError(f"must be {_article(expected)}, not {_type_name(value)}", self.where(key))
-        return value
-
-    def str_list(self, key: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
-        values = self.get(key, list)
-        if values is None:
-            return default
-        for value in values:
-            if not isinstance(value, str):
-                raise InputError(f"must be a list of strings, found {_type_name(value)}", self.where(key))
-        return tuple(values)
-
-    def table(self, key: str, known: tuple[str, ...]) -> _Table | None:
-        if key not in self.data:
-            return None
-        return _Table(self.data[key], self.file, f"{self.dotted}.{key}" if self.dotted else key, known)
-
-
-def _type_name(value: Any) -> str:
-    return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a float"}.get(type(value), type(value).__name__)
-
-
-def _article(name: str) -> str:
-    return {"str": "a string", "int": "an integer", "bool": "a boolean", "list": "an array",
-            "dict": "a table"}.get(name, name)
-
-
-# --- BUILD.toml ---------------------------------------------------------------------------------
-
-
-def _settings(data: dict[str, Any], file: str, root: Path) -> Settings:
-    top = _Table(data, file, "", ("workspace", "store", "builder", "registry", "export", "audit", "sign", "trust"))
-    defaults = Settings()
-    ws = top.table("workspace", ("graphs",))
-    graph_files = ws.str_list("graphs", defaults.graph_files) if ws else defaults.graph_files
-    return Settings(
-        graph_files=graph_files,
-        store=parse_store_table(data.get("store"), root, file),
-        builder=_builder(top.table("builder", ("platform", "jobs", "context", "host", "buildx_builder"))),
-        registry=_registry(top.table("registry", ("url", "insecure"))),
-        export=_export(top.table("export", ("compression", "compress_data", "extra_options", "clamp_times"))),
-        audit=_audit(top.table("audit", ("host_efa_installer", "min_versions", "required_pins", "known_bad"))),
-        sign=_sign(top.table("sign", ("key", "region", "endpoint_url"))),
-        trust_keys=_trust(top.table("trust", ("keys", "endpoint_url"))),
-    )
-
-
-def _sign(t: _Table | None) -> SignSettings | None:
-    if t is None:
-        return None
-    key = t.get("key", str)
-    if not key:
-        raise InputError("missing: a PEM private key file or a KMS key ARN to sign with", t.where("key"))
-    return SignSettings(key=key, region=t.get("region", str), endpoint_url=t.get("endpoint_url", str))
-
-
-def _trust(t: _Table | None) -> tuple[str, ...]:
-    if t is None:
-        return ()
-    t.get("endpoint_url", str)
-    keys = t.str_list("keys")
-    if not all(k.strip() for k in keys):
-        raise InputError("an empty entry: give PEM public key files, PEM keys or KMS key ARNs", t.where("keys"))
-    return keys
-
-
-def _builder(t: _Table | None) -> BuilderSettings:
-    if t is None:
-        return BuilderSettings()
-    jobs = t.get("jobs", int, 2)
-    if jobs < 1:
-        raise InputError("must be at least 1", t.where("jobs"))
-    chosen = [k for k in ("context", "host", "buildx_builder") if k in t.data]
-    if len(chosen) > 1:
-        raise InputError(f"set only one of {', '.join(chosen)}", t.where(chosen[1]))
-    checks = {"platform": grammar.platform_problem, "context": grammar.tool_name_problem,
-              "host": grammar.host_problem, "buildx_builder": grammar.tool_name_problem}
-    values = {key: t.get(key, str) for key in checks}
-    for key, value in values.items():
-        problem = value is not None and checks[key](value)
-        if problem:
-            raise InputError(problem, t.where(key))
-    return BuilderSettings(
-        platform=values["platform"] or DEFAULT_PLATFORM, jobs=jobs, context=values["context"],
-        host=values["host"], buildx_builder=values["buildx_builder"],
-    )
-
-
-def _registry(t: _Table | None) -> RegistrySettings | None:
-    if t is None:
-        return None
-    url = t.get("url", str)
-    if not url:
-        raise InputError("missing: the layer-cache registry needs a url", t.where("url"))
-    problem = grammar.registry_problem(url.rstrip("/"))
-    if problem:
-        raise InputError(problem, t.where("url"))
-    return RegistrySettings(url=url.rstrip("/"), insecure=t.get("insecure", bool, False))
-
-
-def _export(t: _Table | None) -> ExportSettings:
-    if t is None:
-        return ExportSettings()
-    compression = t.get("compression", str, "lzo")
-    known = ("gzip", "lzo", "lz4", "xz", "zstd", "lzma")
-    if compression not in known:
-        raise InputError(f"unknown compression '{compression}' (one of {', '.join(known)})",
-                         t.where("compression"))
-    extra = t.str_list("extra_options")
-    problem = extra_options_problem(extra)
-    if problem:
-        raise InputError(problem, t.where("extra_options"))
-    return ExportSettings(compression=compression, compress_data=t.get("compress_data", bool, False),
-                          extra_options=extra, clamp_times=t.get("clamp_times", bool, True))
-
-
-VERSION = re.compile(r"[0-9][0-9A-Za-z.+-]*")
-VERSION_SPEC = re.compile(r"([a-z0-9-]+)\s*(>=|<=|==|<|>)\s*([0-9][0-9A-Za-z.+-]*)")
-
-
-def _audit(t: _Table | None) -> AuditPolicy:
-    if t is None:
-        return AuditPolicy()
-    from efabuild.provenance.audit import KNOWN_PINS
-    from efabuild.provenance.measured import COMPONENTS
-
-    components = (*COMPONENTS, "openmpi")
-    minimums = t.get("min_versions", dict, {})
-    for component, version in minimums.items():
-        _known(component, components, t.where(f"min_versions.{component}"), "component")
-        if not isinstance(version, str) or not VERSION.fullmatch(version):
-            raise InputError("must be a version string like \"1.19.0\"", t.where(f"min_versions.{component}"))
-    for pin in t.str_list("required_pins"):
-        if not (pin.startswith("arg:") and ARG_NAME.fullmatch(pin[4:])):
-            _known(pin, KNOWN_PINS, t.where("required_pins"), "pin (or arg:NAME)")
-    known_bad = []
-    for index, entry in enumerate(t.get("known_bad", list, [])):
-        item = _Table(entry, t.file, f"audit.known_bad[{index}]", ("when", "and", "why"))
-        parts = []
-        for key in ("when", "and"):
-            spec = item.get(key, str)
-            match = VERSION_SPEC.fullmatch(spec or "")
-            if not match:
-                raise InputError("must look like 'nccl>=2.19'", item.where(key))
-            _known(match.group(1), components, item.where(key), "component")
-            parts += [match.group(1), match.group(2) + match.group(3)]
-        known_bad.append((*parts, item.get("why", str, "")))
-    host_efa_installer = t.get("host_efa_installer", str)
-    if host_efa_installer is not None and not VERSION.fullmatch(host_efa_installer):
-        raise InputError("must be a version string like \"1.50.0\"", t.where("host_efa_installer"))
-    return AuditPolicy(
-        host_efa_installer=host_efa_installer,
-        min_versions=tuple(sorted(minimums.items())),
-        required_pins=t.str_list("required_pins"),
-        known_bad=tuple(known_bad),
-    )
-
-
-def _known(value: str, known: tuple[str, ...], where: str, what: str) -> None:
-    if value not in known:
-        hint = difflib.get_close_matches(value, known, n=1)
-        raise InputError(f"unknown {what} '{value}'" + (f" (did you mean '{hint[0]}'?)" if hint
-                         else f" (known: {', '.join(known)})"), where)
 
 
 # --- graphs/*.toml ------------------------------------------------------------------------------
@@ -297,7 +94,7 @@ def _graph(path: Path, root: Path) -> Graph:
     name = path.stem
     _check_name(name, f"{file}: graph name (the file name)")
     text = _read_text(path, file)
-    top = _Table(_read_toml(path, root, text), file, "", ("graph", "layers"))
+    top = Table(_read_toml(path, root, text), file, "", ("graph", "layers"))
     meta = top.table("graph", ("description",))
     layers_data = top.get("layers", dict, {})  # layer names are free-form: each is checked below
     layers: list[Layer] = []
@@ -312,7 +109,7 @@ def _graph(path: Path, root: Path) -> Graph:
 def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, root: Path) -> Layer:
     dotted = f"layers.{name}"
     _check_name(name, f"{file}: {dotted}")
-    t = _Table(data, file, dotted, LAYER_KEYS)
+    t = Table(data, file, dotted, LAYER_KEYS)
     base_ref, parent = t.get("base", str), t.get("parent", str)
     if base_ref and parent:
         raise InputError("has both base and parent: a layer starts from exactly one", f"{file}: {dotted}")
@@ -330,16 +127,16 @@ def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, r
             raise InputError(problem, t.where("base"))
     dockerfile, dockerfile_file, dockerfile_line = _dockerfile(t, file, dotted, text, root)
     args = t.get("args", dict, {})
-    arg_table = _Table(args, file, f"{dotted}.args", tuple(args))
+    arg_table = Table(args, file, f"{dotted}.args", tuple(args))
     for arg_name, value in args.items():
         if not ARG_NAME.fullmatch(arg_name):
             raise InputError("not a valid build-arg name", arg_table.where(arg_name))
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             # TOML reads 1.10 as 1.1: quote it, so the build gets what the file says
-            raise InputError(f"must be a string, not {_type_name(value)} (quote it: \"{value}\")",
+            raise InputError(f"must be a string, not {type_name(value)} (quote it: \"{value}\")",
                              arg_table.where(arg_name))
         if not isinstance(value, str):
-            raise InputError(f"must be a string, not {_type_name(value)}", arg_table.where(arg_name))
+            raise InputError(f"must be a string, not {type_name(value)}", arg_table.where(arg_name))
     secrets = t.str_list("secrets")
     for secret in secrets:
         if not ARG_NAME.fullmatch(secret):
@@ -351,7 +148,7 @@ def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, r
     context = tuple(_context_path(entry, root, t.where("context")) for entry in t.str_list("context"))
     ignores = []
     for index, entry in enumerate(t.get("ignore", list, [])):
-        item = _Table(entry, file, f"{dotted}.ignore[{index}]", ("rule", "reason"))
+        item = Table(entry, file, f"{dotted}.ignore[{index}]", ("rule", "reason"))
         rule, reason = item.get("rule", str), item.get("reason", str)
         if not rule:
             raise InputError("missing: which lint rule to ignore", item.where("rule"))
@@ -368,7 +165,7 @@ def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, r
     )
 
 
-def _dockerfile(t: _Table, file: str, dotted: str, text: str, root: Path) -> tuple[str, str | None, int]:
+def _dockerfile(t: Table, file: str, dotted: str, text: str, root: Path) -> tuple[str, str | None, int]:
     inline, from_file = t.get("dockerfile", str), t.get("dockerfile_file", str)
     if inline is not None and from_file is not None:
         raise InputError("set dockerfile or dockerfile_file, not both", f"{file}: {dotted}")

@@ -168,7 +168,7 @@ def _install_pause(point: str) -> None:
 
 def _main(plan_path: str) -> int:
     plan = json.loads(Path(plan_path).read_text())
-    from efabuild.store.config import S3Config
+    from efabuild.settings import S3Config
     from efabuild.store.core import Store
     from efabuild.store.fs import FilesystemTier
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from efabuild.store.digest import file_digest
-from efabuild.store.config import S3Config
+from efabuild.settings import S3Config
 from efabuild.store.chunks import BadChunkIndex, ChunkIndex, chunk_file
 from efabuild.store.s3 import S3Tier
 from efabuild.store.s3chunks import ChunkError, ChunkStore, Seed, assemble

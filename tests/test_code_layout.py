@@ -13,14 +13,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "efabuild"
 
 # the pure core: decisions and parsing, no engine, store, network or subprocess
 CORE = {"__init__", "__main__", "model", "refs", "keys", "dag", "plan", "redact", "errors", "nccl",
-        "workspace", "grammar", "configfile", "notices"}
+        "workspace", "settings", "grammar", "configfile", "notices"}
 # what no core module may import: the edge packages and the modules that reach the outside world
 EDGE_PACKAGES = {"build", "cli", "doctor", "engine", "export", "lint", "provenance", "pyxis", "signing",
                  "store"}
 OUTSIDE_WORLD = {"subprocess", "socket", "threading", "boto3", "botocore", "python_on_whales", "docker",
                  "shutil", "sqlite3", "urllib.request", "http"}
-# only these read files (the workspace and its config files); the rest of the core touches no filesystem
-READS_FILES = {"workspace", "configfile"}
+# only these read files (the workspace, its config files, the store directories they name); the rest
+# of the core touches no filesystem
+READS_FILES = {"workspace", "settings", "configfile"}
 FILESYSTEM = {"os", "stat", "glob", "io", "tempfile"}
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60

@@ -188,7 +188,7 @@ def test_four_nodes_looking_up_one_cold_key_download_it_once(tmp_path, moto_serv
     import subprocess
     import sys
 
-    from efabuild.store.config import S3Config
+    from efabuild.settings import S3Config
     from efabuild.store.s3 import S3Tier
     from tests.httpcount import CountingProxy
     from tests.storekit import REPO, make_sqsh

@@ -332,7 +332,7 @@ def test_a_damaged_local_artifact_is_not_spread_to_new_tiers_but_repaired(demo_w
     assert file_digest(user) == good
     key = user.name.removesuffix(".sqsh")
     # S3 holds the good bytes: its chunks assemble into them (checked against the record as well)
-    from efabuild.store.config import S3Config
+    from efabuild.settings import S3Config
     from efabuild.store.s3 import S3Tier
 
     tier = S3Tier(S3Config(bucket=s3_bucket, endpoint_url=moto_server), show_progress=False)

@@ -56,7 +56,8 @@ def test_bare_store_paths_are_checked_like_workspace_ones(tmp_path: Path) -> Non
 
 
 def test_good_settings_give_one_config_to_both_readers(tmp_path: Path) -> None:
-    from efabuild.store.config import S3Config, StoreConfig, locate
+    from efabuild.settings import S3Config, StoreConfig
+    from efabuild.store.config import locate
     from efabuild.workspace import load_workspace
 
     root = make_workspace(tmp_path / "ws", build='[workspace]\ngraphs = ["graphs/*.toml"]\n[store]\n'

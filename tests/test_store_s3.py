@@ -12,7 +12,7 @@ import pytest
 
 from efabuild.store.digest import file_digest
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.store.config import S3Config
+from efabuild.settings import S3Config
 from efabuild.store.core import Store
 from efabuild.store.fs import PUBLISHED, REUSED, FilesystemTier
 from efabuild.store.s3 import S3Tier, part_size_for

@@ -181,7 +181,7 @@ def _chain_rows(chain: list) -> list[tuple[str, ...]]:
 def _component_rows(measured: dict) -> list[tuple[str, ...]]:
     """Each component's version and where it was read (every copy when there are several, and
     which one the loader takes), then each Open MPI install."""
-    from efabuild.provenance.measured import COMPONENTS
+    from efabuild.model import COMPONENTS
 
     rows = []
     components = measured.get("components") or {}

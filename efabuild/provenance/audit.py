@@ -32,11 +32,11 @@ from typing import Any, Protocol
 
 import attrs
 
-from efabuild.model import AuditPolicy
+from efabuild.model import COMPONENTS, KNOWN_PINS, AuditPolicy
 from efabuild.nccl import forces_other_network, is_infiniband_setting, is_ofi_plugin
 from efabuild.provenance import manifest as manifests
 from efabuild.provenance import versions
-from efabuild.provenance.measured import COMPONENTS, Component, Measured
+from efabuild.provenance.measured import Component, Measured
 
 PASS, FAIL, WARN, SKIP = "ok", "FAIL", "warn", "skip"
 EFA_LD_PREFIX = ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/efa/lib")
@@ -62,7 +62,6 @@ DECLARING_BASE = {
     "com.nvidia.cuda.version": "cuda",
     "com.nvidia.pytorch.version": "pytorch",
 }
-KNOWN_PINS = ("base-digest", "deepep-commit", "efa-installer")  # and "arg:NAME"
 SHADOWABLE = ("aws-ofi-nccl", "libfabric", "nccl")
 # An older NCCL first on the loader's path only warns: PyTorch may load its own copy by RUNPATH.
 SHADOWING_FAILS = ("aws-ofi-nccl", "libfabric")

@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from efabuild.provenance.measured import COMPONENTS
+from efabuild.model import COMPONENTS
 
 INPUTS, MEASURED, TOOLS = "input", "measured", "tool"
 

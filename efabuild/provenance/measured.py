@@ -10,19 +10,6 @@ from typing import Any
 
 import attrs
 
-# The components a probe measures, in display order. Policies (BUILD.toml) use these names.
-COMPONENTS = (
-    "ngc-release",
-    "cuda",
-    "nccl",
-    "cudnn",
-    "pytorch",
-    "libfabric",
-    "aws-ofi-nccl",
-    "efa-installer",
-    "deepep",
-)
-
 
 @attrs.frozen
 class Copy:

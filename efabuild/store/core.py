@@ -27,7 +27,8 @@ from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.s3chunks import DEFAULT_GRACE, Seed
 from efabuild.store.layout import newest_ref, resolve_in
 from efabuild.refs import check_key, classify_ref, pick_one, short
-from efabuild.store.config import DEFAULT_KEEP, S3Config, StoreConfig, bare_store, locate
+from efabuild.settings import DEFAULT_KEEP, S3Config, StoreConfig
+from efabuild.store.config import bare_store, locate
 from efabuild.store.lock import LockBusy
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.transfer import DamagedCopy, send, transfer, verified_copy

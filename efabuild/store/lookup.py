@@ -13,7 +13,8 @@ from efabuild.errors import EfabuildError
 from efabuild.store.fsutil import shown
 from efabuild.store.layout import SQSH_SUFFIX, Layout, newest_ref, record_problems, resolve_in
 from efabuild.refs import classify_ref
-from efabuild.store.config import StoreConfig, locate
+from efabuild.settings import StoreConfig
+from efabuild.store.config import locate
 
 
 def find_local(table: StoreConfig, ref: str, ask_s3: bool = False) -> tuple[str, Layout, dict] | None:

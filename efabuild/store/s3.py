@@ -41,7 +41,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from efabuild.store.digest import file_digest, is_digest
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.store.progress import Progress
-from efabuild.store.config import S3Config
+from efabuild.settings import S3Config
 from efabuild.store.fs import PUBLISHED, REUSED, check_publish_input
 from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX, RECORD_SUFFIX, SQSH_SUFFIX
 from efabuild.refs import check_key, is_key, short, split_name

@@ -67,7 +67,7 @@ def scenario(ctx: Context) -> Result:
     import boto3
 
     from efabuild.store.digest import file_digest
-    from efabuild.store.config import S3Config
+    from efabuild.settings import S3Config
     from efabuild.store.chunks import chunk_file
     from efabuild.store.core import Store
     from efabuild.store.fs import FilesystemTier

@@ -98,7 +98,7 @@ def scenarios(ctx: Context, ids: list[str]) -> list:
     import boto3
 
     from efabuild.store.digest import file_digest
-    from efabuild.store.config import S3Config
+    from efabuild.settings import S3Config
     from efabuild.store.core import Store
     from efabuild.store.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord

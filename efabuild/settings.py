@@ -1,0 +1,294 @@
+"""BUILD.toml's settings tables: [store], [builder], [registry], [export], [audit], [sign], [trust].
+
+    [store]
+    local = "cache"              # default; relative to the workspace
+    shared = "/fsx/efabuild"     # optional shared filesystem (FSx for Lustre)
+    keep = 3                     # gc keeps the newest N keys of every name
+    pins = ["ngc-efa:user"]      # refs or keys gc never deletes
+
+    [store.s3]                   # optional
+    bucket = "my-bucket"
+    prefix = "efabuild"
+    region = "us-east-1"
+    endpoint_url = "http://127.0.0.1:9000"   # S3-compatible stores only
+
+`workspace.py` (plan, make) and `store.config.locate` (lookup, ls, gc, audit) both call
+`parse_store_table`, so a setting one accepts the other accepts too.
+
+The [store] part is stdlib only (`efabuild lookup` reads it on its fast path): its values are
+NamedTuples, as frozen as attrs classes but costing no import. The other tables become model's
+attrs classes, imported inside their parsers for the same reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from efabuild import grammar
+from efabuild.configfile import Table, check_known, type_name
+from efabuild.errors import InputError
+from efabuild.refs import classify_ref
+
+if TYPE_CHECKING:
+    from efabuild.model import AuditPolicy, BuilderSettings, ExportSettings, RegistrySettings, Settings, SignSettings
+
+BUILD_FILE = "BUILD.toml"
+DEFAULT_LOCAL = "cache"
+DEFAULT_KEEP = 3
+S3_KEYS = ("bucket", "prefix", "region", "endpoint_url")
+STORE_KEYS = ("local", "shared", "keep", "pins", "s3")
+# Kernel filesystems: a store there writes into the kernel's view, never onto a disk.
+FORBIDDEN_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
+TABLES = ("workspace", "store", "builder", "registry", "export", "audit", "sign", "trust")
+VERSION = re.compile(r"[0-9][0-9A-Za-z.+-]*")
+VERSION_SPEC = re.compile(r"([a-z0-9-]+)\s*(>=|<=|==|<|>)\s*([0-9][0-9A-Za-z.+-]*)")
+COMPRESSIONS = ("gzip", "lzo", "lz4", "xz", "zstd", "lzma")
+
+
+class S3Config(NamedTuple):
+    """Where a store's S3 tier is. Never credentials: boto3's standard chain supplies those."""
+
+    bucket: str
+    prefix: str = ""
+    region: str | None = None
+    endpoint_url: str | None = None
+
+
+class StoreConfig(NamedTuple):
+    """A store's tiers and gc policy; paths absolute."""
+
+    local: Path
+    shared: Path | None = None
+    s3: S3Config | None = None
+    keep: int = DEFAULT_KEEP  # gc keeps the newest N keys of every name
+    pins: tuple[str, ...] = ()  # refs or keys gc never deletes
+    source: str = BUILD_FILE  # what the settings came from, for messages
+    bare: bool = False  # a store directory given by path, not a workspace's [store]
+
+    def roots(self) -> list[tuple[str, Path]]:
+        """Filesystem tiers in lookup order: shared first (every node sees it), then local."""
+        if self.bare:
+            return [("store", self.local)]
+        tiers = [("shared", self.shared)] if self.shared else []
+        return tiers + [("local", self.local)]
+
+
+def parse_settings(data: dict[str, Any], file: str, root: Path) -> Settings:
+    """Every settings table of BUILD.toml's `data`; `file` names BUILD.toml in messages."""
+    from efabuild.model import Settings
+
+    top = Table(data, file, "", TABLES)
+    ws = top.table("workspace", ("graphs",))
+    default_graphs = Settings().graph_files
+    return Settings(
+        graph_files=ws.str_list("graphs", default_graphs) if ws else default_graphs,
+        store=parse_store_table(data.get("store"), root, file),
+        builder=_builder(top.table("builder", ("platform", "jobs", "context", "host", "buildx_builder"))),
+        registry=_registry(top.table("registry", ("url", "insecure"))),
+        export=_export(top.table("export", ("compression", "compress_data", "extra_options", "clamp_times"))),
+        audit=_audit(top.table("audit", ("host_efa_installer", "min_versions", "required_pins", "known_bad"))),
+        sign=_sign(top.table("sign", ("key", "region", "endpoint_url"))),
+        trust_keys=_trust(top.table("trust", ("keys", "endpoint_url"))),
+    )
+
+
+# --- [store] ------------------------------------------------------------------------------------
+
+
+def _string(value: object, where: str, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise InputError(f"must be a string, not {type_name(value)}", where)
+    if not value and not allow_empty:
+        raise InputError("must not be empty", where)
+    return value
+
+
+def store_dir(value: object, base: Path, where: str) -> Path:
+    """A store directory setting as an absolute path, or a one-line InputError.
+
+    Refused: empty, NUL bytes, `~user` of no such user, the filesystem root, kernel filesystems
+    (/proc, /sys, /dev), and anything that exists but is not a directory.
+    """
+    text = _string(value, where)
+    if "\0" in text:
+        raise InputError("must not contain a NUL byte", where)
+    expanded = os.path.expanduser(text)
+    if expanded.startswith("~"):
+        raise InputError(f"{text!r}: no such user", where)
+    path = Path(os.path.normpath(base / expanded))  # lexical: `..` is resolved, links are not
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise InputError(f"{text!r}: cannot resolve ({exc})", where) from None
+    for checked in {path, real}:
+        if checked == Path(checked.anchor):
+            raise InputError(f"{text!r} is the filesystem root; give a directory of its own", where)
+        for forbidden in FORBIDDEN_ROOTS:
+            if checked == forbidden or forbidden in checked.parents:
+                raise InputError(f"{text!r} is under {forbidden}, not a place to store files", where)
+    if real.exists() and not real.is_dir():
+        raise InputError(f"{text!r} is not a directory (a store is a directory)", where)
+    return path
+
+
+def parse_s3_table(table: object, file: str, dotted: str) -> S3Config:
+    """An S3 tier's table: BUILD.toml's [store.s3] or a bare store's store.toml [s3]."""
+    t = Table(table, file, dotted, S3_KEYS, unknown_at_table=True)
+    if "bucket" not in table:
+        raise InputError("missing key 'bucket': the S3 tier needs a bucket", t.where())
+    bucket = _string(table["bucket"], t.where("bucket"))
+    prefix = _string(table.get("prefix", ""), t.where("prefix"), allow_empty=True).strip("/")
+    optional = {}
+    for name in ("region", "endpoint_url"):
+        value = table.get(name)
+        optional[name] = None if value is None else _string(value, t.where(name))
+    problem = optional["endpoint_url"] and grammar.endpoint_url_problem(optional["endpoint_url"])
+    if problem:
+        raise InputError(problem, t.where("endpoint_url"))
+    return S3Config(bucket, prefix, optional["region"], optional["endpoint_url"])
+
+
+def parse_store_table(table: object, root: Path, file: str) -> StoreConfig:
+    """BUILD.toml's [store] table (None when absent); `file` names BUILD.toml in messages."""
+    t = Table({} if table is None else table, file, "store", STORE_KEYS, unknown_at_table=True)
+    local = store_dir(t.data.get("local", DEFAULT_LOCAL), root, t.where("local"))
+    shared = None if "shared" not in t.data else store_dir(t.data["shared"], root, t.where("shared"))
+    keep = t.data.get("keep", DEFAULT_KEEP)
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        raise InputError(f"must be a whole number ≥ 1, not {keep!r}", t.where("keep"))
+    pins = t.data.get("pins", [])
+    if not isinstance(pins, list):
+        raise InputError(f"must be a list of keys or graph:layer names, not {type_name(pins)}", t.where("pins"))
+    for index, pin in enumerate(pins):
+        pin_where = t.where(f"pins[{index}]")
+        _string(pin, pin_where)
+        try:
+            classify_ref(pin)
+        except InputError as exc:
+            raise InputError(exc.problem, pin_where) from None
+    s3 = None if t.data.get("s3") is None else parse_s3_table(t.data["s3"], file, "store.s3")
+    return StoreConfig(local, shared, s3, keep, tuple(pins), file)
+
+
+# --- [builder], [registry], [export] ------------------------------------------------------------
+
+
+def _builder(t: Table | None) -> BuilderSettings:
+    from efabuild.model import DEFAULT_PLATFORM, BuilderSettings
+
+    if t is None:
+        return BuilderSettings()
+    jobs = t.get("jobs", int, 2)
+    if jobs < 1:
+        raise InputError("must be at least 1", t.where("jobs"))
+    chosen = [k for k in ("context", "host", "buildx_builder") if k in t.data]
+    if len(chosen) > 1:
+        raise InputError(f"set only one of {', '.join(chosen)}", t.where(chosen[1]))
+    checks = {"platform": grammar.platform_problem, "context": grammar.tool_name_problem,
+              "host": grammar.host_problem, "buildx_builder": grammar.tool_name_problem}
+    values = {key: t.get(key, str) for key in checks}
+    for key, value in values.items():
+        problem = value is not None and checks[key](value)
+        if problem:
+            raise InputError(problem, t.where(key))
+    return BuilderSettings(
+        platform=values["platform"] or DEFAULT_PLATFORM, jobs=jobs, context=values["context"],
+        host=values["host"], buildx_builder=values["buildx_builder"],
+    )
+
+
+def _registry(t: Table | None) -> RegistrySettings | None:
+    from efabuild.model import RegistrySettings
+
+    if t is None:
+        return None
+    url = t.get("url", str)
+    if not url:
+        raise InputError("missing: the layer-cache registry needs a url", t.where("url"))
+    problem = grammar.registry_problem(url.rstrip("/"))
+    if problem:
+        raise InputError(problem, t.where("url"))
+    return RegistrySettings(url=url.rstrip("/"), insecure=t.get("insecure", bool, False))
+
+
+def _export(t: Table | None) -> ExportSettings:
+    from efabuild.model import ExportSettings
+
+    if t is None:
+        return ExportSettings()
+    compression = t.get("compression", str, "lzo")
+    if compression not in COMPRESSIONS:
+        raise InputError(f"unknown compression '{compression}' (one of {', '.join(COMPRESSIONS)})",
+                         t.where("compression"))
+    extra = t.str_list("extra_options")
+    problem = grammar.extra_options_problem(extra)
+    if problem:
+        raise InputError(problem, t.where("extra_options"))
+    return ExportSettings(compression=compression, compress_data=t.get("compress_data", bool, False),
+                          extra_options=extra, clamp_times=t.get("clamp_times", bool, True))
+
+
+# --- [audit], [sign], [trust] -------------------------------------------------------------------
+
+
+def _audit(t: Table | None) -> AuditPolicy:
+    from efabuild.model import COMPONENTS, KNOWN_PINS, AuditPolicy
+
+    if t is None:
+        return AuditPolicy()
+    components = (*COMPONENTS, "openmpi")
+    minimums = t.get("min_versions", dict, {})
+    for component, version in minimums.items():
+        check_known(component, components, t.where(f"min_versions.{component}"), "component")
+        if not isinstance(version, str) or not VERSION.fullmatch(version):
+            raise InputError("must be a version string like \"1.19.0\"", t.where(f"min_versions.{component}"))
+    for pin in t.str_list("required_pins"):
+        if not (pin.startswith("arg:") and grammar.ARG_NAME.fullmatch(pin[4:])):
+            check_known(pin, KNOWN_PINS, t.where("required_pins"), "pin (or arg:NAME)")
+    known_bad = tuple(_known_bad(Table(entry, t.file, f"audit.known_bad[{index}]", ("when", "and", "why")),
+                                 components) for index, entry in enumerate(t.get("known_bad", list, [])))
+    host_efa_installer = t.get("host_efa_installer", str)
+    if host_efa_installer is not None and not VERSION.fullmatch(host_efa_installer):
+        raise InputError("must be a version string like \"1.50.0\"", t.where("host_efa_installer"))
+    return AuditPolicy(
+        host_efa_installer=host_efa_installer,
+        min_versions=tuple(sorted(minimums.items())),
+        required_pins=t.str_list("required_pins"),
+        known_bad=known_bad,
+    )
+
+
+def _known_bad(item: Table, components: tuple[str, ...]) -> tuple[str, str, str, str, str]:
+    """One [[audit.known_bad]] entry: (component, spec, component, spec, why)."""
+    parts: list[str] = []
+    for key in ("when", "and"):
+        match = VERSION_SPEC.fullmatch(item.get(key, str) or "")
+        if not match:
+            raise InputError("must look like 'nccl>=2.19'", item.where(key))
+        check_known(match.group(1), components, item.where(key), "component")
+        parts += [match.group(1), match.group(2) + match.group(3)]
+    return (parts[0], parts[1], parts[2], parts[3], item.get("why", str, ""))
+
+
+def _sign(t: Table | None) -> SignSettings | None:
+    from efabuild.model import SignSettings
+
+    if t is None:
+        return None
+    key = t.get("key", str)
+    if not key:
+        raise InputError("missing: a PEM private key file or a KMS key ARN to sign with", t.where("key"))
+    return SignSettings(key=key, region=t.get("region", str), endpoint_url=t.get("endpoint_url", str))
+
+
+def _trust(t: Table | None) -> tuple[str, ...]:
+    if t is None:
+        return ()
+    t.get("endpoint_url", str)
+    keys = t.str_list("keys")
+    if not all(k.strip() for k in keys):
+        raise InputError("an empty entry: give PEM public key files, PEM keys or KMS key ARNs", t.where("keys"))
+    return keys
