@@ -33,7 +33,7 @@ def stored_artifact(directory: Path, signer, *, label: str = "artifact", name: s
     from efabuild.signing.attest import signed
     from efabuild.store.digest import file_digests
     from efabuild.provenance.stored import describe_sqsh
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
     from efabuild.store.record import ArtifactRecord
 
     directory.mkdir(parents=True, exist_ok=True)

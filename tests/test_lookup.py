@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.store.core import Store
+from efabuild.store.tiered import Store
 from efabuild.store.fs import FilesystemTier
 from tests.storekit import efabuild, key_for, make_sqsh, record_for
 

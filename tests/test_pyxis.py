@@ -16,7 +16,7 @@ import pytest
 
 from efabuild.pyxis.importer import parse_image_uri
 from efabuild.errors import InputError
-from efabuild.store.core import Store
+from efabuild.store.tiered import Store
 from efabuild.store.fs import FilesystemTier
 from tests.storekit import REPO, key_for, make_sqsh, record_for
 

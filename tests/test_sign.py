@@ -306,7 +306,7 @@ def test_cosign_accepts_the_envelope(tmp_path, keys, kind):
 @pytest.mark.s3
 def test_the_signed_statement_travels_through_s3_to_a_node_that_fetches(tmp_path, keys, moto_server, s3_bucket):
     from efabuild.settings import S3Config
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
     from efabuild.store.fs import FilesystemTier
 
     builder_store, key = stored_artifact(tmp_path / "builder", PemSigner(keys["ec"][0]))

@@ -26,7 +26,7 @@ import pytest
 from efabuild.signing import dsse
 from efabuild.signing.attest import sign_stored
 from efabuild.signing.keys import KMS_RAW_LIMIT, KmsSigner
-from efabuild.store.core import Store
+from efabuild.store.tiered import Store
 from tests.signkit import NAME, object_path, stored_artifact
 from tests.storekit import efabuild
 

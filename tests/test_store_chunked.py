@@ -15,7 +15,7 @@ import pytest
 from efabuild.store.digest import file_digest
 from efabuild.errors import EfabuildError
 from efabuild.settings import S3Config
-from efabuild.store.core import Store
+from efabuild.store.tiered import Store
 from efabuild.store.fs import FilesystemTier
 from efabuild.store.s3 import S3Tier
 from efabuild.store.s3chunks import collect

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from efabuild.store.digest import file_digest
-from efabuild.store.core import Store
+from efabuild.store.tiered import Store
 from efabuild.store.fs import FilesystemTier
 from efabuild.store.record import ArtifactRecord
+from efabuild.store.sweep import remove
 from tests.storekit import REPO, efabuild, key_for
 
 # name -> keys in the order they were built (oldest first)
@@ -159,7 +160,7 @@ def test_a_key_made_current_again_while_gc_runs_is_not_deleted(tmp_path: Path):
     decided = store.gc(dry_run=True)
     assert [r.record.key for r in decided.removals] == [old]
     store.name("demo:user", old)  # the rollback lands between gc's decision and its deletion
-    store._remove(store.fs_tiers, decided.removals, ())
+    remove(store.fs_tiers, decided.removals, ())
     assert store.lookup("demo:user") == store.fs_tiers[0].sqsh_path(old)
 
 

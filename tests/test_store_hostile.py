@@ -26,7 +26,7 @@ import pytest
 from efabuild.cli import main
 from efabuild.errors import EfabuildError
 from efabuild.provenance.audit import PASS
-from efabuild.store.core import Store
+from efabuild.store.tiered import Store
 from efabuild.store.fs import FilesystemTier
 from tests.storekit import key_for, make_sqsh, record_for
 

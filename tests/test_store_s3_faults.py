@@ -10,7 +10,7 @@ import pytest
 
 from efabuild.store.digest import file_digest
 from efabuild.settings import S3Config
-from efabuild.store.core import Store
+from efabuild.store.tiered import Store
 from efabuild.store.fs import PUBLISHED, FilesystemTier
 from tests.storekit import efabuild, key_for, make_sqsh, record_for
 

@@ -28,7 +28,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 def run(args: argparse.Namespace) -> int:
     from efabuild.cli.output import print_json, print_table
     from efabuild.store.progress import human_bytes
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
     from efabuild.refs import short
 
     store = Store.locate(args.store)

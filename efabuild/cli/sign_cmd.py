@@ -70,7 +70,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 def run_verify(args: argparse.Namespace) -> int:
     from efabuild.cli.output import print_json
     from efabuild.errors import InputError
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
     from efabuild.refs import short
     from efabuild.store.config import locate
     from efabuild.signing.trust import policy_for
@@ -115,7 +115,7 @@ def run_sign(args: argparse.Namespace) -> int:
     from efabuild.signing.attest import sign_stored
     from efabuild.errors import InputError
     from efabuild.signing.keys import signer_for
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
     from efabuild.refs import short
     from efabuild.store.config import find_build_toml
 

@@ -48,7 +48,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def _store(args: argparse.Namespace):  # noqa: ANN202 - efabuild.store.Store
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
 
     return Store.locate(args.store)
 

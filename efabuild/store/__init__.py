@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from efabuild.store.core import GcReport, Listing, Store
+    from efabuild.store.tiered import GcReport, Listing, Store
     from efabuild.store.record import ArtifactRecord
 
 __all__ = ["ArtifactRecord", "GcReport", "Listing", "Store"]
@@ -17,9 +17,9 @@ __all__ = ["ArtifactRecord", "GcReport", "Listing", "Store"]
 
 def __getattr__(name: str) -> Any:
     if name in ("Store", "Listing", "GcReport"):
-        from efabuild.store import core
+        from efabuild.store import tiered
 
-        return getattr(core, name)
+        return getattr(tiered, name)
     if name == "ArtifactRecord":
         from efabuild.store.record import ArtifactRecord
 

@@ -17,6 +17,19 @@ from efabuild.settings import StoreConfig
 from efabuild.store.config import locate
 
 
+def local_key(layouts: list[Layout], ref: str) -> tuple[str | None, bool]:
+    """(the key `ref` names according to these directories alone, or None; whether that answer
+    is a name these directories only copied from S3 at a fetch, so that S3 says which key it
+    names now). The one local resolver: `efabuild lookup`'s fast path and `Store.resolve`."""
+    kind, value = classify_ref(ref)
+    if kind != "name":
+        return resolve_in(layouts, ref), False
+    newest = newest_ref(layouts, value)
+    if newest is None:
+        return None, False
+    return newest["key"], newest.get("via") == "s3"
+
+
 def find_local(table: StoreConfig, ref: str, ask_s3: bool = False) -> tuple[str, Layout, dict] | None:
     """(key, layout of the tier holding it, its record) when a filesystem tier holds it intact,
     else None.
@@ -28,12 +41,8 @@ def find_local(table: StoreConfig, ref: str, ask_s3: bool = False) -> tuple[str,
     from S3 at a fetch is not answered here: S3 says which key it names now.
     """
     layouts = [Layout(root) for _, root in table.roots()]
-    if ask_s3 and classify_ref(ref)[0] == "name":
-        newest = newest_ref(layouts, classify_ref(ref)[1])
-        if newest is not None and newest.get("via") == "s3":
-            return None
-    key = resolve_in(layouts, ref)
-    if key is None:
+    key, via_s3 = local_key(layouts, ref)
+    if key is None or (ask_s3 and via_s3):
         return None
     problems = []
     for layout in layouts:
@@ -117,7 +126,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
             _require_signed(layout, key, policy, ref)
         return path, record
     # A miss: the full store resolves remotely, fetches, and words the failure.
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
 
     full = Store.from_config(table)
     path = full.lookup(ref, fetch=fetch, verify=verify)

@@ -69,7 +69,7 @@ def scenario(ctx: Context) -> Result:
     from efabuild.store.digest import file_digest
     from efabuild.settings import S3Config
     from efabuild.store.chunks import chunk_file
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
     from efabuild.store.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
     from efabuild.store.s3 import S3Tier

@@ -20,7 +20,7 @@ def make_store(root) -> str:  # noqa: ANN001
     import secrets
 
     from efabuild.store.digest import file_digest
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
     from efabuild.store.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
 

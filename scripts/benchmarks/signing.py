@@ -75,7 +75,7 @@ def _signed_store(root: Path, sqsh: Path, signer) -> str:  # noqa: ANN001
     from efabuild.signing import dsse
     from efabuild.store.digest import file_digests
     from efabuild.provenance.intoto import PREDICATE_TYPE, STATEMENT_TYPE
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
     from efabuild.store.record import ArtifactRecord
 
     key = hashlib.sha256(uuid.uuid4().bytes).hexdigest()
@@ -180,7 +180,7 @@ def _export_and_publish(ctx: Context, scratch: Path, signer) -> tuple:  # noqa: 
     from efabuild.store.digest import Sha256Pass
     from efabuild.model import ExportSettings
     from efabuild.provenance.stored import describe_sqsh
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
     from efabuild.store.record import ArtifactRecord
 
     sizes = ctx.sizes

@@ -14,83 +14,30 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from collections import defaultdict
 from pathlib import Path
 
 import attrs
 
-from efabuild.store.digest import bytes_digest
-from efabuild.errors import EfabuildError, InputError, NotFound
-from efabuild.store.gc import keys_to_keep
-from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
-from efabuild.store.s3chunks import DEFAULT_GRACE, Seed
-from efabuild.store.layout import newest_ref, resolve_in
+from efabuild import notices
+from efabuild.errors import EfabuildError, NotFound
 from efabuild.refs import check_key, classify_ref, pick_one, short
+from efabuild.store import seeds
 from efabuild.settings import DEFAULT_KEEP, S3Config, StoreConfig
 from efabuild.store.config import bare_store, locate
-from efabuild.store.lock import LockBusy
+from efabuild.store.digest import bytes_digest
+from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
+from efabuild.store.lookup import local_key
 from efabuild.store.record import ArtifactRecord
+from efabuild.store.s3chunks import DEFAULT_GRACE, Seed
+from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
 from efabuild.store.transfer import DamagedCopy, send, transfer, verified_copy
 
-S3_TIER = "s3"
-
-
-def _warn(message: str) -> None:
-    print(f"efabuild: warning: {message}", file=sys.stderr)
 
 
 @attrs.frozen
 class Listing:
     record: ArtifactRecord
     tiers: tuple[str, ...]  # tier names holding it, in store order
-
-
-@attrs.frozen
-class Removal:
-    tier: str
-    record: ArtifactRecord
-
-
-@attrs.frozen
-class GcReport:
-    keep: int
-    dry_run: bool
-    removals: tuple[Removal, ...]  # deleted, or to delete on a dry run
-    kept: tuple[str, ...]  # keys kept
-    debris: tuple[tuple[str, str], ...]  # (tier, path or URL) of interrupted writes
-    busy: tuple[tuple[str, str], ...] = ()  # (tier, key) skipped: in use by a publisher or fetcher
-    spared: tuple[Removal, ...] = ()  # what S3 would lose if asked (a bare store's gc without --s3)
-    chunks: object | None = None  # s3chunks.ChunkGc: the S3 tier's shared chunks, swept after a grace period
-
-    @property
-    def freed(self) -> int:
-        return sum(r.record.size for r in self.removals)
-
-
-def _check_writable(tier: FilesystemTier) -> None:
-    """One line before anything is deleted, rather than a failure halfway."""
-    try:
-        read_only = bool(os.statvfs(tier.root).f_flag & os.ST_RDONLY)
-    except OSError as exc:
-        raise EfabuildError(f"{tier.name} tier {tier.root}: {exc.strerror}; nothing deleted") from None
-    if read_only:
-        raise EfabuildError(f"{tier.name} tier {tier.root}: read-only file system; nothing deleted "
-                            f"(run gc where the store is mounted writable)")
-    if not os.access(tier.root, os.W_OK):
-        raise EfabuildError(f"{tier.name} tier {tier.root}: permission denied; nothing deleted "
-                            f"(run gc as a user who may write the store)")
-
-
-def _current_targets(tiers) -> set[str]:
-    """The key every name currently resolves to, in any of these tiers."""
-    current = set()
-    for tier in tiers:
-        for name in tier.ref_names():
-            history = tier.read_refs(name)
-            if history:
-                current.add(history[-1]["key"])
-    return current
 
 
 def store_config_text(s3: S3Config) -> str:
@@ -218,7 +165,7 @@ class Store:
                     self._record_names(copy.record.name, key, self._tiers(remote=True))  # as publish does
                     return results
             except DamagedCopy as exc:
-                _warn(f"{exc}; not copied from there")
+                notices.warn(f"{exc}; not copied from there")
                 self._damaged.setdefault(key, set()).add(source.name)
         return None
 
@@ -230,21 +177,11 @@ class Store:
             target.delete(copy.key)  # S3 keeps the first object written under a key: make room
         outcome = send(copy, target, show_progress=self.show_progress)
         if target.name == S3_TIER:
-            self._keep_chunk_index(copy.key, target.last_index)
+            seeds.keep_beside_copies(self.fs_tiers, copy.key, target.last_index)
         if repairing:
             damaged.discard(target.name)
             outcome = REPAIRED if outcome == PUBLISHED else outcome
         return outcome
-
-    def _keep_chunk_index(self, key: str, index) -> None:  # noqa: ANN001 - ChunkIndex | None
-        """Keep the index S3 just cut the artifact into beside each filesystem copy, so that
-        copy seeds later fetches of newer versions without being read again."""
-        if index is None:
-            return
-        for tier in self.fs_tiers:
-            record = tier.record(key) if tier.has(key) else None
-            if record is not None and (record.size, record.digest) == (index.size, index.digest):
-                tier.keep_index(key, index)
 
     def _record_names(self, name: str, key: str, tiers: list) -> None:
         for tier in tiers:
@@ -299,17 +236,15 @@ class Store:
     def resolve(self, ref: str, *, remote: bool = True) -> str:
         """A full key for `ref`: a key, a unique prefix of ≥ 8 hex, or graph:layer."""
         kind, value = classify_ref(ref)
-        key = resolve_in([tier.layout for tier in self.fs_tiers], ref)
-        if key is not None and kind == "name" and remote and self.s3_settings is not None:
-            newest = newest_ref([tier.layout for tier in self.fs_tiers], value)
-            if newest is not None and newest.get("via") == S3_TIER:
-                # this filesystem only copied the name from S3 at a fetch: a later make may
-                # have moved it, and only S3 knows
-                try:
-                    history = self.s3.read_refs(value)
-                    key = history[-1]["key"] if history else key
-                except EfabuildError as exc:
-                    print(f"efabuild: warning: S3 not reachable, {value} as last fetched: {exc}", file=sys.stderr)
+        key, via_s3 = local_key([tier.layout for tier in self.fs_tiers], ref)
+        if key is not None and via_s3 and remote and self.s3_settings is not None:
+            # this filesystem only copied the name from S3 at a fetch: a later make may have
+            # moved it, and only S3 knows
+            try:
+                history = self.s3.read_refs(value)
+                key = history[-1]["key"] if history else key
+            except EfabuildError as exc:
+                notices.warn(f"S3 not reachable, {value} as last fetched: {exc}")
         if key is None and remote and self.s3 is not None:
             if kind == "name":
                 history = self.s3.read_refs(value)
@@ -376,24 +311,9 @@ class Store:
             transfer(key, self.s3, [target], target, locked=True, show_progress=self.show_progress)
         return target.sqsh_path(key)
 
-    def seeds(self, name: str, limit: int = 8) -> tuple[Seed, ...]:
-        """Artifacts on this node's filesystem tiers whose chunk indexes are kept: earlier versions
-        of `name` first (they share the most), then the most recently indexed others (a parent
-        layer's artifact holds most of its children's bytes)."""
-        found: dict[str, Seed] = {}
-        for tier in self.fs_tiers:
-            for entry in reversed(tier.read_refs(name)):
-                index = tier.chunk_index(entry["key"])
-                if index is not None and len(found) < limit // 2:
-                    found.setdefault(index.digest, Seed(tier.sqsh_path(entry["key"]), index))
-        for tier in self.fs_tiers:
-            for key in tier.recently_indexed():
-                if len(found) >= limit:
-                    break
-                index = tier.chunk_index(key)
-                if index is not None:
-                    found.setdefault(index.digest, Seed(tier.sqsh_path(key), index))
-        return tuple(found.values())
+    def seeds(self, name: str) -> tuple[Seed, ...]:
+        """What this node holds that can seed a chunked transfer of `name` (see store/seeds.py)."""
+        return seeds.seeds(self.fs_tiers, name)
 
     # ---- metadata
     def record(self, key: str) -> ArtifactRecord | None:
@@ -435,7 +355,7 @@ class Store:
         record is skipped with a warning)."""
         listings, unreadable = self.inventory(remote=remote)
         for tier, key, problem in unreadable:
-            _warn(f"{tier} tier: skipping {short(key)}: {problem}")
+            notices.warn(f"{tier} tier: skipping {short(key)}: {problem}")
         return listings
 
     def inventory(self, *, remote: bool = True) -> tuple[list[Listing], list[tuple[str, str, str]]]:
@@ -466,87 +386,9 @@ class Store:
         remote: bool = True,
         delete_remote: bool = True,
     ) -> GcReport:
-        """Delete all but the newest `keep` keys of every name, the current ref targets and pins.
-
-        Decided over the union of all tiers (S3's too when `remote`), so every tier keeps the same
-        keys; S3 is deleted from only with `delete_remote` (else its removals are reported as
-        spared). Objects being published or fetched right now (key lock held) are skipped.
-        Leftovers of interrupted writes are removed too.
-        """
+        """All but the newest `keep` keys of every name, the current ref targets and pins, deleted
+        from every tier (S3 only with `delete_remote`; see sweep.collect_garbage)."""
         keep = self.keep if keep is None else keep
-        if keep < 1:
-            raise InputError(f"--keep must be at least 1, not {keep}")
         pins = self.pins if pins is None else tuple(pins)
-        tiers = self._tiers(remote)
-        held = {tier.name: tier.list() for tier in tiers}
-        keep_keys = keys_to_keep(held, _current_targets(tiers), keep, pins)
-        doomed = tuple(Removal(tier.name, record) for tier in tiers for record in held[tier.name]
-                       if record.key not in keep_keys)
-        deleting = [tier for tier in tiers if delete_remote or tier.name != S3_TIER]
-        removals = tuple(r for r in doomed if r.tier != S3_TIER or delete_remote)
-        spared = tuple(r for r in doomed if r not in removals)
-        debris = tuple((tier.name, str(item)) for tier in deleting for item in tier.debris())
-        report = GcReport(keep, dry_run, removals, tuple(sorted(keep_keys)), debris, spared=spared)
-        if not dry_run:
-            for tier in deleting:
-                if isinstance(tier, FilesystemTier) and (any(r.tier == tier.name for r in removals)
-                                                         or any(t == tier.name for t, _ in debris)):
-                    _check_writable(tier)
-            report = attrs.evolve(report, busy=self._remove(tiers, removals, debris))
-        if any(tier.name == S3_TIER for tier in deleting):
-            from efabuild.store.s3chunks import collect
-
-            # after the artifacts: the chunks only they used are marked now, swept by a later gc
-            report = attrs.evolve(report, chunks=collect(self.s3.chunks, dry_run=dry_run, grace=self.chunk_grace))
-        return report
-
-    def _remove(self, tiers: list, removals: tuple[Removal, ...], debris: tuple) -> tuple:
-        by_name = {tier.name: tier for tier in tiers}
-        busy = []
-        gone: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-        for removal in removals:
-            tier, key = by_name[removal.tier], removal.record.key
-            if isinstance(tier, FilesystemTier):
-                lock = tier.key_lock(key)
-                try:
-                    lock.acquire(blocking=False)
-                except LockBusy:
-                    busy.append((tier.name, key))
-                    continue
-                try:
-                    # a make may have made this key current again since gc looked: ask afresh
-                    if key in _current_targets(tiers):
-                        continue
-                    tier.delete(key)
-                    lock.remove()  # while held: see FileLock's inode check
-                    _drop_build_lock(tier, key)
-                finally:
-                    lock.release()
-            else:
-                if key in _current_targets(tiers):
-                    continue
-                tier.delete(key)
-            gone[tier.name][removal.record.name].add(key)
-        for tier_name, names in gone.items():
-            for name, keys in names.items():
-                by_name[tier_name].drop_ref_entries(name, keys)
-        for tier_name, item in debris:
-            tier = by_name[tier_name]
-            if isinstance(tier, FilesystemTier):
-                tier.remove_debris(Path(item))
-            else:
-                tier.remove_debris(item)
-        return tuple(busy)
-
-
-def _drop_build_lock(tier: FilesystemTier, key: str) -> None:
-    """A deleted key's build lock file goes too, unless a make holds it (building it again)."""
-    lock = tier.build_lock(key)
-    try:
-        lock.acquire(blocking=False)
-    except LockBusy:
-        return
-    try:
-        lock.remove()
-    finally:
-        lock.release()
+        return collect_garbage(self._tiers(remote), keep, pins, dry_run=dry_run, delete_remote=delete_remote,
+                               chunk_grace=self.chunk_grace)

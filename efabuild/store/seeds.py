@@ -1,0 +1,91 @@
+"""Chunk indexes kept beside artifacts on filesystem tiers, and the seeds they make.
+
+When the S3 tier cuts an artifact into chunks (publish or fetch), its index is kept beside each
+filesystem copy as `<key>.chunks.json`; that copy then seeds later fetches of newer versions
+(their shared chunks are read from it, not downloaded) without being read again. Indexes are
+written by whoever may write the store: anything else found there (a link, a FIFO, junk, an
+index of other bytes) only costs that artifact its use as a seed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from efabuild import notices
+from efabuild.errors import EfabuildError
+from efabuild.refs import check_key, is_key
+from efabuild.store import fsutil
+from efabuild.store.chunks import MAX_INDEX_BYTES, ChunkIndex
+from efabuild.store.layout import INDEX_SUFFIX
+from efabuild.store.s3chunks import Seed
+
+
+def index_path(tier, key: str) -> Path:  # noqa: ANN001 - a FilesystemTier
+    return tier.layout.object_dir(check_key(key)) / (key + INDEX_SUFFIX)
+
+
+def kept_index(tier, key: str) -> ChunkIndex | None:  # noqa: ANN001
+    """The artifact's chunk index, if one is kept and matches the stored record."""
+    where = index_path(tier, key)
+    try:
+        data = fsutil.read_under(tier.root, where, MAX_INDEX_BYTES)
+        index = None if data is None else ChunkIndex.from_json(data, fsutil.shown(where))
+        record = tier.record(key) if index is not None else None
+    except EfabuildError as exc:  # UnsafeEntry, BadChunkIndex, a damaged record
+        notices.warn(f"{tier.name} tier: ignoring {exc}")
+        return None
+    if index is None or record is None or (index.size, index.digest) != (record.size, record.digest):
+        return None
+    return index
+
+
+def recently_indexed(tier, limit: int = 64) -> list[str]:  # noqa: ANN001
+    """Keys whose chunk index is kept here, most recently written first (entries that are not
+    plain files in plain directories are passed over, never followed)."""
+    found = []
+    for name in fsutil.fanout_dirs(tier.root):
+        try:
+            with fsutil.store_dir(tier.root, "objects", name) as fd:
+                for entry in os.scandir(fd):
+                    key = entry.name[: -len(INDEX_SUFFIX)]
+                    if entry.name.endswith(INDEX_SUFFIX) and is_key(key) and entry.is_file(follow_symlinks=False):
+                        found.append((entry.stat(follow_symlinks=False).st_mtime_ns, key))
+        except (OSError, fsutil.UnsafeEntry):
+            continue
+    return [key for _, key in sorted(found, reverse=True)[:limit]]
+
+
+def keep_index(tier, key: str, index: ChunkIndex) -> None:  # noqa: ANN001
+    if tier.has(key):
+        fsutil.atomic_write_bytes(index_path(tier, key), index.to_json(), tier.layout.tmp_dir)
+
+
+def keep_beside_copies(fs_tiers: list, key: str, index: ChunkIndex | None) -> None:
+    """Keep the index S3 just cut the artifact into beside each filesystem copy of those bytes."""
+    if index is None:
+        return
+    for tier in fs_tiers:
+        record = tier.record(key) if tier.has(key) else None
+        if record is not None and (record.size, record.digest) == (index.size, index.digest):
+            keep_index(tier, key, index)
+
+
+def seeds(fs_tiers: list, name: str, limit: int = 8) -> tuple[Seed, ...]:
+    """Artifacts on these filesystem tiers whose chunk indexes are kept: earlier versions of
+    `name` first (they share the most), then the most recently indexed others (a parent layer's
+    artifact holds most of its children's bytes)."""
+    found: dict[str, Seed] = {}
+    for tier in fs_tiers:
+        for entry in reversed(tier.read_refs(name)):
+            index = kept_index(tier, entry["key"])
+            if index is not None and len(found) < limit // 2:
+                found.setdefault(index.digest, Seed(tier.sqsh_path(entry["key"]), index))
+    for tier in fs_tiers:
+        for key in recently_indexed(tier):
+            if len(found) >= limit:
+                break
+            index = kept_index(tier, key)
+            if index is not None:
+                found.setdefault(index.digest, Seed(tier.sqsh_path(key), index))
+    return tuple(found.values())
