@@ -14,6 +14,7 @@ from efabuild.settings import S3Config
 from efabuild.store.chunks import BadChunkIndex, ChunkIndex, chunk_file
 from efabuild.store.s3 import S3Tier
 from efabuild.store.s3chunks import ChunkError, ChunkStore, Seed, assemble
+from efabuild.store import seeds
 
 KiB, MiB = 1024, 1024 * 1024
 SMALL = (4 * KiB, 16 * KiB, 64 * KiB)  # small chunks, so a few MiB make many of them
@@ -87,7 +88,7 @@ def test_an_index_beside_an_artifact_is_never_followed_and_junk_is_ignored(tmp_p
     index = chunk_file(tier.sqsh_path(key), chunking=SMALL)
     tier.keep_index(key, index)
     assert tier.chunk_index(key) == index and tier.recently_indexed() == [key]
-    path = tier.index_path(key)
+    path = seeds.index_path(tier, key)
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_bytes(index.to_json())
     for plant in ("link", "fifo", "junk", "other-file"):
@@ -201,9 +202,12 @@ def test_gc_deletes_a_chunk_only_after_a_grace_period_in_which_nothing_used_it(t
 
 
 @pytest.mark.s3
-def test_gc_skips_a_junk_index_with_a_warning(tmp_path, chunk_store, caplog):
+def test_gc_skips_a_junk_index_with_a_warning(tmp_path, chunk_store, monkeypatch):
+    from efabuild import notices
     from efabuild.store.s3chunks import collect
 
+    said = []
+    monkeypatch.setattr(notices, "_printer", lambda kind, message: said.append((kind, message)))
     one, _ = versions(tmp_path)
     a = chunk_file(one, chunking=SMALL)
     chunk_store.upload(a, one, chunk_store.missing(a.unique()))
@@ -213,4 +217,4 @@ def test_gc_skips_a_junk_index_with_a_warning(tmp_path, chunk_store, caplog):
     report = collect(chunk_store, grace=0, dry_run=False)
     assert report.referenced == len(a.unique()) and report.deleted == 0
     assert report.skipped_indexes == (tier._path("objects", "00", "b" * 64 + ".chunks.json"),)
-    assert "not JSON" in caplog.text
+    assert [(kind, "not JSON" in message) for kind, message in said] == [(notices.WARNING, True)]

@@ -22,7 +22,7 @@ from efabuild.errors import EfabuildError, InputError
 from efabuild.refs import short
 from efabuild.model import Layer, Workspace
 from efabuild.store.owner import owned_name
-from efabuild.store.fs import CONTEXT_PREFIX
+from efabuild.store.leftovers import CONTEXT_PREFIX
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
 from efabuild.build.stops import step_boundary
 from efabuild.build.prepare import Prepared

@@ -19,7 +19,6 @@ import json
 import mmap
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import attrs
 import blake3

@@ -17,40 +17,23 @@ import contextlib
 import errno
 import json
 import os
-import shutil
-import socket
 import stat
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
-from efabuild.store.owner import owner_of
-from efabuild.store.progress import Progress
-from efabuild.store import fsutil
-from efabuild.store.chunks import MAX_INDEX_BYTES, ChunkIndex
-from efabuild.store.layout import (
-    INDEX_SUFFIX,
-    ENVELOPE_SUFFIX,
-    MANIFEST_LIMIT,
-    MANIFEST_SUFFIX,
-    RECORD_SUFFIX,
-    SQSH_SUFFIX,
-    Layout,
-)
-from efabuild.refs import check_key, is_key, short
+from efabuild.refs import check_key, short
+from efabuild.store import fsutil, leftovers, seeds
+from efabuild.store.chunks import ChunkIndex
 from efabuild.store.fsutil import UnsafeEntry, shown
-from efabuild.store.lock import FileLock, LockBusy, pid_alive
+from efabuild.store.layout import ENVELOPE_SUFFIX, MANIFEST_LIMIT, MANIFEST_SUFFIX, RECORD_SUFFIX, SQSH_SUFFIX, Layout
+from efabuild.store.lock import FileLock
+from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord, utc_now
 from efabuild.store.transfer import SIDECARS, DamagedCopy, check_file
 
 MAX_REF_HISTORY = 1000
-# Temp files of writers on other hosts are only judged by age.
-STALE_TEMP_SECONDS = 24 * 3600
-
-# build contexts a make writes into the local tier's tmp/ (efabuild.build.run), named by their owner
-CONTEXT_PREFIX = "context"
 
 PUBLISHED = "published"
 REUSED = "reused"
@@ -158,51 +141,17 @@ class FilesystemTier:
             raise EfabuildError(f"{self.name} tier has no artifact {short(key)}")
         check_file(self.name, self.sqsh_path(key), record)
 
-    # ---- locks
-    # ---- chunk indexes: kept beside an artifact so it can seed the next fetch from S3
-    def index_path(self, key: str) -> Path:
-        return self.layout.object_dir(check_key(key)) / (key + INDEX_SUFFIX)
-
+    # ---- chunk indexes kept beside artifacts, to seed fetches from S3 (store/seeds.py)
     def chunk_index(self, key: str) -> ChunkIndex | None:
-        """The artifact's chunk index, if one is kept and matches the stored record. Anything else
-        a store writer put there (a link, a FIFO, junk) is ignored with a warning: it only costs
-        this artifact its use as a seed."""
-        where = self.index_path(key)
-        try:
-            data = fsutil.read_under(self.root, where, MAX_INDEX_BYTES)
-            index = None if data is None else ChunkIndex.from_json(data, shown(where))
-            record = self.record(key) if index is not None else None
-        except EfabuildError as exc:  # UnsafeEntry, BadChunkIndex, a damaged record
-            _warn(f"{self.name} tier: ignoring {exc}")
-            return None
-        if index is None or record is None or (index.size, index.digest) != (record.size, record.digest):
-            return None
-        return index
-
-    def recently_indexed(self, limit: int = 64) -> list[str]:
-        """Keys whose chunk index is kept here, most recently written first (entries that are
-        not plain files in plain directories are passed over, never followed)."""
-        found = []
-        try:
-            with fsutil.store_dir(self.root, "objects") as objects:
-                fanout = [e.name for e in os.scandir(objects) if e.is_dir(follow_symlinks=False)]
-        except (OSError, UnsafeEntry):
-            return []
-        for name in fanout:
-            try:
-                with fsutil.store_dir(self.root, "objects", name) as fd:
-                    for entry in os.scandir(fd):
-                        key = entry.name[: -len(INDEX_SUFFIX)]
-                        if entry.name.endswith(INDEX_SUFFIX) and is_key(key) and entry.is_file(follow_symlinks=False):
-                            found.append((entry.stat(follow_symlinks=False).st_mtime_ns, key))
-            except (OSError, UnsafeEntry):
-                continue
-        return [key for _, key in sorted(found, reverse=True)[:limit]]
+        return seeds.kept_index(self, key)
 
     def keep_index(self, key: str, index: ChunkIndex) -> None:
-        if self.has(key):
-            fsutil.atomic_write_bytes(self.index_path(key), index.to_json(), self.layout.tmp_dir)
+        seeds.keep_index(self, key, index)
 
+    def recently_indexed(self, limit: int = 64) -> list[str]:
+        return seeds.recently_indexed(self, limit)
+
+    # ---- locks
     def key_lock(self, key: str, **options: object) -> FileLock:
         return FileLock(self.layout.key_lock_path(check_key(key)), on_wait=_on_wait, root=self.root, **options)
 
@@ -221,59 +170,54 @@ class FilesystemTier:
         show_progress: bool = True,
         envelope: bytes | None = None,
         sidecars: Mapping[str, bytes] | None = None,
+        locked: bool = False,
     ) -> str:
         """Store `sqsh` under `key`: PUBLISHED, REUSED (someone else did already) or REPAIRED.
         `sidecars` ({suffix: bytes}, see transfer.SIDECARS) are stored beside it like the manifest.
+        `locked`: the caller holds key_lock(key) already (a cold fetch).
 
         On the same filesystem the file is hard-linked, not copied: the caller hands it over and
         must not modify it afterwards (deleting it is fine).
         """
         sqsh = Path(sqsh)
         check_publish_input(key, sqsh, record)
-        with self.key_lock(key):
-            return self.publish_locked(key, sqsh, record, manifest, show_progress=show_progress, envelope=envelope,
-                                       sidecars=sidecars)
-
-    def publish_locked(
-        self,
-        key: str,
-        sqsh: Path,
-        record: ArtifactRecord,
-        manifest: bytes | None = None,
-        *,
-        show_progress: bool = True,
-        envelope: bytes | None = None,
-        sidecars: Mapping[str, bytes] | None = None,
-    ) -> str:
-        """publish() for a caller already holding key_lock(key)."""
         if manifest is not None and record.manifest_digest is None:
             raise EfabuildError("publish: a manifest was given but the record has no manifest_digest")
-        repairing = False
-        if self.layout.has(key):
-            try:
-                existing = self.record(key)
-            except EfabuildError as exc:  # damaged or forged: we hold the lock, write it anew
-                _warn(f"{self.name} tier: replacing {short(key)}: {exc}")
-                existing = None
-            if existing is None or self.layout.committed(key) is None:
+        with contextlib.nullcontext() if locked else self.key_lock(key):
+            repairing = False
+            if self.layout.has(key):
+                existing = self._intact_existing(key)
+                if existing is not None:
+                    if existing.digest != record.digest:
+                        _warn(f"{self.name} tier: {short(key)} exists with digest {existing.digest}; the new "
+                              f"export has {record.digest} (export not byte-identical); keeping the stored one")
+                    return REUSED
                 repairing = True
-            else:
-                # Re-hashed before it is kept: a damaged copy kept here would be copied on as good.
-                # (Reached only when someone else published first, or to repair: never on a warm path.)
-                try:
-                    check_file(self.name, self.sqsh_path(key), existing)
-                except DamagedCopy as exc:
-                    _warn(f"{exc}; replacing it")
-                    repairing = True
-                    existing = None
-            if existing is not None:
-                if existing.digest != record.digest:
-                    _warn(
-                        f"{self.name} tier: {short(key)} exists with digest {existing.digest}; the new "
-                        f"export has {record.digest} (export not byte-identical); keeping the stored one"
-                    )
-                return REUSED
+            self._commit(key, sqsh, record, manifest, envelope, sidecars or {}, show_progress)
+            return REPAIRED if repairing else PUBLISHED
 
+    def _intact_existing(self, key: str) -> ArtifactRecord | None:
+        """The record of the committed copy of `key` when it is intact; None when it is damaged or
+        forged (the caller holds the lock and writes it anew)."""
+        try:
+            existing = self.record(key)
+        except EfabuildError as exc:
+            _warn(f"{self.name} tier: replacing {short(key)}: {exc}")
+            return None
+        if existing is None or self.layout.committed(key) is None:
+            return None
+        # Re-hashed before it is kept: a damaged copy kept here would be copied on as good.
+        # (Reached only when someone else published first, or to repair: never on a warm path.)
+        try:
+            check_file(self.name, self.sqsh_path(key), existing)
+        except DamagedCopy as exc:
+            _warn(f"{exc}; replacing it")
+            return None
+        return existing
+
+    def _commit(self, key: str, sqsh: Path, record: ArtifactRecord, manifest: bytes | None,
+                envelope: bytes | None, sidecars: Mapping[str, bytes], show_progress: bool) -> None:
+        """Write the object's files in publishing order; linking the .sqsh last commits it."""
         with contextlib.ExitStack() as stack:
             tmp_fd = stack.enter_context(fsutil.store_dir(self.root, "tmp", create=True))
             object_fd = stack.enter_context(fsutil.store_dir(self.root, "objects", key[:2], create=True))
@@ -286,7 +230,7 @@ class FilesystemTier:
                 else:  # a damaged object's old signature must not vouch for the new bytes
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(key + ENVELOPE_SUFFIX, dir_fd=object_fd)
-                for suffix, data in (sidecars or {}).items():
+                for suffix, data in sidecars.items():
                     fsutil.atomic_write_bytes(self.layout.object_dir(key) / (key + suffix), data, self.layout.tmp_dir)
                 fsutil.atomic_write_bytes(self.layout.record_path(key), record.to_json(), self.layout.tmp_dir)
                 final = key + SQSH_SUFFIX
@@ -305,7 +249,6 @@ class FilesystemTier:
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(staged, dir_fd=tmp_fd)  # the object keeps its own link
-        return REPAIRED if repairing else PUBLISHED
 
     def _stage(self, key: str, sqsh: Path, tmp_fd: int, show_progress: bool) -> str:
         """The name of a read-only file in tmp/ with the .sqsh bytes: a link when possible."""
@@ -411,115 +354,11 @@ class FilesystemTier:
             pass
 
     def debris(self, now: float | None = None) -> list[Path]:
-        """Leftovers of interrupted writers: stale temp files, build contexts of makes that are
-        gone, and records without a .sqsh.
-
-        A temp file is stale when its writer (named in the file name) is dead on this host, or
-        when it is older than a day (writer on another host). A record without a .sqsh counts only
-        while nobody holds its key's lock.
-        """
-        now = time.time() if now is None else now
-        found: list[Path] = []
-        host = socket.gethostname().split(".")[0]
-        try:
-            with fsutil.store_dir(self.root, "tmp") as fd:
-                temps = [(name, os.stat(name, dir_fd=fd, follow_symlinks=False)) for name in os.listdir(fd)
-                         if fsutil.parse_temp_owner(name) or owner_of(name, CONTEXT_PREFIX)]
-        except (FileNotFoundError, NotADirectoryError):
-            temps = []
-        except UnsafeEntry as exc:
-            _warn(f"{self.name} tier: skipping {exc}")
-            temps = []
-        for name, info in temps:
-            context_owner = owner_of(name, CONTEXT_PREFIX)
-            if context_owner is not None:  # a make's build context: removed once the make is gone
-                if stat.S_ISDIR(info.st_mode) and context_owner.gone():
-                    found.append(self.layout.tmp_dir / name)
-                continue
-            if not stat.S_ISREG(info.st_mode):
-                continue  # not ours (other tools keep their own temp dirs here)
-            owner = fsutil.parse_temp_owner(name)
-            if owner[0] == host:
-                if not pid_alive(owner[1]):
-                    found.append(self.layout.tmp_dir / name)
-            elif now - info.st_mtime > STALE_TEMP_SECONDS:
-                found.append(self.layout.tmp_dir / name)
-        for key in self._uncommitted_keys():
-            lock = self.key_lock(key)
-            try:
-                lock.acquire(blocking=False)
-            except LockBusy as exc:
-                if isinstance(exc, UnsafeEntry):
-                    _warn(f"{self.name} tier: skipping {exc}")
-                continue
-            except OSError:  # a store this user may only read (e.g. mounted read-only): not judged
-                continue
-            try:
-                if not self._exists(self.sqsh_path(key)):
-                    leftovers = [self.layout.record_path(key)] + [self.layout.object_dir(key) / (key + suffix)
-                                                                  for suffix in SIDECARS]
-                    found.extend(path for path in leftovers if self._exists(path))
-            finally:
-                lock.release()
-        return found
-
-    def _exists(self, path: Path) -> bool:
-        """Whether a directory entry of that name exists below the root (a link counts)."""
-        try:
-            with fsutil.store_dir(self.root, *fsutil.relative_parts(self.root, path.parent)) as fd:
-                os.stat(path.name, dir_fd=fd, follow_symlinks=False)
-            return True
-        except (FileNotFoundError, NotADirectoryError):
-            return False
+        """Leftovers of interrupted writers (see store/leftovers.py)."""
+        return leftovers.find(self, now)
 
     def remove_debris(self, path: Path) -> None:
-        """Remove one item debris() reported, re-checking under the key's lock for records."""
-        path = Path(path)
-        if path.parent == self.layout.tmp_dir and fsutil.parse_temp_owner(path.name):
-            with fsutil.store_dir(self.root, "tmp") as fd, contextlib.suppress(FileNotFoundError):
-                os.unlink(path.name, dir_fd=fd)
-            return
-        if path.parent == self.layout.tmp_dir and owner_of(path.name, CONTEXT_PREFIX):
-            with fsutil.store_dir(self.root, "tmp") as fd:
-                shutil.rmtree(path.name, dir_fd=fd, ignore_errors=True)  # a link is not followed
-            return
-        key = path.name.split(".", 1)[0]
-        if not is_key(key) or path.parent != self.layout.object_dir(key):
-            raise EfabuildError(f"{shown(path)}: not a leftover of this store")
-        lock = self.key_lock(key)
-        try:
-            lock.acquire(blocking=False)
-        except LockBusy:
-            return  # a publisher is back at work on it (or its lock file was planted)
-        try:
-            if not self._exists(self.sqsh_path(key)):
-                with fsutil.store_dir(self.root, "objects", key[:2]) as fd, \
-                        contextlib.suppress(FileNotFoundError):
-                    os.unlink(path.name, dir_fd=fd)
-        finally:
-            lock.release()
-
-    def _uncommitted_keys(self) -> list[str]:
-        keys: set[str] = set()
-        try:
-            with fsutil.store_dir(self.root, "objects") as fd:
-                fanouts = [entry.name for entry in os.scandir(fd) if entry.is_dir(follow_symlinks=False)]
-        except (FileNotFoundError, NotADirectoryError, UnsafeEntry):
-            return []  # keys() has said why
-        for fanout in fanouts:
-            try:
-                with fsutil.store_dir(self.root, "objects", fanout) as fd:
-                    names = set(os.listdir(fd))
-            except (FileNotFoundError, NotADirectoryError, UnsafeEntry):
-                continue
-            for name in names:
-                for suffix in (*sorted(SIDECARS, key=len, reverse=True), RECORD_SUFFIX):  # longer suffixes first
-                    if name.endswith(suffix):
-                        key = name[: -len(suffix)]
-                        if is_key(key) and key[:2] == fanout and key + SQSH_SUFFIX not in names:
-                            keys.add(key)
-                        break
-        return sorted(keys)
+        leftovers.remove(self, Path(path))
 
     # ---- store.toml (where the S3 tier is, for bare-path users on compute nodes)
     def write_config(self, text: str) -> None:
@@ -543,4 +382,3 @@ def check_publish_input(key: str, sqsh: Path, record: ArtifactRecord) -> None:
         raise EfabuildError(f"publish: {sqsh}: no such file") from None
     if size != record.size:
         raise EfabuildError(f"publish: {sqsh} has {size} bytes, its record says {record.size}")
-    return True

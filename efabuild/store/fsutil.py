@@ -144,14 +144,9 @@ def read_file(dir_fd: int, name: str, where: Path, limit: int) -> bytes | None:
     if info is None:
         return None
     _check_size(info.st_size, where, limit)
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except FileNotFoundError:
+    fd = open_entry(dir_fd, name, where, os.O_RDONLY)
+    if fd is None:
         return None
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        raise UnsafeEntry(f"{shown(where)}: a symbolic link, not a file") from None
     try:
         opened = os.fstat(fd)
         if not stat.S_ISREG(opened.st_mode):  # swapped since the lstat
@@ -169,6 +164,21 @@ def read_file(dir_fd: int, name: str, where: Path, limit: int) -> bytes | None:
         os.close(fd)
 
 
+def open_entry(dir_fd: int, name: str, where: Path, flags: int, *, error: type[UnsafeEntry] = UnsafeEntry,
+               what: str = "file") -> int | None:
+    """A descriptor of the existing entry `name`, opened without following a link or waiting on a
+    FIFO; None when absent; `error` naming `where` when it is a link. The caller checks what it
+    opened (fstat): the entry may have been swapped since any earlier look."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise error(f"{shown(where)}: a symbolic link, not a {what}") from None
+
+
 def _check_size(size: int, where: Path, limit: int) -> None:
     if size > limit:
         raise UnsafeEntry(f"{shown(where)}: {size} bytes, more than such a file can be ({limit})")
@@ -182,6 +192,16 @@ def read_under(root: Path, path: Path, limit: int) -> bytes | None:
             return read_file(fd, path.name, path, limit)
     except (FileNotFoundError, NotADirectoryError):
         return None
+
+
+def fanout_dirs(root: Path) -> list[str]:
+    """Names of the plain directories in <root>/objects; [] when it is missing or not a plain
+    directory of the store (whoever lists keys says why)."""
+    try:
+        with store_dir(root, "objects") as fd:
+            return [entry.name for entry in os.scandir(fd) if entry.is_dir(follow_symlinks=False)]
+    except (OSError, UnsafeEntry):
+        return []
 
 
 def stat_under(root: Path, path: Path) -> os.stat_result | None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 from efabuild import notices
@@ -141,22 +142,24 @@ class Layout:
         """Keys of committed objects, sorted. Entries efabuild does not write are skipped with a
         warning that names them."""
         found = []
+        for name, mode in self._entries("objects"):
+            if stat.S_ISDIR(mode):
+                found.extend(self._committed_in(self.objects_dir / name, ""))
+            elif stat.S_ISLNK(mode):
+                _warn("skipping %s: a symbolic link, not a directory", fsutil.shown(self.objects_dir / name))
+        return sorted(found)
+
+    def _entries(self, directory: str) -> list[tuple[str, int]]:
+        """(name, lstat mode) of each entry of a top directory of the store, sorted; [] when it
+        is absent, with a warning when it is not a plain directory."""
         try:
-            with fsutil.store_dir(self.root, "objects") as fd:
-                entries = sorted((e.name, e.is_dir(follow_symlinks=False), e.is_symlink()) for e in os.scandir(fd))
+            with fsutil.store_dir(self.root, directory) as fd:
+                return sorted((e.name, e.stat(follow_symlinks=False).st_mode) for e in os.scandir(fd))
         except (FileNotFoundError, NotADirectoryError):
             return []
         except fsutil.UnsafeEntry as exc:
             _warn("skipping %s", exc)
             return []
-        for name, is_dir, is_link in entries:
-            path = self.objects_dir / name
-            if not is_dir:
-                if is_link:
-                    _warn("skipping %s: a symbolic link, not a directory", fsutil.shown(path))
-                continue
-            found.extend(self._committed_in(path, ""))
-        return sorted(found)
 
     def keys_with_prefix(self, prefix: str) -> list[str]:
         return sorted(self._committed_in(self.objects_dir / prefix[:2], prefix))
@@ -192,20 +195,10 @@ class Layout:
     def ref_names(self) -> list[str]:
         """Every graph:layer with a ref file; other entries under refs/ are skipped with a warning."""
         names = []
-        try:
-            with fsutil.store_dir(self.root, "refs") as fd:
-                graphs = sorted((e.name, e.is_dir(follow_symlinks=False), e.stat(follow_symlinks=False).st_mode)
-                                for e in os.scandir(fd))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        except fsutil.UnsafeEntry as exc:
-            _warn("skipping %s", exc)
-            return []
-        for graph_name, is_dir, mode in graphs:
+        for graph_name, mode in self._entries("refs"):
             where = self.refs_dir / graph_name
-            if not is_dir:
-                _warn("skipping %s: %s, not a directory of ref files", fsutil.shown(where),
-                            fsutil.kind_of(mode))
+            if not stat.S_ISDIR(mode):
+                _warn("skipping %s: %s, not a directory of ref files", fsutil.shown(where), fsutil.kind_of(mode))
                 continue
             try:
                 with fsutil.store_dir(self.root, "refs", graph_name) as fd:

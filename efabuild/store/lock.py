@@ -203,13 +203,11 @@ class FileLock:
         try:
             # look before opening: a planted device is never opened, a FIFO never waited on
             self._check(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
-            fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            raise UnsafeLock(f"{fsutil.shown(self.path)}: a symbolic link, not a lock file") from None
+        fd = fsutil.open_entry(dir_fd, name, self.path, os.O_RDWR, error=UnsafeLock, what="lock file")
+        if fd is None:
+            return None
         try:
             self._check(os.fstat(fd))
         except BaseException:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import stat
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from efabuild import notices
 from efabuild.store.digest import bytes_digest, file_digest
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
@@ -30,10 +30,6 @@ from efabuild.store.record import ArtifactRecord
 # field that holds each one's digest (None: carried as it is).
 # The chunk index is checked by whoever uses it (against the record, and chunk by chunk).
 SIDECARS: dict[str, str | None] = {MANIFEST_SUFFIX: "manifest_digest", ENVELOPE_SUFFIX: None, INDEX_SUFFIX: None}
-
-
-def _warn(message: str) -> None:
-    print(f"efabuild: warning: {message}", file=sys.stderr)
 
 
 class DamagedCopy(EfabuildError):
@@ -91,7 +87,7 @@ def _sidecars(tier: Any, key: str, record: ArtifactRecord) -> tuple[ArtifactReco
         data = tier.sidecar(key, suffix)
         expected = getattr(record, field) if field else None
         if data is not None and field and expected is not None and bytes_digest(data) != expected:
-            _warn(f"{tier.name} tier: the {suffix} of {short(key)} does not match its record; "
+            notices.warn(f"{tier.name} tier: the {suffix} of {short(key)} does not match its record; "
                  f"copying the artifact without it")
             data = None
         if data is None and expected is not None:
@@ -127,11 +123,11 @@ def verified_copy(key: str, source: Any, staging: Any, *, trusted: bool = False)
 
 
 def send(copy: Copy, target: Any, *, locked: bool = False, show_progress: bool = True) -> str:
-    """Store a verified copy on `target`: "published", "reused" or "repaired"."""
+    """Store a verified copy on `target`: "published", "reused" or "repaired". `locked`: the
+    caller holds the target's key lock (a fetch; an S3 target takes none)."""
     others = {suffix: data for suffix, data in copy.sidecars.items() if suffix not in (MANIFEST_SUFFIX, ENVELOPE_SUFFIX)}
-    publish = target.publish_locked if locked else target.publish  # locked: the caller holds it (a fetch)
-    return publish(copy.key, copy.sqsh, copy.record, copy.manifest, show_progress=show_progress,
-                   envelope=copy.envelope, sidecars=others)
+    return target.publish(copy.key, copy.sqsh, copy.record, copy.manifest, show_progress=show_progress,
+                          envelope=copy.envelope, sidecars=others, locked=locked)
 
 
 def transfer(key: str, source: Any, targets: list, staging: Any, *, trusted: bool = False,

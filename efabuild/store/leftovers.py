@@ -1,0 +1,140 @@
+"""Leftovers of interrupted writers on a filesystem tier, found and removed by gc and make.
+
+A temp file in tmp/ is named after its writer (host, pid: fsutil.temp_name) and a build context
+after its make (owner.owned_name); each is stale once that process is gone from this host, or, a
+temp file of another host, after a day. A record or sidecar without its .sqsh is an interrupted
+publish, a leftover only while nobody holds its key's lock. Nothing is followed or deleted
+through a link.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import stat
+import time
+from pathlib import Path
+
+from efabuild import notices
+from efabuild.errors import EfabuildError
+from efabuild.refs import is_key
+from efabuild.store import fsutil
+from efabuild.store.fsutil import UnsafeEntry, shown
+from efabuild.store.layout import RECORD_SUFFIX, SQSH_SUFFIX
+from efabuild.store.lock import LockBusy, pid_alive
+from efabuild.store.owner import owner_of
+from efabuild.store.transfer import SIDECARS
+
+# Temp files of writers on other hosts are only judged by age.
+STALE_TEMP_SECONDS = 24 * 3600
+# build contexts a make writes into the local tier's tmp/ (efabuild.build.run), named by their owner
+CONTEXT_PREFIX = "context"
+
+
+def find(tier, now: float | None = None) -> list[Path]:  # noqa: ANN001 - a FilesystemTier
+    """Leftovers of interrupted writers: stale temp files, build contexts of makes that are
+    gone, and records without a .sqsh.
+
+    A temp file is stale when its writer (named in the file name) is dead on this host, or
+    when it is older than a day (writer on another host). A record without a .sqsh counts only
+    while nobody holds its key's lock.
+    """
+    now = time.time() if now is None else now
+    found: list[Path] = []
+    host = socket.gethostname().split(".")[0]
+    try:
+        with fsutil.store_dir(tier.root, "tmp") as fd:
+            temps = [(name, os.stat(name, dir_fd=fd, follow_symlinks=False)) for name in os.listdir(fd)
+                     if fsutil.parse_temp_owner(name) or owner_of(name, CONTEXT_PREFIX)]
+    except (FileNotFoundError, NotADirectoryError):
+        temps = []
+    except UnsafeEntry as exc:
+        notices.warn(f"{tier.name} tier: skipping {exc}")
+        temps = []
+    for name, info in temps:
+        context_owner = owner_of(name, CONTEXT_PREFIX)
+        if context_owner is not None:  # a make's build context: removed once the make is gone
+            if stat.S_ISDIR(info.st_mode) and context_owner.gone():
+                found.append(tier.layout.tmp_dir / name)
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            continue  # not ours (other tools keep their own temp dirs here)
+        owner = fsutil.parse_temp_owner(name)
+        if owner[0] == host:
+            if not pid_alive(owner[1]):
+                found.append(tier.layout.tmp_dir / name)
+        elif now - info.st_mtime > STALE_TEMP_SECONDS:
+            found.append(tier.layout.tmp_dir / name)
+    for key in _uncommitted_keys(tier):
+        lock = tier.key_lock(key)
+        try:
+            lock.acquire(blocking=False)
+        except LockBusy as exc:
+            if isinstance(exc, UnsafeEntry):
+                notices.warn(f"{tier.name} tier: skipping {exc}")
+            continue
+        except OSError:  # a store this user may only read (e.g. mounted read-only): not judged
+            continue
+        try:
+            if not _exists(tier, tier.sqsh_path(key)):
+                leftovers = [tier.layout.record_path(key)] + [tier.layout.object_dir(key) / (key + suffix)
+                                                              for suffix in SIDECARS]
+                found.extend(path for path in leftovers if _exists(tier, path))
+        finally:
+            lock.release()
+    return found
+
+def _exists(tier, path: Path) -> bool:  # noqa: ANN001
+    """Whether a directory entry of that name exists below the root (a link counts)."""
+    try:
+        with fsutil.store_dir(tier.root, *fsutil.relative_parts(tier.root, path.parent)) as fd:
+            os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+def remove(tier, path: Path) -> None:  # noqa: ANN001
+    """Remove one item find() reported, re-checking under the key's lock for records."""
+    path = Path(path)
+    if path.parent == tier.layout.tmp_dir and fsutil.parse_temp_owner(path.name):
+        with fsutil.store_dir(tier.root, "tmp") as fd, contextlib.suppress(FileNotFoundError):
+            os.unlink(path.name, dir_fd=fd)
+        return
+    if path.parent == tier.layout.tmp_dir and owner_of(path.name, CONTEXT_PREFIX):
+        with fsutil.store_dir(tier.root, "tmp") as fd:
+            shutil.rmtree(path.name, dir_fd=fd, ignore_errors=True)  # a link is not followed
+        return
+    key = path.name.split(".", 1)[0]
+    if not is_key(key) or path.parent != tier.layout.object_dir(key):
+        raise EfabuildError(f"{shown(path)}: not a leftover of this store")
+    lock = tier.key_lock(key)
+    try:
+        lock.acquire(blocking=False)
+    except LockBusy:
+        return  # a publisher is back at work on it (or its lock file was planted)
+    try:
+        if not _exists(tier, tier.sqsh_path(key)):
+            with fsutil.store_dir(tier.root, "objects", key[:2]) as fd, \
+                    contextlib.suppress(FileNotFoundError):
+                os.unlink(path.name, dir_fd=fd)
+    finally:
+        lock.release()
+
+def _uncommitted_keys(tier) -> list[str]:  # noqa: ANN001
+    keys: set[str] = set()
+    for fanout in fsutil.fanout_dirs(tier.root):  # an unsafe objects/: keys() has said why
+        try:
+            with fsutil.store_dir(tier.root, "objects", fanout) as fd:
+                names = set(os.listdir(fd))
+        except (FileNotFoundError, NotADirectoryError, UnsafeEntry):
+            continue
+        for name in names:
+            for suffix in (*sorted(SIDECARS, key=len, reverse=True), RECORD_SUFFIX):  # longer suffixes first
+                if name.endswith(suffix):
+                    key = name[: -len(suffix)]
+                    if is_key(key) and key[:2] == fanout and key + SQSH_SUFFIX not in names:
+                        keys.add(key)
+                    break
+    return sorted(keys)
