@@ -15,8 +15,6 @@ neither a damaged object nor a damaged seed can reach a job.
 from __future__ import annotations
 
 import json
-import logging
-import random
 import os
 import threading
 import time
@@ -27,17 +25,27 @@ from pathlib import Path
 
 import attrs
 
+from efabuild import notices
 from efabuild.errors import EfabuildError
-from efabuild.store.layout import INDEX_SUFFIX
-from efabuild.store.chunks import BadChunkIndex, ChunkIndex, Mark, chunk_id, chunks_to_delete, is_chunk_id
-
-log = logging.getLogger(__name__)
+from efabuild.refs import short
+from efabuild.store.chunks import (
+    BadChunkIndex,
+    ChunkIndex,
+    Mark,
+    Usage,
+    chunk_file,
+    chunk_id,
+    chunks_to_delete,
+    is_chunk_id,
+    usage,
+)
+from efabuild.store.layout import INDEX_SUFFIX, SQSH_SUFFIX
+from efabuild.store.progress import Progress
 
 ZSTD_LEVEL = 3  # several hundred MB/s per core, and -noD images compress well
 CHUNKS_DIR = "chunks"
 MARKS_DIR = "gc/marks"
 DEFAULT_GRACE = 24 * 3600.0
-STREAM_ATTEMPTS, STREAM_BACKOFF = 5, 0.2  # a chunk GET cut mid-body: tries, first backoff (s)  # a publish or fetch in flight for longer than this may need a retry
 
 
 class ChunkError(EfabuildError):
@@ -158,19 +166,35 @@ class ChunkStore:
                         reused=len(unique) - sent["chunks"], reused_bytes=index.size_unique() - sent["bytes"],
                         created=frozenset(created_ids))
 
-    def _get_retried(self, path: str, what: str) -> bytes | None:
-        """GET one chunk object. botocore retries a request that fails, not a body cut
-        mid-stream: that is tried again here, a bounded number of times with backoff."""
-        from botocore.exceptions import BotoCoreError
-
-        for attempt in range(1, STREAM_ATTEMPTS + 1):
-            try:
-                return self.tier._get_bytes(path)
-            except (BotoCoreError, OSError) as exc:
-                if attempt == STREAM_ATTEMPTS:
-                    raise ChunkError(f"{what}: gave up after {attempt} attempts: {exc}") from None
-                time.sleep(random.uniform(0.5, 1.0) * STREAM_BACKOFF * 2 ** (attempt - 1))
-        return None
+    def publish(self, key: str, sqsh: Path, record, index: ChunkIndex | None,  # noqa: ANN001 - ArtifactRecord
+                likely_present: set[str], chunking: tuple[int, int, int], show: bool) -> tuple[ChunkIndex, Transfer]:
+        """Upload the chunks of `sqsh` the bucket lacks, then its index (the record, written by
+        the tier after this, commits it): (the index, what was sent). `index` is reused when it
+        describes these bytes with this chunking; `likely_present` are ids seen in other artifacts."""
+        if index is None or (index.size, index.digest, index.chunking) != (record.size, record.digest, chunking):
+            with Progress(f"chunk {short(key)}", record.size, enabled=show) as bar:
+                index = chunk_file(sqsh, chunking=chunking, progress=bar.update)
+        if index.digest != record.digest:  # never publish bytes under a record they do not match
+            raise EfabuildError(f"{sqsh}: digest {index.digest}, its record says {record.digest}; not published")
+        unique = index.unique()
+        # HEAD only the chunks this node has seen in other artifacts; the others are most likely
+        # new, and a conditional PUT of one that exists is refused harmlessly
+        known = set(unique) & likely_present
+        to_send = (set(unique) - known) | self.missing(known)
+        index_path = self.tier.index_object(key)
+        with Progress(f"upload {short(key)} to {self.tier.url(index_path)}",
+                      sum(unique[c] for c in to_send), enabled=show) as bar:
+            sent = self.upload(index, sqsh, to_send, progress=bar.update)
+        # gc may have swept a chunk found present: look again just before the index commits to
+        # them, and once more after, and send back whatever went away
+        found_present = set(unique) - sent.created
+        for attempt in range(2):
+            gone = self.missing(found_present)
+            if gone:
+                self.upload(index, sqsh, gone)
+            if attempt == 0:
+                self.tier._put_new(index_path, index.to_json(), ContentType="application/json")
+        return index, sent
 
     def index_objects(self) -> list[str]:
         """Every artifact's chunk index object in the tier."""
@@ -189,7 +213,7 @@ class ChunkStore:
             try:
                 return ChunkIndex.from_json(data, self.tier.url(path))
             except BadChunkIndex as exc:
-                log.warning("skipping %s", exc)
+                notices.warn(f"skipping {exc}")
                 return None
 
         indexes = run_parallel(read, paths, self.tier.workers)
@@ -211,7 +235,7 @@ class ChunkStore:
                 mark = Mark(time=float(doc["time"]),
                             unreferenced=frozenset(c for c in doc["unreferenced"] if is_chunk_id(c)))
             except (ValueError, KeyError, TypeError, RecursionError):
-                log.warning("skipping %s: not a gc mark", self.tier.url(item["Key"]))
+                notices.warn(f"skipping {self.tier.url(item['Key'])}: not a gc mark")
                 continue
             found.append((item["Key"], mark))
         return found
@@ -232,7 +256,9 @@ class ChunkStore:
         """One chunk's raw bytes, verified against its id; and the bytes it took on the wire."""
         path = self.object(cid)
         what = self.tier.url(path)
-        body = self._get_retried(path, what)
+        from efabuild.store.s3client import retried  # boto3: only once S3 is used
+
+        body = retried(what, lambda: self.tier._get_bytes(path), error=ChunkError)
         if body is None:
             raise ChunkError(f"{what}: missing (deleted by gc while in use, or never uploaded)")
         raw = decompress(body, length, what)
@@ -272,6 +298,36 @@ def collect(store: ChunkStore, *, grace: float = DEFAULT_GRACE, dry_run: bool = 
             store.write_mark(Mark(time=now, unreferenced=frozenset(unreferenced)))
     return ChunkGc(deleted=len(doomed), deleted_bytes=sum(stored[c][1] for c in doomed), marked=len(unreferenced),
                    referenced=len(referenced), skipped_indexes=tuple(skipped))
+
+
+def bucket_usage(tier) -> tuple[dict[str, tuple[object, Usage]], int, int]:  # noqa: ANN001 - S3Tier
+    """What each artifact costs in the bucket as stored (compressed chunks, or its whole object):
+    {key: (record, usage)}; the bytes all of them take, shared chunks counted once; and the bytes
+    of chunks no index references (gc's to sweep)."""
+    records = {record.key: record for record in tier.list()}
+    chunk_sizes = {item["Key"].rsplit("/", 1)[-1]: item.get("Size", 0)
+                   for item in tier._list(tier._path(CHUNKS_DIR) + "/")}
+    whole_sizes = {}
+    for item in tier._list(tier._path("objects") + "/"):
+        base = item["Key"].rsplit("/", 1)[-1]
+        if base.endswith(SQSH_SUFFIX):
+            whole_sizes[base[: -len(SQSH_SUFFIX)]] = item.get("Size", 0)
+    keys = sorted(records)
+
+    def index_or_none(key: str) -> ChunkIndex | None:
+        try:
+            return tier.chunk_index(key)
+        except EfabuildError:
+            return None
+
+    indexes = dict(zip(keys, run_parallel(index_or_none, keys, tier.workers)))
+    chunked = usage({k: i for k, i in indexes.items() if i is not None}, chunk_sizes)
+    result = {key: (records[key], chunked.get(key, Usage(stored=whole_sizes.get(key, 0),
+                                                         unique=whole_sizes.get(key, 0)))) for key in keys}
+    referenced = {cid for index in indexes.values() if index is not None for cid in index.unique()}
+    stored = sum(chunk_sizes.get(cid, 0) for cid in referenced) + sum(
+        whole_sizes.get(key, 0) for key in keys if indexes[key] is None)
+    return result, stored, sum(size for cid, size in chunk_sizes.items() if cid not in referenced)
 
 
 @attrs.frozen

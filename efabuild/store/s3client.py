@@ -1,0 +1,298 @@
+"""The boto3 client of one S3 bucket and prefix: object names, calls that fail as one line, and
+the byte transfers of whole objects (a conditional single or multipart upload; parallel ranged
+GETs that resume where a response was cut).
+
+botocore retries a request that fails (throttling, 5xx, connection errors, re-sending a part's
+body); it does not retry a response body cut mid-stream. `retried` does that, once for every GET
+of this package (ranged GETs of whole objects and chunk GETs alike).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import TypeVar
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from efabuild.errors import EfabuildError
+from efabuild.settings import S3Config
+from efabuild.store.progress import Progress
+from efabuild.store.s3chunks import run_parallel
+
+MiB = 1024 * 1024
+MIN_PART_SIZE = 5 * MiB  # S3's floor for all parts but the last
+DEFAULT_PART_SIZE = 16 * MiB
+MAX_PARTS = 10_000
+DEFAULT_WORKERS = 10
+READ_CHUNK = 1 * MiB
+REQUEST_ATTEMPTS = 5  # per S3 request, by botocore (with its own backoff)
+STREAM_ATTEMPTS = 5  # per GET whose body is cut mid-stream, by us
+STREAM_BACKOFF = 0.25  # seconds before the 2nd attempt, doubled after each (with jitter)
+# Error codes meaning "a conditional create found the object already there"
+_ALREADY_EXISTS = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_MISSING = {"404", "NoSuchKey", "NotFound"}
+
+T = TypeVar("T")
+
+
+def _why(exc: BaseException) -> str:
+    """The root cause of a transfer error, in a few words (botocore nests urllib3's)."""
+    while exc.__context__ is not None and isinstance(exc.__context__, (BotoCoreError, OSError)):
+        exc = exc.__context__
+    return f"{type(exc).__name__}: {exc.strerror}" if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def _code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def _already_exists(exc: ClientError) -> bool:
+    return _code(exc) in _ALREADY_EXISTS or _status(exc) in (409, 412)
+
+
+def _missing(exc: ClientError) -> bool:
+    return _code(exc) in _MISSING or _status(exc) == 404
+
+
+def part_size_for(size: int, preferred: int = DEFAULT_PART_SIZE) -> int:
+    """Parts of `preferred` bytes, grown (whole MiB) when the file would need > 10,000 parts."""
+    needed = math.ceil(size / MAX_PARTS)
+    return max(preferred, MIN_PART_SIZE, math.ceil(needed / MiB) * MiB)
+
+
+def retried(what: str, attempt: Callable[[], T], *, where: Callable[[], str] = str,
+            error: type[EfabuildError] = EfabuildError) -> T:
+    """attempt(), tried again when its response body is cut mid-stream, at most STREAM_ATTEMPTS
+    times with a doubling, jittered backoff; then `error` naming `what` (and `where()` it got)."""
+    for number in range(1, STREAM_ATTEMPTS + 1):
+        try:
+            return attempt()
+        except (BotoCoreError, OSError) as exc:
+            if number == STREAM_ATTEMPTS:
+                raise error(f"{what}: gave up after {number} attempts{where()}: {_why(exc)}") from None
+            time.sleep(random.uniform(0.5, 1.0) * STREAM_BACKOFF * 2 ** (number - 1))
+    raise AssertionError("unreachable")
+
+
+class S3Bucket:
+    """Calls to one bucket under one prefix, through boto3's credential chain."""
+
+    def __init__(self, settings: S3Config, *, client: object | None = None, workers: int = DEFAULT_WORKERS,
+                 part_size: int = DEFAULT_PART_SIZE) -> None:
+        self.settings = settings
+        self.bucket = settings.bucket
+        self.prefix = settings.prefix.strip("/")
+        self.part_size = max(part_size, MIN_PART_SIZE)
+        self.workers = max(1, workers)
+        self._client = client
+        self._client_lock = threading.Lock()
+
+    def url(self, path: str) -> str:
+        return f"s3://{self.bucket}/{path}"
+
+    def _path(self, *parts: str) -> str:
+        return "/".join(([self.prefix] if self.prefix else []) + list(parts))
+
+
+    # ---- client
+    @property
+    def client(self):  # noqa: ANN201 - boto3's client class is generated at run time
+        with self._client_lock:
+            if self._client is None:
+                # a dead endpoint should fail in seconds, not minutes; transfers retry parts anyway
+                config = Config(
+                    max_pool_connections=self.workers + 4,
+                    # standard mode retries throttling, 5xx and connection errors of a request,
+                    # re-sending its body: a part upload cut by a reset is sent again
+                    retries={"mode": "standard", "max_attempts": REQUEST_ATTEMPTS},
+                    connect_timeout=10,
+                )
+                self._client = boto3.session.Session().client(
+                    "s3",
+                    region_name=self.settings.region,
+                    endpoint_url=self.settings.endpoint_url,
+                    config=config,
+                )
+            return self._client
+
+    def _call(self, what: str, operation: str, **kwargs: object) -> dict:
+        """One S3 call; failures become one-line EfabuildErrors (never credentials)."""
+        try:
+            return getattr(self.client, operation)(Bucket=self.bucket, **kwargs)
+        except NoCredentialsError:
+            raise EfabuildError(
+                f"{what}: no AWS credentials (boto3's standard chain: environment, ~/.aws, "
+                f"instance or pod role)"
+            ) from None
+        except ClientError:
+            raise
+        except BotoCoreError as exc:
+            raise EfabuildError(f"{what}: {exc}") from None
+
+    def _error(self, what: str, exc: ClientError) -> EfabuildError:
+        message = exc.response.get("Error", {}).get("Message") or _code(exc)
+        return EfabuildError(f"{what}: S3 error {_code(exc) or _status(exc)}: {message}")
+
+    def _get_bytes(self, path: str) -> bytes | None:
+        try:
+            response = self._call(self.url(path), "get_object", Key=path)
+        except ClientError as exc:
+            if _missing(exc):
+                return None
+            raise self._error(self.url(path), exc) from None
+        return response["Body"].read()
+
+    def _head(self, path: str) -> dict | None:
+        try:
+            return self._call(self.url(path), "head_object", Key=path)
+        except ClientError as exc:
+            if _missing(exc):
+                return None
+            raise self._error(self.url(path), exc) from None
+
+    def _put_new(self, path: str, body: bytes, **extra: object) -> bool:
+        """Create an object unless it exists; False when someone else created it first."""
+        try:
+            self._call(self.url(path), "put_object", Key=path, Body=body, IfNoneMatch="*",
+                       ChecksumAlgorithm="CRC32", **extra)
+        except ClientError as exc:
+            if _already_exists(exc):
+                return False
+            raise self._error(self.url(path), exc) from None
+        return True
+
+
+    def _list(self, prefix: str) -> list[dict]:
+        found: list[dict] = []
+        token: str | None = None
+        while True:
+            kwargs: dict = {"Prefix": prefix}
+            if token:
+                kwargs["ContinuationToken"] = token
+            try:
+                page = self._call(self.url(prefix), "list_objects_v2", **kwargs)
+            except ClientError as exc:
+                raise self._error(self.url(prefix), exc) from None
+            found.extend(page.get("Contents", []))
+            if not page.get("IsTruncated"):
+                return found
+            token = page["NextContinuationToken"]
+
+    def _delete_object(self, path: str) -> None:
+        try:
+            self._call(self.url(path), "delete_object", Key=path)
+        except ClientError as exc:
+            if not _missing(exc):
+                raise self._error(self.url(path), exc) from None
+
+    # ---- whole objects
+    def upload_file(self, path: str, source: os.PathLike[str], size: int, metadata: dict,
+                    bar: Progress) -> bool:
+        """Upload a file of `size` bytes as one object, unless it exists (False then): one PUT, or
+        a multipart upload in parallel parts, reading the file once."""
+        part = part_size_for(size, self.part_size)
+        if size <= part:
+            with open(source, "rb") as handle:
+                body = handle.read()
+            created = self._put_new(path, body, Metadata=metadata, ContentType="application/octet-stream")
+            bar.update(len(body))
+            return created
+        return self._multipart_upload(path, source, size, part, metadata, bar)
+
+    def _multipart_upload(self, path: str, sqsh: os.PathLike[str], size: int, part: int, metadata: dict,
+                          bar: Progress) -> bool:
+        what = self.url(path)
+        try:
+            upload_id = self._call(
+                what, "create_multipart_upload", Key=path, ChecksumAlgorithm="CRC32",
+                Metadata=metadata, ContentType="application/octet-stream",
+            )["UploadId"]
+        except ClientError as exc:
+            raise self._error(what, exc) from None
+        count = math.ceil(size / part)
+        fd = os.open(sqsh, os.O_RDONLY)
+        completed = False
+        try:
+            def send(number: int) -> dict:
+                offset = (number - 1) * part
+                data = os.pread(fd, min(part, size - offset), offset)
+                response = self._call(
+                    what, "upload_part", Key=path, UploadId=upload_id, PartNumber=number,
+                    Body=data, ChecksumAlgorithm="CRC32",
+                )
+                bar.update(len(data))
+                return {"PartNumber": number, "ETag": response["ETag"],
+                        "ChecksumCRC32": response["ChecksumCRC32"]}
+
+            parts = run_parallel(send, range(1, count + 1), self.workers)
+            try:
+                self._call(
+                    what, "complete_multipart_upload", Key=path, UploadId=upload_id,
+                    MultipartUpload={"Parts": parts}, IfNoneMatch="*",
+                )
+                completed = True
+                return True
+            except ClientError as exc:
+                if _already_exists(exc):
+                    return False
+                raise
+        except ClientError as exc:
+            raise self._error(what, exc) from None
+        finally:
+            os.close(fd)
+            if not completed:
+                try:
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=path, UploadId=upload_id)
+                except (ClientError, BotoCoreError):
+                    pass  # gc aborts what is left behind
+
+
+    def get_ranges(self, path: str, fd: int, size: int, etag: str, bar: Progress) -> None:
+        """The object's `size` bytes into `fd` by parallel ranged GETs pinned to `etag`; a
+        response cut mid-body resumes from the byte reached. ClientError when the object changed."""
+        what = self.url(path)
+        part = part_size_for(size, self.part_size)
+
+        def fetch(offset: int) -> None:
+            end = min(offset + part, size) - 1
+            position = [offset]
+
+            def attempt() -> None:
+                response = self._call(what, "get_object", Key=path, Range=f"bytes={position[0]}-{end}", IfMatch=etag)
+                for chunk in response["Body"].iter_chunks(READ_CHUNK):
+                    os.pwrite(fd, chunk, position[0])
+                    position[0] += len(chunk)
+                    bar.update(len(chunk))
+
+            retried(what, attempt, where=lambda: f" at byte {position[0]} of {size}")
+            if position[0] != end + 1:
+                raise EfabuildError(f"{what}: short read at byte {position[0]} of {size}")
+
+        run_parallel(fetch, range(0, size, part), self.workers)
+
+    def uploads_started_before(self, prefix: str, cutoff: datetime) -> list[dict]:
+        """Multipart uploads under `prefix` begun before `cutoff` (left by interrupted publishes)."""
+        try:
+            page = self._call(self.url(prefix), "list_multipart_uploads", Prefix=prefix)
+        except ClientError as exc:
+            raise self._error(self.url(prefix), exc) from None
+        return [u for u in page.get("Uploads", []) if u["Initiated"] < cutoff]
+
+    def abort_upload(self, path: str, upload_id: str) -> None:
+        try:
+            self._call(self.url(path), "abort_multipart_upload", Key=path, UploadId=upload_id)
+        except ClientError as exc:
+            if not _missing(exc) and _code(exc) != "NoSuchUpload":
+                raise self._error(self.url(path), exc) from None

@@ -1,0 +1,51 @@
+"""A name's history on the S3 tier: one empty object per entry, refs/<graph>/<layer>/<time>.<key>,
+so concurrent appends never overwrite each other (a filesystem tier rewrites one file under a
+lock instead; both answer the same calls).
+"""
+
+from __future__ import annotations
+
+from efabuild.refs import check_key, is_key, split_name
+from efabuild.store.record import utc_now
+
+
+class S3Refs:
+    """The ref calls of the S3 tier, over an S3Bucket's `_list`, `_put_new`, `_delete_object`."""
+
+    def _refs_prefix(self, name: str) -> str:
+        graph, layer = split_name(name)
+        return self._path("refs", graph, layer) + "/"
+
+    def read_refs(self, name: str) -> list[dict]:
+        prefix = self._refs_prefix(name)
+        entries = []
+        for item in self._list(prefix):
+            when, _, key = item["Key"][len(prefix):].rpartition(".")
+            if is_key(key) and when:
+                entries.append({"key": key, "time": when})
+        return sorted(entries, key=lambda e: e["time"])
+
+    def append_ref(self, name: str, key: str, when: str | None = None) -> bool:
+        check_key(key)
+        history = self.read_refs(name)
+        if history and history[-1]["key"] == key:
+            return False
+        path = self._refs_prefix(name) + f"{when or utc_now()}.{key}"
+        self._put_new(path, b"")
+        return True
+
+    def ref_names(self) -> list[str]:
+        prefix = self._path("refs") + "/"
+        names = set()
+        for item in self._list(prefix):
+            parts = item["Key"][len(prefix):].split("/")
+            if len(parts) == 3:
+                names.add(f"{parts[0]}:{parts[1]}")
+        return sorted(names)
+
+    def drop_ref_entries(self, name: str, keys: set[str]) -> None:
+        prefix = self._refs_prefix(name)
+        entries = sorted(self._list(prefix), key=lambda item: item["Key"])  # "<time>.<key>": oldest first
+        for item in entries[:-1]:  # the newest stays: see FilesystemTier.drop_ref_entries
+            if item["Key"].rpartition(".")[2] in keys:
+                self._delete_object(item["Key"])
