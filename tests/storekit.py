@@ -32,6 +32,17 @@ def make_sqsh(directory: Path, payload: bytes, name: str = "artifact") -> Path:
     return out
 
 
+def collect_warnings(monkeypatch) -> list[str]:  # noqa: ANN001 - pytest's monkeypatch
+    """The warnings the library reports (efabuild.notices) from now on, as the CLI would print
+    them (without its `efabuild: warning: ` prefix)."""
+    from efabuild import notices
+
+    said: list[str] = []
+    monkeypatch.setattr(notices, "_printer",
+                        lambda kind, message: said.append(message) if kind == notices.WARNING else None)
+    return said
+
+
 def key_for(text: str) -> str:
     """A layer-key-shaped value (64 hex) derived from `text`."""
     return blake3.blake3(text.encode()).hexdigest()
@@ -169,7 +180,7 @@ def _install_pause(point: str) -> None:
 def _main(plan_path: str) -> int:
     plan = json.loads(Path(plan_path).read_text())
     from efabuild.settings import S3Config
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
     from efabuild.store.fs import FilesystemTier
 
     if plan.get("pause"):

@@ -77,3 +77,19 @@ def test_small_transfers_and_failures():
     except RuntimeError:
         pass
     assert "upload big: failed, 1.0 MiB" in out.getvalue()
+
+
+def test_the_library_writes_progress_only_where_the_cli_says(monkeypatch, capsys):
+    """Used as a library, efabuild prints no progress of its own; the CLI installs its stderr."""
+    from efabuild.store import progress
+
+    monkeypatch.setattr(progress, "_sink", None)
+    with Progress("upload big", 64 * MiB) as bar:
+        bar.update(64 * MiB)
+    assert capsys.readouterr() == ("", "")
+    out = io.StringIO()
+    progress.use(lambda: out)
+    with Progress("upload big", 64 * MiB) as bar:
+        bar.update(64 * MiB)
+    assert capsys.readouterr() == ("", "")
+    assert out.getvalue().splitlines()[-1].startswith("upload big: done, 64.0 MiB in ")

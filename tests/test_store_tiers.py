@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from efabuild.store.digest import file_digest
-from efabuild.store.core import Store
+from efabuild.store.tiered import Store
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED
-from tests.storekit import efabuild, key_for, make_sqsh, record_for
+from tests.storekit import collect_warnings, efabuild, key_for, make_sqsh, record_for
 
 
 def flip_a_byte(path: Path, offset: int = 4096) -> None:
@@ -35,7 +35,7 @@ def export(tmp_path: Path) -> Path:
     return make_sqsh(tmp_path, os.urandom(64 * 1024), "user")
 
 
-def test_a_damaged_local_copy_is_not_copied_to_a_new_shared_tier(tmp_path, export, capfd):
+def test_a_damaged_local_copy_is_not_copied_to_a_new_shared_tier(tmp_path, export, monkeypatch):
     ws = workspace(tmp_path / "ws", 'local = "cache"')
     key = key_for("user")
     record = record_for(key, "ngc-efa:user", export)
@@ -46,10 +46,9 @@ def test_a_damaged_local_copy_is_not_copied_to_a_new_shared_tier(tmp_path, expor
     flip_a_byte(local)
     ws = workspace(ws, f'local = "cache"\nshared = "{tmp_path / "fsx"}"')
     store = Store.locate(cwd=ws, show_progress=False)
-    capfd.readouterr()
+    warnings = collect_warnings(monkeypatch)
     assert store.complete(key) is None  # no good copy anywhere: the caller must export again
-    err = capfd.readouterr().err
-    assert f"local tier: {local}: corrupt artifact: digest blake3:" in err
+    assert any(f"local tier: {local}: corrupt artifact: digest blake3:" in w for w in warnings), warnings
     assert store.where(key) == ("local",)  # the shared tier did not get the damaged bytes
     assert not (tmp_path / "fsx" / "objects").exists()
     # publishing the export again (what make does next) replaces the damaged copy
@@ -78,7 +77,7 @@ def test_lookup_verify_checks_every_tier_and_names_the_damaged_one(tmp_path, exp
 
 @pytest.mark.s3
 def test_make_completes_from_s3_when_the_shared_copy_is_damaged_and_repairs_it(
-        tmp_path, export, moto_server, s3_bucket, capfd):
+        tmp_path, export, moto_server, s3_bucket, monkeypatch):
     shared = tmp_path / "fsx"
     s3 = f'[store.s3]\nbucket = "{s3_bucket}"\nendpoint_url = "{moto_server}"\nregion = "us-east-1"'
     builder = workspace(tmp_path / "builder", f'shared = "{shared}"\n{s3}')
@@ -89,9 +88,9 @@ def test_make_completes_from_s3_when_the_shared_copy_is_damaged_and_repairs_it(
     flip_a_byte(shared_copy)
     # another workspace on the same shared tier and bucket, with an empty local tier
     other = Store.locate(cwd=workspace(tmp_path / "other", f'shared = "{shared}"\n{s3}'), show_progress=False)
-    capfd.readouterr()
+    warnings = collect_warnings(monkeypatch)
     assert other.complete(key) == {"s3": REUSED, "local": PUBLISHED, "shared": REPAIRED}
-    assert f"shared tier: {shared_copy}: corrupt artifact" in capfd.readouterr().err
+    assert any(f"shared tier: {shared_copy}: corrupt artifact" in w for w in warnings), warnings
     local_copy = tmp_path / "other" / "cache" / "objects" / key[:2] / f"{key}.sqsh"
     assert file_digest(local_copy) == file_digest(shared_copy) == record.digest
     assert other.manifest(key) == b'{"m": 1}'

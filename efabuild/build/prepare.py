@@ -7,14 +7,13 @@ the build records.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from collections.abc import Iterable
 
 import attrs
 import networkx as nx
 
-from efabuild import dag
+from efabuild import dag, notices
 from efabuild.errors import EfabuildError
 from efabuild.keys import ContextHasher, bulk_objects
 from efabuild.model import Workspace
@@ -154,7 +153,7 @@ def _registry_keys(ws: Workspace, engine, graph, order, inputs) -> set[str]:
                 found.add(key)
         except RegistryError as exc:
             # an outage must not stop local work: layers missing locally are then built
-            print(f"efabuild: warning: layer-cache registry not used: {exc}", file=sys.stderr)
+            notices.warn(f"layer-cache registry not used: {exc}")
             return found
     return found
 
@@ -173,5 +172,5 @@ def _stored_keys(ws: Workspace, graph, order, inputs, remote: bool) -> set[str]:
         try:
             return {key for key in artifact_keys if store.has(key)}
         except EfabuildError as exc:
-            print(f"efabuild: warning: S3 tier not consulted: {exc}", file=sys.stderr)
+            notices.warn(f"S3 tier not consulted: {exc}")
     return {key for key in artifact_keys if len(store.where(key, remote=False)) == fs_tiers}

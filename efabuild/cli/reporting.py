@@ -1,6 +1,7 @@
 """What the library reports (efabuild.notices) printed as the CLI's own lines on stderr:
 `efabuild: warning: MESSAGE`, or `efabuild: MESSAGE` for notes such as a wait for a lock. Each
 message once: gc looks at a damaged ref file more than once, the user needs to read about it once.
+The progress of long transfers (efabuild.store.progress) goes to the same stderr.
 """
 
 from __future__ import annotations
@@ -23,4 +24,7 @@ class Printer:
 
 
 def install() -> None:
+    from efabuild.store import progress
+
     notices.use(Printer())  # a fresh one per main() call
+    progress.use(lambda: sys.stderr)  # long transfers show their progress there too

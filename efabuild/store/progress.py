@@ -1,19 +1,27 @@
-"""Progress of long byte transfers on stderr: bytes done, rate, ETA.
+"""Progress of long byte transfers: bytes done, rate, ETA.
 
-On a terminal one line is redrawn in place (at most every 0.2 s); otherwise (CI logs, Slurm
+The library never picks a stream itself: lines go to the stream given, else to the one the CLI
+installed with `use` (its stderr), else nowhere. On a terminal one line is redrawn in place (at most every 0.2 s); otherwise (CI logs, Slurm
 output files) a plain line is written at each quarter and one at the end, so logs stay short.
 Thread-safe: parallel part uploads/downloads call `update` from worker threads.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import TextIO
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+_sink: Callable[[], TextIO] | None = None
+
+
+def use(sink: Callable[[], TextIO] | None) -> None:
+    """Write progress to `sink()` from now on (the CLI: its stderr of the moment); None: nowhere."""
+    global _sink
+    _sink = sink
 
 
 def human_bytes(count: float) -> str:
@@ -51,7 +59,7 @@ def status_text(label: str, done: int, total: int | None, elapsed: float) -> str
 
 
 class Progress:
-    """with Progress("upload abc", total) as p: p.update(n) ... — prints to stderr."""
+    """with Progress("upload abc", total) as p: p.update(n) ... — to `stream`, else the installed sink."""
 
     def __init__(
         self,
@@ -66,9 +74,9 @@ class Progress:
     ) -> None:
         self.label = label
         self.total = total
-        self.stream = stream if stream is not None else sys.stderr
+        self.stream = stream if stream is not None else (_sink() if _sink is not None else None)
         # Small transfers finish before anyone reads a progress line.
-        self.enabled = enabled and (total is None or total >= min_total)
+        self.enabled = enabled and self.stream is not None and (total is None or total >= min_total)
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval = interval
         self.clock = clock
