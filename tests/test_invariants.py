@@ -112,7 +112,7 @@ def test_a_base_digest_change_is_a_reason(tmp_path, capsys, monkeypatch):
 def test_gc_keeps_a_pin_in_every_form(tmp_path, capsys, monkeypatch, form):
     """Slip: gc matches pins as prefixes or names and drops a pin written as a whole key."""
     from efabuild.store.digest import file_digest
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
     from efabuild.store.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
     from tests.storekit import key_for
@@ -190,11 +190,11 @@ def test_four_nodes_looking_up_one_cold_key_download_it_once(tmp_path, moto_serv
 
     from efabuild.settings import S3Config
     from efabuild.store.s3 import S3Tier
-    from tests.httpcount import CountingProxy
+    from tests.plugins.faultproxy import FaultProxy
     from tests.storekit import REPO, make_sqsh
 
     settings = S3Config(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=moto_server)
-    from efabuild.store.core import Store
+    from efabuild.store.tiered import Store
     from efabuild.store.fs import FilesystemTier
     from tests.storekit import key_for, record_for
 
@@ -203,12 +203,12 @@ def test_four_nodes_looking_up_one_cold_key_download_it_once(tmp_path, moto_serv
     builder = Store([FilesystemTier(tmp_path / "builder" / "cache", "local")], settings, show_progress=False,
                     s3_options={"chunking": (64 << 10, 256 << 10, 1 << 20)})
     builder.publish(key, sqsh, record_for(key, "demo:user", sqsh))
-    proxy = CountingProxy(moto_server)
+    proxy = FaultProxy(moto_server)  # counts the requests that pass
     shared = tmp_path / "fsx"
     shared.mkdir()
     config = (tmp_path / "builder" / "cache" / "store.toml").read_text()
     assert moto_server in config
-    (shared / "store.toml").write_text(config.replace(moto_server, proxy.url))
+    (shared / "store.toml").write_text(config.replace(moto_server, proxy.endpoint))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     jobs = [subprocess.Popen([sys.executable, "-m", "efabuild", "lookup", "--store", str(shared), key],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -1,13 +1,16 @@
-"""A fault-injecting TCP proxy on loopback, in front of the S3 server: real sockets, real resets.
+"""A TCP proxy on loopback in front of the S3 server: real sockets, real resets, counted requests.
 
 The S3 tier talks to the proxy's endpoint as to any S3 endpoint. Rules reset (RST, not FIN) the
 client's connection when a request matching a pattern passes: either at once, while its body is
 still being sent (a part upload), or after some bytes of the response body have been forwarded
-(a ranged GET cut mid-stream), as a flaky network or a load balancer would.
+(a ranged GET cut mid-stream), as a flaky network or a load balancer would. Every request's
+method, path and range start is recorded, for tests that must show how often a client really
+went to the server (S3 GETs of one object, say).
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import threading
@@ -25,6 +28,11 @@ class Rule:
         self.fired = 0
 
 
+_REQUEST_LINE = re.compile(rb"^(GET|PUT|POST|HEAD|DELETE) (\S+) HTTP/1\.[01]\r\n", re.M)
+_RANGE = re.compile(rb"^range: *bytes=(\d+)-", re.M | re.I)
+_HEAD_LIMIT = 16384
+
+
 class FaultProxy:
     def __init__(self, upstream: str) -> None:
         url = urlparse(upstream)
@@ -34,6 +42,7 @@ class FaultProxy:
         self.rules: list[Rule] = []
         self.lock = threading.Lock()
         self.connections = 0
+        self.requests: list[tuple[str, str, int | None]] = []  # (method, path, range start)
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -49,6 +58,13 @@ class FaultProxy:
         self.rules.append(rule)
         return rule
 
+    def gets(self, path_suffix: str, range_start: int | None = None) -> int:
+        """GET requests seen for paths ending in `path_suffix` (from byte `range_start`, if given)."""
+        with self.lock:
+            return sum(1 for method, path, start in self.requests
+                       if method == "GET" and path.split("?")[0].endswith(path_suffix)
+                       and (range_start is None or start == range_start))
+
     def close(self) -> None:
         self.closed = True
         self.listener.close()
@@ -62,6 +78,20 @@ class FaultProxy:
                     rule.fired += 1
                     return rule
         return None
+
+    def _note(self, stream: bytes) -> bytes:
+        """Record every complete request head in `stream`; return what is left unparsed (its tail:
+        a head is far shorter, and a part upload's body must not be rescanned at every read).
+        Exact for bodiless requests (GET, HEAD), all that the counts look at."""
+        while (end := stream.find(b"\r\n\r\n")) >= 0:
+            head, stream = stream[:end + 4], stream[end + 4:]
+            line = _REQUEST_LINE.search(head)
+            if line:
+                start = _RANGE.search(head)
+                with self.lock:
+                    self.requests.append((line.group(1).decode(), line.group(2).decode(),
+                                          int(start.group(1)) if start else None))
+        return stream[-_HEAD_LIMIT:]
 
     def _accept(self) -> None:
         while not self.closed:
@@ -102,11 +132,13 @@ class FaultProxy:
                 _close(server)
 
         threading.Thread(target=upstream_to_client, daemon=True).start()
+        pending = b""
         try:
             while not done.is_set():
                 data = client.recv(65536)
                 if not data:
                     break
+                pending = self._note(pending + data)
                 rule = self._match(data[:4096]) if data[:8].split(b" ")[0] in _METHODS else None
                 if rule is not None and rule.after is None:
                     _reset(client)
