@@ -1,0 +1,197 @@
+"""The libraries the dynamic loader chooses among: NCCL, cuDNN, libfabric and the aws-ofi-nccl
+plugin. Every copy is listed with its version and where that was read; the reported version is
+the copy the loader picks given the image's LD_LIBRARY_PATH and ld.so.conf."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Iterable
+
+from efabuild.provenance import dpkg, ldpath, versions
+from efabuild.provenance.fsread import MAX_LIB_SCAN, defines, dist_info_dirs, first_existing, metadata_version
+from efabuild.provenance.fsview import FsView
+from efabuild.provenance.measured import Component, Copy, Hit, LibDir
+
+NCCL_HEADERS = ("/usr/include/nccl.h", "/usr/include/x86_64-linux-gnu/nccl.h", "/usr/local/cuda/include/nccl.h")
+CUDNN_HEADERS = (
+    "/usr/include/cudnn_version.h",
+    "/usr/include/x86_64-linux-gnu/cudnn_version.h",
+    "/usr/local/cuda/include/cudnn_version.h",
+)
+# Where libraries live besides the loader's search path (so copies off the path are seen too).
+EXTRA_LIB_DIRS = (
+    "/opt/amazon/efa/lib",
+    "/opt/amazon/efa/lib64",
+    "/opt/amazon/ofi-nccl/lib",
+    "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu",
+    "/opt/amazon/aws-ofi-nccl/lib",
+    "/opt/aws-ofi-nccl/lib",
+    "/usr/local/lib",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/local/cuda/lib64",
+)
+OFI_PACKAGES = ("libnccl-ofi-ngc-v3", "libnccl-ofi-ngc-v2", "libnccl-ofi")
+LIBFABRIC_PACKAGES = ("libfabric1-aws", "libfabric-aws", "libfabric1")
+_MAX_PLUGIN_BYTES = 256 << 20
+
+_LIBFABRIC_VERSION = re.compile(rb"libfabric:? v?(\d+\.\d+\.\d+)")  # as `fi_info --version` prints it
+_OFI_VERSION = re.compile(rb"aws-ofi-nccl ((?:\d+\.\d+(?:\.\d+)*|git-[0-9a-f]{6,40})[A-Za-z0-9.+_-]*)")
+_NCCL_FILE = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
+_CUDNN_FILE = re.compile(r"^libcudnn\.so\.(\d+\.\d+\.\d+)$")
+
+
+def _library_copies(
+    fs: FsView, search: tuple[LibDir, ...], pattern: str, extra_dirs: Iterable[str] = EXTRA_LIB_DIRS
+) -> list[str]:
+    """Real paths of the files matching `pattern` in the searched and the usual directories."""
+    seen: list[str] = []
+    for directory in [d.dir for d in search] + list(extra_dirs):
+        for path in fs.glob(f"{directory}/{pattern}"):
+            real = fs.resolve(path)
+            if real is not None and fs.is_file(real) and real not in seen:
+                seen.append(real)
+    return seen
+
+
+def _owner_versions(fs: FsView, packages: dict[str, dpkg.Package], names: Iterable[str]) -> dict[str, dpkg.Package]:
+    """file path -> owning package, for the given packages that are installed."""
+    owners: dict[str, dpkg.Package] = {}
+    for name in names:
+        package = packages.get(name)
+        if package is not None:
+            for path in dpkg.owned_files(fs, package):
+                owners.setdefault(path, package)
+    return owners
+
+
+def _dpkg_source(package: dpkg.Package) -> str:
+    return f"{dpkg.STATUS_FILE} ({package.name} {package.version})"
+
+
+def _on_path(fs: FsView, search: tuple[LibDir, ...], name: str, copies: list[Copy]) -> tuple[Hit, ...]:
+    versions_by_path = {c.path: c.version for c in copies}
+    hits = []
+    for path in ldpath.find_all(fs, search, name):
+        real = fs.resolve(path) or path
+        hits.append(Hit(path, real, versions_by_path.get(real)))
+    return tuple(hits)
+
+
+def _effective(copies: list[Copy], loads: str | None, fs: FsView) -> tuple[str | None, str | None]:
+    """Version and source of the copy the loader picks; else the only version all copies agree on."""
+    if loads is not None:
+        real = fs.resolve(loads)
+        for copy in copies:
+            if copy.path == real and copy.version is not None:
+                return copy.version, copy.source
+    known = {c.version for c in copies if c.version is not None}
+    if len(known) == 1 and loads is None:
+        only = next(c for c in copies if c.version is not None)
+        return only.version, only.source
+    return None, None
+
+
+def nccl(fs: FsView, search: tuple[LibDir, ...], sites: list[str]) -> Component:
+    copies = []
+    for real in _library_copies(fs, search, "libnccl.so*"):
+        match = _NCCL_FILE.match(posixpath.basename(real))
+        if match:
+            copies.append(Copy(real, match.group(1), real))
+    # NCCL from a pip wheel (nvidia-nccl-cu*): its version is in the wheel's metadata
+    for dist_info in dist_info_dirs(fs, sites, "nvidia_nccl_cu*.dist-info"):
+        lib = fs.resolve(f"{posixpath.dirname(dist_info)}/nvidia/nccl/lib/libnccl.so.2")
+        if lib is not None and all(c.path != lib for c in copies):
+            copies.append(Copy(lib, metadata_version(fs, dist_info), f"{dist_info}/METADATA"))
+    header = first_existing(fs, NCCL_HEADERS)
+    header_version = None
+    if header is not None:
+        found = defines(fs.read_text(header) or "", ["NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH", "NCCL_SUFFIX"])
+        if all(found.get(k, "").isdigit() for k in ("NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH")):
+            header_version = f"{found['NCCL_MAJOR']}.{found['NCCL_MINOR']}.{found['NCCL_PATCH']}"
+            header_version += found.get("NCCL_SUFFIX", "")
+    loads = ldpath.find_library(fs, search, "libnccl.so.2")
+    version, source = _effective(copies, loads, fs)
+    if version is None and header_version is not None:
+        version, source = header_version, header
+    return Component("nccl", version, source, loads, tuple(copies), _on_path(fs, search, "libnccl.so.2", copies))
+
+
+def cudnn(fs: FsView, search: tuple[LibDir, ...]) -> Component:
+    header = first_existing(fs, CUDNN_HEADERS)
+    if header is not None:
+        found = defines(fs.read_text(header) or "", ["CUDNN_MAJOR", "CUDNN_MINOR", "CUDNN_PATCHLEVEL"])
+        if all(v.isdigit() for v in found.values()) and len(found) == 3:
+            return Component(
+                "cudnn", f"{found['CUDNN_MAJOR']}.{found['CUDNN_MINOR']}.{found['CUDNN_PATCHLEVEL']}", header
+            )
+    for real in _library_copies(fs, search, "libcudnn.so.*"):
+        match = _CUDNN_FILE.match(posixpath.basename(real))
+        if match:
+            return Component("cudnn", match.group(1), real)
+    return Component("cudnn")
+
+
+def libfabric(fs: FsView, search: tuple[LibDir, ...], packages: dict[str, dpkg.Package]) -> Component:
+    owners = _owner_versions(fs, packages, LIBFABRIC_PACKAGES)
+    copies = []
+    for real in _library_copies(fs, search, "libfabric.so.1*"):
+        version, source = _libfabric_version(fs, real, owners)
+        copies.append(Copy(real, version, source))
+    loads = ldpath.find_library(fs, search, "libfabric.so.1")
+    # no fallback to the package database alone: a package whose files are gone is not installed
+    version, source = _effective(copies, loads, fs)
+    return Component("libfabric", version, source, loads, tuple(copies), _on_path(fs, search, "libfabric.so.1", copies))
+
+
+def _libfabric_version(fs: FsView, real: str, owners: dict[str, dpkg.Package]) -> tuple[str | None, str | None]:
+    """A libfabric file's release: its pkgconfig file when it is the one that file describes,
+    else the dpkg package owning it, else the version string inside it."""
+    directory = posixpath.dirname(real)
+    pc = f"{directory}/pkgconfig/libfabric.pc"
+    pc_text = fs.read_text(pc) or ""
+    match = re.search(r"^Version:\s*(\S+)", pc_text, re.MULTILINE)
+    libdir = re.search(r"^libdir=(\S+)", pc_text, re.MULTILINE)
+    # a .pc beside several libfabric files describes the one `libfabric.so` (the dev link) points to
+    described = fs.resolve(f"{directory}/libfabric.so") or fs.resolve(f"{directory}/libfabric.so.1")
+    if match and described == real and (libdir is None or "$" in libdir.group(1) or libdir.group(1) == directory):
+        return versions.upstream(match.group(1)), pc
+    if real in owners:
+        return versions.upstream(owners[real].version), _dpkg_source(owners[real])
+    found = _LIBFABRIC_VERSION.search(fs.read_bytes(real, max_size=MAX_LIB_SCAN) or b"")
+    if found:
+        return found.group(1).decode(), real
+    return None, None
+
+
+def plugin_file_name(env: dict[str, str]) -> str:
+    """The library NCCL opens as its network plugin, per NCCL_NET_PLUGIN."""
+    plugin = env.get("NCCL_NET_PLUGIN", "")
+    if not plugin:
+        return "libnccl-net.so"
+    if "/" in plugin or plugin.endswith(".so"):
+        return plugin
+    return f"libnccl-net-{plugin}.so"
+
+
+def aws_ofi_nccl(
+    fs: FsView, search: tuple[LibDir, ...], env: dict[str, str], packages: dict[str, dpkg.Package]
+) -> Component:
+    owners = _owner_versions(fs, packages, OFI_PACKAGES)
+    candidates = _library_copies(fs, search, "libnccl-net*.so")
+    contents = fs.read_many(candidates, max_size=_MAX_PLUGIN_BYTES)
+    copies = []
+    for real in candidates:
+        match = _OFI_VERSION.search(contents.get(real, b""))
+        if match:
+            copies.append(Copy(real, match.group(1).decode(), real))
+        elif real in owners:
+            copies.append(Copy(real, versions.upstream(owners[real].version), _dpkg_source(owners[real])))
+        elif posixpath.basename(real) == "libnccl-net-ofi.so":
+            copies.append(Copy(real, None, None))
+    plugin = ldpath.find_library(fs, search, plugin_file_name(env))
+    is_ofi = plugin is not None and any(c.path == fs.resolve(plugin) for c in copies)
+    loads = plugin if is_ofi else None
+    version, source = _effective(copies, loads, fs)
+    hits = _on_path(fs, search, "libnccl-net-ofi.so", copies)
+    return Component("aws-ofi-nccl", version, source, loads, tuple(copies), hits)
