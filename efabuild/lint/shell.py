@@ -48,6 +48,12 @@ class _Reader:
         self.i = 0
         self.lookup = lookup
         self.local = local
+        # what commands() has read so far
+        self.out: list[Command] = []
+        self.words: list[str] = []  # the current command's words
+        self.word: list[str] = []  # pieces of the current word
+        self.in_word = False
+        self.cmd_start = -1  # where the current command starts, -1 before it does
 
     def value_of(self, name: str) -> str | None:
         if name in self.local:
@@ -96,86 +102,82 @@ class _Reader:
 
     # --- words and commands -------------------------------------------------------------------
 
+    # --- commands -----------------------------------------------------------------------------
+
     def commands(self) -> list[Command]:
-        out: list[Command] = []
-        words: list[str] = []
-        word: list[str] = []
-        in_word = False
-        cmd_start = -1
+        """The script's simple commands, in order (read once per reader)."""
         s = self.s
-
-        def end_word() -> None:
-            nonlocal word, in_word
-            if in_word:
-                words.append("".join(word))
-            word, in_word = [], False
-
-        def end_command(at: int) -> None:
-            nonlocal words, cmd_start
-            end_word()
-            if words:
-                command = _command(words, cmd_start, s[cmd_start:at].strip())
-                if command is not None:
-                    out.append(command)
-                    self.remember(command)
-            words, cmd_start = [], -1
-
         while self.i < len(s):
             c = s[self.i]
-            if cmd_start < 0 and not c.isspace() and c not in ";&|()":
-                cmd_start = self.i
-            if c == "\\":
-                if self.i + 1 < len(s) and s[self.i + 1] == "\n":
-                    self.i += 2  # line continuation
-                    continue
-                word.append(s[self.i + 1:self.i + 2])
-                in_word = True
-                self.i += 2
-            elif c == "'":
-                end = s.find("'", self.i + 1)
-                end = len(s) if end < 0 else end
-                word.append(s[self.i + 1:end])
-                in_word = True
-                self.i = end + 1
-            elif c == '"':
-                word.append(self.double_quoted())
-                in_word = True
-            elif c == "$":
-                word.append(self.dollar())
-                in_word = True
-            elif c == "`":
-                end = s.find("`", self.i + 1)
-                end = len(s) if end < 0 else end
-                word.append(s[self.i:end + 1])
-                in_word = True
-                self.i = end + 1
-            elif c == "#" and not in_word:
+            if self.cmd_start < 0 and not c.isspace() and c not in ";&|()":
+                self.cmd_start = self.i
+            if c == "\\" and s[self.i + 1:self.i + 2] == "\n":
+                self.i += 2  # line continuation
+            elif c in "\\'\"$`":
+                self.add(self.quoted(c))
+            elif c == "#" and not self.in_word:
                 end = s.find("\n", self.i)
                 self.i = len(s) if end < 0 else end
             elif c in " \t\r":
-                end_word()
+                self.end_word()
                 self.i += 1
             elif c in "\n;()":
-                end_command(self.i)
+                self.end_command(self.i)
                 self.i += 1
             elif c in "&|":
-                if c == "&" and word and word[-1].endswith((">", "<")):
-                    word.append(c)  # 2>&1
-                    self.i += 1
-                    continue
-                if c == "&" and self.i + 1 < len(s) and s[self.i + 1] == ">":
-                    word.append("&>")  # &> file
-                    in_word = True
-                    self.i += 2
-                    continue
-                end_command(self.i)
-                self.i += 2 if self.i + 1 < len(s) and s[self.i + 1] == c else 1
+                self.operator(c)
             else:
-                word.append(c)
-                in_word = True
+                self.add(c)
                 self.i += 1
-        end_command(len(s))
-        return out
+        self.end_command(len(s))
+        return self.out
+
+    def add(self, text: str) -> None:
+        self.word.append(text)
+        self.in_word = True
+
+    def end_word(self) -> None:
+        if self.in_word:
+            self.words.append("".join(self.word))
+        self.word, self.in_word = [], False
+
+    def end_command(self, at: int) -> None:
+        self.end_word()
+        if self.words:
+            command = _command(self.words, self.cmd_start, self.s[self.cmd_start:at].strip())
+            if command is not None:
+                self.out.append(command)
+                self.remember(command)
+        self.words, self.cmd_start = [], -1
+
+    def quoted(self, c: str) -> str:
+        """Read an escape, a quoted string, an expansion or a backquoted command at self.i."""
+        s = self.s
+        if c == "\\":
+            self.i += 2
+            return s[self.i - 1:self.i]
+        if c == '"':
+            return self.double_quoted()
+        if c == "$":
+            return self.dollar()
+        end = s.find(c, self.i + 1)  # ' or `
+        end = len(s) if end < 0 else end
+        text = s[self.i + 1:end] if c == "'" else s[self.i:end + 1]  # a backquoted command stays as written
+        self.i = end + 1
+        return text
+
+    def operator(self, c: str) -> None:
+        """`&&`, `||`, `|` and `&` end a command; `2>&1` and `&>` belong to a word."""
+        s = self.s
+        if c == "&" and self.word and self.word[-1].endswith((">", "<")):
+            self.word.append(c)  # 2>&1
+            self.i += 1
+        elif c == "&" and s[self.i + 1:self.i + 2] == ">":
+            self.add("&>")  # &> file
+            self.i += 2
+        else:
+            self.end_command(self.i)
+            self.i += 2 if s[self.i + 1:self.i + 2] == c else 1
 
     def double_quoted(self) -> str:
         s = self.s
