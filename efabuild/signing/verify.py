@@ -71,20 +71,17 @@ def verify_and_remember(layout: Layout, key: str, policy, *, sha256: bool = Fals
 
 def verify(layout: Layout, key: str, policy, *, sha256: bool = False) -> list[str]:  # noqa: ANN001
     """Every problem with `key` on this tier, one line each (empty: it verifies)."""
-    from efabuild.signing import dsse
-    from efabuild.store.digest import file_digest, sha256_file
     from efabuild.store.record import ArtifactRecord
 
     sqsh = layout.sqsh_path(key)
-    where = f"{sqsh}"
-    problems: list[str] = []
     try:
         record_bytes = _read(layout, layout.record_path(key))
         if record_bytes is None:
-            return [f"{where}: no record beside it"]
+            return [f"{sqsh}: no record beside it"]
         record = ArtifactRecord.from_json(record_bytes, str(layout.record_path(key)))
     except EfabuildError as exc:
         return [str(exc)]
+    problems: list[str] = []
     if record.key != key:
         problems.append(f"{layout.record_path(key)}: the record is for {short(record.key)}, not {short(key)}")
     try:
@@ -92,44 +89,54 @@ def verify(layout: Layout, key: str, policy, *, sha256: bool = False) -> list[st
     except EfabuildError as exc:
         return problems + [str(exc)]
     if info is None:
-        return [f"{where}: no such file"]
-    size = info.st_size
+        return [f"{sqsh}: no such file"]
+    file_problems, actual, actual_sha256 = _check_file(sqsh, info.st_size, record, sha256)
+    problems += file_problems
+    problems += _check_manifest(layout, key, record)
+    problems += _check_signed(layout, key, record, policy, actual or record.digest, actual_sha256)
+    return problems
+
+
+def _check_file(sqsh: Path, size: int, record, sha256: bool) -> tuple[list[str], str | None, str | None]:  # noqa: ANN001
+    """The file against its record: problems, and its blake3 and sha256 when they were computed."""
+    from efabuild.store.digest import file_digest, sha256_file
+
+    problems = []
     actual = None
     if size != record.size:
-        problems.append(f"{where}: {size} bytes, its record says {record.size}")
+        problems.append(f"{sqsh}: {size} bytes, its record says {record.size}")
     else:
         actual = file_digest(sqsh)
         if actual != record.digest:
-            problems.append(f"{where}: digest {actual}, its record says {record.digest}")
+            problems.append(f"{sqsh}: digest {actual}, its record says {record.digest}")
     actual_sha256 = sha256_file(sqsh) if sha256 else None
     if actual_sha256 is not None and record.sha256 is not None and actual_sha256 != record.sha256:
-        problems.append(f"{where}: sha256 {actual_sha256}, its record says {record.sha256}")
+        problems.append(f"{sqsh}: sha256 {actual_sha256}, its record says {record.sha256}")
+    return problems, actual, actual_sha256
 
-    problems += _check_manifest(layout, key, record)
+
+def _check_signed(layout: Layout, key: str, record, policy, blake3: str,  # noqa: ANN001
+                  sha256: str | None) -> list[str]:
+    """The signed statement: a trusted signature, on a statement whose subject is this file."""
+    from efabuild.signing import dsse
 
     envelope_path = layout.envelope_path(key)
     try:
         envelope_bytes = _read(layout, envelope_path)
         if envelope_bytes is None:
-            problems.append(f"{where}: unsigned (no {envelope_path.name})")
-            return problems
+            return [f"{layout.sqsh_path(key)}: unsigned (no {envelope_path.name})"]
         envelope = dsse.decode(envelope_bytes, str(envelope_path))
     except EfabuildError as exc:
-        problems.append(str(exc))
-        return problems
-    signer = trusted_signer(envelope, policy)
-    if signer is None:
+        return [str(exc)]
+    if trusted_signer(envelope, policy) is None:
         count = len(envelope.signatures)
-        problems.append(f"{envelope_path}: {'no signatures' if not count else f'{count} signature(s), none'} "
-                        f"by a key trusted by {policy.source}")
-        return problems
+        return [f"{envelope_path}: {'no signatures' if not count else f'{count} signature(s), none'} "
+                f"by a key trusted by {policy.source}"]
     try:
         statement = envelope.statement(str(envelope_path))
     except EfabuildError as exc:
-        problems.append(str(exc))
-        return problems
-    problems += _check_subject(statement, key, record, str(envelope_path), actual or record.digest, actual_sha256)
-    return problems
+        return [str(exc)]
+    return _check_subject(statement, key, record, str(envelope_path), blake3, sha256)
 
 
 def trusted_signer(envelope, policy) -> str | None:  # noqa: ANN001
