@@ -1,6 +1,6 @@
 """What a job's logs showed, and what doctor concludes from it: the data the diagnosis rules share.
 
-Pure: `Facts` groups scanned observations by kind and value, keeping counts and the first few
+Pure: `Facts` groups scanned observations by kind and value, keeping the first few
 lines of each as evidence; a `Diagnosis` is one conclusion with its evidence, explanation and fix.
 """
 
@@ -41,11 +41,10 @@ class Diagnosis:
 
 
 class Facts:
-    """Observations grouped by kind and value, keeping counts and the first lines of each."""
+    """Observations grouped by kind and value, keeping the first lines of each."""
 
     def __init__(self, observations: Iterable[Observation] = ()) -> None:
         self.groups: dict[tuple[str, str | None], list[Observation]] = {}
-        self.counts: dict[tuple[str, str | None], int] = {}
         self.busbw: list[tuple[float, LogLine]] = []
         for observation in observations:
             self.add(observation)
@@ -60,7 +59,6 @@ class Facts:
             key = (observation.kind, None)
         else:
             key = (observation.kind, observation.value)
-        self.counts[key] = self.counts.get(key, 0) + 1
         group = self.groups.setdefault(key, [])
         if len(group) < EVIDENCE_PER_DIAGNOSIS:
             group.append(observation)
@@ -74,9 +72,6 @@ class Facts:
 
     def has(self, kind: str) -> bool:
         return any(k == kind for k, _ in self.groups)
-
-    def count(self, kind: str) -> int:
-        return sum(n for (k, _), n in self.counts.items() if k == kind)
 
     def evidence(self, *kinds: str, values: Iterable[str] | None = None) -> tuple[Evidence, ...]:
         wanted = set(values) if values is not None else None

@@ -126,9 +126,6 @@ class Evaluated:
     runs: tuple[RunCommand, ...]
     env_after: Mapping[str, str]  # the image environment after this layer
 
-    def commands_of_run(self, run_index: int) -> list[RunCommand]:
-        return [rc for rc in self.runs if rc.run_index == run_index]
-
     def arg(self, name: str) -> ArgDecl | None:
         found = [a for a in self.args if a.name == name]
         return found[-1] if found else None

@@ -274,9 +274,3 @@ def _unsquashfs(args: list[str], image: Path, check: bool = True) -> bytes:
         detail = proc.stderr.decode(errors="replace").strip().splitlines()
         raise EfabuildError(f"{image}: unsquashfs failed: {detail[-1] if detail else proc.returncode}")
     return proc.stdout
-
-
-def open_view(path: Path) -> FsView:
-    """A view of a directory or a .sqsh file."""
-    path = Path(path)
-    return DirView(path) if path.is_dir() else SqshView(path)
