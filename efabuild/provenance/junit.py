@@ -12,7 +12,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
-from efabuild.provenance.audit import FAIL, SKIP, WARN
+from efabuild.provenance.checks import FAIL, SKIP, WARN
 
 # characters XML 1.0 cannot hold, even escaped (a message quoting a binary's bytes)
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
