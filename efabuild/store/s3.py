@@ -49,13 +49,8 @@ from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.s3chunks import ChunkStore, Seed, Transfer, assemble, bucket_usage
+from efabuild.store.s3client import DEFAULT_PART_SIZE, DEFAULT_WORKERS, S3Bucket, already_exists
 from efabuild.store.s3refs import S3Refs
-from efabuild.store.s3client import (
-    DEFAULT_PART_SIZE,
-    DEFAULT_WORKERS,
-    S3Bucket,
-    _already_exists,
-)
 from efabuild.store.transfer import SIDECARS, DamagedCopy
 
 DIGEST_METADATA = "blake3"  # x-amz-meta-blake3 on every .sqsh
@@ -321,7 +316,7 @@ class S3Tier(S3Refs, S3Bucket):
                 try:
                     self.get_ranges(path, fd, size, etag, bar)
                 except ClientError as exc:
-                    if _already_exists(exc):
+                    if already_exists(exc):
                         raise EfabuildError(f"{what}: changed while being fetched; try again") from None
                     raise self._error(what, exc) from None
 

@@ -58,7 +58,7 @@ def _status(exc: ClientError) -> int:
     return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
 
 
-def _already_exists(exc: ClientError) -> bool:
+def already_exists(exc: ClientError) -> bool:
     return _code(exc) in _ALREADY_EXISTS or _status(exc) in (409, 412)
 
 
@@ -104,7 +104,6 @@ class S3Bucket:
 
     def _path(self, *parts: str) -> str:
         return "/".join(([self.prefix] if self.prefix else []) + list(parts))
-
 
     # ---- client
     @property
@@ -168,7 +167,7 @@ class S3Bucket:
             self._call(self.url(path), "put_object", Key=path, Body=body, IfNoneMatch="*",
                        ChecksumAlgorithm="CRC32", **extra)
         except ClientError as exc:
-            if _already_exists(exc):
+            if already_exists(exc):
                 return False
             raise self._error(self.url(path), exc) from None
         return True
@@ -245,7 +244,7 @@ class S3Bucket:
                 completed = True
                 return True
             except ClientError as exc:
-                if _already_exists(exc):
+                if already_exists(exc):
                     return False
                 raise
         except ClientError as exc:

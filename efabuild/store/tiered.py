@@ -6,8 +6,11 @@
 - lookup looks at the filesystem tiers without locks (shared first: every node sees that path),
   and only when they miss asks S3 and fetches into the shared tier (else local) under the key's
   lock, verified before it becomes visible.
-- names ("graph:layer") resolve through the filesystem tiers' refs; S3's refs are asked only when
-  no filesystem tier knows the name (configure a shared tier so that builders and jobs agree).
+- names ("graph:layer") resolve through the filesystem tiers' refs (lookup.local_key, the
+  resolver `efabuild lookup`'s fast path uses too); S3's refs are asked only when no filesystem
+  tier knows the name, or knows it only as copied from S3 (configure a shared tier so that
+  builders and jobs agree).
+- gc keeps what gc.keys_to_keep decides over every tier and deletes the rest (sweep.py).
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from efabuild.store.record import ArtifactRecord
 from efabuild.store.s3chunks import DEFAULT_GRACE, Seed
 from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
 from efabuild.store.transfer import DamagedCopy, send, transfer, verified_copy
-
 
 
 @attrs.frozen
