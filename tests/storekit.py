@@ -14,6 +14,8 @@ from pathlib import Path
 
 import blake3
 
+from tests.inprocess import run_efabuild
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -58,14 +60,20 @@ def record_for(key: str, name: str, sqsh: Path):  # noqa: ANN201 - ArtifactRecor
 
 def efabuild(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
              check: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a fresh interpreter."""
-    full_env = {**os.environ, **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    result = subprocess.run([sys.executable, "-m", "efabuild", *args], capture_output=True, text=True,
-                            env=full_env, cwd=cwd)
+    """Run the CLI's main() in this process (tests/inprocess.py: as a fresh interpreter would)."""
+    result = run_efabuild(args, env={**os.environ, **(env or {})}, cwd=cwd)
     if check and result.returncode != 0:
         raise AssertionError(f"efabuild {' '.join(args)} -> {result.returncode}\n{result.stderr}")
     return result
+
+
+def efabuild_process(*args: str, env: dict[str, str] | None = None,
+                     cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a fresh interpreter: for what only a process shows (what it imports)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return subprocess.run([sys.executable, "-m", "efabuild", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd)
 
 
 def unsquash_list(sqsh: Path) -> list[str]:

@@ -111,3 +111,25 @@ def test_lookup_builds_only_its_own_parser_and_loads_no_completion_code(tmp_path
     assert status == "1" and "efabuild.cli.lookup_cmd" in loaded
     # (a miss reports through logging, whose traceback module brings textwrap: not help text)
     assert not loaded & {"efabuild.cli.plan_cmd", "efabuild.cli.completion_cmd", "shtab"}
+
+
+def test_a_real_process_exits_0_1_or_2_with_one_line(tmp_path):
+    """What a shell or Slurm sees of `python -m efabuild`: its exit status and stderr, from a process
+    of its own (the other CLI tests call main() in the test process, tests/inprocess.py)."""
+    import sys
+
+    from tests.storekit import REPO
+
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "efabuild", *args], capture_output=True, text=True,
+                              cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, timeout=60)
+
+    ok = run("--version")
+    assert (ok.returncode, ok.stderr) == (0, "") and ok.stdout.startswith("efabuild ")
+    missing = run("lookup", "--store", str(tmp_path / "store"), "--no-fetch", "demo:user")
+    assert missing.returncode == 1 and missing.stdout == "" and len(missing.stderr.splitlines()) == 1
+    assert missing.stderr.startswith("efabuild: ") and "Traceback" not in missing.stderr
+    typo = run("lokup", "demo:user")
+    assert typo.returncode == 2 and "invalid choice: 'lokup'" in typo.stderr

@@ -10,7 +10,7 @@ import pytest
 
 from efabuild.store.tiered import Store
 from efabuild.store.fs import FilesystemTier
-from tests.storekit import efabuild, key_for, make_sqsh, record_for
+from tests.storekit import efabuild, efabuild_process, key_for, make_sqsh, record_for
 
 # two keys sharing their first 10 hex characters, and one apart
 TWINS = ["0123456789" + "a" * 54, "0123456789" + "b" * 54]
@@ -100,7 +100,7 @@ def test_json_output_and_verify(workspace):
 
 
 def test_a_local_hit_imports_neither_boto3_nor_python_on_whales(workspace):
-    result = efabuild("lookup", "ngc-efa:user", env={"PYTHONPROFILEIMPORTTIME": "1"}, cwd=workspace)
+    result = efabuild_process("lookup", "ngc-efa:user", env={"PYTHONPROFILEIMPORTTIME": "1"}, cwd=workspace)
     assert result.returncode == 0
     imported = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines()
                 if line.startswith("import time:")}

@@ -17,6 +17,7 @@ from efabuild.cli import picture
 from efabuild.plan import Availability, make_plan
 from efabuild.build.prepare import prepare
 from efabuild.workspace import load_workspace
+from tests.inprocess import run_efabuild
 from tests.wsfactory import SIMPLE_GRAPH, make_workspace
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -37,6 +38,12 @@ def drawn_layers(svg: bytes) -> dict[str, tuple[str, str]]:
 
 
 def efabuild(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """`efabuild -C ROOT ARGS` in this process (tests/inprocess.py), output as bytes."""
+    return run_efabuild(["-C", str(root), *args], text=False)
+
+
+def efabuild_process(root: Path, *args: str) -> subprocess.CompletedProcess:
+    """The same in a real process: a make builds, and stops on SIGTERM, as its own process."""
     return subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), *args], capture_output=True,
                           stdin=subprocess.DEVNULL, env={**os.environ})
 
@@ -118,7 +125,7 @@ RUN true
     root = make_workspace(tmp_path / "ws", {"pic": graph})
     out = tmp_path / "make.svg"
     try:
-        done = efabuild(root, "make", "--graph", str(out))
+        done = efabuild_process(root, "make", "--graph", str(out))
         assert done.returncode == 1, done.stderr
         layers = drawn_layers(out.read_bytes())
         assert layers["pic:base"][0] == picture.STATE_COLOURS["built"]
@@ -127,7 +134,7 @@ RUN true
         assert "RUN echo compiling && exit 3 | exit code 3" in layers["pic:broken"][1]
         assert "parent pic:broken did not finish" in layers["pic:after"][1]
         # a name Graphviz cannot draw is bad input, refused before anything builds
-        bad = efabuild(root, "make", "--graph", str(tmp_path / "make.pdf"))
+        bad = efabuild_process(root, "make", "--graph", str(tmp_path / "make.pdf"))
         assert bad.returncode == 2 and "must end in .svg or .png" in bad.stderr.decode()
     finally:
         tags = subprocess.run(["docker", "image", "ls", "--filter", "label=org.efabuild.graph=pic", "--format",

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from efabuild.build.prepare import prepare
 from efabuild.workspace import load_workspace
+from tests.inprocess import run_efabuild
 from tests.wsfactory import SIMPLE_GRAPH as WITH_ARTIFACTS
 from tests.wsfactory import make_workspace
 
@@ -19,7 +18,7 @@ SIMPLE_GRAPH = WITH_ARTIFACTS.replace("artifact = true\n", "")
 
 
 def plan_json(root: Path, *targets: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan", "--offline", "--json", *targets],
+    proc = run_efabuild(["-C", str(root), "plan", "--offline", "--json", *targets],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -60,7 +59,7 @@ def test_first_plan_says_new_layers_and_unresolved_digest(tmp_path):
     assert all(l["state"] == "to build" and l["reasons"] == ["new layer (no earlier build recorded)"]
                for l in layers.values())
     assert data["bases"] == [{"ref": "example.com/pytorch:26.08-py3", "digest": None, "source": "unresolved"}]
-    text = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan", "--offline"],
+    text = run_efabuild(["-C", str(root), "plan", "--offline"],
                           capture_output=True, text=True).stdout
     assert "digest unresolved" in text and "3 to build" in text
 
@@ -154,7 +153,7 @@ def test_make_lints_first_and_stops_on_errors(tmp_path):
     graph = SIMPLE_GRAPH.replace("RUN echo installing efa ${EFA_INSTALLER_VERSION}",
                                  "RUN apt-get update\nRUN ./efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify")
     root = make_workspace(tmp_path / "ws", {"stack": graph})
-    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "make"], capture_output=True, text=True,
+    proc = run_efabuild(["-C", str(root), "make"], capture_output=True, text=True,
                           env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"})
     assert proc.returncode == 2
     assert "EFA001 error stack:efa" in proc.stderr and "EFA004 error stack:efa" in proc.stderr
@@ -163,7 +162,7 @@ def test_make_lints_first_and_stops_on_errors(tmp_path):
         "efabuild: lint found 2 error(s): fix them, or build anyway with --no-lint"
     assert not (root / "cache" / "builds").exists()
     # --no-lint goes on to the engine, which is not there
-    forced = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "make", "--no-lint"],
+    forced = run_efabuild(["-C", str(root), "make", "--no-lint"],
                             capture_output=True, text=True, env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"})
     assert forced.returncode == 1 and "no Docker engine at unix:///nonexistent.sock" in forced.stderr
 
@@ -175,7 +174,7 @@ def test_secret_build_args_never_reach_plan_output_or_build_records(tmp_path):
     record_all(root)
     assert by_name(plan_json(root))["stack:efa"]["state"] == "available"  # a recorded secret compares equal
     (root / "graphs" / "stack.toml").write_text(secret_graph.replace("hf_FirstSecretValue123", "hf_SecondSecret999"))
-    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan", "--offline"],
+    proc = run_efabuild(["-C", str(root), "plan", "--offline"],
                           capture_output=True, text=True)
     data = plan_json(root)
     reasons = by_name(data)["stack:efa"]["reasons"]
@@ -191,10 +190,10 @@ def test_an_unreachable_s3_tier_does_not_stop_a_plan(tmp_path):
     root = make_workspace(tmp_path / "ws", {"stack": WITH_ARTIFACTS}, build=build)
     env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock", "AWS_ACCESS_KEY_ID": "x",
            "AWS_SECRET_ACCESS_KEY": "never-shown"}
-    offline = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan", "--offline"],
+    offline = run_efabuild(["-C", str(root), "plan", "--offline"],
                              capture_output=True, text=True, env=env)
     assert offline.returncode == 0 and "warning" not in offline.stderr  # offline: S3 is not asked
-    online = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan"],
+    online = run_efabuild(["-C", str(root), "plan"],
                             capture_output=True, text=True, env=env)
     assert online.returncode == 0, online.stderr
     assert "warning: S3 tier not consulted" in online.stderr and "3 to build" in online.stdout
@@ -206,6 +205,6 @@ def test_make_of_one_graph_lints_the_ancestors_it_builds_on_in_other_graphs(tmp_
                                   "RUN apt-get update\nRUN ./efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify")
     side = "[layers.extra]\nparent = \"stack:deepep\"\ndockerfile = '''\nRUN true\n'''\n"
     root = make_workspace(tmp_path / "ws", {"stack": broken, "side": side})
-    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "make", "side"], capture_output=True,
+    proc = run_efabuild(["-C", str(root), "make", "side"], capture_output=True,
                           text=True, env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"})
     assert proc.returncode == 2 and "EFA001 error stack:efa" in proc.stderr

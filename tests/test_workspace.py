@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +10,7 @@ import pytest
 from efabuild.cli import main
 from efabuild.errors import InputError
 from efabuild.workspace import find_root, load_workspace
+from tests.inprocess import run_efabuild
 from tests.wsfactory import SIMPLE_GRAPH, make_workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,9 +57,8 @@ def test_layer_lines_are_exact_after_blank_lines(tmp_path):
 
 
 def run_cli(root: Path, *args: str) -> tuple[int, str]:
-    """Run efabuild in a subprocess: what the user sees, traceback or not."""
-    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), *args],
-                          capture_output=True, text=True, env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"})
+    """Run efabuild (in this process, as a fresh one would): what the user sees, traceback or not."""
+    proc = run_efabuild(["-C", str(root), *args], env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"})
     return proc.returncode, proc.stderr + proc.stdout
 
 
@@ -189,8 +187,7 @@ def test_export_options_that_are_not_filesystem_shape_are_rejected_at_load(tmp_p
     build = '[workspace]\ngraphs = ["graphs/*.toml"]\n[export]\nextra_options = ' + extra.format(marker=marker) + "\n"
     root = make_workspace(tmp_path / "ws", build=build)
     for command in (["plan"], ["make", "--no-lint"]):
-        proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), *command],
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        proc = run_efabuild(["-C", str(root), *command])
         assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
         assert proc.stderr.startswith("efabuild: BUILD.toml: export.extra_options: ") and shown in proc.stderr
         assert len(proc.stderr.splitlines()) == 1
