@@ -18,6 +18,7 @@ from efabuild.pyxis.importer import parse_image_uri
 from efabuild.errors import InputError
 from efabuild.store.tiered import Store
 from efabuild.store.fs import FilesystemTier
+from tests.inprocess import run_efabuild
 from tests.storekit import REPO, key_for, make_sqsh, record_for
 
 
@@ -209,8 +210,7 @@ def test_no_bad_call_prints_anything_pyxis_would_take_for_a_path(store_dir, job_
     assert (result.returncode, result.stdout) == (2, ""), result
     assert _one_line(result.stderr).startswith("efabuild: ")
     # the same through the main command, for a plugstack.conf that names a wrapper around it
-    result = subprocess.run([sys.executable, "-m", "efabuild", "pyxis-importer", *args], capture_output=True,
-                            text=True, env=env, cwd=tmp_path)
+    result = run_efabuild(["pyxis-importer", *args], env=env, cwd=tmp_path)
     assert (result.returncode, result.stdout) == (2, ""), result
 
 
