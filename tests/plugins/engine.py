@@ -120,7 +120,7 @@ def local_registry(docker_engine, tmp_path_factory) -> str:
     yield started.stdout.strip()
     pidfile = directory / "registry.pid"
     if pidfile.exists():
-        _stop_pid(int(pidfile.read_text()))
+        _stop_pid(int(pidfile.read_text()), "docker-registry")
 
 
 @pytest.fixture(scope="session")
@@ -141,7 +141,7 @@ def second_engine(busybox_image) -> str:
         import_busybox(busybox_image, host=host)
     yield host
     if not was_running and pidfile.exists():
-        _stop_pid(int(pidfile.read_text()))
+        _stop_pid(int(pidfile.read_text()), "dockerd")
 
 
 def _alive(pid: int) -> bool:
@@ -155,9 +155,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _stop_pid(pid: int, grace_s: float = 20.0) -> None:
-    """SIGTERM a daemon this session started, and wait (bounded) until it is gone."""
-    if not _alive(pid):
+def _runs(pid: int, program: str) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == program[:15]  # comm is cut at 15
+    except OSError:
+        return False
+
+
+def _stop_pid(pid: int, program: str, grace_s: float = 20.0) -> None:
+    """SIGTERM a daemon this session started, and wait (bounded) until it is gone. Only when the pid
+    is still that program: a daemon that died meanwhile leaves its pid to be reused, perhaps by
+    another test run on this machine."""
+    if not _alive(pid) or not _runs(pid, program):
         return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
