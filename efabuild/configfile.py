@@ -111,17 +111,18 @@ def _nesting(text: str) -> int:
             depth = max(depth - 1, 0)
             index = token.end()
         else:  # a comment or a string: skip to its end
-            closing = _CLOSING[char].match(text, token.end())
+            closing = REST_OF_TOKEN[char].match(text, token.end())
             index = closing.end() if closing else len(text)
 
 
 _TOKEN = re.compile(r"""[\[\]{}#]|""\"|'''|"|'""")
 # the rest of a comment or a string after its opening token; an unterminated one ends at its line's
-# end (single-line strings) or at the end of the text: tomllib reports those
-_CLOSING = {
+# end (single-line strings) or at the end of the text: tomllib reports those. A multi-line string may
+# end in one or two quotes of its own right before its closing three.
+REST_OF_TOKEN = {
     "#": re.compile(r"[^\n]*"),
-    '"""': re.compile(r'(?:[^"\\]|\\.|"(?!""))*(?:"""|$)', re.DOTALL),
-    "'''": re.compile(r"(?:[^']|'(?!''))*(?:'''|$)", re.DOTALL),
+    '"""': re.compile(r'(?:[^"\\]|\\.|"(?!""))*(?:"{3,5}|$)', re.DOTALL),
+    "'''": re.compile(r"(?:[^']|'(?!''))*(?:'{3,5}|$)", re.DOTALL),
     '"': re.compile(r'(?:[^"\\\n]|\\.)*"?'),
     "'": re.compile(r"[^'\n]*'?"),
 }

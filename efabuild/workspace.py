@@ -7,7 +7,6 @@ Every message names the file, the key inside it and the problem, e.g.
 from __future__ import annotations
 
 import difflib
-import functools
 import glob
 import os
 import re
@@ -20,6 +19,7 @@ from efabuild.errors import InputError
 from efabuild.grammar import ARG_NAME
 from efabuild.model import BaseImage, Graph, Layer, LintIgnore, Workspace
 from efabuild.settings import BUILD_FILE, parse_settings
+from efabuild.tomlkeys import key_line
 
 # Patterns are used with fullmatch: `$` would also match before a trailing newline.
 # Lowercase, like a Docker repository path component: safe as an image tag part and a file name.
@@ -107,15 +107,31 @@ def _graph(path: Path, root: Path) -> Graph:
 
 
 def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, root: Path) -> Layer:
-    dotted = f"layers.{name}"
-    _check_name(name, f"{file}: {dotted}")
-    t = Table(data, file, dotted, LAYER_KEYS)
+    _check_name(name, f"{file}: layers.{name}")
+    t = Table(data, file, f"layers.{name}", LAYER_KEYS)
+    base = _base(t)
+    dockerfile, dockerfile_file, dockerfile_line = _dockerfile(t, name, text, root)
+    args = _args(t)
+    secrets = _secrets(t, args)
+    context = tuple(_context_path(entry, root, t.where("context")) for entry in t.str_list("context"))
+    ignores = _ignores(t)
+    parent, header = t.get("parent", str), key_line(text, ("layers", name))
+    return Layer(
+        graph=graph, name=name, source=path, dockerfile=dockerfile, dockerfile_file=dockerfile_file,
+        base=base, parent=_qualify(parent, graph) if parent else None,
+        args=tuple(sorted(args.items())), secrets=tuple(sorted(secrets)),
+        context=context, artifact=t.get("artifact", bool, False), ignore=ignores,
+        line=header.line if header else None, dockerfile_line=dockerfile_line,
+    )
+
+
+def _base(t: Table) -> BaseImage | None:
+    """The layer's base image, when it starts from one rather than from a parent layer."""
     base_ref, parent = t.get("base", str), t.get("parent", str)
     if base_ref and parent:
-        raise InputError("has both base and parent: a layer starts from exactly one", f"{file}: {dotted}")
+        raise InputError("has both base and parent: a layer starts from exactly one", t.where())
     if not base_ref and not parent:
-        raise InputError("has neither base nor parent: name a base image or a parent layer",
-                         f"{file}: {dotted}")
+        raise InputError("has neither base nor parent: name a base image or a parent layer", t.where())
     digest = t.get("digest", str)
     if digest and not base_ref:
         raise InputError("a digest pins a base image; this layer has a parent", t.where("digest"))
@@ -125,9 +141,12 @@ def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, r
         problem = grammar.image_ref_problem(base_ref)
         if problem:
             raise InputError(problem, t.where("base"))
-    dockerfile, dockerfile_file, dockerfile_line = _dockerfile(t, file, dotted, text, root)
+    return BaseImage(ref=base_ref, digest=digest) if base_ref else None
+
+
+def _args(t: Table) -> dict[str, str]:
     args = t.get("args", dict, {})
-    arg_table = Table(args, file, f"{dotted}.args", tuple(args))
+    arg_table = Table(args, t.file, f"{t.dotted}.args", tuple(args))
     for arg_name, value in args.items():
         if not ARG_NAME.fullmatch(arg_name):
             raise InputError("not a valid build-arg name", arg_table.where(arg_name))
@@ -137,6 +156,10 @@ def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, r
                              arg_table.where(arg_name))
         if not isinstance(value, str):
             raise InputError(f"must be a string, not {type_name(value)}", arg_table.where(arg_name))
+    return args
+
+
+def _secrets(t: Table, args: dict[str, str]) -> tuple[str, ...]:
     secrets = t.str_list("secrets")
     for secret in secrets:
         if not ARG_NAME.fullmatch(secret):
@@ -145,30 +168,27 @@ def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, r
             raise InputError(f"{secret} is also a build arg: a secret must not be one", t.where("secrets"))
     if len(set(secrets)) != len(secrets):
         raise InputError("names a secret twice", t.where("secrets"))
-    context = tuple(_context_path(entry, root, t.where("context")) for entry in t.str_list("context"))
+    return secrets
+
+
+def _ignores(t: Table) -> tuple[LintIgnore, ...]:
     ignores = []
     for index, entry in enumerate(t.get("ignore", list, [])):
-        item = Table(entry, file, f"{dotted}.ignore[{index}]", ("rule", "reason"))
+        item = Table(entry, t.file, f"{t.dotted}.ignore[{index}]", ("rule", "reason"))
         rule, reason = item.get("rule", str), item.get("reason", str)
         if not rule:
             raise InputError("missing: which lint rule to ignore", item.where("rule"))
         if not reason or not reason.strip():
             raise InputError(f"ignoring {rule} needs a reason", item.where("reason"))
         ignores.append(LintIgnore(rule=rule, reason=reason))
-    return Layer(
-        graph=graph, name=name, source=path, dockerfile=dockerfile, dockerfile_file=dockerfile_file,
-        base=BaseImage(ref=base_ref, digest=digest) if base_ref else None,
-        parent=_qualify(parent, graph) if parent else None,
-        args=tuple(sorted(args.items())), secrets=tuple(sorted(secrets)),
-        context=context, artifact=t.get("artifact", bool, False), ignore=tuple(ignores),
-        line=_table_line(text, name), dockerfile_line=dockerfile_line,
-    )
+    return tuple(ignores)
 
 
-def _dockerfile(t: Table, file: str, dotted: str, text: str, root: Path) -> tuple[str, str | None, int]:
+def _dockerfile(t: Table, name: str, text: str, root: Path) -> tuple[str, str | None, int]:
+    """The layer's Dockerfile text, the file it comes from (None: inline) and the line it starts on."""
     inline, from_file = t.get("dockerfile", str), t.get("dockerfile_file", str)
     if inline is not None and from_file is not None:
-        raise InputError("set dockerfile or dockerfile_file, not both", f"{file}: {dotted}")
+        raise InputError("set dockerfile or dockerfile_file, not both", t.where())
     if from_file is not None:
         rel = _context_path(from_file, root, t.where("dockerfile_file"))
         path = root / rel
@@ -178,7 +198,8 @@ def _dockerfile(t: Table, file: str, dotted: str, text: str, root: Path) -> tupl
         content = _read_text(path, where)
     else:
         content, where, rel = inline or "", t.where("dockerfile"), None
-        line = _dockerfile_line(text, dotted.split(".", 1)[1])
+        found = key_line(text, ("layers", name, "dockerfile"))
+        line = found.text_line if found else 1
     if not content.strip():
         raise InputError("empty Dockerfile text", where)
     if re.match(r"^\s*FROM\s", _first_instruction(content), re.IGNORECASE):
@@ -221,42 +242,6 @@ def _check_name(name: str, where: str) -> None:
         raise InputError(
             f"{name!r} is not a safe name: use lowercase letters, digits and single . _ - inside "
             f"(at most {MAX_NAME} characters)", where)
-
-
-_LAYER_TABLE = re.compile(r'^[ \t]*\[[ \t]*layers[ \t]*\.[ \t]*"?([^"\]\s]+)"?[ \t]*\]')
-
-
-@functools.lru_cache(maxsize=16)
-def _text_index(text: str) -> tuple[list[str], dict[str, int]]:
-    """A graph file's lines and the line of each [layers.NAME] header, found in one pass."""
-    lines = text.splitlines()
-    tables: dict[str, int] = {}
-    for number, line in enumerate(lines, 1):
-        match = _LAYER_TABLE.match(line)
-        if match:
-            tables.setdefault(match.group(1), number)
-    return lines, tables
-
-
-def _table_line(text: str, name: str) -> int | None:
-    return _text_index(text)[1].get(name)
-
-
-def _dockerfile_line(text: str, name: str) -> int:
-    """Line of the first Dockerfile line of an inline `dockerfile = '''...` in the layer's table."""
-    lines, tables = _text_index(text)
-    start = tables.get(name)
-    if start is None:
-        return 1
-    for index in range(start, len(lines)):
-        if re.match(r"^\s*\[", lines[index]):
-            break
-        match = re.match(r'^\s*dockerfile\s*=\s*("""|\'\'\'|"|\')(.*)$', lines[index])
-        if match:
-            # a multi-line string that starts right after the quotes begins on the next line
-            quote, rest = match.groups()
-            return index + 2 if len(quote) == 3 and not rest.strip() else index + 1
-    return start
 
 
 def _check_unique_graphs(graphs: tuple[Graph, ...], root: Path) -> None:

@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "efabuild"
 
 # the pure core: decisions and parsing, no engine, store, network or subprocess
 CORE = {"__init__", "__main__", "model", "refs", "keys", "dag", "plan", "redact", "errors", "nccl",
-        "workspace", "settings", "grammar", "configfile", "notices"}
+        "workspace", "settings", "grammar", "configfile", "tomlkeys", "notices"}
 # what no core module may import: the edge packages and the modules that reach the outside world
 EDGE_PACKAGES = {"build", "cli", "doctor", "engine", "export", "lint", "provenance", "pyxis", "signing",
                  "store"}

@@ -40,7 +40,7 @@ def count_calls(monkeypatch, module, name: str) -> list[int]:
 def test_each_layer_is_evaluated_once_and_each_graph_file_read_once(tmp_path, monkeypatch):
     ws = load_workspace(chains_workspace(tmp_path / "ws", 400))
     evaluations = count_calls(monkeypatch, lint_chain, "evaluate")
-    file_reads = count_calls(monkeypatch, locate, "_read_lines")
+    file_reads = count_calls(monkeypatch, locate, "_read_text")
     findings = lint_workspace(ws, scripts=[])
     assert evaluations[0] == 400
     assert file_reads[0] == 1  # one graph file, whatever the number of its layers
