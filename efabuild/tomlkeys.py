@@ -93,7 +93,7 @@ class _Scanner:
             match = _KEY_PART.match(self.text, pos)
             if match is None:
                 raise _NotToml
-            parts.append(next(group for group in match.groups() if group is not None))
+            parts.append(match.group(match.lastindex))  # the one alternative that matched
             pos = match.end()
             if not self.text.startswith(".", pos):
                 return tuple(parts), pos
@@ -155,6 +155,9 @@ class _Scanner:
     def define(self, path: tuple[str, ...] | None, line: int, text_line: int) -> None:
         if path is None:
             return
-        self.defined.setdefault(path, KeyLine(line, text_line))
-        for end in range(1, len(path)):
-            self.implied.setdefault(path[:end], KeyLine(line, line))
+        if path not in self.defined:
+            self.defined[path] = KeyLine(line, text_line)
+        table = path[:-1]  # and the tables it implies, unless an earlier key implied them already
+        while table and table not in self.implied:
+            self.implied[table] = KeyLine(line, line)
+            table = table[:-1]
