@@ -548,6 +548,8 @@ RUN apt-get update && cd /tmp \\
      "EFA_INSTALLER_VERSION=1.50.0 declared in demo:efa, but efa-installer 1.49.0 is installed"),
     ("ENV LD_LIBRARY_PATH=${LD_LIBRARY_PATH}:/opt/amazon/openmpi/lib\n", "openmpi",
      "2 Open MPI installations in use: /usr/local/mpi -> /opt/hpcx/ompi (5.0.7); /opt/amazon/openmpi (4.1.8)"),
+    ("ENV OPAL_PREFIX=/opt/amazon/openmpi5\n", "openmpi",
+     "2 Open MPI installations in use: /usr/local/mpi -> /opt/hpcx/ompi (5.0.7); /opt/amazon/openmpi5 (5.0.8)"),
     ("ENV NCCL_NET_PLUGIN=socket\n", "net-plugin", "NCCL_NET_PLUGIN is 'socket'"),
     ("ENV LD_LIBRARY_PATH=/host/opt/amazon/efa/lib:${LD_LIBRARY_PATH}\n", "ld-library-path",
      "LD_LIBRARY_PATH=/host/opt/amazon/efa/lib:/opt/amazon/ofi-nccl/lib:"),
@@ -559,7 +561,7 @@ RUN apt-get update && cd /tmp \\
      "ENV LD_LIBRARY_PATH=/opt/aws-ofi-nccl/lib:${LD_LIBRARY_PATH}\n", "library-shadowing:aws-ofi-nccl",
      "aws-ofi-nccl 1.13.2-aws at /opt/aws-ofi-nccl/lib/libnccl-net-ofi.so loads first (/opt/aws-ofi-nccl/lib from "
      "env:LD_LIBRARY_PATH); the newer 1.21.1 at /opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so is shadowed"),
-], ids=["installer-drift", "second-openmpi", "net-plugin", "host-lib-path", "infiniband-env", "no-ofi-plugin",
+], ids=["installer-drift", "second-openmpi", "opal-prefix", "net-plugin", "host-lib-path", "infiniband-env", "no-ofi-plugin",
         "shadowed-plugin"])
 def test_demo_variants_are_caught(demo: DemoBuilds, capsys, variant: str, check: str, words: str) -> None:
     tag = demo.build(demo.deepep, variant)
