@@ -36,17 +36,19 @@ def nccl_env_problems(name: str, value: str) -> tuple[str, str, str] | None:
     return None
 
 
-@rule("EFA006")
-def nccl_net_plugin(facts: LayerFacts) -> Iterator[Finding]:
+def _env_findings(facts: LayerFacts, rule_id: str) -> Iterator[Finding]:
+    """The layer's ENV settings that `nccl_env_problems` files under `rule_id`."""
     for env in facts.evaluated.envs:
         problem = nccl_env_problems(env.name, env.value)
-        if problem and problem[0] == "EFA006":
-            yield at(facts, "EFA006", env.line, problem[1], problem[2])
+        if problem and problem[0] == rule_id:
+            yield at(facts, rule_id, env.line, problem[1], problem[2])
+
+
+@rule("EFA006")
+def nccl_net_plugin(facts: LayerFacts) -> Iterator[Finding]:
+    return _env_findings(facts, "EFA006")
 
 
 @rule("EFA007")
 def infiniband_nccl_settings(facts: LayerFacts) -> Iterator[Finding]:
-    for env in facts.evaluated.envs:
-        problem = nccl_env_problems(env.name, env.value)
-        if problem and problem[0] == "EFA007":
-            yield at(facts, "EFA007", env.line, problem[1], problem[2])
+    return _env_findings(facts, "EFA007")
