@@ -19,6 +19,7 @@ from efabuild.store.s3 import S3Tier
 from efabuild.store.s3client import part_size_for
 from tests.plugins.s3server import DUMMY_CREDENTIALS
 from tests.storekit import (
+    collect_warnings,
     efabuild,
     key_for,
     make_sqsh,
@@ -89,6 +90,30 @@ def test_compute_node_fetches_into_the_shared_store_once_and_verified(tmp_path, 
     # the CLI finds it warm, by prefix, without S3
     result = efabuild("lookup", "--no-fetch", "--store", str(shared), key[:10], check=True)
     assert result.stdout == f"{path}\n"
+
+
+def test_a_name_a_node_copied_from_s3_follows_s3_when_a_builder_moves_it(tmp_path, settings, big_sqsh,
+                                                                          monkeypatch):
+    """`efabuild lookup`'s fast path and Store.resolve share one local resolver: a name the node's
+    store only copied from S3 at a fetch is S3's to answer (a make may have moved it since), and
+    when S3 cannot be reached the last fetched key stands, with a warning."""
+    first = published(tmp_path / "builder", settings, big_sqsh)
+    shared = tmp_path / "fsx"
+    shared.mkdir()
+    (shared / "store.toml").write_text((tmp_path / "builder" / "cache" / "store.toml").read_text())
+    path = efabuild("lookup", "--store", str(shared), "ngc-efa:user", check=True).stdout.strip()
+    assert path == f"{shared}/objects/{first[:2]}/{first}.sqsh"
+    newer = make_sqsh(tmp_path / "v2", os.urandom(MiB), "v2")
+    second = published(tmp_path / "builder", settings, newer)  # the builder moves the name
+    assert Store.at(shared, show_progress=False).resolve("ngc-efa:user") == second
+    assert efabuild("lookup", "--store", str(shared), "ngc-efa:user", check=True).stdout == \
+        f"{shared}/objects/{second[:2]}/{second}.sqsh\n"
+    warnings = collect_warnings(monkeypatch)
+    gone = S3Config(bucket=settings.bucket, prefix=settings.prefix, region="us-east-1",
+                    endpoint_url="http://127.0.0.1:9")  # nothing listens on the discard port
+    offline = Store([FilesystemTier(shared, "shared")], gone, show_progress=False)
+    assert offline.resolve("ngc-efa:user") == second
+    assert [w.split(":", 1)[0] for w in warnings] == ["S3 not reachable, ngc-efa"], warnings
 
 
 def test_store_toml_and_output_hold_no_credentials(tmp_path, settings, big_sqsh):
