@@ -240,9 +240,10 @@ def test_layer_cache_registry_pulls_instead_of_building(demo_ws, local_registry)
 
 
 def test_remote_builder_builds_on_the_other_engine(demo_ws, second_engine):
-    from python_on_whales import DockerClient
+    from efabuild.engine.client import connect
+    from efabuild.model import BuilderSettings
 
-    build_fixtures(docker=DockerClient(host=second_engine))
+    build_fixtures(engine=connect(BuilderSettings(host=second_engine)))
     proc = efabuild(demo_ws, "make", "--builder", second_engine, "demo:efa")
     assert proc.returncode == 0, proc.stderr
     key = plan(demo_ws, "--builder", second_engine, "demo:efa")["demo:efa"]["key"]

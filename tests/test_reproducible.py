@@ -88,9 +88,8 @@ def _epoch(cols: list[str]) -> int:
 
 
 def test_same_key_gives_the_same_sqsh_on_two_engines(registry_base, second_engine, tmp_path):
-    from python_on_whales import DockerClient
-
-    from efabuild.model import ExportSettings
+    from efabuild.engine.client import connect
+    from efabuild.model import BuilderSettings, ExportSettings
     from efabuild.export.squash import export_image
 
     # the same base on both engines: same registry digest, same image ID
@@ -111,7 +110,7 @@ def test_same_key_gives_the_same_sqsh_on_two_engines(registry_base, second_engin
     try:
         # without the clamp, the same images export to different bytes: the build's own times
         loose = [export_image(f"efabuild/user:{keys['demo:user']}", tmp_path / f"loose-{n}.sqsh",
-                              options=ExportSettings(clamp_times=False), docker=DockerClient(host=host))
+                              options=ExportSettings(clamp_times=False), engine=connect(BuilderSettings(host=host)))
                  for n, host in enumerate((None, second_engine))]
         assert loose[0].digest != loose[1].digest and loose[0].time_clamp is None
         listed = [_listing(result.path) for result in loose]

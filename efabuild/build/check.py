@@ -74,7 +74,7 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
                         cancel=runner.cancel, redact=runner.redact)
         try:
             rebuilt = export_image(tag, work / "rebuilt.sqsh", options=prepared.ws.settings.export,
-                                   docker=runner.engine.client, epoch=make.SOURCE_DATE_EPOCH)
+                                   engine=runner.engine, epoch=make.SOURCE_DATE_EPOCH)
         finally:
             untag_image(runner.engine, tag)
         differences: tuple[Difference, ...] = ()

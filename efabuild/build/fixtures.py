@@ -22,11 +22,15 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 
 from efabuild.errors import EfabuildError, InputError
+from efabuild.model import BuilderSettings
+
+if TYPE_CHECKING:
+    from efabuild.engine.client import Engine
 
 MINI_NGC_TAG = "efabuild-fixtures/pytorch:26.08-py3"
 CONTENT_LABEL = "org.efabuild.fixture.content"
@@ -153,24 +157,16 @@ def content_digest(source: Path, busybox: Path, extra: dict[str, Path] | None = 
     return h.hexdigest()
 
 
-def _existing(docker: Any, tag: str) -> Any | None:
-    from python_on_whales.exceptions import NoSuchImage
-
-    try:
-        return docker.image.inspect(tag)
-    except NoSuchImage:
-        return None
-
-
 def build_mini_ngc(
-    *, docker: Any = None, source: Path | None = None, force: bool = False,
+    *, engine: Engine | None = None, source: Path | None = None, force: bool = False,
     log: Callable[[str], None] = lambda _: None,
 ) -> FixtureImage:
     """Build `MINI_NGC_TAG` unless an image with the same content label exists."""
-    from python_on_whales import DockerClient
-    from python_on_whales.exceptions import DockerException
+    from efabuild.engine.build import build_image
+    from efabuild.engine.client import connect
+    from efabuild.engine.images import image_config, image_id
 
-    docker = docker or DockerClient()
+    engine = engine or connect(BuilderSettings())
     started = time.monotonic()
     root = (source or source_dir()) / "mini-ngc"
     if not (root / "Dockerfile").is_file():
@@ -178,9 +174,9 @@ def build_mini_ngc(
     busybox = find_busybox()
     python = python_files()
     content = content_digest(root, busybox, python)
-    image = _existing(docker, MINI_NGC_TAG)
-    if image is not None and not force and (image.config.labels or {}).get(CONTENT_LABEL) == content:
-        return FixtureImage(MINI_NGC_TAG, image.id, content, False, time.monotonic() - started)
+    existing = image_id(engine, MINI_NGC_TAG)
+    if existing is not None and not force and image_config(engine, MINI_NGC_TAG)["Labels"].get(CONTENT_LABEL) == content:
+        return FixtureImage(MINI_NGC_TAG, existing, content, False, time.monotonic() - started)
     log(f"{MINI_NGC_TAG}: building from {root}")
     with tempfile.TemporaryDirectory(prefix="efabuild-fixture-") as tmp:
         context = Path(tmp) / "context"
@@ -193,24 +189,16 @@ def build_mini_ngc(
         (context / "python/usr/bin/python3").symlink_to(Path(PYTHON).name)
         # the landmark of the interpreter's exec_prefix: no compiled modules beyond its own
         (context / "python/usr/lib/python3.11/lib-dynload").mkdir(parents=True, exist_ok=True)
-        try:
-            docker.buildx.build(
-                context, tags=[MINI_NGC_TAG], labels={CONTENT_LABEL: content},
-                load=True, progress=False,
-            )
-        except DockerException as exc:
-            lines = [ln for ln in (exc.stderr or "").splitlines() if ln.strip()]
-            raise EfabuildError(f"building {MINI_NGC_TAG} failed: {lines[-1] if lines else exc}") from None
-    built = docker.image.inspect(MINI_NGC_TAG)
-    return FixtureImage(MINI_NGC_TAG, built.id, content, True, time.monotonic() - started)
+        built = build_image(engine, context, MINI_NGC_TAG, {CONTENT_LABEL: content})
+    return FixtureImage(MINI_NGC_TAG, built, content, True, time.monotonic() - started)
 
 
 def build_fixtures(
-    *, docker: Any = None, source: Path | None = None, force: bool = False,
+    *, engine: Engine | None = None, source: Path | None = None, force: bool = False,
     log: Callable[[str], None] = lambda _: None,
 ) -> list[FixtureImage]:
     """Every fixture image (today: the mini NGC base; variants are layers on top of it)."""
-    return [build_mini_ngc(docker=docker, source=source, force=force, log=log)]
+    return [build_mini_ngc(engine=engine, source=source, force=force, log=log)]
 
 
 def main(argv: list[str] | None = None) -> int:

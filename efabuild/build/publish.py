@@ -40,7 +40,7 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     try:
         try:
             # blake3 right after mksquashfs; sha256 below, in a thread while the probe reads the image
-            result = export_image(tag, out, options=ws.settings.export, docker=engine.client,
+            result = export_image(tag, out, options=ws.settings.export, engine=engine,
                                   progress=progress, epoch=epoch, sha256=False, cancel=cancel)
         finally:
             for shown in bar:

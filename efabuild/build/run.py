@@ -174,10 +174,12 @@ class _Runner:
 
     def _ensure_own_tag(self, layer: Layer, lp: LayerPlan) -> None:
         """A layer whose image exists under another layer's name gets its own tag too."""
+        from efabuild.engine.images import tag_image
+
         own = image_tag(layer.name, lp.key)
         existing = self.tags.get(lp.key)
         if existing and existing != own:
-            self.engine.client.image.tag(existing, own)
+            tag_image(self.engine, existing, own)
         if existing:
             self.tags.setdefault(lp.key, own)
 

@@ -278,3 +278,20 @@ def _built_image_id(engine: Engine, iidfile: Path, metadata_file: Path) -> str |
             if found:
                 return found
     return None
+
+
+def build_image(engine: Engine, context_dir: Path, tag: str, labels: Mapping[str, str]) -> str:
+    """Build the Dockerfile in `context_dir` into `tag` in one go, through python-on-whales; returns
+    the image ID. For images outside the layer graph (the offline fixtures): nothing to cancel or
+    stream, so none of `build_layer`'s reasons to run buildx itself applies."""
+    from python_on_whales.exceptions import DockerException
+
+    try:
+        engine.client.buildx.build(context_dir, tags=[tag], labels=dict(labels), load=True, progress=False)
+    except DockerException as exc:
+        lines = [ln for ln in (exc.stderr or "").splitlines() if ln.strip()]
+        raise EfabuildError(f"building {tag} failed: {lines[-1] if lines else exc}") from None
+    built = lookup_image_id(engine, tag)
+    if built is None:
+        raise EfabuildError(f"building {tag} failed: the engine has no image {tag} afterwards")
+    return built

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import attrs
+
 from efabuild.engine.client import Engine, EngineError, EngineTimeout
 from efabuild.errors import NotFound
 
@@ -38,23 +40,54 @@ def existing_tags(engine: Engine, repo_prefix: str = "efabuild/") -> set[str]:
     }
 
 
+@attrs.frozen
+class ImageFacts:
+    """What an export needs to know of an image before it reads its filesystem."""
+
+    config: dict  # what Enroot writes into the container: see image_config
+    size: int | None  # bytes, as the engine counts them: the export's expected stream length
+    created: str  # the config's creation time, RFC 3339 ("" when unset)
+
+
+def image_facts(engine: Engine, ref: str) -> ImageFacts:
+    """The one reader of an image's config: its Enroot-relevant part, size and creation time.
+    Raises NotFound for an image the engine lacks."""
+    from python_on_whales.exceptions import DockerException, NoSuchImage
+
+    try:
+        inspected = engine.client.image.inspect(ref)
+    except NoSuchImage:
+        raise NotFound(f"no image {ref} at {engine.where()}") from None
+    except DockerException as exc:
+        raise EngineError.from_output(f"cannot inspect image {ref} at {engine.where()}", exc.stderr) from None
+    c = inspected.config
+    config = {
+        "Env": list(c.env or []),
+        "Labels": dict(c.labels or {}),
+        "WorkingDir": str(c.working_dir or ""),
+        "Entrypoint": list(c.entrypoint or []) or None,
+        "Cmd": list(c.cmd or []) or None,
+        "Volumes": sorted(str(v) for v in c.volumes or {}),
+    }
+    created = inspected.created.isoformat() if inspected.created else ""
+    return ImageFacts(config, inspected.size, created)
+
+
 def image_config(engine: Engine, ref: str) -> dict:
     """The parts of the image config that Enroot writes into the container: Env, Labels,
     WorkingDir, Entrypoint, Cmd and Volumes (a sorted list of paths)."""
-    found = engine.run("image", "inspect", "--format", "{{json .Config}}", ref, timeout=INSPECT_TIMEOUT_S)
-    if found.returncode != 0:
-        if _no_such_image(found.stderr):
-            raise NotFound(f"no image {ref} at {engine.where()}")
-        raise EngineError.from_output(f"cannot inspect image {ref} at {engine.where()}", found.stderr)
-    config = json.loads(found.stdout or "null") or {}
-    return {
-        "Env": list(config.get("Env") or []),
-        "Labels": dict(config.get("Labels") or {}),
-        "WorkingDir": config.get("WorkingDir") or "",
-        "Entrypoint": list(config.get("Entrypoint") or []) or None,
-        "Cmd": list(config.get("Cmd") or []) or None,
-        "Volumes": sorted(config.get("Volumes") or {}),
-    }
+    return image_facts(engine, ref).config
+
+
+def history_times(engine: Engine, ref: str, timeout: float = LIST_TIMEOUT_S) -> list[str]:
+    """The creation time of every step in the image's history, as the engine prints them.
+
+    The docker CLI itself: python-on-whales 0.81 has no `image history` (it raises
+    NotImplementedError)."""
+    listed = engine.run("image", "history", "--no-trunc", "--format", "{{.CreatedAt}}", ref, timeout=timeout)
+    if listed.returncode != 0:
+        raise EngineError.from_output(f"cannot read the history of {ref} at {engine.where()}", listed.stderr)
+    return listed.stdout.splitlines()
 
 
 def resolve_digest(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S) -> str | None:

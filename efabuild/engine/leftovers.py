@@ -10,16 +10,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from efabuild.engine import containers
 from efabuild.engine.client import Engine
+from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL
 from efabuild.store.owner import Owner
-from efabuild.export.squash import EXPORT_LABEL, OWNER_LABEL
 from efabuild.store.fsutil import parse_temp_owner
 
 LIST_TIMEOUT_S = 30.0
 
 
 def dead_export_containers(engine: Engine, stores: list[Path]) -> list[str]:
-    """Names of export containers writing into one of the `stores` whose owner is gone."""
+    """Names of export containers writing into one of the `stores` whose owner is gone.
+
+    A timed docker CLI call (Engine.run), as the plan's other inventory reads: every make asks
+    this first, and python-on-whales can neither bound its wait nor list labels without
+    inspecting each container."""
     found = engine.run("container", "ls", "--all", "--filter", f"label={EXPORT_LABEL}", "--format",
                        f'{{{{.Names}}}}\t{{{{.Label "{OWNER_LABEL}"}}}}\t{{{{.Label "{EXPORT_LABEL}"}}}}',
                        timeout=LIST_TIMEOUT_S)
@@ -36,8 +41,7 @@ def dead_export_containers(engine: Engine, stores: list[Path]) -> list[str]:
 
 
 def remove_containers(engine: Engine, names: list[str]) -> None:
-    if names:
-        engine.run("container", "rm", "--force", "--volumes", *names, timeout=LIST_TIMEOUT_S)
+    containers.remove(engine, *names)
 
 
 def _inside(target: str, stores: list[Path]) -> bool:

@@ -60,9 +60,8 @@ def enroot_steps(image: str, out: Path, scratch: Path) -> tuple[float, int]:
 
 
 def scenario(ctx: Context) -> Result:
-    from python_on_whales import DockerClient
-
-    from efabuild.model import ExportSettings
+    from efabuild.engine.client import connect
+    from efabuild.model import BuilderSettings, ExportSettings
     from efabuild.export.squash import export_image
 
     sizes = ctx.sizes
@@ -72,7 +71,7 @@ def scenario(ctx: Context) -> Result:
                                               sizes.export_large_bytes)
     ours_dir, theirs_dir = ctx.scratch("export/efabuild"), ctx.scratch("export/enroot")
     ours_out, theirs_out = ours_dir / "image.sqsh", theirs_dir / "image.sqsh"
-    docker = DockerClient()
+    engine = connect(BuilderSettings())
 
     ours_s: list[float] = []
     theirs_s: list[float] = []
@@ -85,7 +84,7 @@ def scenario(ctx: Context) -> Result:
             path.unlink(missing_ok=True)
         with PeakSize(ours_dir) as peak:
             started = time.perf_counter()
-            result = export_image(image, ours_out, options=ExportSettings(), docker=docker)
+            result = export_image(image, ours_out, options=ExportSettings(), engine=engine)
             ours_s.append(time.perf_counter() - started)
         final = allocated_bytes(ours_out)
         ours_extra.append(max(0, peak.peak - final))

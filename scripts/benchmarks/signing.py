@@ -174,18 +174,17 @@ def _cached_lookup(ctx: Context, scratch: Path, signer, env: dict) -> tuple:  # 
 
 
 def _export_and_publish(ctx: Context, scratch: Path, signer) -> tuple:  # noqa: ANN001
-    from python_on_whales import DockerClient
-
+    from efabuild.engine.client import connect
     from efabuild.signing.attest import signed
     from efabuild.store.digest import Sha256Pass
-    from efabuild.model import ExportSettings
+    from efabuild.model import BuilderSettings, ExportSettings
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.store.tiered import Store
     from efabuild.store.record import ArtifactRecord
 
     sizes = ctx.sizes
     image, _ = fixtures.export_image(sizes.export_small_files, sizes.export_large_files, sizes.export_large_bytes)
-    docker = DockerClient()
+    engine = connect(BuilderSettings())
     out = scratch / "export.sqsh"
     sizes_out: dict[str, int] = {}
 
@@ -194,7 +193,7 @@ def _export_and_publish(ctx: Context, scratch: Path, signer) -> tuple:  # noqa: 
 
         key = hashlib.sha256(uuid.uuid4().bytes).hexdigest()
         # as artifacts.export_and_publish does: sha256 in a thread while the probe runs
-        result = export_image(image, out, options=ExportSettings(), docker=docker, sha256=False)
+        result = export_image(image, out, options=ExportSettings(), engine=engine, sha256=False)
         sha256 = Sha256Pass(result.path) if with_signing else None
         manifest = describe_sqsh(result.path, key=key, name=NAME, sqsh_digest=result.digest,
                                  sqsh_sha256=sha256.result if sha256 else None, export_options={}, base=None,

@@ -1,0 +1,69 @@
+"""Containers made only to read an image's filesystem: created (never started), exported as a
+tar stream, removed.
+
+Each is labelled with the `.sqsh` it is exported into and its owner (host, pid, start time; see
+efabuild.store.owner), so one left behind by a process that was killed can be found and removed
+(efabuild.engine.leftovers).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from pathlib import Path
+from typing import IO
+
+from efabuild.engine.client import Engine, EngineError
+from efabuild.store.owner import Owner
+
+EXPORT_LABEL = "org.efabuild.export"  # on the temporary container: the .sqsh being written
+OWNER_LABEL = "org.efabuild.store.owner"  # …and the process exporting
+
+
+def create_for_export(engine: Engine, image: str, target: Path) -> str:
+    """A stopped container of `image`, labelled with `target` and this process; returns its name."""
+    from python_on_whales.exceptions import DockerException
+
+    name = f"efabuild-export-{uuid.uuid4().hex[:12]}"
+    try:
+        # a command is given so images without CMD can be created; the container never starts
+        engine.client.container.create(
+            image, ["/bin/true"], name=name, pull="never",
+            labels={EXPORT_LABEL: str(target), OWNER_LABEL: Owner.current().token},
+        )
+    except DockerException as exc:
+        raise EngineError(_last_line(_text(exc.stderr)) or str(exc)) from None
+    return name
+
+
+def export_stream(engine: Engine, container: str, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+    """`docker container export` running, its tar stream on the process's stdout.
+
+    The one docker command run here rather than through python-on-whales: its `container.export`
+    only writes to a file, and the export's point is never to hold the rootfs on disk. The
+    command line carries the same --host/--context as the client."""
+    return subprocess.Popen(engine.command("container", "export", container),
+                            stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
+
+
+def remove(engine: Engine, *names: str) -> None:
+    """Remove containers (and their anonymous volumes) by name; ones already gone are no error."""
+    from python_on_whales.exceptions import DockerException
+
+    if not names:
+        return
+    try:
+        engine.client.container.remove(list(names), force=True, volumes=True)
+    except DockerException:
+        pass  # already gone; nothing else to clean
+
+
+def _text(value: str | bytes | None) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value or ""
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
