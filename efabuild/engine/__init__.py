@@ -1,10 +1,23 @@
-"""Everything that talks to Docker and BuildKit, through python-on-whales.
+"""Everything that talks to Docker and BuildKit; no other package runs a docker command.
 
 One module per component:
 - `client`: connect to the engine named by `[builder]` and check that it answers;
-- `images`: exists / inspect / digest of images in that engine;
+- `images`: exists / inspect / digest / history of images in that engine;
 - `build`: build one layer image and tag it only once it is complete;
 - `buildlog`: read BuildKit's plain progress output (pure, no engine);
+- `containers`: the export's containers: create, stream `docker export`, remove;
 - `registry`: push and pull layer images to and from the layer-cache registry;
 - `leftovers`: export containers of makes that were killed, found and removed.
+
+How each call reaches the engine:
+- python-on-whales (`Engine.client`) for what acts on the engine: create and remove containers,
+  tag and untag, pull, push, build a fixture image, inspect an image for its export, the tool
+  versions;
+- `Engine.run`, the docker CLI with a time limit, for the quick queries a plan and a make's
+  start ask (does this image exist, its digest, the registry's manifest, the engine and builder
+  checks): python-on-whales 0.81 takes no timeout, so a dead ssh:// engine or registry would hang
+  a plan, and its import would add 0.15 s to a 0.4 s no-op plan. A reader of the Engine HTTP API is to
+  take the plan's inventory over. `image history` too, which python-on-whales 0.81 lacks;
+- a subprocess of its own in two places, each saying why: the layer build (`build`), and the
+  `docker export` byte stream (`containers`).
 """

@@ -42,9 +42,7 @@ class EngineError(EfabuildError):
 
     @classmethod
     def from_output(cls, what: str, stderr: str | bytes | None) -> EngineError:
-        if isinstance(stderr, bytes):
-            stderr = stderr.decode("utf-8", errors="replace")
-        return cls(f"{what}: {_first_line(stderr or '')}")
+        return cls(f"{what}: {first_line(output_text(stderr))}")
 
 
 @attrs.frozen(eq=False)
@@ -81,7 +79,10 @@ class Engine:
         input: str | None = None,
         env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """Run a docker command to completion; never raises on a non-zero exit status."""
+        """Run a docker command to completion; never raises on a non-zero exit status.
+
+        For the quick queries only, each with its time limit (python-on-whales takes none); what
+        acts on the engine goes through `client` (see efabuild.engine)."""
         full_env = None if env is None else {**os.environ, **env}
         try:
             return subprocess.run(
@@ -148,7 +149,7 @@ class Engine:
             if found.returncode != 0:
                 raise EngineUnavailable(
                     f"no buildx builder named {self.buildx_builder!r} at {self.where()} "
-                    f"({_first_line(found.stderr)}): create it with `docker buildx create --name "
+                    f"({first_line(found.stderr)}): create it with `docker buildx create --name "
                     f"{self.buildx_builder} ...` or fix [builder] buildx_builder in BUILD.toml"
                 )
             self._check_builder_runs(found.stdout)
@@ -224,9 +225,22 @@ def connect(builder: BuilderSettings) -> Engine:
     return Engine(settings=builder)
 
 
-def _first_line(text: str) -> str:
+def output_text(value: str | bytes | None) -> str:
+    """A docker command's output as text, however python-on-whales hands it over."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return value or ""
+
+
+def first_line(text: str) -> str:
+    """A docker error's first line, without the CLI's `ERROR: ` prefix."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[0].removeprefix("ERROR: ") if lines else "no output"
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def builder_nodes(inspected: str) -> tuple[str, list[tuple[str, str, str]]]:

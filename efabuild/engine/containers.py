@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import IO
 
-from efabuild.engine.client import Engine, EngineError
+from efabuild.engine.client import Engine, EngineError, last_line, output_text
 from efabuild.store.owner import Owner
 
 EXPORT_LABEL = "org.efabuild.export"  # on the temporary container: the .sqsh being written
@@ -32,7 +32,7 @@ def create_for_export(engine: Engine, image: str, target: Path) -> str:
             labels={EXPORT_LABEL: str(target), OWNER_LABEL: Owner.current().token},
         )
     except DockerException as exc:
-        raise EngineError(_last_line(_text(exc.stderr)) or str(exc)) from None
+        raise EngineError(last_line(output_text(exc.stderr)) or str(exc)) from None
     return name
 
 
@@ -56,14 +56,3 @@ def remove(engine: Engine, *names: str) -> None:
         engine.client.container.remove(list(names), force=True, volumes=True)
     except DockerException:
         pass  # already gone; nothing else to clean
-
-
-def _text(value: str | bytes | None) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return value or ""
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""

@@ -6,7 +6,7 @@ import json
 
 import attrs
 
-from efabuild.engine.client import Engine, EngineError, EngineTimeout
+from efabuild.engine.client import Engine, EngineError, EngineTimeout, output_text
 from efabuild.errors import NotFound
 
 LIST_TIMEOUT_S = 120.0
@@ -156,16 +156,25 @@ def remote_digest(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S,
 
 
 def tag_image(engine: Engine, source: str, target: str) -> None:
-    done = engine.run("image", "tag", source, target, timeout=INSPECT_TIMEOUT_S)
-    if done.returncode != 0:
-        raise EngineError.from_output(f"cannot tag {source} as {target} at {engine.where()}", done.stderr)
+    from python_on_whales.exceptions import DockerException
+
+    try:
+        engine.client.image.tag(source, target)
+    except DockerException as exc:
+        raise EngineError.from_output(f"cannot tag {source} as {target} at {engine.where()}", exc.stderr) from None
 
 
 def untag_image(engine: Engine, ref: str) -> None:
     """Remove the name `ref`; the image itself goes only when no other name is left on it."""
-    done = engine.run("image", "rm", "--no-prune", ref, timeout=INSPECT_TIMEOUT_S)
-    if done.returncode != 0 and not _no_such_image(done.stderr):
-        raise EngineError.from_output(f"cannot remove {ref} at {engine.where()}", done.stderr)
+    from python_on_whales.exceptions import DockerException, NoSuchImage
+
+    try:
+        engine.client.image.remove(ref, prune=False)
+    except NoSuchImage:
+        pass
+    except DockerException as exc:
+        if not _no_such_image(output_text(exc.stderr)):
+            raise EngineError.from_output(f"cannot remove {ref} at {engine.where()}", exc.stderr) from None
 
 
 def _no_such_image(stderr: str) -> bool:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 
-from python_on_whales.exceptions import DockerException
-
-from efabuild.engine.client import Engine, EngineTimeout
+from efabuild.engine.client import Engine, EngineTimeout, first_line, output_text
 from efabuild.engine.images import INSPECT_TIMEOUT_S, REMOTE_TIMEOUT_S, tag_image, untag_image
 from efabuild.errors import EfabuildError
 from efabuild.model import RegistrySettings
@@ -46,7 +44,7 @@ def has(engine: Engine, tag: str, registry: RegistrySettings, timeout: float = R
     if _means_absent(found.stderr):
         return False
     raise RegistryError(
-        f"cannot ask registry {registry.url} for {tag}: {_first_line(found.stderr)}{_hint(found.stderr, registry)}"
+        f"cannot ask registry {registry.url} for {tag}: {first_line(found.stderr)}{_hint(found.stderr, registry)}"
     )
 
 
@@ -54,14 +52,16 @@ def pull(engine: Engine, tag: str, registry: RegistrySettings) -> bool:
     """Pull `tag` from the registry and name it `tag` locally. False when the registry lacks it."""
     if not has(engine, tag, registry):
         return False
+    from python_on_whales.exceptions import DockerException
+
     ref = remote_ref(tag, registry)
     try:
         engine.client.image.pull(ref, quiet=True)
     except DockerException as exc:
-        if _means_absent(_text(exc.stderr)):  # deleted between the two requests
+        if _means_absent(output_text(exc.stderr)):  # deleted between the two requests
             return False
-        stderr = _text(exc.stderr)
-        raise RegistryError(f"cannot pull {ref}: {_first_line(stderr)}{_hint(stderr, registry)}") from None
+        stderr = output_text(exc.stderr)
+        raise RegistryError(f"cannot pull {ref}: {first_line(stderr)}{_hint(stderr, registry)}") from None
     tag_image(engine, ref, tag)
     untag_image(engine, ref)  # the local name is the key's; the registry's name is not needed
     return True
@@ -69,14 +69,16 @@ def pull(engine: Engine, tag: str, registry: RegistrySettings) -> bool:
 
 def push(engine: Engine, tag: str, registry: RegistrySettings) -> str:
     """Push the local image `tag` to the registry; returns `REGISTRY/efabuild/<layer>@sha256:...`."""
+    from python_on_whales.exceptions import DockerException
+
     ref = remote_ref(tag, registry)
     tag_image(engine, tag, ref)
     try:
         try:
             engine.client.image.push(ref, quiet=True)
         except DockerException as exc:
-            stderr = _text(exc.stderr)
-            raise RegistryError(f"cannot push {ref}: {_first_line(stderr)}{_hint(stderr, registry)}") from None
+            stderr = output_text(exc.stderr)
+            raise RegistryError(f"cannot push {ref}: {first_line(stderr)}{_hint(stderr, registry)}") from None
         digest = _repo_digest(engine, ref)
     finally:
         untag_image(engine, ref)
@@ -118,14 +120,3 @@ def _hint(stderr: str, registry: RegistrySettings) -> str:
     if "http response to https client" in text:
         return " (a plain-HTTP registry: set [registry] insecure = true and list it in dockerd's insecure-registries)"
     return ""
-
-
-def _text(value: str | bytes | None) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    return value or ""
-
-
-def _first_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[0].removeprefix("ERROR: ") if lines else "no output"

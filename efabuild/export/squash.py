@@ -29,6 +29,7 @@ from typing import IO, TYPE_CHECKING
 import attrs
 
 from efabuild.build.stops import step_boundary
+from efabuild.engine.client import last_line
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.export.enroot import ImageConfig
 from efabuild.export.tarfilter import RewritePlan, rewrite_tar, time_clamp
@@ -273,7 +274,7 @@ def _kill_on_cancel(procs: list[subprocess.Popen], cancel: threading.Event, fini
 
 def _tail(f: IO[bytes]) -> str:
     f.seek(0)
-    return _last_line(f.read().decode(errors="replace"))
+    return last_line(f.read().decode(errors="replace"))
 
 
 def _squash_error(f: IO[bytes]) -> str:
@@ -287,11 +288,6 @@ def _squash_error(f: IO[bytes]) -> str:
     for line in lines:
         if line.startswith("mksquashfs:"):
             return line
-    return lines[-1] if lines else ""
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
 
