@@ -52,13 +52,9 @@ def load_workspace(root: Path) -> Workspace:
 # --- reading ------------------------------------------------------------------------------------
 
 
-def _read_text(path: Path, where: str) -> str:
-    return configfile.read_text(path, where)
-
-
 def _read_toml(path: Path, root: Path, text: str | None = None) -> dict[str, Any]:
     where = _rel(path, root)
-    return configfile.parse_toml(_read_text(path, where) if text is None else text, where)
+    return configfile.parse_toml(configfile.read_text(path, where) if text is None else text, where)
 
 
 # --- graphs/*.toml ------------------------------------------------------------------------------
@@ -93,7 +89,7 @@ def _graph(path: Path, root: Path) -> Graph:
     file = _rel(path, root)
     name = path.stem
     _check_name(name, f"{file}: graph name (the file name)")
-    text = _read_text(path, file)
+    text = configfile.read_text(path, file)
     top = Table(_read_toml(path, root, text), file, "", ("graph", "layers"))
     meta = top.table("graph", ("description",))
     layers_data = top.get("layers", dict, {})  # layer names are free-form: each is checked below
@@ -195,7 +191,7 @@ def _dockerfile(t: Table, name: str, text: str, root: Path) -> tuple[str, str | 
         if not path.is_file():
             raise InputError(f"not a file: {rel}", t.where("dockerfile_file"))
         where, line = t.where("dockerfile_file"), 1
-        content = _read_text(path, where)
+        content = configfile.read_text(path, where)
     else:
         content, where, rel = inline or "", t.where("dockerfile"), None
         found = key_line(text, ("layers", name, "dockerfile"))
