@@ -120,7 +120,8 @@ def test_inline_dockerfile_text_starts_below_quotes_that_end_their_line():
 
 
 def test_the_first_definition_and_an_explicit_header_win():
-    text = "[layers.a.args]\nX = '1'\n[layers.a]\nbase = 'x'\n[[layers.a.ignore]]\nrule = 'A'\n[[layers.a.ignore]]\nrule = 'B'\n"
+    text = ("[layers.a.args]\nX = '1'\n[layers.a]\nbase = 'x'\n"
+            "[[layers.a.ignore]]\nrule = 'A'\n[[layers.a.ignore]]\nrule = 'B'\n")
     tomllib.loads(text)
     assert key_line(text, ("layers", "a")).line == 3  # not the subtable that implied it first
     assert key_line(text, ("layers", "a", "ignore")).line == 5
