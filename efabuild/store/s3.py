@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from efabuild.settings import S3Config
 from efabuild.store.digest import file_digest, is_digest
 from efabuild.store.fs import PUBLISHED, REUSED, check_publish_input
 from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX, RECORD_SUFFIX, SQSH_SUFFIX
+from efabuild.store.parallel import run_parallel
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.s3chunks import ChunkStore, Seed, Transfer, assemble, bucket_usage
@@ -172,8 +172,7 @@ class S3Tier(S3Refs, S3Bucket):
     def list(self) -> list[ArtifactRecord]:
         records, sqshes, _ = self._object_keys("")
         keys = sorted(records & sqshes)
-        with ThreadPoolExecutor(self.workers) as pool:
-            found = list(pool.map(self._record_or_warn, keys))
+        found = run_parallel(self._record_or_warn, keys, self.workers)
         return [record for record in found if record is not None]
 
     def _record_or_warn(self, key: str) -> ArtifactRecord | None:

@@ -20,7 +20,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import attrs
@@ -40,6 +39,7 @@ from efabuild.store.chunks import (
     usage,
 )
 from efabuild.store.layout import INDEX_SUFFIX, SQSH_SUFFIX
+from efabuild.store.parallel import run_parallel
 from efabuild.store.progress import Progress
 
 ZSTD_LEVEL = 3  # several hundred MB/s per core, and -noD images compress well
@@ -91,27 +91,6 @@ def decompress(data: bytes, length: int, what: str) -> bytes:
     if len(raw) != length:
         raise ChunkError(f"{what}: {len(raw)} bytes, the index says {length}")
     return raw
-
-
-def run_parallel(function, items, workers: int) -> list:  # noqa: ANN001
-    """function(item) for every item on up to `workers` threads, results in order.
-
-    On the first failure the tasks not yet started are cancelled, the running ones finish, and
-    that failure is raised.
-    """
-    items = list(items)
-    if not items:
-        return []
-    with ThreadPoolExecutor(min(workers, len(items))) as pool:
-        futures = [pool.submit(function, item) for item in items]
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        failed = next((f for f in futures if f in done and f.exception() is not None), None)
-        if failed is not None:
-            for future in pending:
-                future.cancel()
-    if failed is not None:
-        raise failed.exception()
-    return [future.result() for future in futures]
 
 
 class ChunkStore:

@@ -25,7 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from efabuild.errors import EfabuildError
 from efabuild.settings import S3Config
 from efabuild.store.progress import Progress
-from efabuild.store.s3chunks import run_parallel
+from efabuild.store.parallel import run_parallel
 
 MiB = 1024 * 1024
 MIN_PART_SIZE = 5 * MiB  # S3's floor for all parts but the last
