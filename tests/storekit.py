@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -90,6 +91,16 @@ def start_publisher(plan: dict, plan_path: Path, env: dict[str, str] | None = No
     full_env["PYTHONPATH"] = str(REPO)
     return subprocess.Popen([sys.executable, "-m", "tests.storekit", str(plan_path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=full_env, cwd=REPO)
+
+
+def kill_publisher_at(plan: dict, plan_path: Path) -> None:
+    """Start a publisher that stops at plan["pause"], and SIGKILL it once it is there."""
+    child = start_publisher(plan, plan_path)
+    try:
+        assert wait_for_line(child, f"at {plan['pause']}")[-1] == f"at {plan['pause']}"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
 
 
 def race_publishers(plans: list[dict], go: Path, tmp_path: Path, timeout: float) -> list[dict]:

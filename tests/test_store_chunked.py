@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import threading
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from efabuild.store.tiered import Store
 from efabuild.store.fs import FilesystemTier
 from efabuild.store.s3 import S3Tier
 from efabuild.store.s3chunks import collect
-from tests.storekit import key_for, make_sqsh, record_for, start_publisher, wait_for_line
+from tests.storekit import key_for, kill_publisher_at, make_sqsh, record_for
 
 pytestmark = pytest.mark.s3
 KiB, MiB = 1024, 1024 * 1024
@@ -117,12 +116,7 @@ def test_an_interrupted_publish_leaves_only_unreferenced_chunks_and_the_retry_se
           "endpoint_url": settings.endpoint_url}
     plan = {"tiers": [["local", str(tmp_path / "cache")]], "key": key, "name": "demo:user",
             "sqsh": str(versions[0]), "pause": "s3-before-index", "s3": s3, "s3_options": CHUNKED}
-    child = start_publisher(plan, tmp_path / "plan.json")
-    try:
-        assert wait_for_line(child, "at s3-before-index")[-1] == "at s3-before-index"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    kill_publisher_at(plan, tmp_path / "plan.json")
     tier = S3Tier(settings, **CHUNKED)
     assert not tier.has(key) and tier.list() == []
     with pytest.raises(EfabuildError):

@@ -20,12 +20,12 @@ from efabuild.refs import AmbiguousRef
 from tests.storekit import (
     collect_warnings,
     key_for,
+    kill_publisher_at,
     make_sqsh,
     race_publishers,
     record_for,
     start_publisher,
     unsquash_list,
-    wait_for_line,
 )
 
 
@@ -161,12 +161,7 @@ def test_kill_9_at_any_point_never_shows_a_partial_artifact(tmp_path, sqsh, poin
         key = key_for("killed")
         plan = {"tiers": tiers, "key": key, "name": "g:l", "sqsh": str(sqsh), "pause": point,
                 "manifest": '{"m": 1}'}
-        child = start_publisher(plan, tmp_path / "plan.json")
-        try:
-            assert wait_for_line(child, f"at {point}")[-1] == f"at {point}"
-        finally:
-            child.send_signal(signal.SIGKILL)
-            child.wait()
+        kill_publisher_at(plan, tmp_path / "plan.json")
         store = Store([FilesystemTier(p, n) for n, p in tiers], show_progress=False)
         # Tiers are written local first; the copy to the other filesystem (shared) comes after.
         complete = {"mid-copy": {"local"}, "after-sqsh-link": {"local"}}.get(point, set())

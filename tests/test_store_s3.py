@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -22,11 +21,11 @@ from tests.storekit import (
     collect_warnings,
     efabuild,
     key_for,
+    kill_publisher_at,
     make_sqsh,
     race_publishers,
     record_for,
     start_publisher,
-    wait_for_line,
 )
 
 pytestmark = pytest.mark.s3
@@ -186,12 +185,7 @@ def test_kill_9_during_an_s3_publish_leaves_nothing_visible(tmp_path, settings, 
           "endpoint_url": settings.endpoint_url}
     plan = {"tiers": [["local", str(tmp_path / "cache")]], "key": key, "name": "g:l", "sqsh": str(big_sqsh),
             "pause": point, "s3": s3, "s3_options": SMALL_PARTS}
-    child = start_publisher(plan, tmp_path / "plan.json")
-    try:
-        assert wait_for_line(child, f"at {point}")[-1] == f"at {point}"
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait()
+    kill_publisher_at(plan, tmp_path / "plan.json")
     tier = S3Tier(settings, show_progress=False)
     assert not tier.has(key) and tier.list() == []
     other = Store([FilesystemTier(tmp_path / "node", "shared")], settings, show_progress=False)
