@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import networkx as nx
 
 from efabuild.errors import InputError
-from efabuild.model import Layer, Workspace
+from efabuild.model import Workspace
 
 
 def layer_graph(ws: Workspace) -> nx.DiGraph:
@@ -26,22 +26,6 @@ def layer_graph(ws: Workspace) -> nx.DiGraph:
     names = [edge[0] for edge in cycle] + [cycle[0][0]]
     first = ws.layers[names[0]]
     raise InputError(f"cycle: {' -> '.join(names)}", f"{ws.relpath(first.source)}: layers.{first.name}.parent")
-
-
-def ancestors_first(graph: nx.DiGraph, qualname: str) -> list[str]:
-    """The chain from the root layer down to `qualname`."""
-    chain = [qualname]
-    while True:
-        parents = list(graph.predecessors(chain[-1]))
-        if not parents:
-            return list(reversed(chain))
-        chain.append(parents[0])
-
-
-def generations(graph: nx.DiGraph) -> list[list[str]]:
-    """Layers grouped so each group depends only on earlier groups; stable order inside a group."""
-    order = {name: index for index, name in enumerate(graph.nodes)}
-    return [sorted(group, key=order.__getitem__) for group in nx.topological_generations(graph)]
 
 
 def select(ws: Workspace, graph: nx.DiGraph, targets: Iterable[str]) -> list[str]:
@@ -76,7 +60,3 @@ def dependency_order(graph: nx.DiGraph) -> list[str]:
     """Parents before children; otherwise declaration order (graph by graph, as the files say)."""
     index = {name: i for i, name in enumerate(graph.nodes)}
     return list(nx.lexicographical_topological_sort(graph, key=index.__getitem__))
-
-
-def layer_of(graph: nx.DiGraph, qualname: str) -> Layer:
-    return graph.nodes[qualname]["layer"]

@@ -1,6 +1,8 @@
 """The plan: every selected layer's key, whether it is available, and why it must be (re)built.
 
-Pure: keys come from `LayerInputs`, availability and history are passed in. Like a Nix dry run, the
+Pure: decisions from facts passed in. `efabuild.build.prepare` gathers them (context digests,
+base digests, the images the engine has, the artifacts the store holds, the last build of each
+layer); keys come from `LayerInputs`. Like a Nix dry run, the
 plan separates what will be built from what will be fetched (pulled from the layer-cache registry)
 or only exported, and a layer nobody needs is left alone even when its image is gone.
 """
@@ -13,9 +15,9 @@ from collections.abc import Callable, Mapping
 import attrs
 import networkx as nx
 
-from efabuild.keys import ContextHasher, LayerInputs
+from efabuild.keys import ContextEntry, LayerInputs
 from efabuild.refs import short
-from efabuild.model import Layer, Workspace
+from efabuild.model import Layer
 from efabuild.redact import shown_args, shown_dockerfile
 
 BUILD, PULL, EXPORT, NOTHING = "build", "pull", "export", "none"
@@ -45,7 +47,8 @@ class LayerPlan:
     action: str  # build / pull / export / none
     reasons: tuple[str, ...] = ()
     image: bool = False  # the engine has the image
-    stored: bool = False  # the store has the .sqsh
+    stored: bool = False  # every store tier has the .sqsh
+    parent: str | None = None
 
     @property
     def short_key(self) -> str:
@@ -66,6 +69,14 @@ class Plan:
     def by_name(self) -> dict[str, LayerPlan]:
         return {lp.qualname: lp for lp in self.layers}
 
+    def chain(self, qualname: str) -> list[LayerPlan]:
+        """The layer and its ancestors, root first: what a manifest describes."""
+        plans = self.by_name()
+        chain = [plans[qualname]]
+        while chain[-1].parent is not None:
+            chain.append(plans[chain[-1].parent])
+        return chain[::-1]
+
     def of(self, action: str) -> list[LayerPlan]:
         return [lp for lp in self.layers if lp.action == action]
 
@@ -84,18 +95,16 @@ class Plan:
 
 
 def layer_inputs(
-    ws: Workspace, graph: nx.DiGraph, order: list[str], bases: Mapping[str, BaseResolution],
-    hasher: ContextHasher,
+    platform: str, graph: nx.DiGraph, order: list[str], bases: Mapping[str, BaseResolution],
+    contexts: Mapping[str, tuple[ContextEntry, ...]],
 ) -> dict[str, LayerInputs]:
-    """Inputs (and so keys) of the layers in `order`, which lists parents before children."""
+    """Inputs (and so keys) of the layers in `order`, which lists parents before children;
+    `contexts` holds each layer's hashed context entries."""
     inputs: dict[str, LayerInputs] = {}
     for qualname in order:
         layer: Layer = graph.nodes[qualname]["layer"]
-        where = f"{ws.relpath(layer.source)}: layers.{layer.name}.context"
-        common = dict(
-            dockerfile=layer.dockerfile, platform=ws.settings.builder.platform, args=layer.args,
-            secrets=layer.secrets, context=hasher.entries(layer.context, where),
-        )
+        common = dict(dockerfile=layer.dockerfile, platform=platform, args=layer.args, secrets=layer.secrets,
+                      context=contexts.get(qualname, ()))
         if layer.parent:
             inputs[qualname] = LayerInputs(parent_key=inputs[layer.parent].key(), **common)
         else:
@@ -143,6 +152,7 @@ def make_plan(
         layers.append(LayerPlan(
             qualname=name, key=key, inputs=inputs[name], artifact=layer.artifact, action=actions[name],
             reasons=reasons, image=key in availability.images, stored=key in availability.artifacts,
+            parent=layer.parent,
         ))
     return Plan(layers=tuple(layers), bases=bases, engine_checked=availability.engine_checked,
                 context_files_read=context_files_read)

@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from efabuild import dag
-from efabuild.keys import ContextHasher, LayerInputs
-from efabuild.plan import BaseResolution, layer_inputs
+from efabuild.build.context import ContextHasher, hash_contexts
 from efabuild.build.hashcache import HashState
+from efabuild.keys import LayerInputs
+from efabuild.plan import BaseResolution, layer_inputs
 from efabuild.workspace import load_workspace
 from tests.wsfactory import SIMPLE_GRAPH, make_workspace
 
@@ -27,8 +28,8 @@ def keys_of(root: Path, cache: Path | None = None) -> dict[str, str]:
     order = dag.select(ws, graph, [])
     bases = {l.base.ref: BaseResolution(l.base.ref, l.base.digest, "pinned" if l.base.digest else "unresolved")
              for l in ws.layers.values() if l.base}
-    hasher = ContextHasher(ws.root, HashState(cache))
-    return {n: i.key() for n, i in layer_inputs(ws, graph, order, bases, hasher).items()}
+    contexts = hash_contexts(ws, graph, order, ContextHasher(ws.root, HashState(cache)))
+    return {n: i.key() for n, i in layer_inputs(ws.settings.builder.platform, graph, order, bases, contexts).items()}
 
 
 def test_key_is_blake3_of_canonical_inputs():

@@ -7,7 +7,6 @@ the build records.
 
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Iterable
 
 import attrs
@@ -15,12 +14,14 @@ import networkx as nx
 
 from efabuild import dag, notices
 from efabuild.errors import EfabuildError
-from efabuild.keys import ContextHasher, bulk_objects
 from efabuild.model import Workspace
-from efabuild.refs import IMAGE_REPO, KEY_TAG, image_tag
 from efabuild.plan import Availability, BaseResolution, Plan, layer_inputs, make_plan
-from efabuild.build.records import BuildRecords
+from efabuild.refs import IMAGE_REPO, KEY_TAG, image_tag
+from efabuild.build.context import ContextHasher, hash_contexts, never_context
 from efabuild.build.hashcache import HashState
+from efabuild.build.records import BuildRecords
+from efabuild.store import Store
+
 
 @attrs.frozen
 class Prepared:
@@ -32,6 +33,7 @@ class Prepared:
     engine_error: str | None
     records: BuildRecords
     image_tags: dict[str, str]  # key -> a tag the engine has it under (empty without an engine)
+    store: Store  # the store the plan asked about artifacts; the make publishes through it
 
 
 def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = True,
@@ -43,19 +45,19 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
     if require_engine and engine is None:
         raise EfabuildError(engine_error or "no engine")
     bases = _resolve_bases(ws, graph, order, engine, records)
-    with bulk_objects():
-        hasher = ContextHasher(ws.root, HashState(ws.settings.store.local / "state" / "hashes.sqlite"),
+    hasher = ContextHasher(ws.root, HashState(ws.settings.store.local / "state" / "hashes.sqlite"),
                            exclude=never_context(ws))
-        inputs = layer_inputs(ws, graph, order, bases, hasher)
-    hasher.state.save()
+    contexts = hash_contexts(ws, graph, order, hasher)
+    inputs = layer_inputs(ws.settings.builder.platform, graph, order, bases, contexts)
     keys = {inputs[name].key() for name in order}
     image_tags = _engine_tags(engine) if engine else {}
     images = (set(image_tags) if engine else records.built_keys(order)) & keys
+    store = Store.from_config(ws.settings.store)
     availability = Availability(
         images=frozenset(images),
         registry=frozenset(_registry_keys(ws, engine, graph, [n for n in order if inputs[n].key() not in images],
                                           inputs)),
-        artifacts=frozenset(_stored_keys(ws, graph, order, inputs, remote=use_engine)),
+        artifacts=frozenset(_stored_keys(store, graph, order, inputs, remote=use_engine)),
         engine_checked=engine is not None,
     )
 
@@ -66,19 +68,7 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
     plan = make_plan(graph, order, inputs, availability, previous, bases=tuple(bases.values()),
                      context_files_read=hasher.files_read)
     return Prepared(ws=ws, graph=graph, order=order, plan=plan, engine=engine, engine_error=engine_error,
-                    records=records, image_tags=image_tags)
-
-
-def never_context(ws: Workspace) -> frozenset[str]:
-    """Workspace directories no context may take in: `.git` and the store tiers inside it."""
-    excluded = {".git"}
-    for tier in (ws.settings.store.local, ws.settings.store.shared):
-        if tier is not None:
-            try:
-                excluded.add(Path(tier).resolve().relative_to(ws.root).as_posix())
-            except ValueError:
-                pass  # outside the workspace: a context cannot reach it anyway
-    return frozenset(excluded)
+                    records=records, image_tags=image_tags, store=store)
 
 
 def _connect(ws: Workspace, need_buildx: bool):
@@ -158,15 +148,12 @@ def _registry_keys(ws: Workspace, engine, graph, order, inputs) -> set[str]:
     return found
 
 
-def _stored_keys(ws: Workspace, graph, order, inputs, remote: bool) -> set[str]:
+def _stored_keys(store: Store, graph, order, inputs, remote: bool) -> set[str]:
     """Keys whose .sqsh every tier holds; with `remote` False (offline) or S3 out of reach, the
     filesystem tiers decide."""
     artifact_keys = [inputs[n].key() for n in order if graph.nodes[n]["layer"].artifact]
     if not artifact_keys:
         return set()
-    from efabuild.store import Store
-
-    store = Store.from_config(ws.settings.store)
     fs_tiers = len(store.fs_tiers)
     if remote and store.s3_settings is not None:
         try:

@@ -7,9 +7,8 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-from efabuild import dag
 from efabuild.model import Layer, Workspace
-from efabuild.plan import LayerPlan
+from efabuild.plan import LayerPlan, Plan
 from efabuild.build.prepare import Prepared
 from efabuild.build.reporter import Reporter
 
@@ -53,7 +52,8 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
         sha256 = Sha256Pass(result.path)
         manifest = describe_sqsh(
             result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest, sqsh_sha256=sha256.result,
-            export_options=export_info, base=_base(prepared, layer), chain=_chain(prepared, layer.qualname),
+            export_options=export_info, base=_base(prepared.plan, layer.qualname),
+            chain=_chain(prepared.plan, layer.qualname),
             builder=builder_versions, times={"started": started, "exported": _now()},
         )
         record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info,
@@ -70,16 +70,14 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     return store.lookup(plan.key, fetch=False)
 
 
-def _chain(prepared: Prepared, qualname: str) -> list[dict]:
-    plans = prepared.plan.by_name()
-    return [{"layer": name, "key": plans[name].key, "inputs": plans[name].inputs.to_dict()}
-            for name in dag.ancestors_first(prepared.graph, qualname)]
+def _chain(plan: Plan, qualname: str) -> list[dict]:
+    return [{"layer": lp.qualname, "key": lp.key, "inputs": lp.inputs.to_dict()} for lp in plan.chain(qualname)]
 
 
-def _base(prepared: Prepared, layer: Layer) -> dict | None:
-    root = prepared.graph.nodes[dag.ancestors_first(prepared.graph, layer.qualname)[0]]["layer"]
-    base = next((b for b in prepared.plan.bases if b.ref == root.base.ref), None)
-    return {"ref": root.base.ref, "digest": base.digest if base else None}
+def _base(plan: Plan, qualname: str) -> dict:
+    """The base under the chain, as its root layer's key saw it."""
+    root = plan.chain(qualname)[0].inputs
+    return {"ref": root.base_ref, "digest": root.base_digest}
 
 
 def engine_versions(engine) -> dict:

@@ -7,10 +7,8 @@ branches finish. Every build's full log is kept under the local store.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import shutil
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -18,20 +16,16 @@ from pathlib import Path
 
 import attrs
 
+from efabuild import notices
 from efabuild.errors import EfabuildError, InputError
-from efabuild.refs import short
 from efabuild.model import Layer, Workspace
-from efabuild.store.owner import owned_name
-from efabuild.store.leftovers import CONTEXT_PREFIX
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
-from efabuild.build.stops import step_boundary
-from efabuild.build.prepare import Prepared
-from efabuild.refs import image_tag
 from efabuild.redact import Redactor, dockerfile_secret_values, is_secret_arg
+from efabuild.refs import image_tag, short
+from efabuild.build.context import SOURCE_DATE_EPOCH, context_dir
+from efabuild.build.prepare import Prepared
 from efabuild.build.reporter import Reporter
-
-# Fixed timestamps for every build: 1980-01-01, the earliest a ZIP archive can hold.
-SOURCE_DATE_EPOCH = 315532800
+from efabuild.build.stops import step_boundary
 
 BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED = "built", "pulled", "exported", "reused", "failed", "skipped"
 
@@ -68,7 +62,7 @@ class _Runner:
         self.plans = prepared.plan.by_name()
         # key -> a tag that has it, as the plan saw the engine; grows as layers are built or pulled
         self.tags: dict[str, str] = dict(prepared.image_tags)
-        self._store = None
+        self.store = prepared.store
         # every secret of this make is hidden in every build's output, whichever layer it belongs to
         self.redact = output_redactor(prepared)
 
@@ -149,7 +143,7 @@ class _Runner:
                 stores = [tier.root for tier in self.store.fs_tiers]
                 remove_containers(self.engine, dead_export_containers(self.engine, stores))
         except (OSError, EfabuildError) as exc:  # housekeeping: never a reason to fail the make
-            self.reporter.say(f"efabuild: warning: leftovers of earlier makes not removed: {exc}")
+            notices.warn(f"leftovers of earlier makes not removed: {exc}")
 
     def alias(self, lp: LayerPlan) -> None:
         """A layer whose key another layer just made: give it its own tag and store name."""
@@ -228,21 +222,9 @@ class _Runner:
         self.p.records.record(lp.qualname, lp.key, lp.inputs)
         return str(log_path)
 
-    @contextlib.contextmanager
     def _context_dir(self, layer: Layer, lp: LayerPlan):
-        """A build context holding exactly the files the key was computed from, as the key saw
-        them: mode 644 or 755, mtime SOURCE_DATE_EPOCH. So one key always gives one image,
-        whatever the checkout's umask or timestamps."""
-        tmp_root = self.store_root / "tmp"
-        tmp_root.mkdir(parents=True, exist_ok=True)
-        # named by its owner: a make killed meanwhile leaves it to the next make or gc
-        directory = tmp_root / owned_name(CONTEXT_PREFIX, layer.name)
-        directory.mkdir(mode=0o700)
-        try:
-            write_context(self.ws.root, directory, lp.inputs.context)
-            yield directory
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
+        """A build context holding exactly the files the key was computed from, as the key saw them."""
+        return context_dir(self.ws.root, self.store_root / "tmp", layer.name, lp.inputs.context)
 
     # --- artifacts ---------------------------------------------------------------------------
 
@@ -263,14 +245,6 @@ class _Runner:
 
         return signer_for(sign.key, root=self.ws.root, region=sign.region, endpoint_url=sign.endpoint_url)
 
-    @property
-    def store(self):
-        if self._store is None:
-            from efabuild.store import Store
-
-            self._store = Store.from_config(self.ws.settings.store)
-        return self._store
-
     def _export_and_publish(self, layer: Layer, lp: LayerPlan) -> str:
         from efabuild.build import publish as artifacts
 
@@ -287,25 +261,6 @@ def generated_dockerfile(from_line: str, text: str) -> str:
     with SOURCE_DATE_EPOCH in their environment, pip and compileall write hash-checked .pyc files,
     which stay valid when the export clamps their sources' times."""
     return f"{from_line}\nARG SOURCE_DATE_EPOCH\n{text}"
-
-
-def write_context(root: Path, directory: Path, entries) -> None:
-    """Copy the hashed context `entries` from `root` into `directory`, normalised like the key."""
-    made: set[Path] = set()
-    for entry in entries:
-        source, target = root / entry.path, directory / entry.path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        made.update(p for p in target.parents if p != directory and directory in p.parents)
-        if entry.mode == "symlink":
-            os.symlink(os.readlink(source), target)
-            os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
-            continue
-        shutil.copyfile(source, target)
-        os.chmod(target, 0o755 if entry.mode == "755" else 0o644)
-        os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
-    for folder in sorted(made, key=lambda p: len(p.parts), reverse=True):  # deepest first
-        os.chmod(folder, 0o755)
-        os.utime(folder, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
 
 
 def check_secrets(prepared: Prepared, environ=os.environ) -> None:

@@ -1,0 +1,189 @@
+"""A layer's build context, from the key's side and the build's side: hashing the files a layer
+names (through the stat cache in `hashcache`) and writing them out for the engine.
+
+Both live here so that "the context holds exactly the bytes the key saw" is checked in one file:
+the writer copies the entries the hasher produced, normalised the way the key describes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import shutil
+import stat
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import blake3
+import networkx as nx
+
+from efabuild.errors import InputError
+from efabuild.keys import ContextEntry
+from efabuild.model import Workspace
+from efabuild.build.hashcache import HashState
+from efabuild.store.leftovers import CONTEXT_PREFIX
+from efabuild.store.owner import owned_name
+
+# Fixed timestamps for every build: 1980-01-01, the earliest a ZIP archive can hold.
+SOURCE_DATE_EPOCH = 315532800
+_CHUNK = 1 << 20
+
+
+@contextlib.contextmanager
+def bulk_objects() -> Iterator[None]:
+    """Pause the cyclic garbage collector while many acyclic objects are made (a context of 100k
+    files makes hundreds of thousands): its repeated full passes over them make hashing a large
+    context cost more than linear time. Nothing made here forms cycles, so nothing leaks."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+class ContextHasher:
+    """Hashes context files through a HashState; counts the files whose content it had to read.
+
+    `exclude` names workspace-relative directories that are never context: the store (its
+    contents change with every build) and `.git`.
+    """
+
+    def __init__(self, root: Path, state: HashState, exclude: frozenset[str] = frozenset()) -> None:
+        self.root = root
+        self.state = state
+        self.exclude = exclude
+        self.files_read = 0
+        self.bytes_read = 0
+        self._memo: dict[str, tuple[ContextEntry, ...]] = {}
+
+    def entries(self, context: tuple[str, ...], where: str) -> tuple[ContextEntry, ...]:
+        found: dict[str, ContextEntry] = {}
+        for rel in context:
+            inside = next((ex for ex in self.exclude if rel == ex or rel.startswith(ex + "/")), None)
+            if inside:
+                raise InputError(f"'{rel}' is inside {inside}/, which is never part of a context", where)
+            if rel not in self._memo:
+                self._memo[rel] = tuple(self._walk(rel, where))
+            for entry in self._memo[rel]:
+                found[entry.path] = entry
+        return tuple(found[path] for path in sorted(found))
+
+    def _walk(self, rel: str, where: str) -> Iterator[ContextEntry]:
+        # plain strings and os.scandir, not pathlib: a warm plan of a 100k-file context is
+        # mostly this loop, and one lstat per file is all it needs
+        path = os.path.join(self.root, rel)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            raise InputError(f"'{rel}' does not exist", where) from None
+        if not stat.S_ISDIR(st.st_mode):
+            yield from self._entry(rel, path, st, where)
+            return
+        pending = [(rel, path)]
+        while pending:
+            dir_rel, dir_path = pending.pop()
+            with os.scandir(dir_path) as it:
+                children = list(it)
+            for child in children:
+                child_rel = f"{dir_rel}/{child.name}" if dir_rel != "." else child.name
+                if child.is_dir(follow_symlinks=False):
+                    if child_rel not in self.exclude:
+                        pending.append((child_rel, child.path))
+                    continue
+                try:
+                    child_st = child.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    raise InputError(f"'{child_rel}' does not exist", where) from None
+                yield from self._entry(child_rel, child.path, child_st, where)
+
+    def _entry(self, rel: str, path: str, st: os.stat_result, where: str) -> Iterator[ContextEntry]:
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(path)
+            try:
+                resolved = Path(path).resolve()
+            except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+                raise InputError(f"'{rel}' is a symlink loop", where) from None
+            if resolved != self.root and self.root not in resolved.parents:
+                raise InputError(f"'{rel}' is a symlink leading outside the workspace", where)
+            yield ContextEntry(rel, "symlink", blake3.blake3(target.encode()).hexdigest())
+        elif stat.S_ISREG(st.st_mode):
+            mode = "755" if st.st_mode & 0o111 else "644"
+            yield ContextEntry(rel, mode, self._file_digest(rel, path, st))
+        # sockets, fifos and devices cannot be copied into an image: left out like Docker does
+
+    def _file_digest(self, rel: str, path: str, st: os.stat_result) -> str:
+        cached = self.state.get(rel, st)
+        if cached is not None:
+            return cached
+        hasher = blake3.blake3()
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                hasher.update(chunk)
+                self.bytes_read += len(chunk)
+        self.files_read += 1
+        digest = hasher.hexdigest()
+        self.state.put(rel, st, digest)
+        return digest
+
+
+def hash_contexts(ws: Workspace, graph: nx.DiGraph, order: list[str],
+                  hasher: ContextHasher) -> dict[str, tuple[ContextEntry, ...]]:
+    """Every layer's context entries, the facts its key is made of; the hash cache is saved."""
+    contexts = {}
+    with bulk_objects():
+        for qualname in order:
+            layer = graph.nodes[qualname]["layer"]
+            where = f"{ws.relpath(layer.source)}: layers.{layer.name}.context"
+            contexts[qualname] = hasher.entries(layer.context, where)
+    hasher.state.save()
+    return contexts
+
+
+def never_context(ws: Workspace) -> frozenset[str]:
+    """Workspace directories no context may take in: `.git` and the store tiers inside it."""
+    excluded = {".git"}
+    for tier in (ws.settings.store.local, ws.settings.store.shared):
+        if tier is not None:
+            try:
+                excluded.add(Path(tier).resolve().relative_to(ws.root).as_posix())
+            except ValueError:
+                pass  # outside the workspace: a context cannot reach it anyway
+    return frozenset(excluded)
+
+
+def write_context(root: Path, directory: Path, entries: Iterable[ContextEntry]) -> None:
+    """Copy the hashed context `entries` from `root` into `directory`, normalised like the key:
+    mode 644 or 755, mtime SOURCE_DATE_EPOCH, so one key always gives one image whatever the
+    checkout's umask or timestamps."""
+    made: set[Path] = set()
+    for entry in entries:
+        source, target = root / entry.path, directory / entry.path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        made.update(p for p in target.parents if p != directory and directory in p.parents)
+        if entry.mode == "symlink":
+            os.symlink(os.readlink(source), target)
+            os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
+            continue
+        shutil.copyfile(source, target)
+        os.chmod(target, 0o755 if entry.mode == "755" else 0o644)
+        os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+    for folder in sorted(made, key=lambda p: len(p.parts), reverse=True):  # deepest first
+        os.chmod(folder, 0o755)
+        os.utime(folder, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+
+
+@contextlib.contextmanager
+def context_dir(ws_root: Path, tmp_root: Path, layer_name: str, entries: Iterable[ContextEntry]) -> Iterator[Path]:
+    """A build context holding exactly `entries`, removed afterwards. Named by its owner: a make
+    killed meanwhile leaves it to the next make or gc."""
+    tmp_root.mkdir(parents=True, exist_ok=True)
+    directory = tmp_root / owned_name(CONTEXT_PREFIX, layer_name)
+    directory.mkdir(mode=0o700)
+    try:
+        write_context(ws_root, directory, entries)
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
