@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from efabuild.build.reporter import LiveReporter, Reporter, reporter_for
+from efabuild.cli.live import LiveReporter, PlainReporter, reporter_for
 
 
 class Terminal(io.StringIO):
@@ -15,7 +15,7 @@ class Terminal(io.StringIO):
 def test_plain_lines_when_not_a_terminal():
     out = io.StringIO()
     reporter = reporter_for(out)
-    assert type(reporter) is Reporter
+    assert type(reporter) is PlainReporter
     reporter.started("demo:efa", "build", "new layer")
     reporter.line("demo:efa", "#5 [2/3] RUN apt-get update")  # log lines stay in the log file
     reporter.finished("demo:efa", "built in 1.0s")

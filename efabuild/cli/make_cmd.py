@@ -46,7 +46,7 @@ def run(args) -> int:
     from efabuild.cli.plan_cmd import render
     from efabuild.errors import EfabuildError, InputError
     from efabuild.build.prepare import prepare
-    from efabuild.build.reporter import reporter_for
+    from efabuild.cli.live import reporter_for
 
     ws = workspace()
     if args.jobs is not None and args.jobs < 1:
@@ -94,7 +94,7 @@ def _check(ws, args) -> int:
     from efabuild.cli.output import print_json
     from efabuild.errors import InputError
     from efabuild.build.prepare import prepare
-    from efabuild.build.reporter import reporter_for
+    from efabuild.cli.live import reporter_for
 
     if not args.targets or any(":" not in target for target in args.targets):
         raise InputError("--check takes the layers to check as GRAPH:LAYER")
