@@ -1,4 +1,8 @@
-"""The plan: what is to build and, in words, why."""
+"""The plan: what is to build and, in words, why.
+
+The first part decides from hand-made facts (no files, engine or store: milliseconds); the rest
+plans real workspaces through the CLI.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,13 @@ import os
 import time
 from pathlib import Path
 
+import attrs
+import networkx as nx
+
 from efabuild.build.prepare import prepare
+from efabuild.keys import ContextEntry, LayerInputs
+from efabuild.model import BaseImage, Layer
+from efabuild.plan import BUILD, EXPORT, NOTHING, PULL, Availability, BaseResolution, explain, layer_inputs, make_plan
 from efabuild.workspace import load_workspace
 from tests.inprocess import run_efabuild
 from tests.wsfactory import SIMPLE_GRAPH as WITH_ARTIFACTS
@@ -15,6 +25,111 @@ from tests.wsfactory import make_workspace
 
 # Image layers only: with no .sqsh to export, a recorded build is all that "available" needs.
 SIMPLE_GRAPH = WITH_ARTIFACTS.replace("artifact = true\n", "")
+
+
+# --- decisions from hand-made facts -------------------------------------------------------------
+
+BASE = BaseResolution("example.com/pytorch:26.08-py3", "sha256:" + "a" * 64, "registry")
+APP = (ContextEntry("app/train.py", "644", "1" * 64),)
+
+
+def stack(efa_artifact: bool = True, user_artifact: bool = True) -> tuple[nx.DiGraph, list[str]]:
+    """stack:efa -> stack:deepep -> stack:user, as the workspace loader would give them."""
+    src = Path("graphs/stack.toml")
+    layers = [
+        Layer("stack", "efa", src, "RUN echo efa\n", base=BaseImage(BASE.ref), args=(("V", "1.50.0"),),
+              artifact=efa_artifact),
+        Layer("stack", "deepep", src, "RUN echo deepep\n", parent="stack:efa"),
+        Layer("stack", "user", src, "COPY app/ /app/\n", parent="stack:deepep", context=("app",),
+              artifact=user_artifact),
+    ]
+    graph = nx.DiGraph()
+    for layer in layers:
+        graph.add_node(layer.qualname, layer=layer)
+        if layer.parent:
+            graph.add_edge(layer.parent, layer.qualname)
+    return graph, [layer.qualname for layer in layers]
+
+
+def decide(graph, order, availability=Availability(), previous=lambda name: None, contexts=None):
+    inputs = layer_inputs("linux/amd64", graph, order, {BASE.ref: BASE}, contexts or {"stack:user": APP})
+    return make_plan(graph, order, inputs, availability, previous, bases=(BASE,)), inputs
+
+
+def test_with_nothing_built_every_layer_is_new():
+    plan, _ = decide(*stack())
+    assert [(lp.qualname, lp.action, lp.reasons) for lp in plan.layers] == [
+        (name, BUILD, ("new layer (no earlier build recorded)",)) for name in ("stack:efa", "stack:deepep", "stack:user")]
+
+
+def test_what_is_available_is_left_alone_and_a_missing_sqsh_is_exported():
+    graph, order = stack()
+    _, inputs = decide(graph, order)
+    keys = {name: inputs[name].key() for name in order}
+    everything = Availability(images=frozenset(keys.values()), artifacts=frozenset({keys["stack:efa"]}))
+    plan, _ = decide(graph, order, everything)
+    assert {lp.qualname: lp.action for lp in plan.layers} == {
+        "stack:efa": NOTHING, "stack:deepep": NOTHING, "stack:user": EXPORT}
+    assert plan.by_name()["stack:user"].reasons == ("the .sqsh is not in every store tier yet",)
+    # deepep's image is gone, but nothing needs it: its child's image and both .sqsh exist
+    no_middle = Availability(images=frozenset({keys["stack:efa"], keys["stack:user"]}),
+                             artifacts=frozenset({keys["stack:efa"], keys["stack:user"]}))
+    assert {lp.action for lp in decide(graph, order, no_middle)[0].layers} == {NOTHING}
+
+
+def test_a_child_to_build_needs_its_parent_pulled_from_the_registry():
+    graph, order = stack()
+    _, inputs = decide(graph, order)
+    keys = {name: inputs[name].key() for name in order}
+    facts = Availability(images=frozenset({keys["stack:efa"]}), registry=frozenset({keys["stack:deepep"]}),
+                         artifacts=frozenset({keys["stack:efa"]}))
+    plan, _ = decide(graph, order, facts)
+    assert [lp.action for lp in plan.layers] == [NOTHING, PULL, BUILD]
+    assert plan.by_name()["stack:deepep"].reasons == ("image in the layer-cache registry",)
+    assert [lp.qualname for lp in plan.chain("stack:user")] == order
+
+
+def test_a_top_image_layer_is_wanted_even_without_an_artifact():
+    graph, order = stack(efa_artifact=False, user_artifact=False)
+    _, inputs = decide(graph, order)
+    plan, _ = decide(graph, order, Availability(images=frozenset({inputs["stack:efa"].key()})))
+    assert [lp.action for lp in plan.layers] == [NOTHING, BUILD, BUILD]
+
+
+def test_a_recorded_build_with_other_inputs_is_explained_input_by_input():
+    graph, order = stack()
+    _, old = decide(graph, order, contexts={"stack:user": APP + (ContextEntry("app/run.sh", "644", "2" * 64),)})
+    moved = Layer("stack", "efa", Path("graphs/stack.toml"), "RUN echo efa\nRUN true\n",
+                  base=BaseImage(BASE.ref), args=(("V", "1.51.0"), ("W", "1")), secrets=("HF_TOKEN",),
+                  artifact=True)
+    graph.nodes["stack:efa"]["layer"] = moved
+    contexts = {"stack:user": APP + (ContextEntry("app/run.sh", "755", "2" * 64),)}
+    plan, _ = decide(graph, order, previous=old.get, contexts=contexts)
+    reasons = {lp.qualname: lp.reasons for lp in plan.layers}
+    assert reasons["stack:efa"] == ("V 1.50.0 → 1.51.0", "W added: 1", "secret HF_TOKEN added",
+                                    "Dockerfile: +1 −0 lines")
+    assert reasons["stack:deepep"] == ("parent efa changed",)
+    assert reasons["stack:user"] == ("parent deepep changed", "context app/run.sh mode 644 → 755")
+
+
+def test_explain_names_the_base_digest_and_the_platform():
+    old = LayerInputs(dockerfile="RUN x\n", platform="linux/amd64", base_ref=BASE.ref, base_digest=BASE.digest)
+    new = LayerInputs(dockerfile="RUN x\n", platform="linux/arm64", base_ref=BASE.ref,
+                      base_digest="sha256:" + "b" * 64)
+    assert explain(old, new, None, {}) == ("base digest aaaaaaaaaaaa → bbbbbbbbbbbb", "platform linux/amd64 → linux/arm64")
+    assert explain(old, LayerInputs(dockerfile="RUN x\n", platform="linux/amd64", base_ref=BASE.ref), None, {}) \
+        == ("base digest aaaaaaaaaaaa → unresolved",)
+    assert explain(old, old, None, {}) == ("image missing from the engine (same inputs as the last build)",)
+
+
+def test_many_context_changes_are_summed_up_after_five():
+    old = LayerInputs(dockerfile="", platform="p", parent_key="k")
+    new = attrs.evolve(old, context=tuple(ContextEntry(f"f{i}", "644", "0" * 64) for i in range(8)))
+    assert explain(old, new, "stack:deepep", {}) == tuple(f"context f{i} added" for i in range(5)) + (
+        "… and 3 more context changes",)
+
+
+# --- plans of real workspaces, through the CLI ----------------------------------------------------
 
 
 def plan_json(root: Path, *targets: str) -> dict:
