@@ -1,8 +1,9 @@
-"""`efabuild make`: run a plan. Pull or build each layer in dependency order, then export, describe
-and publish every artifact layer.
+"""`efabuild make`: lint, then run a plan. Pull or build each layer in dependency order, then
+export, describe and publish every artifact layer.
 
-Independent layers run in parallel (`jobs`); a failed layer skips its descendants while other
-branches finish. Every build's full log is kept under the local store.
+Independent layers run in parallel (`jobs`, see schedule.py); a failed layer skips its
+descendants while other branches finish. Every build's full log is kept under the local store.
+The engine is reached through `EngineSteps`; the store through the one `Store` the plan asked.
 """
 
 from __future__ import annotations
@@ -11,35 +12,28 @@ import functools
 import os
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
 
-from efabuild import notices
+from efabuild import dag, notices
 from efabuild.errors import EfabuildError, InputError
 from efabuild.model import Layer, Workspace
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
 from efabuild.redact import Redactor, dockerfile_secret_values, is_secret_arg
 from efabuild.refs import image_tag, short
 from efabuild.build.context import SOURCE_DATE_EPOCH, context_dir
-from efabuild.build.prepare import Prepared
+from efabuild.build.engine_steps import EngineSteps
+from efabuild.build.prepare import Prepared, prepare
 from efabuild.build.reporter import Reporter
+from efabuild.build.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
+                                     run_in_order)
 from efabuild.build.stops import step_boundary
+from efabuild.store.fs import REUSED as TIER_REUSED
 
-BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED = "built", "pulled", "exported", "reused", "failed", "skipped"
-
-
-@attrs.frozen
-class Outcome:
-    qualname: str
-    key: str
-    status: str
-    seconds: float = 0.0
-    steps: tuple[str, ...] = ()  # what ran for this layer: pull, build, push, export
-    log: str = ""  # the build log kept under the store
-    artifact: str = ""  # the .sqsh path in the store
-    error: str = ""  # why it failed or was skipped
+__all__ = ["BUILT", "EXPORTED", "FAILED", "PULLED", "REUSED", "SKIPPED", "STATUSES", "SOURCE_DATE_EPOCH",
+           "LintFailed", "MakeResult", "Outcome", "prepare_make", "run"]
 
 
 @attrs.frozen
@@ -50,13 +44,43 @@ class MakeResult:
     def failed(self) -> bool:
         return any(o.status == FAILED for o in self.outcomes)
 
+    def counts(self) -> dict[str, int]:
+        """How many layers ended in each status, in STATUSES order, zeros left out."""
+        counts = {s: sum(o.status == s for o in self.outcomes) for s in STATUSES}
+        return {s: n for s, n in counts.items() if n}
+
+
+class LintFailed(InputError):
+    """Lint found errors in what a make would build. `findings` are the errors to show."""
+
+    def __init__(self, findings: list) -> None:
+        self.findings = findings
+        super().__init__(f"lint found {len(findings)} error(s): fix them, or build anyway with --no-lint")
+
+
+def prepare_make(ws: Workspace, targets: Iterable[str] = (), *, lint: bool = True,
+                 require_engine: bool = True) -> Prepared:
+    """The plan of a make, linted first: the guide's pitfalls stop it before a 25 GB build (unless
+    `lint` is False), with no engine needed to be stopped."""
+    targets = list(targets)
+    if lint:
+        from efabuild.lint import errors_only, lint_workspace
+
+        # every graph a selected layer comes from, ancestors in other graphs included
+        graphs = sorted({name.split(":", 1)[0] for name in dag.select(ws, dag.layer_graph(ws), targets)})
+        errors = errors_only(lint_workspace(ws, graphs if targets else None))
+        if errors:
+            raise LintFailed(errors)
+    return prepare(ws, targets, require_engine=require_engine)
+
 
 class _Runner:
-    def __init__(self, prepared: Prepared, reporter: Reporter) -> None:
+    def __init__(self, prepared: Prepared, reporter: Reporter, engine_steps=None) -> None:  # noqa: ANN001
         self.p = prepared
         self.cancel = threading.Event()  # set on interrupt: running builds stop, nothing is tagged
         self.ws: Workspace = prepared.ws
         self.engine = prepared.engine
+        self.steps = engine_steps or EngineSteps(prepared.engine)
         self.reporter = reporter
         self.store_root = self.ws.settings.store.local
         self.plans = prepared.plan.by_name()
@@ -75,22 +99,27 @@ class _Runner:
 
         layer: Layer = self.p.graph.nodes[lp.qualname]["layer"]
         started = time.monotonic()
-        lock = self.store.local_tier.build_lock(
-            lp.key, on_wait=lambda _: self.reporter.started(lp.qualname, "wait", "another make has this key"))
+        waited: list[bool] = []
+
+        def on_wait(_: str) -> None:
+            waited.append(True)
+            self.reporter.started(lp.qualname, "wait", "another make has this key")
+
+        lock = self.store.local_tier.build_lock(lp.key, on_wait=on_wait)
         if not lock.acquire_unless(self.cancel):
             raise BuildInterrupted(f"{lp.qualname}: interrupted while waiting for another make of this key")
         try:
-            return self._run_layer_locked(layer, lp, started)
+            return self._run_layer_locked(layer, lp, started, contended=bool(waited))
         finally:
             lock.release()
 
-    def _run_layer_locked(self, layer: Layer, lp: LayerPlan, started: float) -> Outcome:
+    def _run_layer_locked(self, layer: Layer, lp: LayerPlan, started: float, contended: bool) -> Outcome:
         steps: list[str] = []
         log = artifact = ""
         status = REUSED
         action = lp.action
         if action in (PULL, BUILD) and self._made_meanwhile(layer, lp):
-            action = NOTHING  # another make built it while this one planned or waited
+            action, contended = NOTHING, True  # another make built it while this one planned or waited
         if action == PULL:
             self.reporter.started(lp.qualname, "pull", short(lp.key))
             self._pull(layer, lp)
@@ -102,30 +131,34 @@ class _Runner:
             steps.append("build")
             status = BUILT
             if self.ws.settings.registry is not None:
-                self._push(layer, lp)
+                self.steps.push(image_tag(layer.name, lp.key), self.ws.settings.registry)
                 steps.append("push")
         self._ensure_own_tag(layer, lp)
-        if layer.artifact and self.store.has(lp.key):
-            self.store.name(lp.qualname, lp.key)  # no-op unless the artifact came from another name
-        elif layer.artifact:
-            if self.store.complete(lp.key) is not None:
-                # another tier had it: copied across, no export needed
-                self.store.name(lp.qualname, lp.key)
-                artifact = str(self.store.lookup(lp.key, fetch=False))
-                steps.append("copy between tiers")
-            else:
-                if not steps:
-                    self.reporter.started(lp.qualname, "export", short(lp.key))
-                artifact = self._export_and_publish(layer, lp)
-                steps.append("export")
-                status = EXPORTED if status == REUSED else status
+        if layer.artifact:
+            artifact, step = self._store_artifact(layer, lp, contended, quiet=bool(steps))
+            steps += [step] if step else []
+            status = EXPORTED if step == "export" and status == REUSED else status
         return Outcome(lp.qualname, lp.key, status, time.monotonic() - started, tuple(steps), log, artifact)
 
-    def _made_meanwhile(self, layer: Layer, lp: LayerPlan) -> bool:
-        from efabuild.engine.images import image_exists
+    def _store_artifact(self, layer: Layer, lp: LayerPlan, contended: bool, quiet: bool) -> tuple[str, str | None]:
+        """Every tier gets the layer's .sqsh: (its path, the step that did it). What the plan found
+        in the store holds unless another make of this key ran meanwhile: only then is it asked again."""
+        if lp.stored or (contended and self.store.has(lp.key)):
+            self.store.name(lp.qualname, lp.key)  # no-op unless the artifact came from another name
+            return "", None
+        copied = self.store.complete(lp.key)
+        if copied is not None:  # another tier had it: copied across, no export needed
+            self.store.name(lp.qualname, lp.key)
+            if set(copied.values()) == {TIER_REUSED}:
+                return "", None  # another make published it between the plan and the lock
+            return str(self.store.lookup(lp.key, fetch=False)), "copy between tiers"
+        if not quiet:
+            self.reporter.started(lp.qualname, "export", short(lp.key))
+        return self._export_and_publish(layer, lp), "export"
 
+    def _made_meanwhile(self, layer: Layer, lp: LayerPlan) -> bool:
         tag = image_tag(layer.name, lp.key)
-        if not image_exists(self.engine, tag):
+        if not self.steps.has_image(tag):
             return False
         self.tags[lp.key] = tag
         return True
@@ -133,47 +166,40 @@ class _Runner:
     def sweep_leftovers(self) -> None:
         """Remove what makes killed on this host left behind: temp files and build contexts in
         the store tiers, export containers in the engine. A live make's are never touched."""
-        from efabuild.engine.leftovers import dead_export_containers, remove_containers
-
         try:
             for tier in self.store.fs_tiers:
                 for item in tier.debris():
                     tier.remove_debris(item)
             if self.engine is not None:
-                stores = [tier.root for tier in self.store.fs_tiers]
-                remove_containers(self.engine, dead_export_containers(self.engine, stores))
+                self.steps.remove_dead_export_containers([tier.root for tier in self.store.fs_tiers])
         except (OSError, EfabuildError) as exc:  # housekeeping: never a reason to fail the make
             notices.warn(f"leftovers of earlier makes not removed: {exc}")
 
-    def alias(self, lp: LayerPlan) -> None:
-        """A layer whose key another layer just made: give it its own tag and store name."""
+    def settle(self, lp: LayerPlan, shares_work: bool) -> Outcome:
+        """A layer with nothing to do, or whose key an earlier layer just made: it gets its own tag
+        and store name."""
         layer: Layer = self.p.graph.nodes[lp.qualname]["layer"]
-        if lp.key in self.tags:
-            self._ensure_own_tag(layer, lp)
-        if layer.artifact and self.store.has(lp.key):
+        if shares_work:
+            if lp.key in self.tags:
+                self._ensure_own_tag(layer, lp)
+            if layer.artifact and self.store.has(lp.key):
+                self.store.name(lp.qualname, lp.key)
+        elif lp.artifact:  # stored under another graph's name: add this one
             self.store.name(lp.qualname, lp.key)
+        return Outcome(lp.qualname, lp.key, REUSED)
 
     def _pull(self, layer: Layer, lp: LayerPlan) -> None:
-        from efabuild.engine.registry import pull
-
         tag = image_tag(layer.name, lp.key)
-        if not pull(self.engine, tag, self.ws.settings.registry):
+        if not self.steps.pull(tag, self.ws.settings.registry):
             raise EfabuildError(f"{lp.qualname}: {tag} vanished from the registry {self.ws.settings.registry.url}")
         self.tags[lp.key] = tag
 
-    def _push(self, layer: Layer, lp: LayerPlan) -> None:
-        from efabuild.engine.registry import push
-
-        push(self.engine, image_tag(layer.name, lp.key), self.ws.settings.registry)
-
     def _ensure_own_tag(self, layer: Layer, lp: LayerPlan) -> None:
         """A layer whose image exists under another layer's name gets its own tag too."""
-        from efabuild.engine.images import tag_image
-
         own = image_tag(layer.name, lp.key)
         existing = self.tags.get(lp.key)
         if existing and existing != own:
-            tag_image(self.engine, existing, own)
+            self.steps.tag(existing, own)
         if existing:
             self.tags.setdefault(lp.key, own)
 
@@ -208,16 +234,13 @@ class _Runner:
         )
 
     def _build(self, layer: Layer, lp: LayerPlan) -> str:
-        from efabuild.engine.build import build_layer
-
         log_path = self.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with self._context_dir(layer, lp) as context_dir:
             request = self.build_request(layer, lp, context_dir, image_tag(layer.name, lp.key))
             step_boundary("build")
-            build_layer(self.engine, request, log_path,
-                        on_line=lambda text: self.reporter.line(lp.qualname, text), cancel=self.cancel,
-                        redact=self.redact)
+            self.steps.build(request, log_path, on_line=lambda text: self.reporter.line(lp.qualname, text),
+                             cancel=self.cancel, redact=self.redact)
         self.tags[lp.key] = request.tag
         self.p.records.record(lp.qualname, lp.key, lp.inputs)
         return str(log_path)
@@ -246,9 +269,9 @@ class _Runner:
         return signer_for(sign.key, root=self.ws.root, region=sign.region, endpoint_url=sign.endpoint_url)
 
     def _export_and_publish(self, layer: Layer, lp: LayerPlan) -> str:
-        from efabuild.build import publish as artifacts
+        from efabuild.build.publish import export_and_publish
 
-        path = artifacts.export_and_publish(
+        path = export_and_publish(
             ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
             tag=self.tags[lp.key], reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
             builder_versions=self.builder_versions, signer=self.signer, cancel=self.cancel,
@@ -285,105 +308,21 @@ def output_redactor(prepared: Prepared, environ=os.environ) -> Redactor:
     return Redactor(values)
 
 
-def run(prepared: Prepared, reporter: Reporter, jobs: int) -> MakeResult:
-    """Run every layer of the plan that has work, parents before children, `jobs` at a time."""
+def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
+        engine_steps: EngineSteps | None = None) -> MakeResult:
+    """Run every layer of the plan that has work, parents before children, `jobs` at a time.
+    `engine_steps` is how the engine is reached (default: the engine prepare connected to)."""
     check_secrets(prepared)
-    runner = _Runner(prepared, reporter)
-    redact = runner.redact
+    runner = _Runner(prepared, reporter or Reporter(), engine_steps)
     if any(lp.artifact and not lp.stored for lp in prepared.plan.layers):
         runner.signer  # noqa: B018 - a bad [sign] key stops the make before anything is built
     runner.sweep_leftovers()
-    graph = prepared.graph
     plans = prepared.plan.by_name()
-    pending = list(prepared.order)
-    outcomes: dict[str, Outcome] = {}
-    running: dict[Future, str] = {}
-
-    # identical inputs in two places share a key: the first layer with it does the work
-    owner: dict[str, str] = {}
-    for name in prepared.order:
-        owner.setdefault(plans[name].key, name)
-
-    def waits_for(name: str) -> list[str]:
-        parent = graph.nodes[name]["layer"].parent
-        first = owner[plans[name].key]
-        return [n for n in (parent, first if first != name else None) if n and n in plans]
-
-    def blocked_by_failure(name: str) -> str | None:
-        for other in waits_for(name):
-            if other in outcomes and outcomes[other].status in (FAILED, SKIPPED):
-                return other
-        return None
-
-    def ready(name: str) -> bool:
-        return all(other in outcomes for other in waits_for(name))
-
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        try:
-            while pending or running:
-                for name in list(pending):
-                    failed_parent = blocked_by_failure(name)
-                    if failed_parent:
-                        pending.remove(name)
-                        outcomes[name] = Outcome(name, plans[name].key, SKIPPED,
-                                                 error=f"parent {failed_parent} did not finish")
-                        reporter.finished(name, f"skipped: parent {failed_parent} did not finish")
-                    elif ready(name) and len(running) < jobs:
-                        pending.remove(name)
-                        lp = plans[name]
-                        if owner[lp.key] != name:
-                            runner.alias(lp)
-                            outcomes[name] = Outcome(name, lp.key, REUSED)
-                            continue
-                        if lp.action == NOTHING:
-                            if lp.artifact:  # stored under another graph's name: add this one
-                                runner.store.name(name, lp.key)
-                            outcomes[name] = Outcome(name, lp.key, REUSED)
-                            continue
-                        running[pool.submit(runner.run_layer, lp)] = name
-                if not running:
-                    continue
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    name = running.pop(future)
-                    try:
-                        outcome = future.result()
-                    except Exception as exc:  # one layer's failure must not stop the other branches
-                        message = str(exc) if isinstance(exc, EfabuildError) else f"{type(exc).__name__}: {exc}"
-                        message = redact(message)
-                        outcome = Outcome(name, plans[name].key, FAILED, error=message)
-                        reporter.finished(name, f"FAILED: {message}")
-                    else:
-                        reporter.finished(name, _describe(outcome))
-                    outcomes[name] = outcome
-        except KeyboardInterrupt:
-            runner.cancel.set()
-            for future in running:
-                future.cancel()
-            raise
+    outcomes = run_in_order(prepared.order, plans, jobs, work=runner.run_layer, settle=runner.settle,
+                            finished=runner.reporter.finished, redact=runner.redact,
+                            interrupted=runner.cancel.set)
     # every layer now available is the baseline of its next plan, however it got here
     for name, outcome in outcomes.items():
         if outcome.status not in (FAILED, SKIPPED) and prepared.records.last_key(name) != outcome.key:
             prepared.records.record(name, outcome.key, plans[name].inputs)
     return MakeResult(tuple(outcomes[name] for name in prepared.order if name in outcomes))
-
-
-def _describe(outcome: Outcome) -> str:
-    steps = " + ".join(outcome.steps) or "nothing to do"
-    text = f"{outcome.status} ({steps}) in {outcome.seconds:.1f}s"
-    if outcome.log:
-        text += f"\n  log: {outcome.log}"
-    if outcome.artifact:
-        text += f"\n  artifact: {outcome.artifact}"
-    return text
-
-
-def summary(result: MakeResult) -> str:
-    from efabuild.cli.output import table
-
-    rows = [[o.qualname, short(o.key), o.status, f"{o.seconds:.1f}s",
-             o.artifact or (o.error.splitlines()[0] if o.error else "")]
-            for o in result.outcomes]
-    counts = {s: sum(o.status == s for o in result.outcomes) for s in (BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED)}
-    tail = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing to do"
-    return table(rows, ["LAYER", "KEY", "RESULT", "TIME", "ARTIFACT"]) + "\n" + tail

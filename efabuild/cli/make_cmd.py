@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-
 from efabuild.cli.common import add_builder_option
 
 
@@ -38,15 +37,11 @@ def configure(name, sub, common):
 
 
 def run(args) -> int:
-    import attrs
-
     from efabuild.build import run as make
     from efabuild.cli.common import with_builder, workspace
-    from efabuild.cli.output import print_json
-    from efabuild.cli.plan_cmd import render
-    from efabuild.errors import EfabuildError, InputError
-    from efabuild.build.prepare import prepare
     from efabuild.cli.live import reporter_for
+    from efabuild.cli.plan_cmd import render
+    from efabuild.errors import InputError
 
     ws = workspace()
     if args.jobs is not None and args.jobs < 1:
@@ -56,9 +51,7 @@ def run(args) -> int:
         return _check(ws, args)
     if args.graph:
         _graph_format(args.graph)  # a bad name stops here, not after the builds
-    if not args.no_lint:
-        _lint_or_stop(ws, args.targets)
-    prepared = prepare(ws, args.targets, require_engine=not args.dry_run)
+    prepared = _prepared(ws, args)
     if args.dry_run:
         print(render(prepared.plan, prepared.engine_error))
         if args.graph:
@@ -72,6 +65,28 @@ def run(args) -> int:
         result = make.run(prepared, reporter, jobs=args.jobs or ws.settings.builder.jobs)
     finally:
         reporter.close()
+    return _report(args, prepared, result)
+
+
+def _prepared(ws, args):
+    """The plan, linted first unless --no-lint: lint's errors are shown before the one-line stop."""
+    from efabuild.build import run as make
+    from efabuild.lint import render_text
+
+    try:
+        return make.prepare_make(ws, args.targets, lint=not args.no_lint, require_engine=not args.dry_run)
+    except make.LintFailed as exc:
+        print(render_text(exc.findings), file=sys.stderr)
+        raise
+
+
+def _report(args, prepared, result) -> int:
+    import attrs
+
+    from efabuild.build import run as make
+    from efabuild.cli.output import print_json
+    from efabuild.errors import EfabuildError
+
     if args.graph:
         try:
             _draw(args.graph, prepared, result)
@@ -80,13 +95,23 @@ def run(args) -> int:
     if args.json:
         print_json({"outcomes": [attrs.asdict(o) for o in result.outcomes], "failed": result.failed})
     else:
-        print(make.summary(result))
-    if result.failed:
-        failed = [o for o in result.outcomes if o.status == make.FAILED]
-        for outcome in failed:
+        print(summary(result))
+    for outcome in result.outcomes:
+        if outcome.status == make.FAILED:
             print(f"efabuild: {outcome.qualname} failed: {outcome.error}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if result.failed else 0
+
+
+def summary(result) -> str:
+    """The table at the end of a make: each layer's outcome, time and artifact, then the counts."""
+    from efabuild.cli.output import table
+    from efabuild.refs import short
+
+    rows = [[o.qualname, short(o.key), o.status, f"{o.seconds:.1f}s",
+             o.artifact or (o.error.splitlines()[0] if o.error else "")]
+            for o in result.outcomes]
+    tail = ", ".join(f"{n} {s}" for s, n in result.counts().items()) or "nothing to do"
+    return table(rows, ["LAYER", "KEY", "RESULT", "TIME", "ARTIFACT"]) + "\n" + tail
 
 
 def _check(ws, args) -> int:
@@ -126,20 +151,6 @@ def _sigterm_interrupts() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
-
-
-def _lint_or_stop(ws, targets) -> None:
-    from efabuild.errors import InputError
-    from efabuild.lint import errors_only, lint_workspace, render_text
-
-    from efabuild import dag
-
-    # every graph a selected layer comes from, ancestors in other graphs included
-    graphs = sorted({name.split(":", 1)[0] for name in dag.select(ws, dag.layer_graph(ws), targets)})
-    errors = errors_only(lint_workspace(ws, graphs if targets else None))
-    if errors:
-        print(render_text(errors), file=sys.stderr)
-        raise InputError(f"lint found {len(errors)} error(s): fix them, or build anyway with --no-lint")
 
 
 def _graph_format(name: str) -> str:

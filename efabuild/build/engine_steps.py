@@ -1,0 +1,49 @@
+"""What a make asks of the engine, as one small interface: is an image there, build, tag, pull,
+push, and clear export containers that killed makes left behind.
+
+`EngineSteps` does it through `efabuild.engine`; tests of the scheduling pass an object with the
+same methods instead, so the order of a make can be checked without Docker.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+
+class EngineSteps:
+    def __init__(self, engine) -> None:  # noqa: ANN001 - efabuild.engine.client.Engine
+        self.engine = engine
+
+    def has_image(self, tag: str) -> bool:
+        from efabuild.engine.images import image_exists
+
+        return image_exists(self.engine, tag)
+
+    def tag(self, source: str, target: str) -> None:
+        from efabuild.engine.images import tag_image
+
+        tag_image(self.engine, source, target)
+
+    def build(self, request, log_path: Path, on_line: Callable[[str], None], cancel: threading.Event,
+              redact: Callable[[str], str]) -> None:
+        """Build `request` (an engine.build.BuildRequest), tagging it only once it has finished."""
+        from efabuild.engine.build import build_layer
+
+        build_layer(self.engine, request, log_path, on_line=on_line, cancel=cancel, redact=redact)
+
+    def pull(self, tag: str, registry) -> bool:  # noqa: ANN001 - RegistrySettings
+        from efabuild.engine.registry import pull
+
+        return pull(self.engine, tag, registry)
+
+    def push(self, tag: str, registry) -> None:  # noqa: ANN001 - RegistrySettings
+        from efabuild.engine.registry import push
+
+        push(self.engine, tag, registry)
+
+    def remove_dead_export_containers(self, stores: list[Path]) -> None:
+        from efabuild.engine.leftovers import dead_export_containers, remove_containers
+
+        remove_containers(self.engine, dead_export_containers(self.engine, stores))
