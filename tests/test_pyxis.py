@@ -63,7 +63,11 @@ def job_env(tmp_path: Path) -> dict[str, str]:
 
 
 def importer(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*IMPORTER, *args], capture_output=True, text=True, env=env, cwd=cwd)
+    """The console script's function called in this process (tests/inprocess.py); the tests of the
+    script as Pyxis starts it, in its own process, use IMPORTER."""
+    from efabuild.cli import pyxis_importer_main
+
+    return run_efabuild(args, env=env, cwd=cwd, entry=pyxis_importer_main)
 
 
 def test_get_prints_only_the_sqsh_path_and_release_is_idempotent(store_dir, job_env, tmp_path):
