@@ -18,7 +18,7 @@ from pathlib import Path
 import blake3
 import networkx as nx
 
-from efabuild.errors import InputError
+from efabuild.errors import EfabuildError, InputError
 from efabuild.keys import ContextEntry
 from efabuild.model import Workspace
 from efabuild.build.hashcache import HashState
@@ -157,22 +157,39 @@ def never_context(ws: Workspace) -> frozenset[str]:
 def write_context(root: Path, directory: Path, entries: Iterable[ContextEntry]) -> None:
     """Copy the hashed context `entries` from `root` into `directory`, normalised like the key:
     mode 644 or 755, mtime SOURCE_DATE_EPOCH, so one key always gives one image whatever the
-    checkout's umask or timestamps."""
+    checkout's umask or timestamps. Each file is hashed as it is copied: one changed since its key
+    was computed stops the build (EfabuildError) instead of going into an image under that key."""
     made: set[Path] = set()
     for entry in entries:
         source, target = root / entry.path, directory / entry.path
         target.parent.mkdir(parents=True, exist_ok=True)
         made.update(p for p in target.parents if p != directory and directory in p.parents)
         if entry.mode == "symlink":
-            os.symlink(os.readlink(source), target)
+            link = os.readlink(source)
+            _same_as_hashed(entry, blake3.blake3(link.encode()).hexdigest())
+            os.symlink(link, target)
             os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
             continue
-        shutil.copyfile(source, target)
+        _same_as_hashed(entry, _copy_hashing(source, target))
         os.chmod(target, 0o755 if entry.mode == "755" else 0o644)
         os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
     for folder in sorted(made, key=lambda p: len(p.parts), reverse=True):  # deepest first
         os.chmod(folder, 0o755)
         os.utime(folder, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+
+
+def _copy_hashing(source: Path, target: Path) -> str:
+    hasher = blake3.blake3()
+    with open(source, "rb") as src, open(target, "xb") as dst:
+        while chunk := src.read(_CHUNK):
+            hasher.update(chunk)
+            dst.write(chunk)
+    return hasher.hexdigest()
+
+
+def _same_as_hashed(entry: ContextEntry, digest: str) -> None:
+    if digest != entry.digest:
+        raise EfabuildError(f"context file {entry.path} changed after its key was computed: run make again")
 
 
 @contextlib.contextmanager
