@@ -8,6 +8,7 @@ the build records.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import attrs
 import networkx as nx
@@ -20,7 +21,9 @@ from efabuild.refs import IMAGE_REPO, KEY_TAG, image_tag
 from efabuild.build.context import ContextHasher, hash_contexts, never_context
 from efabuild.build.hashcache import HashState
 from efabuild.build.records import BuildRecords
-from efabuild.store import Store
+
+if TYPE_CHECKING:
+    from efabuild.store.tiered import Store
 
 
 @attrs.frozen
@@ -52,7 +55,7 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
     keys = {inputs[name].key() for name in order}
     image_tags = _engine_tags(engine) if engine else {}
     images = (set(image_tags) if engine else records.built_keys(order)) & keys
-    store = Store.from_config(ws.settings.store)
+    store = _store(ws)
     availability = Availability(
         images=frozenset(images),
         registry=frozenset(_registry_keys(ws, engine, graph, [n for n in order if inputs[n].key() not in images],
@@ -69,6 +72,12 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
                      context_files_read=hasher.files_read)
     return Prepared(ws=ws, graph=graph, order=order, plan=plan, engine=engine, engine_error=engine_error,
                     records=records, image_tags=image_tags, store=store)
+
+
+def _store(ws: Workspace) -> Store:
+    from efabuild.store import Store  # loaded on use: a plan of image layers never needs it
+
+    return Store.from_config(ws.settings.store)
 
 
 def _connect(ws: Workspace, need_buildx: bool):
