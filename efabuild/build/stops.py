@@ -14,7 +14,6 @@ import os
 import signal
 
 STOP_AT_ENV = "EFABUILD_STOP_AT"
-STEPS = ("build", "export", "publish")
 
 
 def step_boundary(step: str) -> None:
