@@ -175,7 +175,8 @@ def build_mini_ngc(
     python = python_files()
     content = content_digest(root, busybox, python)
     existing = image_id(engine, MINI_NGC_TAG)
-    if existing is not None and not force and image_config(engine, MINI_NGC_TAG)["Labels"].get(CONTENT_LABEL) == content:
+    labels = image_config(engine, MINI_NGC_TAG)["Labels"] if existing is not None else {}
+    if existing is not None and not force and labels.get(CONTENT_LABEL) == content:
         return FixtureImage(MINI_NGC_TAG, existing, content, False, time.monotonic() - started)
     log(f"{MINI_NGC_TAG}: building from {root}")
     with tempfile.TemporaryDirectory(prefix="efabuild-fixture-") as tmp:
