@@ -1,8 +1,9 @@
 """How commands write what they found: aligned tables for a person, JSON for a program.
 
 Every command renders through these two, so all tables look alike and all JSON follows one
-convention: UTF-8, keys sorted, two-space indent, `null` for a missing value. Only `json` is
-imported, lazily, so `efabuild lookup` stays as cheap to start as it is.
+convention: keys sorted, two-space indent, `null` for a missing value, and ASCII only (other
+characters as \\u escapes), so no terminal's or pipe's encoding can fail on a path or a log line.
+Only `json` is imported, lazily, so `efabuild lookup` stays as cheap to start as it is.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def print_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = No
 def to_json(data: Any) -> str:
     import json
 
-    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False)
+    return json.dumps(data, indent=2, sort_keys=True)
 
 
 def print_json(data: Any) -> None:
