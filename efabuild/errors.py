@@ -28,3 +28,12 @@ class InputError(EfabuildError):
 
 class NotFound(EfabuildError):
     """A looked-up thing (artifact, ref, image) does not exist. Exit status 1."""
+
+
+class NoCredentials(EfabuildError):
+    """A tier cannot be reached for want of credentials. `reason` says so without naming an object:
+    a make publishes to the other tiers and names this one as skipped."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"{what}: {reason}")

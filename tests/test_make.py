@@ -312,6 +312,32 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
 
 
 @pytest.mark.s3
+def test_make_without_aws_credentials_publishes_to_the_other_tiers_and_names_s3_as_skipped(
+        demo_ws, tmp_path, moto_server, s3_bucket, s3_client):
+    shared = tmp_path / "fsx"
+    with (demo_ws / "BUILD.toml").open("a") as f:
+        f.write(f'[store]\nshared = "{shared}"\n[store.s3]\nbucket = "{s3_bucket}"\n'
+                f'endpoint_url = "{moto_server}"\n')
+    no_credentials = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}  # the rest of the chain: off
+    proc = efabuild(demo_ws, "make", "demo", env=no_credentials)
+    assert proc.returncode == 1, proc.stderr
+    assert set(outcomes(proc).values()) == {"built"}
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "3 built; s3 tier skipped: no AWS credentials (boto3's standard chain: environment, ~/.aws, "
+        "instance or pod role)")
+    assert proc.stderr.count("s3 tier skipped") == 1 and "Traceback" not in proc.stderr
+    assert len(list(shared.glob("objects/*/*.sqsh"))) == 2  # both artifacts on the shared tier
+    user = Path(efabuild(demo_ws, "lookup", "demo:user", env=no_credentials, check=True).stdout.strip())
+    assert "/workspace/app/train.py" in unsquash_list(user)
+    assert "Contents" not in s3_client.list_objects_v2(Bucket=s3_bucket)  # nothing half-sent to S3
+    # with credentials, the next make copies the artifacts to S3 and builds nothing
+    again = efabuild(demo_ws, "make", "demo", check=True)
+    assert set(outcomes(again).values()) == {"reused"} and "skipped" not in again.stdout
+    stored = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert sum(key.endswith(".chunks.json") for key in stored) == 2
+
+
+@pytest.mark.s3
 def test_a_damaged_local_artifact_is_not_spread_to_new_tiers_but_repaired(demo_ws, tmp_path, moto_server, s3_bucket,
                                                                           s3_client):
     from efabuild.store.digest import file_digest

@@ -14,7 +14,7 @@ import attrs
 import networkx as nx
 
 from efabuild import dag, notices
-from efabuild.errors import EfabuildError
+from efabuild.errors import EfabuildError, NoCredentials
 from efabuild.model import Workspace
 from efabuild.plan import Availability, BaseResolution, Plan, layer_inputs, make_plan
 from efabuild.refs import IMAGE_REPO, KEY_TAG, image_tag
@@ -167,6 +167,8 @@ def _stored_keys(store: Store, graph, order, inputs, remote: bool) -> set[str]:
     if remote and store.s3_settings is not None:
         try:
             return {key for key in artifact_keys if store.has(key)}
+        except NoCredentials as exc:  # a make still builds and publishes to the other tiers
+            store.skip_s3(exc.reason)
         except EfabuildError as exc:
             notices.warn(f"S3 tier not consulted: {exc}")
     return {key for key in artifact_keys if len(store.where(key, remote=False)) == fs_tiers}

@@ -39,6 +39,7 @@ __all__ = ["BUILT", "EXPORTED", "FAILED", "PULLED", "REUSED", "SKIPPED", "STATUS
 @attrs.frozen
 class MakeResult:
     outcomes: tuple[Outcome, ...]
+    skipped_tiers: dict[str, str] = attrs.field(factory=dict)  # store tier -> why nothing went there
 
     @property
     def failed(self) -> bool:
@@ -325,4 +326,5 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
     for name, outcome in outcomes.items():
         if outcome.status not in (FAILED, SKIPPED) and prepared.records.last_key(name) != outcome.key:
             prepared.records.record(name, outcome.key, plans[name].inputs)
-    return MakeResult(tuple(outcomes[name] for name in prepared.order if name in outcomes))
+    return MakeResult(tuple(outcomes[name] for name in prepared.order if name in outcomes),
+                      dict(prepared.store.skipped))

@@ -93,13 +93,14 @@ def _report(args, prepared, result) -> int:
         except EfabuildError as exc:  # the builds are done and stored: the picture is not worth failing
             print(f"efabuild: warning: --graph {args.graph}: {exc}", file=sys.stderr)
     if args.json:
-        print_json({"outcomes": [attrs.asdict(o) for o in result.outcomes], "failed": result.failed})
+        print_json({"outcomes": [attrs.asdict(o) for o in result.outcomes], "failed": result.failed,
+                    "skipped_tiers": result.skipped_tiers})
     else:
         print(summary(result))
     for outcome in result.outcomes:
         if outcome.status == make.FAILED:
             print(f"efabuild: {outcome.qualname} failed: {outcome.error}", file=sys.stderr)
-    return 1 if result.failed else 0
+    return 1 if result.failed or result.skipped_tiers else 0
 
 
 def summary(result) -> str:
@@ -111,6 +112,7 @@ def summary(result) -> str:
              o.artifact or (o.error.splitlines()[0] if o.error else "")]
             for o in result.outcomes]
     tail = ", ".join(f"{n} {s}" for s, n in result.counts().items()) or "nothing to do"
+    tail += "".join(f"; {tier} tier skipped: {why}" for tier, why in result.skipped_tiers.items())
     return table(rows, ["LAYER", "KEY", "RESULT", "TIME", "ARTIFACT"]) + "\n" + tail
 
 

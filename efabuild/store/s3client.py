@@ -22,7 +22,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from efabuild.errors import EfabuildError
+from efabuild.errors import EfabuildError, NoCredentials
 from efabuild.settings import S3Config
 from efabuild.store.progress import Progress
 from efabuild.store.parallel import run_parallel
@@ -131,10 +131,8 @@ class S3Bucket:
         try:
             return getattr(self.client, operation)(Bucket=self.bucket, **kwargs)
         except NoCredentialsError:
-            raise EfabuildError(
-                f"{what}: no AWS credentials (boto3's standard chain: environment, ~/.aws, "
-                f"instance or pod role)"
-            ) from None
+            raise NoCredentials(what, "no AWS credentials (boto3's standard chain: environment, ~/.aws, "
+                                      "instance or pod role)") from None
         except ClientError:
             raise
         except BotoCoreError as exc:

@@ -80,6 +80,7 @@ class Store:
         self.chunk_grace = float(self._s3_options.pop("chunk_grace", DEFAULT_GRACE))
         self._s3 = None
         self._damaged: dict[str, set[str]] = {}  # key -> tiers whose copy failed verification
+        self.skipped: dict[str, str] = {}  # tier name -> why this store leaves it out
 
     # ---- construction
     @classmethod
@@ -108,6 +109,13 @@ class Store:
             self._s3 = S3Tier(self.s3_settings, show_progress=self.show_progress, **self._s3_options)
             self._s3.seed_provider = self.seeds  # what this node holds, for chunked transfers
         return self._s3
+
+    def skip_s3(self, reason: str) -> None:
+        """Leave the S3 tier out from now on (no credentials): the filesystem tiers still serve."""
+        if self.s3_settings is not None:
+            notices.warn(f"{S3_TIER} tier skipped: {reason}")
+            self.skipped[S3_TIER] = reason
+            self.s3_settings = self._s3 = None
 
     @property
     def tier_names(self) -> tuple[str, ...]:
@@ -192,15 +200,8 @@ class Store:
                 tier.write_config(store_config_text(self.s3_settings))
 
     # ---- publish
-    def publish(
-        self,
-        key: str,
-        sqsh: str | os.PathLike[str],
-        record: ArtifactRecord,
-        manifest: bytes | None = None,
-        *,
-        envelope: bytes | None = None,
-    ) -> dict[str, str]:
+    def publish(self, key: str, sqsh: str | os.PathLike[str], record: ArtifactRecord, manifest: bytes | None = None,
+                *, envelope: bytes | None = None) -> dict[str, str]:
         """Store an exported .sqsh in every tier and point its name at it.
 
         Returns {tier name: "published" | "reused" | "repaired"}. `record.manifest_digest` is
