@@ -113,18 +113,27 @@ def test_lookup_builds_only_its_own_parser_and_loads_no_completion_code(tmp_path
     assert not loaded & {"efabuild.cli.plan_cmd", "efabuild.cli.completion_cmd", "shtab"}
 
 
-def test_a_real_process_exits_0_1_or_2_with_one_line(tmp_path):
-    """What a shell or Slurm sees of `python -m efabuild`: its exit status and stderr, from a process
-    of its own (the other CLI tests call main() in the test process, tests/inprocess.py)."""
+@pytest.mark.parametrize("how", ["console script", "python -m efabuild"])
+def test_a_real_process_exits_0_1_or_2_with_one_line(tmp_path, how):
+    """What a shell or Slurm sees of `efabuild`: its exit status and stderr, from a process of its
+    own (the other CLI tests call main() in the test process, tests/inprocess.py). The console
+    script is what pip's wrapper runs for [project.scripts] efabuild (this tree is not installed
+    here: the shared install must not be repointed)."""
     import sys
+    import tomllib
 
     from tests.storekit import REPO
 
+    target = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["efabuild"]
+    module, function = target.split(":")
+    command = {"console script": [sys.executable, "-c", f"import sys; from {module} import {function}; "
+                                                        f"sys.exit({function}())"],
+               "python -m efabuild": [sys.executable, "-m", "efabuild"]}[how]
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "efabuild", *args], capture_output=True, text=True,
-                              cwd=tmp_path, env=env, stdin=subprocess.DEVNULL, timeout=60)
+        return subprocess.run([*command, *args], capture_output=True, text=True, cwd=tmp_path, env=env,
+                              stdin=subprocess.DEVNULL, timeout=60)
 
     ok = run("--version")
     assert (ok.returncode, ok.stderr) == (0, "") and ok.stdout.startswith("efabuild ")
