@@ -59,7 +59,7 @@ class ExportSettings:
     compression: str = "lzo"
     compress_data: bool = False  # Enroot's -noD: data blocks uncompressed
     extra_options: tuple[str, ...] = ()
-    # file times written by a build are clamped to the base's creation time (see sqsh.py)
+    # file times written by a build are clamped to the base's creation time (see export/squash.py)
     clamp_times: bool = True
 
     def mksquashfs_options(self) -> tuple[str, ...]:
@@ -96,7 +96,7 @@ class Settings:
     export: ExportSettings = attrs.field(factory=ExportSettings)
     audit: AuditPolicy = attrs.field(factory=AuditPolicy)
     sign: SignSettings | None = None
-    trust_keys: tuple[str, ...] = ()  # [trust] keys: read by efabuild.signing.trust, validated here
+    trust_keys: tuple[str, ...] = ()  # [trust] keys: checked by settings.py, read by efabuild.signing.trust
 
 
 @attrs.frozen
