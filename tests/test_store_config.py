@@ -69,3 +69,18 @@ def test_good_settings_give_one_config_to_both_readers(tmp_path: Path) -> None:
                            ("stack:user",))
     # they differ only in how they name BUILD.toml in messages
     assert from_workspace._replace(source="") == from_locate._replace(source="") == expected._replace(source="")
+
+
+def test_reading_the_store_settings_loads_no_attrs() -> None:
+    """`efabuild lookup` runs in every job: locating a store (BUILD.toml's [store], settings.py) stays
+    stdlib only, so a settings module that imported the attrs model at its top would slow every job."""
+    import subprocess
+    import sys
+
+    from tests.storekit import REPO
+
+    probe = ("import sys\nimport efabuild.store.lookup, efabuild.settings\n"
+             "print(' '.join(m for m in ('attrs', 'efabuild.model', 'difflib') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert result.stdout.strip() == ""
