@@ -4,7 +4,9 @@ Pure: decisions from facts passed in. `efabuild.build.prepare` gathers them (con
 base digests, the images the engine has, the artifacts the store holds, the last build of each
 layer); keys come from `LayerInputs`. Like a Nix dry run, the
 plan separates what will be built from what will be fetched (pulled from the layer-cache registry)
-or only exported, and a layer nobody needs is left alone even when its image is gone.
+or only exported or copied between store tiers, and a layer nobody needs is left alone even when
+its image is gone. A key is provisional while its base's digest is not known for sure (offline, or
+unresolved): it may change once the digest is known.
 """
 
 from __future__ import annotations
@@ -20,21 +22,24 @@ from efabuild.refs import short
 from efabuild.model import Layer
 from efabuild.redact import shown_args, shown_dockerfile
 
-BUILD, PULL, EXPORT, NOTHING = "build", "pull", "export", "none"
+BUILD, PULL, EXPORT, COPY, NOTHING = "build", "pull", "export", "copy", "none"
+# base sources whose digest may not be the one a make will find: keys over them may change
+UNSURE_BASES = ("recorded", "unresolved")
 
 
 @attrs.frozen
 class BaseResolution:
     ref: str
     digest: str | None
-    source: str  # "pinned", "engine", "registry" or "unresolved"
+    source: str  # "pinned", "registry", "image-id", "recorded" (offline) or "unresolved"
 
 
 @attrs.frozen
 class Availability:
     images: frozenset[str] = frozenset()  # keys whose image the engine has
     registry: frozenset[str] = frozenset()  # keys the layer-cache registry has
-    artifacts: frozenset[str] = frozenset()  # keys with a stored .sqsh
+    artifacts: frozenset[str] = frozenset()  # keys whose .sqsh every store tier holds
+    held: frozenset[str] = frozenset()  # keys whose .sqsh a filesystem tier holds: copied, not exported
     engine_checked: bool = True  # False: `images` comes from build records, not the engine
 
 
@@ -44,11 +49,12 @@ class LayerPlan:
     key: str
     inputs: LayerInputs
     artifact: bool
-    action: str  # build / pull / export / none
+    action: str  # build / pull / export / copy / none
     reasons: tuple[str, ...] = ()
     image: bool = False  # the engine has the image
     stored: bool = False  # every store tier has the .sqsh
     parent: str | None = None
+    provisional: bool = False  # the key may change once its base's digest is known
 
     @property
     def short_key(self) -> str:
@@ -88,6 +94,7 @@ class Plan:
             "layers": [
                 {"name": lp.qualname, "key": lp.key, "state": lp.state, "action": lp.action,
                  "artifact": lp.artifact, "image": lp.image, "stored": lp.stored,
+                 "provisional": lp.provisional,
                  "reasons": list(lp.reasons), "inputs": lp.inputs.to_shown_dict()}
                 for lp in self.layers
             ],
@@ -130,14 +137,9 @@ def make_plan(
         child_builds = any(actions.get(c) == BUILD for c in children)
         # the goal of a make: every artifact as a .sqsh, and every top image that is no artifact
         wanted_image = not children and not layer.artifact
-        if not (needs_artifact or child_builds or wanted_image):
-            actions[name] = NOTHING
-        elif key in availability.images:
-            actions[name] = EXPORT if needs_artifact else NOTHING
-        elif key in availability.registry:
-            actions[name] = PULL
-        else:
-            actions[name] = BUILD
+        actions[name] = _action(key, availability, needs_artifact, needs_image=child_builds or wanted_image)
+    unsure = {base.ref for base in bases if base.source in UNSURE_BASES}
+    provisional: dict[str, bool] = {}
     layers = []
     for name in order:
         layer = graph.nodes[name]["layer"]
@@ -147,15 +149,31 @@ def make_plan(
             reasons = explain(previous(name), inputs[name], layer.parent, keys)
         elif actions[name] == EXPORT:
             reasons = ("the .sqsh is not in every store tier yet",)
+        elif actions[name] == COPY:
+            reasons = ("the .sqsh is in another store tier",)
         elif actions[name] == PULL:
             reasons = ("image in the layer-cache registry",)
+        provisional[name] = provisional[layer.parent] if layer.parent else inputs[name].base_ref in unsure
         layers.append(LayerPlan(
             qualname=name, key=key, inputs=inputs[name], artifact=layer.artifact, action=actions[name],
             reasons=reasons, image=key in availability.images, stored=key in availability.artifacts,
-            parent=layer.parent,
+            parent=layer.parent, provisional=provisional[name],
         ))
     return Plan(layers=tuple(layers), bases=bases, engine_checked=availability.engine_checked,
                 context_files_read=context_files_read)
+
+
+def _action(key: str, availability: Availability, needs_artifact: bool, needs_image: bool) -> str:
+    """What a layer needs done: its image when a child builds on it or it is a top image layer,
+    its .sqsh in every tier when it is an artifact layer: copied from a tier that has it, else
+    exported from the image."""
+    if not (needs_artifact or needs_image):
+        return NOTHING
+    if key not in availability.images and (needs_image or key not in availability.held):
+        return PULL if key in availability.registry else BUILD
+    if needs_artifact:
+        return COPY if key in availability.held else EXPORT
+    return NOTHING
 
 
 def explain(old: LayerInputs | None, new: LayerInputs, parent: str | None, keys: Mapping[str, str]) -> tuple[str, ...]:

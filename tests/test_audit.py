@@ -238,7 +238,7 @@ def store(tmp_path: Path) -> Path:
 
 def run_audit(capsys, *argv: str) -> tuple[int, list]:
     code = main(["audit", *argv, "--json"])
-    return code, json.loads(capsys.readouterr().out)
+    return code, json.loads(capsys.readouterr().out)["artifacts"]
 
 
 def statuses(report: list) -> dict[str, str]:
@@ -297,7 +297,7 @@ def test_audit_all_on_a_node_fails_for_an_artifact_it_cannot_read(store: Path, t
     monkeypatch.setenv("EFABUILD_STORE", str(store))  # a bare store, as on a compute node
     monkeypatch.chdir(tmp_path)
     code = main(["audit", "--all", "--host-efa", "1.50.0", "--json"])
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)["artifacts"]
     assert code == 1
     assert {r["key"]: r["ok"] for r in report} == {KEY: True, other: False}
     failed = next(r for r in report if r["key"] == other)["checks"][0]
@@ -492,7 +492,7 @@ def demo(docker_engine, tmp_path_factory):
 
 def audit_demo(demo: DemoBuilds, capsys, key: str, *flags: str) -> dict:
     code = main(["-C", str(REPO), "audit", key, "--store", str(demo.store), "--json", *flags])
-    report = json.loads(capsys.readouterr().out)[0]
+    report = json.loads(capsys.readouterr().out)["artifacts"][0]
     assert code == (0 if report["ok"] else 1)
     return {c["check"]: c for c in report["checks"]}
 

@@ -89,7 +89,7 @@ def test_audit_junit_report_has_a_testcase_per_artifact_and_check(store: Path, t
     report = tmp_path / "reports" / "audit.xml"
     status = main(["audit", "--all", "--store", str(store), "--host-efa", ngc.INSTALLER, "--json",
                    "--junit", str(report)])
-    audited = json.loads(capsys.readouterr().out)
+    audited = json.loads(capsys.readouterr().out)["artifacts"]
     assert status == 1
     failures = sum(c["status"] == "FAIL" for r in audited for c in r["checks"])
     assert failures >= 1 and any(r["ok"] for r in audited)

@@ -58,7 +58,7 @@ def stopped(pid: int) -> bool:
 
 def check_store(root: Path, where: str) -> None:
     """Everything the store lists is whole: found by lookup, with its recorded size, and audited."""
-    listed = json.loads(efabuild(root, "ls", "--json", check=True).stdout)
+    listed = json.loads(efabuild(root, "ls", "--json", check=True).stdout)["artifacts"]
     for item in listed:
         found = efabuild(root, "lookup", item["key"])
         assert found.returncode == 0, f"{where}: lookup {item['key']}: {found.stderr}"

@@ -287,7 +287,7 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
                 f'endpoint_url = "{moto_server}"\n')
     efabuild(demo_ws, "make", "demo", check=True)
     listing = efabuild(demo_ws, "ls", "--json", check=True)
-    tiers = {entry["name"]: sorted(entry["tiers"]) for entry in json.loads(listing.stdout)}
+    tiers = {entry["name"]: sorted(entry["tiers"]) for entry in json.loads(listing.stdout)["artifacts"]}
     assert tiers["demo:user"] == tiers["demo:efa"] == ["local", "s3", "shared"]
     stored = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="images/")["Contents"]]
     assert sum(key.endswith(".chunks.json") for key in stored) == 2  # chunked: an index per artifact
@@ -445,7 +445,8 @@ def test_artifacts_record_their_enroot_format_and_older_ones_are_kept(mini_ngc, 
         before = (sqsh.stat().st_ino, sqsh.stat().st_mtime_ns, record_path.read_text())
         again = efabuild(root, "make", "--json")
         assert again.returncode == 0, again.stderr
-        assert [o["status"] for o in json.loads(again.stdout)["outcomes"]] == ["reused"]
+        [reused] = json.loads(again.stdout)["layers"]
+        assert reused["status"] == "reused" and reused["path"] == str(sqsh)  # its path, though not new
         assert (sqsh.stat().st_ino, sqsh.stat().st_mtime_ns, record_path.read_text()) == before
     finally:
         _remove_images_of(root)

@@ -17,7 +17,7 @@ import networkx as nx
 from efabuild.build.prepare import prepare
 from efabuild.keys import ContextEntry, LayerInputs
 from efabuild.model import BaseImage, Layer
-from efabuild.plan import BUILD, EXPORT, NOTHING, PULL, Availability, BaseResolution, explain, layer_inputs, make_plan
+from efabuild.plan import BUILD, COPY, EXPORT, NOTHING, PULL, Availability, BaseResolution, explain, layer_inputs, make_plan
 from efabuild.workspace import load_workspace
 from tests.inprocess import run_efabuild
 from tests.wsfactory import SIMPLE_GRAPH as WITH_ARTIFACTS
@@ -87,6 +87,34 @@ def test_a_child_to_build_needs_its_parent_pulled_from_the_registry():
     assert [lp.action for lp in plan.layers] == [NOTHING, PULL, BUILD]
     assert plan.by_name()["stack:deepep"].reasons == ("image in the layer-cache registry",)
     assert [lp.qualname for lp in plan.chain("stack:user")] == order
+
+
+def test_a_sqsh_one_tier_holds_is_copied_not_exported_and_needs_no_image():
+    graph, order = stack()
+    _, inputs = decide(graph, order)
+    keys = {name: inputs[name].key() for name in order}
+    # the local tier has efa's .sqsh, a new shared tier does not; no image is left in the engine
+    facts = Availability(held=frozenset({keys["stack:efa"], keys["stack:user"]}))
+    plan, _ = decide(graph, order, facts)
+    assert [(lp.action, lp.state) for lp in plan.layers] == [(COPY, "to copy"), (NOTHING, "available"),
+                                                             (COPY, "to copy")]
+    assert plan.by_name()["stack:efa"].reasons == ("the .sqsh is in another store tier",)
+    # a child that builds needs the image itself: a copy of the .sqsh is not enough for that
+    changed = Availability(held=frozenset({keys["stack:efa"]}))
+    assert [lp.action for lp in decide(graph, order, changed)[0].layers] == [BUILD, BUILD, BUILD]
+    # with the image in the engine, the .sqsh is still copied rather than exported again
+    both = Availability(images=frozenset(keys.values()), held=frozenset({keys["stack:efa"]}))
+    assert [lp.action for lp in decide(graph, order, both)[0].layers] == [COPY, NOTHING, EXPORT]
+
+
+def test_keys_over_a_base_digest_not_known_for_sure_are_provisional():
+    graph, order = stack()
+    assert not any(lp.provisional for lp in decide(graph, order)[0].layers)  # a registry digest
+    for source in ("recorded", "unresolved"):
+        unsure = BaseResolution(BASE.ref, BASE.digest if source == "recorded" else None, source)
+        inputs = layer_inputs("linux/amd64", graph, order, {BASE.ref: unsure}, {"stack:user": APP})
+        plan = make_plan(graph, order, inputs, Availability(), lambda name: None, bases=(unsure,))
+        assert all(lp.provisional for lp in plan.layers), source  # children inherit it
 
 
 def test_a_top_image_layer_is_wanted_even_without_an_artifact():
@@ -174,9 +202,33 @@ def test_first_plan_says_new_layers_and_unresolved_digest(tmp_path):
     assert all(l["state"] == "to build" and l["reasons"] == ["new layer (no earlier build recorded)"]
                for l in layers.values())
     assert data["bases"] == [{"ref": "example.com/pytorch:26.08-py3", "digest": None, "source": "unresolved"}]
+    assert data["format"] == "efabuild.plan/v1"
+    assert all(l["provisional"] for l in layers.values())
     text = run_efabuild(["-C", str(root), "plan", "--offline"],
                           capture_output=True, text=True).stdout
     assert "digest unresolved" in text and "3 to build" in text
+    # each key is marked, and the mark explained once
+    rows = {line.split()[0]: line.split()[1] for line in text.splitlines() if line.startswith("stack:")}
+    assert all(key.endswith("*") for key in rows.values())
+    assert "* provisional key: may change once the base's digest is known" in text
+
+
+def test_a_sqsh_in_the_local_tier_only_is_to_copy_to_the_shared_one(tmp_path):
+    from efabuild.store.tiered import Store
+    from tests.storekit import make_sqsh, record_for
+
+    root = make_workspace(tmp_path / "ws", {"stack": WITH_ARTIFACTS})
+    record_all(root)
+    efa_key = by_name(plan_json(root))["stack:efa"]["key"]
+    sqsh = make_sqsh(tmp_path, os.urandom(4096), "efa")
+    Store.locate(cwd=root, show_progress=False).publish(efa_key, sqsh, record_for(efa_key, "stack:efa", sqsh), None)
+    assert by_name(plan_json(root))["stack:efa"]["state"] == "available"
+    (root / "BUILD.toml").write_text((root / "BUILD.toml").read_text()
+                                     + f'[store]\nlocal = "cache"\nshared = "{tmp_path / "fsx"}"\n')
+    layers = by_name(plan_json(root))
+    assert layers["stack:efa"]["state"] == "to copy" and layers["stack:user"]["state"] == "to export"
+    text = run_efabuild(["-C", str(root), "plan", "--offline"]).stdout
+    assert "1 to build" not in text and "1 to export, 1 to copy, 1 available" in text
 
 
 def test_installer_version_change_rebuilds_exactly_that_layer_and_descendants(tmp_path):

@@ -121,7 +121,7 @@ def test_secrets_never_leave_the_build(mini_ngc, tmp_path, built_tags):
     assert any(f"--secret id={SECRET_ENV},env={SECRET_ENV}" in line for line in cmdlines), cmdlines
     assert any("--build-arg HF_TOKEN " in line for line in cmdlines), cmdlines
 
-    outcomes = {o["qualname"]: o for o in json.loads(stdout)["outcomes"]}
+    outcomes = {o["name"]: o for o in json.loads(stdout)["layers"]}
     assert outcomes["leaky:fetch"]["status"] == "built" and outcomes["leaky:broken"]["status"] == "failed"
     failure = outcomes["leaky:broken"]["error"]
     assert "exit code 3" in failure and "failing with <redacted> <redacted> <redacted>" in failure

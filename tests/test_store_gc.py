@@ -54,7 +54,7 @@ def workspace(tmp_path: Path) -> Path:
 
 def listed(workspace: Path) -> dict[str, list[str]]:
     result = efabuild("ls", "--json", cwd=workspace, check=True)
-    return {item["key"]: item["tiers"] for item in json.loads(result.stdout)}
+    return {item["key"]: item["tiers"] for item in json.loads(result.stdout)["artifacts"]}
 
 
 def test_ls_shows_key_name_size_created_and_tiers(workspace):

@@ -406,7 +406,7 @@ def test_planted_entry_is_skipped_with_one_line_and_never_followed(case, scene, 
     # ls: the other artifacts, and one warning line that names the file (when it hides something)
     code, out, err = run(capsys, "ls", "--json", "--store", store)
     assert code == 0, err
-    assert {item["key"] for item in json.loads(out)} == good
+    assert {item["key"] for item in json.loads(out)["artifacts"]} == good
     assert all(str(scene.outside) not in line for line in out.splitlines())
     assert len(err) <= 1, err
     if err:
@@ -415,7 +415,7 @@ def test_planted_entry_is_skipped_with_one_line_and_never_followed(case, scene, 
     # audit --all: the other artifacts audited, their .sqsh intact; a stored object it cannot
     # read is a failed audit (exit 1) naming the tier, not one silently left out
     code, out, err = run(capsys, "audit", "--all", "--json", "--store", store)
-    report = {item["key"]: item for item in (json.loads(out) if out.strip() else [])}
+    report = {item["key"]: item for item in json.loads(out)["artifacts"]}
     unreadable = {key for key, item in report.items() if item["name"] == "?"}
     assert set(report) - unreadable == good
     for key in unreadable:
@@ -455,7 +455,7 @@ def test_planted_entry_is_skipped_with_one_line_and_never_followed(case, scene, 
     # nothing outside the store changed: mode, owner, links, content; nothing created there
     assert snapshot(scene.outside) == outside_before
     code, out, _ = run(capsys, "ls", "--json", "--store", store)
-    assert {item["key"] for item in json.loads(out)} == good
+    assert {item["key"] for item in json.loads(out)["artifacts"]} == good
 
 
 # ---- writes: publishing over what a writer planted -------------------------------------------

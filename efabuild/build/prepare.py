@@ -61,6 +61,7 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
         registry=frozenset(_registry_keys(ws, engine, graph, [n for n in order if inputs[n].key() not in images],
                                           inputs)),
         artifacts=frozenset(_stored_keys(store, graph, order, inputs, remote=use_engine)),
+        held=frozenset(_held_keys(store, graph, order, inputs)),
         engine_checked=engine is not None,
     )
 
@@ -155,6 +156,12 @@ def _registry_keys(ws: Workspace, engine, graph, order, inputs) -> set[str]:
             notices.warn(f"layer-cache registry not used: {exc}")
             return found
     return found
+
+
+def _held_keys(store: Store, graph, order, inputs) -> set[str]:
+    """Keys whose .sqsh some filesystem tier holds: the others get a copy, no export."""
+    return {inputs[n].key() for n in order
+            if graph.nodes[n]["layer"].artifact and store.where(inputs[n].key(), remote=False)}
 
 
 def _stored_keys(store: Store, graph, order, inputs, remote: bool) -> set[str]:

@@ -1,6 +1,6 @@
 """How a make reports its progress: the interface the CLI implements (cli/live.py draws it as
-plain lines or a live terminal view). The default reports nothing: efabuild used as a library is
-silent. Every method may be called from worker threads.
+plain lines, a live terminal view or JSON events). The default reports nothing: efabuild used as
+a library is silent. Every method may be called from worker threads.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ class Reporter:
     def line(self, name: str, text: str) -> None:
         """A line of the build log of layer `name`."""
 
-    def finished(self, name: str, text: str) -> None:
-        """Layer `name` is done: its outcome in words."""
+    def finished(self, outcome) -> None:  # noqa: ANN001 - a build.schedule.Outcome
+        """A layer is done: its Outcome (status, time, steps, log, artifact, or why it failed)."""
 
     def close(self) -> None:
         """The make is over: release the terminal."""

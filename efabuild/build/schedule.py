@@ -9,6 +9,7 @@ the work of one layer is a function the make passes in.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import attrs
@@ -59,15 +60,15 @@ class _Queue:
 def run_in_order(
     order: list[str], plans: Mapping[str, LayerPlan], jobs: int, *,
     work: Callable[[LayerPlan], Outcome], settle: Callable[[LayerPlan, bool], Outcome],
-    finished: Callable[[str, str], None], redact: Callable[[str], str] = str,
+    finished: Callable[[Outcome], None], redact: Callable[[str], str] = str,
     interrupted: Callable[[], None] = lambda: None,
 ) -> dict[str, Outcome]:
     """Every layer of `order` (parents first): `work(plan)` in a worker thread for a layer with
     something to do; `settle(plan, shares_work)` for one with nothing to do or whose key an earlier
-    layer made. `finished(name, text)` hears how each layer ended; `interrupted()` is called on
+    layer made. `finished(outcome)` hears how each layer that had work ended; `interrupted()` is called on
     Ctrl-C before the running work is abandoned."""
     queue = _Queue(order, plans)
-    running: dict[Future, str] = {}
+    running: dict[Future, tuple[str, float]] = {}  # -> (layer, when its work started)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         try:
             while queue.pending or running:
@@ -77,14 +78,14 @@ def run_in_order(
                     queue.pending.remove(name)
                     outcome = _start(queue, name, settle, finished)
                     if outcome is None:
-                        running[pool.submit(work, plans[name])] = name
+                        running[pool.submit(work, plans[name])] = name, time.monotonic()
                     else:
                         queue.outcomes[name] = outcome
                 if running:
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     for future in done:
-                        name = running.pop(future)
-                        queue.outcomes[name] = _result(future, plans[name], finished, redact)
+                        name, started = running.pop(future)
+                        queue.outcomes[name] = _result(future, plans[name], started, finished, redact)
         except KeyboardInterrupt:
             interrupted()
             for future in running:
@@ -98,29 +99,21 @@ def _start(queue: _Queue, name: str, settle, finished) -> Outcome | None:
     lp = queue.plans[name]
     failed = queue.blocked_by(name)
     if failed:
-        finished(name, f"skipped: parent {failed} did not finish")
-        return Outcome(name, lp.key, SKIPPED, error=f"parent {failed} did not finish")
+        outcome = Outcome(name, lp.key, SKIPPED, error=f"parent {failed} did not finish")
+        finished(outcome)
+        return outcome
     if queue.shares_work(name) or lp.action == NOTHING:
         return settle(lp, queue.shares_work(name))
     return None
 
 
-def _result(future: Future, lp: LayerPlan, finished, redact) -> Outcome:
+def _result(future: Future, lp: LayerPlan, started: float, finished, redact) -> Outcome:
     try:
         outcome = future.result()
     except Exception as exc:  # one layer's failure must not stop the other branches
         message = redact(str(exc) if isinstance(exc, EfabuildError) else f"{type(exc).__name__}: {exc}")
-        finished(lp.qualname, f"FAILED: {message}")
-        return Outcome(lp.qualname, lp.key, FAILED, error=message)
-    finished(lp.qualname, describe(outcome))
+        # the time it ran until it failed: what the user waited for
+        outcome = Outcome(lp.qualname, lp.key, FAILED, time.monotonic() - started, error=message)
+    finished(outcome)
     return outcome
 
-
-def describe(outcome: Outcome) -> str:
-    steps = " + ".join(outcome.steps) or "nothing to do"
-    text = f"{outcome.status} ({steps}) in {outcome.seconds:.1f}s"
-    if outcome.log:
-        text += f"\n  log: {outcome.log}"
-    if outcome.artifact:
-        text += f"\n  artifact: {outcome.artifact}"
-    return text

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         report = examine(sources, expect_nics=args.expect_nics, baseline_gbps=args.baseline_gbps,
                          manifest=manifest, artifact=args.artifact or args.manifest, ref=args.artifact)
     if args.json:
-        print_json(to_json(report))
+        print_json("doctor", to_json(report))
     else:
         print(render_text(report))
     return 1 if report.problems else 0

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     rows = [{"key": key, "name": record.name, "size": record.size, "stored": u.stored, "unique": u.unique}
             for key, (record, u) in sorted(artifacts.items(), key=lambda kv: (kv[1][0].name, kv[1][0].created))]
     if args.json:
-        print_json({"version": 1, "tiers": tiers, "s3_artifacts": rows})
+        print_json("du", {"tiers": tiers, "s3_artifacts": rows})
         return 0
     if rows:
         print_table([(short(r["key"]), r["name"], human_bytes(r["size"]), human_bytes(r["stored"]),

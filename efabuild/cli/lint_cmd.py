@@ -33,7 +33,7 @@ def configure(name, sub, common):
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from efabuild.cli.output import print_json
+    from efabuild.cli.output import print_foreign_json, print_json
     from efabuild.errors import InputError
     from efabuild.lint import errors_only, lint_workspace, render_text, to_json
     from efabuild.workspace import find_root, load_workspace
@@ -60,12 +60,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         findings = lint_workspace(ws)
     if fmt == "json":
-        print_json(to_json(findings))
+        print_json("lint", to_json(findings))
     elif fmt == "sarif":
         from efabuild import __version__
         from efabuild.lint.sarif import to_sarif
 
-        print_json(to_sarif(findings, ws.root, __version__))
+        print_foreign_json(to_sarif(findings, ws.root, __version__))
     else:
         print(render_text(findings))
     return 1 if errors_only(findings) else 0

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         from efabuild.cli.output import print_json
 
         fields = ("key", "name", "size", "digest", "created")
-        print_json({"path": str(path), **{name: record.get(name) for name in fields}})
+        print_json("lookup", {"path": str(path), **{name: record.get(name) for name in fields}})
     else:
         sys.stdout.write(f"{path}\n")
     sys.stdout.flush()

@@ -29,7 +29,10 @@ def configure(name, sub, common):
                    help="rebuild each GRAPH:LAYER without the build cache on its parent's image (parents are "
                         "not rebuilt) and compare with its stored .sqsh; exit 1 when they differ")
     add_builder_option(p)
-    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.add_argument("--progress", choices=("auto", "tty", "plain", "json"), default="auto",
+                   help="progress on stderr: tty a live view per layer, plain one line per event, json one "
+                        "JSON object per event; auto (default) is tty on a terminal, else plain")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON (efabuild.make/v1)")
     p.add_argument("--graph", metavar="FILE",
                    help="also draw what make did (.svg or .png, with Graphviz): each layer coloured by "
                         "its outcome, with its key, time and why it was built or failed")
@@ -39,8 +42,7 @@ def configure(name, sub, common):
 def run(args) -> int:
     from efabuild.build import run as make
     from efabuild.cli.common import with_builder, workspace
-    from efabuild.cli.live import reporter_for
-    from efabuild.cli.plan_cmd import render
+    from efabuild.cli.live import announce_after, planning_line, reporter_for
     from efabuild.errors import InputError
 
     ws = workspace()
@@ -51,21 +53,57 @@ def run(args) -> int:
         return _check(ws, args)
     if args.graph:
         _graph_format(args.graph)  # a bad name stops here, not after the builds
-    prepared = _prepared(ws, args)
+    with announce_after(planning_line(sys.stderr, args.progress)):
+        prepared = _prepared(ws, args)
     if args.dry_run:
-        print(render(prepared.plan, prepared.engine_error))
+        _print_plan(prepared, sys.stdout, args.progress)
         if args.graph:
             _draw(args.graph, prepared, None)
         return 0
     make.check_secrets(prepared)  # before the plan is printed: bad input is one line
-    print(render(prepared.plan, None), file=sys.stderr)
-    reporter = reporter_for(sys.stderr)
+    _print_plan(prepared, sys.stderr, args.progress)
+    reporter = reporter_for(sys.stderr, args.progress)
     _sigterm_interrupts()  # scancel and timeouts send SIGTERM: stop builds as Ctrl-C does
     try:
-        result = make.run(prepared, reporter, jobs=args.jobs or ws.settings.builder.jobs)
+        with _notices_to(reporter):
+            result = make.run(prepared, reporter, jobs=args.jobs or ws.settings.builder.jobs)
     finally:
         reporter.close()
     return _report(args, prepared, result)
+
+
+def _print_plan(prepared, stream, progress: str) -> None:
+    """The plan before the builds: a table, or with --progress json the plan's own JSON as an event."""
+    from efabuild.cli.colour import palette_for
+    from efabuild.cli.plan_cmd import plan_json, render
+
+    if progress == "json" and stream is sys.stderr:
+        from efabuild.cli.live import JsonReporter
+
+        JsonReporter(stream).emit("plan", **plan_json(prepared))
+    else:
+        print(render(prepared.plan, prepared.engine_error, palette_for(stream)), file=stream)
+
+
+def _notices_to(reporter):
+    """With --progress json the library's warnings and notes are events too: stderr stays JSON."""
+    import contextlib
+
+    from efabuild import notices
+    from efabuild.cli import reporting
+    from efabuild.cli.live import JsonReporter
+
+    if not isinstance(reporter, JsonReporter):
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def routed():
+        notices.use(reporter.notice)
+        try:
+            yield
+        finally:
+            reporting.install()
+    return routed()
 
 
 def _prepared(ws, args):
@@ -81,9 +119,9 @@ def _prepared(ws, args):
 
 
 def _report(args, prepared, result) -> int:
-    import attrs
-
     from efabuild.build import run as make
+    from efabuild.cli.colour import palette_for
+    from efabuild.cli.live import outcome_json
     from efabuild.cli.output import print_json
     from efabuild.errors import EfabuildError
 
@@ -92,28 +130,50 @@ def _report(args, prepared, result) -> int:
             _draw(args.graph, prepared, result)
         except EfabuildError as exc:  # the builds are done and stored: the picture is not worth failing
             print(f"efabuild: warning: --graph {args.graph}: {exc}", file=sys.stderr)
+    paths = _artifact_paths(prepared, result)
     if args.json:
-        print_json({"outcomes": [attrs.asdict(o) for o in result.outcomes], "failed": result.failed,
-                    "skipped_tiers": result.skipped_tiers})
+        print_json("make", {"layers": [outcome_json(o, paths.get(o.qualname)) for o in result.outcomes],
+                            "failed": result.failed, "skipped_tiers": result.skipped_tiers})
     else:
-        print(summary(result))
+        print(summary(result, paths, palette_for(sys.stdout)))
+    # each failure once, with its step and the end of its log, where the user looks last
     for outcome in result.outcomes:
         if outcome.status == make.FAILED:
             print(f"efabuild: {outcome.qualname} failed: {outcome.error}", file=sys.stderr)
     return 1 if result.failed or result.skipped_tiers else 0
 
 
-def summary(result) -> str:
-    """The table at the end of a make: each layer's outcome, time and artifact, then the counts."""
+def _artifact_paths(prepared, result) -> dict[str, str]:
+    """Layer -> its .sqsh in the store, for every artifact layer the make left stored, reused or
+    new: a program reading make --json needs no lookup after it."""
+    from efabuild.build import run as make
+
+    plans = prepared.plan.by_name()
+    paths = {}
+    for outcome in result.outcomes:
+        if outcome.artifact:
+            paths[outcome.qualname] = outcome.artifact
+        elif plans[outcome.qualname].artifact and outcome.status not in (make.FAILED, make.SKIPPED):
+            hit = prepared.store.local_hit(outcome.key)
+            if hit is not None:
+                paths[outcome.qualname] = str(hit[1])
+    return paths
+
+
+def summary(result, paths=None, palette=None) -> str:
+    """The table at the end of a make: each layer's outcome, time and artifact, then the counts.
+    A failure's message follows once, below it; its row says only that it failed, and when."""
+    from efabuild.cli.colour import Palette
     from efabuild.cli.output import table
     from efabuild.refs import short
 
-    rows = [[o.qualname, short(o.key), o.status, f"{o.seconds:.1f}s",
-             o.artifact or (o.error.splitlines()[0] if o.error else "")]
+    paths = paths if paths is not None else {o.qualname: o.artifact for o in result.outcomes}
+    rows = [[o.qualname, short(o.key), o.status, f"{o.seconds:.1f}s", paths.get(o.qualname) or ""]
             for o in result.outcomes]
     tail = ", ".join(f"{n} {s}" for s, n in result.counts().items()) or "nothing to do"
     tail += "".join(f"; {tier} tier skipped: {why}" for tier, why in result.skipped_tiers.items())
-    return table(rows, ["LAYER", "KEY", "RESULT", "TIME", "ARTIFACT"]) + "\n" + tail
+    palette = palette or Palette(False)
+    return table(rows, ["LAYER", "KEY", "RESULT", "TIME", "ARTIFACT"], paint=palette.state, painted=2) + "\n" + tail
 
 
 def _check(ws, args) -> int:
@@ -128,7 +188,7 @@ def _check(ws, args) -> int:
     if args.dry_run:
         raise InputError("--check and --dry-run do not go together")
     prepared = prepare(ws, args.targets, require_engine=True)
-    reporter = reporter_for(sys.stderr)
+    reporter = reporter_for(sys.stderr, args.progress)
     _sigterm_interrupts()
     results = []
     try:
@@ -139,8 +199,8 @@ def _check(ws, args) -> int:
     if args.json:
         import attrs
 
-        print_json({"checks": [attrs.asdict(r) | {"stored": str(r.stored), "identical": r.identical}
-                               for r in results]})
+        print_json("check", {"checks": [attrs.asdict(r) | {"stored": str(r.stored), "identical": r.identical}
+                                        for r in results]})
     else:
         print("\n".join(check.render(r) for r in results))
     return 0 if all(r.identical for r in results) else 1

@@ -1,28 +1,35 @@
 """How commands write what they found: aligned tables for a person, JSON for a program.
 
 Every command renders through these two, so all tables look alike and all JSON follows one
-convention: keys sorted, two-space indent, `null` for a missing value, and ASCII only (other
-characters as \\u escapes), so no terminal's or pipe's encoding can fail on a path or a log line.
+convention (README, "JSON output"): one object whose `format` names what it is and its version
+(`efabuild.<what>/v1`), keys sorted, two-space indent, `null` for a missing value (never ""),
+the same names for the same things: `name` (GRAPH:LAYER), `key`, `path` (a .sqsh); and ASCII
+only (other characters as \\u escapes), so no terminal's or pipe's encoding can fail on a path
+or a log line.
 Only `json` is imported, lazily, so `efabuild lookup` stays as cheap to start as it is.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, indent: str = "") -> str:
+def table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, indent: str = "",
+          paint: Callable[[str], str] | None = None, painted: int | None = None) -> str:
     """Left-aligned columns two spaces apart, each line indented; the last column is not padded,
-    so no line ends in spaces."""
+    so no line ends in spaces. `paint` colours the padded cells of column `painted` (not the
+    header): widths are counted before any colour."""
     all_rows = ([header] if header else []) + list(rows)
     if not all_rows:
         return ""
     widths = [max(len(row[i]) for row in all_rows) for i in range(len(all_rows[0]) - 1)]
     lines = []
-    for row in all_rows:
+    for number, row in enumerate(all_rows):
         cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])] + [row[-1]]
+        if paint is not None and painted is not None and (number or not header):
+            cells[painted] = paint(cells[painted])
         lines.append((indent + "  ".join(cells)).rstrip())
     return "\n".join(lines)
 
@@ -33,11 +40,41 @@ def print_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = No
         sys.stdout.write(text + "\n")
 
 
+FORMAT_VERSION = 1
+
+
+def document(what: str, data: dict) -> dict:
+    """`data` as a versioned efabuild document: `format` first in meaning, "" made null."""
+    return {"format": f"efabuild.{what}/v{FORMAT_VERSION}", **nulled(data)}
+
+
+def nulled(data: Any) -> Any:
+    """Every empty-string value of a mapping, at any depth, as None: a missing value is null."""
+    if isinstance(data, dict):
+        return {key: None if value == "" else nulled(value) for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [nulled(item) for item in data]
+    return data
+
+
 def to_json(data: Any) -> str:
     import json
 
     return json.dumps(data, indent=2, sort_keys=True)
 
 
-def print_json(data: Any) -> None:
+def compact_json(data: Any) -> str:
+    """One line: a progress event."""
+    import json
+
+    return json.dumps(nulled(data), sort_keys=True, separators=(",", ":"))
+
+
+def print_json(what: str, data: dict) -> None:
+    """Print `data` as the document `efabuild.<what>/v1`."""
+    sys.stdout.write(to_json(document(what, data)) + "\n")
+
+
+def print_foreign_json(data: Any) -> None:
+    """A document in a format others define (SARIF, in-toto): printed as that format has it."""
     sys.stdout.write(to_json(data) + "\n")

@@ -10,9 +10,11 @@ def configure(name, sub, common):
     p = sub.add_parser(
         name, parents=[common], help="show what would be built, pulled or exported, and why",
         description="""
-            Every selected layer with its key, its state (available, to build, to pull, to export)
-            and, for a layer to build, why: changed build args, Dockerfile lines, context files,
-            base digest, or a changed parent. Builds nothing.""",
+            Every selected layer with its key, its state (available, to build, to pull, to export,
+            to copy between store tiers) and, for a layer to build, why: changed build args,
+            Dockerfile lines, context files, base digest, or a changed parent. A key marked * is
+            provisional: its base's digest is not known for sure (--offline, or unresolved), and
+            the key may change once it is. Builds nothing.""",
         epilog="""
             examples:
               efabuild plan                     # every graph
@@ -20,7 +22,7 @@ def configure(name, sub, common):
               efabuild plan --offline --json    # from the build records only, as data""",
     )
     p.add_argument("targets", nargs="*", metavar="GRAPH[:LAYER]", help="graphs or layers (default: all)")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (efabuild.plan/v1)")
     p.add_argument("--offline", action="store_true", help="ask neither the engine nor S3: base digests as at their last build, "
                         "availability from the build records")
     add_builder_option(p)
@@ -28,22 +30,33 @@ def configure(name, sub, common):
 
 
 def run(args) -> int:
-    from efabuild.cli.common import with_builder, workspace
-    from efabuild.cli.output import print_json
-    from efabuild.build.prepare import prepare
+    import sys
 
-    prepared = prepare(with_builder(workspace(), args.builder), args.targets, use_engine=not args.offline)
+    from efabuild.build.prepare import prepare
+    from efabuild.cli.colour import palette_for
+    from efabuild.cli.common import with_builder, workspace
+    from efabuild.cli.live import announce_after, planning_line
+    from efabuild.cli.output import print_json
+
+    with announce_after(planning_line(sys.stderr, "plain")):
+        prepared = prepare(with_builder(workspace(), args.builder), args.targets, use_engine=not args.offline)
     if args.json:
-        data = prepared.plan.to_json()
-        data["engine"] = None if prepared.engine_error else "reachable"
-        data["engine_error"] = prepared.engine_error
-        print_json(data)
+        print_json("plan", plan_json(prepared))
     else:
-        print(render(prepared.plan, prepared.engine_error))
+        print(render(prepared.plan, prepared.engine_error, palette_for(sys.stdout)))
     return 0
 
 
-def render(plan, engine_error: str | None) -> str:
+def plan_json(prepared) -> dict:
+    """The plan as data (plan --json, and make's plan event with --progress json)."""
+    data = prepared.plan.to_json()
+    data["engine"] = None if prepared.engine_error else "reachable"
+    data["engine_error"] = prepared.engine_error
+    return data
+
+
+def render(plan, engine_error: str | None, palette=None) -> str:
+    from efabuild.cli.colour import Palette
     from efabuild.cli.output import table
     from efabuild.plan import NOTHING
 
@@ -51,8 +64,9 @@ def render(plan, engine_error: str | None) -> str:
     for lp in plan.layers:
         why = "; ".join(lp.reasons)
         state = lp.state + (" (.sqsh)" if lp.artifact and lp.stored else "")
-        rows.append([lp.qualname, lp.short_key, state, why])
-    lines = [table(rows, ["LAYER", "KEY", "STATE", "WHY"])]
+        rows.append([lp.qualname, lp.short_key + ("*" if lp.provisional else ""), state, why])
+    palette = palette or Palette(False)
+    lines = [table(rows, ["LAYER", "KEY", "STATE", "WHY"], paint=palette.state, painted=2)]
     for base in plan.bases:
         if base.source == "recorded":
             lines.append(f"base {base.ref}: {base.digest} (as at its last build; not checked offline)")
@@ -62,8 +76,10 @@ def render(plan, engine_error: str | None) -> str:
             lines.append(f"base {base.ref}: digest unresolved, the key uses the tag only")
     if engine_error:
         lines.append(f"engine not consulted ({engine_error}); availability from build records")
-    counts = {action: len(plan.of(action)) for action in ("build", "pull", "export")}
+    if any(lp.provisional for lp in plan.layers):
+        lines.append("* provisional key: may change once the base's digest is known (a make resolves it)")
+    counts = {action: len(plan.of(action)) for action in ("build", "pull", "export", "copy")}
     available = len(plan.of(NOTHING))
     lines.append(f"{counts['build']} to build, {counts['pull']} to pull, {counts['export']} to export, "
-                 f"{available} available")
+                 + (f"{counts['copy']} to copy, " if counts["copy"] else "") + f"{available} available")
     return "\n".join(lines)

@@ -95,7 +95,7 @@ def run_verify(args: argparse.Namespace) -> int:
     for result in results:
         failed = failed or bool(result["problems"])
     if args.json:
-        print_json({"ok": not failed, "policy": policy.source, "results": results})
+        print_json("verify", {"ok": not failed, "policy": policy.source, "results": results})
     else:
         for result in results:
             where = f"{short(result['key'])} {result['tier'] or '-'}"

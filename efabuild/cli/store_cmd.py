@@ -93,7 +93,7 @@ def run_ls(args: argparse.Namespace) -> int:
         out = [{**listing.record.to_dict(), "tiers": list(listing.tiers)} for listing in listings]
         for item in out:
             item.pop("version", None)
-        print_json(out)
+        print_json("ls", {"artifacts": out})
         return 0
     if not listings:
         print("no artifacts", file=sys.stderr)
@@ -121,7 +121,7 @@ def run_gc(args: argparse.Namespace) -> int:
     debris = [*report.debris, *(("engine", f"container {name}") for name in containers)]
     busy = set(report.busy)
     if args.json:
-        print_json(_gc_json(report, debris, busy))
+        print_json("gc", _gc_json(report, debris, busy))
         return 0
     verb = "would delete" if report.dry_run else "deleted"
     for r in report.removals:
