@@ -56,7 +56,13 @@ def run(args) -> int:
     with announce_after(planning_line(sys.stderr, args.progress)):
         prepared = _prepared(ws, args)
     if args.dry_run:
-        _print_plan(prepared, sys.stdout, args.progress)
+        if args.json:
+            from efabuild.cli.output import print_json
+            from efabuild.cli.plan_cmd import plan_json
+
+            print_json("plan", plan_json(prepared))
+        else:
+            _print_plan(prepared, sys.stdout, args.progress)
         if args.graph:
             _draw(args.graph, prepared, None)
         return 0
@@ -199,8 +205,12 @@ def _check(ws, args) -> int:
     if args.json:
         import attrs
 
-        print_json("check", {"checks": [attrs.asdict(r) | {"stored": str(r.stored), "identical": r.identical}
-                                        for r in results]})
+        checks = []
+        for r in results:  # in the JSON convention: name, key, path (the stored .sqsh)
+            data = attrs.asdict(r, recurse=True)
+            del data["qualname"], data["stored"]
+            checks.append(data | {"name": r.qualname, "path": str(r.stored), "identical": r.identical})
+        print_json("check", {"checks": checks})
     else:
         print("\n".join(check.render(r) for r in results))
     return 0 if all(r.identical for r in results) else 1
