@@ -207,7 +207,7 @@ def test_cli_exit_codes_and_json(tmp_path, capsys, monkeypatch):
     data = json.loads(capsys.readouterr().out)
     assert data["counts"] == {"error": 1, "warning": 0, "info": 0}
     [finding] = data["findings"]
-    assert (finding["rule"], finding["layer"], finding["file"]) == ("EFA001", "g:efa", "graphs/g.toml")
+    assert (finding["rule"], finding["name"], finding["file"]) == ("EFA001", "g:efa", "graphs/g.toml")
     assert main(["-C", str(root), "lint", "graphs/g.toml"]) == 1
     out = capsys.readouterr().out
     assert "EFA001 error g:efa" in out and out.strip().endswith("lint: 1 error, 0 warnings, 0 infos")

@@ -15,7 +15,7 @@ def configure(name, sub, common):
             The layers and what each is built on (its parent layer, or a base image), as an
             indented tree, Graphviz dot or Mermaid. Artifact layers (exported to .sqsh) are marked.
             svg and png draw it with Graphviz, each layer coloured by its plan state (available,
-            to build, to pull, to export) with its short key and why it builds: they
+            to build, to pull, to export, to copy) with its short key and why it builds: they
             plan first, as `efabuild plan` does.""",
         epilog="""
             examples:

@@ -143,9 +143,10 @@ def _report(args, prepared, result) -> int:
     else:
         print(summary(result, paths, palette_for(sys.stdout)))
     # each failure once, with its step and the end of its log, where the user looks last
+    failed = palette_for(sys.stderr).state(make.FAILED)
     for outcome in result.outcomes:
         if outcome.status == make.FAILED:
-            print(f"efabuild: {outcome.qualname} failed: {outcome.error}", file=sys.stderr)
+            print(f"efabuild: {outcome.qualname} {failed}: {outcome.error}", file=sys.stderr)
     return 1 if result.failed or result.skipped_tiers else 0
 
 

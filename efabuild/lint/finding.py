@@ -30,7 +30,10 @@ class Finding:
         return (self.file, self.line or 0, self.rule, self.layer or "", self.message)
 
     def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
+        """As --json gives it: the layer as `name` (GRAPH:LAYER), the field every command uses."""
+        data = attrs.asdict(self)
+        data["name"] = data.pop("layer")
+        return data
 
 
 # The catalogue. Severity is the rule's; a finding always carries its rule's severity.
