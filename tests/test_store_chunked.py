@@ -165,6 +165,33 @@ def test_gc_between_a_publishers_existence_check_and_its_index_write_loses_nothi
     assert file_digest(node(tmp_path, settings).lookup(key)) == file_digest(versions[0])
 
 
+def test_the_bucket_check_lists_many_chunks_and_heads_few_and_finds_exactly_the_missing(
+        tmp_path, settings, versions, monkeypatch):
+    store = builder(tmp_path, settings)
+    key = publish(store, versions[0])
+    present = set(store.s3.chunk_index(key).unique())
+    absent = {random.Random(7).randbytes(32).hex()} | {os.urandom(32).hex() for _ in range(300)}
+    chunk_store = store.s3.chunks
+    requests = {"head": 0, "list": 0}
+    for name, counter in (("_head", "head"), ("_list", "list")):
+        real = getattr(store.s3, name)
+
+        def counted(*args, _real=real, _counter=counter, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            requests[_counter] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(store.s3, name, counted)
+    assert chunk_store.missing(present | absent) == absent
+    assert requests["head"] == 0 and requests["list"] <= 16  # one listing per first hex digit
+    few = set(sorted(present)[:2]) | set(sorted(absent)[:2])
+    assert chunk_store.missing(few) == set(sorted(absent)[:2])
+    assert requests["head"] == 4  # a handful of ids: one HEAD each, no listing
+    gone = sorted(present)[len(present) // 2]
+    chunk_store.delete_objects([chunk_store.object(gone)])  # as a gc would
+    assert chunk_store.missing(present) == {gone}
+    assert chunk_store.missing({gone}) == {gone}
+
+
 def test_whole_object_artifacts_of_before_stay_readable(tmp_path, settings, versions):
     whole = builder(tmp_path / "old", settings, chunked=False)
     key = publish(whole, versions[2])

@@ -46,6 +46,7 @@ ZSTD_LEVEL = 3  # several hundred MB/s per core, and -noD images compress well
 CHUNKS_DIR = "chunks"
 MARKS_DIR = "gc/marks"
 DEFAULT_GRACE = 24 * 3600.0
+LIST_FROM = 8  # ids under one chunks/<d> from which one LIST (a page per 1,000 keys) beats a HEAD each
 
 
 class ChunkError(EfabuildError):
@@ -104,10 +105,27 @@ class ChunkStore:
         return chunk_object(self.tier._path, cid)
 
     def missing(self, ids: Iterable[str]) -> set[str]:
-        """The ids among `ids` that the bucket does not hold (parallel HEADs)."""
-        ids = list(ids)
-        present = run_parallel(lambda cid: self.tier._head(self.object(cid)) is not None, ids, self.tier.workers)
-        return {cid for cid, here in zip(ids, present) if not here}
+        """The ids among `ids` that the bucket does not hold.
+
+        Ids are grouped by their first hex digit (chunks/<d>...): a group of LIST_FROM or more is
+        looked up with one LIST over its key range (1,000 keys a page), a smaller one with a HEAD
+        per id. A one-file change of a 1.5 GB image re-checks ~1,500 chunks three times per
+        publish; 16 LISTs answer each time where 1,500 HEADs took seconds."""
+        groups: dict[str, list[str]] = {}
+        for cid in sorted(set(ids)):
+            groups.setdefault(cid[0], []).append(cid)
+        tasks = [group for group in groups.values() if len(group) >= LIST_FROM]
+        tasks += [[cid] for group in groups.values() if len(group) < LIST_FROM for cid in group]
+        present = run_parallel(self._present, tasks, self.tier.workers)
+        return set().union(*tasks) - set().union(*present)
+
+    def _present(self, group: list[str]) -> set[str]:
+        """Which of `group` (sorted ids sharing their first digit) the bucket holds."""
+        if len(group) < LIST_FROM:
+            return {cid for cid in group if self.tier._head(self.object(cid)) is not None}
+        first, last = self.object(group[0]), self.object(group[-1])
+        listed = self.tier._list(self.tier._path(CHUNKS_DIR, group[0][0]), after=first[:-1], through=last)
+        return set(group) & {item["Key"].rsplit("/", 1)[-1] for item in listed}
 
     def upload(self, index: ChunkIndex, source: Path, ids: set[str],
                progress: Callable[[int], None] | None = None) -> Transfer:

@@ -171,19 +171,24 @@ class S3Bucket:
         return True
 
 
-    def _list(self, prefix: str) -> list[dict]:
+    def _list(self, prefix: str, *, after: str = "", through: str | None = None) -> list[dict]:
+        """The objects under `prefix`, in key order: only those after `after`, and no page past
+        the one that reaches `through` (S3 lists in key order, so a range costs only its pages)."""
         found: list[dict] = []
         token: str | None = None
         while True:
             kwargs: dict = {"Prefix": prefix}
             if token:
                 kwargs["ContinuationToken"] = token
+            elif after:
+                kwargs["StartAfter"] = after
             try:
                 page = self._call(self.url(prefix), "list_objects_v2", **kwargs)
             except ClientError as exc:
                 raise self._error(self.url(prefix), exc) from None
-            found.extend(page.get("Contents", []))
-            if not page.get("IsTruncated"):
+            contents = page.get("Contents", [])
+            found.extend(contents)
+            if not page.get("IsTruncated") or (through is not None and contents and contents[-1]["Key"] >= through):
                 return found
             token = page["NextContinuationToken"]
 
