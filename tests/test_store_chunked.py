@@ -246,3 +246,29 @@ def test_gc_of_an_artifact_marks_its_own_chunks_and_a_later_gc_sweeps_them(tmp_p
     assert second.chunks.deleted == len(old_only)
     assert store.s3.chunks.missing(old_only) == old_only
     assert file_digest(node(tmp_path, settings).lookup(new)) == file_digest(versions[2])
+
+
+def test_ls_shows_each_artifacts_stored_and_unique_s3_bytes(tmp_path, settings, versions):
+    import json
+
+    from efabuild.store.progress import human_bytes
+    from tests.storekit import efabuild
+
+    store = builder(tmp_path, settings)
+    keys = [publish(store, sqsh) for sqsh in versions]
+    local_only = key_for("local-only")
+    store.fs_tiers[0].publish(local_only, versions[0], record_for(local_only, "demo:local", versions[0]))
+    where = ("--store", str(tmp_path / "cache"))
+    listed = {item["key"]: item for item in json.loads(efabuild("ls", "--json", *where, check=True).stdout)["artifacts"]}
+    du = {row["key"]: row for row in json.loads(efabuild("du", "--json", *where, check=True).stdout)["s3_artifacts"]}
+    for key in keys:
+        assert (listed[key]["s3_stored"], listed[key]["s3_unique"]) == (du[key]["stored"], du[key]["unique"])
+        assert 0 <= listed[key]["s3_unique"] < listed[key]["s3_stored"]  # versions share most chunks
+    assert (listed[local_only]["s3_stored"], listed[local_only]["s3_unique"]) == (None, None)
+    no_s3 = json.loads(efabuild("ls", "--json", "--no-s3", *where, check=True).stdout)["artifacts"]
+    assert {item["s3_stored"] for item in no_s3} == {None}
+    lines = efabuild("ls", *where, check=True).stdout.splitlines()
+    assert lines[0].split()[3:5] == ["S3", "STORED/UNIQUE"]
+    row = next(line.split() for line in lines if line.startswith(keys[0][:12]))
+    stored, unique = du[keys[0]]["stored"], du[keys[0]]["unique"]
+    assert " ".join(row[4:7]) == f"{human_bytes(stored)}/{human_bytes(unique)}"

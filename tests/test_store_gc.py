@@ -60,10 +60,11 @@ def listed(workspace: Path) -> dict[str, list[str]]:
 def test_ls_shows_key_name_size_created_and_tiers(workspace):
     result = efabuild("ls", cwd=workspace, check=True)
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["KEY", "NAME", "SIZE", "CREATED", "TIERS"]
+    assert lines[0].split() == ["KEY", "NAME", "SIZE", "S3", "STORED/UNIQUE", "CREATED", "TIERS"]
     assert len(lines) == 1 + 7
     first = BUILDS["ngc-efa:deepep"][0]
-    assert lines[1].split() == [first[:12], "ngc-efa:deepep", "4.0", "KiB", "2026-11-05", "00:00:00Z", "shared,local"]
+    assert lines[1].split() == [first[:12], "ngc-efa:deepep", "4.0", "KiB", "-", "2026-11-05", "00:00:00Z",
+                                "shared,local"]  # no S3 tier: no S3 bytes
     assert set(listed(workspace)) == {k for keys in BUILDS.values() for k in keys}
 
 

@@ -9,10 +9,13 @@ import sys
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     if name == "ls":
         p = sub.add_parser(
-            name, parents=[common], help="list stored artifacts: key, name, size, created, tiers",
+            name, parents=[common],
+            help="list stored artifacts: key, name, size, S3 stored/unique bytes, created, tiers",
             description="""
-                Every artifact in the store: short key, name (graph:layer), size, when it was
-                created, and the tiers holding it (local, shared, s3).""",
+                Every artifact in the store: short key, name (graph:layer), size, the bytes it
+                takes in S3 as stored and the bytes only it references there (what deleting it
+                would free; `efabuild du` sums them), when it was created, and the tiers holding
+                it (local, shared, s3).""",
             epilog="""
                 examples:
                   efabuild ls
@@ -88,9 +91,15 @@ def run_ls(args: argparse.Namespace) -> int:
     from efabuild.store.progress import human_bytes
     from efabuild.refs import short
 
-    listings = _store(args).ls(remote=not args.no_s3)
+    store = _store(args)
+    listings = store.ls(remote=not args.no_s3)
+    # what each S3 artifact takes in the bucket as stored, and what only it references
+    in_s3 = [l.record for l in listings if "s3" in l.tiers]
+    usage = {key: u for key, (_, u) in store.s3.usage(in_s3)[0].items()} if in_s3 else {}
     if args.json:
-        out = [{**listing.record.to_dict(), "tiers": list(listing.tiers)} for listing in listings]
+        out = [{**listing.record.to_dict(), "tiers": list(listing.tiers),
+                "s3_stored": _field(usage.get(listing.record.key), "stored"),
+                "s3_unique": _field(usage.get(listing.record.key), "unique")} for listing in listings]
         for item in out:
             item.pop("version", None)
         print_json("ls", {"artifacts": out})
@@ -98,10 +107,19 @@ def run_ls(args: argparse.Namespace) -> int:
     if not listings:
         print("no artifacts", file=sys.stderr)
         return 0
-    print_table([(short(l.record.key), l.record.name, human_bytes(l.record.size), _when(l.record.created),
-                  ",".join(l.tiers)) for l in listings],
-                ("KEY", "NAME", "SIZE", "CREATED", "TIERS"))
+
+    def s3_cell(key: str) -> str:
+        u = usage.get(key)
+        return "-" if u is None else f"{human_bytes(u.stored)}/{human_bytes(u.unique)}"
+
+    print_table([(short(l.record.key), l.record.name, human_bytes(l.record.size), s3_cell(l.record.key),
+                  _when(l.record.created), ",".join(l.tiers)) for l in listings],
+                ("KEY", "NAME", "SIZE", "S3 STORED/UNIQUE", "CREATED", "TIERS"))
     return 0
+
+
+def _field(usage, name: str) -> int | None:  # noqa: ANN001 - chunks.Usage or None
+    return None if usage is None else getattr(usage, name)
 
 
 def run_gc(args: argparse.Namespace) -> int:

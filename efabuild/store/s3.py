@@ -346,9 +346,10 @@ class S3Tier(S3Refs, S3Bucket):
         for path in (self.record_object(key), self.sqsh_object(key), *sidecars):
             self._delete_object(path)
 
-    def usage(self) -> tuple[dict[str, tuple[ArtifactRecord, Usage]], int, int]:
-        """What each artifact costs in the bucket (see s3chunks.bucket_usage)."""
-        return bucket_usage(self)
+    def usage(self, records: list[ArtifactRecord] | None = None) -> tuple[dict[str, tuple[ArtifactRecord, Usage]],
+                                                                         int, int]:
+        """What each artifact (of `records`, default all) costs in the bucket (see s3chunks.bucket_usage)."""
+        return bucket_usage(self, records)
 
     def debris(self, now: datetime | None = None) -> list[str]:
         """s3:// URLs of leftovers older than a day: .sqsh without a record, unfinished uploads."""

@@ -297,11 +297,12 @@ def collect(store: ChunkStore, *, grace: float = DEFAULT_GRACE, dry_run: bool = 
                    referenced=len(referenced), skipped_indexes=tuple(skipped))
 
 
-def bucket_usage(tier) -> tuple[dict[str, tuple[object, Usage]], int, int]:  # noqa: ANN001 - S3Tier
+def bucket_usage(tier, records: list | None = None) -> tuple[dict[str, tuple[object, Usage]], int, int]:  # noqa: ANN001
     """What each artifact costs in the bucket as stored (compressed chunks, or its whole object):
     {key: (record, usage)}; the bytes all of them take, shared chunks counted once; and the bytes
-    of chunks no index references (gc's to sweep)."""
-    records = {record.key: record for record in tier.list()}
+    of chunks no index references (gc's to sweep). `records`: the tier's records when the caller
+    has listed them already (a unique size is only right when they are all of them)."""
+    records = {record.key: record for record in (tier.list() if records is None else records)}
     chunk_sizes = {item["Key"].rsplit("/", 1)[-1]: item.get("Size", 0)
                    for item in tier._list(tier._path(CHUNKS_DIR) + "/")}
     whole_sizes = {}
