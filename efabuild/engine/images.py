@@ -64,7 +64,8 @@ def image_facts(engine: Engine, ref: str) -> ImageFacts:
     config = {
         "Env": list(c.env or []),
         "Labels": dict(c.labels or {}),
-        "WorkingDir": str(c.working_dir or ""),
+        # python-on-whales reads an unset WorkingDir ("") as Path("."): Enroot's default is "/"
+        "WorkingDir": "" if c.working_dir is None or str(c.working_dir) == "." else str(c.working_dir),
         "Entrypoint": list(c.entrypoint or []) or None,
         "Cmd": list(c.cmd or []) or None,
         "Volumes": sorted(str(v) for v in c.volumes or {}),

@@ -16,6 +16,7 @@ about 1 s per GB here, against minutes of squashing for a training image).
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import tempfile
@@ -136,7 +137,8 @@ def export_image(
         raise EfabuildError(f"export {image}: {exc}") from None
     try:
         step_boundary("export")
-        return _squash(engine, container, job, progress, sha256, cancel)
+        return _squash(functools.partial(containers.export_stream, engine, container), "docker export",
+                       job, progress, sha256, cancel)
     finally:
         containers.remove(engine, container)
 
@@ -164,10 +166,36 @@ def _image_facts(engine: Engine, image: str, clamp_times: bool) -> tuple[ImageCo
     return ImageConfig.from_docker(facts.config), facts.size, clamp
 
 
-def _squash(engine: Engine, container: str, job: _Job, progress: Progress | None, with_sha256: bool,
-            cancel: threading.Event | None) -> ExportResult:
-    from efabuild.engine.containers import export_stream
+def export_tar_stream(
+    source: list[str],
+    out: Path,
+    *,
+    what: str,
+    config: ImageConfig,
+    created: list[str],
+    options: ExportSettings,
+    progress: Progress | None = None,
+    epoch: int = 0,
+    sha256: bool = True,
+    cancel: threading.Event | None = None,
+) -> ExportResult:
+    """Export the root filesystem the command `source` writes as a tar on its stdout (a build's
+    `--output type=tar,dest=-`) to `out`, as `export_image` exports that image: `config` and
+    `created` (its creation times) are the image's, read from wherever it is (a registry), and the
+    entries a container's creation adds are added by the filter. `what` names it in messages."""
+    clamp = time_clamp(created) if options.clamp_times else None
+    job = _Job(what, Path(out).absolute(), mksquashfs_options(options, epoch=epoch),
+               RewritePlan.for_config(config, epoch=epoch, clamp=clamp, init_layer=True), None, time.monotonic())
 
+    def start(stderr: IO[bytes]) -> subprocess.Popen:
+        return subprocess.Popen(source, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
+
+    return _squash(start, source[0], job, progress, sha256, cancel)
+
+
+def _squash(start_source: Callable[[IO[bytes]], subprocess.Popen], source_name: str, job: _Job,
+            progress: Progress | None, with_sha256: bool, cancel: threading.Event | None) -> ExportResult:
+    """Stream the tar that `start_source(stderr)` writes through the filter into mksquashfs."""
     try:
         job.out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -178,7 +206,7 @@ def _squash(engine: Engine, container: str, job: _Job, progress: Progress | None
     finished = threading.Event()
     with tempfile.TemporaryFile() as export_err, tempfile.TemporaryFile() as squash_log:
         try:
-            exporter = export_stream(engine, container, export_err)
+            exporter = start_source(export_err)
             procs.append(exporter)
             squasher = _start_mksquashfs(tmp, job.opts, squash_log)
             procs.append(squasher)
@@ -188,7 +216,7 @@ def _squash(engine: Engine, container: str, job: _Job, progress: Progress | None
             streamed, problem = _stream(exporter, squasher, job, progress)
             if cancel is not None and cancel.is_set():
                 raise ExportCancelled(f"export {job.image}: interrupted; nothing was written")
-            _check_exits(job.image, exporter, squasher, problem, export_err, squash_log)
+            _check_exits(job.image, source_name, exporter, squasher, problem, export_err, squash_log)
             if progress:
                 progress(streamed, job.expected)
             return _keep(tmp, job, with_sha256)
@@ -236,12 +264,12 @@ def _stream(exporter: subprocess.Popen, squasher: subprocess.Popen, job: _Job,
     return streamed, problem
 
 
-def _check_exits(image: str, exporter: subprocess.Popen, squasher: subprocess.Popen, problem: str | None,
-                 export_err: IO[bytes], squash_log: IO[bytes]) -> None:
+def _check_exits(image: str, source_name: str, exporter: subprocess.Popen, squasher: subprocess.Popen,
+                 problem: str | None, export_err: IO[bytes], squash_log: IO[bytes]) -> None:
     """One line naming the tool that failed and its reason, else what broke the stream."""
     export_rc, squash_rc = exporter.returncode, squasher.returncode
     if export_rc > 0:
-        raise EfabuildError(f"export {image}: docker export failed: {_tail(export_err) or export_rc}")
+        raise EfabuildError(f"export {image}: {source_name} failed: {_tail(export_err) or export_rc}")
     if squash_rc > 0:
         raise EfabuildError(f"export {image}: mksquashfs failed: {_squash_error(squash_log) or squash_rc}")
     if problem or export_rc or squash_rc:

@@ -40,6 +40,14 @@ _INIT_LAYER_PATHS = (
     "dev", "dev/pts", "dev/shm", "dev/console", "proc", "sys", "etc",
     "etc/hostname", "etc/hosts", "etc/resolv.conf", "etc/mtab",
 )
+# What `docker create`'s init layer puts in every container, over the image's own copies:
+# (path, tar type, mode, link target). A build's `type=tar` output lacks them (RewritePlan.init_layer).
+_INIT_LAYER_ENTRIES = (
+    ("dev", b"5", 0o755, ""), ("proc", b"5", 0o755, ""), ("sys", b"5", 0o755, ""), ("etc", b"5", 0o755, ""),
+    ("etc/hostname", b"0", 0o755, ""), ("etc/hosts", b"0", 0o755, ""),
+    ("etc/mtab", b"2", 0o777, "/proc/mounts"), ("etc/resolv.conf", b"0", 0o755, ""),
+)
+_INIT_LAYER_FILES = frozenset(path for path, kind, _, _ in _INIT_LAYER_ENTRIES if kind != b"5")
 
 
 def _ancestors(path: str) -> list[str]:
@@ -64,9 +72,13 @@ class RewritePlan:
     replaced: frozenset[str]  # the image's own copies of `files`, dropped
     epoch: int = 0
     clamp: int | None = None  # every other entry's mtime becomes min(mtime, clamp)
+    # the stream is a build's root filesystem, not `docker export`'s: add what a container's init
+    # layer would, so both give the same .sqsh
+    init_layer: bool = False
 
     @classmethod
-    def for_config(cls, cfg: ImageConfig, *, epoch: int = 0, clamp: int | None = None) -> RewritePlan:
+    def for_config(cls, cfg: ImageConfig, *, epoch: int = 0, clamp: int | None = None,
+                   init_layer: bool = False) -> RewritePlan:
         workdir = _norm(cfg.workdir)
         pinned = set(_INIT_LAYER_PATHS) | set(_ancestors(workdir))
         for volume in cfg.volumes:  # docker create makes volume mount points too
@@ -79,6 +91,7 @@ class RewritePlan:
             replaced=frozenset(path for path, _ in files),
             epoch=epoch,
             clamp=clamp,
+            init_layer=init_layer,
         )
 
     def mtime(self, path: str, mtime: float) -> float:
@@ -213,6 +226,7 @@ class _Filter:
         # hard links to a file written from the config: Enroot overwrites the shared inode in
         # place, so these paths get the written text too
         self.aliases: dict[str, str] = {}
+        self.init_layer = _InitLayer(plan.epoch) if plan.init_layer else None
         self._next_entry()
 
     def _next_entry(self) -> None:
@@ -240,6 +254,8 @@ class _Filter:
                 continue
             self._entry(header, typeflag, int(self.pax["size"]) if "size" in self.pax else size)
             self._next_entry()
+        for block in self.init_layer.rest(self.seen) if self.init_layer is not None else ():
+            pipe.emit(block)
         for block in _appended(self.plan, self.seen, self.replaced_modes, self.aliases):
             pipe.emit(block)
         pipe.emit(b"\0" * (2 * BLOCK))
@@ -263,9 +279,12 @@ class _Filter:
         link_target = (_norm(pax.get("linkpath") or self.long_link or ustar_linkname(header))
                        if typeflag == b"1" else "")
         body = padded(size if has_body(typeflag) else 0)
+        if self.init_layer is not None and not plan.drops(path):
+            for block in self.init_layer.before(path, self.seen):
+                self.pipe.emit(block)
         if link_target in plan.replaced and not plan.drops(path):
             self.aliases[path] = link_target
-        elif plan.drops(path):
+        elif plan.drops(path) or (self.init_layer is not None and path in _INIT_LAYER_FILES):
             if path in plan.replaced and typeflag in (b"0", b"\0"):
                 self.replaced_modes[path] = fixed_mode(number(header[100:108]) & 0o7777, is_dir=False, depth=0)
             self.pipe.copy(body, keep=False)
@@ -296,6 +315,36 @@ class _Filter:
                 pax["mtime"] = str(int(new_mtime))
                 self.extensions = [b for b in self.extensions if b[156:157] != b"x"] + [pax_block(pax)]
         return changed
+
+
+class _InitLayer:
+    """The entries of a container's init layer, put where `docker export` has them: its walk
+    visits each directory's names in byte order, and mksquashfs numbers inodes in stream order,
+    so the same entries elsewhere in the stream would give other bytes."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.pending = sorted(_INIT_LAYER_ENTRIES, key=lambda entry: _walk_key(entry[0]))
+
+    def before(self, path: str, seen: dict[str, bytes]) -> Iterable[bytes]:
+        """The entries that come before `path`, and `path` itself when it is one of them: the
+        stream's copy is then dropped for it (a directory stays the stream's)."""
+        key = _walk_key(path)
+        while self.pending and _walk_key(self.pending[0][0]) <= key:
+            name, kind, mode, target = self.pending.pop(0)
+            if name == path and kind == b"5":
+                continue
+            seen[name] = kind
+            yield header_block(name + "/" if kind == b"5" else name, typeflag=kind, mode=mode, mtime=self.epoch,
+                               linkname=target)
+
+    def rest(self, seen: dict[str, bytes]) -> Iterable[bytes]:
+        """Those the stream had nothing after."""
+        yield from self.before("\U0010ffff", seen)
+
+
+def _walk_key(path: str) -> tuple[bytes, ...]:
+    return tuple(part.encode("utf-8", "surrogateescape") for part in path.split("/"))
 
 
 def _appended(plan: RewritePlan, seen: dict[str, bytes], modes: dict[str, int],

@@ -64,7 +64,8 @@ def pax_record(key: str, value: str) -> bytes:
     return str(length).encode() + body
 
 
-def header_block(path: str, *, typeflag: bytes, mode: int, size: int = 0, mtime: int = 0) -> bytes:
+def header_block(path: str, *, typeflag: bytes, mode: int, size: int = 0, mtime: int = 0,
+                 linkname: str = "") -> bytes:
     """A ustar header (with a pax `path` record first when the name is long)."""
     raw = path.encode("utf-8", "surrogateescape")
     out = b""
@@ -81,6 +82,8 @@ def header_block(path: str, *, typeflag: bytes, mode: int, size: int = 0, mtime:
     set_number(h, 124, 12, size)
     set_number(h, 136, 12, mtime)
     h[156:157] = typeflag
+    target = linkname.encode("utf-8", "surrogateescape")[:100]
+    h[157 : 157 + len(target)] = target
     h[257:265] = b"ustar\x0000"
     return out + bytes(seal(h))
 
