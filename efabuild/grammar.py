@@ -69,6 +69,13 @@ def tool_name_problem(value: str) -> str | None:
     return None
 
 
+def builder_problem(value: str) -> str | None:
+    """A builder as --builder and [builder] farm name one: a host URL, buildx:NAME or a context."""
+    if "://" in value:
+        return host_problem(value)
+    return tool_name_problem(value.removeprefix("buildx:"))
+
+
 def host_problem(value: str) -> str | None:
     """A docker host URL: scheme://address, as `docker --host` takes it."""
     scheme, sep, rest = value.partition("://")

@@ -42,6 +42,9 @@ class BuilderSettings:
     context: str | None = None  # docker context name
     host: str | None = None  # DOCKER_HOST-style URL, e.g. unix:///run/other.sock, ssh://builder
     buildx_builder: str | None = None  # a `docker buildx` builder name
+    # several builders, as --builder names them (context, host URL, buildx:NAME): layers are
+    # spread across them and reach each other through [registry]
+    farm: tuple[str, ...] = ()
 
 
 @attrs.frozen

@@ -86,7 +86,7 @@ def parse_settings(data: dict[str, Any], file: str, root: Path) -> Settings:
     return Settings(
         graph_files=ws.str_list("graphs", default_graphs) if ws else default_graphs,
         store=parse_store_table(data.get("store"), root, file),
-        builder=_builder(top.table("builder", ("platform", "jobs", "context", "host", "buildx_builder"))),
+        builder=_builder(top.table("builder", ("platform", "jobs", "context", "host", "buildx_builder", "farm"))),
         registry=_registry(top.table("registry", ("url", "insecure"))),
         export=_export(top.table("export", ("compression", "compress_data", "extra_options", "clamp_times"))),
         audit=_audit(top.table("audit", ("host_efa_installer", "min_versions", "required_pins", "known_bad"))),
@@ -184,7 +184,7 @@ def _builder(t: Table | None) -> BuilderSettings:
     jobs = t.get("jobs", int, 2)
     if jobs < 1:
         raise InputError("must be at least 1", t.where("jobs"))
-    chosen = [k for k in ("context", "host", "buildx_builder") if k in t.data]
+    chosen = [k for k in ("context", "host", "buildx_builder", "farm") if k in t.data]
     if len(chosen) > 1:
         raise InputError(f"set only one of {', '.join(chosen)}", t.where(chosen[1]))
     checks = {"platform": grammar.platform_problem, "context": grammar.tool_name_problem,
@@ -194,9 +194,16 @@ def _builder(t: Table | None) -> BuilderSettings:
         problem = value is not None and checks[key](value)
         if problem:
             raise InputError(problem, t.where(key))
+    farm = t.str_list("farm")
+    if "farm" in t.data and not farm:
+        raise InputError("an empty list: name the builders (contexts, host URLs or buildx:NAME)", t.where("farm"))
+    for entry in farm:
+        problem = grammar.builder_problem(entry)
+        if problem:
+            raise InputError(f"{entry!r}: {problem}", t.where("farm"))
     return BuilderSettings(
         platform=values["platform"] or DEFAULT_PLATFORM, jobs=jobs, context=values["context"],
-        host=values["host"], buildx_builder=values["buildx_builder"],
+        host=values["host"], buildx_builder=values["buildx_builder"], farm=tuple(dict.fromkeys(farm)),
     )
 
 

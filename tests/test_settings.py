@@ -32,6 +32,11 @@ def test_no_tables_give_the_defaults(tmp_path):
     assert settings.store.keep == 3  # as README's [store] says
 
 
+def test_a_farm_names_its_builders_as_builder_does(tmp_path):
+    settings = parse(tmp_path, '[builder]\njobs = 1\nfarm = ["node-a", "ssh://b", "buildx:remote", "node-a"]\n')
+    assert settings.builder == BuilderSettings(jobs=1, farm=("node-a", "ssh://b", "buildx:remote"))
+
+
 def test_a_table_keeps_the_defaults_of_the_keys_it_leaves_out(tmp_path):
     settings = parse(tmp_path, '[export]\ncompression = "lzo"\n[builder]\nhost = "ssh://builder"\n'
                                '[registry]\nurl = "r.example.com"\n[store]\nshared = "fsx"\n')
@@ -111,6 +116,12 @@ BAD_SETTINGS = {
     "jobs a boolean": ("[builder]\njobs = true\n", "builder.jobs", "must be an integer, not a boolean"),
     "two builders": ('[builder]\ncontext = "a"\nhost = "unix:///x.sock"\n', "builder.host",
                      "set only one of context, host"),
+    "farm and a host": ('[builder]\nhost = "unix:///x.sock"\nfarm = ["a"]\n', "builder.farm",
+                        "set only one of host, farm"),
+    "empty farm": ('[builder]\nfarm = []\n', "builder.farm", "an empty list: name the builders"),
+    "farm entry that is an option": ('[builder]\nfarm = ["a", "--debug"]\n', "builder.farm",
+                                     "'--debug': must be a name of letters"),
+    "farm entry of an unknown scheme": ('[builder]\nfarm = ["http://b:2375"]\n', "builder.farm", "'http://b:2375'"),
     "platform without arch": ('[builder]\nplatform = "amd64"\n', "builder.platform", "must be os/arch[/variant]"),
     "registry without url": ("[registry]\ninsecure = true\n", "registry.url", "missing: the layer-cache registry"),
     "unknown compression": ('[export]\ncompression = "brotli"\n', "export.compression",

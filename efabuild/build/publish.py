@@ -15,7 +15,8 @@ from efabuild.build.reporter import Reporter
 
 def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
                        tag: str, reporter: Reporter, epoch: int, builder_versions: dict, signer=None,
-                       cancel=None) -> Path:
+                       cancel=None, exporter=None) -> Path:
+    """`exporter(out, progress=, sha256=, cancel=)` exports from elsewhere than `engine` (a farm)."""
     from efabuild.signing.attest import signed
     from efabuild.store.digest import Sha256Pass
     from efabuild.store.progress import Progress
@@ -39,8 +40,11 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     try:
         try:
             # blake3 right after mksquashfs; sha256 below, in a thread while the probe reads the image
-            result = export_image(tag, out, options=ws.settings.export, engine=engine,
-                                  progress=progress, epoch=epoch, sha256=False, cancel=cancel)
+            if exporter is not None:
+                result = exporter(out, progress=progress, sha256=False, cancel=cancel)
+            else:
+                result = export_image(tag, out, options=ws.settings.export, engine=engine,
+                                      progress=progress, epoch=epoch, sha256=False, cancel=cancel)
         finally:
             for shown in bar:
                 shown.close()

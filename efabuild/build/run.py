@@ -90,6 +90,7 @@ class _Runner:
         self.store = prepared.store
         # every secret of this make is hidden in every build's output, whichever layer it belongs to
         self.redact = output_redactor(prepared)
+        self.farm = None  # efabuild.engine.farm.Farm: builders that cannot see this engine's images
 
     # --- one layer ---------------------------------------------------------------------------
 
@@ -121,7 +122,9 @@ class _Runner:
         action = lp.action
         if action in (PULL, BUILD) and self._made_meanwhile(layer, lp):
             action, contended = NOTHING, True  # another make built it while this one planned or waited
-        if action == PULL:
+        if action == PULL and self.farm is not None:
+            self.farm.ref(self.engine, layer.name, lp.key)  # builders and exports take it from there
+        elif action == PULL:
             self.reporter.started(lp.qualname, "pull", short(lp.key))
             self._pull(layer, lp)
             steps.append("pull")
@@ -131,10 +134,11 @@ class _Runner:
             log = self._build(layer, lp)
             steps.append("build")
             status = BUILT
-            if self.ws.settings.registry is not None:
+            if self.ws.settings.registry is not None and self.farm is None:  # a farm's builds push
                 self.steps.push(image_tag(layer.name, lp.key), self.ws.settings.registry)
                 steps.append("push")
-        self._ensure_own_tag(layer, lp)
+        if self.farm is None:
+            self._ensure_own_tag(layer, lp)
         if layer.artifact:
             artifact, step = self._store_artifact(layer, lp, contended, quiet=bool(steps))
             steps += [step] if step else []
@@ -162,7 +166,7 @@ class _Runner:
 
     def _made_meanwhile(self, layer: Layer, lp: LayerPlan) -> bool:
         tag = image_tag(layer.name, lp.key)
-        if not self.steps.has_image(tag):
+        if self.farm is not None or not self.steps.has_image(tag):
             return False
         self.tags[lp.key] = tag
         return True
@@ -184,7 +188,7 @@ class _Runner:
         and store name."""
         layer: Layer = self.p.graph.nodes[lp.qualname]["layer"]
         if shares_work:
-            if lp.key in self.tags:
+            if lp.key in self.tags and self.farm is None:
                 self._ensure_own_tag(layer, lp)
             if layer.artifact and self.store.has(lp.key):
                 self.store.name(lp.qualname, lp.key)
@@ -208,6 +212,10 @@ class _Runner:
             self.tags.setdefault(lp.key, own)
 
     def from_line(self, layer: Layer, lp: LayerPlan) -> str:
+        if layer.parent and self.farm is not None:  # by digest in the registry
+            parent_key = self.plans[layer.parent].key
+            parent = self.p.graph.nodes[layer.parent]["layer"]
+            return f"FROM {self.farm.ref(self.engine, parent.name, parent_key, self.tags.get(parent_key))}"
         if layer.parent:
             parent_key = self.plans[layer.parent].key
             tag = self.tags.get(parent_key)
@@ -243,9 +251,13 @@ class _Runner:
         with self._context_dir(layer, lp) as context_dir:
             request = self.build_request(layer, lp, context_dir, image_tag(layer.name, lp.key))
             step_boundary("build")
-            self.steps.build(request, log_path, on_line=lambda text: self.reporter.line(lp.qualname, text),
-                             cancel=self.cancel, redact=self.redact)
-        self.tags[lp.key] = request.tag
+            how = dict(on_line=lambda text: self.reporter.line(lp.qualname, text), cancel=self.cancel,
+                       redact=self.redact)
+            if self.farm is not None:
+                self.farm.build(layer.name, lp.key, request, log_path, **how)
+            else:
+                self.steps.build(request, log_path, **how)
+                self.tags[lp.key] = request.tag
         self.p.records.record(lp.qualname, lp.key, lp.inputs)
         return str(log_path)
 
@@ -275,10 +287,13 @@ class _Runner:
     def _export_and_publish(self, layer: Layer, lp: LayerPlan) -> str:
         from efabuild.build.publish import export_and_publish
 
+        exporter = None if self.farm is None else self.farm.exporter(
+            self.engine, layer.name, lp.key, self.tags.get(lp.key), options=self.ws.settings.export,
+            epoch=SOURCE_DATE_EPOCH, platform=self.ws.settings.builder.platform)
         path = export_and_publish(
             ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
-            tag=self.tags[lp.key], reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
-            builder_versions=self.builder_versions, signer=self.signer, cancel=self.cancel,
+            tag=self.tags.get(lp.key, ""), reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
+            builder_versions=self.builder_versions, signer=self.signer, cancel=self.cancel, exporter=exporter,
         )
         return str(path)
 
@@ -318,6 +333,11 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
     `engine_steps` is how the engine is reached (default: the engine prepare connected to)."""
     check_secrets(prepared)
     runner = _Runner(prepared, reporter or Reporter(), engine_steps)
+    if prepared.engine is not None:
+        from efabuild.engine.farm import farm_for_make
+
+        runner.farm = farm_for_make(prepared, notices.warn)
+        jobs = runner.farm.slots if runner.farm is not None else jobs  # [builder] jobs on each builder
     if any(lp.artifact and not lp.stored for lp in prepared.plan.layers):
         runner.signer  # noqa: B018 - a bad [sign] key stops the make before anything is built
     runner.sweep_leftovers()

@@ -38,7 +38,7 @@ def with_builder(ws, value: str | None):
     from efabuild import grammar
     from efabuild.errors import InputError
 
-    builder = attrs.evolve(ws.settings.builder, context=None, host=None, buildx_builder=None)
+    builder = attrs.evolve(ws.settings.builder, context=None, host=None, buildx_builder=None, farm=())
     if "://" in value:
         problem = grammar.host_problem(value)
         builder = attrs.evolve(builder, host=value)

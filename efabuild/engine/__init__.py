@@ -7,6 +7,7 @@ One module per component:
 - `buildlog`: read BuildKit's plain progress output (pure, no engine);
 - `containers`: the export's containers: create, stream `docker export`, remove;
 - `registry`: push and pull layer images to and from the layer-cache registry;
+- `farm`: builders that cannot see the engine's images: parents through the registry, a farm of them;
 - `leftovers`: export containers of makes that were killed, found and removed.
 
 How each call reaches the engine:

@@ -56,6 +56,10 @@ class BuildRequest:
     platform: str = DEFAULT_PLATFORM
     source_date_epoch: int = 0
     no_cache: bool = False  # every step runs again (make --check)
+    # REGISTRY/efabuild/<layer>:<key>: BuildKit pushes the image there itself (a builder that
+    # cannot load into the local engine); nothing is loaded or tagged locally
+    push: str = ""
+    insecure: bool = False  # the push registry speaks plain HTTP
 
 
 @attrs.frozen
@@ -98,6 +102,14 @@ def format_failure(tag: str, failure: BuildFailure, log_path: Path) -> str:
     return "\n".join(lines)
 
 
+def builder_name(engine: Engine) -> str:
+    """How a builder is named in logs and messages: as BUILD.toml names it."""
+    settings = engine.settings
+    if engine.buildx_builder:
+        return f"buildx:{engine.buildx_builder}"
+    return settings.context or settings.host or "the local engine"
+
+
 def buildx_command(engine: Engine, req: BuildRequest, iidfile: Path, metadata_file: Path) -> list[str]:
     """The `docker buildx build` command line; the Dockerfile comes on stdin.
 
@@ -105,12 +117,15 @@ def buildx_command(engine: Engine, req: BuildRequest, iidfile: Path, metadata_fi
     goes by name (`--build-arg NAME`, buildx reads the value from its environment, see
     `buildx_environment`), and a BuildKit secret by id (`--secret id=NAME,env=NAME`).
     """
-    args = ["buildx", "build", "--progress", "plain", "--file", "-", "--load",
-            # a plain single-platform image: attestations would make it an index, which the
-            # docker driver's image store and Enroot do not take
-            "--provenance=false", "--sbom=false",
-            "--platform", req.platform,
-            "--iidfile", str(iidfile), "--metadata-file", str(metadata_file)]
+    if req.push:
+        output = f"type=image,name={req.push},push=true" + (",registry.insecure=true" if req.insecure else "")
+        args = ["buildx", "build", "--progress", "plain", "--file", "-", "--output", output]
+    else:
+        args = ["buildx", "build", "--progress", "plain", "--file", "-", "--load"]
+    # a plain single-platform image: attestations would make it an index, which the
+    # docker driver's image store and Enroot do not take
+    args += ["--provenance=false", "--sbom=false", "--platform", req.platform,
+             "--iidfile", str(iidfile), "--metadata-file", str(metadata_file)]
     if engine.buildx_builder:
         args += ["--builder", engine.buildx_builder]
     if req.no_cache:
@@ -157,7 +172,9 @@ def build_layer(
             open(log_path, "w", encoding="utf-8", errors="replace") as log:
         iidfile, metadata_file = Path(scratch, "iid"), Path(scratch, "metadata.json")
         command = buildx_command(engine, req, iidfile, metadata_file)
-        log.write(f"# efabuild: building {req.tag} (SOURCE_DATE_EPOCH={req.source_date_epoch})\n")
+        where = f" for {req.push}" if req.push else ""
+        log.write(f"# efabuild: building {req.tag}{where} on {builder_name(engine)} "
+                  f"(SOURCE_DATE_EPOCH={req.source_date_epoch})\n")
         log.flush()
         missing = [name for name in req.secrets if name not in os.environ]
         if missing:
@@ -171,14 +188,21 @@ def build_layer(
             raise BuildInterrupted(f"build of {req.tag} was cancelled; nothing was tagged")
         if returncode != 0:
             raise BuildFailed(req.tag, reader.failure(), log_path)
-        built = _built_image_id(engine, iidfile, metadata_file)
-        if built is None:
-            raise EfabuildError(
-                f"build of {req.tag} finished but its image is not in the engine at {engine.where()} "
-                f"(log: {log_path})"
-            )
-        # the one step that makes the layer count as built
-        tag_image(engine, built, req.tag)
+        if req.push:
+            # the registry holds it under its manifest digest: that is what a child's FROM names
+            built = _metadata(metadata_file).get("containerimage.digest")
+            if not built:
+                raise EfabuildError(f"build of {req.tag} finished but buildx named no pushed digest "
+                                    f"(log: {log_path})")
+        else:
+            built = _built_image_id(engine, iidfile, metadata_file)
+            if built is None:
+                raise EfabuildError(
+                    f"build of {req.tag} finished but its image is not in the engine at {engine.where()} "
+                    f"(log: {log_path})"
+                )
+            # the one step that makes the layer count as built
+            tag_image(engine, built, req.tag)
     return BuildResult(
         tag=req.tag, image_id=built, log_path=log_path,
         seconds=time.monotonic() - started, cached=reader.fully_cached,
@@ -262,12 +286,7 @@ def _drain(process: subprocess.Popen, log, redact) -> None:
 def _built_image_id(engine: Engine, iidfile: Path, metadata_file: Path) -> str | None:
     """The loaded image's ID. The config digest is right for every driver (the iidfile is not
     with docker-container + --load); the iidfile is the fallback."""
-    candidates = []
-    try:
-        metadata = json.loads(metadata_file.read_text())
-        candidates.append(metadata.get("containerimage.config.digest"))
-    except (OSError, ValueError):
-        pass
+    candidates = [_metadata(metadata_file).get("containerimage.config.digest")]
     try:
         candidates.append(iidfile.read_text().strip())
     except OSError:
@@ -295,3 +314,11 @@ def build_image(engine: Engine, context_dir: Path, tag: str, labels: Mapping[str
     if built is None:
         raise EfabuildError(f"building {tag} failed: the engine has no image {tag} afterwards")
     return built
+
+
+def _metadata(metadata_file: Path) -> dict:
+    try:
+        metadata = json.loads(metadata_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    return metadata if isinstance(metadata, dict) else {}

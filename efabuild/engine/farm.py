@@ -1,0 +1,246 @@
+"""Builders that cannot see the local engine's images: a `remote`, `docker-container` or
+`kubernetes` buildx builder, another host's engine, or several of them (`[builder] farm`).
+
+Their layers reach each other through `[registry]`: each build is pushed by BuildKit itself
+(`--output type=image,push=true`), a child's FROM names its parent there by digest, and an
+artifact's root filesystem streams from the builder (`--output type=tar`) into the export, with
+the image config read from the registry. `buildx build` cannot pick a node of one builder, so a
+farm is one builder per node, and layers are spread over them, `[builder] jobs` at a time each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import attrs
+
+from efabuild.engine.client import CHECK_TIMEOUT_S, Engine, EngineTimeout, EngineUnavailable, builder_nodes, connect
+from efabuild.engine.build import builder_name
+from efabuild.engine.images import REMOTE_TIMEOUT_S, remote_digest
+from efabuild.engine.registry import RegistryError, remote_ref
+from efabuild.errors import EfabuildError, InputError
+from efabuild.model import BuilderSettings, RegistrySettings
+from efabuild.refs import image_tag
+
+# drivers whose builds land in the engine that `docker image ls` shows
+_LOCAL_DRIVERS = ("docker",)
+_WAIT_POLL_S = 0.25
+
+
+def node_settings(entry: str, base: BuilderSettings) -> BuilderSettings:
+    """One `[builder] farm` entry as the settings of its own builder (as --builder reads it)."""
+    one = attrs.evolve(base, context=None, host=None, buildx_builder=None, farm=())
+    if "://" in entry:
+        return attrs.evolve(one, host=entry)
+    if entry.startswith("buildx:"):
+        return attrs.evolve(one, buildx_builder=entry.removeprefix("buildx:"))
+    return attrs.evolve(one, context=entry)
+
+
+def sees_local_images(engine: Engine) -> bool:
+    """Whether a build's FROM can name an image of the engine efabuild inspects: true for the
+    engine's own BuildKit, false for a buildx builder of another driver."""
+    if not engine.buildx_builder:
+        return True
+    try:
+        found = engine.run("buildx", "inspect", engine.buildx_builder, timeout=CHECK_TIMEOUT_S)
+    except EngineTimeout:
+        return True  # the builder check before any build says what is wrong with it
+    driver, _ = builder_nodes(found.stdout)
+    return found.returncode != 0 or driver in _LOCAL_DRIVERS
+
+
+@attrs.define(eq=False)
+class Farm:
+    """The builders that answered, and what the registry holds of this make's layers."""
+
+    nodes: list[Engine]
+    registry: RegistrySettings
+    jobs: int
+    # key -> REGISTRY/efabuild/<layer>:<key>@sha256:…, as this make built or found it
+    refs: dict[str, str] = attrs.field(factory=dict)
+    _busy: list[int] = attrs.field(factory=list)
+    _turn: int = 0
+    _cond: threading.Condition = attrs.field(factory=threading.Condition)
+
+    @classmethod
+    def start(cls, settings: BuilderSettings, engine: Engine | None, registry: RegistrySettings | None,
+              say: Callable[[str], None]) -> Farm | None:
+        """The farm the settings name, None when builds see the local engine's images.
+
+        Raises InputError without [registry], EngineUnavailable when no builder answers; a
+        builder that does not answer is reported through `say` and left out."""
+        if settings.farm:
+            nodes = [connect(node_settings(entry, settings)) for entry in settings.farm]
+        elif engine is not None and not sees_local_images(engine):
+            nodes = [engine]
+        else:
+            return None
+        names = ", ".join(builder_name(node) for node in nodes)
+        if registry is None:
+            raise InputError(
+                f"builder {names} cannot see this engine's images, so parents must reach children "
+                "through a registry: add [registry] url = \"HOST[:PORT]\" (e.g. $(bash scripts/start-registry.sh))",
+                "BUILD.toml [builder]",
+            )
+        live = []
+        for node in nodes:
+            try:
+                if node is not engine:  # the engine itself was checked before planning
+                    node.check()
+            except EngineUnavailable as exc:
+                say(f"builder {builder_name(node)} skipped: {exc}")
+                continue
+            live.append(node)
+        if not live:
+            raise EngineUnavailable(f"no builder of [builder] farm answers ({names}): start them or fix the list")
+        return cls(nodes=live, registry=registry, jobs=max(1, settings.jobs), busy=[0] * len(live))
+
+    @property
+    def slots(self) -> int:
+        return self.jobs * len(self.nodes)
+
+    @contextlib.contextmanager
+    def take(self, cancel: threading.Event | None = None) -> Iterator[Engine]:
+        """The least busy builder with a free slot (in turn among equals), held while in use."""
+        with self._cond:
+            while True:
+                order = sorted(range(len(self.nodes)),
+                               key=lambda i: (self._busy[i], (i - self._turn) % len(self.nodes)))
+                chosen = order[0]
+                if self._busy[chosen] < self.jobs:
+                    break
+                if cancel is not None and cancel.is_set():
+                    raise EfabuildError("interrupted while waiting for a free builder")
+                self._cond.wait(_WAIT_POLL_S)
+            self._busy[chosen] += 1
+            self._turn = chosen + 1
+        try:
+            yield self.nodes[chosen]
+        finally:
+            with self._cond:
+                self._busy[chosen] -= 1
+                self._cond.notify_all()
+
+    def push_name(self, layer_name: str, key: str) -> str:
+        """Where BuildKit pushes a layer: REGISTRY/efabuild/<layer>:<key>."""
+        return remote_ref(image_tag(layer_name, key), self.registry)
+
+    def built(self, layer_name: str, key: str, digest: str) -> str:
+        ref = f"{self.push_name(layer_name, key)}@{digest}"
+        self.refs[key] = ref
+        return ref
+
+    def ref(self, local: Engine | None, layer_name: str, key: str, local_tag: str | None = None) -> str:
+        """The registry reference of a layer this make did not build: found in the registry, or
+        pushed there from the local engine (an image built before the farm was set up)."""
+        if key in self.refs:
+            return self.refs[key]
+        name = self.push_name(layer_name, key)
+        digest = remote_digest(local or self.nodes[0], name, timeout=REMOTE_TIMEOUT_S,
+                               insecure=self.registry.insecure)
+        if digest is None and local is not None and local_tag:
+            from efabuild.engine.registry import push
+
+            pushed = push(local, local_tag, self.registry)
+            digest = pushed.rsplit("@", 1)[1] if "@" in pushed else None
+        if digest is None:
+            raise RegistryError(f"{name} is not in the registry {self.registry.url} and not in this engine")
+        return self.built(layer_name, key, digest)
+
+    def build(self, layer_name: str, key: str, request, log_path: Path, **how) -> str:
+        """Build `request` (an engine.build.BuildRequest) on the least busy builder, pushed by
+        BuildKit to the registry; returns its reference there, by digest. `how`: build_layer's
+        on_line, cancel and redact."""
+        from efabuild.engine.build import build_layer
+
+        request = attrs.evolve(request, push=self.push_name(layer_name, key), insecure=self.registry.insecure)
+        with self.take(how.get("cancel")) as node:
+            result = build_layer(node, request, log_path, **how)
+        return self.built(layer_name, key, result.image_id)
+
+    def exporter(self, local: Engine | None, layer_name: str, key: str, local_tag: str | None, **how):
+        """An export_and_publish exporter of a layer through the registry (see `export`), on the
+        least busy builder; `how`: options, epoch, platform."""
+        ref = self.ref(local, layer_name, key, local_tag)
+
+        def export(out: Path, **more):
+            with self.take(more.get("cancel")) as node:
+                return self.export(node, ref, out, **how, **more)
+
+        return export
+
+    def export(self, node: Engine, ref: str, out: Path, *, options, epoch: int, platform: str,
+               progress=None, sha256: bool = True, cancel: threading.Event | None = None):
+        """Export the registry image `ref` to the .sqsh `out` without a local engine: the builder
+        streams its root filesystem (`FROM ref`, `--output type=tar`), its config comes from the
+        registry. Byte-identical to exporting the same image from an engine."""
+        from efabuild.export.squash import export_tar_stream
+
+        config, created = registry_config(node, ref)
+        with tempfile.TemporaryDirectory(prefix="efabuild-farm-export-") as scratch:
+            dockerfile = Path(scratch, "Dockerfile")
+            dockerfile.write_text(f"FROM {ref}\n")
+            args = ["buildx", "build", "--progress", "plain", "--provenance=false", "--sbom=false",
+                    "--platform", platform, "--output", "type=tar,dest=-", "--file", str(dockerfile)]
+            if node.buildx_builder:
+                args += ["--builder", node.buildx_builder]
+            return export_tar_stream(node.command(*args, scratch), out, what=ref, config=config, created=created,
+                                     options=options, progress=progress, epoch=epoch, sha256=sha256,
+                                     cancel=cancel)
+
+
+def registry_config(engine: Engine, ref: str):
+    """(ImageConfig, creation times) of a registry image: what an export needs of its config."""
+    from efabuild.export.enroot import ImageConfig
+
+    try:
+        found = engine.run("buildx", "imagetools", "inspect", ref, "--format", "{{json .Image}}",
+                           timeout=REMOTE_TIMEOUT_S)
+    except EngineTimeout:
+        raise RegistryError(f"the registry did not give the config of {ref} within {REMOTE_TIMEOUT_S:g}s") from None
+    try:
+        image = json.loads(found.stdout) if found.returncode == 0 else None
+    except ValueError:
+        image = None
+    if not isinstance(image, dict) or "config" not in image and "rootfs" not in image:
+        detail = found.stderr.strip().splitlines()[-1:] or ["not a single-platform image"]
+        raise RegistryError(f"cannot read the config of {ref}: {detail[0]}")
+    history = image.get("history") or []
+    created = [image.get("created") or ""] + [h.get("created") or "" for h in history if isinstance(h, dict)]
+    return ImageConfig.from_docker(image.get("config") or {}), created
+
+
+def farm_for_make(prepared, say: Callable[[str], None]) -> Farm | None:
+    """The builders of a make when they cannot see the engine's images, checked before any
+    build: [registry] set, a builder answers, every base to build on is a registry's."""
+    from efabuild.plan import BUILD
+
+    ws = prepared.ws
+    farm = Farm.start(ws.settings.builder, prepared.engine, ws.settings.registry, say)
+    if farm is not None:
+        problem = unpullable_base(prepared, [lp.qualname for lp in prepared.plan.layers if lp.action == BUILD])
+        if problem:
+            raise InputError(problem, "BUILD.toml [builder]")
+    return farm
+
+
+def unpullable_base(prepared, to_build) -> str | None:
+    """Why a builder that cannot see this engine's images cannot pull a base of `to_build`
+    (None when every base is a registry's, by digest)."""
+    for base in prepared.plan.bases:
+        users = [name for name in to_build if (layer := prepared.graph.nodes[name]["layer"]).base
+                 and layer.base.ref == base.ref]
+        if not users:
+            continue
+        if base.source == "image-id":
+            return (f"base {base.ref} is only in this engine (image {base.digest[:19]}…), which the builders "
+                    "cannot see: push it to a registry they reach and name it there")
+        if not base.digest:
+            return f"base {base.ref} has no registry digest: the builders cannot pull it; push it to a registry"
+    return None
