@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks.common import REPO_ROOT, Context, Result, Sizes, human_bytes  # noqa: E402
 
-SCENARIOS = ("plan", "hash", "export", "publish", "fetch", "chunked", "lookup", "scale", "sign", "lint")
+SCENARIOS = ("plan", "hash", "export", "farm", "publish", "fetch", "chunked", "lookup", "scale", "sign", "lint")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,7 +63,7 @@ def run_scenarios(ctx: Context, selected: tuple[str, ...]) -> list[Result]:
     groups: dict[str, tuple[str, list[str]]] = {}
     for name in selected:
         module = {"plan": "plan_noop", "hash": "hashing", "publish": "s3", "fetch": "s3",
-                  "sign": "signing", "lint": "lint_scale"}.get(name, name)
+                  "sign": "signing", "lint": "lint_scale", "farm": "farm_export"}.get(name, name)
         groups.setdefault(module, (module, []))[1].append(name)
     results: list[Result] = []
     for module_name, ids in groups.values():

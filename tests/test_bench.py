@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ("plan", "hash", "export", "publish", "fetch", "chunked", "lookup", "scale", "sign", "lint")
+SCENARIOS = ("plan", "hash", "export", "farm", "publish", "fetch", "chunked", "lookup", "scale", "sign", "lint")
 
 pytestmark = [pytest.mark.engine, pytest.mark.s3, pytest.mark.slow]
 

@@ -1,0 +1,83 @@
+"""farm: `.sqsh` export without the image in a local engine, against `docker create | docker export`.
+
+A farm's builder cannot load its images into the engine efabuild runs beside, so an artifact's
+root filesystem streams from the builder (`FROM REGISTRY/…@digest`, `--output type=tar`) into the
+same tar filter and mksquashfs, with the image config read from the registry. Both paths run
+here side by side on one image (the export scenario's), in a loopback registry, on the local
+engine's BuildKit; both must give the same bytes.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+
+from benchmarks import fixtures
+from benchmarks.common import REPO_ROOT, Check, Context, Result, Timing, human_bytes, run
+
+# The stream adds a BuildKit solve and a registry config read to the same filter and mksquashfs.
+TARGET_SPEED = 0.8
+
+
+def _registry(ctx: Context) -> tuple[str, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    directory = ctx.scratch("farm/registry")
+    started = subprocess.run(["bash", str(REPO_ROOT / "scripts/start-registry.sh"), str(port), str(directory)],
+                             capture_output=True, text=True, check=True)
+    return started.stdout.strip(), (directory / "registry.pid").read_text().strip()
+
+
+def scenario(ctx: Context) -> Result:
+    from efabuild.engine.client import connect
+    from efabuild.engine.farm import Farm
+    from efabuild.export.squash import export_image
+    from efabuild.model import BuilderSettings, ExportSettings, RegistrySettings
+
+    sizes = ctx.sizes
+    image, data_bytes = fixtures.export_image(sizes.export_small_files, sizes.export_large_files,
+                                              sizes.export_large_bytes)
+    url, pid = _registry(ctx)
+    try:
+        name = f"{url}/efabuild/bench-export:{image.rsplit(':', 1)[1]}"
+        run(["docker", "image", "tag", image, name])
+        pushed = run(["docker", "image", "push", name]).stdout.decode()
+        digest = next(w for line in pushed.splitlines() if "digest:" in line for w in line.split()
+                      if w.startswith("sha256:"))
+        node = connect(BuilderSettings())
+        farm = Farm(nodes=[node], registry=RegistrySettings(url=url), jobs=1, busy=[0])
+        ref = f"{name}@{digest}"
+        out = ctx.scratch("farm")
+        streamed_s, exported_s = [], []
+        ctx.log("farm: timing the streamed export and docker export, side by side")
+        for _ in range(ctx.repeats):
+            started = time.perf_counter()
+            streamed = farm.export(node, ref, out / "streamed.sqsh", options=ExportSettings(), epoch=315532800,
+                                   platform="linux/amd64")
+            streamed_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            exported = export_image(name, out / "exported.sqsh", options=ExportSettings(), epoch=315532800,
+                                    engine=node)
+            exported_s.append(time.perf_counter() - started)
+        identical = streamed.path.read_bytes() == exported.path.read_bytes()
+        run(["docker", "image", "rm", "--no-prune", name])
+    finally:
+        subprocess.run(["kill", pid], capture_output=True)
+    ours = Timing("efabuild stream (buildx type=tar + registry config)", tuple(streamed_s))
+    theirs = Timing("docker create | docker export", tuple(exported_s))
+    return Result(
+        id="farm",
+        what=f"export without a local image, {human_bytes(streamed.size)} artifact",
+        checks=(
+            Check("vs docker export", theirs.median / ours.median, TARGET_SPEED, "higher",
+                  efabuild=f"{ours.median:.2f} s", baseline=f"{theirs.median:.2f} s (docker export)"),
+            Check("byte-identical .sqsh", 1.0 if identical else 0.0, 1.0, "higher", unit=""),
+        ),
+        timings=(ours, theirs),
+        figures={"image": image, "file_data_bytes": data_bytes, "sqsh_bytes": streamed.size,
+                 "identical": identical},
+        notes=("both on the local engine's BuildKit and a loopback registry: the stream's cost is its "
+               "solve and config read, not a network",),
+    )

@@ -1,0 +1,255 @@
+"""Builders that cannot see the local engine's images, and farms of them.
+
+No standalone BuildKit daemon can be installed here from a package registry (Debian ships
+buildx but not buildkitd, and its Go is too old to build v0.17), so the builder is the second
+Docker engine (scripts/start-second-engine.sh) used only through buildx, by a docker context:
+its builds, images and build cache are that engine's, which the main engine cannot see. Parents
+reach children through a loopback registry of this module's own, whose access log shows what
+each build pulled.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from efabuild.build.fixtures import MINI_NGC_TAG
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+
+def docker(host: str | None, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    command = ["docker", *(["--host", host] if host else []), *args]
+    return subprocess.run(command, capture_output=True, text=True, check=check)
+
+
+def efabuild(root: Path, *args: str, ok: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), *args], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=600)
+    if ok:
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+    return proc
+
+
+class Registry:
+    """A loopback docker-registry with its own storage and access log."""
+
+    def __init__(self, directory: Path) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.dir = directory
+        started = subprocess.run(["bash", str(REPO / "scripts/start-registry.sh"), str(port), str(directory)],
+                                 capture_output=True, text=True)
+        if started.returncode != 0:
+            pytest.fail(f"registry did not start: {started.stderr.strip()}")
+        self.url = started.stdout.strip()
+
+    def log_size(self) -> int:
+        return (self.dir / "registry.log").stat().st_size
+
+    def requests_since(self, offset: int) -> list[str]:
+        """`METHOD /v2/...` of every request logged after `offset`."""
+        with open(self.dir / "registry.log", "rb") as log:
+            log.seek(offset)
+            lines = log.read().decode(errors="replace").splitlines()
+        return [line.split('"')[1] for line in lines if line.count('"') >= 2 and '"' in line]
+
+    def stop(self) -> None:
+        pid = int((self.dir / "registry.pid").read_text())
+        subprocess.run(["kill", str(pid)], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def registry(docker_engine, tmp_path_factory):
+    reg = Registry(tmp_path_factory.mktemp("farm-registry"))
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="module")
+def farm_context(second_engine) -> str:
+    """A docker context for the second engine: `docker --context NAME buildx build` builds there."""
+    name = f"efabuild-test-{secrets.token_hex(4)}"
+    docker(None, "context", "create", name, "--docker", f"host={second_engine}")
+    yield name
+    docker(None, "context", "rm", "--force", name, check=False)
+
+
+@pytest.fixture(scope="module")
+def registry_base(registry) -> str:
+    """The offline fixture base in the registry, as REGISTRY/…:TAG and its digest."""
+    from efabuild.build.fixtures import build_fixtures
+
+    image = build_fixtures()[0].image_id
+    name = f"{registry.url}/{MINI_NGC_TAG}"
+    docker(None, "image", "tag", image, name)
+    pushed = docker(None, "image", "push", name).stdout
+    docker(None, "image", "rm", "--no-prune", name)
+    digest = next(word for line in pushed.splitlines() if "digest:" in line for word in line.split()
+                  if word.startswith("sha256:"))
+    return f"{name}@{digest}"
+
+
+def workspace(root: Path, base: str, builder: str, registry: str | None) -> Path:
+    """The shipped demo graph on the registry base, with a run-unique ARG so no builder has its
+    steps cached, built by `builder` (a BUILD.toml [builder] line)."""
+    root.mkdir()
+    shutil.copytree(REPO / "app", root / "app")
+    (root / "graphs").mkdir()
+    text = (REPO / "graphs" / "demo.toml").read_text()
+    ref, digest = base.split("@")
+    text = text.replace(f'base = "{MINI_NGC_TAG}"', f'base = "{ref}"\ndigest = "{digest}"')
+    text = text.replace("ARG EFA_INSTALLER_VERSION=1.50.0\n", "ARG EFA_INSTALLER_VERSION=1.50.0\nARG TEST_RUN\n")
+    text = text.replace('args = { EFA_INSTALLER_VERSION = "1.50.0" }',
+                        f'args = {{ EFA_INSTALLER_VERSION = "1.50.0", TEST_RUN = "{secrets.token_hex(6)}" }}')
+    (root / "graphs" / "demo.toml").write_text(text)
+    settings = '[workspace]\ngraphs = ["graphs/*.toml"]\n[audit]\nhost_efa_installer = "1.50.0"\n'
+    settings += f"[builder]\n{builder}\n"
+    if registry:
+        settings += f'[registry]\nurl = "{registry}"\n'
+    (root / "BUILD.toml").write_text(settings)
+    return root
+
+
+def keys(root: Path) -> dict[str, str]:
+    data = json.loads(efabuild(root, "plan", "--json").stdout)
+    return {layer["name"].split(":")[1]: layer["key"] for layer in data["layers"]}
+
+
+def test_parents_reach_children_through_the_registry(registry, registry_base, farm_context, second_engine,
+                                                     tmp_path):
+    ws = workspace(tmp_path / "ws", registry_base, f'farm = ["{farm_context}"]', registry.url)
+    key = keys(ws)
+    pushed = {layer: f"{registry.url}/efabuild/{layer}:{key[layer]}" for layer in ("efa", "deepep", "user")}
+    try:
+        for parent, child in (("efa", None), ("efa", "deepep"), ("deepep", "user")):
+            if child is None:
+                efabuild(ws, "make", "demo:efa")
+                continue
+            # the parent is gone from the builder's engine and its cache: the child's FROM must pull it
+            docker(second_engine, "image", "rm", "--force", pushed[parent])
+            docker(second_engine, "builder", "prune", "--all", "--force")
+            offset = registry.log_size()
+            efabuild(ws, "make", f"demo:{child}")
+            requests = registry.requests_since(offset)
+            manifest = [r for r in requests if r.startswith(f"GET /v2/efabuild/{parent}/manifests/sha256:")]
+            assert manifest, f"{child}'s FROM did not pull {parent} from the registry: {requests}"
+            assert any(r.startswith(f"GET /v2/efabuild/{parent}/blobs/sha256:") for r in requests)
+            # and BuildKit pushed the child itself
+            assert any(r.startswith(f"PUT /v2/efabuild/{child}/manifests/{key[child]}") for r in requests)
+            log = Path(ws, "cache/logs/demo", child, f"{key[child]}.log").read_text()
+            assert f"on {farm_context}" in log.splitlines()[0]
+        # the main engine never had any of them: the builds ran where it cannot see
+        for layer in pushed:
+            assert docker(None, "image", "inspect", f"efabuild/{layer}:{key[layer]}", check=False).returncode
+            assert docker(None, "image", "inspect", pushed[layer], check=False).returncode
+        audit = efabuild(ws, "audit", "--all", ok=False)
+        assert audit.returncode == 0, audit.stdout + audit.stderr
+        assert audit.stdout.count("passed,") == 2  # demo:efa and demo:user, the artifact layers
+    finally:
+        docker(second_engine, "image", "rm", "--force", *pushed.values(), check=False)
+
+
+def test_a_builder_that_cannot_see_local_images_needs_a_registry_and_a_pullable_base(
+        farm_context, registry, registry_base, busybox_image, tmp_path):
+    ws = workspace(tmp_path / "noreg", registry_base, f'farm = ["{farm_context}"]', None)
+    made = efabuild(ws, "make", "--no-lint", "demo", ok=False)
+    assert made.returncode == 2
+    assert made.stderr.strip().splitlines()[-1].startswith("efabuild: BUILD.toml [builder]: builder "), made.stderr
+    assert "add [registry] url" in made.stderr
+    assert not (ws / "cache/logs").exists()  # nothing was built
+
+    local = workspace(tmp_path / "localbase", registry_base, f'farm = ["{farm_context}"]', registry.url)
+    graph = (local / "graphs/demo.toml").read_text()
+    ref, digest = registry_base.split("@")
+    graph = graph.replace(f'base = "{ref}"\ndigest = "{digest}"', f'base = "{busybox_image}"')
+    (local / "graphs/demo.toml").write_text(graph)
+    made = efabuild(local, "make", "--no-lint", "demo", ok=False)
+    assert made.returncode == 2
+    line = made.stderr.strip().splitlines()[-1]
+    assert f"base {busybox_image} is only in this engine" in line and "push it to a registry" in line, line
+    assert not (local / "cache/logs").exists()
+
+
+def test_two_builders_in_a_farm_both_take_work(farm_context, registry, registry_base, second_engine, tmp_path):
+    dead = f"unix://{tmp_path}/no-engine.sock"
+    ws = workspace(tmp_path / "farm", registry_base,
+                   f'jobs = 1\nfarm = ["{dead}", "{farm_context}", "unix:///var/run/docker.sock"]', registry.url)
+    # two independent roots: the demo's efa layer and a second graph's root on the same base
+    ref, digest = registry_base.split("@")
+    (ws / "graphs/side.toml").write_text(
+        f'[layers.side]\nbase = "{ref}"\ndigest = "{digest}"\n'
+        f"dockerfile = '''\nRUN echo {secrets.token_hex(6)} > /side\n'''\nartifact = true\n")
+    key = keys(ws)
+    started = time.monotonic()
+    made = efabuild(ws, "make", "demo:efa", "side")
+    assert f"builder {dead} skipped" in made.stderr
+    builders = {}
+    for graph, layer in (("demo", "efa"), ("side", "side")):
+        first = Path(ws, "cache/logs", graph, layer, f"{key[layer]}.log").read_text().splitlines()[0]
+        builders[layer] = first.rsplit(" on ", 1)[1].split(" (")[0]
+    assert set(builders.values()) == {farm_context, "unix:///var/run/docker.sock"}, builders
+    # each image is in the engine of the builder that built it, and only there
+    for layer, builder in builders.items():
+        name = f"{registry.url}/efabuild/{layer}:{key[layer]}"
+        host = second_engine if builder == farm_context else None
+        other = None if host else second_engine
+        assert docker(host, "image", "inspect", name, check=False).returncode == 0
+        assert docker(other, "image", "inspect", name, check=False).returncode != 0
+        docker(host, "image", "rm", "--force", name, check=False)
+    assert time.monotonic() - started < 300
+
+
+def test_streamed_export_is_byte_identical_to_docker_export(farm_context, registry, busybox_image, second_engine,
+                                                            tmp_path):
+    """One image exported twice: from the builder's tar stream with its config from the registry,
+    and with docker create | docker export from an engine that has it."""
+    from efabuild.engine.build import BuildRequest, build_layer
+    from efabuild.engine.client import connect
+    from efabuild.engine.farm import Farm
+    from efabuild.export.squash import export_image
+    from efabuild.model import BuilderSettings, ExportSettings, RegistrySettings
+
+    base = f"{registry.url}/efabuild-test/busybox:{busybox_image.rsplit(':', 1)[1]}"
+    docker(None, "image", "tag", busybox_image, base)
+    docker(None, "image", "push", base)
+    docker(None, "image", "rm", "--no-prune", base)
+    (tmp_path / "hostname").write_text("from-the-image\n")
+    # what docker create adds or replaces (/etc/hostname), a working directory and a volume whose
+    # times it pins, a hard link, and files the build dates with the wall clock
+    dockerfile = (f"FROM {base}\nARG SOURCE_DATE_EPOCH\nCOPY hostname /etc/hostname\n"
+                  f"RUN mkdir -p /opt/app/data && echo {secrets.token_hex(4)} > /opt/app/a && ln /opt/app/a /opt/app/b\n"
+                  "WORKDIR /opt/app\nVOLUME /opt/app/data\nENV MODE=farm\nCMD [\"sh\"]\n")
+    node = connect(BuilderSettings(context=farm_context))
+    farm = Farm(nodes=[node], registry=RegistrySettings(url=registry.url), jobs=1, busy=[0])
+    name = farm.push_name("stream", secrets.token_hex(8))
+    built = build_layer(node, BuildRequest(tag=name, dockerfile=dockerfile, context_dir=tmp_path, push=name,
+                                           source_date_epoch=315532800), tmp_path / "build.log")
+    ref = farm.built("stream", name.rsplit(":", 1)[1], built.image_id)
+    try:
+        options = ExportSettings()
+        streamed = farm.export(node, ref, tmp_path / "streamed.sqsh", options=options, epoch=315532800,
+                               platform="linux/amd64")
+        exported = export_image(name, tmp_path / "exported.sqsh", options=options, epoch=315532800,
+                                engine=connect(BuilderSettings(host=second_engine)))
+        assert streamed.time_clamp == exported.time_clamp is not None
+        assert streamed.path.read_bytes() == exported.path.read_bytes()
+        listing = subprocess.run(["unsquashfs", "-lln", "-d", "", str(streamed.path)], capture_output=True,
+                                 text=True, check=True).stdout
+        for path in ("/etc/hosts", "/etc/resolv.conf", "/etc/mtab -> /proc/mounts", "/proc", "/sys", "/dev",
+                     "/opt/app/data", "/etc/rc"):
+            assert path in listing, path
+        assert subprocess.run(["unsquashfs", "-cat", str(streamed.path), "/etc/hostname"],
+                              capture_output=True, check=True).stdout == b""  # docker create's, empty
+    finally:
+        docker(second_engine, "image", "rm", "--force", name, check=False)
