@@ -278,6 +278,18 @@ def test_identical_layers_in_two_graphs_are_built_once_and_found_by_both_names(d
         efabuild(demo_ws, "lookup", "demo:user", check=True).stdout
 
 
+def test_a_layer_that_is_an_artifact_only_in_the_second_graph_still_gets_its_sqsh(demo_ws):
+    """The artifact flag is no input of the key: demo:deepep (an image) and twin:deepep (an
+    artifact) share a key, and the image built once is exported for the twin."""
+    twin = (demo_ws / "graphs" / "demo.toml").read_text().replace('parent = "efa"\n', 'parent = "efa"\nartifact = true\n')
+    (demo_ws / "graphs" / "twin.toml").write_text(twin)
+    result = outcomes(efabuild(demo_ws, "make", check=True))
+    assert result["demo:deepep"] == "built" and result["twin:deepep"] == "exported"
+    assert sum(status == "built" for status in result.values()) == 3
+    assert Path(efabuild(demo_ws, "lookup", "twin:deepep", check=True).stdout.strip()).is_file()
+    assert {layer["state"] for layer in plan(demo_ws).values()} == {"available"}
+
+
 @pytest.mark.s3
 def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws, tmp_path, moto_server, s3_bucket,
                                                                          s3_client):

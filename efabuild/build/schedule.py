@@ -43,7 +43,10 @@ class _Queue:
             self.first.setdefault(plans[name].key, name)
 
     def shares_work(self, name: str) -> bool:
-        return self.first[self.plans[name].key] != name
+        """Another layer with this key does all of this one's work. Not when only this one is an
+        artifact: the artifact flag is no input of the key, and the .sqsh is this layer's to make."""
+        first = self.first[self.plans[name].key]
+        return first != name and (self.plans[first].artifact or not self.plans[name].artifact)
 
     def waits_for(self, name: str) -> list[str]:
         first = self.first[self.plans[name].key]
