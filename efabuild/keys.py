@@ -41,6 +41,7 @@ class LayerInputs:
     args: tuple[tuple[str, str], ...] = ()
     context: tuple[ContextEntry, ...] = ()
     secrets: tuple[str, ...] = ()  # BuildKit secrets by name: their values are never an input
+    exclude: tuple[str, ...] = ()  # the layer's `exclude` patterns
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -54,6 +55,8 @@ class LayerInputs:
         }
         if self.secrets:  # absent when none, so the keys of layers without secrets stay as they were
             data["secrets"] = list(self.secrets)
+        if self.exclude:  # likewise: absent when none
+            data["exclude"] = list(self.exclude)
         return data
 
     def to_shown_dict(self) -> dict[str, Any]:
@@ -72,7 +75,7 @@ class LayerInputs:
             base_ref=base.get("ref"), base_digest=base.get("digest"),
             args=tuple(sorted(data.get("args", {}).items())),
             context=tuple(ContextEntry(*entry) for entry in data.get("context", [])),
-            secrets=tuple(data.get("secrets", ())),
+            secrets=tuple(data.get("secrets", ())), exclude=tuple(data.get("exclude", ())),
         )
 
     def canonical(self) -> bytes:

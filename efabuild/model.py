@@ -128,6 +128,7 @@ class Layer:
     args: tuple[tuple[str, str], ...] = ()  # sorted build args
     secrets: tuple[str, ...] = ()  # env var names passed as BuildKit secrets (names only in the key)
     context: tuple[str, ...] = ()  # workspace-relative files or directories copied in
+    exclude: tuple[str, ...] = ()  # Docker-syntax patterns (workspace-relative) the context leaves out
     artifact: bool = False  # export a .sqsh
     ignore: tuple[LintIgnore, ...] = ()
     line: int | None = None  # line of the [layers.NAME] table in `source`

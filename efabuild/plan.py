@@ -111,7 +111,7 @@ def layer_inputs(
     for qualname in order:
         layer: Layer = graph.nodes[qualname]["layer"]
         common = dict(dockerfile=layer.dockerfile, platform=platform, args=layer.args, secrets=layer.secrets,
-                      context=contexts.get(qualname, ()))
+                      context=contexts.get(qualname, ()), exclude=layer.exclude)
         if layer.parent:
             inputs[qualname] = LayerInputs(parent_key=inputs[layer.parent].key(), **common)
         else:
@@ -202,6 +202,8 @@ def explain(old: LayerInputs | None, new: LayerInputs, parent: str | None, keys:
             reasons.append(f"{name} {before} → {after}")
     for name in sorted(set(old.secrets) ^ set(new.secrets)):
         reasons.append(f"secret {name} {'added' if name in new.secrets else 'removed'}")
+    if old.exclude != new.exclude:
+        reasons.append(f"exclude {list(old.exclude)} → {list(new.exclude)}")
     # records keep the text as shown (secret defaults as digests): compare it the same way
     old_text, new_text = shown_dockerfile(old.dockerfile), shown_dockerfile(new.dockerfile)
     if old_text != new_text:

@@ -60,7 +60,7 @@ def _read_toml(path: Path, root: Path, text: str | None = None) -> dict[str, Any
 # --- graphs/*.toml ------------------------------------------------------------------------------
 
 LAYER_KEYS = ("base", "digest", "parent", "dockerfile", "dockerfile_file", "args", "context",
-              "artifact", "ignore", "secrets")
+              "exclude", "artifact", "ignore", "secrets")
 
 
 def _graph_paths(patterns: tuple[str, ...], root: Path) -> list[Path]:
@@ -116,7 +116,7 @@ def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, r
         graph=graph, name=name, source=path, dockerfile=dockerfile, dockerfile_file=dockerfile_file,
         base=base, parent=_qualify(parent, graph) if parent else None,
         args=tuple(sorted(args.items())), secrets=tuple(sorted(secrets)),
-        context=context, artifact=t.get("artifact", bool, False), ignore=ignores,
+        context=context, exclude=t.str_list("exclude"), artifact=t.get("artifact", bool, False), ignore=ignores,
         line=header.line if header else None, dockerfile_line=dockerfile_line,
     )
 

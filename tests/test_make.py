@@ -393,6 +393,19 @@ def test_built_context_files_are_normalised_like_the_key(demo_ws):
     assert line.startswith("-rw-r--r-- root/root") and " 1980-01-01 " in line
 
 
+def test_an_excluded_file_is_not_in_the_context_the_engine_sees(demo_ws):
+    (demo_ws / "app" / ".dockerignore").write_text("**/__pycache__\n")
+    with (demo_ws / "graphs" / "demo.toml").open("a") as f:
+        f.write('exclude = ["app/*.local"]\n')  # the last table in the file is layers.user
+    (demo_ws / "app" / "__pycache__").mkdir()
+    (demo_ws / "app" / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"\x00compiled")
+    (demo_ws / "app" / "settings.local").write_text("mine\n")
+    efabuild(demo_ws, "make", "demo", check=True)
+    listing = unsquash_list(Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip()))
+    assert "/workspace/app/train.py" in listing and "/workspace/app/.dockerignore" in listing
+    assert "/workspace/app/__pycache__" not in listing and "settings.local" not in listing
+
+
 def test_a_context_of_the_whole_workspace_leaves_out_the_store(demo_ws):
     graph = demo_ws / "graphs" / "demo.toml"
     graph.write_text(graph.read_text().replace('context = ["app"]', 'context = ["."]'))

@@ -21,7 +21,9 @@ import networkx as nx
 from efabuild.errors import EfabuildError, InputError
 from efabuild.keys import ContextEntry
 from efabuild.model import Workspace
+from efabuild.build.dockerignore import IGNORE_FILE, Exclusions, leaves_out
 from efabuild.build.hashcache import HashState
+from efabuild.configfile import read_text
 from efabuild.store.leftovers import CONTEXT_PREFIX
 from efabuild.store.owner import owned_name
 
@@ -59,19 +61,22 @@ class ContextHasher:
         self.bytes_read = 0
         self._memo: dict[str, tuple[ContextEntry, ...]] = {}
 
-    def entries(self, context: tuple[str, ...], where: str) -> tuple[ContextEntry, ...]:
+    def entries(self, context: tuple[str, ...], where: str, exclude: tuple[str, ...] = ()) -> tuple[ContextEntry, ...]:
+        """The files of `context`, less those its roots' .dockerignore files and `exclude` leave out."""
         found: dict[str, ContextEntry] = {}
         for rel in context:
             inside = next((ex for ex in self.exclude if rel == ex or rel.startswith(ex + "/")), None)
             if inside:
                 raise InputError(f"'{rel}' is inside {inside}/, which is never part of a context", where)
-            if rel not in self._memo:
-                self._memo[rel] = tuple(self._walk(rel, where))
-            for entry in self._memo[rel]:
+            rules = exclusions(self.root, rel, exclude)
+            memo = (rel, *(r.patterns for r in rules))
+            if memo not in self._memo:
+                self._memo[memo] = tuple(self._walk(rel, where, rules))
+            for entry in self._memo[memo]:
                 found[entry.path] = entry
         return tuple(found[path] for path in sorted(found))
 
-    def _walk(self, rel: str, where: str) -> Iterator[ContextEntry]:
+    def _walk(self, rel: str, where: str, rules: tuple[Exclusions, ...] = ()) -> Iterator[ContextEntry]:
         # plain strings and os.scandir, not pathlib: a warm plan of a 100k-file context is
         # mostly this loop, and one lstat per file is all it needs
         path = os.path.join(self.root, rel)
@@ -90,8 +95,10 @@ class ContextHasher:
             for child in children:
                 child_rel = f"{dir_rel}/{child.name}" if dir_rel != "." else child.name
                 if child.is_dir(follow_symlinks=False):
-                    if child_rel not in self.exclude:
+                    if child_rel not in self.exclude and not leaves_out(rules, child_rel, directory=True):
                         pending.append((child_rel, child.path))
+                    continue
+                if rules and leaves_out(rules, child_rel):
                     continue
                 try:
                     child_st = child.stat(follow_symlinks=False)
@@ -137,9 +144,19 @@ def hash_contexts(ws: Workspace, graph: nx.DiGraph, order: list[str],
         for qualname in order:
             layer = graph.nodes[qualname]["layer"]
             where = f"{ws.relpath(layer.source)}: layers.{layer.name}.context"
-            contexts[qualname] = hasher.entries(layer.context, where)
+            contexts[qualname] = hasher.entries(layer.context, where, layer.exclude)
     hasher.state.save()
     return contexts
+
+
+def exclusions(root: Path, rel: str, exclude: tuple[str, ...]) -> tuple[Exclusions, ...]:
+    """What a context entry leaves out: the layer's `exclude` patterns (workspace-relative) and,
+    for a directory, its own .dockerignore (relative to it), each only when present."""
+    rules = [Exclusions(exclude)] if exclude else []
+    ignore_file = os.path.join(root, rel, IGNORE_FILE)
+    if os.path.isfile(ignore_file):
+        rules.append(Exclusions(read_text(ignore_file, f"{rel}/{IGNORE_FILE}").splitlines(), rel))
+    return tuple(r for r in rules if r)
 
 
 def never_context(ws: Workspace) -> frozenset[str]:

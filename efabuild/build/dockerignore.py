@@ -1,0 +1,62 @@
+"""Which files a layer's context leaves out: a `.dockerignore` in each context root and the layer's
+`exclude` key, both in Docker's pattern syntax.
+
+Docker reads a pattern as Go's filepath.Match plus `**`, anchored at the context root, a match of a
+directory covering everything under it, `!` re-including, the last matching pattern deciding.
+pathspec's gitignore patterns do the same once each pattern is cleaned and anchored with a
+leading `/` (Docker's patterns never match at any depth, as bare gitignore names do).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable
+
+IGNORE_FILE = ".dockerignore"
+
+
+def docker_patterns(lines: Iterable[str]) -> tuple[str, ...]:
+    """Patterns as Docker reads a .dockerignore: `#` comments and blank lines dropped, each pattern
+    trimmed and path-cleaned, a leading `/` dropped, `!` kept."""
+    patterns = []
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negated = line.startswith("!")
+        pattern = posixpath.normpath(line[1:].strip() if negated else line).lstrip("/")
+        if pattern and pattern != ".":
+            patterns.append(("!" if negated else "") + pattern)
+    return tuple(patterns)
+
+
+class Exclusions:
+    """Docker-syntax patterns relative to `root` (a workspace-relative directory, "" for the
+    workspace root), asked about workspace-relative paths."""
+
+    def __init__(self, patterns: Iterable[str], root: str = "") -> None:
+        import pathspec
+
+        self.patterns = docker_patterns(patterns)
+        self.prefix = f"{root}/" if root and root != "." else ""
+        anchored = [f"!/{p[1:]}" if p.startswith("!") else f"/{p}" for p in self.patterns]
+        self._spec = pathspec.PathSpec.from_lines("gitignore", anchored)
+        # with an exception, something under an excluded directory may come back: walk into it
+        self._prunes = not any(p.startswith("!") for p in self.patterns)
+
+    def __bool__(self) -> bool:
+        return bool(self.patterns)
+
+    def excludes(self, path: str) -> bool:
+        """True when the file at workspace-relative `path` is left out."""
+        if not path.startswith(self.prefix):
+            return False
+        return self._spec.match_file(path[len(self.prefix):])
+
+    def prunes(self, directory: str) -> bool:
+        """True when nothing under `directory` can be in the context (its walk can stop)."""
+        return self._prunes and self.excludes(directory)
+
+
+def leaves_out(rules: Iterable[Exclusions], path: str, *, directory: bool = False) -> bool:
+    return any(r.prunes(path) if directory else r.excludes(path) for r in rules)
