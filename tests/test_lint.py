@@ -102,6 +102,25 @@ def test_installer_version_against_the_host_ami(tmp_path):
     assert finding.line == line_of(ws, "args = {")  # where the version is set
 
 
+def test_an_arg_default_other_than_the_layers_args_is_a_warning_at_the_arg(tmp_path):
+    layer = EFA_LAYER.format(digest=DIGEST, version="1.50.0")
+    differs = layer.replace("ARG EFA_INSTALLER_VERSION\n", "ARG EFA_INSTALLER_VERSION=1.49.0\n")
+    ws = workspace(tmp_path / "differs", differs)
+    [finding] = lint_workspace(ws)
+    assert (finding.rule, finding.severity, finding.layer) == ("EFA018", "warning", "g:efa")
+    assert finding.line == line_of(ws, "ARG EFA_INSTALLER_VERSION=")
+    assert "'1.49.0'" in finding.message and "'1.50.0'" in finding.message and errors_only([finding]) == []
+    same = layer.replace("ARG EFA_INSTALLER_VERSION\n", "ARG EFA_INSTALLER_VERSION=1.50.0\n")
+    assert lint_workspace(workspace(tmp_path / "same", same)) == []
+    # a secret-looking value is EFA013's to refuse; EFA018 then names the ARG without its values
+    token = "ghp_" + "a1" * 18
+    secret = same.replace("ARG EFA_INSTALLER_VERSION=1.50.0\n", f"ARG EFA_INSTALLER_VERSION=1.50.0 API_TOKEN={token}\n")
+    secret = secret.replace('args = { EFA_INSTALLER_VERSION', 'args = { API_TOKEN = "swapped-in", EFA_INSTALLER_VERSION')
+    findings = lint_workspace(workspace(tmp_path / "secret", secret))
+    [finding] = [f for f in findings if f.rule == "EFA018"]
+    assert "API_TOKEN" in finding.message and token not in finding.message and "swapped-in" not in finding.message
+
+
 def test_installer_version_without_host_policy_is_not_compared(tmp_path):
     build = BUILD.replace('host_efa_installer = "1.50.0"', "")
     ws = workspace(tmp_path, EFA_LAYER.format(digest=DIGEST, version="1.49.0"), build=build)

@@ -60,6 +60,8 @@ RULES: dict[str, Rule] = {rule.id: rule for rule in (
     Rule("EFA015", "info", "job script starts containers without --cpus-per-task"),
     Rule("EFA016", "info", "job script mounts /dev/infiniband (not needed with ENROOT_RESTRICT_DEV n)"),
     Rule("EFA017", "info", "apt-get install without pinned versions: a rebuild may fetch other packages"),
+    Rule("EFA018", "warning", "an ARG default differs from the layer's args: the Dockerfile alone builds "
+                              "something else"),
 )}
 
 

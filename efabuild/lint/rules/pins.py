@@ -1,5 +1,6 @@
 """What keeps a rebuild from building the same thing: the base pinned by digest, git and pip
-sources pinned to commits, pip and apt packages pinned to versions (EFA010, EFA011, EFA012, EFA017)."""
+sources pinned to commits, pip and apt packages pinned to versions, ARG defaults agreeing with the args (EFA010, EFA011,
+EFA012, EFA017, EFA018)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from collections.abc import Iterator
 from efabuild.lint.chain import LayerFacts
 from efabuild.lint.finding import Finding
 from efabuild.lint.rules.registry import HEX40, UNRESOLVED, arg_names, at, at_key, rule, runs
-from efabuild.lint.shell import Command
+from efabuild.lint.shell import Command, split_words
+from efabuild.redact import is_secret_arg
 
 
 # --- EFA010: base pinned by digest ----------------------------------------------------------------
@@ -218,3 +220,24 @@ def pinned_pip(facts: LayerFacts) -> Iterator[Finding]:
                           f"pip installs {requirement} without a pinned version: the next build may pull a "
                           "different multi-GB wheel (and a different NCCL/CUDA)",
                           f"pin it: `{match.group(1)}==<version>`")
+
+
+# --- EFA018: ARG default differs from the layer's args ---------------------------------------------
+
+
+@rule("EFA018")
+def arg_defaults(facts: LayerFacts) -> Iterator[Finding]:
+    args = facts.layer.args_dict
+    for ins in facts.evaluated.instructions:
+        if ins.keyword != "ARG":
+            continue
+        for word in split_words(ins.value):
+            name, has_default, default = word.partition("=")
+            if not has_default or name not in args or args[name] == default:
+                continue
+            shown = ("" if is_secret_arg(name, default) or is_secret_arg(name, args[name])
+                     else f" ({default!r}, the args {args[name]!r})")
+            yield at(facts, "EFA018", ins.line,
+                     f"ARG {name} defaults to another value than the layer's args{shown}: the build uses the "
+                     "args, a reader or a plain `docker build` of this text the default",
+                     f"make the default the args' value, or drop the default (`ARG {name}`)")
