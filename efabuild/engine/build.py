@@ -25,7 +25,7 @@ from pathlib import Path
 import attrs
 
 from efabuild.engine.buildlog import BuildFailure, BuildLogReader
-from efabuild.engine.client import Engine, EngineUnavailable
+from efabuild.engine.client import NO_DOCKER_CLI, Engine, EngineUnavailable
 from efabuild.engine.images import image_id as lookup_image_id
 from efabuild.engine.images import tag_image
 from efabuild.errors import EfabuildError
@@ -216,9 +216,7 @@ def _run_buildx(command, dockerfile, env, log, reader, on_line, cancel, redact=l
             env={**os.environ, **env},
         )
     except FileNotFoundError:
-        raise EngineUnavailable(
-            "docker CLI not found on PATH: install it with `bash scripts/setup-host.sh`"
-        ) from None
+        raise EngineUnavailable(NO_DOCKER_CLI) from None
     watcher = None
     if cancel is not None:
         watcher = threading.Thread(target=_watch_cancel, args=(process, cancel), daemon=True)

@@ -26,6 +26,7 @@ DOCKER_CLI = "docker"
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 # Answers from a healthy engine take well under a second; a dead ssh:// or tcp:// host can hang.
 CHECK_TIMEOUT_S = 20.0
+NO_DOCKER_CLI = "docker CLI not found on PATH: install it with `bash scripts/setup-host.sh`"
 HOW_TO_START = "start one with `bash scripts/setup-host.sh` or set [builder] host/context in BUILD.toml"
 
 
@@ -90,9 +91,7 @@ class Engine:
                 timeout=timeout, env=full_env,
             )
         except FileNotFoundError:
-            raise EngineUnavailable(
-                "docker CLI not found on PATH: install it with `bash scripts/setup-host.sh`"
-            ) from None
+            raise EngineUnavailable(NO_DOCKER_CLI) from None
         except subprocess.TimeoutExpired:
             raise EngineTimeout(
                 f"`docker {' '.join(args[:3])}` did not answer within {timeout:g}s at {self.where()}"
@@ -116,9 +115,7 @@ class Engine:
 
         `need_buildx=False` (a plan) only asks for the engine."""
         if shutil.which(DOCKER_CLI) is None:
-            raise EngineUnavailable(
-                "docker CLI not found on PATH: install it with `bash scripts/setup-host.sh`"
-            )
+            raise EngineUnavailable(NO_DOCKER_CLI)
         if self.settings.context:
             found = self._bare_run(["context", "inspect", self.settings.context])
             if found.returncode != 0:

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import IO
 
-from efabuild.engine.client import Engine, EngineError, last_line, output_text
+from efabuild.engine.client import NO_DOCKER_CLI, Engine, EngineError, EngineUnavailable, last_line, output_text
 from efabuild.store.owner import Owner
 
 EXPORT_LABEL = "org.efabuild.export"  # on the temporary container: the .sqsh being written
@@ -42,8 +42,11 @@ def export_stream(engine: Engine, container: str, stderr: IO[bytes]) -> subproce
     The one docker command run here rather than through python-on-whales: its `container.export`
     only writes to a file, and the export's point is never to hold the rootfs on disk. The
     command line carries the same --host/--context as the client."""
-    return subprocess.Popen(engine.command("container", "export", container),
-                            stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
+    try:
+        return subprocess.Popen(engine.command("container", "export", container),
+                                stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise EngineUnavailable(NO_DOCKER_CLI) from None
 
 
 def remove(engine: Engine, *names: str) -> None:
