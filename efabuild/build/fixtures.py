@@ -12,15 +12,17 @@ unchanged sources finds the image and builds nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import struct
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -75,6 +77,26 @@ class FixtureImage:
 def source_dir() -> Path:
     """The fixtures/ folder of the source tree (efabuild runs from a checkout in development)."""
     return Path(__file__).resolve().parents[2] / "fixtures"
+
+
+# an installed wheel's copy of fixtures/, packed by setup.py (a wheel cannot hold symlinks)
+PACKED_SOURCES = Path(__file__).with_name("fixtures.tar")
+
+
+@contextlib.contextmanager
+def fixture_sources(source: Path | None = None) -> Iterator[Path]:
+    """The fixtures/ folder: `source`, else the checkout's, else the installed package's, unpacked
+    for as long as the caller needs it."""
+    if source is not None or source_dir().is_dir():
+        yield source or source_dir()
+        return
+    if not PACKED_SOURCES.is_file():
+        raise InputError("the fixture sources are missing: neither a checkout's fixtures/ nor the package's "
+                         "fixtures.tar (reinstall efabuild, or pass --source)", str(source_dir()))
+    with tempfile.TemporaryDirectory(prefix="efabuild-fixture-sources-") as tmp:
+        with tarfile.open(PACKED_SOURCES) as tar:
+            tar.extractall(tmp, filter="tar")  # keeps the symlinks, refuses paths leaving tmp
+        yield Path(tmp) / "fixtures"
 
 
 def is_static_elf(path: Path) -> bool:
@@ -162,13 +184,19 @@ def build_mini_ngc(
     log: Callable[[str], None] = lambda _: None,
 ) -> FixtureImage:
     """Build `MINI_NGC_TAG` unless an image with the same content label exists."""
-    from efabuild.engine.build import build_image
     from efabuild.engine.client import connect
-    from efabuild.engine.images import image_config, image_id
 
     engine = engine or connect(BuilderSettings())
     started = time.monotonic()
-    root = (source or source_dir()) / "mini-ngc"
+    with fixture_sources(source) as sources:
+        return _build_mini_ngc(engine, sources / "mini-ngc", force, log, started)
+
+
+def _build_mini_ngc(engine: Engine, root: Path, force: bool, log: Callable[[str], None],
+                    started: float) -> FixtureImage:
+    from efabuild.engine.build import build_image
+    from efabuild.engine.images import image_config, image_id
+
     if not (root / "Dockerfile").is_file():
         raise InputError("no Dockerfile: the fixture sources are missing", str(root))
     busybox = find_busybox()
@@ -210,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         allow_abbrev=False,
     )
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
-    parser.add_argument("--source", type=Path, default=None, help="the fixtures/ folder (default: the checkout's)")
+    parser.add_argument("--source", type=Path, default=None, help="the fixtures/ folder (default: the checkout's, else the installed package's)")
     parser.add_argument("--json", action="store_true", help="print the images as JSON")
     args = parser.parse_args(argv)
     try:
