@@ -2,6 +2,7 @@
 
 One module per component:
 - `client`: connect to the engine named by `[builder]` and check that it answers;
+- `api`: the Engine HTTP API on a local unix socket, read-only: the plan's inventory;
 - `images`: exists / inspect / digest / history of images in that engine;
 - `build`: build one layer image and tag it only once it is complete;
 - `buildlog`: read BuildKit's plain progress output (pure, no engine);
@@ -17,8 +18,13 @@ How each call reaches the engine:
 - `Engine.run`, the docker CLI with a time limit, for the quick queries a plan and a make's
   start ask (does this image exist, its digest, the registry's manifest, the engine and builder
   checks): python-on-whales 0.81 takes no timeout, so a dead ssh:// engine or registry would hang
-  a plan, and its import would add 0.15 s to a 0.4 s no-op plan. A reader of the Engine HTTP API is to
-  take the plan's inventory over. `image history` too, which python-on-whales 0.81 lacks;
+  a plan, and its import would add 0.15 s to a no-op plan. `image history` too, which
+  python-on-whales 0.81 lacks;
+- `Engine.api` (`api`), the third exception to python-on-whales: stdlib HTTP over the engine's
+  unix socket with a time limit on every request, for the same inventory when the engine is local (`unix://`): does it answer, which
+  efabuild/* tags exist, an image's ID and repository digests. One request costs well under a
+  millisecond, a docker CLI process tens of them, and a no-op plan is little else. ssh://, tcp://
+  and other docker contexts keep the CLI, which knows how to reach them;
 - a subprocess of its own in two places, each saying why: the layer build (`build`), and the
   `docker export` byte stream (`containers`).
 """

@@ -21,6 +21,8 @@ from efabuild.model import BuilderSettings
 if TYPE_CHECKING:
     from python_on_whales import DockerClient
 
+    from efabuild.engine.api import EngineApi
+
 DOCKER_CLI = "docker"
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
@@ -62,6 +64,15 @@ class Engine:
         from python_on_whales import DockerClient
 
         return DockerClient(host=self.settings.host, context=self.settings.context)
+
+    @functools.cached_property
+    def api(self) -> EngineApi | None:
+        """The Engine API on its local unix socket, for the plan's inventory; None when the
+        engine is reached any other way (ssh://, tcp://, another docker context)."""
+        from efabuild.engine.api import EngineApi, local_socket
+
+        path = local_socket(self.settings.host, self.settings.context)
+        return EngineApi(path, CHECK_TIMEOUT_S) if path else None
 
     @property
     def buildx_builder(self) -> str | None:
@@ -124,19 +135,7 @@ class Engine:
                     f"`docker context create {self.settings.context} --docker host=...` "
                     "or fix [builder] context in BUILD.toml"
                 )
-        try:
-            answer = self.run("version", "--format", "{{.Server.Version}}", timeout=CHECK_TIMEOUT_S)
-        except EngineTimeout:
-            raise EngineUnavailable(
-                f"no Docker engine answered within {CHECK_TIMEOUT_S:g}s at {self.where()}: {HOW_TO_START}"
-            ) from None
-        if answer.returncode != 0 or not answer.stdout.strip():
-            if "permission denied" in answer.stderr.lower():
-                raise EngineUnavailable(
-                    f"no access to the Docker engine at {self.where()} (permission denied): "
-                    "run as root or as a member of the docker group"
-                )
-            raise EngineUnavailable(f"no Docker engine at {self.where()}: {HOW_TO_START}")
+        self._check_answers()
         if need_buildx and self.run("buildx", "version", timeout=CHECK_TIMEOUT_S).returncode != 0:
             raise EngineUnavailable(
                 "the docker buildx plugin is missing: install it with `bash scripts/setup-host.sh`"
@@ -150,6 +149,36 @@ class Engine:
                     f"{self.buildx_builder} ...` or fix [builder] buildx_builder in BUILD.toml"
                 )
             self._check_builder_runs(found.stdout)
+
+    def _check_answers(self) -> None:
+        """An engine answers where the settings point: on its socket when local, else the CLI's
+        `docker version`."""
+        if self.api is not None:
+            from efabuild.engine.api import ApiError
+
+            try:
+                self.api.server_version()
+                return
+            except ApiError as exc:
+                failure = exc.kind
+        else:
+            try:
+                answer = self.run("version", "--format", "{{.Server.Version}}", timeout=CHECK_TIMEOUT_S)
+            except EngineTimeout:
+                failure = "timeout"
+            else:
+                failure = ("" if answer.returncode == 0 and answer.stdout.strip() else
+                           "denied" if "permission denied" in answer.stderr.lower() else "absent")
+        if failure == "timeout":
+            raise EngineUnavailable(
+                f"no Docker engine answered within {CHECK_TIMEOUT_S:g}s at {self.where()}: {HOW_TO_START}")
+        if failure == "denied":
+            raise EngineUnavailable(
+                f"no access to the Docker engine at {self.where()} (permission denied): "
+                "run as root or as a member of the docker group"
+            )
+        if failure:
+            raise EngineUnavailable(f"no Docker engine at {self.where()}: {HOW_TO_START}")
 
     def _check_builder_runs(self, inspected: str) -> None:
         """`buildx inspect` exits 0 for a builder none of whose nodes answers (`Status: inactive`):

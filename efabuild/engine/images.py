@@ -17,6 +17,9 @@ REMOTE_TIMEOUT_S = 15.0
 
 def image_id(engine: Engine, ref: str) -> str | None:
     """The image ID (sha256:...) of `ref` in the engine, None when it has no such image."""
+    if engine.api is not None:
+        inspected = _api_inspect(engine, ref)
+        return str(inspected.get("Id") or "") or None if inspected else None
     found = engine.run("image", "inspect", "--format", "{{.Id}}", ref, timeout=INSPECT_TIMEOUT_S)
     if found.returncode != 0:
         if _no_such_image(found.stderr):
@@ -31,6 +34,14 @@ def image_exists(engine: Engine, ref: str) -> bool:
 
 def existing_tags(engine: Engine, repo_prefix: str = "efabuild/") -> set[str]:
     """Every `repo:tag` in the engine whose repository starts with `repo_prefix`, in one call."""
+    if engine.api is not None:
+        from efabuild.engine.api import ApiError
+
+        try:
+            return {tag for tag in engine.api.repo_tags()
+                    if tag.startswith(repo_prefix) and not tag.endswith(":<none>")}
+        except ApiError as exc:
+            raise EngineError(f"cannot list images at {engine.where()}: {exc}") from None
     listed = engine.run("image", "ls", "--format", "{{.Repository}}:{{.Tag}}", timeout=LIST_TIMEOUT_S)
     if listed.returncode != 0:
         raise EngineError.from_output(f"cannot list images at {engine.where()}", listed.stderr)
@@ -96,14 +107,9 @@ def resolve_digest(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S) 
     image's RepoDigests, or the registry. None when none of them knows it (offline, say)."""
     if "@" in ref:
         return ref.rsplit("@", 1)[1]
-    found = engine.run("image", "inspect", "--format", "{{json .RepoDigests}}", ref, timeout=INSPECT_TIMEOUT_S)
-    if found.returncode == 0:
-        wanted = _familiar_repository(ref)
-        for repo_digest in json.loads(found.stdout or "null") or []:
-            repo, _, digest = repo_digest.partition("@")
-            if _familiar_repository(repo) == wanted and digest:
-                return digest
-    return remote_digest(engine, ref, timeout=timeout)
+    local = _local_identity(engine, ref)
+    digest = _repo_digest(ref, local[1]) if local else None
+    return digest or remote_digest(engine, ref, timeout=timeout)
 
 
 def base_identity(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S) -> tuple[str | None, str]:
@@ -115,18 +121,46 @@ def base_identity(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S) -
     """
     if "@" in ref:
         return ref.rsplit("@", 1)[1], "pinned"
-    found = engine.run("image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", ref,
-                       timeout=INSPECT_TIMEOUT_S)
-    if found.returncode == 0 and found.stdout.strip():
-        image_id, _, repo_digests = found.stdout.strip().partition(" ")
-        wanted = _familiar_repository(ref)
-        for repo_digest in json.loads(repo_digests or "null") or []:
-            repo, _, digest = repo_digest.partition("@")
-            if _familiar_repository(repo) == wanted and digest:
-                return digest, "registry"
-        return image_id, "image-id"
+    local = _local_identity(engine, ref)
+    if local is not None:
+        digest = _repo_digest(ref, local[1])
+        return (digest, "registry") if digest else (local[0], "image-id")
     digest = remote_digest(engine, ref, timeout=timeout)
     return digest, "registry" if digest else "unresolved"
+
+
+def _local_identity(engine: Engine, ref: str) -> tuple[str, list[str]] | None:
+    """(image ID, RepoDigests) of `ref` in the engine, in one question; None when it lacks it."""
+    if engine.api is not None:
+        inspected = _api_inspect(engine, ref)
+        if not inspected or not inspected.get("Id"):
+            return None
+        return str(inspected["Id"]), [str(d) for d in inspected.get("RepoDigests") or []]
+    found = engine.run("image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", ref,
+                       timeout=INSPECT_TIMEOUT_S)
+    if found.returncode != 0 or not found.stdout.strip():
+        return None
+    image_id, _, repo_digests = found.stdout.strip().partition(" ")
+    return image_id, json.loads(repo_digests or "null") or []
+
+
+def _repo_digest(ref: str, repo_digests: list[str]) -> str | None:
+    """The digest among RepoDigests that belongs to `ref`'s own repository."""
+    wanted = _familiar_repository(ref)
+    for repo_digest in repo_digests:
+        repo, _, digest = repo_digest.partition("@")
+        if _familiar_repository(repo) == wanted and digest:
+            return digest
+    return None
+
+
+def _api_inspect(engine: Engine, ref: str) -> dict | None:
+    from efabuild.engine.api import ApiError
+
+    try:
+        return engine.api.inspect(ref)
+    except ApiError as exc:
+        raise EngineError(f"cannot inspect image {ref} at {engine.where()}: {exc}") from None
 
 
 def remote_digest(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S,

@@ -1,0 +1,132 @@
+"""The Engine API reader on the local socket answers what the docker CLI answers, within its time
+limit, and is used only for a local unix:// engine."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from efabuild.engine.api import ApiError, EngineApi, local_socket
+from efabuild.engine.client import EngineUnavailable, connect
+from efabuild.engine.images import base_identity, existing_tags, image_id
+from efabuild.model import BuilderSettings
+
+
+def docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def local_engine(docker_engine, monkeypatch):
+    for name in ("DOCKER_HOST", "DOCKER_CONTEXT"):
+        monkeypatch.delenv(name, raising=False)
+    engine = connect(BuilderSettings())
+    assert engine.api is not None, "the test machine's engine is the local socket"
+    return engine
+
+
+def inspected_by_cli(ref: str) -> dict:
+    return json.loads(docker("image", "inspect", ref))[0]
+
+
+def test_tags_ids_and_repo_digests_read_the_same_through_the_socket_as_through_the_cli(
+        local_engine, busybox_image, image_names, local_registry):
+    named = [image_names("efa"), image_names("user")]
+    for tag in named:
+        docker("tag", busybox_image, tag)
+    cli_tags = {line for line in docker("image", "ls", "--format", "{{.Repository}}:{{.Tag}}").splitlines()
+                if line.startswith(image_names.prefix)}
+    assert existing_tags(local_engine, image_names.prefix) == cli_tags == set(named)
+
+    # pushed to a registry: the engine now knows its repository digest, as for a pulled base
+    pushed = f"{local_registry}/{named[0].split(':')[0]}:pushed"
+    docker("tag", busybox_image, pushed)
+    try:
+        docker("push", "--quiet", pushed)
+        cli = inspected_by_cli(pushed)
+        api = local_engine.api.inspect(pushed)
+        assert (api["Id"], sorted(api["RepoTags"]), sorted(api["RepoDigests"])) == (
+            cli["Id"], sorted(cli["RepoTags"]), sorted(cli["RepoDigests"]))
+        assert cli["RepoDigests"], "a pushed image has a repository digest"
+        digest = next(d.split("@")[1] for d in cli["RepoDigests"] if d.startswith(pushed.rsplit(":", 1)[0]))
+        assert base_identity(local_engine, pushed) == (digest, "registry")
+    finally:
+        subprocess.run(["docker", "image", "rm", pushed], capture_output=True)
+
+
+def test_a_base_reads_the_same_id_through_the_socket(local_engine, busybox_image):
+    cli_id = inspected_by_cli(busybox_image)["Id"]
+    assert image_id(local_engine, busybox_image) == cli_id
+    # imported here, never pulled: no repository digest, so the image ID names its content
+    assert base_identity(local_engine, busybox_image) == (cli_id, "image-id")
+    assert image_id(local_engine, "efabuild-test/no-such-image:nope") is None
+    assert local_engine.api.inspect("efabuild-test/no-such-image:nope") is None
+    assert local_engine.api.server_version() == docker("version", "--format", "{{.Server.Version}}").strip()
+
+
+def test_only_a_local_unix_engine_is_read_through_its_socket(monkeypatch, tmp_path):
+    for name in ("DOCKER_HOST", "DOCKER_CONTEXT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    assert local_socket(None, None) == "/var/run/docker.sock"
+    assert local_socket("unix:///run/other.sock", None) == "/run/other.sock"
+    assert local_socket("ssh://builder@gpu-host", None) is None
+    assert local_socket("tcp://10.0.0.5:2376", None) is None
+    assert local_socket(None, "remote-builder") is None
+    monkeypatch.setenv("DOCKER_HOST", "tcp://10.0.0.5:2376")
+    assert local_socket(None, None) is None
+    monkeypatch.delenv("DOCKER_HOST")
+    (tmp_path / "config.json").write_text('{"currentContext": "gpu-host"}')
+    assert local_socket(None, None) is None
+    assert connect(BuilderSettings(host="ssh://builder@gpu-host")).api is None
+
+
+def test_a_socket_that_never_answers_is_given_up_on_within_the_time_limit(tmp_path):
+    path = str(tmp_path / "silent.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    accepted: list[socket.socket] = []
+    threading.Thread(target=lambda: accepted.append(server.accept()[0]), daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(ApiError) as caught:
+        EngineApi(path, timeout=0.5).server_version()
+    assert caught.value.kind == "timeout"
+    assert time.monotonic() - started < 5
+    server.close()
+    for conn in accepted:
+        conn.close()
+
+
+def test_no_engine_on_the_socket_is_one_line_naming_where(tmp_path):
+    dead = f"unix://{tmp_path}/dead.sock"
+    with pytest.raises(EngineUnavailable) as caught:
+        connect(BuilderSettings(host=dead)).check(need_buildx=False)
+    assert str(caught.value).startswith(f"no Docker engine at {dead} ([builder] host or --builder): ")
+    with pytest.raises(ApiError) as absent:
+        EngineApi(f"{tmp_path}/dead.sock", timeout=1).repo_tags()
+    assert absent.value.kind == "absent"
+
+
+def test_a_reply_that_is_not_the_engines_is_an_error_not_a_traceback(tmp_path):
+    path = str(tmp_path / "other.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def answer() -> None:
+        conn = server.accept()[0]
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nnot json!")
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    with pytest.raises(ApiError) as caught:
+        EngineApi(path, timeout=5).repo_tags()
+    assert caught.value.kind == "reply"
+    server.close()
