@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
-import networkx as nx
 
 from efabuild.keys import ContextEntry, LayerInputs
 from efabuild.refs import short
 from efabuild.model import Layer
 from efabuild.redact import shown_args, shown_dockerfile
+
+if TYPE_CHECKING:
+    from efabuild.dag import LayerGraph
 
 BUILD, PULL, EXPORT, COPY, NOTHING = "build", "pull", "export", "copy", "none"
 # base sources whose digest may not be the one a make will find: keys over them may change
@@ -102,7 +105,7 @@ class Plan:
 
 
 def layer_inputs(
-    platform: str, graph: nx.DiGraph, order: list[str], bases: Mapping[str, BaseResolution],
+    platform: str, graph: LayerGraph, order: list[str], bases: Mapping[str, BaseResolution],
     contexts: Mapping[str, tuple[ContextEntry, ...]],
 ) -> dict[str, LayerInputs]:
     """Inputs (and so keys) of the layers in `order`, which lists parents before children;
@@ -121,7 +124,7 @@ def layer_inputs(
 
 
 def make_plan(
-    graph: nx.DiGraph, order: list[str], inputs: Mapping[str, LayerInputs], availability: Availability,
+    graph: LayerGraph, order: list[str], inputs: Mapping[str, LayerInputs], availability: Availability,
     previous: Callable[[str], LayerInputs | None], bases: tuple[BaseResolution, ...] = (),
     context_files_read: int = 0,
 ) -> Plan:

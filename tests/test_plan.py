@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import attrs
-import networkx as nx
 
 from efabuild.build.prepare import prepare
+from efabuild.dag import LayerGraph
 from efabuild.keys import ContextEntry, LayerInputs
 from efabuild.model import BaseImage, Layer
 from efabuild.plan import BUILD, COPY, EXPORT, NOTHING, PULL, Availability, BaseResolution, explain, layer_inputs, make_plan
@@ -33,7 +33,7 @@ BASE = BaseResolution("example.com/pytorch:26.08-py3", "sha256:" + "a" * 64, "re
 APP = (ContextEntry("app/train.py", "644", "1" * 64),)
 
 
-def stack(efa_artifact: bool = True, user_artifact: bool = True) -> tuple[nx.DiGraph, list[str]]:
+def stack(efa_artifact: bool = True, user_artifact: bool = True) -> tuple[LayerGraph, list[str]]:
     """stack:efa -> stack:deepep -> stack:user, as the workspace loader would give them."""
     src = Path("graphs/stack.toml")
     layers = [
@@ -43,7 +43,7 @@ def stack(efa_artifact: bool = True, user_artifact: bool = True) -> tuple[nx.DiG
         Layer("stack", "user", src, "COPY app/ /app/\n", parent="stack:deepep", context=("app",),
               artifact=user_artifact),
     ]
-    graph = nx.DiGraph()
+    graph = LayerGraph()
     for layer in layers:
         graph.add_node(layer.qualname, layer=layer)
         if layer.parent:

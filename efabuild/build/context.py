@@ -13,10 +13,10 @@ import os
 import shutil
 import stat
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 import blake3
-import networkx as nx
 
 from efabuild.errors import EfabuildError, InputError
 from efabuild.keys import ContextEntry
@@ -26,6 +26,9 @@ from efabuild.build.hashcache import HashState
 from efabuild.configfile import read_text
 from efabuild.store.leftovers import CONTEXT_PREFIX
 from efabuild.store.owner import owned_name
+
+if TYPE_CHECKING:
+    from efabuild.dag import LayerGraph
 
 # Fixed timestamps for every build: 1980-01-01, the earliest a ZIP archive can hold.
 SOURCE_DATE_EPOCH = 315532800
@@ -136,7 +139,7 @@ class ContextHasher:
         return digest
 
 
-def hash_contexts(ws: Workspace, graph: nx.DiGraph, order: list[str],
+def hash_contexts(ws: Workspace, graph: LayerGraph, order: list[str],
                   hasher: ContextHasher) -> dict[str, tuple[ContextEntry, ...]]:
     """Every layer's context entries, the facts its key is made of; the hash cache is saved."""
     contexts = {}

@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import attrs
-import networkx as nx
 
 from efabuild import dag, notices
+from efabuild.dag import LayerGraph
 from efabuild.errors import EfabuildError, NoCredentials
 from efabuild.model import Workspace
 from efabuild.plan import Availability, BaseResolution, Plan, layer_inputs, make_plan
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 @attrs.frozen
 class Prepared:
     ws: Workspace
-    graph: nx.DiGraph
+    graph: LayerGraph
     order: list[str]
     plan: Plan
     engine: object | None  # efabuild.engine.client.Engine when one was reachable
@@ -94,7 +94,7 @@ def _connect(ws: Workspace, need_buildx: bool):
     return engine, None
 
 
-def _resolve_bases(ws: Workspace, graph: nx.DiGraph, order: list[str], engine,
+def _resolve_bases(ws: Workspace, graph: LayerGraph, order: list[str], engine,
                    records: BuildRecords) -> dict[str, BaseResolution]:
     bases: dict[str, BaseResolution] = {}
     for name in order:

@@ -1,7 +1,7 @@
 """Command line entry point: parses arguments and dispatches to one module per command group.
 
 Command modules import only argparse at module level; each imports its heavy dependencies
-(python-on-whales, boto3, networkx) inside `run`, so `efabuild lookup` stays close to the cost of
+(python-on-whales, boto3, blake3) inside `run`, so `efabuild lookup` stays close to the cost of
 starting Python.
 """
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
-import networkx as nx
+
+if TYPE_CHECKING:
+    from efabuild.dag import LayerGraph
 
 # fill colour of each plan state and make outcome; what will happen and what happened share one
 # (to build / built), so a plan's picture and its make's picture read alike
@@ -83,7 +86,7 @@ def _failure(error: str) -> list[str]:
     return [step, why] if sep and step.startswith("failed at ") else [head]
 
 
-def dot_source(graph: nx.DiGraph, order: list[str], nodes: Mapping[str, Node], title: str = "") -> str:
+def dot_source(graph: LayerGraph, order: list[str], nodes: Mapping[str, Node], title: str = "") -> str:
     """Graphviz source: a stack as images are, bases at the bottom and each layer above what it is
     built on (arrows point at it), and a legend of the states shown."""
     selected = [name for name in order if name in nodes]
