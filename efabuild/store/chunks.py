@@ -112,9 +112,10 @@ def _is_count(value: object) -> bool:
 
 
 def chunk_file(path: str | os.PathLike[str], *, chunking: tuple[int, int, int] = (MIN_SIZE, AVG_SIZE, MAX_SIZE),
-               progress=None) -> ChunkIndex:  # noqa: ANN001 - progress(n) callback
+               progress=None, on_chunk=None) -> ChunkIndex:  # noqa: ANN001 - progress(n), on_chunk(id, bytes)
     """Cut a file into chunks and digest it whole, in one read (through mmap: the pages of a
-    freshly exported .sqsh are still in the page cache, and memory stays bounded)."""
+    freshly exported .sqsh are still in the page cache, and memory stays bounded); each chunk is
+    handed to `on_chunk` as soon as it is cut."""
     from fastcdc import fastcdc  # imported here: only publishing and fetching chunk
 
     whole = blake3.blake3()
@@ -128,7 +129,10 @@ def chunk_file(path: str | os.PathLike[str], *, chunking: tuple[int, int, int] =
             low, avg, high = chunking
             for chunk in fastcdc(view, min_size=low, avg_size=avg, max_size=high, fat=True):
                 whole.update(chunk.data)
-                chunks.append((chunk_id(chunk.data), chunk.length))
+                cid = chunk_id(chunk.data)
+                chunks.append((cid, chunk.length))
+                if on_chunk is not None:
+                    on_chunk(cid, chunk.data)
                 if progress is not None:
                     progress(chunk.length)
     finally:

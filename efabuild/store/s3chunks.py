@@ -39,6 +39,7 @@ from efabuild.store.chunks import (
     usage,
 )
 from efabuild.store.layout import INDEX_SUFFIX, SQSH_SUFFIX
+from efabuild.store.chunksend import ChunkSender, send_from_file
 from efabuild.store.parallel import run_parallel
 from efabuild.store.progress import Progress
 
@@ -131,37 +132,9 @@ class ChunkStore:
                progress: Callable[[int], None] | None = None) -> Transfer:
         """Send the chunks `ids` of `source` (described by `index`), compressed, each created only
         if absent (a chunk found there already counts as reused). Memory: one chunk per worker."""
-        spans = {}
-        for cid, offset, length in index.spans():
-            spans.setdefault(cid, (offset, length))
-        fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
-        sent = {"chunks": 0, "bytes": 0, "wire": 0}
-        created_ids: set[str] = set()
-        lock = threading.Lock()
-        try:
-            def send(cid: str) -> None:
-                offset, length = spans[cid]
-                raw = os.pread(fd, length, offset)
-                if chunk_id(raw) != cid:  # the file changed under us: never store a misnamed chunk
-                    raise ChunkError(f"{source}: bytes at {offset} no longer hash to chunk {cid[:12]}")
-                body = compress(raw)
-                created = self.tier._put_new(self.object(cid), body, ContentType="application/zstd")
-                if created:
-                    with lock:
-                        created_ids.add(cid)
-                        sent["chunks"] += 1
-                        sent["bytes"] += length
-                        sent["wire"] += len(body)
-                if progress is not None:
-                    progress(length)
-
-            run_parallel(send, sorted(ids), self.tier.workers)
-        finally:
-            os.close(fd)
-        unique = index.unique()
-        return Transfer(chunks=sent["chunks"], bytes=sent["bytes"], wire_bytes=sent["wire"],
-                        reused=len(unique) - sent["chunks"], reused_bytes=index.size_unique() - sent["bytes"],
-                        created=frozenset(created_ids))
+        sender = ChunkSender(self, self.tier.workers, progress)
+        send_from_file(self, index, source, ids, sender)
+        return _transfer(index, sender)
 
     def publish(self, key: str, sqsh: Path, record, index: ChunkIndex | None,  # noqa: ANN001 - ArtifactRecord
                 likely_present: set[str], chunking: tuple[int, int, int], show: bool) -> tuple[ChunkIndex, Transfer]:
@@ -169,19 +142,21 @@ class ChunkStore:
         the tier after this, commits it): (the index, what was sent). `index` is reused when it
         describes these bytes with this chunking; `likely_present` are ids seen in other artifacts."""
         if index is None or (index.size, index.digest, index.chunking) != (record.size, record.digest, chunking):
-            with Progress(f"chunk {short(key)}", record.size, enabled=show) as bar:
-                index = chunk_file(sqsh, chunking=chunking, progress=bar.update)
+            index, sent = self._chunk_and_send(key, sqsh, record, likely_present, chunking, show)
+        else:
+            sent = None
         if index.digest != record.digest:  # never publish bytes under a record they do not match
             raise EfabuildError(f"{sqsh}: digest {index.digest}, its record says {record.digest}; not published")
         unique = index.unique()
-        # HEAD only the chunks this node has seen in other artifacts; the others are most likely
+        # check only the chunks this node has seen in other artifacts; the others are most likely
         # new, and a conditional PUT of one that exists is refused harmlessly
         known = set(unique) & likely_present
-        to_send = (set(unique) - known) | self.missing(known)
+        to_send = self.missing(known) | (set() if sent is not None else set(unique) - known)
         index_path = self.tier.index_object(key)
         with Progress(f"upload {short(key)} to {self.tier.url(index_path)}",
-                      sum(unique[c] for c in to_send), enabled=show) as bar:
-            sent = self.upload(index, sqsh, to_send, progress=bar.update)
+                      sum(unique[c] for c in to_send), enabled=show and bool(to_send)) as bar:
+            rest = self.upload(index, sqsh, to_send, progress=bar.update)
+        sent = rest if sent is None else _transfer(index, sent, rest)
         # gc may have swept a chunk found present: look again just before the index commits to
         # them, and once more after, and send back whatever went away
         found_present = set(unique) - sent.created
@@ -192,6 +167,22 @@ class ChunkStore:
             if attempt == 0:
                 self.tier._put_new(index_path, index.to_json(), ContentType="application/json")
         return index, sent
+
+    def _chunk_and_send(self, key: str, sqsh: Path, record, skip: set[str], chunking: tuple[int, int, int],  # noqa: ANN001
+                        show: bool) -> tuple[ChunkIndex, ChunkSender]:
+        """Cut `sqsh` into chunks and send each new one while the rest is still being cut, so a
+        cold publish takes about the longer of the two rather than their sum; chunks in `skip`
+        (seen in other artifacts) are left for the caller to check first."""
+        sender = ChunkSender(self, self.tier.workers)
+        url = self.tier.url(self.tier.index_object(key))
+        with Progress(f"chunk and upload {short(key)} to {url}", record.size, enabled=show) as bar:
+            try:
+                index = chunk_file(sqsh, chunking=chunking, progress=bar.update,
+                                   on_chunk=lambda cid, data: cid in skip or sender.submit(cid, lambda: data))
+            finally:
+                sender.close()
+        sender.check()
+        return index, sender
 
     def index_objects(self) -> list[str]:
         """Every artifact's chunk index object in the tier."""
@@ -262,6 +253,15 @@ class ChunkStore:
         if chunk_id(raw) != cid:
             raise ChunkError(f"{what}: corrupt: its bytes do not hash to its name")
         return raw, len(body)
+
+
+def _transfer(index: ChunkIndex, *senders: ChunkSender | Transfer) -> Transfer:
+    """What `senders` sent for the file of `index`: every other distinct chunk was reused."""
+    created = frozenset().union(*(s.created for s in senders))
+    sent = sum(s.bytes for s in senders)
+    wire = sum(s.wire if isinstance(s, ChunkSender) else s.wire_bytes for s in senders)
+    return Transfer(chunks=len(created), bytes=sent, wire_bytes=wire, reused=len(index.unique()) - len(created),
+                    reused_bytes=index.size_unique() - sent, created=created)
 
 
 @attrs.frozen
