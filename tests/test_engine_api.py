@@ -69,6 +69,25 @@ def test_a_base_reads_the_same_id_through_the_socket(local_engine, busybox_image
     assert local_engine.api.server_version() == docker("version", "--format", "{{.Server.Version}}").strip()
 
 
+def test_export_containers_and_their_labels_read_the_same_through_the_socket(local_engine, busybox_image):
+    import secrets
+
+    from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL
+    from efabuild.engine.leftovers import _labelled
+
+    name = f"efabuild-test-api-{secrets.token_hex(4)}"
+    target = f"/tmp/{name}/objects/ab/{'ab' * 32}.sqsh"
+    docker("create", "--name", name, "--label", f"{EXPORT_LABEL}={target}",
+           "--label", f"{OWNER_LABEL}=some-host:1:2", busybox_image, "true")
+    try:
+        through_api = [row for row in _labelled(local_engine) if row[0] == name]
+        cli = docker("container", "ls", "--all", "--filter", f"label={EXPORT_LABEL}", "--filter", f"name={name}",
+                     "--format", f'{{{{.Names}}}}\t{{{{.Label "{OWNER_LABEL}"}}}}\t{{{{.Label "{EXPORT_LABEL}"}}}}')
+        assert through_api == [tuple(cli.strip().split("\t"))] == [(name, "some-host:1:2", target)]
+    finally:
+        subprocess.run(["docker", "rm", "--force", name], capture_output=True)
+
+
 def test_only_a_local_unix_engine_is_read_through_its_socket(monkeypatch, tmp_path):
     for name in ("DOCKER_HOST", "DOCKER_CONTEXT"):
         monkeypatch.delenv(name, raising=False)

@@ -1,7 +1,7 @@
 """The Engine's HTTP API over its local unix socket: what a plan asks, without a CLI process each.
 
 A no-op plan asks the engine three things (does it answer, which efabuild/* tags it has, the base's
-ID and repository digests); each `docker` process costs tens of milliseconds, one request on the
+ID and repository digests), a make one more (its leftover export containers); each `docker` process costs tens of milliseconds, one request on the
 socket well under one. Only for a local `unix://` engine: ssh:// and TLS tcp:// hosts, and docker
 contexts that name another endpoint, keep the docker CLI, which knows how to reach them.
 """
@@ -121,6 +121,21 @@ class EngineApi:
         if status != 200 or not isinstance(data, dict):
             raise ApiError("reply", f"{self.path}: cannot inspect {ref} (HTTP {status}): {_message(data)}")
         return data
+
+
+    def labelled_containers(self, label: str) -> list[tuple[str, dict[str, str]]]:
+        """(name, labels) of every container, running or not, that carries `label`."""
+        filters = quote(json.dumps({"label": [label]}), safe="")
+        status, data = self.get(f"/containers/json?all=1&filters={filters}")
+        if status != 200 or not isinstance(data, list):
+            raise ApiError("reply", f"{self.path}: /containers/json answered HTTP {status}: {_message(data)}")
+        found = []
+        for container in data:
+            if isinstance(container, dict) and container.get("Names"):
+                labels = container.get("Labels") or {}
+                found.append((str(container["Names"][0]).lstrip("/"),
+                              {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}))
+        return found
 
 
 def _message(data: object) -> str:

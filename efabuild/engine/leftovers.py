@@ -22,22 +22,41 @@ LIST_TIMEOUT_S = 30.0
 def dead_export_containers(engine: Engine, stores: list[Path]) -> list[str]:
     """Names of export containers writing into one of the `stores` whose owner is gone.
 
-    A timed docker CLI call (Engine.run), as the plan's other inventory reads: every make asks
-    this first, and python-on-whales can neither bound its wait nor list labels without
+    Read as the plan's other inventory is (the socket's API, else a timed docker CLI call): every
+    make asks this first, and python-on-whales can neither bound its wait nor list labels without
     inspecting each container."""
-    found = engine.run("container", "ls", "--all", "--filter", f"label={EXPORT_LABEL}", "--format",
-                       f'{{{{.Names}}}}\t{{{{.Label "{OWNER_LABEL}"}}}}\t{{{{.Label "{EXPORT_LABEL}"}}}}',
-                       timeout=LIST_TIMEOUT_S)
-    if found.returncode != 0:
+    listed = _labelled(engine)
+    if listed is None:
         return []
     dead = []
-    for line in found.stdout.splitlines():
-        name, _, rest = line.partition("\t")
-        token, _, target = rest.partition("\t")
+    for name, token, target in listed:
         owner = Owner.parse(token) or _owner_from_target(target)
         if name and owner is not None and _inside(target, stores) and owner.gone():
             dead.append(name)
     return dead
+
+
+def _labelled(engine: Engine) -> list[tuple[str, str, str]] | None:
+    """(name, owner label, export label) of every export container; None when the engine won't say."""
+    if engine.api is not None:
+        from efabuild.engine.api import ApiError
+
+        try:
+            return [(name, labels.get(OWNER_LABEL, ""), labels.get(EXPORT_LABEL, ""))
+                    for name, labels in engine.api.labelled_containers(EXPORT_LABEL)]
+        except ApiError:
+            return None
+    found = engine.run("container", "ls", "--all", "--filter", f"label={EXPORT_LABEL}", "--format",
+                       f'{{{{.Names}}}}\t{{{{.Label "{OWNER_LABEL}"}}}}\t{{{{.Label "{EXPORT_LABEL}"}}}}',
+                       timeout=LIST_TIMEOUT_S)
+    if found.returncode != 0:
+        return None
+    listed = []
+    for line in found.stdout.splitlines():
+        name, _, rest = line.partition("\t")
+        token, _, target = rest.partition("\t")
+        listed.append((name, token, target))
+    return listed
 
 
 def remove_containers(engine: Engine, names: list[str]) -> None:
