@@ -149,3 +149,42 @@ def test_a_reply_that_is_not_the_engines_is_an_error_not_a_traceback(tmp_path):
         EngineApi(path, timeout=5).repo_tags()
     assert caught.value.kind == "reply"
     server.close()
+
+
+def test_a_plan_on_the_local_engine_starts_no_docker_process_and_a_make_asks_for_buildx_only_to_build(
+        docker_engine, busybox_image, tmp_path, monkeypatch):
+    """Every docker process is logged by a wrapper first on PATH; one without buildx fails as a
+    machine without the plugin does."""
+    import os
+    import shutil
+    import sys
+
+    from tests.storekit import REPO
+    from tests.wsfactory import make_workspace
+
+    for name in ("DOCKER_HOST", "DOCKER_CONTEXT"):
+        monkeypatch.delenv(name, raising=False)
+    bin_dir, calls = tmp_path / "bin", tmp_path / "docker-calls"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        "[ \"$1\" = buildx ] && { echo \"docker: 'buildx' is not a docker command.\" >&2; exit 1; }\n"
+        f'exec {shutil.which("docker")} "$@"\n')
+    (bin_dir / "docker").chmod(0o755)
+    graph = f'[layers.only]\nbase = "{busybox_image}"\ndockerfile = "RUN true\\n"\n'
+    ws = make_workspace(tmp_path / "ws", {"g": graph}, build='[store]\nlocal = "cache"\n')
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+
+    def efabuild(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "efabuild", *args], cwd=ws, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    planned = efabuild("plan", "--json")
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout)["engine"] == "reachable"
+    assert not calls.exists(), calls.read_text()
+    made = efabuild("make", "--no-lint")
+    assert made.returncode == 1
+    assert made.stderr.strip().splitlines()[-1].endswith(
+        "the docker buildx plugin is missing: install it with `bash scripts/setup-host.sh`")
+    assert calls.read_text().splitlines() == ["buildx version"]

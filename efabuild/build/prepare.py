@@ -16,7 +16,7 @@ from efabuild import dag, notices
 from efabuild.dag import LayerGraph
 from efabuild.errors import EfabuildError, NoCredentials
 from efabuild.model import Workspace
-from efabuild.plan import Availability, BaseResolution, Plan, layer_inputs, make_plan
+from efabuild.plan import BUILD, Availability, BaseResolution, Plan, layer_inputs, make_plan
 from efabuild.refs import IMAGE_REPO, KEY_TAG, image_tag
 from efabuild.build.context import ContextHasher, hash_contexts, never_context
 from efabuild.build.hashcache import HashState
@@ -44,7 +44,7 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
     graph = dag.layer_graph(ws)
     order = dag.select(ws, graph, targets)
     records = BuildRecords(ws.settings.store.local)
-    engine, engine_error = (_connect(ws, need_buildx=require_engine) if use_engine else (None, "--offline"))
+    engine, engine_error = (_connect(ws) if use_engine else (None, "--offline"))
     if require_engine and engine is None:
         raise EfabuildError(engine_error or "no engine")
     bases = _resolve_bases(ws, graph, order, engine, records)
@@ -71,6 +71,8 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
 
     plan = make_plan(graph, order, inputs, availability, previous, bases=tuple(bases.values()),
                      context_files_read=hasher.files_read)
+    if require_engine and any(lp.action == BUILD for lp in plan.layers):
+        engine.check_buildx()  # only a build needs it: a no-op make starts no docker process
     return Prepared(ws=ws, graph=graph, order=order, plan=plan, engine=engine, engine_error=engine_error,
                     records=records, image_tags=image_tags, store=store)
 
@@ -81,14 +83,14 @@ def _store(ws: Workspace) -> Store:
     return Store.from_config(ws.settings.store)
 
 
-def _connect(ws: Workspace, need_buildx: bool):
+def _connect(ws: Workspace):
     try:
         from efabuild.engine.client import EngineUnavailable, connect
     except ImportError as exc:  # the engine package is part of efabuild; this is a broken install
         return None, f"engine support missing: {exc}"
     try:
         engine = connect(ws.settings.builder)
-        engine.check(need_buildx=need_buildx)
+        engine.check(need_buildx=False)
     except EngineUnavailable as exc:
         return None, str(exc)
     return engine, None

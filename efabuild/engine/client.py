@@ -136,10 +136,8 @@ class Engine:
                     "or fix [builder] context in BUILD.toml"
                 )
         self._check_answers()
-        if need_buildx and self.run("buildx", "version", timeout=CHECK_TIMEOUT_S).returncode != 0:
-            raise EngineUnavailable(
-                "the docker buildx plugin is missing: install it with `bash scripts/setup-host.sh`"
-            )
+        if need_buildx:
+            self.check_buildx()
         if self.buildx_builder:
             found = self.run("buildx", "inspect", self.buildx_builder, timeout=CHECK_TIMEOUT_S)
             if found.returncode != 0:
@@ -149,6 +147,14 @@ class Engine:
                     f"{self.buildx_builder} ...` or fix [builder] buildx_builder in BUILD.toml"
                 )
             self._check_builder_runs(found.stdout)
+
+    def check_buildx(self) -> None:
+        """The buildx plugin answers: what a build needs beyond the engine (two processes, so a
+        make whose plan builds nothing does not ask)."""
+        if self.run("buildx", "version", timeout=CHECK_TIMEOUT_S).returncode != 0:
+            raise EngineUnavailable(
+                "the docker buildx plugin is missing: install it with `bash scripts/setup-host.sh`"
+            )
 
     def _check_answers(self) -> None:
         """An engine answers where the settings point: on its socket when local, else the CLI's
