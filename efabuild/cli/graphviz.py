@@ -6,6 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from efabuild.engine import children
 from efabuild.errors import EfabuildError, InputError
 
 FORMATS = ("svg", "png")
@@ -27,7 +28,7 @@ def render(source: str, fmt: str) -> bytes:
         raise InputError(f"cannot draw {fmt!r}: choose one of {', '.join(FORMATS)}")
     dot = require_dot()
     try:
-        done = subprocess.run([dot, f"-T{fmt}"], input=source.encode(), capture_output=True, timeout=_TIMEOUT_S)
+        done = children.run([dot, f"-T{fmt}"], input=source.encode(), capture_output=True, timeout=_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise EfabuildError(f"Graphviz's dot did not finish within {_TIMEOUT_S}s") from None
     if done.returncode != 0:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import attrs
 
+from efabuild.engine import children
 from efabuild.engine.buildlog import BuildFailure, BuildLogReader
 from efabuild.engine.client import NO_DOCKER_CLI, Engine, EngineUnavailable
 from efabuild.engine.images import image_id as lookup_image_id
@@ -211,7 +212,7 @@ def build_layer(
 
 def _run_buildx(command, dockerfile, env, log, reader, on_line, cancel, redact=lambda text: text) -> int:
     try:
-        process = subprocess.Popen(
+        process = children.popen(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env={**os.environ, **env},
         )

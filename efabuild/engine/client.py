@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from efabuild.engine import children
 from efabuild.errors import EfabuildError, InputError
 from efabuild.model import BuilderSettings
 
@@ -97,7 +98,7 @@ class Engine:
         acts on the engine goes through `client` (see efabuild.engine)."""
         full_env = None if env is None else {**os.environ, **env}
         try:
-            return subprocess.run(
+            return children.run(
                 self.command(*args), input=input, capture_output=True, text=True,
                 timeout=timeout, env=full_env,
             )
@@ -233,7 +234,7 @@ class Engine:
     def _bare_run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
         """A client-side docker command without --host/--context (contexts are client config)."""
         try:
-            return subprocess.run([DOCKER_CLI, *args], capture_output=True, text=True,
+            return children.run([DOCKER_CLI, *args], capture_output=True, text=True,
                                   timeout=CHECK_TIMEOUT_S)
         except (FileNotFoundError, subprocess.TimeoutExpired):
             return subprocess.CompletedProcess(args, 1, "", "")

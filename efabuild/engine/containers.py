@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import IO
 
+from efabuild.engine import children
 from efabuild.engine.client import NO_DOCKER_CLI, Engine, EngineError, EngineUnavailable, last_line, output_text
 from efabuild.store.owner import Owner
 
@@ -43,7 +44,7 @@ def export_stream(engine: Engine, container: str, stderr: IO[bytes]) -> subproce
     only writes to a file, and the export's point is never to hold the rootfs on disk. The
     command line carries the same --host/--context as the client."""
     try:
-        return subprocess.Popen(engine.command("container", "export", container),
+        return children.popen(engine.command("container", "export", container),
                                 stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
         raise EngineUnavailable(NO_DOCKER_CLI) from None

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import attrs
 
+from efabuild.engine import children
 from efabuild.errors import EfabuildError
 
 _CHUNK = 1 << 20
@@ -63,7 +64,7 @@ def read_sqsh(sqsh: Path) -> dict[str, FileFacts]:
 
     with tempfile.TemporaryFile() as errors:
         try:
-            proc = subprocess.Popen(["sqfs2tar", "--no-xattr", "--root-becomes", ".", str(sqsh)],
+            proc = children.popen(["sqfs2tar", "--no-xattr", "--root-becomes", ".", str(sqsh)],
                                     stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise EfabuildError("sqfs2tar not found: install squashfs-tools-ng (scripts/setup-host.sh)") from None

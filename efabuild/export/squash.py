@@ -30,6 +30,7 @@ from typing import IO, TYPE_CHECKING
 import attrs
 
 from efabuild.build.stops import step_boundary
+from efabuild.engine import children
 from efabuild.engine.client import last_line
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.export.enroot import ImageConfig
@@ -188,7 +189,7 @@ def export_tar_stream(
                RewritePlan.for_config(config, epoch=epoch, clamp=clamp, init_layer=True), None, time.monotonic())
 
     def start(stderr: IO[bytes]) -> subprocess.Popen:
-        return subprocess.Popen(source, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
+        return children.popen(source, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
 
     return _squash(start, source[0], job, progress, sha256, cancel)
 
@@ -231,7 +232,7 @@ def _squash(start_source: Callable[[IO[bytes]], subprocess.Popen], source_name: 
 
 def _start_mksquashfs(tmp: Path, opts: tuple[str, ...], log: IO[bytes]) -> subprocess.Popen:
     try:
-        return subprocess.Popen(["mksquashfs", "-", str(tmp), *opts], stdin=subprocess.PIPE, stdout=log,
+        return children.popen(["mksquashfs", "-", str(tmp), *opts], stdin=subprocess.PIPE, stdout=log,
                                 stderr=subprocess.STDOUT, env=_squash_env())
     except FileNotFoundError:
         raise EfabuildError(

@@ -12,13 +12,13 @@ import os
 import posixpath
 import re
 import stat
-import subprocess
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 from pathlib import Path
 
 import attrs
 
+from efabuild.engine import children
 from efabuild.errors import EfabuildError
 
 FILE, DIR, SYMLINK, OTHER = "file", "dir", "symlink", "other"
@@ -265,7 +265,7 @@ def _decode(raw: bytes) -> str:
 
 def _unsquashfs(args: list[str], image: Path, check: bool = True) -> bytes:
     try:
-        proc = subprocess.run(
+        proc = children.run(
             ["unsquashfs", *args], capture_output=True, env={**os.environ, "LC_ALL": "C"}
         )
     except FileNotFoundError:

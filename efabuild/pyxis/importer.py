@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 from efabuild.configfile import load_toml
+from efabuild.engine import children
 from efabuild.errors import EfabuildError, InputError
 from efabuild.store.config import STORE_ENV
 
@@ -156,7 +156,7 @@ def _enroot_import(uri: str, environ) -> Path:
     staged.unlink(missing_ok=True)  # enroot refuses to overwrite; a retried step starts afresh
     try:
         # enroot's progress goes to stderr: stdout carries only the path Pyxis reads
-        done = subprocess.run(["enroot", "import", "--output", str(staged), uri], stdout=sys.stderr,
+        done = children.run(["enroot", "import", "--output", str(staged), uri], stdout=sys.stderr,
                               env=dict(environ))
     except FileNotFoundError:
         raise EfabuildError(f"{uri}: not an efabuild:// image, and enroot is not on PATH to import it") from None
