@@ -15,6 +15,7 @@ import pytest
 from efabuild.store.digest import file_digest
 from efabuild.store.tiered import Store
 from efabuild.store.fs import FilesystemTier
+from efabuild.store.owner import Owner, owned_name
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.sweep import remove
 from tests.storekit import REPO, efabuild, key_for
@@ -150,6 +151,32 @@ def test_gc_removes_leftovers_of_dead_writers_and_skips_objects_in_use(workspace
     assert not leftover.exists() and not cache.layout.record_path(orphan_key).exists()
     assert live.exists() and foreign.is_dir()
     assert cache.has(user1)
+
+
+def test_gc_judges_temp_files_and_check_directories_by_their_owners_start_time_too(workspace):
+    """pids are reused: a temp file of this pid but another start time is a dead writer's; a
+    killed `make --check` leaves a directory named by its owner, removed once that owner is gone."""
+    cache = FilesystemTier(workspace / "cache", "local")
+    cache.checked_tmp_dir()
+    me = Owner.current()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    reused = cache.layout.tmp_dir / f"efatmp.{me.host}.{me.pid}.{me.start + 1}.0badc0de.x.sqsh"
+    reused.write_bytes(b"half an export of an earlier process with this pid")
+    live = cache.staging_path(key_for("live"))
+    live.write_bytes(b"being written")
+    killed_check = cache.layout.tmp_dir / f"check-{me.host}.{dead}.{me.start}-0badc0de-user"
+    (killed_check / "rebuilt.sqsh").parent.mkdir()
+    (killed_check / "rebuilt.sqsh").write_bytes(b"half a rebuild")
+    live_check = cache.layout.tmp_dir / owned_name("check", "user")
+    live_check.mkdir()
+    dry = efabuild("gc", cwd=workspace, check=True).stdout
+    assert f"would remove leftover  local  {reused}" in dry
+    assert f"would remove leftover  local  {killed_check}" in dry
+    assert str(live) not in dry and str(live_check) not in dry
+    efabuild("gc", "--yes", cwd=workspace, check=True)
+    assert not reused.exists() and not killed_check.exists()
+    assert live.exists() and live_check.is_dir()
 
 
 def test_a_key_made_current_again_while_gc_runs_is_not_deleted(tmp_path: Path):

@@ -9,7 +9,6 @@ image and artifact stay as they were.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 import attrs
@@ -19,6 +18,8 @@ from efabuild.model import Layer
 from efabuild.build.prepare import Prepared
 from efabuild.export.sqshdiff import Difference
 from efabuild.refs import short
+from efabuild.store.leftovers import CHECK_PREFIX
+from efabuild.store.owner import owned_name
 from efabuild.build.reporter import Reporter
 
 CHECK_REPO = "efabuild-check"
@@ -65,7 +66,9 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
                             f"rebuild parents: run `efabuild make {layer.parent}` first")
     tag = f"{CHECK_REPO}/{layer.name}:{lp.key}"
     log_path = runner.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.check.log"
-    work = Path(tempfile.mkdtemp(prefix=f"check-{layer.name}-", dir=_tmp(runner.store_root)))
+    # named by its owner: a killed check's directory is removed by the next make or gc
+    work = _tmp(runner.store_root) / owned_name(CHECK_PREFIX, layer.name)
+    work.mkdir(mode=0o700)
     try:
         reporter.started(qualname, "check", f"rebuilding {short(lp.key)} without the build cache")
         with runner._context_dir(layer, lp) as context_dir:

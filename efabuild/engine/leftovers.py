@@ -70,5 +70,4 @@ def _inside(target: str, stores: list[Path]) -> bool:
 
 def _owner_from_target(target: str) -> Owner | None:
     """Containers made before the owner label: the store temp name of their .sqsh names the pid."""
-    parsed = parse_temp_owner(Path(target).name) if target else None
-    return Owner(parsed[0], parsed[1], 0) if parsed else None
+    return parse_temp_owner(Path(target).name) if target else None

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from efabuild.errors import EfabuildError
 
 if TYPE_CHECKING:
+    from efabuild.store.owner import Owner
     from efabuild.store.progress import Progress
 
 COPY_CHUNK = 64 * 1024 * 1024
@@ -214,22 +215,26 @@ def stat_under(root: Path, path: Path) -> os.stat_result | None:
         return None
 
 
-_TEMP = re.compile(r"efatmp\.(?P<host>[^.]+)\.(?P<pid>[0-9]+)\.[0-9a-f]{8}\.")
+# efatmp.HOST.PID.START.RANDOM.NAME; names from before START was added lack it (then 0: the pid decides)
+_TEMP = re.compile(r"efatmp\.(?P<host>[^.]+)\.(?P<pid>[0-9]+)\.(?:(?P<start>[0-9]+)\.)?[0-9a-f]{8}\.")
 
 
 def temp_name(tmp_dir: Path, stem: str, suffix: str) -> Path:
-    """A unique temp path naming its owner, so gc can tell a live writer's file from debris."""
+    """A unique temp path naming its owner (host, pid, start time: pids are reused), so gc can
+    tell a live writer's file from debris."""
     import secrets  # here, not at the top: lookup's fast path reads through this module
-    import socket
 
-    host = socket.gethostname().split(".")[0] or "host"
-    return tmp_dir / f"efatmp.{host}.{os.getpid()}.{secrets.token_hex(4)}.{stem}{suffix}"
+    from efabuild.store.owner import Owner  # owner -> lock -> this module
+
+    return tmp_dir / f"efatmp.{Owner.current().token}.{secrets.token_hex(4)}.{stem}{suffix}"
 
 
-def parse_temp_owner(name: str) -> tuple[str, int] | None:
-    """(host, pid) from a temp_name() file name; None for any other file."""
+def parse_temp_owner(name: str) -> Owner | None:
+    """The writer named in a temp_name() file name; None for any other file."""
+    from efabuild.store.owner import Owner
+
     match = _TEMP.match(name)
-    return (match["host"], int(match["pid"])) if match else None
+    return Owner(match["host"], int(match["pid"]), int(match["start"] or 0)) if match else None
 
 
 def fsync_dir(path: Path) -> None:

@@ -1,8 +1,8 @@
 """Leftovers of interrupted writers on a filesystem tier, found and removed by gc and make.
 
-A temp file in tmp/ is named after its writer (host, pid: fsutil.temp_name) and a build context
-after its make (owner.owned_name); each is stale once that process is gone from this host, or, a
-temp file of another host, after a day. A record or sidecar without its .sqsh is an interrupted
+A temp file in tmp/ is named after its writer (host, pid, start time: fsutil.temp_name), and a
+build context or a `make --check` work directory after its make (owner.owned_name); each is stale
+once that process is gone from this host, or, a temp file of another host, after a day. A record or sidecar without its .sqsh is an interrupted
 publish, a leftover only while nobody holds its key's lock. Nothing is followed or deleted
 through a link.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import stat
 import time
 from pathlib import Path
@@ -23,19 +22,22 @@ from efabuild.refs import is_key
 from efabuild.store import fsutil
 from efabuild.store.fsutil import UnsafeEntry, shown
 from efabuild.store.layout import RECORD_SUFFIX, SQSH_SUFFIX
-from efabuild.store.lock import LockBusy, pid_alive
-from efabuild.store.owner import owner_of
+from efabuild.store.lock import LockBusy
+from efabuild.store.owner import Owner, owner_of, this_host
 from efabuild.store.transfer import SIDECARS
 
 # Temp files of writers on other hosts are only judged by age.
 STALE_TEMP_SECONDS = 24 * 3600
-# build contexts a make writes into the local tier's tmp/ (efabuild.build.run), named by their owner
+# directories a make writes into the local tier's tmp/, named by their owner: build contexts
+# (efabuild.build.context) and make --check's rebuilt .sqsh (efabuild.build.check)
 CONTEXT_PREFIX = "context"
+CHECK_PREFIX = "check"
+OWNED_DIR_PREFIXES = (CONTEXT_PREFIX, CHECK_PREFIX)
 
 
 def find(tier, now: float | None = None) -> list[Path]:  # noqa: ANN001 - a FilesystemTier
-    """Leftovers of interrupted writers: stale temp files, build contexts of makes that are
-    gone, and records without a .sqsh.
+    """Leftovers of interrupted writers: stale temp files, build contexts and check directories
+    of makes that are gone, and records without a .sqsh.
 
     A temp file is stale when its writer (named in the file name) is dead on this host, or
     when it is older than a day (writer on another host). A record without a .sqsh counts only
@@ -43,27 +45,26 @@ def find(tier, now: float | None = None) -> list[Path]:  # noqa: ANN001 - a File
     """
     now = time.time() if now is None else now
     found: list[Path] = []
-    host = socket.gethostname().split(".")[0]
     try:
         with fsutil.store_dir(tier.root, "tmp") as fd:
             temps = [(name, os.stat(name, dir_fd=fd, follow_symlinks=False)) for name in os.listdir(fd)
-                     if fsutil.parse_temp_owner(name) or owner_of(name, CONTEXT_PREFIX)]
+                     if fsutil.parse_temp_owner(name) or _dir_owner(name)]
     except (FileNotFoundError, NotADirectoryError):
         temps = []
     except UnsafeEntry as exc:
         notices.warn(f"{tier.name} tier: skipping {exc}")
         temps = []
     for name, info in temps:
-        context_owner = owner_of(name, CONTEXT_PREFIX)
-        if context_owner is not None:  # a make's build context: removed once the make is gone
-            if stat.S_ISDIR(info.st_mode) and context_owner.gone():
+        dir_owner = _dir_owner(name)
+        if dir_owner is not None:  # a make's directory: removed once the make is gone
+            if stat.S_ISDIR(info.st_mode) and dir_owner.gone():
                 found.append(tier.layout.tmp_dir / name)
             continue
         if not stat.S_ISREG(info.st_mode):
             continue  # not ours (other tools keep their own temp dirs here)
         owner = fsutil.parse_temp_owner(name)
-        if owner[0] == host:
-            if not pid_alive(owner[1]):
+        if owner.host == this_host():
+            if owner.gone():
                 found.append(tier.layout.tmp_dir / name)
         elif now - info.st_mtime > STALE_TEMP_SECONDS:
             found.append(tier.layout.tmp_dir / name)
@@ -86,6 +87,11 @@ def find(tier, now: float | None = None) -> list[Path]:  # noqa: ANN001 - a File
             lock.release()
     return found
 
+
+def _dir_owner(name: str) -> Owner | None:
+    return next(filter(None, (owner_of(name, prefix) for prefix in OWNED_DIR_PREFIXES)), None)
+
+
 def _exists(tier, path: Path) -> bool:  # noqa: ANN001
     """Whether a directory entry of that name exists below the root (a link counts)."""
     try:
@@ -102,7 +108,7 @@ def remove(tier, path: Path) -> None:  # noqa: ANN001
         with fsutil.store_dir(tier.root, "tmp") as fd, contextlib.suppress(FileNotFoundError):
             os.unlink(path.name, dir_fd=fd)
         return
-    if path.parent == tier.layout.tmp_dir and owner_of(path.name, CONTEXT_PREFIX):
+    if path.parent == tier.layout.tmp_dir and _dir_owner(path.name):
         with fsutil.store_dir(tier.root, "tmp") as fd:
             shutil.rmtree(path.name, dir_fd=fd, ignore_errors=True)  # a link is not followed
         return
