@@ -197,6 +197,46 @@ def test_leftovers_of_killed_makes_are_removed_by_gc_and_by_the_next_make(slow_w
     assert tmp_entries(slow_ws) == []
 
 
+def _named(pids: list[int]) -> dict[int, str]:
+    names = {}
+    for pid in pids:
+        try:
+            names[pid] = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+    return names
+
+
+def _stopped(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2] == "T"
+
+
+def test_kill_9_leaves_no_buildx_docker_export_or_mksquashfs_running(slow_ws):
+    """A make killed outright takes its children with it: neither `docker buildx build` nor the
+    `docker export` stream nor mksquashfs runs on; the next make removes what the kill left."""
+    # the make stops itself where a step begins, goes on, and is killed once that step's programs run
+    for step, programs in (("build", {"docker"}), ("export", {"docker", "mksquashfs"})):
+        proc = start_make(slow_ws, env={"EFABUILD_STOP_AT": step})
+        wait_for(lambda: _stopped(proc.pid), f"the make to stop at {step}", proc=proc)
+        os.kill(proc.pid, signal.SIGCONT)
+        if step == "export":
+            wait_for(growing_export(slow_ws), "the export to write its .sqsh", proc=proc)
+        running = wait_for(lambda: (lambda kids: kids if programs <= set(kids.values()) else None)(
+            _named(descendants(proc.pid))), f"{sorted(programs)} to run", proc=proc)
+        proc.kill()
+        proc.communicate()
+        deadline = time.monotonic() + 10
+        while [pid for pid in running if alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        survivors = {pid: name for pid, name in running.items() if alive(pid)}
+        assert not survivors, f"killed at {step}, its children run on: {survivors}"
+    assert tmp_entries(slow_ws) and export_containers(slow_ws)  # what the kill at export left
+    efabuild(slow_ws, "make", "big:data", check=True)
+    assert export_containers(slow_ws) == []
+    assert tmp_entries(slow_ws) == []
+
+
 def test_a_live_makes_context_and_container_are_not_leftovers(slow_ws):
     """gc and other makes leave a running make's things alone."""
     proc = start_make(slow_ws)

@@ -20,7 +20,6 @@ import struct
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,8 +27,10 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from efabuild.engine import children
 from efabuild.errors import EfabuildError, InputError
 from efabuild.model import BuilderSettings
+from efabuild.store.scratch import scratch_dir
 
 if TYPE_CHECKING:
     from efabuild.engine.client import Engine
@@ -93,7 +94,7 @@ def fixture_sources(source: Path | None = None) -> Iterator[Path]:
     if not PACKED_SOURCES.is_file():
         raise InputError("the fixture sources are missing: neither a checkout's fixtures/ nor the package's "
                          "fixtures.tar (reinstall efabuild, or pass --source)", str(source_dir()))
-    with tempfile.TemporaryDirectory(prefix="efabuild-fixture-sources-") as tmp:
+    with scratch_dir("fixture-sources") as tmp:
         with tarfile.open(PACKED_SOURCES) as tar:
             tar.extractall(tmp, filter="tar")  # keeps the symlinks, refuses paths leaving tmp
         yield Path(tmp) / "fixtures"
@@ -134,8 +135,8 @@ def python_files(python: str | None = None) -> dict[str, Path]:
     if not Path(python).is_file():
         raise missing
     try:
-        libs = subprocess.run(["ldd", python], capture_output=True, text=True, check=True, timeout=30).stdout
-        found = subprocess.run([python, "-I", "-c", _PYTHON_PROBE], capture_output=True, text=True,
+        libs = children.run(["ldd", python], capture_output=True, text=True, check=True, timeout=30).stdout
+        found = children.run([python, "-I", "-c", _PYTHON_PROBE], capture_output=True, text=True,
                                check=True, timeout=30).stdout.split()
     except (OSError, subprocess.SubprocessError):
         raise missing from None
@@ -207,7 +208,7 @@ def _build_mini_ngc(engine: Engine, root: Path, force: bool, log: Callable[[str]
     if existing is not None and not force and labels.get(CONTENT_LABEL) == content:
         return FixtureImage(MINI_NGC_TAG, existing, content, False, time.monotonic() - started)
     log(f"{MINI_NGC_TAG}: building from {root}")
-    with tempfile.TemporaryDirectory(prefix="efabuild-fixture-") as tmp:
+    with scratch_dir("fixture") as tmp:
         context = Path(tmp) / "context"
         shutil.copytree(root, context, symlinks=True)
         shutil.copy2(busybox, context / "busybox")

@@ -30,6 +30,7 @@ from efabuild.build.reporter import Reporter
 from efabuild.build.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
                                      run_in_order)
 from efabuild.build.stops import step_boundary
+from efabuild.store import scratch
 from efabuild.store.fs import REUSED as TIER_REUSED
 
 __all__ = ["BUILT", "EXPORTED", "FAILED", "PULLED", "REUSED", "SKIPPED", "STATUSES", "SOURCE_DATE_EPOCH",
@@ -173,11 +174,14 @@ class _Runner:
 
     def sweep_leftovers(self) -> None:
         """Remove what makes killed on this host left behind: temp files and build contexts in
-        the store tiers, export containers in the engine. A live make's are never touched."""
+        the store tiers, scratch directories in the system's temp dir, export containers in the
+        engine. A live make's are never touched."""
         try:
             for tier in self.store.fs_tiers:
                 for item in tier.debris():
                     tier.remove_debris(item)
+            for directory in scratch.dead_scratch_dirs():
+                scratch.remove(directory)
             if self.engine is not None:
                 self.steps.remove_dead_export_containers([tier.root for tier in self.store.fs_tiers])
         except (OSError, EfabuildError) as exc:  # housekeeping: never a reason to fail the make

@@ -56,6 +56,16 @@ def _store(args: argparse.Namespace):  # noqa: ANN202 - efabuild.store.Store
     return Store.locate(args.store)
 
 
+def _dead_scratch_dirs(remove: bool) -> list:
+    from efabuild.store import scratch
+
+    found = scratch.dead_scratch_dirs()
+    if remove:
+        for path in found:
+            scratch.remove(path)
+    return found
+
+
 def _dead_export_containers(args: argparse.Namespace, stores: list, remove: bool) -> list[str]:
     """In a workspace: export containers into its store that its engine holds for makes killed on
     this host (a bare store on a compute node has no engine to ask)."""
@@ -136,7 +146,8 @@ def run_gc(args: argparse.Namespace) -> int:
     report = store.gc(keep=args.keep, pins=store.pins + tuple(args.pin), dry_run=not args.yes,
                       remote=not args.no_s3, delete_remote=args.s3 or not store.bare)
     containers = _dead_export_containers(args, [tier.root for tier in store.fs_tiers], remove=args.yes)
-    debris = [*report.debris, *(("engine", f"container {name}") for name in containers)]
+    debris = [*report.debris, *(("host", str(path)) for path in _dead_scratch_dirs(remove=args.yes)),
+              *(("engine", f"container {name}") for name in containers)]
     busy = set(report.busy)
     if args.json:
         print_json("gc", _gc_json(report, debris, busy))

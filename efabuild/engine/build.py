@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +31,7 @@ from efabuild.engine.images import tag_image
 from efabuild.errors import EfabuildError
 from efabuild.model import DEFAULT_PLATFORM
 from efabuild.redact import Redactor, is_secret_arg
+from efabuild.store.scratch import scratch_dir
 
 # After SIGINT buildx cancels the build on the engine and exits; it gets this long before SIGKILL.
 STOP_GRACE_S = 30.0
@@ -169,7 +169,7 @@ def build_layer(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     reader = BuildLogReader()
-    with tempfile.TemporaryDirectory(prefix="efabuild-build-") as scratch, \
+    with scratch_dir("build") as scratch, \
             open(log_path, "w", encoding="utf-8", errors="replace") as log:
         iidfile, metadata_file = Path(scratch, "iid"), Path(scratch, "metadata.json")
         command = buildx_command(engine, req, iidfile, metadata_file)

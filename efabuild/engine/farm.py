@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -181,9 +180,10 @@ class Farm:
         streams its root filesystem (`FROM ref`, `--output type=tar`), its config comes from the
         registry. Byte-identical to exporting the same image from an engine."""
         from efabuild.export.squash import export_tar_stream
+        from efabuild.store.scratch import scratch_dir
 
         config, created = registry_config(node, ref)
-        with tempfile.TemporaryDirectory(prefix="efabuild-farm-export-") as scratch:
+        with scratch_dir("farm-export") as scratch:
             dockerfile = Path(scratch, "Dockerfile")
             dockerfile.write_text(f"FROM {ref}\n")
             args = ["buildx", "build", "--progress", "plain", "--provenance=false", "--sbom=false",

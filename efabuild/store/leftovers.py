@@ -2,9 +2,10 @@
 
 A temp file in tmp/ is named after its writer (host, pid, start time: fsutil.temp_name), and a
 build context or a `make --check` work directory after its make (owner.owned_name); each is stale
-once that process is gone from this host, or, a temp file of another host, after a day. A record or sidecar without its .sqsh is an interrupted
-publish, a leftover only while nobody holds its key's lock. Nothing is followed or deleted
-through a link.
+once that process is gone from this host, or, a temp file of another host, after a day. A record
+or sidecar without its .sqsh is an interrupted publish, a leftover only while nobody holds its
+key's lock. Nothing is followed or deleted through a link. (Scratch directories outside the store:
+efabuild.store.scratch.)
 """
 
 from __future__ import annotations

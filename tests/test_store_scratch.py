@@ -1,0 +1,39 @@
+"""Scratch directories in the system temp dir: named by their owner, swept once it is gone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from efabuild.store import scratch
+from efabuild.store.owner import Owner
+from tests.storekit import efabuild
+
+
+def _dead_pid() -> int:
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+
+
+def test_a_dead_processes_scratch_directory_is_found_and_a_live_ones_is_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the system temp dir, for this test
+    me = Owner.current()
+    dead = tmp_path / f"efabuild-{me.host}.{_dead_pid()}.{me.start}-0badc0de-build-x1y2z3"
+    (dead / "iid").parent.mkdir()
+    (dead / "iid").write_text("sha256:...")
+    reused = tmp_path / f"efabuild-{me.host}.{me.pid}.{me.start + 1}-0badc0de-build-a1b2c3"
+    reused.mkdir()  # this pid, another start time: an earlier process that had the pid
+    other_host = tmp_path / f"efabuild-elsewhere.{_dead_pid()}.1-0badc0de-build-q"
+    other_host.mkdir()
+    not_ours = tmp_path / "efabuild-build-abc123"  # the unnamed kind: nobody to ask
+    not_ours.mkdir()
+    with scratch.scratch_dir("build") as live:
+        assert Path(live).parent == tmp_path and Path(live).name.startswith(f"efabuild-{me.token}-")
+        assert scratch.dead_scratch_dirs() == sorted([dead, reused])
+        out = efabuild("gc", "--yes", "--store", str(tmp_path / "store"), check=True).stdout
+        assert f"removed leftover  host  {dead}" in out and f"removed leftover  host  {reused}" in out
+        assert Path(live).is_dir()
+    assert not dead.exists() and not reused.exists()
+    assert other_host.is_dir() and not_ours.is_dir()
