@@ -188,3 +188,46 @@ def test_a_plan_on_the_local_engine_starts_no_docker_process_and_a_make_asks_for
     assert made.stderr.strip().splitlines()[-1].endswith(
         "the docker buildx plugin is missing: install it with `bash scripts/setup-host.sh`")
     assert calls.read_text().splitlines() == ["buildx version"]
+
+
+def serve_once(path: str, send) -> None:  # noqa: ANN001
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def answer() -> None:
+        conn = server.accept()[0]
+        conn.recv(4096)
+        try:
+            send(conn)
+        except OSError:
+            pass  # the reader gave up: what is being tested
+        conn.close()
+        server.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+
+
+def test_a_chunked_reply_is_read_whole(tmp_path):
+    path = str(tmp_path / "chunked.sock")
+    body = b'[{"RepoTags": ["efabuild/user:' + b"a" * 64 + b'"]}]'
+    serve_once(path, lambda conn: conn.sendall(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n" % 10 + body[:10] + b"\r\n" + b"%x\r\n" % (len(body) - 10) + body[10:] + b"\r\n0\r\n\r\n"))
+    assert EngineApi(path, timeout=5).repo_tags() == ["efabuild/user:" + "a" * 64]
+
+
+def test_a_reply_that_trickles_in_is_given_up_on_at_the_time_limit(tmp_path):
+    path = str(tmp_path / "slow.sock")
+
+    def trickle(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+        for _ in range(50):
+            conn.sendall(b" ")
+            time.sleep(0.1)
+
+    serve_once(path, trickle)
+    started = time.monotonic()
+    with pytest.raises(ApiError) as caught:
+        EngineApi(path, timeout=0.5).repo_tags()
+    assert caught.value.kind == "timeout" and time.monotonic() - started < 2
