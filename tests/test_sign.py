@@ -262,6 +262,26 @@ def test_an_entry_planted_by_another_user_is_ignored(tmp_path, keys):
     assert next(cache.iterdir()).stat().st_uid == os.geteuid() and verifycache.RACY_SECONDS == 2.0
 
 
+def test_a_killed_writers_temp_entry_is_removed_by_the_next_write(tmp_path, keys):
+    from efabuild.store.owner import Owner, owned_name
+
+    store, key = stored_artifact(tmp_path, PemSigner(keys["ec"][0]))
+    env = node_env(tmp_path, store, keys["ec"][1])
+    cache = Path(env["EFABUILD_VERIFY_CACHE"])
+    cache.mkdir(mode=0o700, parents=True)
+    me = Owner.current()
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    killed = cache / f".entry-{me.host}.{dead}.{me.start}-0badc0de-tmp"
+    killed.write_bytes(b'{"half an ')  # a lookup killed between writing and renaming its entry
+    live = cache / owned_name(".entry", "tmp")  # this process's: still being written
+    live.write_bytes(b"")
+    time.sleep(2.1)
+    assert cached_lookup(key, env)[0] == 0
+    assert not killed.exists() and live.exists()
+    assert len(list(cache.glob("*.json"))) == 1
+
+
 def test_nothing_is_cached_within_two_seconds_of_a_change(tmp_path, keys):
     store, key = stored_artifact(tmp_path, PemSigner(keys["ec"][0]))
     env = node_env(tmp_path, store, keys["ec"][1])

@@ -136,10 +136,14 @@ def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, lis
     if not _trusted_dir(directory, owner):
         return False  # someone else's directory, or open to others: never write into it
     data = json.dumps(_expected(key, stamps, policy_digest), sort_keys=True).encode()
-    import tempfile  # only when writing: the cached path never needs it
+    # only when writing: the cached path never needs it
+    from efabuild.store.owner import owned_name, remove_dead_owned
 
+    # the temp file names its writer: one killed before the rename leaves it to the next write
+    remove_dead_owned(directory, ".entry")
+    tmp = directory / owned_name(".entry", "tmp")
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".entry.", suffix=".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
         return False
     try:

@@ -85,3 +85,19 @@ def owner_of(name: str, prefix: str) -> Owner | None:
     """The owner in an owned_name() with this prefix; None for any other name."""
     match = re.match(rf"{re.escape(prefix)}-{TOKEN}-[0-9a-f]{{8}}-", name)
     return Owner(match["host"], int(match["pid"]), int(match["start"])) if match else None
+
+
+def remove_dead_owned(directory: str | os.PathLike, prefix: str) -> None:
+    """Delete the owned_name() files with this prefix in `directory` whose owner is gone: what
+    writers killed between creating a temp file and renaming it left behind."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        owner = owner_of(name, prefix)
+        if owner is not None and owner.gone():
+            try:
+                os.unlink(os.path.join(directory, name))  # a link itself, never what it points at
+            except OSError:
+                pass  # gone already, or a directory: not ours to judge
