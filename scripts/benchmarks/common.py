@@ -206,6 +206,16 @@ def python() -> str:
     return sys.executable
 
 
+def byte_compile_efabuild() -> None:
+    """Byte-compile the efabuild package the commands import, as `pip install` leaves it: a
+    start-up timing must not include compiling its source (PYTHONDONTWRITEBYTECODE, or a checkout
+    nothing has run from yet, would make every run compile it again)."""
+    found = subprocess.run([python(), "-c", "import efabuild; print(efabuild.__path__[0])"],
+                           capture_output=True, text=True, check=True)
+    subprocess.run([python(), "-m", "compileall", "-q", found.stdout.strip()], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
 def efabuild_command() -> list[str]:
     """The `efabuild` console script beside the interpreter, as a job script would run it."""
     beside = Path(sys.executable).parent / "efabuild"

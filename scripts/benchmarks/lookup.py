@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import subprocess
 
-from benchmarks.common import Check, Context, Result, efabuild_command, interleaved, python
+from benchmarks.common import Check, Context, Result, byte_compile_efabuild, efabuild_command, interleaved, python
 
 TARGET = 1.5
 NAME = "bench:user"
@@ -35,6 +35,7 @@ def make_store(root) -> str:  # noqa: ANN001
 def scenario(ctx: Context) -> Result:
     store = ctx.scratch("lookup") / "store"
     key = make_store(store)
+    byte_compile_efabuild()
     efabuild = efabuild_command()
     commands = {
         "python -c pass": [python(), "-c", "pass"],
