@@ -151,7 +151,7 @@ def test_a_reply_that_is_not_the_engines_is_an_error_not_a_traceback(tmp_path):
     server.close()
 
 
-def test_a_plan_on_the_local_engine_starts_no_docker_process_and_a_make_asks_for_buildx_only_to_build(
+def test_a_plan_and_a_no_op_make_start_no_docker_process_and_a_make_asks_for_buildx_only_to_build(
         docker_engine, busybox_image, tmp_path, monkeypatch):
     """Every docker process is logged by a wrapper first on PATH; one without buildx fails as a
     machine without the plugin does."""
@@ -188,6 +188,20 @@ def test_a_plan_on_the_local_engine_starts_no_docker_process_and_a_make_asks_for
     assert made.stderr.strip().splitlines()[-1].endswith(
         "the docker buildx plugin is missing: install it with `bash scripts/setup-host.sh`")
     assert calls.read_text().splitlines() == ["buildx version"]
+
+    # the layer's image present under its key, as a make leaves it: the next make has nothing to do
+    key = json.loads(planned.stdout)["layers"][0]["key"]
+    docker("tag", busybox_image, f"efabuild/only:{key}")
+    try:
+        probe = ("import sys\nfrom efabuild.cli import main\nstatus = main(['make'])\n"
+                 "print(status, 'python_on_whales' in sys.modules, file=sys.stderr)")
+        noop = subprocess.run([sys.executable, "-c", probe], cwd=ws, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert noop.stderr.strip().splitlines()[-1] == "0 False", noop.stderr
+        assert "1 reused" in noop.stdout
+        assert calls.read_text().splitlines() == ["buildx version"], "a no-op make started a docker process"
+    finally:
+        subprocess.run(["docker", "image", "rm", f"efabuild/only:{key}"], capture_output=True)
 
 
 def serve_once(path: str, send) -> None:  # noqa: ANN001

@@ -52,10 +52,10 @@ def export_stream(engine: Engine, container: str, stderr: IO[bytes]) -> subproce
 
 def remove(engine: Engine, *names: str) -> None:
     """Remove containers (and their anonymous volumes) by name; ones already gone are no error."""
+    if not names:  # the usual case, which must not load python-on-whales
+        return
     from python_on_whales.exceptions import DockerException
 
-    if not names:
-        return
     try:
         engine.client.container.remove(list(names), force=True, volumes=True)
     except DockerException:
