@@ -239,6 +239,25 @@ def test_layer_cache_registry_pulls_instead_of_building(demo_ws, local_registry)
     assert Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip()).is_file()
 
 
+def test_push_sends_layers_built_before_the_registry_was_set(demo_ws, local_registry):
+    efabuild(demo_ws, "make", "demo", check=True)
+    with (demo_ws / "BUILD.toml").open("a") as f:
+        f.write(f'[registry]\nurl = "{local_registry}"\n')
+    pushed = json.loads(efabuild(demo_ws, "push", "demo", "--json", check=True).stdout)["layers"]
+    assert {r["name"] for r in pushed} == {"demo:efa", "demo:deepep", "demo:user"}
+    for row in pushed:
+        layer = row["name"].split(":")[1]
+        assert row["pushed"].startswith(f"{local_registry}/efabuild/{layer}@sha256:"), row
+    # another machine: no local images, an empty store; the registry has what push sent
+    _remove_images_of(demo_ws)
+    shutil.rmtree(demo_ws / "cache")
+    layers = plan(demo_ws)
+    assert layers["demo:efa"]["state"] == "to pull" and layers["demo:user"]["state"] == "to pull"
+    missing = efabuild(demo_ws, "push", "demo")
+    assert missing.returncode == 1 and "not built" in missing.stdout
+    assert missing.stderr.strip() == "efabuild: not pushed (not built): demo:efa, demo:deepep, demo:user"
+
+
 def test_remote_builder_builds_on_the_other_engine(demo_ws, second_engine):
     from efabuild.engine.client import connect
     from efabuild.model import BuilderSettings

@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "plan": "plan_cmd",
     "graph": "graph_cmd",
     "make": "make_cmd",
+    "push": "push_cmd",
     "lookup": "lookup_cmd",
     "ls": "store_cmd",
     "gc": "store_cmd",
