@@ -12,7 +12,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
             For every artifact: its size, and in the S3 tier the bytes its chunks take as stored
             (compressed) and the bytes only it references (what deleting it would free). The last
             lines sum each tier and give S3's deduplication ratio: the artifacts' sizes over the
-            bytes stored. Reads every chunk index of the bucket: slower than `ls`.""",
+            bytes stored. Reads every chunk index of the bucket (as `ls` does for its S3 column).""",
         epilog="""
             examples:
               efabuild du
