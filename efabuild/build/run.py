@@ -158,7 +158,7 @@ class _Runner:
             if set(copied.values()) == {TIER_REUSED}:
                 return "", None  # another make published it between the plan and the lock
             return str(self.store.lookup(lp.key, fetch=False)), "copy between tiers"
-        if lp.key not in self.tags:  # planned as a copy, but no tier's copy was good
+        if self.farm is None and lp.key not in self.tags:  # planned as a copy, but no tier's copy was good
             raise EfabuildError(f"{lp.qualname}: no store tier holds a good copy of {short(lp.key)} and the "
                                 f"engine lacks its image: make again to build it")
         if not quiet:
