@@ -78,6 +78,5 @@ def scenario(ctx: Context) -> Result:
         timings=(ours, theirs),
         figures={"image": image, "file_data_bytes": data_bytes, "sqsh_bytes": streamed.size,
                  "identical": identical},
-        notes=("both on the local engine's BuildKit and a loopback registry: the stream's cost is its "
-               "solve and config read, not a network",),
+        notes=("both on the local engine and a loopback registry: no network between builder and efabuild",),
     )
