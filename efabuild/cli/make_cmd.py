@@ -53,6 +53,11 @@ def run(args) -> int:
         return _check(ws, args)
     if args.graph:
         _graph_format(args.graph)  # a bad name stops here, not after the builds
+    if args.progress == "json":  # the library's warnings and notes are events too: stderr stays JSON
+        from efabuild import notices
+        from efabuild.cli.live import JsonReporter
+
+        notices.use(JsonReporter(sys.stderr).notice)
     with announce_after(planning_line(sys.stderr, args.progress)):
         prepared = _prepared(ws, args)
     if args.dry_run:
@@ -71,8 +76,7 @@ def run(args) -> int:
     reporter = reporter_for(sys.stderr, args.progress)
     _sigterm_interrupts()  # scancel and timeouts send SIGTERM: stop builds as Ctrl-C does
     try:
-        with _notices_to(reporter):
-            result = make.run(prepared, reporter, jobs=args.jobs or ws.settings.builder.jobs)
+        result = make.run(prepared, reporter, jobs=args.jobs or ws.settings.builder.jobs)
     finally:
         reporter.close()
     return _report(args, prepared, result)
@@ -89,27 +93,6 @@ def _print_plan(prepared, stream, progress: str) -> None:
         JsonReporter(stream).emit("plan", **plan_json(prepared))
     else:
         print(render(prepared.plan, prepared.engine_error, palette_for(stream)), file=stream)
-
-
-def _notices_to(reporter):
-    """With --progress json the library's warnings and notes are events too: stderr stays JSON."""
-    import contextlib
-
-    from efabuild import notices
-    from efabuild.cli import reporting
-    from efabuild.cli.live import JsonReporter
-
-    if not isinstance(reporter, JsonReporter):
-        return contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def routed():
-        notices.use(reporter.notice)
-        try:
-            yield
-        finally:
-            reporting.install()
-    return routed()
 
 
 def _prepared(ws, args):
@@ -142,10 +125,11 @@ def _report(args, prepared, result) -> int:
                             "failed": result.failed, "skipped_tiers": result.skipped_tiers})
     else:
         print(summary(result, paths, palette_for(sys.stdout)))
-    # each failure once, with its step and the end of its log, where the user looks last
+    # each failure once, with its step and the end of its log, where the user looks last (with
+    # --progress json its finished event carries it: stderr stays JSON)
     failed = palette_for(sys.stderr).state(make.FAILED)
     for outcome in result.outcomes:
-        if outcome.status == make.FAILED:
+        if outcome.status == make.FAILED and args.progress != "json":
             print(f"efabuild: {outcome.qualname} {failed}: {outcome.error}", file=sys.stderr)
     return 1 if result.failed or result.skipped_tiers else 0
 
