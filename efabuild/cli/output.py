@@ -43,9 +43,11 @@ def print_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = No
 FORMAT_VERSION = 1
 
 
-def document(what: str, data: dict) -> dict:
-    """`data` as a versioned efabuild document: `format` first in meaning, "" made null."""
-    return {"format": f"efabuild.{what}/v{FORMAT_VERSION}", **nulled(data)}
+def document(what: str, data: dict, verbatim: tuple[str, ...] = ()) -> dict:
+    """`data` as a versioned efabuild document, "" made null; the `verbatim` fields hold stored
+    documents of their own (a provenance manifest), shown exactly as stored."""
+    kept = {name: data[name] for name in verbatim if name in data}
+    return {"format": f"efabuild.{what}/v{FORMAT_VERSION}", **nulled(data), **kept}
 
 
 def nulled(data: Any) -> Any:
@@ -70,9 +72,9 @@ def compact_json(data: Any) -> str:
     return json.dumps(nulled(data), sort_keys=True, separators=(",", ":"))
 
 
-def print_json(what: str, data: dict) -> None:
+def print_json(what: str, data: dict, verbatim: tuple[str, ...] = ()) -> None:
     """Print `data` as the document `efabuild.<what>/v1`."""
-    sys.stdout.write(to_json(document(what, data)) + "\n")
+    sys.stdout.write(to_json(document(what, data, verbatim)) + "\n")
 
 
 def print_foreign_json(data: Any) -> None:

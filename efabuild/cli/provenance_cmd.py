@@ -117,7 +117,8 @@ def run_show(args: argparse.Namespace) -> int:
     if args.intoto:
         print_foreign_json(to_intoto(found.manifest))  # an in-toto Statement, as in-toto defines it
     elif args.json:
-        print_json("show", {"key": found.key, "name": found.name, "verified": found.verified, "manifest": found.manifest})
+        data = {"key": found.key, "name": found.name, "verified": found.verified, "manifest": found.manifest}
+        print_json("show", data, verbatim=("manifest",))  # the stored manifest as written (its own format)
     else:
         _show_table(found.manifest, found.verified)
     return 0
