@@ -27,4 +27,8 @@ How each call reaches the engine:
   and other docker contexts keep the CLI, which knows how to reach them;
 - a subprocess of its own in two places, each saying why: the layer build (`build`), and the
   `docker export` byte stream (`containers`).
+
+Every program efabuild runs itself (these, `Engine.run`, mksquashfs and the other tools) is started
+through `children`, which has the kernel kill it when efabuild dies: a kill -9 leaves none running.
+python-on-whales starts its own short docker CLI calls; those end by themselves.
 """
