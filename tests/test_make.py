@@ -258,6 +258,29 @@ def test_push_sends_layers_built_before_the_registry_was_set(demo_ws, local_regi
     assert missing.stderr.strip() == "efabuild: not pushed (not built): demo:efa, demo:deepep, demo:user"
 
 
+def test_gc_images_removes_the_old_images_this_workspace_built_and_nothing_else(demo_ws):
+    efabuild(demo_ws, "make", "demo", check=True)
+    old = {n: l["key"] for n, l in plan(demo_ws).items()}
+    graph = demo_ws / "graphs" / "demo.toml"
+    graph.write_text(graph.read_text().replace('EFA_INSTALLER_VERSION = "1.50.0"', 'EFA_INSTALLER_VERSION = "1.49.0"'))
+    efabuild(demo_ws, "make", "demo", check=True)
+    new = {n: l["key"] for n, l in plan(demo_ws).items()}
+    old_tags = [f"efabuild/{n.split(':')[1]}:{old[n]}" for n in old]
+    new_tags = [f"efabuild/{n.split(':')[1]}:{new[n]}" for n in new]
+    foreign = f"efabuild/efa:{uuid.uuid4().hex * 2}"  # as another workspace on this engine would have
+    subprocess.run(["docker", "tag", new_tags[0], foreign], check=True)
+    try:
+        dry = efabuild(demo_ws, "gc", "--images", check=True)
+        assert sorted(line.split()[-1] for line in dry.stdout.splitlines() if " image " in line) == sorted(old_tags)
+        assert all(tag_exists(tag) for tag in old_tags)  # a dry run removes nothing
+        efabuild(demo_ws, "gc", "--images", "--yes", check=True)
+        assert not any(tag_exists(tag) for tag in old_tags)
+        assert all(tag_exists(tag) for tag in new_tags) and tag_exists(foreign) and tag_exists(MINI_NGC_TAG)
+        assert efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip()  # artifacts untouched
+    finally:
+        subprocess.run(["docker", "image", "rm", foreign], capture_output=True)
+
+
 def test_remote_builder_builds_on_the_other_engine(demo_ws, second_engine):
     from efabuild.engine.client import connect
     from efabuild.model import BuilderSettings

@@ -34,12 +34,16 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
             epilog="""
                 examples:
                   efabuild gc                       # what would be deleted
-                  efabuild gc --keep 2 --pin ngc-efa:user --yes""",
+                  efabuild gc --keep 2 --pin ngc-efa:user --yes
+                  efabuild gc --images --yes        # also the engine images of keys no layer has now""",
         )
         p.add_argument("--keep", type=int, metavar="N", help="keys kept per name (default: [store] keep, else 3)")
         p.add_argument("--pin", action="append", default=[], metavar="REF",
                        help="also keep this key, key prefix or graph:layer (all its versions); repeatable")
         p.add_argument("--yes", action="store_true", help="really delete")
+        p.add_argument("--images", action="store_true",
+                       help="also remove the engine images this workspace built whose key no layer has any more "
+                            "(efabuild/<layer>:<key>; other workspaces' images are never touched)")
         p.add_argument("--s3", action="store_true",
                        help="also delete from the S3 tier of a bare store (--store, EFABUILD_STORE): "
                             "without it a compute node's gc only says what S3 would lose")
@@ -64,6 +68,19 @@ def _dead_scratch_dirs(remove: bool) -> list:
         for path in found:
             scratch.remove(path)
     return found
+
+
+def _old_images(args: argparse.Namespace, remove: bool) -> list[tuple[str, str]]:
+    """gc --images: the workspace's own old engine images, as (tier, item) leftovers."""
+    from efabuild.build.oldimages import remove_old_images
+    from efabuild.build.prepare import prepare
+    from efabuild.cli.common import workspace
+    from efabuild.errors import InputError
+
+    if args.store:
+        raise InputError("--images needs a workspace (its build records say which images it made), not --store")
+    found = remove_old_images(prepare(workspace(), require_engine=True), remove)
+    return [("engine", f"image {tag}" + (f" (kept: {why})" if why else "")) for tag, why in found]
 
 
 def _dead_export_containers(args: argparse.Namespace, stores: list, remove: bool) -> list[str]:
@@ -148,6 +165,8 @@ def run_gc(args: argparse.Namespace) -> int:
     containers = _dead_export_containers(args, [tier.root for tier in store.fs_tiers], remove=args.yes)
     debris = [*report.debris, *(("host", str(path)) for path in _dead_scratch_dirs(remove=args.yes)),
               *(("engine", f"container {name}") for name in containers)]
+    if args.images:
+        debris += _old_images(args, remove=args.yes)
     busy = set(report.busy)
     if args.json:
         print_json("gc", _gc_json(report, debris, busy))

@@ -1,0 +1,40 @@
+"""Engine images a workspace's makes built and no layer needs any more: what `gc --images` removes.
+
+An image is old when this workspace's build records name its key for a layer and that key is no
+layer's current key. Images other workspaces built on a shared engine are never touched: their
+keys are in no record here. The base images and the fixture images carry no efabuild key.
+"""
+
+from __future__ import annotations
+
+from efabuild.build.prepare import Prepared
+from efabuild.refs import image_tag
+
+
+def old_image_tags(prepared: Prepared, existing: set[str]) -> list[str]:
+    """Tags (`efabuild/<layer>:<key>`) among `existing` whose key this workspace built and no
+    layer's current key is, sorted."""
+    current = {lp.key for lp in prepared.plan.layers}
+    old = set()
+    for name in prepared.order:
+        layer = prepared.graph.nodes[name]["layer"]
+        old |= {image_tag(layer.name, entry["key"]) for entry in prepared.records.history(name)
+                if entry["key"] not in current}
+    return sorted(old & existing)
+
+
+def remove_old_images(prepared: Prepared, remove: bool) -> list[tuple[str, str | None]]:
+    """(tag, None) for each old image, removed when `remove`; (tag, why) for one the engine kept
+    (a container uses it)."""
+    from efabuild.engine.images import existing_tags, untag_image
+    from efabuild.errors import EfabuildError
+
+    done = []
+    for tag in old_image_tags(prepared, existing_tags(prepared.engine)):
+        try:
+            if remove:
+                untag_image(prepared.engine, tag)
+            done.append((tag, None))
+        except EfabuildError as exc:
+            done.append((tag, str(exc)))
+    return done
