@@ -160,7 +160,9 @@ def scenarios(ctx: Context, ids: list[str]) -> list:
                 figures={"bytes": size, "efabuild_read_bytes": ours_read, "boto3_read_bytes": theirs_read,
                          "boto3_reads_of_data": round(max(theirs_read) / size, 3),
                          "efabuild_part_size": tier.part_size, "efabuild_workers": tier.workers},
-                notes=("reads: bytes this process read (rchar) while publishing, ÷ the file size",),
+                notes=("reads: bytes this process read (rchar) while publishing, ÷ the file size; the chunked "
+                       "tier cuts the file through mmap, which rchar does not count, so this catches only "
+                       "read()/pread() passes over the data",),
             ))
 
         # ---- fetch
