@@ -553,3 +553,29 @@ def test_make_signs_every_artifact_it_exports_and_a_reusing_make_adds_nothing(de
     assert {path: path.read_bytes() for path in before} == before
     assert efabuild(demo_ws, "lookup", "--require-signature", "demo:user",
                     env={"EFABUILD_VERIFY_CACHE": str(tmp_path / "verified")}).returncode == 0
+
+
+def test_a_new_tier_gets_a_copy_of_a_stored_artifact_without_its_image(mini_ngc, tmp_path):
+    """The plan says `to copy` (not `to export`, not `to build`) when a tier holds the .sqsh and
+    another lacks it, and make copies it across even with the image gone from the engine."""
+    from efabuild.store.digest import file_digest
+
+    graph = f'''[layers.one]\nbase = "{mini_ngc}"\nartifact = true\ndockerfile = "RUN echo {uuid.uuid4().hex} > /id"\n'''
+    root = make_workspace(tmp_path / "ws", {"fmt": graph})
+    try:
+        efabuild(root, "make", check=True)
+        key = plan(root)["fmt:one"]["key"]
+        subprocess.run(["docker", "image", "rm", f"efabuild/one:{key}"], check=True, capture_output=True)
+        (root / "BUILD.toml").write_text((root / "BUILD.toml").read_text()
+                                         + f'[store]\nlocal = "cache"\nshared = "{tmp_path / "fsx"}"\n')
+        layer = plan(root)["fmt:one"]
+        assert layer["state"] == "to copy" and layer["reasons"] == ["the .sqsh is in another store tier"]
+        done = efabuild(root, "make", "--json")
+        assert done.returncode == 0, done.stderr
+        [one] = json.loads(done.stdout)["layers"]
+        assert one["status"] == "reused" and one["steps"] == ["copy between tiers"]
+        assert not tag_exists(f"efabuild/one:{key}")  # nothing was built
+        shared = tmp_path / "fsx" / "objects" / key[:2] / f"{key}.sqsh"
+        assert shared.is_file() and file_digest(shared) == file_digest(Path(one["path"]))
+    finally:
+        _remove_images_of(root)
