@@ -232,3 +232,40 @@ def test_filter_keeps_every_other_entry_with_fixed_modes(tmp_path_factory, entri
         assert member.mode == fixed_mode(mode, is_dir=kind == "d", depth=depth)
         if kind == "f":
             assert out[path + "#data"] == data
+
+
+def _order(tmp_path: Path, data: bytes, plan: RewritePlan) -> list[tuple[str, int, int, str, bytes]]:
+    """(name, mode, mtime, link target, data) of every entry the filter writes, in stream order."""
+    src, dst = tmp_path / "order-in.tar", tmp_path / "order-out.tar"
+    src.write_bytes(data)
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        rewrite_tar(fin.fileno(), fout.fileno(), plan)
+    with tarfile.open(dst) as tar:
+        return [(m.name.rstrip("/"), m.mode, m.mtime, m.linkname,
+                 tar.extractfile(m).read() if m.isfile() else b"") for m in tar.getmembers()]  # type: ignore[union-attr]
+
+
+def test_a_builds_own_tar_gets_docker_creates_entries_where_docker_export_has_them(tmp_path):
+    """A build's `type=tar` lacks the container's init layer; with `init_layer` the filter adds it,
+    replacing the image's own /etc/hostname, in the walk order docker export uses (mksquashfs
+    numbers inodes in stream order, so the .sqsh bytes depend on it)."""
+    image = [("bin", "d", 0o755, b""), ("bin/sh", "f", 0o755, b"#!"), ("etc", "d", 0o755, b""),
+             ("etc/group", "f", 0o644, b"root:x:0:\n"), ("etc/hostname", "f", 0o644, b"from-the-image\n"),
+             ("etc/passwd", "f", 0o644, b"root:x:0:0::/:/bin/sh\n"), ("opt", "d", 0o755, b""),
+             ("usr", "d", 0o755, b"")]
+    # what docker export gives for the same image: its init layer's entries, in walk order
+    exported = [(".dockerenv", "f", 0o755, b""), ("bin", "d", 0o755, b""), ("bin/sh", "f", 0o755, b"#!"),
+                ("dev", "d", 0o755, b""), ("dev/console", "f", 0o755, b""), ("dev/pts", "d", 0o755, b""),
+                ("dev/shm", "d", 0o755, b""), ("etc", "d", 0o755, b""), ("etc/group", "f", 0o644, b"root:x:0:\n"),
+                ("etc/hostname", "f", 0o755, b""), ("etc/hosts", "f", 0o755, b""),
+                ("etc/mtab", "l", 0o777, b"/proc/mounts"), ("etc/passwd", "f", 0o644, b"root:x:0:0::/:/bin/sh\n"),
+                ("etc/resolv.conf", "f", 0o755, b""), ("opt", "d", 0o755, b""), ("proc", "d", 0o755, b""),
+                ("sys", "d", 0o755, b""), ("usr", "d", 0o755, b"")]
+    cfg = ImageConfig(env=("A=1",), working_dir="/opt")
+    streamed = _order(tmp_path, _tar(image), RewritePlan.for_config(cfg, epoch=42, clamp=T0, init_layer=True))
+    assert streamed == _order(tmp_path, _tar(exported), RewritePlan.for_config(cfg, epoch=42, clamp=T0))
+    names = [entry[0] for entry in streamed]
+    assert names.index("etc/hosts") < names.index("etc/passwd") < names.index("etc/resolv.conf") < names.index("opt")
+    # without init_layer (docker export's own stream) nothing is added
+    plain = _order(tmp_path, _tar(image), RewritePlan.for_config(cfg, epoch=42, clamp=T0))
+    assert "etc/hosts" not in [entry[0] for entry in plain]
