@@ -1,9 +1,10 @@
 """The Engine's HTTP API over its local unix socket: what a plan asks, without a CLI process each.
 
-A no-op plan asks the engine three things (does it answer, which efabuild/* tags it has, the base's
-ID and repository digests), a make one more (its leftover export containers); each `docker` process costs tens of milliseconds, one request on the
-socket well under one. Only for a local `unix://` engine: ssh:// and TLS tcp:// hosts, and docker
-contexts that name another endpoint, keep the docker CLI, which knows how to reach them.
+A no-op plan asks the engine three things (does it answer, which efabuild/* tags it has, the
+base's ID and repository digests), a make one more (its leftover export containers); each
+`docker` process costs tens of milliseconds, one request on the socket well under one. Only for a
+local `unix://` engine: ssh:// and TLS tcp:// hosts, and docker contexts that name another
+endpoint, keep the docker CLI, which knows how to reach them.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class EngineApi:
     """Read-only requests to one engine's socket, each within `timeout` seconds in all.
 
     HTTP/1.0 by hand, a request per connection: the engine then sends the body whole and closes,
-    and http.client would bring email and ssl along (a fifth of a no-op plan's imports)."""
+    and http.client would bring email and ssl along (about a sixth of a no-op plan's imports)."""
 
     def __init__(self, path: str, timeout: float) -> None:
         self.path = path
