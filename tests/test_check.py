@@ -4,6 +4,7 @@ engine with the offline fixture base (pinned by digest in the loopback registry)
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -64,6 +65,18 @@ def test_compare_names_each_kind_of_difference():
     assert compare(stored, dict(stored)) == []
 
 
+def _stopped(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2] == "T"
+
+
+def _export_containers_into(directory: Path) -> list[str]:
+    listed = subprocess.run(["docker", "container", "ls", "--all", "--filter", "label=org.efabuild.export",
+                             "--format", '{{.Names}}\t{{.Label "org.efabuild.export"}}'],
+                            capture_output=True, text=True, check=True).stdout
+    return [line.split("\t")[0] for line in listed.splitlines() if f"\t{directory}/" in line]
+
+
 def test_check_finds_a_time_stamp_and_passes_a_reproducible_layer(pinned_fixture_base, tmp_path):
     root = workspace(tmp_path / "ws", pinned_fixture_base)
     made = efabuild(root, "make", "g")
@@ -91,6 +104,20 @@ def test_check_finds_a_time_stamp_and_passes_a_reproducible_layer(pinned_fixture
             Path(efabuild(root, "lookup", "g:tools").stdout.strip()).with_suffix(".json").read_text())["digest"]
         assert not subprocess.run(["docker", "image", "ls", "-q", f"efabuild-check/stamp:{keys['g:stamp']}"],
                                   capture_output=True, text=True).stdout.strip()
+        # killed while exporting the rebuild: its directory and export container are the next make's to remove
+        killed = subprocess.Popen([sys.executable, "-m", "efabuild", "-C", str(root), "make", "--check", "g:tools"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                  env={**os.environ, "EFABUILD_STOP_AT": "export"})
+        deadline = time.monotonic() + 300
+        while killed.poll() is None and not _stopped(killed.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert killed.poll() is None and _stopped(killed.pid), "the check did not reach its export"
+        left = [p for p in (root / "cache" / "tmp").iterdir() if p.name.startswith("check-")]
+        killed.kill()
+        killed.wait()
+        assert len(left) == 1 and left[0].is_dir() and _export_containers_into(left[0])
+        assert efabuild(root, "make", "g").returncode == 0
+        assert not left[0].exists() and not _export_containers_into(left[0])
         # a graph instead of a layer, an unknown layer: one line, exit 2
         for wrong in ("g", "g:nope"):
             bad = efabuild(root, "make", "--check", wrong)

@@ -1,6 +1,7 @@
 """Hostile: `efabuild make` killed with SIGKILL at every step boundary and at seeded random points.
 
-After each kill: no partial file is visible in the store (everything `ls` lists is found by `lookup`
+After each kill: no child of the make (buildx, docker export, mksquashfs) runs on, no partial file
+is visible in the store (everything `ls` lists is found by `lookup`
 and passes `audit --all`), `gc` removes the debris, and the next make succeeds and leaves none.
 The seed is printed and named in every assertion message; rerun one with EFABUILD_KILL_SEED=N.
 The step boundaries are reached with the documented test hook EFABUILD_STOP_AT (efabuild.build.stops):
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_make import _remove_images_of, efabuild, mini_ngc  # noqa: F401 - fixture
-from tests.test_make_interrupt import export_containers, start_make, tmp_entries, wait_for
+from tests.test_make_interrupt import alive, descendants, export_containers, start_make, tmp_entries, wait_for
 
 pytestmark = [pytest.mark.engine]
 
@@ -97,10 +98,14 @@ def test_kill_9_at_every_step_boundary_and_at_random_points(kill_ws):
             deadline = time.monotonic() + point
             while proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
+        children = descendants(proc.pid) if proc.poll() is None else []
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
         proc.communicate()
-        time.sleep(0.3)  # orphaned children (mksquashfs, buildx) notice their pipes closed
+        deadline = time.monotonic() + 10  # the kernel kills them at once; the engine may be loaded
+        while [pid for pid in children if alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in children if alive(pid)], f"{where}: a child of the make runs on"
         check_store(kill_ws, where)
         if number % 2:  # every other round, gc cleans up before the next make
             efabuild(kill_ws, "gc", "--yes", check=True)
