@@ -94,6 +94,25 @@ def test_graph_command_draws_the_offline_plan(tmp_path):
     assert bad.returncode == 2 and bad.stderr.decode().count("\n") == 1
 
 
+def test_a_temp_file_a_killed_efabuild_left_beside_its_output_goes_with_the_next_write(tmp_path):
+    from efabuild.store.owner import Owner
+
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
+    me = Owner.current()
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    killed = root / f"efatmp.{me.host}.{dead}.{me.start}.0badc0de.plan.svg.part"
+    killed.write_bytes(b"<svg")  # killed before its rename
+    live = root / f"efatmp.{me.token}.0badc0de.plan.svg.part"  # a running writer's
+    live.write_bytes(b"")
+    other = root / f"efatmp.{me.host}.{dead}.{me.start}.0badc0de.other.svg.part"  # another output's
+    other.write_bytes(b"")
+    done = efabuild(root, "graph", "--format", "svg", "--offline", "-o", str(root / "plan.svg"))
+    assert done.returncode == 0, done.stderr
+    assert b"<svg" in (root / "plan.svg").read_bytes()
+    assert not killed.exists() and live.exists() and other.exists()
+
+
 @pytest.mark.engine
 def test_make_draws_what_it_did(tmp_path, docker_engine):
     from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures

@@ -20,6 +20,8 @@ HISTORY_LIMIT = 50
 class BuildRecords:
     def __init__(self, store_root: Path) -> None:
         self.root = store_root / "builds"
+        # the store's tmp/: a writer killed mid-write leaves its temp file where gc and make look
+        self.tmp_dir = store_root / "tmp"
 
     def _key_path(self, key: str) -> Path:
         return self.root / "keys" / key[:2] / f"{key}.json"
@@ -47,14 +49,14 @@ class BuildRecords:
         key_path = self._key_path(key)
         if not key_path.exists():
             # what a later plan compares; secrets only as digests (the key itself is already made)
-            _write_atomic(key_path, canonical_json(inputs.to_shown_dict()))
+            atomic_write_bytes(key_path, canonical_json(inputs.to_shown_dict()), self.tmp_dir)
         history = [entry for entry in self.history(qualname) if entry["key"] != key]
         entry: dict[str, Any] = {"key": key, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if seconds is not None:
             entry["seconds"] = round(seconds, 3)
         history.append(entry)
-        _write_atomic(self._layer_path(qualname),
-                      json.dumps({"builds": history[-HISTORY_LIMIT:]}, indent=1).encode())
+        atomic_write_bytes(self._layer_path(qualname),
+                           json.dumps({"builds": history[-HISTORY_LIMIT:]}, indent=1).encode(), self.tmp_dir)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -64,7 +66,3 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
     except (OSError, ValueError):
         return None  # unreadable record: treated as absent, the next build rewrites it
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    atomic_write_bytes(path, data, tmp_dir=path.parent)

@@ -17,10 +17,31 @@ def write_file(name: str, data: bytes) -> None:
     from efabuild.store.fsutil import atomic_write_bytes
 
     path = Path(name)
+    directory = path.parent if str(path.parent) else Path(".")
+    _remove_dead_temps(directory, path.name)
     try:
-        atomic_write_bytes(path, data, path.parent if str(path.parent) else Path("."))
+        atomic_write_bytes(path, data, directory)
     except OSError as exc:
         raise InputError(f"cannot write: {exc.strerror}", name) from None
+
+
+def _remove_dead_temps(directory: Path, name: str) -> None:
+    """Temp files of this output that a killed efabuild left beside it (their names say whose)."""
+    import os
+
+    from efabuild.store.fsutil import parse_temp_owner
+
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for entry in entries:
+        owner = parse_temp_owner(entry) if entry.endswith(f".{name}.part") else None
+        if owner is not None and owner.gone():
+            try:
+                os.unlink(directory / entry)
+            except OSError:
+                pass
 
 
 def add_builder_option(parser) -> None:
