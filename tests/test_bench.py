@@ -69,5 +69,9 @@ def test_results_describe_the_machine_and_leave_no_secret(quick_run):
     text = json.dumps(data) + done.stdout + done.stderr
     assert "bench-secret-key" not in text  # the loopback S3 server's dummy credentials
     publish = next(s for s in data["scenarios"] if s["id"] == "publish")
-    # the publish figure counts bytes read: at least the file once
-    assert min(publish["figures"]["efabuild_read_bytes"]) >= publish["figures"]["bytes"]
+    # the read counter works in the bench process (boto3 reads the file through read(2)), and
+    # efabuild makes no extra read() pass over the data: the chunker reads it through mmap, which
+    # the counter cannot see, so only passes beyond that one show here
+    figures = publish["figures"]
+    assert min(figures["boto3_read_bytes"]) >= figures["bytes"]
+    assert max(figures["efabuild_read_bytes"]) <= 0.05 * figures["bytes"]
