@@ -281,6 +281,33 @@ def test_gc_images_removes_the_old_images_this_workspace_built_and_nothing_else(
         subprocess.run(["docker", "image", "rm", foreign], capture_output=True)
 
 
+def test_images_carry_the_workspaces_git_state_and_their_own_title(demo_ws):
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(demo_ws), "-c", "user.name=t", "-c", "user.email=t@example.com",
+                               *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    git("remote", "add", "origin", "https://builder:s3cr3t-token@git.example.com/team/training.git")
+    (demo_ws / ".gitignore").write_text("cache/\n")
+    git("add", "-A")
+    git("commit", "-qm", "training images")
+    head = git("rev-parse", "HEAD")
+    efabuild(demo_ws, "make", "demo", check=True)
+    key = plan(demo_ws)["demo:user"]["key"]
+    labels = json.loads(subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}",
+                                        f"efabuild/user:{key}"], capture_output=True, text=True,
+                                       check=True).stdout)
+    assert labels["org.opencontainers.image.revision"] == head
+    assert labels["org.opencontainers.image.source"] == "https://git.example.com/team/training.git"
+    assert labels["org.opencontainers.image.title"] == "demo:user"  # not the base's
+    # a later commit that changes no input: the stored artifact still checks out identical
+    (demo_ws / "NOTES.md").write_text("unrelated\n")
+    git("add", "-A")
+    git("commit", "-qm", "notes")
+    checked = efabuild(demo_ws, "make", "--check", "demo:user")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_remote_builder_builds_on_the_other_engine(demo_ws, second_engine):
     from efabuild.engine.client import connect
     from efabuild.model import BuilderSettings

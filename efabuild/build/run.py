@@ -25,6 +25,7 @@ from efabuild.redact import Redactor, dockerfile_secret_values, is_secret_arg
 from efabuild.refs import image_tag, short
 from efabuild.build.context import SOURCE_DATE_EPOCH, context_dir
 from efabuild.build.engine_steps import EngineSteps
+from efabuild.build.gitstate import TITLE, git_labels
 from efabuild.build.prepare import Prepared, prepare
 from efabuild.build.reporter import Reporter
 from efabuild.build.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
@@ -242,8 +243,9 @@ class _Runner:
             context_dir=context_dir,
             build_args=dict(layer.args),
             secrets=layer.secrets,
-            labels={"org.efabuild.key": lp.key, "org.efabuild.graph": layer.graph,
-                    "org.efabuild.layer": layer.name},
+            # the layer's own title (not the base's) and where its sources are, when in git
+            labels={TITLE: layer.qualname, **self.oci_labels, "org.efabuild.key": lp.key,
+                    "org.efabuild.graph": layer.graph, "org.efabuild.layer": layer.name},
             platform=self.ws.settings.builder.platform,
             source_date_epoch=SOURCE_DATE_EPOCH,
             no_cache=no_cache,
@@ -270,6 +272,12 @@ class _Runner:
         return context_dir(self.ws.root, self.store_root / "tmp", layer.name, lp.inputs.context)
 
     # --- artifacts ---------------------------------------------------------------------------
+
+    @functools.cached_property
+    def oci_labels(self) -> dict[str, str]:
+        """OCI source and revision labels from the workspace's git state, read once per make
+        (make --check puts the stored artifact's in their place)."""
+        return git_labels(self.ws.root)
 
     @functools.cached_property
     def builder_versions(self) -> dict:
