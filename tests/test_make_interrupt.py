@@ -216,7 +216,8 @@ def test_kill_9_leaves_no_buildx_docker_export_or_mksquashfs_running(slow_ws):
     """A make killed outright takes its children with it: neither `docker buildx build` nor the
     `docker export` stream nor mksquashfs runs on; the next make removes what the kill left."""
     # the make stops itself where a step begins, goes on, and is killed once that step's programs run
-    for step, programs in (("build", {"docker"}), ("export", {"docker", "mksquashfs"})):
+    # (at export, mksquashfs: `docker export` may have sent its last bytes and ended before it)
+    for step, programs in (("build", {"docker"}), ("export", {"mksquashfs"})):
         proc = start_make(slow_ws, env={"EFABUILD_STOP_AT": step})
         wait_for(lambda: _stopped(proc.pid), f"the make to stop at {step}", proc=proc)
         os.kill(proc.pid, signal.SIGCONT)
