@@ -175,7 +175,8 @@ def _stored_keys(store: Store, graph, order, inputs, remote: bool) -> set[str]:
     fs_tiers = len(store.fs_tiers)
     if remote and store.s3_settings is not None:
         try:
-            return {key for key in artifact_keys if store.has(key)}
+            with store.s3.asking_quickly():
+                return {key for key in artifact_keys if store.has(key)}
         except NoCredentials as exc:  # a make still builds and publishes to the other tiers
             store.skip_s3(exc.reason)
         except EfabuildError as exc:

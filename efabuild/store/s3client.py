@@ -9,12 +9,13 @@ of this package (ranged GETs of whole objects and chunk GETs alike).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TypeVar
 
@@ -34,6 +35,7 @@ MAX_PARTS = 10_000
 DEFAULT_WORKERS = 16  # parallel requests: 16 beat 10 for 4 MiB chunks on loopback (per-request cost)
 READ_CHUNK = 1 * MiB
 REQUEST_ATTEMPTS = 5  # per S3 request, by botocore (with its own backoff)
+QUICK_ATTEMPTS, QUICK_CONNECT_TIMEOUT, QUICK_READ_TIMEOUT = 2, 3, 15  # a plan's questions
 STREAM_ATTEMPTS = 5  # per GET whose body is cut mid-stream, by us
 STREAM_BACKOFF = 0.25  # seconds before the 2nd attempt, doubled after each (with jitter)
 # Error codes meaning "a conditional create found the object already there"
@@ -97,6 +99,9 @@ class S3Bucket:
         self.part_size = max(part_size, MIN_PART_SIZE)
         self.workers = max(1, workers)
         self._client = client
+        self._given_client = client is not None  # a caller's client is used for everything
+        self._quick_client = None
+        self._quick = threading.local()
         self._client_lock = threading.Lock()
 
     def url(self, path: str) -> str:
@@ -106,8 +111,26 @@ class S3Bucket:
         return "/".join(([self.prefix] if self.prefix else []) + list(parts))
 
     # ---- client
+    @contextlib.contextmanager
+    def asking_quickly(self) -> Iterator[None]:
+        """Questions asked in this block (in this thread) fail in seconds when S3 is out of reach:
+        two attempts and a short connect timeout, not the transfers' patient retries. For a plan,
+        whose answer a make checks again: a dead endpoint must not hold it for 20 s or more."""
+        self._quick.active = True
+        try:
+            yield
+        finally:
+            self._quick.active = False
+
     @property
     def client(self):  # noqa: ANN201 - boto3's client class is generated at run time
+        if getattr(self._quick, "active", False) and not self._given_client:
+            with self._client_lock:
+                if self._quick_client is None:
+                    self._quick_client = self._new_client(Config(
+                        retries={"mode": "standard", "max_attempts": QUICK_ATTEMPTS},
+                        connect_timeout=QUICK_CONNECT_TIMEOUT, read_timeout=QUICK_READ_TIMEOUT))
+                return self._quick_client
         with self._client_lock:
             if self._client is None:
                 # a dead endpoint should fail in seconds, not minutes; transfers retry parts anyway
@@ -118,13 +141,12 @@ class S3Bucket:
                     retries={"mode": "standard", "max_attempts": REQUEST_ATTEMPTS},
                     connect_timeout=10,
                 )
-                self._client = boto3.session.Session().client(
-                    "s3",
-                    region_name=self.settings.region,
-                    endpoint_url=self.settings.endpoint_url,
-                    config=config,
-                )
+                self._client = self._new_client(config)
             return self._client
+
+    def _new_client(self, config: Config):  # noqa: ANN202
+        return boto3.session.Session().client(
+            "s3", region_name=self.settings.region, endpoint_url=self.settings.endpoint_url, config=config)
 
     def _call(self, what: str, operation: str, **kwargs: object) -> dict:
         """One S3 call; failures become one-line EfabuildErrors (never credentials)."""
