@@ -132,8 +132,7 @@ def test_no_engine_on_the_socket_is_one_line_naming_where(tmp_path):
     assert absent.value.kind == "absent"
 
 
-def test_a_reply_that_is_not_the_engines_is_an_error_not_a_traceback(tmp_path):
-    path = str(tmp_path / "other.sock")
+def serve_once(path: str, send) -> None:  # noqa: ANN001
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(1)
@@ -141,14 +140,22 @@ def test_a_reply_that_is_not_the_engines_is_an_error_not_a_traceback(tmp_path):
     def answer() -> None:
         conn = server.accept()[0]
         conn.recv(4096)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nnot json!")
+        try:
+            send(conn)
+        except OSError:
+            pass  # the reader gave up: what is being tested
         conn.close()
+        server.close()
 
     threading.Thread(target=answer, daemon=True).start()
+
+
+def test_a_reply_that_is_not_the_engines_is_an_error_not_a_traceback(tmp_path):
+    path = str(tmp_path / "other.sock")
+    serve_once(path, lambda conn: conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nnot json!"))
     with pytest.raises(ApiError) as caught:
         EngineApi(path, timeout=5).repo_tags()
     assert caught.value.kind == "reply"
-    server.close()
 
 
 def test_a_plan_and_a_no_op_make_start_no_docker_process_and_a_make_asks_for_buildx_only_to_build(
@@ -202,24 +209,6 @@ def test_a_plan_and_a_no_op_make_start_no_docker_process_and_a_make_asks_for_bui
         assert calls.read_text().splitlines() == ["buildx version"], "a no-op make started a docker process"
     finally:
         subprocess.run(["docker", "image", "rm", f"efabuild/only:{key}"], capture_output=True)
-
-
-def serve_once(path: str, send) -> None:  # noqa: ANN001
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
-    server.listen(1)
-
-    def answer() -> None:
-        conn = server.accept()[0]
-        conn.recv(4096)
-        try:
-            send(conn)
-        except OSError:
-            pass  # the reader gave up: what is being tested
-        conn.close()
-        server.close()
-
-    threading.Thread(target=answer, daemon=True).start()
 
 
 def test_a_chunked_reply_is_read_whole(tmp_path):
