@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.wsfactory import demo_on_base
 from efabuild.build.fixtures import MINI_NGC_TAG
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,22 +103,12 @@ def registry_base(registry) -> str:
 def workspace(root: Path, base: str, builder: str, registry: str | None) -> Path:
     """The shipped demo graph on the registry base, with a run-unique ARG so no builder has its
     steps cached, built by `builder` (a BUILD.toml [builder] line)."""
-    root.mkdir()
-    shutil.copytree(REPO / "app", root / "app")
-    (root / "graphs").mkdir()
-    text = (REPO / "graphs" / "demo.toml").read_text()
-    ref, digest = base.split("@")
-    text = text.replace(f'base = "{MINI_NGC_TAG}"', f'base = "{ref}"\ndigest = "{digest}"')
-    text = text.replace("ARG EFA_INSTALLER_VERSION=1.50.0\n", "ARG EFA_INSTALLER_VERSION=1.50.0\nARG TEST_RUN\n")
-    text = text.replace('args = { EFA_INSTALLER_VERSION = "1.50.0" }',
-                        f'args = {{ EFA_INSTALLER_VERSION = "1.50.0", TEST_RUN = "{secrets.token_hex(6)}" }}')
-    (root / "graphs" / "demo.toml").write_text(text)
     settings = '[workspace]\ngraphs = ["graphs/*.toml"]\n[audit]\nhost_efa_installer = "1.50.0"\n'
     settings += f"[builder]\n{builder}\n"
     if registry:
         settings += f'[registry]\nurl = "{registry}"\n'
-    (root / "BUILD.toml").write_text(settings)
-    return root
+    ref, digest = base.split("@")
+    return demo_on_base(root, ref, digest, secrets.token_hex(6), settings)
 
 
 def keys(root: Path) -> dict[str, str]:

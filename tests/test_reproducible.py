@@ -8,7 +8,6 @@ from __future__ import annotations
 import calendar
 import importlib.util
 import json
-import shutil
 import struct
 import subprocess
 import sys
@@ -18,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.build.fixtures import MINI_NGC_TAG
+from tests.wsfactory import demo_on_base
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
@@ -47,19 +45,8 @@ def registry_base(pinned_fixture_base, second_engine) -> str:
 def demo_workspace(root: Path, base: str, run_id: str) -> Path:
     """The shipped demo graph on the registry base, with a run-unique ARG the first RUN sees, so
     BuildKit's cache has none of its steps on either engine."""
-    root.mkdir()
-    shutil.copytree(REPO / "app", root / "app")
-    (root / "graphs").mkdir()
-    text = (REPO / "graphs" / "demo.toml").read_text()
     ref, digest = base.split("@")
-    text = text.replace(f'base = "{MINI_NGC_TAG}"', f'base = "{ref}:26.08-py3"\ndigest = "{digest}"')
-    text = text.replace("ARG EFA_INSTALLER_VERSION=1.50.0\n", "ARG EFA_INSTALLER_VERSION=1.50.0\nARG TEST_RUN\n")
-    text = text.replace('args = { EFA_INSTALLER_VERSION = "1.50.0" }',
-                        f'args = {{ EFA_INSTALLER_VERSION = "1.50.0", TEST_RUN = "{run_id}" }}')
-    assert run_id in text and digest in text
-    (root / "graphs" / "demo.toml").write_text(text)
-    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
-    return root
+    return demo_on_base(root, f"{ref}:26.08-py3", digest, run_id, '[workspace]\ngraphs = ["graphs/*.toml"]\n')
 
 
 def _keys(root: Path, *builder: str) -> dict[str, str]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 import textwrap
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 BUILD_TOML = """\
 [workspace]
@@ -50,4 +53,23 @@ def make_workspace(root: Path, graphs: dict[str, str] | None = None, build: str 
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
+    return root
+
+
+def demo_on_base(root: Path, ref: str, digest: str, run_id: str, build_toml: str) -> Path:
+    """The shipped demo graph (and its app/) on the base `ref` pinned to `digest`, with a run-unique
+    ARG the first RUN sees, so no builder's cache holds any of its steps."""
+    from efabuild.build.fixtures import MINI_NGC_TAG
+
+    root.mkdir()
+    shutil.copytree(REPO / "app", root / "app")
+    (root / "graphs").mkdir()
+    text = (REPO / "graphs" / "demo.toml").read_text()
+    text = text.replace(f'base = "{MINI_NGC_TAG}"', f'base = "{ref}"\ndigest = "{digest}"')
+    text = text.replace("ARG EFA_INSTALLER_VERSION=1.50.0\n", "ARG EFA_INSTALLER_VERSION=1.50.0\nARG TEST_RUN\n")
+    text = text.replace('args = { EFA_INSTALLER_VERSION = "1.50.0" }',
+                        f'args = {{ EFA_INSTALLER_VERSION = "1.50.0", TEST_RUN = "{run_id}" }}')
+    assert run_id in text and digest in text
+    (root / "graphs" / "demo.toml").write_text(text)
+    (root / "BUILD.toml").write_text(build_toml)
     return root
