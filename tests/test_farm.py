@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugins.engine import free_port, stop_pid
 from tests.wsfactory import demo_on_base
 from efabuild.build.fixtures import MINI_NGC_TAG
 
@@ -44,11 +44,8 @@ class Registry:
     """A loopback docker-registry with its own storage and access log."""
 
     def __init__(self, directory: Path) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
         self.dir = directory
-        started = subprocess.run(["bash", str(REPO / "scripts/start-registry.sh"), str(port), str(directory)],
+        started = subprocess.run(["bash", str(REPO / "scripts/start-registry.sh"), str(free_port()), str(directory)],
                                  capture_output=True, text=True)
         if started.returncode != 0:
             pytest.fail(f"registry did not start: {started.stderr.strip()}")
@@ -65,8 +62,7 @@ class Registry:
         return [line.split('"')[1] for line in lines if line.count('"') >= 2 and '"' in line]
 
     def stop(self) -> None:
-        pid = int((self.dir / "registry.pid").read_text())
-        subprocess.run(["kill", str(pid)], capture_output=True)
+        stop_pid(int((self.dir / "registry.pid").read_text()), "docker-registry")
 
 
 @pytest.fixture(scope="module")

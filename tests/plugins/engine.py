@@ -101,7 +101,7 @@ def image_names(docker_engine):
         subprocess.run(["docker", "image", "rm", "--force", tag], capture_output=True)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -112,7 +112,7 @@ def local_registry(docker_engine, tmp_path_factory) -> str:
     """Debian's docker-registry on a free loopback port, with its own storage; `host:port`."""
     directory = tmp_path_factory.mktemp("registry")
     started = subprocess.run(
-        ["bash", str(REPO_ROOT / "scripts/start-registry.sh"), str(_free_port()), str(directory)],
+        ["bash", str(REPO_ROOT / "scripts/start-registry.sh"), str(free_port()), str(directory)],
         capture_output=True, text=True,
     )
     if started.returncode != 0:
@@ -120,7 +120,7 @@ def local_registry(docker_engine, tmp_path_factory) -> str:
     yield started.stdout.strip()
     pidfile = directory / "registry.pid"
     if pidfile.exists():
-        _stop_pid(int(pidfile.read_text()), "docker-registry")
+        stop_pid(int(pidfile.read_text()), "docker-registry")
 
 
 @pytest.fixture(scope="session")
@@ -141,7 +141,7 @@ def second_engine(busybox_image) -> str:
         import_busybox(busybox_image, host=host)
     yield host
     if not was_running and pidfile.exists():
-        _stop_pid(int(pidfile.read_text()), "dockerd")
+        stop_pid(int(pidfile.read_text()), "dockerd")
 
 
 def _alive(pid: int) -> bool:
@@ -162,7 +162,7 @@ def _runs(pid: int, program: str) -> bool:
         return False
 
 
-def _stop_pid(pid: int, program: str, grace_s: float = 20.0) -> None:
+def stop_pid(pid: int, program: str, grace_s: float = 20.0) -> None:
     """SIGTERM a daemon this session started, and wait (bounded) until it is gone. Only when the pid
     is still that program: a daemon that died meanwhile leaves its pid to be reused, perhaps by
     another test run on this machine."""
