@@ -98,9 +98,8 @@ class S3Bucket:
         self.prefix = settings.prefix.strip("/")
         self.part_size = max(part_size, MIN_PART_SIZE)
         self.workers = max(1, workers)
-        self._client = client
-        self._given_client = client is not None  # a caller's client is used for everything
-        self._quick_client = None
+        # patient (False) and quick (True) clients, made on first use; a caller's client serves both
+        self._clients = {} if client is None else {False: client, True: client}
         self._quick = threading.local()
         self._client_lock = threading.Lock()
 
@@ -124,29 +123,26 @@ class S3Bucket:
 
     @property
     def client(self):  # noqa: ANN201 - boto3's client class is generated at run time
-        if getattr(self._quick, "active", False) and not self._given_client:
-            with self._client_lock:
-                if self._quick_client is None:
-                    self._quick_client = self._new_client(Config(
-                        retries={"mode": "standard", "max_attempts": QUICK_ATTEMPTS},
-                        connect_timeout=QUICK_CONNECT_TIMEOUT, read_timeout=QUICK_READ_TIMEOUT))
-                return self._quick_client
+        quick = getattr(self._quick, "active", False)
         with self._client_lock:
-            if self._client is None:
-                # a dead endpoint should fail in seconds, not minutes; transfers retry parts anyway
-                config = Config(
-                    max_pool_connections=self.workers + 4,
-                    # standard mode retries throttling, 5xx and connection errors of a request,
-                    # re-sending its body: a part upload cut by a reset is sent again
-                    retries={"mode": "standard", "max_attempts": REQUEST_ATTEMPTS},
-                    connect_timeout=10,
-                )
-                self._client = self._new_client(config)
-            return self._client
+            if quick not in self._clients:
+                self._clients[quick] = boto3.session.Session().client(
+                    "s3", region_name=self.settings.region, endpoint_url=self.settings.endpoint_url,
+                    config=self._config(quick))
+            return self._clients[quick]
 
-    def _new_client(self, config: Config):  # noqa: ANN202
-        return boto3.session.Session().client(
-            "s3", region_name=self.settings.region, endpoint_url=self.settings.endpoint_url, config=config)
+    def _config(self, quick: bool) -> Config:
+        if quick:
+            return Config(retries={"mode": "standard", "max_attempts": QUICK_ATTEMPTS},
+                          connect_timeout=QUICK_CONNECT_TIMEOUT, read_timeout=QUICK_READ_TIMEOUT)
+        # a dead endpoint should fail in seconds, not minutes; transfers retry parts anyway
+        return Config(
+            max_pool_connections=self.workers + 4,
+            # standard mode retries throttling, 5xx and connection errors of a request,
+            # re-sending its body: a part upload cut by a reset is sent again
+            retries={"mode": "standard", "max_attempts": REQUEST_ATTEMPTS},
+            connect_timeout=10,
+        )
 
     def _call(self, what: str, operation: str, **kwargs: object) -> dict:
         """One S3 call; failures become one-line EfabuildErrors (never credentials)."""
