@@ -226,7 +226,9 @@ def test_kill_9_leaves_no_buildx_docker_export_or_mksquashfs_running(slow_ws):
         running = wait_for(lambda: (lambda kids: kids if programs <= set(kids.values()) else None)(
             _named(descendants(proc.pid))), f"{sorted(programs)} to run", proc=proc)
         proc.kill()
-        proc.communicate()
+        _, err = proc.communicate()
+        # killed by us, not ended by itself on the way (that would clean up as a failure does)
+        assert proc.returncode == -signal.SIGKILL, f"make ended by itself at {step}: {err[-2000:]}"
         deadline = time.monotonic() + 10
         while [pid for pid in running if alive(pid)] and time.monotonic() < deadline:
             time.sleep(0.1)
