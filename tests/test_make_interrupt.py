@@ -234,7 +234,10 @@ def test_kill_9_leaves_no_buildx_docker_export_or_mksquashfs_running(slow_ws):
             time.sleep(0.1)
         survivors = {pid: name for pid, name in running.items() if alive(pid)}
         assert not survivors, f"killed at {step}, its children run on: {survivors}"
-    assert tmp_entries(slow_ws) and export_containers(slow_ws)  # what the kill at export left
+    # what the kill at export left: the export container always; the partial .sqsh only if the
+    # kernel's SIGKILL reached mksquashfs before the end of its input did (on a truncated tar it
+    # ends and deletes its own output first, which is a race the machine's load decides)
+    assert export_containers(slow_ws)
     efabuild(slow_ws, "make", "big:data", check=True)
     assert export_containers(slow_ws) == []
     assert tmp_entries(slow_ws) == []
