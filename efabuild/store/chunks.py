@@ -34,6 +34,10 @@ KiB, MiB = 1024, 1024 * 1024
 # quarter of the requests: a 25 GB image is ~6,000 S3 objects, not 25,000.
 MIN_SIZE, AVG_SIZE, MAX_SIZE = 1 * MiB, 4 * MiB, 16 * MiB
 MAX_INDEX_BYTES = 64 * MiB  # a 25 GB image cut at the minimum chunk size needs ~2 MiB
+# no chunker efabuild configures cuts more; an index naming a longer chunk is forged, and a fetch
+# would size its buffers by it
+MAX_CHUNK_BYTES = 64 * MiB
+MAX_MARK_BYTES = 256 * MiB  # a gc mark of ~3.5 million unreferenced chunk ids
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -96,7 +100,7 @@ class ChunkIndex:
         total = 0
         for entry in chunks:
             if not (isinstance(entry, list) and len(entry) == 2 and is_chunk_id(entry[0])
-                    and _is_count(entry[1]) and entry[1] > 0):
+                    and _is_count(entry[1]) and 0 < entry[1] <= MAX_CHUNK_BYTES):
                 raise BadChunkIndex(f"{where}: chunk index entry {str(entry)[:80]!r} is not [id, length]")
             parsed.append((entry[0], entry[1]))
             total += entry[1]

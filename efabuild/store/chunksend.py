@@ -102,3 +102,13 @@ def send_from_file(store, index: ChunkIndex, source: Path, ids: set[str],  # noq
     finally:
         os.close(fd)
     sender.check()
+
+
+def spans_hold(index: ChunkIndex, source: Path) -> bool:
+    """True when every chunk of `index` is where it says in `source`: an index that came with a
+    file (kept beside it on a shared tier, where others write) is only a hint until it agrees."""
+    fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return all(chunk_id(os.pread(fd, length, offset)) == cid for cid, offset, length in index.spans())
+    finally:
+        os.close(fd)

@@ -180,6 +180,19 @@ def open_entry(dir_fd: int, name: str, where: Path, flags: int, *, error: type[U
         raise error(f"{shown(where)}: a symbolic link, not a {what}") from None
 
 
+def open_regular(path: Path) -> int | None:
+    """A read-only descriptor of the regular file `path`, or None: absent, a link, or something
+    else (a FIFO swapped in is not waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
+
+
 def _check_size(size: int, where: Path, limit: int) -> None:
     if size > limit:
         raise UnsafeEntry(f"{shown(where)}: {size} bytes, more than such a file can be ({limit})")

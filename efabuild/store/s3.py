@@ -37,6 +37,7 @@ from efabuild.store.chunks import (
     AVG_SIZE,
     MAX_SIZE,
     MIN_SIZE,
+    MAX_INDEX_BYTES,
     BadChunkIndex,
     ChunkIndex,
     Usage,
@@ -44,7 +45,15 @@ from efabuild.store.chunks import (
 from efabuild.settings import S3Config
 from efabuild.store.digest import file_digest, is_digest
 from efabuild.store.fs import PUBLISHED, REUSED, check_publish_input
-from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX, RECORD_SUFFIX, SQSH_SUFFIX
+from efabuild.store.layout import (
+    ENVELOPE_LIMIT,
+    ENVELOPE_SUFFIX,
+    INDEX_SUFFIX,
+    MANIFEST_SUFFIX,
+    RECORD_LIMIT,
+    RECORD_SUFFIX,
+    SQSH_SUFFIX,
+)
 from efabuild.store.parallel import run_parallel
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
@@ -107,7 +116,7 @@ class S3Tier(S3Refs, S3Bucket):
         return self._head(self.record_object(check_key(key))) is not None
 
     def record(self, key: str) -> ArtifactRecord | None:
-        data = self._get_bytes(self.record_object(check_key(key)))
+        data = self._get_bytes(self.record_object(check_key(key)), RECORD_LIMIT)
         if data is None:
             return None
         return ArtifactRecord.from_json(data, self.url(self.record_object(key)))
@@ -133,7 +142,7 @@ class S3Tier(S3Refs, S3Bucket):
 
     def envelope(self, key: str) -> bytes | None:
         """The signed statement (one DSSE envelope), None when unsigned."""
-        return self._get_bytes(self.envelope_object(check_key(key)))
+        return self._get_bytes(self.envelope_object(check_key(key)), ENVELOPE_LIMIT)
 
     def write_envelope(self, key: str, envelope: bytes) -> None:
         """Replace the signed statement of a committed object (a signature was added): one PUT,
@@ -257,7 +266,8 @@ class S3Tier(S3Refs, S3Bucket):
     def chunk_index(self, key: str) -> ChunkIndex | None:
         """The artifact's chunk index, or None for a whole-object artifact."""
         path = self.index_object(check_key(key))
-        data = self._index_bytes.pop(key) if key in self._index_bytes else self._get_bytes(path)
+        data = self._index_bytes.pop(key) if key in self._index_bytes \
+            else self._get_bytes(path, MAX_INDEX_BYTES, BadChunkIndex)
         return None if data is None else ChunkIndex.from_json(data, self.url(path))
 
     def _upload_sqsh(self, key: str, sqsh: Path, record: ArtifactRecord, show: bool) -> bool:

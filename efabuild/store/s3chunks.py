@@ -38,8 +38,10 @@ from efabuild.store.chunks import (
     is_chunk_id,
     usage,
 )
+from efabuild.store.chunks import MAX_INDEX_BYTES, MAX_MARK_BYTES
 from efabuild.store.layout import INDEX_SUFFIX, SQSH_SUFFIX
-from efabuild.store.chunksend import ChunkSender, send_from_file
+from efabuild.store.chunksend import ChunkSender, send_from_file, spans_hold
+from efabuild.store.fsutil import open_regular
 from efabuild.store.parallel import run_parallel
 from efabuild.store.progress import Progress
 
@@ -141,7 +143,9 @@ class ChunkStore:
         """Upload the chunks of `sqsh` the bucket lacks, then its index (the record, written by
         the tier after this, commits it): (the index, what was sent). `index` is reused when it
         describes these bytes with this chunking; `likely_present` are ids seen in other artifacts."""
-        if index is None or (index.size, index.digest, index.chunking) != (record.size, record.digest, chunking):
+        # the caller's index (kept beside a copy on a shared tier) is used only if its bytes agree
+        if index is None or (index.size, index.digest, index.chunking) != (record.size, record.digest, chunking) \
+                or not spans_hold(index, sqsh):
             index, sent = self._chunk_and_send(key, sqsh, record, likely_present, chunking, show)
         else:
             sent = None
@@ -195,10 +199,10 @@ class ChunkStore:
         paths = self.index_objects()
 
         def read(path: str) -> ChunkIndex | None:
-            data = self.tier._get_bytes(path)
-            if data is None:
-                return None  # deleted meanwhile, with its artifact
             try:
+                data = self.tier._get_bytes(path, MAX_INDEX_BYTES, BadChunkIndex)
+                if data is None:
+                    return None  # deleted meanwhile, with its artifact
                 return ChunkIndex.from_json(data, self.tier.url(path))
             except BadChunkIndex as exc:
                 notices.warn(f"skipping {exc}")
@@ -217,12 +221,11 @@ class ChunkStore:
     def marks(self) -> list[tuple[str, Mark]]:
         found = []
         for item in self.tier._list(self.tier._path(MARKS_DIR) + "/"):
-            data = self.tier._get_bytes(item["Key"])
             try:
-                doc = json.loads(data or b"")
+                doc = json.loads(self.tier._get_bytes(item["Key"], MAX_MARK_BYTES) or b"")
                 mark = Mark(time=float(doc["time"]),
                             unreferenced=frozenset(c for c in doc["unreferenced"] if is_chunk_id(c)))
-            except (ValueError, KeyError, TypeError, RecursionError):
+            except (ValueError, KeyError, TypeError, RecursionError, EfabuildError):
                 notices.warn(f"skipping {self.tier.url(item['Key'])}: not a gc mark")
                 continue
             found.append((item["Key"], mark))
@@ -246,7 +249,8 @@ class ChunkStore:
         what = self.tier.url(path)
         from efabuild.store.s3client import retried  # boto3: only once S3 is used
 
-        body = retried(what, lambda: self.tier._get_bytes(path), error=ChunkError)
+        bound = length + (length >> 7) + 4096  # zstd's bound for `length` bytes: more is no chunk of them
+        body = retried(what, lambda: self.tier._get_bytes(path, bound, ChunkError), error=ChunkError)
         if body is None:
             raise ChunkError(f"{what}: missing (deleted by gc while in use, or never uploaded)")
         raw = decompress(body, length, what)
@@ -356,10 +360,8 @@ def assemble(store: ChunkStore, index: ChunkIndex, dest_fd: int, seeds: Sequence
     lock = threading.Lock()
     try:
         for path in {p for p, _ in in_seed.values()}:
-            try:
-                seed_fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-            except OSError:
-                pass  # a seed that went away: its chunks are downloaded instead
+            if (fd := open_regular(path)) is not None:  # a seed gone (or swapped) costs a download
+                seed_fds[path] = fd
 
         def from_seed(cid: str, length: int) -> bytes | None:
             path, offset = in_seed.get(cid, (None, 0))

@@ -41,6 +41,8 @@ STREAM_BACKOFF = 0.25  # seconds before the 2nd attempt, doubled after each (wit
 # Error codes meaning "a conditional create found the object already there"
 _ALREADY_EXISTS = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _MISSING = {"404", "NoSuchKey", "NotFound"}
+# the largest small object a store keeps (manifests, chunk indexes); others pass their own bound
+MAX_SMALL_OBJECT = 64 * MiB
 
 T = TypeVar("T")
 
@@ -160,14 +162,23 @@ class S3Bucket:
         message = exc.response.get("Error", {}).get("Message") or _code(exc)
         return EfabuildError(f"{what}: S3 error {_code(exc) or _status(exc)}: {message}")
 
-    def _get_bytes(self, path: str) -> bytes | None:
+    def _get_bytes(self, path: str, limit: int = MAX_SMALL_OBJECT,
+                   error: type[EfabuildError] = EfabuildError) -> bytes | None:
+        """The object's bytes, None when absent; `error` when it holds more than `limit` bytes
+        (an object planted in a shared bucket must not make us read without end)."""
         try:
             response = self._call(self.url(path), "get_object", Key=path)
         except ClientError as exc:
             if _missing(exc):
                 return None
             raise self._error(self.url(path), exc) from None
-        return response["Body"].read()
+        body, size = response["Body"], response.get("ContentLength") or 0
+        data = body.read(limit + 1) if size <= limit else b""
+        if size > limit or len(data) > limit:
+            body.close()
+            raise error(f"{self.url(path)}: larger than the {limit} bytes it may hold "
+                        f"(not written by efabuild?); not read")
+        return data
 
     def _head(self, path: str) -> dict | None:
         try:

@@ -1,0 +1,173 @@
+"""The chunked S3 tier against a hostile co-tenant: someone who may write the shared filesystem
+tier and the bucket plants chunk indexes, chunks and seeds, and efabuild must never hand out
+wrong bytes, hang, read without bound or store an artifact it cannot fetch back.
+
+Every case runs the store as users run it, on the loopback S3 server, over real SquashFS images.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from efabuild.errors import EfabuildError
+from efabuild.settings import S3Config
+from efabuild.store.chunks import ChunkIndex
+from efabuild.store.digest import file_digest
+from efabuild.store.fs import FilesystemTier
+from efabuild.store.s3 import S3Tier
+from efabuild.store.s3chunks import compress
+from efabuild.store.tiered import Store
+from tests.storekit import REPO, key_for, make_sqsh, record_for
+
+pytestmark = pytest.mark.s3
+KiB, MiB = 1024, 1024 * 1024
+CHUNKED = {"chunking": (8 * KiB, 32 * KiB, 128 * KiB)}
+
+
+@pytest.fixture
+def settings(moto_server: str, s3_bucket: str) -> S3Config:
+    return S3Config(bucket=s3_bucket, prefix="images/", region="us-east-1", endpoint_url=moto_server)
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory) -> list[Path]:
+    """Two versions of an image: v2 inserts 20 KiB early on."""
+    rng = random.Random(5)
+    body = rng.randbytes(2 * MiB)
+    v2 = body[:MiB] + rng.randbytes(20 * KiB) + body[MiB:]
+    base = tmp_path_factory.mktemp("versions")
+    return [make_sqsh(base, payload, f"v{i + 1}") for i, payload in enumerate((body, v2))]
+
+
+def store_at(directory: Path, settings: S3Config, name: str = "shared") -> Store:
+    return Store([FilesystemTier(directory, name)], settings, show_progress=False, s3_options=CHUNKED)
+
+
+def publish(store: Store, sqsh: Path, name: str = "demo:user") -> str:
+    key = key_for(f"{name}-{sqsh.name}")
+    store.publish(key, sqsh, record_for(key, name, sqsh), b'{"m": 1}')
+    return key
+
+
+def within(seconds: float, function, *args):  # noqa: ANN001, ANN201
+    """function(*args) on a thread; a hang fails the test instead of hanging it."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = function(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "hangs"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def test_a_seed_swapped_for_a_fifo_costs_a_download_not_a_hang(tmp_path, settings, versions):
+    builder = store_at(tmp_path / "cache", settings, "local")
+    k1, k2 = publish(builder, versions[0]), publish(builder, versions[1])
+    cluster = store_at(tmp_path / "fsx", settings)
+    assert file_digest(cluster.lookup(k1)) == file_digest(versions[0])  # v1 fetched, its index kept: a seed
+    seeds = cluster.seeds("demo:user")
+    seed = cluster.fs_tiers[0].sqsh_path(k1)
+    assert [s.path for s in seeds] == [seed]
+    # once the seeds are chosen, a co-tenant swaps a FIFO in: opening it to read waits for a writer
+    seed.unlink()
+    os.mkfifo(seed)
+    dest = tmp_path / "fetched.sqsh"
+    within(30, lambda: cluster.s3.download(k2, dest, cluster.s3.record(k2), seeds=seeds))
+    assert file_digest(dest) == file_digest(versions[1])
+    assert cluster.s3.last_transfer.reused == 0
+
+
+def test_a_planted_index_beside_a_filesystem_copy_never_makes_publish_store_other_bytes(
+        tmp_path, settings, versions):
+    shared = FilesystemTier(tmp_path / "fsx", "shared")
+    builder = Store([shared], settings, show_progress=False, s3_options=CHUNKED)
+    k1 = publish(builder, versions[0])  # in the bucket, its chunks known to this node
+    # v2 reached the shared tier alone (the bucket came later): `make` will copy it up
+    k2 = key_for("demo:user-v2")
+    shared.publish(k2, versions[1], record_for(k2, "demo:user", versions[1]))
+    # a co-tenant plants an index for v2 that names v1's chunks, with v2's size and digest
+    real = shared.chunk_index(k1)
+    forged = ChunkIndex(size=versions[1].stat().st_size, digest=file_digest(versions[1]),
+                        chunks=((real.chunks[0][0], real.chunks[0][1] + 20 * KiB), *real.chunks[1:]),
+                        chunking=real.chunking)
+    index_file = tmp_path / "fsx" / "objects" / k2[:2] / f"{k2}.chunks.json"
+    index_file.write_bytes(forged.to_json())
+    assert builder.complete(k2) is not None  # copied into the bucket
+    node = store_at(tmp_path / "node", settings)
+    assert file_digest(node.lookup(k2)) == file_digest(versions[1])
+
+
+def test_a_forged_s3_index_with_a_huge_chunk_is_refused_before_any_allocation(tmp_path, settings, versions):
+    key = publish(store_at(tmp_path / "cache", settings), versions[0])
+    tier = S3Tier(settings, **CHUNKED)
+    size = 1 << 40  # one "chunk" of a TiB: a node must not truncate, allocate or decompress that much
+    import zstandard
+
+    body = zstandard.ZstdCompressor(write_content_size=False).compress(b"x")  # its header names no size
+    forged = ChunkIndex(size=size, digest="blake3:" + "0" * 64, chunks=(("a" * 64, size),))
+    client = tier.client
+    client.put_object(Bucket=settings.bucket, Key=tier.index_object(key), Body=forged.to_json())
+    client.put_object(Bucket=settings.bucket, Key=tier.chunks.object("a" * 64), Body=body)
+    record = record_for(key, "demo:user", versions[0])
+    import attrs
+
+    client.put_object(Bucket=settings.bucket, Key=tier.record_object(key),
+                      Body=attrs.evolve(record, size=size, digest=forged.digest).to_json())
+    node = store_at(tmp_path / "node", settings)
+    with pytest.raises(EfabuildError, match="chunk"):
+        node.lookup(key)
+    assert os.listdir(tmp_path / "node" / "tmp") == []
+
+
+CHILD = """
+import sys
+from efabuild.settings import S3Config
+from efabuild.store.s3 import S3Tier
+from efabuild.errors import EfabuildError
+settings = S3Config(bucket=sys.argv[1], prefix="images/", region="us-east-1", endpoint_url=sys.argv[2])
+tier = S3Tier(settings, chunking=(8 * 1024, 32 * 1024, 128 * 1024))
+def peak():  # VmHWM, in KiB: the peak resident size of this program (ru_maxrss survives exec)
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+tier.client
+before = peak()
+try:
+    tier.chunks.fetch(sys.argv[3], 4096)
+    print("fetched")
+except EfabuildError as exc:
+    print("refused", exc, file=sys.stderr)
+print((peak() - before) // 1024)
+"""
+
+
+@pytest.mark.parametrize("what", ["chunk", "index"])
+def test_an_oversized_object_in_the_bucket_is_not_read_whole(tmp_path, settings, what):
+    tier = S3Tier(settings, **CHUNKED)
+    cid = "b" * 64
+    junk = os.urandom(1 << 20) * 200  # 200 MiB where a 4 KiB chunk (or a small index) belongs
+    path = tier.chunks.object(cid) if what == "chunk" else tier.index_object(cid)
+    tier.client.put_object(Bucket=settings.bucket, Key=path, Body=junk)
+    del junk
+    script = CHILD if what == "chunk" else CHILD.replace("tier.chunks.fetch(sys.argv[3], 4096)",
+                                                         "tier.chunk_index(sys.argv[3])")
+    done = subprocess.run([sys.executable, "-c", script, settings.bucket, settings.endpoint_url, cid],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "refused" in done.stderr, done.stderr
+    grew_mib = int(done.stdout.split()[-1])
+    assert grew_mib < 64, f"reading a planted 200 MiB {what} grew the process by {grew_mib} MiB"
