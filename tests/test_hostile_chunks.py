@@ -171,3 +171,46 @@ def test_an_oversized_object_in_the_bucket_is_not_read_whole(tmp_path, settings,
     assert "refused" in done.stderr, done.stderr
     grew_mib = int(done.stdout.split()[-1])
     assert grew_mib < 64, f"reading a planted 200 MiB {what} grew the process by {grew_mib} MiB"
+
+
+def _outside_link(index: Path, outside: Path) -> None:
+    outside.write_bytes(index.read_bytes())
+    index.unlink()
+    index.symlink_to(outside)
+
+
+def _fifo(index: Path, outside: Path) -> None:  # noqa: ARG001
+    index.unlink()
+    os.mkfifo(index)
+
+
+def _ten_gb(index: Path, outside: Path) -> None:  # noqa: ARG001
+    with open(index, "r+b") as handle:
+        handle.truncate(10 << 30)  # sparse: 10 GB that a read would have to go through
+
+
+def _deep(index: Path, outside: Path) -> None:  # noqa: ARG001
+    index.write_bytes(b"[" * 200_000)
+
+
+def _shuffled(index: Path, outside: Path) -> None:  # noqa: ARG001
+    """Its real chunk ids and lengths, in another order: every offset is wrong."""
+    real = ChunkIndex.from_json(index.read_bytes(), "x")
+    chunks = list(real.chunks)
+    random.Random(1).shuffle(chunks)
+    index.write_bytes(ChunkIndex(size=real.size, digest=real.digest, chunks=tuple(chunks),
+                                 chunking=real.chunking).to_json())
+
+
+@pytest.mark.parametrize("plant", [_outside_link, _fifo, _ten_gb, _deep, _shuffled])
+def test_a_planted_kept_index_never_yields_wrong_bytes_a_hang_or_a_long_read(tmp_path, settings, versions, plant):
+    builder = store_at(tmp_path / "cache", settings, "local")
+    k1, k2 = publish(builder, versions[0]), publish(builder, versions[1])
+    cluster = store_at(tmp_path / "fsx", settings)
+    cluster.lookup(k1)
+    index = tmp_path / "fsx" / "objects" / k1[:2] / f"{k1}.chunks.json"
+    plant(index, tmp_path / "outside.json")
+    fetched = within(30, cluster.lookup, k2)
+    assert file_digest(fetched) == file_digest(versions[1])
+    if plant is not _shuffled:  # the others are no index at all: v2 is downloaded whole
+        assert cluster.s3.last_transfer.reused == 0
