@@ -97,6 +97,8 @@ def endpoint_url_problem(url: str) -> str | None:
         return "must be an http:// or https:// URL with a host, like https://s3.us-east-1.amazonaws.com"
     if any(c.isspace() or ord(c) < 32 for c in url) or port == 0:
         return "must be an http:// or https:// URL with a host, like https://s3.us-east-1.amazonaws.com"
+    if "@" in parts.netloc:  # it is written into store.toml and shown in messages: never a password
+        return "must not hold credentials (user:password@): boto3's chain supplies them (environment, ~/.aws)"
     return None
 
 # --- mksquashfs options. Which mksquashfs options `[export] extra_options` may add: those that only shape the filesystem.

@@ -195,6 +195,19 @@ def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, capsys, build, argv
     check_one_line(code, capsys.readouterr().err, expected)
 
 
+def test_credentials_in_the_s3_endpoint_are_refused_without_being_shown(tmp_path, monkeypatch, capsys):
+    """A store's store.toml (written into the shared store, readable by all) and every message
+    carry the endpoint: credentials in it would go wherever it goes."""
+    root = with_build('[store.s3]\nbucket = "b"\nendpoint_url = "http://minio:hunter2@127.0.0.1:9000"\n')(
+        tmp_path / "ws")
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("EFABUILD_STORE", raising=False)
+    code = main(["plan", "--offline"])
+    stderr = capsys.readouterr().err
+    check_one_line(code, stderr, ["BUILD.toml", "store.s3.endpoint_url", "credentials"])
+    assert "hunter2" not in stderr
+
+
 # --- cases that could hang or read without end: a subprocess with a timeout and a memory limit ------
 
 
