@@ -214,3 +214,42 @@ def test_a_planted_kept_index_never_yields_wrong_bytes_a_hang_or_a_long_read(tmp
     assert file_digest(fetched) == file_digest(versions[1])
     if plant is not _shuffled:  # the others are no index at all: v2 is downloaded whole
         assert cluster.s3.last_transfer.reused == 0
+
+
+@pytest.mark.parametrize("states_its_size", [True, False])
+def test_a_chunk_that_inflates_past_its_length_is_refused_without_inflating(tmp_path, settings, states_its_size):
+    import zstandard
+
+    tier = S3Tier(settings, **CHUNKED)
+    bomb = zstandard.ZstdCompressor(write_content_size=states_its_size).compress(b"\0" * (256 * MiB))
+    assert len(bomb) < 64 * KiB
+    cid = "c" * 64
+    tier.client.put_object(Bucket=settings.bucket, Key=tier.chunks.object(cid), Body=bomb)
+    with pytest.raises(EfabuildError, match="zstd|bytes"):
+        tier.chunks.fetch(cid, 32 * KiB)
+
+
+def test_a_forged_gc_mark_never_deletes_a_chunk_that_an_index_references(tmp_path, settings, versions):
+    import json
+    import time
+
+    from efabuild.store.s3chunks import collect
+
+    store = store_at(tmp_path / "cache", settings, "local")
+    key = publish(store, versions[0])
+    tier = store.s3
+    listed = [item["Key"] for item in tier._list(tier._path("chunks") + "/")]
+    ids = [path.rsplit("/", 1)[-1] for path in listed]
+    # a co-tenant's mark, a day old by its own word, naming every chunk of the bucket as unreferenced;
+    # and junk beside it where marks go
+    marks = tier._path("gc/marks")
+    tier.client.put_object(Bucket=settings.bucket, Key=f"{marks}/forged.json",
+                           Body=json.dumps({"time": time.time() + 5, "unreferenced": ids}).encode())
+    tier.client.put_object(Bucket=settings.bucket, Key=f"{marks}/deep.json", Body=b"[" * 200_000)
+    tier.client.put_object(Bucket=settings.bucket, Key=f"{marks}/nan.json",
+                           Body=b'{"time": "nan", "unreferenced": "' + ids[0].encode() + b'"}')
+    report = collect(tier.chunks, grace=1, dry_run=False, now=time.time() + 10)
+    assert report.deleted == 0 and report.referenced == len(set(ids))
+    assert sorted(item["Key"] for item in tier._list(tier._path("chunks") + "/")) == sorted(listed)
+    node = store_at(tmp_path / "node", settings)
+    assert file_digest(node.lookup(key)) == file_digest(versions[0])
