@@ -113,6 +113,41 @@ def test_a_planted_index_beside_a_filesystem_copy_never_makes_publish_store_othe
     assert file_digest(node.lookup(k2)) == file_digest(versions[1])
 
 
+def test_a_file_renamed_over_a_checked_copy_is_never_copied_on(tmp_path, settings, versions, monkeypatch):
+    """A co-tenant renames other bytes of the same size over a shared copy the moment it has been
+    checked (a real one would watch for it with inotify; here the test does it right after the
+    check), with an index beside it that describes them but claims the record's digest."""
+    from efabuild.store import transfer
+
+    shared = FilesystemTier(tmp_path / "fsx", "shared")
+    local = FilesystemTier(tmp_path / "cache", "local")
+    key = key_for("demo:user-v1")
+    shared.publish(key, versions[0], record_for(key, "demo:user", versions[0]))
+    good = file_digest(versions[0])
+    forged = bytearray(versions[0].read_bytes())
+    forged[len(forged) // 2] ^= 0xFF
+    forged_file = tmp_path / "forged.sqsh"
+    forged_file.write_bytes(bytes(forged))
+    from efabuild.store.chunks import chunk_file
+
+    real = chunk_file(forged_file, chunking=CHUNKED["chunking"])
+    hint = ChunkIndex(size=real.size, digest=good, chunks=real.chunks, chunking=real.chunking)
+    (tmp_path / "fsx" / "objects" / key[:2] / f"{key}.chunks.json").write_bytes(hint.to_json())
+    checked = transfer.file_digest
+
+    def check_then_swap(path):  # noqa: ANN001, ANN202
+        digest = checked(path)
+        os.replace(forged_file, shared.sqsh_path(key))
+        return digest
+
+    monkeypatch.setattr(transfer, "file_digest", check_then_swap)
+    store = Store([local, shared], settings, show_progress=False, s3_options=CHUNKED)
+    store.complete(key)
+    monkeypatch.undo()
+    assert file_digest(local.sqsh_path(key)) == good
+    assert file_digest(store_at(tmp_path / "node", settings).lookup(key)) == good
+
+
 def test_a_forged_s3_index_with_a_huge_chunk_is_refused_before_any_allocation(tmp_path, settings, versions):
     key = publish(store_at(tmp_path / "cache", settings), versions[0])
     tier = S3Tier(settings, **CHUNKED)

@@ -12,6 +12,7 @@ An artifact is its `.sqsh`, its record, and the files listed in `SIDECARS`, whic
 from __future__ import annotations
 
 import contextlib
+import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import attrs
 from efabuild import notices
 from efabuild.store.digest import bytes_digest, file_digest
 from efabuild.errors import EfabuildError, NotFound
+from efabuild.store import fsutil
 from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
 from efabuild.refs import short
 from efabuild.store.record import ArtifactRecord
@@ -60,6 +62,11 @@ class Copy:
         return self.sidecars.get(ENVELOPE_SUFFIX)
 
 
+def pinned_path(fd: int) -> Path:
+    """A path to the very file open as `fd`, whatever has been renamed over its name since."""
+    return Path(f"/proc/self/fd/{fd}")
+
+
 def check_file(tier: str, path: Path, record: ArtifactRecord) -> None:
     """DamagedCopy unless `path` has the size and blake3 digest its record says (size first)."""
     try:
@@ -75,6 +82,16 @@ def check_file(tier: str, path: Path, record: ArtifactRecord) -> None:
         actual = file_digest(path)
     except OSError as exc:
         raise DamagedCopy(tier, str(path), f"cannot read it ({exc.strerror})") from None
+    if actual != record.digest:
+        raise DamagedCopy(tier, str(path), f"digest {actual}, its record says {record.digest}")
+
+
+def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord) -> None:
+    """check_file() of the file open as `fd` (named `path` in messages)."""
+    size = os.fstat(fd).st_size
+    if size != record.size:
+        raise DamagedCopy(tier, str(path), f"{size} bytes, its record says {record.size}")
+    actual = file_digest(pinned_path(fd))
     if actual != record.digest:
         raise DamagedCopy(tier, str(path), f"digest {actual}, its record says {record.digest}")
 
@@ -109,10 +126,18 @@ def verified_copy(key: str, source: Any, staging: Any, *, trusted: bool = False)
         raise DamagedCopy(source.name, source.describe(key), f"its record is for {short(record.key)}")
     record, sidecars = _sidecars(source, key, record)
     if hasattr(source, "sqsh_path"):  # a filesystem tier
+        # checked and copied on through one descriptor: in a shared tier another user may rename
+        # a file over the name once it is checked, and its bytes must not be what is copied
         path = source.sqsh_path(key)
-        if not trusted:
-            check_file(source.name, path, record)
-        yield Copy(key, source.name, path, record, sidecars)
+        fd = fsutil.open_regular(path)
+        if fd is None:
+            raise DamagedCopy(source.name, str(path), "not a regular file (or gone)")
+        try:
+            if not trusted:
+                _check_open(source.name, path, fd, record)
+            yield Copy(key, source.name, pinned_path(fd), record, sidecars)
+        finally:
+            os.close(fd)
         return
     staged = staging.staging_path(key)
     try:
