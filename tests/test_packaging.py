@@ -93,7 +93,7 @@ def test_the_fixture_sources_are_package_data_identical_to_the_checkouts(install
     assert packaged.returncode == 0, packaged.stderr
     # the same digest means the same fixture image: every file, mode and symlink made it through
     assert packaged.stdout.strip() == content_digest(source_dir() / "mini-ngc", busybox)
-    help_text = run(bin_dir / "python", "-m", "efabuild.build.fixtures", "--help", cwd=tmp_path, env=env)
+    help_text = run(bin_dir / "python", "-m", "efabuild.cli.build_fixtures", "--help", cwd=tmp_path, env=env)
     assert help_text.returncode == 0 and "installed package" in help_text.stdout
 
 

@@ -1,4 +1,4 @@
-"""Build the offline demo fixture images (no registry needed): `python -m efabuild.build.fixtures`.
+"""Build the offline demo fixture images (no registry needed; the command: efabuild.cli.build_fixtures).
 
 The "mini NGC" base `efabuild-fixtures/pytorch:26.08-py3` stands in for
 nvcr.io/nvidia/pytorch:26.08-py3 with its file layout, env and labels, plus offline stand-ins for
@@ -11,14 +11,11 @@ unchanged sources finds the image and builds nothing.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import shutil
 import struct
 import subprocess
-import sys
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -230,34 +227,3 @@ def build_fixtures(
     """Every fixture image (today: the mini NGC base; variants are layers on top of it)."""
     return [build_mini_ngc(engine=engine, source=source, force=force, log=log)]
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m efabuild.build.fixtures",
-        description=f"Build the offline demo fixture images ({MINI_NGC_TAG}); "
-        "does nothing when they are up to date.",
-        allow_abbrev=False,
-    )
-    parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
-    parser.add_argument("--source", type=Path, default=None, help="the fixtures/ folder (default: the checkout's, else the installed package's)")
-    parser.add_argument("--json", action="store_true", help="print the images as JSON")
-    args = parser.parse_args(argv)
-    try:
-        images = build_fixtures(
-            source=args.source, force=args.force,
-            log=(lambda _: None) if args.json else (lambda m: print(m, file=sys.stderr)),
-        )
-    except EfabuildError as exc:
-        print(f"efabuild: {exc}", file=sys.stderr)
-        return exc.exit_code
-    for img in images:
-        if args.json:
-            print(json.dumps(attrs.asdict(img)))
-        else:
-            state = "built" if img.built else "up to date"
-            print(f"{img.tag}: {state} in {img.seconds:.1f}s, image ID {img.image_id[:19]}")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
