@@ -116,3 +116,22 @@ def test_every_file_of_an_artifact_travels_with_it(tmp_path, export, monkeypatch
     assert (local / f"{key}.manifest.json").read_bytes() == b"{}"
     store.local_tier.delete(key)
     assert list(local.iterdir()) == []
+
+
+def test_metadata_comes_from_the_first_tier_that_has_it_but_a_statement_from_the_first_holder(tmp_path, export):
+    """A record or manifest missing on one tier is read from the next; a signed statement only from
+    the first tier holding the artifact (unsigned there means unsigned, not another tier's)."""
+    from efabuild.store.fs import FilesystemTier
+
+    key = key_for("user")
+    local, shared = FilesystemTier(tmp_path / "cache", "local"), FilesystemTier(tmp_path / "fsx", "shared")
+    store = Store([local, shared], show_progress=False)
+    store.publish(key, export, record_for(key, "ngc-efa:user", export), b'{"m": 1}', envelope=b'{"signed": 1}\n')
+    local.layout.manifest_path(key).unlink()
+    local.layout.envelope_path(key).unlink()
+    assert store.record(key) == local.record(key) and store.record(key).key == key
+    assert store.manifest(key) == b'{"m": 1}'  # the shared tier's
+    assert shared.envelope(key) == b'{"signed": 1}\n' and store.envelope(key) is None
+    local.delete(key)
+    assert store.envelope(key) == b'{"signed": 1}\n'  # the shared tier holds it first now
+    assert Store([local], show_progress=False).record(key) is None

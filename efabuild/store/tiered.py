@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import attrs
@@ -320,26 +321,25 @@ class Store:
 
     # ---- metadata
     def record(self, key: str) -> ArtifactRecord | None:
-        for tier in self.fs_tiers:
-            record = tier.record(key)
-            if record is not None:
-                return record
-        return self.s3.record(key) if self.s3 is not None else None
+        return self._first_found(lambda tier: tier.record(key))
 
     def manifest(self, key: str) -> bytes | None:
+        return self._first_found(lambda tier: tier.manifest(key))
+
+    def _first_found(self, read: Callable):  # noqa: ANN202 - what `read` returns
+        """What `read(tier)` finds on the first tier that holds it (a tier lacking the artifact
+        finds nothing), S3 last."""
         for tier in self.fs_tiers:
-            if tier.has(key):
-                manifest = tier.manifest(key)
-                if manifest is not None:
-                    return manifest
-        return self.s3.manifest(key) if self.s3 is not None else None
+            found = read(tier)
+            if found is not None:
+                return found
+        return read(self.s3) if self.s3 is not None else None
 
     def envelope(self, key: str) -> bytes | None:
-        """The signed statement of `key` from the first tier holding the artifact."""
-        for tier in self.fs_tiers:
-            if tier.has(key):
-                return tier.envelope(key)
-        return self.s3.envelope(key) if self.s3 is not None else None
+        """The signed statement of `key` from the first tier holding the artifact: unsigned there is
+        unsigned, never another tier's statement."""
+        holder = next((tier for tier in self.fs_tiers if tier.has(key)), self.s3)
+        return holder.envelope(key) if holder is not None else None
 
     def write_envelope(self, key: str, envelope: bytes) -> list[str]:
         """Store a re-signed statement on every tier holding `key`; the tiers written."""
