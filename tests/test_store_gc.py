@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,54 @@ def test_gc_judges_temp_files_and_check_directories_by_their_owners_start_time_t
     efabuild("gc", "--yes", cwd=workspace, check=True)
     assert not reused.exists() and not killed_check.exists()
     assert live.exists() and live_check.is_dir()
+
+
+def _aged(path: Path, days: float = 2) -> Path:
+    """Every entry under `path`, then `path` itself, last changed `days` ago (links not followed)."""
+    then = time.time() - days * 24 * 3600
+    for entry in sorted(path.rglob("*"), reverse=True):
+        os.utime(entry, (then, then), follow_symlinks=False)
+    os.utime(path, (then, then), follow_symlinks=False)
+    return path
+
+
+def test_gc_removes_unowned_check_directories_of_earlier_versions_only_when_surely_abandoned(workspace, tmp_path):
+    """Before check directories named their owner they were `check-<layer>-XXXXXXXX` (mkdtemp): one
+    goes when it is this user's, nothing in it changed for a day and no process works in it."""
+    cache = FilesystemTier(workspace / "cache", "local")
+    tmp = cache.checked_tmp_dir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_bytes(b"not the store's")
+
+    def old_check(name: str) -> Path:
+        path = tmp / name
+        path.mkdir()
+        (path / "rebuilt.sqsh").write_bytes(b"half a rebuild")
+        (path / "link").symlink_to(outside / "precious")  # removed as a link, never followed
+        return path
+
+    abandoned = _aged(old_check("check-user-k3x_9q2a"))
+    fresh = old_check("check-user-0a1b2c3d")  # a day has not passed: an old make may still be at it
+    held = _aged(old_check("check-deepep-zz9y8x7w"))
+    others = _aged(old_check("check-user-abcdefgh"))
+    os.chown(others, 65534, 65534)  # another user's
+    planted = tmp / "check-user-linkedaa"
+    planted.symlink_to(_aged(outside), target_is_directory=True)
+    sleeper = subprocess.Popen(["sleep", "60"], cwd=held)  # a process working in it
+    try:
+        dry = efabuild("gc", cwd=workspace, check=True).stdout
+        assert f"would remove leftover  local  {abandoned}" in dry
+        assert not [p for p in (fresh, held, others, planted) if str(p) in dry], dry
+        efabuild("gc", "--yes", cwd=workspace, check=True)
+        assert not abandoned.exists()
+        assert fresh.is_dir() and held.is_dir() and others.is_dir() and planted.is_symlink()
+        assert (outside / "precious").read_bytes() == b"not the store's"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    efabuild("gc", "--yes", cwd=workspace, check=True)
+    assert not held.exists() and fresh.is_dir()  # once nothing works in it
 
 
 def test_a_key_made_current_again_while_gc_runs_is_not_deleted(tmp_path: Path):

@@ -2,16 +2,19 @@
 
 A temp file in tmp/ is named after its writer (host, pid, start time: fsutil.temp_name), and a
 build context or a `make --check` work directory after its make (owner.owned_name); each is stale
-once that process is gone from this host, or, a temp file of another host, after a day. A record
-or sidecar without its .sqsh is an interrupted publish, a leftover only while nobody holds its
-key's lock. Nothing is followed or deleted through a link. (Scratch directories outside the store:
-efabuild.store.scratch.)
+once that process is gone from this host, or, a temp file of another host, after a day. A `make
+--check` directory of an efabuild from before that naming (`check-<layer>-XXXXXXXX`) names no
+owner: it is stale when it is the invoking user's, nothing in it has changed for a day and no
+process of this host holds it open. A record or sidecar without its .sqsh is an interrupted
+publish, a leftover only while nobody holds its key's lock. Nothing is followed or deleted through
+a link. (Scratch directories outside the store: efabuild.store.scratch.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 import time
@@ -34,6 +37,8 @@ STALE_TEMP_SECONDS = 24 * 3600
 CONTEXT_PREFIX = "context"
 CHECK_PREFIX = "check"
 OWNED_DIR_PREFIXES = (CONTEXT_PREFIX, CHECK_PREFIX)
+# make --check's work directory before it named its owner: tempfile.mkdtemp(prefix="check-<layer>-")
+_UNOWNED_CHECK_DIR = re.compile(r"check-.+-[a-z0-9_]{8}")
 
 
 def find(tier, now: float | None = None) -> list[Path]:  # noqa: ANN001 - a FilesystemTier
@@ -49,7 +54,7 @@ def find(tier, now: float | None = None) -> list[Path]:  # noqa: ANN001 - a File
     try:
         with fsutil.store_dir(tier.root, "tmp") as fd:
             temps = [(name, os.stat(name, dir_fd=fd, follow_symlinks=False)) for name in os.listdir(fd)
-                     if fsutil.parse_temp_owner(name) or _dir_owner(name)]
+                     if fsutil.parse_temp_owner(name) or _dir_owner(name) or _UNOWNED_CHECK_DIR.fullmatch(name)]
     except (FileNotFoundError, NotADirectoryError):
         temps = []
     except UnsafeEntry as exc:
@@ -59,6 +64,10 @@ def find(tier, now: float | None = None) -> list[Path]:  # noqa: ANN001 - a File
         dir_owner = _dir_owner(name)
         if dir_owner is not None:  # a make's directory: removed once the make is gone
             if stat.S_ISDIR(info.st_mode) and dir_owner.gone():
+                found.append(tier.layout.tmp_dir / name)
+            continue
+        if _UNOWNED_CHECK_DIR.fullmatch(name):
+            if _stale_unowned_dir(tier, name, now):
                 found.append(tier.layout.tmp_dir / name)
             continue
         if not stat.S_ISREG(info.st_mode):
@@ -93,6 +102,38 @@ def _dir_owner(name: str) -> Owner | None:
     return next(filter(None, (owner_of(name, prefix) for prefix in OWNED_DIR_PREFIXES)), None)
 
 
+def _stale_unowned_dir(tier, name: str, now: float) -> bool:  # noqa: ANN001
+    """An owner-less directory in tmp/: a real directory of the invoking user, nothing in it (links
+    not followed) changed for STALE_TEMP_SECONDS, and no process of this host working in it."""
+    try:
+        with fsutil.store_dir(tier.root, "tmp", name) as fd:  # a link is refused, not followed
+            info = os.fstat(fd)
+            times = [info.st_mtime] + [os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mtime
+                                       for entry in os.listdir(fd)]
+    except (OSError, UnsafeEntry):
+        return False  # gone meanwhile, or not a directory: not judged
+    path = Path(os.path.realpath(tier.layout.tmp_dir)) / name
+    return info.st_uid == os.geteuid() and now - max(times) > STALE_TEMP_SECONDS and not _held(path)
+
+
+def _held(path: Path) -> bool:
+    """Whether a process of this host has its working directory or an open file in `path`."""
+    inside = str(path) + os.sep
+    try:
+        pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return False  # no /proc: the age alone decides
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/cwd")]
+            links += [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            continue  # gone, or another user's (then not writing into this user's directory)
+        if any(link == str(path) or link.startswith(inside) for link in links):
+            return True
+    return False
+
+
 def _exists(tier, path: Path) -> bool:  # noqa: ANN001
     """Whether a directory entry of that name exists below the root (a link counts)."""
     try:
@@ -109,7 +150,10 @@ def remove(tier, path: Path) -> None:  # noqa: ANN001
         with fsutil.store_dir(tier.root, "tmp") as fd, contextlib.suppress(FileNotFoundError):
             os.unlink(path.name, dir_fd=fd)
         return
-    if path.parent == tier.layout.tmp_dir and _dir_owner(path.name):
+    owned, unowned = _dir_owner(path.name), _UNOWNED_CHECK_DIR.fullmatch(path.name)
+    if path.parent == tier.layout.tmp_dir and (owned or unowned):
+        if owned is None and not _stale_unowned_dir(tier, path.name, time.time()):
+            return  # changed or opened since find() looked
         with fsutil.store_dir(tier.root, "tmp") as fd:
             shutil.rmtree(path.name, dir_fd=fd, ignore_errors=True)  # a link is not followed
         return
