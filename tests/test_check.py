@@ -77,6 +77,28 @@ def _export_containers_into(directory: Path) -> list[str]:
     return [line.split("\t")[0] for line in listed.splitlines() if f"\t{directory}/" in line]
 
 
+def _check_images(layer: str, key: str) -> list[str]:
+    """Tags of make --check's rebuilds of `key` in the engine."""
+    listed = subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", f"efabuild-check/{layer}"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    return [tag for tag in listed if tag.split(":")[1].startswith(key[:12] + "-")]
+
+
+def _killed_at_export(root: Path, layer: str) -> tuple[subprocess.Popen, list[Path]]:
+    """A make --check stopped where its export begins, then killed -9; what it left in cache/tmp/."""
+    killed = subprocess.Popen([sys.executable, "-m", "efabuild", "-C", str(root), "make", "--check", layer],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                              env={**os.environ, "EFABUILD_STOP_AT": "export"})
+    deadline = time.monotonic() + 300
+    while killed.poll() is None and not _stopped(killed.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert killed.poll() is None and _stopped(killed.pid), "the check did not reach its export"
+    left = [p for p in (root / "cache" / "tmp").iterdir() if p.name.startswith("check-")]
+    killed.kill()
+    killed.wait()
+    return killed, left
+
+
 def test_check_finds_a_time_stamp_and_passes_a_reproducible_layer(pinned_fixture_base, tmp_path):
     root = workspace(tmp_path / "ws", pinned_fixture_base)
     made = efabuild(root, "make", "g")
@@ -102,26 +124,26 @@ def test_check_finds_a_time_stamp_and_passes_a_reproducible_layer(pinned_fixture
         assert result["identical"] and result["differences"] == [] and result["packing"] == []
         assert result["rebuilt_digest"] == result["stored_digest"] == json.loads(
             Path(efabuild(root, "lookup", "g:tools").stdout.strip()).with_suffix(".json").read_text())["digest"]
-        assert not subprocess.run(["docker", "image", "ls", "-q", f"efabuild-check/stamp:{keys['g:stamp']}"],
-                                  capture_output=True, text=True).stdout.strip()
-        # killed while exporting the rebuild: its directory and export container are the next make's to remove
-        killed = subprocess.Popen([sys.executable, "-m", "efabuild", "-C", str(root), "make", "--check", "g:tools"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-                                  env={**os.environ, "EFABUILD_STOP_AT": "export"})
-        deadline = time.monotonic() + 300
-        while killed.poll() is None and not _stopped(killed.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert killed.poll() is None and _stopped(killed.pid), "the check did not reach its export"
-        left = [p for p in (root / "cache" / "tmp").iterdir() if p.name.startswith("check-")]
-        killed.kill()
-        killed.wait()
-        assert len(left) == 1 and left[0].is_dir() and _export_containers_into(left[0])
-        assert efabuild(root, "make", "g").returncode == 0
-        assert not left[0].exists() and not _export_containers_into(left[0])
+        assert _check_images("stamp", keys["g:stamp"]) == []  # the rebuild's image went after its export
+        # killed while exporting the rebuild: its directory, export container and image are left, named
+        # by the dead process, to gc (listed on a dry run, removed with --yes) and to the next make
+        for cleaner in (("gc", "--yes"), ("make", "g")):
+            killed, left = _killed_at_export(root, "g:tools")
+            images = _check_images("tools", keys["g:tools"])
+            assert len(images) == 1 and f".{killed.pid}." in images[0], images
+            assert len(left) == 1 and left[0].is_dir() and _export_containers_into(left[0])
+            if cleaner[0] == "gc":
+                listed = json.loads(efabuild(root, "gc", "--json").stdout)["debris"]
+                assert {"tier": "engine", "item": f"image {images[0]}"} in listed, listed
+                assert {"tier": "local", "item": str(left[0])} in listed, listed
+            assert efabuild(root, *cleaner).returncode == 0
+            assert not left[0].exists() and not _export_containers_into(left[0]), cleaner
+            assert _check_images("tools", keys["g:tools"]) == [], cleaner
         # a graph instead of a layer, an unknown layer: one line, exit 2
         for wrong in ("g", "g:nope"):
             bad = efabuild(root, "make", "--check", wrong)
             assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     finally:
         tags = [f"efabuild/{name.split(':')[1]}:{key}" for name, key in keys.items()]
+        tags += [tag for name, key in keys.items() for tag in _check_images(name.split(":")[1], key)]
         subprocess.run(["docker", "image", "rm", "--force", *tags], capture_output=True)

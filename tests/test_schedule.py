@@ -64,8 +64,8 @@ class FakeEngine:
     def push(self, tag: str, registry) -> None:
         raise AssertionError("no registry is configured: nothing is pushed")
 
-    def remove_dead_export_containers(self, stores) -> None:
-        raise AssertionError("without an engine connection there are no containers to sweep")
+    def remove_dead_leftovers(self, stores) -> None:
+        raise AssertionError("without an engine connection there is nothing of it to sweep")
 
 
 def make(root, jobs: int, engine: FakeEngine):

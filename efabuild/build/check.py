@@ -2,8 +2,9 @@
 
 The layer is built again without BuildKit's cache, on its parent's image as the engine has it
 (parents are not rebuilt), exported the way `make` exports, and compared with the stored `.sqsh`
-file by file. The rebuilt image gets a tag of its own and is removed afterwards: the layer's own
-image and artifact stay as they were.
+file by file. The rebuilt image gets a tag of its own, naming this process, and is removed after
+the export (by the next make or gc when this one is killed first): the layer's own image and
+artifact stay as they were.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from efabuild.store.leftovers import CHECK_PREFIX
 from efabuild.store.owner import owned_name
 from efabuild.build.reporter import Reporter
 
-CHECK_REPO = "efabuild-check"
 # export options that decide the bytes of a .sqsh, as recorded with an artifact
 _PACKING = ("mksquashfs", "time_clamp")
 
@@ -48,6 +48,7 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
     from efabuild.build import run as make
     from efabuild.engine.build import build_layer
     from efabuild.engine.images import untag_image
+    from efabuild.engine.leftovers import check_image_tag
     from efabuild.export.squash import export_image
     from efabuild.export.sqshdiff import compare, read_sqsh
 
@@ -65,7 +66,7 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
     if layer.parent and prepared.plan.by_name()[layer.parent].key not in runner.tags:
         raise EfabuildError(f"{qualname}: its parent {layer.parent} is not in the engine and --check does not "
                             f"rebuild parents: run `efabuild make {layer.parent}` first")
-    tag = f"{CHECK_REPO}/{layer.name}:{lp.key}"
+    tag = check_image_tag(layer.name, lp.key)
     log_path = runner.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.check.log"
     # named by its owner: a killed check's directory is removed by the next make or gc
     work = _tmp(runner.store_root) / owned_name(CHECK_PREFIX, layer.name)

@@ -1,5 +1,5 @@
 """What a make asks of the engine, as one small interface: is an image there, build, tag, pull,
-push, and clear export containers that killed makes left behind.
+push, and clear what killed makes left in the engine.
 
 `EngineSteps` does it through `efabuild.engine`; tests of the scheduling pass an object with the
 same methods instead, so the order of a make can be checked without Docker.
@@ -43,7 +43,8 @@ class EngineSteps:
 
         push(self.engine, tag, registry)
 
-    def remove_dead_export_containers(self, stores: list[Path]) -> None:
-        from efabuild.engine.leftovers import dead_export_containers, remove_containers
+    def remove_dead_leftovers(self, stores: list[Path]) -> None:
+        """Export containers into `stores` and make --check images of killed makes of this host."""
+        from efabuild.engine import leftovers
 
-        remove_containers(self.engine, dead_export_containers(self.engine, stores))
+        leftovers.remove(self.engine, leftovers.find(self.engine, stores))

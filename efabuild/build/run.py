@@ -175,8 +175,8 @@ class _Runner:
 
     def sweep_leftovers(self) -> None:
         """Remove what makes killed on this host left behind: temp files and build contexts in
-        the store tiers, scratch directories in the system's temp dir, export containers in the
-        engine. A live make's are never touched."""
+        the store tiers, scratch directories in the system's temp dir, export containers and
+        make --check images in the engine. A live make's are never touched."""
         try:
             for tier in self.store.fs_tiers:
                 for item in tier.debris():
@@ -184,7 +184,7 @@ class _Runner:
             for directory in scratch.dead_scratch_dirs():
                 scratch.remove(directory)
             if self.engine is not None:
-                self.steps.remove_dead_export_containers([tier.root for tier in self.store.fs_tiers])
+                self.steps.remove_dead_leftovers([tier.root for tier in self.store.fs_tiers])
         except (OSError, EfabuildError) as exc:  # housekeeping: never a reason to fail the make
             notices.warn(f"leftovers of earlier makes not removed: {exc}")
 

@@ -30,7 +30,8 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
                 Keeps the newest --keep keys of every name, what every name currently points at,
                 and pinned refs/keys ([store] pins in BUILD.toml, --pin); removes the rest and
                 leftovers of interrupted writes from every tier, and of makes killed on this host
-                (build contexts, export containers). Prints what it would delete unless --yes.""",
+                (build contexts, export containers, make --check images). Prints what it would
+                delete unless --yes.""",
             epilog="""
                 examples:
                   efabuild gc                       # what would be deleted
@@ -83,9 +84,9 @@ def _old_images(args: argparse.Namespace, remove: bool) -> list[tuple[str, str]]
     return [("engine", f"image {tag}" + (f" (kept: {why})" if why else "")) for tag, why in found]
 
 
-def _dead_export_containers(args: argparse.Namespace, stores: list, remove: bool) -> list[str]:
-    """In a workspace: export containers into its store that its engine holds for makes killed on
-    this host (a bare store on a compute node has no engine to ask)."""
+def _dead_engine_leftovers(args: argparse.Namespace, stores: list, remove: bool) -> list[str]:
+    """In a workspace: export containers into its store and make --check images that its engine
+    holds for makes killed on this host (a bare store on a compute node has no engine to ask)."""
     import os
     import shutil
 
@@ -95,17 +96,17 @@ def _dead_export_containers(args: argparse.Namespace, stores: list, remove: bool
     if args.store or os.environ.get(STORE_ENV) or shutil.which("docker") is None:
         return []
     from efabuild.cli.common import workspace
+    from efabuild.engine import leftovers
     from efabuild.engine.client import connect
-    from efabuild.engine.leftovers import dead_export_containers, remove_containers
 
     try:
         engine = connect(workspace().settings.builder)
-        names = dead_export_containers(engine, stores)
+        found = leftovers.find(engine, stores)
         if remove:
-            remove_containers(engine, names)
+            leftovers.remove(engine, found)
     except EfabuildError:
         return []  # no engine answering here: nothing of it to clean
-    return names
+    return found.described()
 
 
 def _when(created: str) -> str:
@@ -162,9 +163,9 @@ def run_gc(args: argparse.Namespace) -> int:
     # a shared one: S3 only when asked.
     report = store.gc(keep=args.keep, pins=store.pins + tuple(args.pin), dry_run=not args.yes,
                       remote=not args.no_s3, delete_remote=args.s3 or not store.bare)
-    containers = _dead_export_containers(args, [tier.root for tier in store.fs_tiers], remove=args.yes)
+    in_engine = _dead_engine_leftovers(args, [tier.root for tier in store.fs_tiers], remove=args.yes)
     debris = [*report.debris, *(("host", str(path)) for path in _dead_scratch_dirs(remove=args.yes)),
-              *(("engine", f"container {name}") for name in containers)]
+              *(("engine", item) for item in in_engine)]
     if args.images:
         debris += _old_images(args, remove=args.yes)
     busy = set(report.busy)

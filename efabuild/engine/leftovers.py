@@ -1,22 +1,86 @@
-"""Export containers left behind by makes that were killed (kill -9, OOM, a node reboot).
+"""What makes that were killed (kill -9, OOM, a node reboot) left in the engine.
 
 Every export creates a container labelled with the `.sqsh` it writes and its owner (host, pid,
 start time; see efabuild.store.owner); the export removes it when it ends, however it ends, unless the
-process dies first. Those are found here by label and removed once their owner is gone — never a
-live make's, nor one of another host's.
+process dies first. `make --check` tags its rebuilt image with its owner in the tag (a label would
+be in the exported image, and so in the comparison) and removes it after the export. Both are
+found here and removed once their owner is gone — never a live make's, nor one of another host's.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import attrs
+
 from efabuild.engine import containers
-from efabuild.engine.client import Engine
+from efabuild.engine.client import Engine, EngineError
 from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL
 from efabuild.store.owner import Owner
 from efabuild.store.fsutil import parse_temp_owner
 
 LIST_TIMEOUT_S = 30.0
+CHECK_REPO = "efabuild-check"
+# a tag is [A-Za-z0-9_.-]; a host name with anything else is written with `_` (never judged gone then)
+_NOT_IN_TAG = re.compile(r"[^\w.-]", re.ASCII)
+
+
+@attrs.frozen
+class EngineLeftovers:
+    containers: tuple[str, ...] = ()  # export containers, by name
+    images: tuple[str, ...] = ()  # make --check's rebuilt images, by tag
+
+    def described(self) -> list[str]:
+        return [f"container {name}" for name in self.containers] + [f"image {tag}" for tag in self.images]
+
+
+def find(engine: Engine, stores: list[Path]) -> EngineLeftovers:
+    """What killed makes of this host left in the engine: export containers into `stores` and
+    make --check's images."""
+    return EngineLeftovers(tuple(dead_export_containers(engine, stores)), tuple(dead_check_images(engine)))
+
+
+def remove(engine: Engine, leftovers: EngineLeftovers) -> None:
+    # the containers first: a check killed while exporting has its image in use by one
+    containers.remove(engine, *leftovers.containers)
+    remove_images(engine, leftovers.images)
+
+
+def check_image_tag(layer: str, key: str) -> str:
+    """`efabuild-check/<layer>:<key12>-<host.pid.start>`: the tag of make --check's rebuild, named
+    by the process that removes it after the export, or, killed first, by whom to ask."""
+    return f"{CHECK_REPO}/{layer}:{key[:12]}-{_NOT_IN_TAG.sub('_', Owner.current().token)}"
+
+
+def check_image_owner(tag: str) -> Owner | None:
+    """The owner named in a check_image_tag(); None for any other tag."""
+    repository, _, name = tag.rpartition(":")
+    if not repository.startswith(CHECK_REPO + "/"):
+        return None
+    _, dash, token = name.partition("-")
+    return Owner.parse(token) if dash else None
+
+
+def dead_check_images(engine: Engine) -> list[str]:
+    """Tags of make --check rebuilds whose process is gone from this host, sorted."""
+    from efabuild.engine.images import existing_tags
+
+    try:
+        tags = existing_tags(engine, CHECK_REPO + "/")
+    except EngineError:
+        return []  # the engine won't say: nothing judged
+    return sorted(tag for tag in tags if (owner := check_image_owner(tag)) is not None and owner.gone())
+
+
+def remove_images(engine: Engine, tags: tuple[str, ...] | list[str]) -> None:
+    from efabuild.engine.images import untag_image
+
+    for tag in tags:
+        try:
+            untag_image(engine, tag)
+        except EngineError:
+            pass  # still in use (a container of another process): the next sweep asks again
 
 
 def dead_export_containers(engine: Engine, stores: list[Path]) -> list[str]:
@@ -57,10 +121,6 @@ def _labelled(engine: Engine) -> list[tuple[str, str, str]] | None:
         token, _, target = rest.partition("\t")
         listed.append((name, token, target))
     return listed
-
-
-def remove_containers(engine: Engine, names: list[str]) -> None:
-    containers.remove(engine, *names)
 
 
 def _inside(target: str, stores: list[Path]) -> bool:
