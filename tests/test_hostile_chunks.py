@@ -288,3 +288,34 @@ def test_a_forged_gc_mark_never_deletes_a_chunk_that_an_index_references(tmp_pat
     assert sorted(item["Key"] for item in tier._list(tier._path("chunks") + "/")) == sorted(listed)
     node = store_at(tmp_path / "node", settings)
     assert file_digest(node.lookup(key)) == file_digest(versions[0])
+
+
+def test_a_forged_artifact_larger_than_the_filesystem_allows_is_one_line(tmp_path, settings, versions, capsys,
+                                                                         monkeypatch):
+    """A record and index for 32 TiB (more than ext4 lets one file hold: the fetch's first
+    truncate fails) is one line naming the file, not a traceback, and leaves nothing behind."""
+    import attrs
+
+    from efabuild.cli import main
+    from efabuild.store.chunks import MAX_CHUNK_BYTES
+    from efabuild.store.tiered import store_config_text
+
+    key = publish(store_at(tmp_path / "cache", settings), versions[0])
+    tier = S3Tier(settings, **CHUNKED)
+    count = (32 << 40) // MAX_CHUNK_BYTES
+    forged = ChunkIndex(size=count * MAX_CHUNK_BYTES, digest="blake3:" + "0" * 64,
+                        chunks=(("e" * 64, MAX_CHUNK_BYTES),) * count)
+    record = attrs.evolve(record_for(key, "demo:user", versions[0]), size=forged.size, digest=forged.digest)
+    tier.client.put_object(Bucket=settings.bucket, Key=tier.index_object(key), Body=forged.to_json())
+    tier.client.put_object(Bucket=settings.bucket, Key=tier.record_object(key), Body=record.to_json())
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "store.toml").write_text(store_config_text(settings))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EFABUILD_STORE", raising=False)
+    code = main(["lookup", "--store", str(node), key])
+    stderr = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in stderr, stderr
+    error = stderr.splitlines()[-1]  # after the fetch's progress line
+    assert error.startswith("efabuild: ") and "File too large" in error and key in error, stderr
+    assert os.listdir(node / "tmp") == []

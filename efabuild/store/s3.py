@@ -338,9 +338,11 @@ class S3Tier(S3Refs, S3Bucket):
         try:
             fill(fd)
             os.fsync(fd)
-        except BaseException:
+        except BaseException as exc:
             os.close(fd)
             dest.unlink(missing_ok=True)
+            if isinstance(exc, OSError):  # no room (ENOSPC), or more than one file may hold here (EFBIG)
+                raise EfabuildError(f"{dest}: {exc.strerror}; {what} not fetched") from None
             raise
         os.close(fd)
         actual = file_digest(dest)
