@@ -7,12 +7,14 @@ import os
 import random
 from pathlib import Path
 
+import attrs
 import pytest
 
 from efabuild.store.digest import file_digest
 from efabuild.settings import S3Config
-from efabuild.store.chunks import BadChunkIndex, ChunkIndex, chunk_file
+from efabuild.store.chunks import BadChunkIndex, ChunkIndex, chunk_file, mismatch
 from efabuild.store.s3 import S3Tier
+from efabuild.store.chunkpublish import upload
 from efabuild.store.s3chunks import ChunkError, ChunkStore, Seed, assemble
 from efabuild.store import seeds
 
@@ -48,6 +50,22 @@ def test_a_shifted_version_shares_almost_all_chunks(tmp_path):
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
     new = sum(length for cid, length in b.unique().items() if cid not in a.unique())
     assert new < 0.1 * b.size  # fixed-size blocks would share nothing after the insertion
+
+
+def test_an_index_is_checked_against_the_bytes_it_claims_to_describe(tmp_path):
+    one, two = versions(tmp_path)
+    index = chunk_file(one, chunking=SMALL)
+    assert mismatch(index, one) is None
+    swapped = list(index.chunks)
+    swapped[1], swapped[2] = swapped[2], swapped[1]  # same size, same digest field, other order
+    assert mismatch(attrs.evolve(index, chunks=tuple(swapped)), one) == (
+        f"chunk 1 (at byte {index.chunks[0][1]}) does not hash to {swapped[1][0][:12]}")
+    assert mismatch(index, two) == f"it describes {index.size} bytes, the file has {two.stat().st_size}"
+    claims = "blake3:" + "0" * 64  # right chunks, but a digest (copied from some record) they do not make
+    assert mismatch(attrs.evolve(index, digest=claims), one) == f"its chunks make {index.digest}, it claims {claims}"
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert mismatch(chunk_file(empty, chunking=SMALL), empty) is None
 
 
 @pytest.mark.parametrize("doc, problem", [
@@ -120,9 +138,9 @@ def chunk_store(moto_server: str, s3_bucket: str) -> ChunkStore:
 def test_upload_sends_only_missing_chunks_and_assembly_uses_seeds(tmp_path, chunk_store):
     one, two = versions(tmp_path)
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
-    first = chunk_store.upload(a, one, chunk_store.missing(a.unique()))
+    first = upload(chunk_store, a, one, chunk_store.missing(a.unique()))
     assert first.chunks == len(a.unique()) and first.reused == 0
-    second = chunk_store.upload(b, two, chunk_store.missing(b.unique()))
+    second = upload(chunk_store, b, two, chunk_store.missing(b.unique()))
     assert second.reused > 0.9 * len(b.unique())
     assert second.bytes < 0.1 * b.size
 
@@ -142,7 +160,7 @@ def test_upload_sends_only_missing_chunks_and_assembly_uses_seeds(tmp_path, chun
 def test_a_corrupt_chunk_or_seed_never_reaches_the_file(tmp_path, chunk_store, s3_client):
     one, two = versions(tmp_path)
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
-    chunk_store.upload(b, two, chunk_store.missing(b.unique()))
+    upload(chunk_store, b, two, chunk_store.missing(b.unique()))
     # a seed whose bytes changed after it was indexed: its chunks are downloaded instead
     damaged = bytearray(one.read_bytes())
     for i in range(0, len(damaged), 64):
@@ -174,7 +192,7 @@ def test_gc_deletes_a_chunk_only_after_a_grace_period_in_which_nothing_used_it(t
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
     tier = chunk_store.tier
     for name, index, path in (("a", a, one), ("b", b, two)):
-        chunk_store.upload(index, path, chunk_store.missing(index.unique()))
+        upload(chunk_store, index, path, chunk_store.missing(index.unique()))
         tier._put_new(tier._path("objects", "00", f"{name * 64}.chunks.json"), index.to_json())
     only_a = set(a.unique()) - set(b.unique())
     assert only_a
@@ -210,7 +228,7 @@ def test_gc_skips_a_junk_index_with_a_warning(tmp_path, chunk_store, monkeypatch
     monkeypatch.setattr(notices, "_printer", lambda kind, message: said.append((kind, message)))
     one, _ = versions(tmp_path)
     a = chunk_file(one, chunking=SMALL)
-    chunk_store.upload(a, one, chunk_store.missing(a.unique()))
+    upload(chunk_store, a, one, chunk_store.missing(a.unique()))
     tier = chunk_store.tier
     tier._put_new(tier._path("objects", "00", "a" * 64 + ".chunks.json"), a.to_json())
     tier._put_new(tier._path("objects", "00", "b" * 64 + ".chunks.json"), b"[" * 10000)

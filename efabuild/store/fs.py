@@ -27,7 +27,8 @@ from efabuild.refs import check_key, short
 from efabuild.store import fsutil, leftovers, seeds
 from efabuild.store.chunks import ChunkIndex
 from efabuild.store.fsutil import UnsafeEntry, shown
-from efabuild.store.layout import ENVELOPE_SUFFIX, MANIFEST_LIMIT, MANIFEST_SUFFIX, RECORD_SUFFIX, SQSH_SUFFIX, Layout
+from efabuild.store.layout import (ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_LIMIT, MANIFEST_SUFFIX, RECORD_SUFFIX,
+                                    SQSH_SUFFIX, Layout)
 from efabuild.store.lock import FileLock
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord, utc_now
@@ -170,10 +171,12 @@ class FilesystemTier:
         show_progress: bool = True,
         envelope: bytes | None = None,
         sidecars: Mapping[str, bytes] | None = None,
+        index: ChunkIndex | None = None,
         locked: bool = False,
     ) -> str:
         """Store `sqsh` under `key`: PUBLISHED, REUSED (someone else did already) or REPAIRED.
-        `sidecars` ({suffix: bytes}, see transfer.SIDECARS) are stored beside it like the manifest.
+        `sidecars` ({suffix: bytes}, see transfer.SIDECARS) are stored beside it like the manifest,
+        and so is `index`, its chunk index (it seeds fetches from S3).
         `locked`: the caller holds key_lock(key) already (a cold fetch).
 
         On the same filesystem the file is hard-linked, not copied: the caller hands it over and
@@ -193,6 +196,8 @@ class FilesystemTier:
                               f"export has {record.digest} (export not byte-identical); keeping the stored one")
                     return REUSED
                 repairing = True
+            if index is not None:
+                sidecars = {**(sidecars or {}), INDEX_SUFFIX: index.to_json()}
             self._commit(key, sqsh, record, manifest, envelope, sidecars or {}, show_progress)
             return REPAIRED if repairing else PUBLISHED
 

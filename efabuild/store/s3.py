@@ -57,6 +57,7 @@ from efabuild.store.layout import (
 from efabuild.store.parallel import run_parallel
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
+from efabuild.store.chunkpublish import publish as publish_chunks
 from efabuild.store.s3chunks import ChunkStore, Seed, Transfer, assemble, bucket_usage
 from efabuild.store.s3client import DEFAULT_PART_SIZE, DEFAULT_WORKERS, S3Bucket, already_exists
 from efabuild.store.s3refs import S3Refs
@@ -210,9 +211,10 @@ class S3Tier(S3Refs, S3Bucket):
         `sidecars` ({suffix: bytes}, see transfer.SIDECARS) are stored beside it like the manifest.
 
         Chunked (the default): only the chunks the bucket lacks are sent, then the chunk index,
-        then the record as the commit point. `index` is the file's chunk index when the caller
-        has it already (also taken from `sidecars`, as a filesystem tier keeps it beside the
-        artifact); `likely_present` are chunk ids this node has seen in other artifacts."""
+        then the record as the commit point. `index` is the file's chunk index when this process
+        computed it from these bytes (the export's); one a filesystem tier keeps beside the
+        artifact comes in `sidecars` and is checked against the bytes before it is used (see
+        store/chunkpublish.py); `likely_present` are chunk ids this node has seen elsewhere."""
         sqsh = Path(sqsh)
         check_publish_input(key, sqsh, record)
         show = self.show_progress if show_progress is None else show_progress
@@ -224,13 +226,14 @@ class S3Tier(S3Refs, S3Bucket):
         sidecars = dict(sidecars or {})
         # a filesystem tier's chunk index is a hint, never stored as it is: the chunked publish
         # writes the index of what it uploaded, and a whole object must have none
-        hint = sidecars.pop(INDEX_SUFFIX, None)
-        index = _index_hint(key, hint) if index is None else index
+        kept = sidecars.pop(INDEX_SUFFIX, None)
         if self.chunked:
-            if not likely_present and self.seed_provider is not None:
-                likely_present = {cid for seed in self.seed_provider(record.name) for cid in seed.index.unique()}
-            self.last_index, self.last_transfer = self.chunks.publish(key, sqsh, record, index, likely_present,
-                                                                      self.chunking, show)
+            if not likely_present and self.seed_provider is not None:  # other artifacts: not this one's own copy
+                likely_present = {cid for seed in self.seed_provider(record.name) if seed.index.digest != record.digest
+                                  for cid in seed.index.unique()}
+            self.last_index, self.last_transfer = publish_chunks(
+                self.chunks, key, sqsh, record, index=index, kept=_index_hint(key, kept),
+                likely_present=likely_present, chunking=self.chunking, show=show)
             won = True
         else:
             won = self._upload_sqsh(key, sqsh, record, show)

@@ -1,4 +1,4 @@
-"""Chunks in S3: upload only what the bucket lacks, assemble a file from seeds and downloads.
+"""Chunks in S3: which ones the bucket lacks, assembling a file from seeds and downloads, gc.
 
 Layout under the tier's prefix (beside objects/ and refs/):
 
@@ -26,13 +26,11 @@ import attrs
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
-from efabuild.refs import short
 from efabuild.store.chunks import (
     BadChunkIndex,
     ChunkIndex,
     Mark,
     Usage,
-    chunk_file,
     chunk_id,
     chunks_to_delete,
     is_chunk_id,
@@ -40,10 +38,8 @@ from efabuild.store.chunks import (
 )
 from efabuild.store.chunks import MAX_INDEX_BYTES, MAX_MARK_BYTES
 from efabuild.store.layout import INDEX_SUFFIX, SQSH_SUFFIX
-from efabuild.store.chunksend import ChunkSender, send_from_file, spans_hold
 from efabuild.store.fsutil import open_regular
 from efabuild.store.parallel import run_parallel
-from efabuild.store.progress import Progress
 
 ZSTD_LEVEL = 1  # -noD images compress well even at 1; at 3 a cold publish ran at 2/3 of the rate here
 CHUNKS_DIR = "chunks"
@@ -112,8 +108,8 @@ class ChunkStore:
 
         Ids are grouped by their first hex digit (chunks/<d>...): a group of LIST_FROM or more is
         looked up with one LIST over its key range (1,000 keys a page), a smaller one with a HEAD
-        per id. A one-file change of a 1.5 GB image re-checks ~1,500 chunks three times per
-        publish; 16 LISTs answer each time where 1,500 HEADs took seconds."""
+        per id. A publish after a one-file change of a 1.5 GB image checks the ~320 chunks it
+        reuses twice; 16 LISTs answer each time where as many HEADs took seconds."""
         groups: dict[str, list[str]] = {}
         for cid in sorted(set(ids)):
             groups.setdefault(cid[0], []).append(cid)
@@ -129,64 +125,6 @@ class ChunkStore:
         first, last = self.object(group[0]), self.object(group[-1])
         listed = self.tier._list(self.tier._path(CHUNKS_DIR, group[0][0]), after=first[:-1], through=last)
         return set(group) & {item["Key"].rsplit("/", 1)[-1] for item in listed}
-
-    def upload(self, index: ChunkIndex, source: Path, ids: set[str],
-               progress: Callable[[int], None] | None = None) -> Transfer:
-        """Send the chunks `ids` of `source` (described by `index`), compressed, each created only
-        if absent (a chunk found there already counts as reused). Memory: one chunk per worker."""
-        sender = ChunkSender(self, self.tier.workers, progress)
-        send_from_file(self, index, source, ids, sender)
-        return _transfer(index, sender)
-
-    def publish(self, key: str, sqsh: Path, record, index: ChunkIndex | None,  # noqa: ANN001 - ArtifactRecord
-                likely_present: set[str], chunking: tuple[int, int, int], show: bool) -> tuple[ChunkIndex, Transfer]:
-        """Upload the chunks of `sqsh` the bucket lacks, then its index (the record, written by
-        the tier after this, commits it): (the index, what was sent). `index` is reused when it
-        describes these bytes with this chunking; `likely_present` are ids seen in other artifacts."""
-        # the caller's index (kept beside a copy on a shared tier) is used only if its bytes agree
-        if index is None or (index.size, index.digest, index.chunking) != (record.size, record.digest, chunking) \
-                or not spans_hold(index, sqsh):
-            index, sent = self._chunk_and_send(key, sqsh, record, likely_present, chunking, show)
-        else:
-            sent = None
-        if index.digest != record.digest:  # never publish bytes under a record they do not match
-            raise EfabuildError(f"{sqsh}: digest {index.digest}, its record says {record.digest}; not published")
-        unique = index.unique()
-        # check only the chunks this node has seen in other artifacts; the others are most likely
-        # new, and a conditional PUT of one that exists is refused harmlessly
-        known = set(unique) & likely_present
-        to_send = self.missing(known) | (set() if sent is not None else set(unique) - known)
-        index_path = self.tier.index_object(key)
-        with Progress(f"upload {short(key)} to {self.tier.url(index_path)}",
-                      sum(unique[c] for c in to_send), enabled=show and bool(to_send)) as bar:
-            rest = self.upload(index, sqsh, to_send, progress=bar.update)
-        sent = rest if sent is None else _transfer(index, sent, rest)
-        # gc may have swept a chunk found present: look again just before the index commits to
-        # them, and once more after, and send back whatever went away
-        found_present = set(unique) - sent.created
-        for attempt in range(2):
-            gone = self.missing(found_present)
-            if gone:
-                self.upload(index, sqsh, gone)
-            if attempt == 0:
-                self.tier._put_new(index_path, index.to_json(), ContentType="application/json")
-        return index, sent
-
-    def _chunk_and_send(self, key: str, sqsh: Path, record, skip: set[str], chunking: tuple[int, int, int],  # noqa: ANN001
-                        show: bool) -> tuple[ChunkIndex, ChunkSender]:
-        """Cut `sqsh` into chunks and send each new one while the rest is still being cut, so a
-        cold publish takes about the longer of the two rather than their sum; chunks in `skip`
-        (seen in other artifacts) are left for the caller to check first."""
-        sender = ChunkSender(self, self.tier.workers)
-        url = self.tier.url(self.tier.index_object(key))
-        with Progress(f"chunk and upload {short(key)} to {url}", record.size, enabled=show) as bar:
-            try:
-                index = chunk_file(sqsh, chunking=chunking, progress=bar.update,
-                                   on_chunk=lambda cid, data: cid in skip or sender.submit(cid, lambda: data))
-            finally:
-                sender.close()
-        sender.check()
-        return index, sender
 
     def index_objects(self) -> list[str]:
         """Every artifact's chunk index object in the tier."""
@@ -257,15 +195,6 @@ class ChunkStore:
         if chunk_id(raw) != cid:
             raise ChunkError(f"{what}: corrupt: its bytes do not hash to its name")
         return raw, len(body)
-
-
-def _transfer(index: ChunkIndex, *senders: ChunkSender | Transfer) -> Transfer:
-    """What `senders` sent for the file of `index`: every other distinct chunk was reused."""
-    created = frozenset().union(*(s.created for s in senders))
-    sent = sum(s.bytes for s in senders)
-    wire = sum(s.wire if isinstance(s, ChunkSender) else s.wire_bytes for s in senders)
-    return Transfer(chunks=len(created), bytes=sent, wire_bytes=wire, reused=len(index.unique()) - len(created),
-                    reused_bytes=index.size_unique() - sent, created=created)
 
 
 @attrs.frozen

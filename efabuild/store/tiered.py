@@ -32,6 +32,7 @@ from efabuild.store.digest import bytes_digest
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.lookup import local_key
 from efabuild.store.record import ArtifactRecord
+from efabuild.store.chunks import ChunkIndex
 from efabuild.store.s3chunks import DEFAULT_GRACE, Seed
 from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
 from efabuild.store.transfer import DamagedCopy, send, transfer, verified_copy
@@ -202,11 +203,12 @@ class Store:
 
     # ---- publish
     def publish(self, key: str, sqsh: str | os.PathLike[str], record: ArtifactRecord, manifest: bytes | None = None,
-                *, envelope: bytes | None = None) -> dict[str, str]:
+                *, envelope: bytes | None = None, index: ChunkIndex | None = None) -> dict[str, str]:
         """Store an exported .sqsh in every tier and point its name at it.
 
         Returns {tier name: "published" | "reused" | "repaired"}. `record.manifest_digest` is
-        set from `manifest` here; `envelope` is the signed statement, stored beside it. Interrupting it leaves every tier without the object or with
+        set from `manifest` here; `envelope` is the signed statement, stored beside it; `index` the
+        chunk index the export cut it into (kept beside it, and S3 sends from it). Interrupting it leaves every tier without the object or with
         the complete object, never a partial one; running it again finishes the job.
         """
         check_key(key)
@@ -219,9 +221,9 @@ class Store:
         # just written or re-hashed: trusted, not hashed again.
         first, others = self.local_tier, [t for t in self._tiers(remote=True) if t is not self.local_tier]
         results = {first.name: first.publish(key, Path(sqsh), record, manifest, show_progress=self.show_progress,
-                                             envelope=envelope)}
+                                             envelope=envelope, index=index)}
         self._damaged.get(key, set()).discard(first.name)
-        with verified_copy(key, first, first, trusted=True) as copy:
+        with verified_copy(key, first, first, trusted=True, index=index) as copy:
             for target in others:
                 results[target.name] = self._send(copy, target)
         # the name asked for: identical inputs in two graphs share one object under two names

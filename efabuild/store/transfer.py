@@ -26,6 +26,7 @@ from efabuild.errors import EfabuildError, NotFound
 from efabuild.store import fsutil
 from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
 from efabuild.refs import short
+from efabuild.store.chunks import ChunkIndex
 from efabuild.store.record import ArtifactRecord
 
 # Files stored beside each .sqsh and carried with it, in the order tiers write them; and the record
@@ -51,6 +52,9 @@ class Copy:
     sqsh: Path
     record: ArtifactRecord
     sidecars: dict[str, bytes]
+    # its chunk index as this process computed it from the bytes (an export's); a stored one
+    # travels among the sidecars, unchecked
+    index: ChunkIndex | None = None
 
     @property
     def manifest(self) -> bytes | None:
@@ -115,10 +119,12 @@ def _sidecars(tier: Any, key: str, record: ArtifactRecord) -> tuple[ArtifactReco
 
 
 @contextlib.contextmanager
-def verified_copy(key: str, source: Any, staging: Any, *, trusted: bool = False) -> Iterator[Copy]:
+def verified_copy(key: str, source: Any, staging: Any, *, trusted: bool = False,
+                  index: ChunkIndex | None = None) -> Iterator[Copy]:
     """The artifact as `source` holds it, verified. A filesystem tier's own file is used in place;
     an S3 object is downloaded into `staging` (a filesystem tier) and removed afterwards.
-    `trusted` skips re-hashing a filesystem copy this process has just written and hashed."""
+    `trusted` skips re-hashing a filesystem copy this process has just written and hashed, and
+    `index` is the chunk index it computed from those bytes."""
     record = source.record(key)
     if record is None:
         raise NotFound(f"artifact {short(key)} is not in the {source.name} tier ({source.describe(key)})")
@@ -135,7 +141,7 @@ def verified_copy(key: str, source: Any, staging: Any, *, trusted: bool = False)
         try:
             if not trusted:
                 _check_open(source.name, path, fd, record)
-            yield Copy(key, source.name, pinned_path(fd), record, sidecars)
+            yield Copy(key, source.name, pinned_path(fd), record, sidecars, index if trusted else None)
         finally:
             os.close(fd)
         return
@@ -152,7 +158,7 @@ def send(copy: Copy, target: Any, *, locked: bool = False, show_progress: bool =
     caller holds the target's key lock (a fetch; an S3 target takes none)."""
     others = {suffix: data for suffix, data in copy.sidecars.items() if suffix not in (MANIFEST_SUFFIX, ENVELOPE_SUFFIX)}
     return target.publish(copy.key, copy.sqsh, copy.record, copy.manifest, show_progress=show_progress,
-                          envelope=copy.envelope, sidecars=others, locked=locked)
+                          envelope=copy.envelope, sidecars=others, index=copy.index, locked=locked)
 
 
 def transfer(key: str, source: Any, targets: list, staging: Any, *, trusted: bool = False,

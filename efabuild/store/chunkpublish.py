@@ -1,0 +1,113 @@
+"""Publishing an artifact to the chunked S3 tier: the chunks the bucket lacks, then the index.
+
+The export cuts the `.sqsh` into chunks in the pass that digests it, so a publish starts from that
+index and reads only the chunks it sends: after a one-file change, a few MiB of a file of GBs.
+An index kept beside a stored artifact is another matter: on a shared tier anyone who may write
+the store may have put it there, with the size and digest copied from the record. It is used only
+once every chunk it lists has been checked against the file's bytes (one blake3 pass, cheaper than
+cutting the file again); one that fails, or describes other bytes than the record, is ignored and
+the file is cut again. Chunks that are sent are checked against their ids as they are read.
+
+Chunks found in the bucket are checked twice, so that a gc sweep overlapping the publish costs a
+re-upload, never an artifact: before anything is sent (that check decides what to send), and just
+after the index is written (what gc removed meanwhile is sent again; from then on gc sees the
+index and keeps them). See chunks.chunks_to_delete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from efabuild import notices
+from efabuild.errors import EfabuildError
+from efabuild.refs import short
+from efabuild.store.chunks import ChunkIndex, chunk_file, mismatch
+from efabuild.store.chunksend import ChunkSender, send_from_file
+from efabuild.store.progress import Progress
+from efabuild.store.s3chunks import ChunkStore, Transfer
+
+
+def upload(store: ChunkStore, index: ChunkIndex, source: Path, ids: set[str],
+           progress: Callable[[int], None] | None = None) -> Transfer:
+    """Send the chunks `ids` of `source` (described by `index`), compressed, each created only if
+    absent (a chunk found there already counts as reused). Memory: one chunk per worker."""
+    sender = ChunkSender(store, store.tier.workers, progress)
+    send_from_file(store, index, source, ids, sender)
+    return transfer_of(index, sender)
+
+
+def publish(store: ChunkStore, key: str, sqsh: Path, record, *, index: ChunkIndex | None,  # noqa: ANN001 - ArtifactRecord
+            kept: ChunkIndex | None, likely_present: set[str], chunking: tuple[int, int, int],
+            show: bool) -> tuple[ChunkIndex, Transfer]:
+    """Upload the chunks of `sqsh` the bucket lacks, then its index (the record, written by the
+    tier after this, commits it): (the index, what was sent). `index` was computed by this
+    process from these bytes (the export's); `kept` was read from a store and is checked before
+    use. `likely_present` are chunk ids seen in other artifacts on this node."""
+    index = _matching(index, record, chunking) or _checked(kept, record, chunking, sqsh, key)
+    cut = None
+    if index is None:
+        index, cut = _chunk_and_send(store, key, sqsh, record, likely_present, chunking, show)
+        if index.digest != record.digest:  # never publish bytes under a record they do not match
+            raise EfabuildError(f"{sqsh}: digest {index.digest}, its record says {record.digest}; not published")
+    unique = index.unique()
+    # the first check: only the chunks this node has seen in other artifacts; the others are most
+    # likely new, and a conditional PUT of one that exists is refused harmlessly
+    known = set(unique) & likely_present
+    to_send = store.missing(known) | (set() if cut is not None else set(unique) - known)
+    index_path = store.tier.index_object(key)
+    with Progress(f"upload {short(key)} to {store.tier.url(index_path)}",
+                  sum(unique[c] for c in to_send), enabled=show and bool(to_send)) as bar:
+        rest = upload(store, index, sqsh, to_send, progress=bar.update)
+    sent = rest if cut is None else transfer_of(index, cut, rest)
+    store.tier._put_new(index_path, index.to_json(), ContentType="application/json")
+    # the second: gc may have swept a chunk found present before the index referenced it
+    gone = store.missing(set(unique) - sent.created)
+    if gone:
+        upload(store, index, sqsh, gone)
+    return index, sent
+
+
+def _matching(index: ChunkIndex | None, record, chunking: tuple[int, int, int]) -> ChunkIndex | None:  # noqa: ANN001
+    """`index` when it describes the record's bytes cut with this tier's chunk sizes."""
+    if index is None or (index.size, index.digest, index.chunking) != (record.size, record.digest, chunking):
+        return None
+    return index
+
+
+def _checked(kept: ChunkIndex | None, record, chunking: tuple[int, int, int], sqsh: Path,  # noqa: ANN001
+             key: str) -> ChunkIndex | None:
+    """A stored index, once the file's bytes are found to be the chunks it lists."""
+    if _matching(kept, record, chunking) is None:
+        return None
+    problem = mismatch(kept, sqsh)
+    if problem is not None:
+        notices.warn(f"s3 tier: ignoring the chunk index kept with {short(key)} ({problem}); cutting {sqsh} again")
+        return None
+    return kept
+
+
+def _chunk_and_send(store: ChunkStore, key: str, sqsh: Path, record, skip: set[str],  # noqa: ANN001
+                    chunking: tuple[int, int, int], show: bool) -> tuple[ChunkIndex, ChunkSender]:
+    """Cut `sqsh` into chunks and send each new one while the rest is still being cut, so a cold
+    publish takes about the longer of the two rather than their sum; chunks in `skip` (seen in
+    other artifacts) are left for the caller to check first."""
+    sender = ChunkSender(store, store.tier.workers)
+    url = store.tier.url(store.tier.index_object(key))
+    with Progress(f"chunk and upload {short(key)} to {url}", record.size, enabled=show) as bar:
+        try:
+            index = chunk_file(sqsh, chunking=chunking, progress=bar.update,
+                               on_chunk=lambda cid, data: cid in skip or sender.submit(cid, lambda: data))
+        finally:
+            sender.close()
+    sender.check()
+    return index, sender
+
+
+def transfer_of(index: ChunkIndex, *senders: ChunkSender | Transfer) -> Transfer:
+    """What `senders` sent for the file of `index`: every other distinct chunk was reused."""
+    created = frozenset().union(*(s.created for s in senders))
+    sent = sum(s.bytes for s in senders)
+    wire = sum(s.wire if isinstance(s, ChunkSender) else s.wire_bytes for s in senders)
+    return Transfer(chunks=len(created), bytes=sent, wire_bytes=wire, reused=len(index.unique()) - len(created),
+                    reused_bytes=index.size_unique() - sent, created=created)
