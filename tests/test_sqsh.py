@@ -229,3 +229,34 @@ def test_filesystem_shaping_options_are_allowed() -> None:
     for extra, problem in ((["-b"], "needs a value"), (["-b", "3000"], "not a valid value"),
                            (["-processors", "/x"], "not a valid value"), (["-Xhc", "-p"], "is not allowed")):
         assert problem in extra_options_problem(extra)
+
+
+def test_an_export_for_a_chunked_tier_cuts_its_chunks_in_the_digest_pass(tmp_path: Path) -> None:
+    """A tar from a command (as a farm's build streams it; `cat` here, no engine): with `chunking`,
+    the result carries the chunk index of the very file it wrote, digest and sha256 unchanged."""
+    import random
+
+    from efabuild.export.enroot import ImageConfig
+    from efabuild.export.squash import export_tar_stream
+    from efabuild.store.chunks import chunk_file
+    from efabuild.store.digest import file_digest, sha256_file
+
+    rng = random.Random(4)
+    source = tmp_path / "rootfs.tar"
+    with tarfile.open(source, "w", format=tarfile.PAX_FORMAT) as tar:
+        folder = tarfile.TarInfo("opt")  # else mksquashfs dates the directory it makes now
+        folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, T0
+        tar.addfile(folder)
+        for number in range(6):
+            data = rng.randbytes(200_000)
+            info = tarfile.TarInfo(f"opt/part{number}.bin")
+            info.size, info.mtime = len(data), T0
+            tar.addfile(info, io.BytesIO(data))
+    chunking = (16 * 1024, 64 * 1024, 256 * 1024)
+    common = {"what": "test", "config": ImageConfig(), "created": [], "options": ExportSettings()}
+    chunked = export_tar_stream(["cat", str(source)], tmp_path / "chunked.sqsh", chunking=chunking, **common)
+    plain = export_tar_stream(["cat", str(source)], tmp_path / "plain.sqsh", **common)
+    assert plain.index is None
+    assert chunked.index == chunk_file(chunked.path, chunking=chunking) and len(chunked.index.chunks) > 4
+    assert chunked.digest == chunked.index.digest == plain.digest == file_digest(chunked.path)
+    assert chunked.sha256 == plain.sha256 == sha256_file(chunked.path)

@@ -16,7 +16,8 @@ from efabuild.build.reporter import Reporter
 def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
                        tag: str, reporter: Reporter, epoch: int, builder_versions: dict, signer=None,
                        cancel=None, exporter=None) -> Path:
-    """`exporter(out, progress=, sha256=, cancel=)` exports from elsewhere than `engine` (a farm)."""
+    """`exporter(out, progress=, sha256=, cancel=, chunking=)` exports from elsewhere than `engine` (a
+    farm). The export cuts the .sqsh into the S3 tier's chunks in its digest pass (see _chunking)."""
     from efabuild.signing.attest import signed
     from efabuild.store.digest import Sha256Pass
     from efabuild.store.progress import Progress
@@ -41,10 +42,10 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
         try:
             # blake3 right after mksquashfs; sha256 below, in a thread while the probe reads the image
             if exporter is not None:
-                result = exporter(out, progress=progress, sha256=False, cancel=cancel)
+                result = exporter(out, progress=progress, sha256=False, cancel=cancel, chunking=_chunking(store))
             else:
-                result = export_image(tag, out, options=ws.settings.export, engine=engine,
-                                      progress=progress, epoch=epoch, sha256=False, cancel=cancel)
+                result = export_image(tag, out, options=ws.settings.export, engine=engine, progress=progress,
+                                      epoch=epoch, sha256=False, cancel=cancel, chunking=_chunking(store))
         finally:
             for shown in bar:
                 shown.close()
@@ -67,11 +68,18 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
         # signed here, before publishing: the statement is stored with the artifact on every tier
         envelope = signed(manifest, signer, f"manifest of {layer.qualname}") if signer is not None else None
         step_boundary("publish")
-        outcome = store.publish(plan.key, result.path, record, manifest, envelope=envelope)
+        outcome = store.publish(plan.key, result.path, record, manifest, envelope=envelope, index=result.index)
         reporter.line(layer.qualname, f"published: {', '.join(f'{t} {s}' for t, s in outcome.items())}")
     finally:
         out.unlink(missing_ok=True)  # published copies are links or copies of their own
     return store.lookup(plan.key, fetch=False)
+
+
+def _chunking(store) -> tuple[int, int, int] | None:  # noqa: ANN001 - a Store
+    """The chunk sizes of the store's S3 tier when it stores artifacts as chunks: its publish then
+    sends from the export's index and reads only the chunks the bucket lacks."""
+    s3 = store.s3  # None without an S3 tier (or with it skipped: no credentials)
+    return s3.chunking if s3 is not None and s3.chunked else None
 
 
 def _chain(plan: Plan, qualname: str) -> list[dict]:

@@ -175,7 +175,7 @@ class Farm:
         return export
 
     def export(self, node: Engine, ref: str, out: Path, *, options, epoch: int, platform: str,
-               progress=None, sha256: bool = True, cancel: threading.Event | None = None):
+               progress=None, sha256: bool = True, cancel: threading.Event | None = None, chunking=None):
         """Export the registry image `ref` to the .sqsh `out` without a local engine: the builder
         streams its root filesystem (`FROM ref`, `--output type=tar`), its config comes from the
         registry. Byte-identical to exporting the same image from an engine."""
@@ -192,7 +192,7 @@ class Farm:
                 args += ["--builder", node.buildx_builder]
             return export_tar_stream(node.command(*args, scratch), out, what=ref, config=config, created=created,
                                      options=options, progress=progress, epoch=epoch, sha256=sha256,
-                                     cancel=cancel)
+                                     cancel=cancel, chunking=chunking)
 
 
 def registry_config(engine: Engine, ref: str):

@@ -11,7 +11,9 @@ The digests take a second pass: mksquashfs seeks back to write its tables and su
 single pass over its output sees the final bytes in order. The file is hashed right after
 mksquashfs exits, from the page cache, through one mmap: blake3 (what the store checks) and
 sha256 (what in-toto and cosign verifiers match) in parallel threads (sha256 is the slower one,
-about 1 s per GB here, against minutes of squashing for a training image).
+about 1 s per GB here, against minutes of squashing for a training image). When the store has a
+chunked S3 tier, the blake3 pass also cuts the file into its chunks (`chunking`): the index its
+publish sends from, so the publish reads only the chunks S3 lacks.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from efabuild.export.tarfilter import RewritePlan, rewrite_tar, time_clamp
 from efabuild.export.tarheader import TarFormatError
 from efabuild.grammar import extra_options_problem
 from efabuild.model import BuilderSettings, ExportSettings
-from efabuild.store.digest import file_digest, file_digests
+from efabuild.store.chunks import ChunkIndex, chunk_file
+from efabuild.store.digest import Sha256Pass, file_digest, file_digests
 from efabuild.store.fsutil import fsync_dir
 
 if TYPE_CHECKING:
@@ -63,6 +66,7 @@ class ExportResult:
     seconds: float
     sha256: str | None = None  # hex sha256 of the .sqsh file, for in-toto/cosign verifiers
     time_clamp: int | None = None  # file times later than this were set to it; None: times kept
+    index: ChunkIndex | None = None  # its chunks (with `chunking`), cut in the blake3 pass
 
 
 class ExportCancelled(EfabuildError):
@@ -99,6 +103,7 @@ class _Job:
     plan: RewritePlan
     expected: int | None
     started: float
+    chunking: tuple[int, int, int] | None = None  # cut the file into chunks in its blake3 pass
 
 
 def export_image(
@@ -111,11 +116,13 @@ def export_image(
     epoch: int = 0,
     sha256: bool = True,
     cancel: threading.Event | None = None,
+    chunking: tuple[int, int, int] | None = None,
 ) -> ExportResult:
     """Export `image` from the engine (default: the local one) to the `.sqsh` file `out`
     (atomically replaced).
 
-    `sha256=False` leaves the sha256 pass out (make runs it beside the manifest's probe). `epoch` is
+    `sha256=False` leaves the sha256 pass out (make runs it beside the manifest's probe);
+    `chunking` (min, avg, max chunk bytes) also gives the result its chunk index. `epoch` is
     the time given to the superblock, the root directory, the written files and the
     entries the container's creation adds; with `options.clamp_times`, no other file is newer
     than the image's `time_clamp`. Raises NotFound for an unknown image, ExportCancelled when
@@ -130,7 +137,7 @@ def export_image(
     out = Path(out).absolute()
     cfg, expected, clamp = _image_facts(engine, image, options.clamp_times)
     job = _Job(image, out, mksquashfs_options(options, epoch=epoch),
-               RewritePlan.for_config(cfg, epoch=epoch, clamp=clamp), expected, started)
+               RewritePlan.for_config(cfg, epoch=epoch, clamp=clamp), expected, started, chunking)
     try:
         # the label names the export, so a leftover (the process was killed) can be found
         container = containers.create_for_export(engine, image, out)
@@ -179,6 +186,7 @@ def export_tar_stream(
     epoch: int = 0,
     sha256: bool = True,
     cancel: threading.Event | None = None,
+    chunking: tuple[int, int, int] | None = None,
 ) -> ExportResult:
     """Export the root filesystem the command `source` writes as a tar on its stdout (a build's
     `--output type=tar,dest=-`) to `out`, as `export_image` exports that image: `config` and
@@ -186,7 +194,8 @@ def export_tar_stream(
     entries a container's creation adds are added by the filter. `what` names it in messages."""
     clamp = time_clamp(created) if options.clamp_times else None
     job = _Job(what, Path(out).absolute(), mksquashfs_options(options, epoch=epoch),
-               RewritePlan.for_config(config, epoch=epoch, clamp=clamp, init_layer=True), None, time.monotonic())
+               RewritePlan.for_config(config, epoch=epoch, clamp=clamp, init_layer=True), None, time.monotonic(),
+               chunking)
 
     def start(stderr: IO[bytes]) -> subprocess.Popen:
         return children.popen(source, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
@@ -281,7 +290,7 @@ def _keep(tmp: Path, job: _Job, with_sha256: bool) -> ExportResult:
     """Make the finished temp file durable, hash it, and move it to its name."""
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
-    digest, sha256 = file_digests(tmp) if with_sha256 else (file_digest(tmp), None)
+    digest, sha256, index = _digests(tmp, with_sha256, job.chunking)
     size = tmp.stat().st_size
     try:
         os.replace(tmp, job.out)
@@ -289,7 +298,18 @@ def _keep(tmp: Path, job: _Job, with_sha256: bool) -> ExportResult:
         raise EfabuildError(f"export {job.image}: cannot write {job.out}: {exc.strerror}") from None
     fsync_dir(job.out.parent)
     return ExportResult(job.out, size, digest, job.opts, time.monotonic() - job.started, sha256,
-                        time_clamp=job.plan.clamp)
+                        time_clamp=job.plan.clamp, index=index)
+
+
+def _digests(path: Path, with_sha256: bool,
+             chunking: tuple[int, int, int] | None) -> tuple[str, str | None, ChunkIndex | None]:
+    """blake3, sha256 (or None) and the chunk index (or None) of a fresh file, in one read of it."""
+    if chunking is None:
+        digest, sha256 = file_digests(path) if with_sha256 else (file_digest(path), None)
+        return digest, sha256, None
+    sha256_pass = Sha256Pass(path) if with_sha256 else None  # in a thread, over the same pages
+    index = chunk_file(path, chunking=chunking)
+    return index.digest, sha256_pass.result() if sha256_pass is not None else None, index
 
 
 def _kill_on_cancel(procs: list[subprocess.Popen], cancel: threading.Event, finished: threading.Event) -> None:
