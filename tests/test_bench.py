@@ -71,8 +71,8 @@ def test_results_describe_the_machine_and_leave_no_secret(quick_run):
     assert "bench-secret-key" not in text  # the loopback S3 server's dummy credentials
     publish = next(s for s in data["scenarios"] if s["id"] == "publish")
     # the read counter works in the bench process (boto3 reads the file through read(2)), and
-    # efabuild makes no extra read() pass over the data: the chunker reads it through mmap, which
-    # the counter cannot see, so only passes beyond that one show here
+    # efabuild reads the data once: the export's chunk index says where each chunk lies, and each
+    # is read back with pread(2) as it is sent
     figures = publish["figures"]
     assert min(figures["boto3_read_bytes"]) >= figures["bytes"]
-    assert max(figures["efabuild_read_bytes"]) <= 0.05 * figures["bytes"]
+    assert 0.95 * figures["bytes"] <= max(figures["efabuild_read_bytes"]) <= 1.05 * figures["bytes"]
