@@ -22,8 +22,9 @@ from pathlib import Path
 from efabuild import notices
 from efabuild.errors import EfabuildError
 from efabuild.refs import short
-from efabuild.store.chunks import ChunkIndex, chunk_file, mismatch
+from efabuild.store.chunks import BadChunkIndex, ChunkIndex, chunk_file, mismatch
 from efabuild.store.chunksend import ChunkSender, send_from_file
+from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.progress import Progress
 from efabuild.store.s3chunks import ChunkStore, Transfer
 
@@ -38,12 +39,12 @@ def upload(store: ChunkStore, index: ChunkIndex, source: Path, ids: set[str],
 
 
 def publish(store: ChunkStore, key: str, sqsh: Path, record, *, index: ChunkIndex | None,  # noqa: ANN001 - ArtifactRecord
-            kept: ChunkIndex | None, likely_present: set[str], chunking: tuple[int, int, int],
+            kept: bytes | None, likely_present: set[str], chunking: tuple[int, int, int],
             show: bool) -> tuple[ChunkIndex, Transfer]:
     """Upload the chunks of `sqsh` the bucket lacks, then its index (the record, written by the
     tier after this, commits it): (the index, what was sent). `index` was computed by this
-    process from these bytes (the export's); `kept` was read from a store and is checked before
-    use. `likely_present` are chunk ids seen in other artifacts on this node."""
+    process from these bytes (the export's); `kept` is an index read from a store (its JSON),
+    checked before use. `likely_present` are chunk ids seen in other artifacts on this node."""
     index = _matching(index, record, chunking) or _checked(kept, record, chunking, sqsh, key)
     cut = None
     if index is None:
@@ -75,9 +76,13 @@ def _matching(index: ChunkIndex | None, record, chunking: tuple[int, int, int]) 
     return index
 
 
-def _checked(kept: ChunkIndex | None, record, chunking: tuple[int, int, int], sqsh: Path,  # noqa: ANN001
+def _checked(data: bytes | None, record, chunking: tuple[int, int, int], sqsh: Path,  # noqa: ANN001
              key: str) -> ChunkIndex | None:
     """A stored index, once the file's bytes are found to be the chunks it lists."""
+    try:
+        kept = None if data is None else ChunkIndex.from_json(data, f"{key}{INDEX_SUFFIX}")
+    except BadChunkIndex:
+        return None
     if _matching(kept, record, chunking) is None:
         return None
     problem = mismatch(kept, sqsh)

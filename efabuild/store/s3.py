@@ -232,7 +232,7 @@ class S3Tier(S3Refs, S3Bucket):
                 likely_present = {cid for seed in self.seed_provider(record.name) if seed.index.digest != record.digest
                                   for cid in seed.index.unique()}
             self.last_index, self.last_transfer = publish_chunks(
-                self.chunks, key, sqsh, record, index=index, kept=_index_hint(key, kept),
+                self.chunks, key, sqsh, record, index=index, kept=kept,
                 likely_present=likely_present, chunking=self.chunking, show=show)
             won = True
         else:
@@ -392,10 +392,3 @@ def _warn_if_differs(key: str, existing: ArtifactRecord, new: ArtifactRecord) ->
     if existing.digest != new.digest:
         notices.warn(f"s3 tier: {short(key)} exists with digest {existing.digest}; the new export has "
                      f"{new.digest} (export not byte-identical); keeping the stored one")
-
-
-def _index_hint(key: str, data: bytes | None) -> ChunkIndex | None:
-    try:
-        return None if data is None else ChunkIndex.from_json(data, f"{key}{INDEX_SUFFIX}")
-    except BadChunkIndex:
-        return None
