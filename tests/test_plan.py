@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import attrs
+import pytest
 
 from efabuild.build.prepare import prepare
 from efabuild.dag import LayerGraph
@@ -289,6 +290,32 @@ def test_unchanged_plan_reads_no_file_contents(tmp_path):
     os.utime(path, (time.time() - 30, time.time() - 30))
     third = plan_json(root)
     assert third["context_files_read"] == 1 and third["layers"] == second["layers"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "fifo", "directory"])
+def test_a_damaged_or_planted_hash_cache_only_costs_hashing_again(tmp_path, damage):
+    """The cache is read whole on every plan: a cut or foreign file, or a FIFO or directory in its
+    place, is ignored (no hang, no traceback) and the keys stay; a file is written back after."""
+    files = {f"app/f{i:03d}.py": f"x = {i}\n" for i in range(20)}
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH}, files=files)
+    age_files(root)
+    first = plan_json(root)
+    cache = root / "cache" / "state" / "hashes"
+    assert cache.is_file() and plan_json(root)["context_files_read"] == 0
+    data = cache.read_bytes()
+    cache.unlink()
+    if damage == "truncated":
+        cache.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        cache.write_bytes(os.urandom(4096))
+    elif damage == "fifo":
+        os.mkfifo(cache)
+    else:
+        cache.mkdir()
+    again = plan_json(root)
+    assert again["context_files_read"] == 20 and again["layers"] == first["layers"]
+    if damage in ("truncated", "garbage"):  # replaced by a whole one: the next plan reads nothing
+        assert plan_json(root)["context_files_read"] == 0
 
 
 def test_freshly_written_files_are_not_trusted_by_the_cache(tmp_path):

@@ -24,8 +24,6 @@ from efabuild.model import Workspace
 from efabuild.build.dockerignore import IGNORE_FILE, Exclusions, leaves_out
 from efabuild.build.hashcache import HashState
 from efabuild.configfile import read_text
-from efabuild.store.leftovers import CONTEXT_PREFIX
-from efabuild.store.owner import owned_name
 
 if TYPE_CHECKING:
     from efabuild.dag import LayerGraph
@@ -33,6 +31,7 @@ if TYPE_CHECKING:
 # Fixed timestamps for every build: 1980-01-01, the earliest a ZIP archive can hold.
 SOURCE_DATE_EPOCH = 315532800
 _CHUNK = 1 << 20
+_FILE_TYPE = 0o170000  # the type bits of st_mode (stat.S_IFMT)
 
 
 @contextlib.contextmanager
@@ -107,7 +106,11 @@ class ContextHasher:
                     child_st = child.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     raise InputError(f"'{child_rel}' does not exist", where) from None
-                yield from self._entry(child_rel, child.path, child_st, where)
+                if child_st.st_mode & _FILE_TYPE == stat.S_IFREG:  # nearly every file: no detour
+                    yield ContextEntry(child_rel, "755" if child_st.st_mode & 0o111 else "644",
+                                       self._file_digest(child_rel, child.path, child_st))
+                else:
+                    yield from self._entry(child_rel, child.path, child_st, where)
 
     def _entry(self, rel: str, path: str, st: os.stat_result, where: str) -> Iterator[ContextEntry]:
         if stat.S_ISLNK(st.st_mode):
@@ -216,6 +219,9 @@ def _same_as_hashed(entry: ContextEntry, digest: str) -> None:
 def context_dir(ws_root: Path, tmp_root: Path, layer_name: str, entries: Iterable[ContextEntry]) -> Iterator[Path]:
     """A build context holding exactly `entries`, removed afterwards. Named by its owner: a make
     killed meanwhile leaves it to the next make or gc."""
+    from efabuild.store.leftovers import CONTEXT_PREFIX  # a build's, not a plan's: loaded here
+    from efabuild.store.owner import owned_name
+
     tmp_root.mkdir(parents=True, exist_ok=True)
     directory = tmp_root / owned_name(CONTEXT_PREFIX, layer_name)
     directory.mkdir(mode=0o700)

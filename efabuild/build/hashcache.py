@@ -3,60 +3,95 @@
 Entries are keyed by workspace-relative path and valid while (size, mtime_ns, inode) match. Like git's
 index, an entry whose mtime is too close to the moment it was hashed is not trusted: the file could
 still change within the filesystem's timestamp granularity without its mtime moving.
+
+The cache is one file of NUL-separated fields (a path cannot hold NUL), read whole on every plan:
+splitting it is C work, where reading as many rows from SQLite cost more than the rest of a
+no-op plan's own work on a 10k-file context. It is replaced atomically; two makes saving at once
+lose one's new entries, which only costs hashing those files again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import sqlite3
+import stat
+import tempfile
 import time
 from pathlib import Path
 
 RACY_WINDOW_NS = 2_000_000_000
+HEADER, END = "efabuild.hashes/v1", "end"  # a file cut short lacks its END
+MAX_BYTES = 1 << 30  # about 8M entries: past that the file is not ours
 
 
 class HashState:
-    def __init__(self, db_path: Path | None) -> None:
-        self._db_path = db_path
-        self._entries: dict[str, tuple[int, int, int, str]] = {}
-        self._dirty: dict[str, tuple[int, int, int, str]] = {}
-        if db_path is not None and db_path.exists():
-            try:
-                with sqlite3.connect(db_path, timeout=30) as db:
-                    for path, size, mtime_ns, inode, digest in db.execute(
-                        "SELECT path, size, mtime_ns, inode, digest FROM hashes"
-                    ):
-                        self._entries[path] = (size, mtime_ns, inode, digest)
-            except sqlite3.DatabaseError:
-                self._entries = {}  # a damaged cache only costs re-hashing
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._entries: dict[str, tuple[str, str]] = _load(path) if path is not None else {}
+        self._dirty = False
 
     def get(self, rel: str, st: os.stat_result) -> str | None:
         entry = self._entries.get(rel)
-        if entry and entry[:3] == (st.st_size, st.st_mtime_ns, st.st_ino):
-            return entry[3]
+        if entry and entry[0] == _stamp(st):
+            return entry[1]
         return None
 
     def put(self, rel: str, st: os.stat_result, digest: str) -> None:
-        if time.time_ns() - st.st_mtime_ns < RACY_WINDOW_NS:
+        if time.time_ns() - st.st_mtime_ns < RACY_WINDOW_NS or "\0" in rel:
             return
-        entry = (st.st_size, st.st_mtime_ns, st.st_ino, digest)
-        self._entries[rel] = entry
-        self._dirty[rel] = entry
+        self._entries[rel] = (_stamp(st), digest)
+        self._dirty = True
 
     def save(self) -> None:
-        if not self._dirty or self._db_path is None:
+        if not self._dirty or self._path is None:
             return
-        self._db_path.parent.mkdir(parents=True, exist_ok=True)
+        fields = [HEADER]
+        for rel, (stamp, digest) in self._entries.items():
+            fields += (rel, stamp, digest)
+        fields.append(END)
         try:
-            with sqlite3.connect(self._db_path, timeout=30) as db:
-                db.execute(
-                    "CREATE TABLE IF NOT EXISTS hashes (path TEXT PRIMARY KEY, size INTEGER, "
-                    "mtime_ns INTEGER, inode INTEGER, digest TEXT)"
-                )
-                db.executemany(
-                    "INSERT OR REPLACE INTO hashes VALUES (?, ?, ?, ?, ?)",
-                    [(path, *entry) for path, entry in self._dirty.items()],
-                )
-        except sqlite3.Error:
+            _replace(self._path, "\0".join(fields).encode("utf-8", "surrogateescape"))
+        except OSError:
             return  # unwritable cache: the next plan hashes again, nothing else is affected
-        self._dirty.clear()
+        self._dirty = False
+
+
+def _stamp(st: os.stat_result) -> str:
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+
+def _load(path: Path) -> dict[str, tuple[str, str]]:
+    """The cached entries; none when the file is missing, damaged or not a regular file (a
+    damaged cache only costs re-hashing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
+            return {}
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    fields = data.decode("utf-8", "surrogateescape").split("\0")
+    if fields[0] != HEADER or fields[-1] != END or len(fields) % 3 != 2:
+        return {}
+    del fields[-1]
+    return dict(zip(fields[1::3], zip(fields[2::3], fields[3::3])))
+
+
+def _replace(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

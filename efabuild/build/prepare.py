@@ -48,7 +48,7 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
     if require_engine and engine is None:
         raise EfabuildError(engine_error or "no engine")
     bases = _resolve_bases(ws, graph, order, engine, records)
-    hasher = ContextHasher(ws.root, HashState(ws.settings.store.local / "state" / "hashes.sqlite"),
+    hasher = ContextHasher(ws.root, HashState(ws.settings.store.local / "state" / "hashes"),
                            exclude=never_context(ws))
     contexts = hash_contexts(ws, graph, order, hasher)
     inputs = layer_inputs(ws.settings.builder.platform, graph, order, bases, contexts)

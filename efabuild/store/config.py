@@ -14,7 +14,7 @@ from pathlib import Path
 
 from efabuild.configfile import load_toml
 from efabuild.errors import InputError
-from efabuild.settings import BUILD_FILE, DEFAULT_KEEP, StoreConfig, parse_s3_table, parse_store_table, store_dir
+from efabuild.settings import BUILD_FILE, DEFAULT_KEEP, S3Config, StoreConfig, parse_s3_table, parse_store_table, store_dir
 from efabuild.store.layout import Layout
 
 STORE_ENV = "EFABUILD_STORE"
@@ -57,3 +57,19 @@ def locate(store: str | None, cwd: Path | None = None) -> StoreConfig:
             f"in {cwd or Path.cwd()} or above)"
         )
     return load_build_store(build_toml)
+
+
+def store_config_text(s3: S3Config) -> str:
+    """store.toml for a store directory: where its S3 tier is. Never credentials."""
+    import json  # TOML's basic strings are JSON's; loaded here, off lookup's path
+
+    lines = [
+        "# Where this store's S3 tier is; written by efabuild when it publishes.",
+        "# No credentials here: boto3's standard chain (environment, ~/.aws, instance role) supplies them.",
+        "[s3]",
+    ]
+    for name in ("bucket", "prefix", "region", "endpoint_url"):
+        value = getattr(s3, name)
+        if value:
+            lines.append(f"{name} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
@@ -18,7 +19,9 @@ from efabuild.refs import check_key, is_key
 from efabuild.store import fsutil
 from efabuild.store.chunks import MAX_INDEX_BYTES, ChunkIndex
 from efabuild.store.layout import INDEX_SUFFIX
-from efabuild.store.s3chunks import Seed
+
+if TYPE_CHECKING:  # the S3 chunk store loads only when a chunked artifact is touched
+    from efabuild.store.s3chunks import Seed
 
 
 def index_path(tier, key: str) -> Path:  # noqa: ANN001 - a FilesystemTier
@@ -75,6 +78,8 @@ def seeds(fs_tiers: list, name: str, limit: int = 8) -> tuple[Seed, ...]:
     """Artifacts on these filesystem tiers whose chunk indexes are kept: earlier versions of
     `name` first (they share the most), then the most recently indexed others (a parent layer's
     artifact holds most of its children's bytes)."""
+    from efabuild.store.s3chunks import Seed
+
     found: dict[str, Seed] = {}
     for tier in fs_tiers:
         for entry in reversed(tier.read_refs(name)):

@@ -15,10 +15,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -27,35 +27,23 @@ from efabuild.errors import EfabuildError, NotFound
 from efabuild.refs import check_key, classify_ref, pick_one, short
 from efabuild.store import seeds
 from efabuild.settings import DEFAULT_KEEP, S3Config, StoreConfig
-from efabuild.store.config import bare_store, locate
+from efabuild.store.config import bare_store, locate, store_config_text
 from efabuild.store.digest import bytes_digest
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.lookup import local_key
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.chunks import ChunkIndex
-from efabuild.store.s3chunks import DEFAULT_GRACE, Seed
 from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
 from efabuild.store.transfer import DamagedCopy, send, transfer, verified_copy
+
+if TYPE_CHECKING:  # the S3 chunk store loads only when a chunked artifact is touched
+    from efabuild.store.s3chunks import Seed
 
 
 @attrs.frozen
 class Listing:
     record: ArtifactRecord
     tiers: tuple[str, ...]  # tier names holding it, in store order
-
-
-def store_config_text(s3: S3Config) -> str:
-    """store.toml for a store directory: where its S3 tier is. Never credentials."""
-    lines = [
-        "# Where this store's S3 tier is; written by efabuild when it publishes.",
-        "# No credentials here: boto3's standard chain (environment, ~/.aws, instance role) supplies them.",
-        "[s3]",
-    ]
-    for name in ("bucket", "prefix", "region", "endpoint_url"):
-        value = getattr(s3, name)
-        if value:
-            lines.append(f"{name} = {json.dumps(value)}")
-    return "\n".join(lines) + "\n"
 
 
 class Store:
@@ -79,7 +67,7 @@ class Store:
         self.show_progress = show_progress
         self.bare = bare  # a store directory given by path (a compute node's), not a workspace's
         self._s3_options = dict(s3_options or {})
-        self.chunk_grace = float(self._s3_options.pop("chunk_grace", DEFAULT_GRACE))
+        self._chunk_grace = self._s3_options.pop("chunk_grace", None)
         self._s3 = None
         self._damaged: dict[str, set[str]] = {}  # key -> tiers whose copy failed verification
         self.skipped: dict[str, str] = {}  # tier name -> why this store leaves it out
@@ -111,6 +99,13 @@ class Store:
             self._s3 = S3Tier(self.s3_settings, show_progress=self.show_progress, **self._s3_options)
             self._s3.seed_provider = self.seeds  # what this node holds, for chunked transfers
         return self._s3
+
+    @property
+    def chunk_grace(self) -> float:
+        """How long gc leaves a chunk it found unreferenced before deleting it."""
+        from efabuild.store.s3chunks import DEFAULT_GRACE  # loaded only when gc needs it
+
+        return DEFAULT_GRACE if self._chunk_grace is None else float(self._chunk_grace)
 
     def skip_s3(self, reason: str) -> None:
         """Leave the S3 tier out from now on (no credentials): the filesystem tiers still serve."""
