@@ -345,8 +345,8 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
     `engine_steps` is how the engine is reached (default: the engine prepare connected to)."""
     check_secrets(prepared)
     runner = _Runner(prepared, reporter or Reporter(), engine_steps)
-    if prepared.engine is not None:
-        from efabuild.engine.farm import farm_for_make
+    if prepared.engine is not None and any(lp.action != NOTHING for lp in prepared.plan.layers):
+        from efabuild.engine.farm import farm_for_make  # builders matter only to a make with work
 
         runner.farm = farm_for_make(prepared, notices.warn)
         jobs = runner.farm.slots if runner.farm is not None else jobs  # [builder] jobs on each builder
