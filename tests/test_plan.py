@@ -402,3 +402,43 @@ def test_make_of_one_graph_lints_the_ancestors_it_builds_on_in_other_graphs(tmp_
     proc = run_efabuild(["-C", str(root), "make", "side"], capture_output=True,
                           text=True, env={**os.environ, "DOCKER_HOST": "unix:///nonexistent.sock"})
     assert proc.returncode == 2 and "EFA001 error stack:efa" in proc.stderr
+
+
+def test_a_chunked_artifact_only_on_s3_is_to_copy_and_a_make_copies_it(tmp_path, moto_server, s3_bucket):
+    """Another builder published both artifacts to S3 only: the chunked one is copied from there
+    (a fetch downloads only the chunks this node lacks), the whole-object one exported again
+    (downloading it costs as much). Offline, S3 is not asked: both are to export."""
+    from efabuild.settings import S3Config
+    from efabuild.store.digest import file_digest
+    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiered import Store
+    from tests.storekit import make_sqsh, record_for
+
+    settings = S3Config(bucket=s3_bucket, prefix="images/", region="us-east-1", endpoint_url=moto_server)
+    build = ('[workspace]\ngraphs = ["graphs/*.toml"]\n[store.s3]\n'
+             f'bucket = "{s3_bucket}"\nprefix = "images/"\nregion = "us-east-1"\nendpoint_url = "{moto_server}"\n')
+    root = make_workspace(tmp_path / "ws", {"stack": WITH_ARTIFACTS}, build=build)
+    record_all(root)  # the images are there (as recorded: this test has no engine)
+    keys = {name: layer["key"] for name, layer in by_name(plan_json(root)).items()}
+    sqsh = {name: make_sqsh(tmp_path, os.urandom(64 * 1024), name.split(":")[1]) for name in ("stack:efa", "stack:user")}
+    for name, chunked in (("stack:efa", True), ("stack:user", False)):
+        elsewhere = Store([FilesystemTier(tmp_path / name.split(":")[1], "local")], settings, show_progress=False,
+                          s3_options={"chunked": chunked})
+        elsewhere.publish(keys[name], sqsh[name], record_for(keys[name], name, sqsh[name]))
+
+    online = run_efabuild(["-C", str(root), "plan", "--json"])
+    assert online.returncode == 0, online.stderr
+    layers = by_name(json.loads(online.stdout))
+    assert layers["stack:efa"]["state"] == "to copy" and layers["stack:efa"]["reasons"] == [
+        "the .sqsh is in another store tier"]
+    assert layers["stack:user"]["state"] == "to export"
+    assert {layer["state"] for layer in by_name(plan_json(root)).values()} == {"to export", "available"}
+
+    # what a make does for each: the chunked one is copied, verified, with its index beside it
+    store = Store.locate(cwd=root, show_progress=False)
+    assert store.complete(keys["stack:efa"]) == {"local": "published", "s3": "reused"}
+    assert file_digest(store.lookup(keys["stack:efa"], fetch=False)) == file_digest(sqsh["stack:efa"])
+    assert store.local_tier.chunk_index(keys["stack:efa"]) is not None
+    assert store.complete(keys["stack:user"]) is None  # to export: the make exports it from the image
+    assert by_name(json.loads(run_efabuild(["-C", str(root), "plan", "--json"]).stdout))["stack:efa"][
+        "state"] == "available"

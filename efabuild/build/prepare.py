@@ -56,12 +56,13 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
     image_tags = _engine_tags(engine) if engine else {}
     images = (set(image_tags) if engine else records.built_keys(order)) & keys
     store = _store(ws)
+    stored, s3_answered = _stored_keys(store, graph, order, inputs, remote=use_engine)
     availability = Availability(
         images=frozenset(images),
         registry=frozenset(_registry_keys(ws, engine, graph, [n for n in order if inputs[n].key() not in images],
                                           inputs)),
-        artifacts=frozenset(_stored_keys(store, graph, order, inputs, remote=use_engine)),
-        held=frozenset(_held_keys(store, graph, order, inputs)),
+        artifacts=frozenset(stored),
+        held=frozenset(_held_keys(store, graph, order, inputs, remote=s3_answered)),
         engine_checked=engine is not None,
     )
 
@@ -160,25 +161,32 @@ def _registry_keys(ws: Workspace, engine, graph, order, inputs) -> set[str]:
     return found
 
 
-def _held_keys(store: Store, graph, order, inputs) -> set[str]:
-    """Keys whose .sqsh some filesystem tier holds: the others get a copy, no export."""
-    return {inputs[n].key() for n in order
-            if graph.nodes[n]["layer"].artifact and store.where(inputs[n].key(), remote=False)}
+def _held_keys(store: Store, graph, order, inputs, remote: bool) -> set[str]:
+    """Keys whose .sqsh a filesystem tier holds, or (`remote`: S3 answered) S3 in chunks: the
+    other tiers get a copy, no export."""
+    keys = [inputs[n].key() for n in order if graph.nodes[n]["layer"].artifact]
+    if remote:
+        try:
+            with store.s3.asking_quickly():
+                return {key for key in keys if store.held(key)}
+        except EfabuildError as exc:
+            notices.warn(f"S3 tier not consulted: {exc}")
+    return {key for key in keys if store.held(key, remote=False)}
 
 
-def _stored_keys(store: Store, graph, order, inputs, remote: bool) -> set[str]:
-    """Keys whose .sqsh every tier holds; with `remote` False (offline) or S3 out of reach, the
-    filesystem tiers decide."""
+def _stored_keys(store: Store, graph, order, inputs, remote: bool) -> tuple[set[str], bool]:
+    """(keys whose .sqsh every tier holds, whether S3 answered); with `remote` False (offline) or
+    S3 out of reach, the filesystem tiers decide."""
     artifact_keys = [inputs[n].key() for n in order if graph.nodes[n]["layer"].artifact]
     if not artifact_keys:
-        return set()
+        return set(), False
     fs_tiers = len(store.fs_tiers)
     if remote and store.s3_settings is not None:
         try:
             with store.s3.asking_quickly():
-                return {key for key in artifact_keys if store.has(key)}
+                return {key for key in artifact_keys if store.has(key)}, True
         except NoCredentials as exc:  # a make still builds and publishes to the other tiers
             store.skip_s3(exc.reason)
         except EfabuildError as exc:
             notices.warn(f"S3 tier not consulted: {exc}")
-    return {key for key in artifact_keys if len(store.where(key, remote=False)) == fs_tiers}
+    return {key for key in artifact_keys if len(store.where(key, remote=False)) == fs_tiers}, False

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import attrs
 
@@ -30,14 +29,12 @@ from efabuild.settings import DEFAULT_KEEP, S3Config, StoreConfig
 from efabuild.store.config import bare_store, locate, store_config_text
 from efabuild.store.digest import bytes_digest
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
+from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.lookup import local_key
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.chunks import ChunkIndex
 from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
 from efabuild.store.transfer import DamagedCopy, send, transfer, verified_copy
-
-if TYPE_CHECKING:  # the S3 chunk store loads only when a chunked artifact is touched
-    from efabuild.store.s3chunks import Seed
 
 
 @attrs.frozen
@@ -101,8 +98,7 @@ class Store:
         return self._s3
 
     @property
-    def chunk_grace(self) -> float:
-        """How long gc leaves a chunk it found unreferenced before deleting it."""
+    def chunk_grace(self) -> float:  # how long gc leaves a chunk it found unreferenced
         from efabuild.store.s3chunks import DEFAULT_GRACE  # loaded only when gc needs it
 
         return DEFAULT_GRACE if self._chunk_grace is None else float(self._chunk_grace)
@@ -151,16 +147,26 @@ class Store:
         """True when every tier holds `key`: nothing left to publish."""
         return len(self.where(key)) == len(self.tier_names)
 
+    def held(self, key: str, *, remote: bool = True) -> bool:
+        """A copy can complete the tiers lacking `key`, no export: a filesystem tier holds it, or
+        (`remote`) S3 in chunks, of which a fetch downloads only what this node's seeds lack."""
+        return bool(self.where(key, remote=False)) or (
+            remote and self.s3 is not None and self.s3.has(key) and self._chunked_on_s3(key))
+
+    def _chunked_on_s3(self, key: str) -> bool:  # a GET: a fetch that follows finds the index in memo
+        return self.s3.sidecar(key, INDEX_SUFFIX) is not None
+
     def complete(self, key: str) -> dict[str, str] | None:
         """Copy `key` from a tier holding a good copy into the tiers lacking it, and repair damaged
         copies from it. None when no tier holds a good copy: then it must be exported (and
         publishing the export replaces the damaged copies). Saves a re-export when a filesystem
-        tier holds it. Filesystem tiers are tried first: an S3 source (used only to repair a
-        damaged filesystem copy) costs a download."""
+        tier holds it, or S3 in chunks (see `held`). Filesystem tiers are tried first: an S3
+        source costs a download."""
         check_key(key)
         holders = [tier for tier in self._tiers(remote=True) if tier.has(key)]
-        if not any(isinstance(tier, FilesystemTier) for tier in holders):
-            return None  # only S3 has it: exporting again costs no more than the download
+        if not any(isinstance(tier, FilesystemTier) for tier in holders) and not (
+                holders and self._chunked_on_s3(key)):
+            return None  # only S3 has it, whole: exporting again costs no more than the download
         lacking = [tier for tier in self._tiers(remote=True) if tier not in holders]
         for source in holders:
             try:
@@ -312,7 +318,7 @@ class Store:
             transfer(key, self.s3, [target], target, locked=True, show_progress=self.show_progress)
         return target.sqsh_path(key)
 
-    def seeds(self, name: str) -> tuple[Seed, ...]:
+    def seeds(self, name: str) -> tuple[seeds.Seed, ...]:
         """What this node holds that can seed a chunked transfer of `name` (see store/seeds.py)."""
         return seeds.seeds(self.fs_tiers, name)
 
