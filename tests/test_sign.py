@@ -63,6 +63,8 @@ def test_a_signed_artifact_verifies_everywhere(tmp_path, keys, kind):
         assert results[how].stdout.strip() == str(object_path(store, key, ".sqsh"))
     sha = efabuild("verify", "--all", "--sha256", "--json", env=env)
     assert sha.returncode == 0 and json.loads(sha.stdout)["ok"] is True
+    # named like every other command's JSON: name, key (and the tier that holds it)
+    assert json.loads(sha.stdout)["results"] == [{"key": key, "name": NAME, "tier": "store", "problems": []}]
 
 
 def _flip_byte(store: Path, key: str, other: Path) -> None:
@@ -132,6 +134,11 @@ def test_tampering_is_refused_by_verify_lookup_and_the_importer(tmp_path, keys, 
         assert result.returncode == 1, f"{how} accepted it: {result.stdout}{result.stderr}"
         assert problem in result.stdout + result.stderr, f"{how}: {result.stdout}{result.stderr}"
     assert results["verify"].stdout.startswith(f"FAIL  {ref[:12]} store: ")
+    as_json = efabuild("verify", "--json", ref, env=env)
+    [result] = json.loads(as_json.stdout)["results"]
+    assert as_json.returncode == 1 and problem in " ".join(result["problems"])
+    # a record that is not this key's names nothing
+    assert result["name"] == (None if case == "moved under another key" else NAME), result
     # a record under another key's file name is no artifact at all: refused before any signature
     prefix = f"efabuild: {object_path(store, ref, '.json')}: " if case == "moved under another key" \
         else f"efabuild: refusing {ref}: "

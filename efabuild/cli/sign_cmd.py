@@ -87,11 +87,11 @@ def run_verify(args: argparse.Namespace) -> int:
     for key in keys:
         tiers = [tier for tier in store.fs_tiers if tier.has(key)]
         if not tiers:
-            results.append({"key": key, "tier": None, "problems": [
+            results.append({"key": key, "name": None, "tier": None, "problems": [
                 f"{short(key)}: on no filesystem tier of {store.describe()} (efabuild lookup fetches it)"]})
         for tier in tiers:
             problems = verify_and_remember(tier.layout, key, policy, sha256=args.sha256)
-            results.append({"key": key, "tier": tier.name, "problems": problems})
+            results.append({"key": key, "name": _recorded_name(tier, key), "tier": tier.name, "problems": problems})
     for result in results:
         failed = failed or bool(result["problems"])
     if args.json:
@@ -104,6 +104,18 @@ def run_verify(args: argparse.Namespace) -> int:
             for problem in result["problems"]:
                 sys.stdout.write(f"FAIL  {where}: {problem}\n")
     return 1 if failed else 0
+
+
+def _recorded_name(tier, key: str) -> str | None:  # noqa: ANN001 - a FilesystemTier
+    """The name (graph:layer) the tier's record gives the artifact; None when the record is
+    unreadable (the problems say why)."""
+    from efabuild.errors import EfabuildError
+
+    try:
+        record = tier.record(key)
+    except EfabuildError:
+        return None
+    return record.name if record is not None else None
 
 
 # ---- sign
