@@ -83,6 +83,8 @@ def host_problem(value: str) -> str | None:
         return f"must be a URL with one of the schemes {', '.join(s + '://' for s in HOST_SCHEMES)}"
     if not rest or any(c.isspace() or ord(c) < 32 for c in rest):
         return "must name an address after the scheme, without spaces"
+    if ":" in rest.partition("/")[0].rpartition("@")[0]:  # it reaches `ps`, records and messages
+        return "must not hold a password (user:password@): ssh and TLS keys authenticate"
     return None
 
 

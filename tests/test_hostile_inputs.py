@@ -195,16 +195,23 @@ def test_bad_input_is_one_line_exit_2(tmp_path, monkeypatch, capsys, build, argv
     check_one_line(code, capsys.readouterr().err, expected)
 
 
-def test_credentials_in_the_s3_endpoint_are_refused_without_being_shown(tmp_path, monkeypatch, capsys):
-    """A store's store.toml (written into the shared store, readable by all) and every message
-    carry the endpoint: credentials in it would go wherever it goes."""
-    root = with_build('[store.s3]\nbucket = "b"\nendpoint_url = "http://minio:hunter2@127.0.0.1:9000"\n')(
-        tmp_path / "ws")
+@pytest.mark.parametrize("build,argv,expected", [
+    ('[store.s3]\nbucket = "b"\nendpoint_url = "http://minio:hunter2@127.0.0.1:9000"\n', ["plan", "--offline"],
+     ["BUILD.toml", "store.s3.endpoint_url", "credentials"]),
+    ('[builder]\nhost = "ssh://me:hunter2@builder"\n', ["plan", "--offline"], ["BUILD.toml", "builder.host", "password"]),
+    ("", ["plan", "--offline", "--builder", "tcp://me:hunter2@builder:2376"], ["--builder", "password"]),
+    ('[builder]\nfarm = ["ssh://a", "ssh://me:hunter2@b"]\n', ["plan", "--offline"],
+     ["BUILD.toml", "builder.farm", "password"]),
+], ids=["s3-endpoint", "builder-host", "builder-option", "farm-entry"])
+def test_credentials_in_a_url_are_refused_without_being_shown(tmp_path, monkeypatch, capsys, build, argv, expected):
+    """store.toml (written into the shared store, readable by all), messages, build records and the
+    docker command line (`ps`) carry these URLs: a password in one would go wherever it goes."""
+    root = with_build(build)(tmp_path / "ws")
     monkeypatch.chdir(root)
     monkeypatch.delenv("EFABUILD_STORE", raising=False)
-    code = main(["plan", "--offline"])
+    code = main(argv)
     stderr = capsys.readouterr().err
-    check_one_line(code, stderr, ["BUILD.toml", "store.s3.endpoint_url", "credentials"])
+    check_one_line(code, stderr, expected)
     assert "hunter2" not in stderr
 
 

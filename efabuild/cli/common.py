@@ -58,6 +58,7 @@ def with_builder(ws, value: str | None):
 
     from efabuild import grammar
     from efabuild.errors import InputError
+    from efabuild.redact import shown_value
 
     builder = attrs.evolve(ws.settings.builder, context=None, host=None, buildx_builder=None, farm=())
     if "://" in value:
@@ -69,6 +70,6 @@ def with_builder(ws, value: str | None):
     else:
         problem = grammar.tool_name_problem(value)
         builder = attrs.evolve(builder, context=value)
-    if problem:
-        raise InputError(problem, f"--builder {value!r}")
+    if problem:  # a URL's password is not repeated
+        raise InputError(problem, f"--builder {shown_value('builder', value)!r}")
     return attrs.evolve(ws, settings=attrs.evolve(ws.settings, builder=builder))
