@@ -269,3 +269,33 @@ def test_a_job_user_cannot_name_another_users_directory(job_env, monkeypatch):
         pyxis.release(env)
     assert pyxis._staged_path({**job_env, "SLURM_JOB_UID": "1000"}).parent.name == "1000"
     assert pyxis._staged_path(job_env).parent.name == "1000"  # unset: the importer's own
+
+
+def _store_toml_fifo(base: Path) -> str:
+    (base / "fifo-store").mkdir()
+    os.mkfifo(base / "fifo-store" / "store.toml")
+    return str(base / "fifo-store")
+
+
+def _bare_fifo(base: Path) -> str:
+    os.mkfifo(base / "store-fifo")
+    return str(base / "store-fifo")
+
+
+@pytest.mark.parametrize("store, image, problem", [
+    (_bare_fifo, "efabuild://ngc-efa:user", "not a directory"),
+    (_store_toml_fifo, "efabuild://ngc-efa:user", "a FIFO"),
+    (lambda base: "/dev/zero", "efabuild://ngc-efa:user", "under /dev"),
+    (None, "efabuild://../../etc/passwd", "not a key"),
+    (None, "docker://efabuild://-h", "not a key"),
+    (None, "efabuild://ngc-efa:user\n/etc/passwd", "not an artifact name"),
+])
+def test_a_job_users_store_or_image_string_is_one_line_and_no_path(store_dir, job_env, tmp_path, store, image,
+                                                                    problem):
+    """The job user chooses EFABUILD_STORE and the image string: a FIFO or device for the store, a
+    path or an option for the image is refused at once, and nothing reaches stdout."""
+    env = {**job_env, "EFABUILD_STORE": store(tmp_path) if store else str(store_dir)}
+    result = subprocess.run([*IMPORTER, "get", image], capture_output=True, text=True, env=env, cwd=tmp_path,
+                            timeout=20)
+    assert (result.returncode, result.stdout) == (2, ""), result
+    assert problem in _one_line(result.stderr), result.stderr
