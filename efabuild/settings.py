@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from efabuild import grammar
 from efabuild.configfile import Table, check_known, type_name
 from efabuild.errors import InputError
-from efabuild.redact import shown_value
 from efabuild.refs import classify_ref
 
 if TYPE_CHECKING:
@@ -201,6 +200,8 @@ def _builder(t: Table | None) -> BuilderSettings:
     for entry in farm:
         problem = grammar.builder_problem(entry)
         if problem:
+            from efabuild.redact import shown_value  # here: lookup's fast path imports no blake3
+
             raise InputError(f"{shown_value('farm', entry)!r}: {problem}", t.where("farm"))
     return BuilderSettings(
         platform=values["platform"] or DEFAULT_PLATFORM, jobs=jobs, context=values["context"],
