@@ -319,3 +319,22 @@ def test_a_forged_artifact_larger_than_the_filesystem_allows_is_one_line(tmp_pat
     error = stderr.splitlines()[-1]  # after the fetch's progress line
     assert error.startswith("efabuild: ") and "File too large" in error and key in error, stderr
     assert os.listdir(node / "tmp") == []
+
+
+@pytest.mark.parametrize("planted", ["junk", "other bytes"])
+def test_an_index_planted_beside_a_whole_object_artifact_does_not_make_it_unfetchable(tmp_path, settings,
+                                                                                        versions, planted):
+    """Creating an object is all it takes: an index where a whole-object artifact (published
+    before chunking) has none. The fetch falls back on the whole object, which its record vouches for."""
+    whole = Store([FilesystemTier(tmp_path / "old", "local")], settings, show_progress=False,
+                  s3_options={**CHUNKED, "chunked": False})
+    key = publish(whole, versions[0])
+    tier = S3Tier(settings, **CHUNKED)
+    body = b"[" * 5000
+    if planted == "other bytes":
+        other = key_for("other")
+        tier.publish(other, versions[1], record_for(other, "demo:other", versions[1]))
+        body = tier.last_index.to_json()
+    tier.client.put_object(Bucket=settings.bucket, Key=tier.index_object(key), Body=body)
+    node = store_at(tmp_path / "node", settings)
+    assert file_digest(node.lookup(key)) == file_digest(versions[0])

@@ -58,7 +58,7 @@ from efabuild.store.parallel import run_parallel
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.chunkpublish import publish as publish_chunks
-from efabuild.store.s3chunks import ChunkStore, Seed, Transfer, assemble, bucket_usage
+from efabuild.store.s3chunks import ChunkError, ChunkStore, Seed, Transfer, assemble, bucket_usage
 from efabuild.store.s3client import DEFAULT_PART_SIZE, DEFAULT_WORKERS, S3Bucket, already_exists
 from efabuild.store.s3refs import S3Refs
 from efabuild.store.transfer import SIDECARS, DamagedCopy
@@ -290,12 +290,18 @@ class S3Tier(S3Refs, S3Bucket):
         indexes) and downloads of the chunks they lack; its index is returned, to be kept
         beside the fetched file as a seed for the next fetch."""
         show = self.show_progress if show_progress is None else show_progress
-        index = self.chunk_index(key)
-        if index is not None:
-            if not seeds and self.seed_provider is not None:
-                seeds = self.seed_provider(record.name)
-            self._download_chunks(key, dest, record, index, seeds, show)
-            return index
+        try:
+            index = self.chunk_index(key)
+            if index is not None:
+                if not seeds and self.seed_provider is not None:
+                    seeds = self.seed_provider(record.name)
+                self._download_chunks(key, dest, record, index, seeds, show)
+                return index
+        except (BadChunkIndex, ChunkError, DamagedCopy) as exc:
+            if self._head(self.sqsh_object(key)) is None:
+                raise
+            # an index someone created beside a whole-object artifact must not make it unfetchable
+            notices.warn(f"{exc}; fetching the whole object instead")
         self._download_whole(key, dest, record, show)
         return None
 
