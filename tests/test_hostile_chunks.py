@@ -338,3 +338,33 @@ def test_an_index_planted_beside_a_whole_object_artifact_does_not_make_it_unfetc
     tier.client.put_object(Bucket=settings.bucket, Key=tier.index_object(key), Body=body)
     node = store_at(tmp_path / "node", settings)
     assert file_digest(node.lookup(key)) == file_digest(versions[0])
+
+
+def _read_bytes_so_far() -> int:
+    return next(int(line.split()[1]) for line in open("/proc/self/io") if line.startswith("rchar:"))
+
+
+def test_choosing_seeds_reads_a_bounded_amount_whatever_history_and_indexes_are_planted(tmp_path, settings,
+                                                                                         versions):
+    """A co-tenant gives a name a long history of keys, each with a 60 MiB index beside it: the
+    fetch reads a bounded amount of them to choose its seeds (they were all read: 1000 x 60 MiB),
+    and still fetches right."""
+    builder = store_at(tmp_path / "cache", settings, "local")
+    k1, k2 = publish(builder, versions[0]), publish(builder, versions[1])
+    cluster = store_at(tmp_path / "fsx", settings)
+    cluster.lookup(k1)  # a real seed, kept with its index
+    shared = cluster.fs_tiers[0]
+    planted = [key_for(f"planted-{i}") for i in range(40)]
+    for key in planted:
+        directory = tmp_path / "fsx" / "objects" / key[:2]
+        directory.mkdir(exist_ok=True)
+        with open(directory / f"{key}.chunks.json", "wb") as handle:
+            handle.truncate(60 * MiB)  # sparse: costs the co-tenant no space, a reader 60 MiB each
+        shared.append_ref("demo:user", key)
+    shared.append_ref("demo:user", k1)
+    before = _read_bytes_so_far()
+    seeds = cluster.seeds("demo:user")
+    read_mib = (_read_bytes_so_far() - before) // MiB
+    assert read_mib <= 300, f"choosing seeds read {read_mib} MiB"
+    assert [s.path for s in seeds] == [shared.sqsh_path(k1)]
+    assert file_digest(cluster.lookup(k2)) == file_digest(versions[1])

@@ -23,16 +23,21 @@ from efabuild.store.layout import INDEX_SUFFIX
 if TYPE_CHECKING:  # the S3 chunk store loads only when a chunked artifact is touched
     from efabuild.store.s3chunks import Seed
 
+# kept index bytes one fetch reads to choose its seeds: eight indexes of 200 GB images cut at the
+# smallest chunks (1 MiB), where a planted history of 1,000 keys with 64 MiB indexes beside them
+# would have made it read 64 GB
+SEED_INDEX_BUDGET = 256 * 1024 * 1024
+
 
 def index_path(tier, key: str) -> Path:  # noqa: ANN001 - a FilesystemTier
     return tier.layout.object_dir(check_key(key)) / (key + INDEX_SUFFIX)
 
 
-def kept_index(tier, key: str) -> ChunkIndex | None:  # noqa: ANN001
-    """The artifact's chunk index, if one is kept and matches the stored record."""
+def kept_index(tier, key: str, limit: int = MAX_INDEX_BYTES) -> ChunkIndex | None:  # noqa: ANN001
+    """The artifact's chunk index, if one is kept (of at most `limit` bytes) and matches the stored record."""
     where = index_path(tier, key)
     try:
-        data = fsutil.read_under(tier.root, where, MAX_INDEX_BYTES)
+        data = fsutil.read_under(tier.root, where, min(limit, MAX_INDEX_BYTES))
         index = None if data is None else ChunkIndex.from_json(data, fsutil.shown(where))
         record = tier.record(key) if index is not None else None
     except EfabuildError as exc:  # UnsafeEntry, BadChunkIndex, a damaged record
@@ -77,20 +82,35 @@ def keep_beside_copies(fs_tiers: list, key: str, index: ChunkIndex | None) -> No
 def seeds(fs_tiers: list, name: str, limit: int = 8) -> tuple[Seed, ...]:
     """Artifacts on these filesystem tiers whose chunk indexes are kept: earlier versions of
     `name` first (they share the most), then the most recently indexed others (a parent layer's
-    artifact holds most of its children's bytes)."""
+    artifact holds most of its children's bytes). Each index is read once, and all of them at
+    most SEED_INDEX_BUDGET bytes, whatever history and indexes others planted."""
     from efabuild.store.s3chunks import Seed
 
     found: dict[str, Seed] = {}
+    tried: set[tuple[str, str]] = set()
+    budget = SEED_INDEX_BUDGET
+
+    def take(tier, key: str, room: int) -> None:  # noqa: ANN001
+        nonlocal budget
+        if len(found) >= room or budget <= 0 or (tier.name, key) in tried:
+            return
+        tried.add((tier.name, key))
+        try:
+            info = fsutil.stat_under(tier.root, index_path(tier, key))
+        except EfabuildError as exc:  # UnsafeEntry: a link, FIFO or directory planted there
+            notices.warn(f"{tier.name} tier: ignoring {exc}")
+            return
+        if info is None or info.st_size > budget:
+            return
+        budget -= info.st_size
+        index = kept_index(tier, key, limit=info.st_size)
+        if index is not None:
+            found.setdefault(index.digest, Seed(tier.sqsh_path(key), index))
+
     for tier in fs_tiers:
         for entry in reversed(tier.read_refs(name)):
-            index = kept_index(tier, entry["key"])
-            if index is not None and len(found) < limit // 2:
-                found.setdefault(index.digest, Seed(tier.sqsh_path(entry["key"]), index))
+            take(tier, entry["key"], limit // 2)
     for tier in fs_tiers:
         for key in recently_indexed(tier):
-            if len(found) >= limit:
-                break
-            index = kept_index(tier, key)
-            if index is not None:
-                found.setdefault(index.digest, Seed(tier.sqsh_path(key), index))
+            take(tier, key, limit)
     return tuple(found.values())
