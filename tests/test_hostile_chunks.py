@@ -368,3 +368,22 @@ def test_choosing_seeds_reads_a_bounded_amount_whatever_history_and_indexes_are_
     assert read_mib <= 300, f"choosing seeds read {read_mib} MiB"
     assert [s.path for s in seeds] == [shared.sqsh_path(k1)]
     assert file_digest(cluster.lookup(k2)) == file_digest(versions[1])
+
+
+def test_a_name_whose_s3_history_is_flooded_is_one_error_not_an_endless_listing(tmp_path, settings, versions,
+                                                                                  monkeypatch):
+    """Creating objects is all it takes to flood refs/<graph>/<layer>/: a lookup of the name
+    stops listing at a bound. (The bound is lowered here so that the test creates 60 objects,
+    not 100,000.)"""
+    from efabuild.store import s3refs
+
+    monkeypatch.setattr(s3refs, "MAX_ENTRIES", 50)
+    key = publish(store_at(tmp_path / "cache", settings), versions[0])
+    tier = S3Tier(settings, **CHUNKED)
+    for number in range(60):
+        tier.client.put_object(Bucket=settings.bucket, Body=b"",
+                               Key=tier._path("refs", "demo", "user") + f"/0000-{number:04}.{key}")
+    node = store_at(tmp_path / "node", settings)
+    with pytest.raises(EfabuildError, match="more than 50 objects"):
+        node.lookup("demo:user")
+    assert file_digest(node.lookup(key)) == file_digest(versions[0])  # by key it is still there

@@ -200,9 +200,11 @@ class S3Bucket:
         return True
 
 
-    def _list(self, prefix: str, *, after: str = "", through: str | None = None) -> list[dict]:
+    def _list(self, prefix: str, *, after: str = "", through: str | None = None,
+              most: int | None = None) -> list[dict]:
         """The objects under `prefix`, in key order: only those after `after`, and no page past
-        the one that reaches `through` (S3 lists in key order, so a range costs only its pages)."""
+        the one that reaches `through` (S3 lists in key order, so a range costs only its pages);
+        an error once more than `most` are found (a prefix others may flood with objects)."""
         found: list[dict] = []
         token: str | None = None
         while True:
@@ -217,6 +219,9 @@ class S3Bucket:
                 raise self._error(self.url(prefix), exc) from None
             contents = page.get("Contents", [])
             found.extend(contents)
+            if most is not None and len(found) > most:
+                raise EfabuildError(f"{self.url(prefix)}: more than {most} objects (not written by efabuild?); "
+                                    f"not listed further")
             if not page.get("IsTruncated") or (through is not None and contents and contents[-1]["Key"] >= through):
                 return found
             token = page["NextContinuationToken"]

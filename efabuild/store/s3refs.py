@@ -8,6 +8,10 @@ from __future__ import annotations
 from efabuild.refs import check_key, is_key, split_name
 from efabuild.store.record import utc_now
 
+# entries one name's history is listed to: far more than gc leaves (and 100 LIST pages), so that
+# a history flooded with objects is one error, not minutes and gigabytes of listing per lookup
+MAX_ENTRIES = 100_000
+
 
 class S3Refs:
     """The ref calls of the S3 tier, over an S3Bucket's `_list`, `_put_new`, `_delete_object`."""
@@ -19,7 +23,7 @@ class S3Refs:
     def read_refs(self, name: str) -> list[dict]:
         prefix = self._refs_prefix(name)
         entries = []
-        for item in self._list(prefix):
+        for item in self._list(prefix, most=MAX_ENTRIES):
             when, _, key = item["Key"][len(prefix):].rpartition(".")
             if is_key(key) and when:
                 entries.append({"key": key, "time": when})
