@@ -83,6 +83,8 @@ def owned_name(prefix: str, what: str) -> str:
 
 def owner_of(name: str, prefix: str) -> Owner | None:
     """The owner in an owned_name() with this prefix; None for any other name."""
+    if not name.startswith(prefix):  # most of a shared /tmp: no pattern to build and match
+        return None
     match = re.match(rf"{re.escape(prefix)}-{TOKEN}-[0-9a-f]{{8}}-", name)
     return Owner(match["host"], int(match["pid"]), int(match["start"])) if match else None
 
