@@ -79,8 +79,8 @@ def _export_containers_into(directory: Path) -> list[str]:
 
 def _check_images(layer: str, key: str) -> list[str]:
     """Tags of make --check's rebuilds of `key` in the engine."""
-    listed = subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", f"efabuild-check/{layer}"],
-                            capture_output=True, text=True, check=True).stdout.split()
+    listed = subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}",
+                             f"efabuild-check/{layer}"], capture_output=True, text=True, check=True).stdout.split()
     return [tag for tag in listed if tag.split(":")[1].startswith(key[:12] + "-")]
 
 

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+import uuid
 
-from efabuild.engine.leftovers import check_image_owner, check_image_tag
+import pytest
+
+from efabuild.engine.client import connect
+from efabuild.engine.leftovers import check_image_owner, check_image_tag, dead_check_images, remove_images
+from efabuild.model import BuilderSettings
 from efabuild.grammar import IMAGE_REF
 from efabuild.store.owner import Owner
 from tests.storekit import key_for
@@ -30,3 +36,33 @@ def test_only_a_gone_owner_makes_a_check_image_a_leftover():
     # the layer's own image, and a check image of an efabuild that did not name owners: not judged
     assert check_image_owner(f"efabuild/user:{key[:12]}-{me.host}.{dead}.{me.start}") is None
     assert check_image_owner(f"efabuild-check/user:{key}") is None
+
+
+@pytest.mark.engine
+def test_check_images_are_judged_by_their_owner_or_unowned_by_when_they_were_tagged(busybox_image):
+    engine = connect(BuilderSettings())
+    me, key = Owner.current(), key_for(uuid.uuid4().hex)
+    layer = f"t{uuid.uuid4().hex[:12]}"
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    live = check_image_tag(layer, key)
+    killed = f"efabuild-check/{layer}:{key[:12]}-{me.host}.{dead}.{me.start}"
+    unowned = f"efabuild-check/{layer}:{key}"  # as an efabuild tagged it before it named owners
+    for tag in (live, killed, unowned):
+        subprocess.run(["docker", "image", "tag", busybox_image, tag], check=True)
+
+    def ours(found: list[str]) -> list[str]:
+        return [tag for tag in found if f"/{layer}:" in tag]
+
+    try:
+        assert ours(dead_check_images(engine)) == [killed]  # an unowned one tagged just now may be in use
+        in_two_days = time.time() + 2 * 24 * 3600  # instead of waiting a day
+        assert ours(dead_check_images(engine, now=in_two_days)) == sorted([killed, unowned])
+        remove_images(engine, [killed, unowned])
+        assert ours(dead_check_images(engine, now=in_two_days)) == []
+        listed = subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}",
+                                 f"efabuild-check/{layer}"], capture_output=True, text=True, check=True).stdout.split()
+        assert listed == [live]
+        assert subprocess.run(["docker", "image", "inspect", busybox_image], capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["docker", "image", "rm", live, killed, unowned], capture_output=True)

@@ -103,9 +103,11 @@ class EngineApi:
             raise ApiError("reply", f"{self.path}: /version answered HTTP {status}")
         return str(data["Version"])
 
-    def repo_tags(self) -> list[str]:
-        """Every `repo:tag` of every image, as `docker image ls` lists them."""
-        status, data = self.get("/images/json")
+    def repo_tags(self, reference: str | None = None) -> list[str]:
+        """Every `repo:tag` of every image (whose name matches the `reference` pattern, when given),
+        as `docker image ls` lists them."""
+        query = "" if reference is None else "?filters=" + quote(json.dumps({"reference": [reference]}), safe="")
+        status, data = self.get(f"/images/json{query}")
         if status != 200 or not isinstance(data, list):
             raise ApiError("reply", f"{self.path}: /images/json answered HTTP {status}: {_message(data)}")
         return [tag for image in data if isinstance(image, dict)

@@ -5,11 +5,14 @@ start time; see efabuild.store.owner); the export removes it when it ends, howev
 process dies first. `make --check` tags its rebuilt image with its owner in the tag (a label would
 be in the exported image, and so in the comparison) and removes it after the export. Both are
 found here and removed once their owner is gone — never a live make's, nor one of another host's.
+A check image of an efabuild from before that naming goes once it was tagged over a day ago.
 """
 
 from __future__ import annotations
 
 import re
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import attrs
@@ -22,6 +25,10 @@ from efabuild.store.fsutil import parse_temp_owner
 
 LIST_TIMEOUT_S = 30.0
 CHECK_REPO = "efabuild-check"
+# a check image tagged by an efabuild that did not name the owner: judged by age, as an unowned
+# make --check directory is (efabuild.store.leftovers)
+_UNOWNED_CHECK_TAG = re.compile(rf"{CHECK_REPO}/[^:]+:[0-9a-f]{{64}}")
+STALE_SECONDS = 24 * 3600
 # a tag is [A-Za-z0-9_.-]; a host name with anything else is written with `_` (never judged gone then)
 _NOT_IN_TAG = re.compile(r"[^\w.-]", re.ASCII)
 
@@ -62,15 +69,56 @@ def check_image_owner(tag: str) -> Owner | None:
     return Owner.parse(token) if dash else None
 
 
-def dead_check_images(engine: Engine) -> list[str]:
-    """Tags of make --check rebuilds whose process is gone from this host, sorted."""
+def dead_check_images(engine: Engine, now: float | None = None) -> list[str]:
+    """Tags of make --check rebuilds whose process is gone from this host, and of rebuilds by an
+    efabuild that did not name the owner (`efabuild-check/<layer>:<key>`) tagged over a day ago;
+    sorted. (The engine itself refuses to untag the last name of an image a container uses.)"""
+    now = time.time() if now is None else now
+    dead = []
+    for tag in _check_tags(engine):
+        owner = check_image_owner(tag)
+        if owner is not None and owner.gone():
+            dead.append(tag)
+        elif owner is None and _UNOWNED_CHECK_TAG.fullmatch(tag) and now - _tagged_at(engine, tag) > STALE_SECONDS:
+            dead.append(tag)
+    return sorted(dead)
+
+
+def _check_tags(engine: Engine) -> list[str]:
+    """Every efabuild-check/ tag in the engine; none when it won't say."""
+    if engine.api is not None:
+        from efabuild.engine.api import ApiError
+
+        try:  # filtered by the engine: a make asks this every time
+            return engine.api.repo_tags(reference=f"{CHECK_REPO}/*")
+        except ApiError:
+            return []
     from efabuild.engine.images import existing_tags
 
     try:
-        tags = existing_tags(engine, CHECK_REPO + "/")
+        return sorted(existing_tags(engine, CHECK_REPO + "/"))
     except EngineError:
-        return []  # the engine won't say: nothing judged
-    return sorted(tag for tag in tags if (owner := check_image_owner(tag)) is not None and owner.gone())
+        return []
+
+
+def _tagged_at(engine: Engine, tag: str) -> float:
+    """When the engine last set a tag on the image (its Metadata.LastTagTime); now when unknown."""
+    if engine.api is not None:
+        from efabuild.engine.api import ApiError
+
+        try:
+            when = str(((engine.api.inspect(tag) or {}).get("Metadata") or {}).get("LastTagTime") or "")
+        except ApiError:
+            when = ""
+    else:
+        found = engine.run("image", "inspect", "--format", "{{json .Metadata.LastTagTime}}", tag,
+                           timeout=LIST_TIMEOUT_S)
+        when = found.stdout.strip().strip('"') if found.returncode == 0 else ""
+    try:  # RFC 3339 with nanoseconds: the seconds are enough
+        tagged = datetime.strptime(when[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return time.time()
+    return tagged if tagged > 0 else time.time()  # 0001-01-01: never tagged, as far as it knows
 
 
 def remove_images(engine: Engine, tags: tuple[str, ...] | list[str]) -> None:
