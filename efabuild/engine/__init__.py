@@ -9,7 +9,8 @@ One module per component:
 - `containers`: the export's containers: create, stream `docker export`, remove;
 - `registry`: push and pull layer images to and from the layer-cache registry;
 - `farm`: builders that cannot see the engine's images: parents through the registry, a farm of them;
-- `leftovers`: export containers of makes that were killed, found and removed.
+- `leftovers`: what makes that were killed left in the engine (export containers, make --check
+  images), found and removed.
 
 How each call reaches the engine:
 - python-on-whales (`Engine.client`) for what acts on the engine: create and remove containers,
