@@ -45,6 +45,7 @@ install_packages() {
   command -v tar2sqfs >/dev/null || missing+=(squashfs-tools-ng)
   command -v busybox >/dev/null && busybox --list 2>/dev/null | grep -qx sh && [ -x /bin/busybox ] || missing+=(busybox-static)
   command -v dot >/dev/null || missing+=(graphviz)  # efabuild graph --format svg|png, make --graph
+  command -v mkfs.xfs >/dev/null || missing+=(xfsprogs)  # tests and bench: seeded fetches cloned on a loop-mounted XFS
   # the fixture base's CPython (efabuild/fixtures.py): Debian's, whatever python runs efabuild
   [ -x /usr/bin/python3.11 ] && [ -f /usr/lib/python3.11/compileall.py ] || missing+=(python3.11)
   if [ ${#missing[@]} -gt 0 ]; then log "installing ${missing[*]}"; apt_install "${missing[@]}"; fi

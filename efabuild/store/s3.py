@@ -58,7 +58,8 @@ from efabuild.store.parallel import run_parallel
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.chunkpublish import publish as publish_chunks
-from efabuild.store.s3chunks import ChunkError, ChunkStore, Seed, Transfer, assemble, bucket_usage
+from efabuild.store.assembly import Seed, assemble
+from efabuild.store.s3chunks import ChunkError, ChunkStore, Transfer, bucket_usage
 from efabuild.store.s3client import DEFAULT_PART_SIZE, DEFAULT_WORKERS, S3Bucket, already_exists
 from efabuild.store.s3refs import S3Refs
 from efabuild.store.transfer import SIDECARS, DamagedCopy
@@ -312,9 +313,11 @@ class S3Tier(S3Refs, S3Bucket):
             raise DamagedCopy(self.name, what, f"describes {index.size} bytes {index.digest}, its record says "
                                                f"{record.size} bytes {record.digest}; not fetched")
 
-        def fill(fd: int) -> None:
+        def fill(fd: int) -> str:
             with Progress(f"fetch {short(key)} from {what}", index.size, enabled=show) as bar:
-                self.last_transfer = assemble(self.chunks, index, fd, seeds, progress=bar.update)
+                assembled = assemble(self.chunks, index, fd, seeds, progress=bar.update)
+            self.last_transfer = assembled.transfer
+            return assembled.digest
 
         self._fetch_into(dest, record, what, fill)
 
@@ -340,12 +343,13 @@ class S3Tier(S3Refs, S3Bucket):
 
         self._fetch_into(dest, record, what, fill)
 
-    def _fetch_into(self, dest: Path, record: ArtifactRecord, what: str, fill: Callable[[int], None]) -> None:
+    def _fetch_into(self, dest: Path, record: ArtifactRecord, what: str, fill: Callable[[int], str | None]) -> None:
         """Create `dest`, let `fill` write it, and check the whole file against its record before
-        anyone may see it; on any failure (or a digest that differs) `dest` is removed."""
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        anyone may see it; on any failure (or a digest that differs) `dest` is removed. `fill`
+        returns the digest of what it wrote when it hashed the file itself (a chunked fetch)."""
+        fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            fill(fd)
+            actual = fill(fd)
             os.fsync(fd)
         except BaseException as exc:
             os.close(fd)
@@ -354,7 +358,7 @@ class S3Tier(S3Refs, S3Bucket):
                 raise EfabuildError(f"{dest}: {exc.strerror}; {what} not fetched") from None
             raise
         os.close(fd)
-        actual = file_digest(dest)
+        actual = actual or file_digest(dest)
         if actual != record.digest:
             dest.unlink(missing_ok=True)
             raise DamagedCopy(self.name, what, f"digest {actual}, its record says {record.digest}; not fetched")

@@ -1,4 +1,5 @@
-"""Chunks in S3: which ones the bucket lacks, assembling a file from seeds and downloads, gc.
+"""Chunks in S3: which ones the bucket lacks, one fetched and verified, gc (a file is assembled
+from seeds and downloads in store/assembly.py).
 
 Layout under the tier's prefix (beside objects/ and refs/):
 
@@ -15,12 +16,10 @@ neither a damaged object nor a damaged seed can reach a job.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -38,7 +37,6 @@ from efabuild.store.chunks import (
 )
 from efabuild.store.chunks import MAX_INDEX_BYTES, MAX_MARK_BYTES
 from efabuild.store.layout import INDEX_SUFFIX, SQSH_SUFFIX
-from efabuild.store.fsutil import open_regular
 from efabuild.store.parallel import run_parallel
 
 ZSTD_LEVEL = 1  # -noD images compress well even at 1; at 3 a cold publish ran at 2/3 of the rate here
@@ -59,6 +57,7 @@ class Transfer:
     wire_bytes: int = 0  # bytes on the wire (compressed)
     reused: int = 0  # chunks found in the bucket (publish) or in seeds (fetch)
     reused_bytes: int = 0
+    cloned_bytes: int = 0  # of the reused ones, bytes that share a seed's blocks (fetch, reflink filesystems)
     created: frozenset[str] = attrs.field(default=frozenset(), repr=False)  # chunk ids this upload created
 
 
@@ -259,71 +258,3 @@ def bucket_usage(tier, records: list | None = None) -> tuple[dict[str, tuple[obj
     stored = sum(chunk_sizes.get(cid, 0) for cid in referenced) + sum(
         whole_sizes.get(key, 0) for key in keys if indexes[key] is None)
     return result, stored, sum(size for cid, size in chunk_sizes.items() if cid not in referenced)
-
-
-@attrs.frozen
-class Seed:
-    """A file on this node whose chunk index is known: its chunks need no download."""
-
-    path: Path
-    index: ChunkIndex
-
-
-def assemble(store: ChunkStore, index: ChunkIndex, dest_fd: int, seeds: Sequence[Seed],
-             progress: Callable[[int], None] | None = None) -> Transfer:
-    """Write the file that `index` describes into `dest_fd`: chunks found in `seeds` are copied
-    (and verified), the others are fetched from S3 in parallel, each distinct chunk once. The
-    caller checks the whole file's digest before anyone may see it."""
-    in_seed: dict[str, tuple[Path, int]] = {}
-    for seed in seeds:
-        for cid, offset, _length in seed.index.spans():
-            in_seed.setdefault(cid, (seed.path, offset))
-    placements: dict[str, list[int]] = {}
-    lengths: dict[str, int] = {}
-    for cid, offset, length in index.spans():
-        placements.setdefault(cid, []).append(offset)
-        lengths[cid] = length
-    os.ftruncate(dest_fd, index.size)
-    seed_fds: dict[Path, int] = {}
-    stats = {"chunks": 0, "bytes": 0, "wire": 0, "reused": 0, "reused_bytes": 0}
-    lock = threading.Lock()
-    try:
-        for path in {p for p, _ in in_seed.values()}:
-            if (fd := open_regular(path)) is not None:  # a seed gone (or swapped) costs a download
-                seed_fds[path] = fd
-
-        def from_seed(cid: str, length: int) -> bytes | None:
-            path, offset = in_seed.get(cid, (None, 0))
-            fd = seed_fds.get(path) if path is not None else None
-            if fd is None:
-                return None
-            data = os.pread(fd, length, offset)
-            # a seed that changed or lies only costs a download
-            return data if len(data) == length and chunk_id(data) == cid else None
-
-        def place(cid: str) -> None:
-            length = lengths[cid]
-            data = from_seed(cid, length)
-            reused = data is not None
-            wire = 0
-            if data is None:
-                data, wire = store.fetch(cid, length)
-            for offset in placements[cid]:
-                os.pwrite(dest_fd, data, offset)
-            with lock:
-                if reused:
-                    stats["reused"] += 1
-                    stats["reused_bytes"] += length
-                else:
-                    stats["chunks"] += 1
-                    stats["bytes"] += length
-                    stats["wire"] += wire
-            if progress is not None:
-                progress(length * len(placements[cid]))
-
-        run_parallel(place, list(placements), store.tier.workers)
-    finally:
-        for fd in seed_fds.values():
-            os.close(fd)
-    return Transfer(chunks=stats["chunks"], bytes=stats["bytes"], wire_bytes=stats["wire"],
-                    reused=stats["reused"], reused_bytes=stats["reused_bytes"])

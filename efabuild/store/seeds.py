@@ -21,7 +21,7 @@ from efabuild.store.chunks import MAX_INDEX_BYTES, ChunkIndex
 from efabuild.store.layout import INDEX_SUFFIX
 
 if TYPE_CHECKING:  # the S3 chunk store loads only when a chunked artifact is touched
-    from efabuild.store.s3chunks import Seed
+    from efabuild.store.assembly import Seed
 
 # kept index bytes one fetch reads to choose its seeds: eight indexes of 200 GB images cut at the
 # smallest chunks (1 MiB), where a planted history of 1,000 keys with 64 MiB indexes beside them
@@ -84,7 +84,7 @@ def seeds(fs_tiers: list, name: str, limit: int = 8) -> tuple[Seed, ...]:
     `name` first (they share the most), then the most recently indexed others (a parent layer's
     artifact holds most of its children's bytes). Each index is read once, and all of them at
     most SEED_INDEX_BUDGET bytes, whatever history and indexes others planted."""
-    from efabuild.store.s3chunks import Seed
+    from efabuild.store.assembly import Seed
 
     found: dict[str, Seed] = {}
     tried: set[tuple[str, str]] = set()
