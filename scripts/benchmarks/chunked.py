@@ -8,7 +8,9 @@ and five versions of a "user" image on top of it that add a fixed 8 files of 256
   object (what efabuild did before). Both start from what the export hands over: the .sqsh and
   its record, and for the chunked tier the chunk index the export cuts in its digest pass. What
   that index costs the export is measured too: the digest pass with it vs blake3 alone;
-- fetch: bytes and time of fetching v2 onto a node that holds v1 (its seed) vs a whole-object fetch;
+- fetch: bytes and time of fetching v2 onto a node that holds v1 (its seed) vs a whole-object fetch,
+  on the scratch filesystem (ext4 here: every byte written) and on a loop-mounted XFS with reflink
+  (the seed's blocks shared, not written), each against a whole-object fetch onto the same one;
 - dedup: share of the user image's bytes in chunks the EFA image already holds, and bytes S3
   stores for five versions ÷ the size of one.
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 from statistics import median
 
 from benchmarks.common import BenchError, Check, Context, Result, Timing, human_bytes, warm
+from benchmarks.loopfs import loop_xfs
 from benchmarks.s3 import S3Server
 
 KiB, MiB = 1024, 1024 * 1024
@@ -148,6 +151,8 @@ def scenario(ctx: Context) -> Result:
         whole_node.fetch(keys["user2"])
         whole_fetch = time.perf_counter() - started
 
+        on_xfs = _fetch_on_xfs(ctx, scratch, settings, whole_settings, keys)
+
         for version in range(3, VERSIONS + 1):
             publish(builder, f"user{version}", "bench:user")
         # everything the chunked prefix holds: the EFA image and five user versions on it
@@ -166,6 +171,7 @@ def scenario(ctx: Context) -> Result:
                   efabuild=human_bytes(got.bytes), baseline=human_bytes(size)),
             Check("fetch: time vs whole object", ours_fetch / whole_fetch, 0.2, "lower",
                   efabuild=f"{ours_fetch:.2f} s", baseline=f"{whole_fetch:.2f} s (whole object)"),
+            *_xfs_checks(on_xfs),
             Check("user bytes in EFA's chunks", 100 * shared_with_efa, 95.0, "higher", unit="%"),
             Check(f"S3 bytes for {VERSIONS} versions ÷ one", five / size, 1.2, "lower", unit="×",
                   efabuild=human_bytes(five), baseline=human_bytes(size)),
@@ -173,9 +179,12 @@ def scenario(ctx: Context) -> Result:
         timings=(Timing("chunked publish of v2", tuple(ours_publish)), Timing("whole-object publish", tuple(whole_publish)),
                  Timing("seeded fetch of v2", (ours_fetch,)), Timing("whole-object fetch", (whole_fetch,)),
                  Timing("export's digest pass, blake3 and chunk index", index_pass),
-                 Timing("export's digest pass, blake3 alone (no chunked tier)", digest_pass)),
+                 Timing("export's digest pass, blake3 alone (no chunked tier)", digest_pass),
+                 *([Timing("seeded fetch of v2 onto XFS", (on_xfs[0],)),
+                    Timing("whole-object fetch onto XFS", (on_xfs[1],))] if on_xfs else [])),
         figures={"image_bytes": size, "publish_sent_bytes": sent.bytes, "publish_sent_chunks": sent.chunks,
                  "fetch_downloaded_bytes": got.bytes, "fetch_reused_bytes": got.reused_bytes,
+                 "xfs_fetch_cloned_bytes": on_xfs[2] if on_xfs else None,
                  "s3_bytes_all_versions": five, "user_files_added": USER_FILES,
                  "user_bytes_added": USER_FILES * USER_FILE_BYTES},
         notes=("S3 bytes: every chunk object (zstd), index, record and manifest under the prefix, the EFA "
@@ -201,6 +210,38 @@ def _digest_passes(path: Path, repeats: int) -> tuple[tuple[float, ...], tuple[f
         chunk_file(path)
         with_index.append(time.perf_counter() - started)
     return tuple(alone), tuple(with_index)
+
+
+def _fetch_on_xfs(ctx: Context, scratch: Path, settings, whole_settings, keys: dict[str, str]):  # noqa: ANN001, ANN202
+    """(seeded fetch of v2 onto XFS, whole-object fetch of v2 onto it, bytes cloned), or None
+    where no XFS can be loop-mounted. The node fetches v1 first (written: it is the seed)."""
+    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiered import Store
+
+    with loop_xfs(scratch, 8 * 1024 * MiB, ctx.log) as mount:
+        if mount is None:
+            return None
+        ctx.log("chunked: timing the fetch of user v2 onto XFS (reflink) holding v1")
+        node = Store([FilesystemTier(mount / "node", "shared")], settings, show_progress=False)
+        node.fetch(keys["user1"])
+        node.fs_tiers[0].append_ref("bench:user", keys["user1"])
+        started = time.perf_counter()
+        node.fetch(keys["user2"])
+        seeded = time.perf_counter() - started
+        cloned = node.s3.last_transfer.cloned_bytes
+        whole_node = Store([FilesystemTier(mount / "whole-node", "shared")], whole_settings, show_progress=False,
+                           s3_options={"chunked": False})
+        started = time.perf_counter()
+        whole_node.fetch(keys["user2"])
+        return seeded, time.perf_counter() - started, cloned
+
+
+def _xfs_checks(on_xfs) -> list[Check]:  # noqa: ANN001
+    if on_xfs is None:
+        return []
+    seeded, whole, cloned = on_xfs
+    return [Check("fetch onto XFS (reflink): time vs whole object", seeded / whole, 0.2, "lower",
+                  efabuild=f"{seeded:.2f} s ({human_bytes(cloned)} cloned)", baseline=f"{whole:.2f} s (whole object)")]
 
 
 def _listing(client, bucket: str, prefix: str) -> list[dict]:  # noqa: ANN001
