@@ -7,9 +7,10 @@ two steps:
    other in both files), in the kernel and, where the filesystem can (XFS with reflink, btrfs),
    by sharing the seed's blocks rather than writing them (store/rangecopy.py); the other chunks are
    downloaded, verified against their ids, and written;
-2. check: one read of the result hashes every chunk that came from a seed against its id and the
-   whole file for its digest, while the file is flushed to disk. A seed that changed after it was
-   indexed, or lies, only costs a download of the chunks it got wrong.
+2. check: one read of the result hashes the whole file, on both cores, while it is flushed to
+   disk. A digest that matches the index's proves every chunk; one that does not makes a second
+   read hash each chunk that came from a seed against its id, so that a seed that changed after it
+   was indexed, or lies, only costs a download of the chunks it got wrong.
 
 The caller compares the digest returned with the record before anyone may see the file.
 """
@@ -122,10 +123,14 @@ def assemble(store: ChunkStore, index: ChunkIndex, dest_fd: int, seeds: Sequence
         run_parallel(place, [*runs, *download.items()], store.tier.workers)
     run_parallel(fetch, list(_by_chunk(s for run in failed for s in run.spans).items()), store.tier.workers)
     seeded = {offset for run in runs if run not in failed for _, offset, _ in run.spans}
-    digest, wrong = check(dest_fd, index, seeded)
-    if wrong:  # a seed that changed since it was indexed: download what it got wrong, hash again
+    # The whole file's digest proves every chunk of it: each chunk is hashed on its own only when
+    # the whole is wrong, to find what a seed got wrong (changed since it was indexed, or lying),
+    # download just that, and hash the whole again. The caller compares the digest with the record.
+    digest = whole_digest(dest_fd, index.size)
+    wrong = wrong_chunks(dest_fd, index, seeded) if digest != index.digest else {}
+    if wrong:
         run_parallel(fetch, list(wrong.items()), store.tier.workers)
-        digest, _ = check(dest_fd, index, set())
+        digest = whole_digest(dest_fd, index.size)
     reused = {cid for run in runs if run not in failed for cid, _, _ in run.spans} - set(fetched)
     return Assembled(Transfer(chunks=len(fetched), bytes=sum(lengths[c] for c in fetched),
                               wire_bytes=sum(fetched.values()), reused=len(reused),
@@ -133,27 +138,32 @@ def assemble(store: ChunkStore, index: ChunkIndex, dest_fd: int, seeds: Sequence
                      digest)
 
 
-def check(fd: int, index: ChunkIndex, seeded: set[int]) -> tuple[str, dict[str, list[int]]]:
-    """The digest of the file and the chunks at `seeded` offsets that do not hash to their ids,
-    in one read: the whole-file hash runs on a thread of its own beside the per-chunk hashes
-    (both release the GIL), and the file is flushed to disk meanwhile."""
-    whole = blake3.blake3(max_threads=1)
-    wrong: dict[str, list[int]] = {}
-    if index.size == 0:
-        return PREFIX + whole.hexdigest(), wrong
+def whole_digest(fd: int, size: int) -> str:
+    """The "blake3:<hex>" digest of the file's first `size` bytes, hashed on both cores through a
+    mapping while the file is flushed to disk."""
+    whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    if size == 0:
+        return PREFIX + whole.hexdigest()
     flush = threading.Thread(target=_fsync_quietly, args=(fd,), daemon=True)
     flush.start()
-    with mmap.mmap(fd, index.size, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
-        hashing = threading.Thread(target=whole.update, args=(view,), daemon=True)
-        hashing.start()
-        try:
-            for cid, offset, length in index.spans():
-                if offset in seeded and chunk_id(view[offset:offset + length]) != cid:
-                    wrong.setdefault(cid, []).append(offset)
-        finally:
-            hashing.join()
+    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
+        # blocks cloned from a seed are not in the page cache: read ahead in large requests
+        mapped.madvise(mmap.MADV_SEQUENTIAL)
+        whole.update(mapped)
     flush.join()
-    return PREFIX + whole.hexdigest(), wrong
+    return PREFIX + whole.hexdigest()
+
+
+def wrong_chunks(fd: int, index: ChunkIndex, offsets: set[int]) -> dict[str, list[int]]:
+    """The chunks at `offsets` that do not hash to their ids: {id: offsets}."""
+    wrong: dict[str, list[int]] = {}
+    if index.size == 0:
+        return wrong
+    with mmap.mmap(fd, index.size, access=mmap.ACCESS_READ) as mapped, memoryview(mapped) as view:
+        for cid, offset, length in index.spans():
+            if offset in offsets and chunk_id(view[offset:offset + length]) != cid:
+                wrong.setdefault(cid, []).append(offset)
+    return wrong
 
 
 def _fsync_quietly(fd: int) -> None:
