@@ -43,7 +43,7 @@ from efabuild.store.chunks import (
     Usage,
 )
 from efabuild.settings import S3Config
-from efabuild.store.digest import file_digest, is_digest
+from efabuild.store.digest import is_digest
 from efabuild.store.fs import PUBLISHED, REUSED, check_publish_input
 from efabuild.store.layout import (
     ENVELOPE_LIMIT,
@@ -62,7 +62,7 @@ from efabuild.store.assembly import Seed, assemble
 from efabuild.store.s3chunks import ChunkError, ChunkStore, Transfer, bucket_usage
 from efabuild.store.s3client import DEFAULT_PART_SIZE, DEFAULT_WORKERS, S3Bucket, already_exists
 from efabuild.store.s3refs import S3Refs
-from efabuild.store.transfer import SIDECARS, DamagedCopy
+from efabuild.store.transfer import SIDECARS, DamagedCopy, fetch_into
 
 DIGEST_METADATA = "blake3"  # x-amz-meta-blake3 on every .sqsh
 SHA256_METADATA = "sha256"  # x-amz-meta-sha256 on .sqsh files exported since records carry it
@@ -319,7 +319,7 @@ class S3Tier(S3Refs, S3Bucket):
             self.last_transfer = assembled.transfer
             return assembled.digest
 
-        self._fetch_into(dest, record, what, fill)
+        fetch_into(self.name, dest, record, what, fill)
 
     def _download_whole(self, key: str, dest: Path, record: ArtifactRecord, show: bool) -> None:
         path = self.sqsh_object(check_key(key))
@@ -341,27 +341,7 @@ class S3Tier(S3Refs, S3Bucket):
                         raise EfabuildError(f"{what}: changed while being fetched; try again") from None
                     raise self._error(what, exc) from None
 
-        self._fetch_into(dest, record, what, fill)
-
-    def _fetch_into(self, dest: Path, record: ArtifactRecord, what: str, fill: Callable[[int], str | None]) -> None:
-        """Create `dest`, let `fill` write it, and check the whole file against its record before
-        anyone may see it; on any failure (or a digest that differs) `dest` is removed. `fill`
-        returns the digest of what it wrote when it hashed the file itself (a chunked fetch)."""
-        fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            actual = fill(fd)
-            os.fsync(fd)
-        except BaseException as exc:
-            os.close(fd)
-            dest.unlink(missing_ok=True)
-            if isinstance(exc, OSError):  # no room (ENOSPC), or more than one file may hold here (EFBIG)
-                raise EfabuildError(f"{dest}: {exc.strerror}; {what} not fetched") from None
-            raise
-        os.close(fd)
-        actual = actual or file_digest(dest)
-        if actual != record.digest:
-            dest.unlink(missing_ok=True)
-            raise DamagedCopy(self.name, what, f"digest {actual}, its record says {record.digest}; not fetched")
+        fetch_into(self.name, dest, record, what, fill)
 
     # ---- removal
     def delete(self, key: str) -> None:

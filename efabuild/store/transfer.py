@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,27 @@ def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord) -> None:
     actual = file_digest(pinned_path(fd))
     if actual != record.digest:
         raise DamagedCopy(tier, str(path), f"digest {actual}, its record says {record.digest}")
+
+
+def fetch_into(tier: str, dest: Path, record: ArtifactRecord, what: str, fill: Callable[[int], str | None]) -> None:
+    """Create `dest`, let `fill` write it (from `what`, on `tier`), and check the whole file against
+    its record before anyone may see it; on any failure (or a digest that differs) `dest` is
+    removed. `fill` returns the digest of what it wrote when it hashed the file itself."""
+    fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        actual = fill(fd)
+        os.fsync(fd)
+    except BaseException as exc:
+        os.close(fd)
+        dest.unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # no room (ENOSPC), or more than one file may hold here (EFBIG)
+            raise EfabuildError(f"{dest}: {exc.strerror}; {what} not fetched") from None
+        raise
+    os.close(fd)
+    actual = actual or file_digest(dest)
+    if actual != record.digest:
+        dest.unlink(missing_ok=True)
+        raise DamagedCopy(tier, what, f"digest {actual}, its record says {record.digest}; not fetched")
 
 
 def _sidecars(tier: Any, key: str, record: ArtifactRecord) -> tuple[ArtifactRecord, dict[str, bytes]]:
