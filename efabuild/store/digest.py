@@ -8,7 +8,6 @@ computed beside blake3 in the same read of the file (`file_digests`).
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import threading
@@ -55,6 +54,8 @@ def file_digests(path: str | os.PathLike[str]) -> tuple[str, str]:
     thread of its own while blake3 hashes the same pages here; both release the GIL. The pages are
     read from disk once at most, and right after an export they are still in the page cache.
     """
+    import hashlib  # OpenSSL's: loaded where sha256 is wanted, not by every plan
+
     with open(path, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
         if size == 0:
@@ -87,6 +88,8 @@ def file_digests(path: str | os.PathLike[str]) -> tuple[str, str]:
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex sha256 of a file's bytes (what `verify --sha256` compares with the statement)."""
+    import hashlib
+
     sha256 = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(_SHA256_CHUNK):

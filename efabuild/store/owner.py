@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import socket
 from functools import cache
 
@@ -78,7 +77,7 @@ def _current(pid: int) -> Owner:
 
 def owned_name(prefix: str, what: str) -> str:
     """`PREFIX-HOST.PID.START-RANDOM-WHAT`: a name that says which process made it."""
-    return f"{prefix}-{Owner.current().token}-{secrets.token_hex(4)}-{what}"
+    return f"{prefix}-{Owner.current().token}-{os.urandom(4).hex()}-{what}"
 
 
 def owner_of(name: str, prefix: str) -> Owner | None:
