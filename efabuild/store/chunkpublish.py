@@ -87,7 +87,7 @@ def _checked(data: bytes | None, record, chunking: tuple[int, int, int], sqsh: P
         return None
     problem = mismatch(kept, sqsh)
     if problem is not None:
-        notices.warn(f"s3 tier: ignoring the chunk index kept with {short(key)} ({problem}); cutting {sqsh} again")
+        notices.warn(f"s3 tier: ignoring the chunk index kept with {short(key)} ({problem}); cutting the file again")
         return None
     return kept
 
