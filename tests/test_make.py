@@ -373,6 +373,14 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
     stored = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="images/")["Contents"]]
     assert sum(key.endswith(".chunks.json") for key in stored) == 2  # chunked: an index per artifact
     assert any("/chunks/" in key for key in stored)
+    # the index the export cut in its digest pass: kept beside each copy and sent from to S3
+    from efabuild.store.chunks import ChunkIndex, mismatch
+
+    for key in (k for k in stored if k.endswith(".chunks.json")):
+        kept = demo_ws / "cache" / "objects" / key.split("/")[-2] / key.split("/")[-1]
+        sent = s3_client.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
+        assert kept.read_bytes() == sent == (shared / "objects" / key.split("/")[-2] / key.split("/")[-1]).read_bytes()
+        assert mismatch(ChunkIndex.from_json(sent, key), Path(str(kept).replace(".chunks.json", ".sqsh"))) is None
     # a compute node: only the shared filesystem's refs and store.toml, no workspace, no objects yet
     shutil.rmtree(shared / "objects")
     node = subprocess.run([sys.executable, "-m", "efabuild", "lookup", "demo:user"], capture_output=True, text=True,
