@@ -373,7 +373,7 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
     stored = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="images/")["Contents"]]
     assert sum(key.endswith(".chunks.json") for key in stored) == 2  # chunked: an index per artifact
     assert any("/chunks/" in key for key in stored)
-    # the index the export cut in its digest pass: kept beside each copy and sent from to S3
+    # each S3 index is the one kept beside the local and shared copies, and describes the stored .sqsh
     from efabuild.store.chunks import ChunkIndex, mismatch
 
     for key in (k for k in stored if k.endswith(".chunks.json")):
