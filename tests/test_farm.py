@@ -205,6 +205,7 @@ def test_streamed_export_is_byte_identical_to_docker_export(farm_context, regist
     from efabuild.engine.farm import Farm
     from efabuild.export.squash import export_image
     from efabuild.model import BuilderSettings, ExportSettings, RegistrySettings
+    from efabuild.store.chunks import chunk_file
 
     base = f"{registry.url}/efabuild-test/busybox:{busybox_image.rsplit(':', 1)[1]}"
     docker(None, "image", "tag", busybox_image, base)
@@ -224,12 +225,14 @@ def test_streamed_export_is_byte_identical_to_docker_export(farm_context, regist
     ref = farm.built("stream", name.rsplit(":", 1)[1], built.image_id)
     try:
         options = ExportSettings()
+        chunking = (64 * 1024, 256 * 1024, 1024 * 1024)  # a chunked S3 tier's: the digest pass cuts the index too
         streamed = farm.export(node, ref, tmp_path / "streamed.sqsh", options=options, epoch=315532800,
-                               platform="linux/amd64")
+                               platform="linux/amd64", chunking=chunking)
         exported = export_image(name, tmp_path / "exported.sqsh", options=options, epoch=315532800,
                                 engine=connect(BuilderSettings(host=second_engine)))
         assert streamed.time_clamp == exported.time_clamp is not None
         assert streamed.path.read_bytes() == exported.path.read_bytes()
+        assert streamed.index == chunk_file(streamed.path, chunking=chunking) and exported.index is None
         listing = subprocess.run(["unsquashfs", "-lln", "-d", "", str(streamed.path)], capture_output=True,
                                  text=True, check=True).stdout
         for path in ("/etc/hosts", "/etc/resolv.conf", "/etc/mtab -> /proc/mounts", "/proc", "/sys", "/dev",
