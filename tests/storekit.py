@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -18,6 +19,20 @@ import blake3
 from tests.inprocess import run_efabuild
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def shifted_versions(directory: Path, size: int = 1024 * 1024) -> tuple[Path, Path]:
+    """Two 'images' that share most bytes at shifted offsets: v2 has 3 KiB inserted near the
+    start and one byte changed near the end."""
+    rng = random.Random(7)
+    body = rng.randbytes(size)
+    one = directory / "v1.bin"
+    one.write_bytes(body)
+    changed = bytearray(body[:100 * 1024] + rng.randbytes(3 * 1024) + body[100 * 1024:])
+    changed[-10 * 1024] ^= 0xFF
+    two = directory / "v2.bin"
+    two.write_bytes(bytes(changed))
+    return one, two
 
 
 def make_sqsh(directory: Path, payload: bytes, name: str = "artifact") -> Path:

@@ -21,24 +21,11 @@ from efabuild.store.chunks import chunk_file
 from efabuild.store.digest import file_digest
 from efabuild.store.rangecopy import RangeCopier
 from efabuild.store.s3 import S3Tier
+from tests.storekit import shifted_versions
 from efabuild.store.s3chunks import ChunkError, ChunkStore, compress
 
 KiB, MiB = 1024, 1024 * 1024
 SMALL = (4 * KiB, 16 * KiB, 64 * KiB)  # small chunks, so a few MiB make many of them
-
-
-def versions(directory: Path, size: int = 1 * MiB) -> tuple[Path, Path]:
-    """Two 'images' that share most bytes at shifted offsets: v2 has 3 KiB inserted near the
-    start and one byte changed near the end."""
-    rng = random.Random(7)
-    body = rng.randbytes(size)
-    one = directory / "v1.bin"
-    one.write_bytes(body)
-    changed = bytearray(body[:100 * KiB] + rng.randbytes(3 * KiB) + body[100 * KiB:])
-    changed[-10 * KiB] ^= 0xFF
-    two = directory / "v2.bin"
-    two.write_bytes(bytes(changed))
-    return one, two
 
 
 @pytest.fixture
@@ -53,7 +40,7 @@ def fill(chunk_store: ChunkStore, index, out: Path, seeds: list[Seed]):  # noqa:
 
 
 def test_the_plan_copies_runs_of_chunks_that_follow_each_other_in_the_seed_and_downloads_the_rest(tmp_path):
-    one, two = versions(tmp_path)
+    one, two = shifted_versions(tmp_path)
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
     runs, download = plan(b, [Seed(one, a)], most=256 * KiB)
     spans = sorted((offset, cid) for run in runs for cid, offset, _ in run.spans)
@@ -70,7 +57,7 @@ def test_the_plan_copies_runs_of_chunks_that_follow_each_other_in_the_seed_and_d
 
 @pytest.mark.s3
 def test_a_seeded_assembly_downloads_only_what_the_seed_lacks(tmp_path, chunk_store):
-    one, two = versions(tmp_path)
+    one, two = shifted_versions(tmp_path)
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
     upload(chunk_store, a, one, chunk_store.missing(a.unique()))
     second = upload(chunk_store, b, two, chunk_store.missing(b.unique()))
@@ -83,7 +70,7 @@ def test_a_seeded_assembly_downloads_only_what_the_seed_lacks(tmp_path, chunk_st
 
 @pytest.mark.s3
 def test_a_damaged_shortened_or_vanished_seed_only_costs_the_downloads_of_what_it_got_wrong(tmp_path, chunk_store):
-    one, two = versions(tmp_path)
+    one, two = shifted_versions(tmp_path)
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
     upload(chunk_store, b, two, chunk_store.missing(b.unique()))
     # one byte of the seed changed after it was indexed: that chunk alone is downloaded
@@ -107,7 +94,7 @@ def test_a_damaged_shortened_or_vanished_seed_only_costs_the_downloads_of_what_i
 
 @pytest.mark.s3
 def test_a_corrupt_or_missing_chunk_object_fails_the_assembly(tmp_path, chunk_store, s3_client):
-    _, two = versions(tmp_path)
+    _, two = shifted_versions(tmp_path)
     b = chunk_file(two, chunking=SMALL)
     upload(chunk_store, b, two, chunk_store.missing(b.unique()))
     cid, length = b.chunks[0]
@@ -172,7 +159,7 @@ def shared_bytes(path: Path) -> int:
 def test_on_xfs_with_reflink_the_seeds_blocks_are_shared_and_still_every_chunk_is_checked(xfs, chunk_store):
     work = xfs / uuid.uuid4().hex
     work.mkdir()
-    one, two = versions(work, size=8 * MiB)  # 4 KiB blocks: the shift of 3 KiB leaves most runs unaligned
+    one, two = shifted_versions(work, size=8 * MiB)  # 4 KiB blocks: the shift of 3 KiB leaves most runs unaligned
     # v3: v1 with one byte changed in place, as a one-file change of a SquashFS image mostly is
     three = work / "v3.bin"
     body = bytearray(one.read_bytes())

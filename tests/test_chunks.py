@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-from pathlib import Path
 
 import attrs
 import pytest
@@ -17,28 +15,15 @@ from efabuild.store.s3 import S3Tier
 from efabuild.store.chunkpublish import upload
 from efabuild.store.assembly import assemble
 from efabuild.store.s3chunks import ChunkStore
+from tests.storekit import shifted_versions
 from efabuild.store import seeds
 
 KiB, MiB = 1024, 1024 * 1024
 SMALL = (4 * KiB, 16 * KiB, 64 * KiB)  # small chunks, so a few MiB make many of them
 
 
-def versions(tmp_path: Path) -> tuple[Path, Path]:
-    """Two 'images' that share most bytes at shifted offsets: v2 has 3 KiB inserted near the
-    start and one byte changed near the end."""
-    rng = random.Random(7)
-    body = rng.randbytes(1 * MiB)
-    one = tmp_path / "v1.bin"
-    one.write_bytes(body)
-    changed = bytearray(body[:100 * KiB] + rng.randbytes(3 * KiB) + body[100 * KiB:])
-    changed[-10 * KiB] ^= 0xFF
-    two = tmp_path / "v2.bin"
-    two.write_bytes(bytes(changed))
-    return one, two
-
-
 def test_index_covers_the_file_and_digests_it_whole(tmp_path):
-    one, _ = versions(tmp_path)
+    one, _ = shifted_versions(tmp_path)
     index = chunk_file(one, chunking=SMALL)
     assert index.size == one.stat().st_size and index.digest == file_digest(one)
     assert sum(length for _, length in index.chunks) == index.size
@@ -47,14 +32,14 @@ def test_index_covers_the_file_and_digests_it_whole(tmp_path):
 
 
 def test_a_shifted_version_shares_almost_all_chunks(tmp_path):
-    one, two = versions(tmp_path)
+    one, two = shifted_versions(tmp_path)
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
     new = sum(length for cid, length in b.unique().items() if cid not in a.unique())
     assert new < 0.1 * b.size  # fixed-size blocks would share nothing after the insertion
 
 
 def test_an_index_is_checked_against_the_bytes_it_claims_to_describe(tmp_path):
-    one, two = versions(tmp_path)
+    one, two = shifted_versions(tmp_path)
     index = chunk_file(one, chunking=SMALL)
     assert mismatch(index, one) is None
     swapped = list(index.chunks)
@@ -141,7 +126,7 @@ def test_gc_deletes_a_chunk_only_after_a_grace_period_in_which_nothing_used_it(t
 
     from efabuild.store.s3chunks import collect
 
-    one, two = versions(tmp_path)
+    one, two = shifted_versions(tmp_path)
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
     tier = chunk_store.tier
     for name, index, path in (("a", a, one), ("b", b, two)):
@@ -179,7 +164,7 @@ def test_gc_skips_a_junk_index_with_a_warning(tmp_path, chunk_store, monkeypatch
 
     said = []
     monkeypatch.setattr(notices, "_printer", lambda kind, message: said.append((kind, message)))
-    one, _ = versions(tmp_path)
+    one, _ = shifted_versions(tmp_path)
     a = chunk_file(one, chunking=SMALL)
     upload(chunk_store, a, one, chunk_store.missing(a.unique()))
     tier = chunk_store.tier

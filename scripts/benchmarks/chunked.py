@@ -138,18 +138,7 @@ def scenario(ctx: Context) -> Result:
         digest_pass, index_pass, check_pass = _digest_passes(images["user2"], ctx.repeats)
 
         ctx.log("chunked: timing the fetch of user v2 onto a node holding v1")
-        node = Store([FilesystemTier(scratch / "node", "shared")], settings, show_progress=False)
-        node.fetch(keys["user1"])
-        node.fs_tiers[0].append_ref("bench:user", keys["user1"])
-        started = time.perf_counter()
-        node.fetch(keys["user2"])
-        ours_fetch = time.perf_counter() - started
-        got = node.s3.last_transfer
-        whole_node = Store([FilesystemTier(scratch / "whole-node", "shared")], whole_settings, show_progress=False,
-                           s3_options={"chunked": False})
-        started = time.perf_counter()
-        whole_node.fetch(keys["user2"])
-        whole_fetch = time.perf_counter() - started
+        ours_fetch, whole_fetch, got = _time_fetches(scratch, settings, whole_settings, keys)
 
         on_xfs = _fetch_on_xfs(ctx, scratch, settings, whole_settings, keys)
 
@@ -215,28 +204,33 @@ def _digest_passes(path: Path, repeats: int) -> tuple[tuple[float, ...], ...]:
     return tuple(tuple(spent) for spent in times)
 
 
-def _fetch_on_xfs(ctx: Context, scratch: Path, settings, whole_settings, keys: dict[str, str]):  # noqa: ANN001, ANN202
-    """(seeded fetch of v2 onto XFS, whole-object fetch of v2 onto it, bytes cloned), or None
-    where no XFS can be loop-mounted. The node fetches v1 first (written: it is the seed)."""
+def _time_fetches(root: Path, settings, whole_settings, keys: dict[str, str]):  # noqa: ANN001, ANN202
+    """(seeded fetch of v2, whole-object fetch of v2, what the seeded one moved) onto stores under
+    `root`; the node fetches v1 first (written: it is the seed)."""
     from efabuild.store.fs import FilesystemTier
     from efabuild.store.tiered import Store
 
+    node = Store([FilesystemTier(root / "node", "shared")], settings, show_progress=False)
+    node.fetch(keys["user1"])
+    node.fs_tiers[0].append_ref("bench:user", keys["user1"])
+    started = time.perf_counter()
+    node.fetch(keys["user2"])
+    seeded = time.perf_counter() - started
+    whole_node = Store([FilesystemTier(root / "whole-node", "shared")], whole_settings, show_progress=False,
+                       s3_options={"chunked": False})
+    started = time.perf_counter()
+    whole_node.fetch(keys["user2"])
+    return seeded, time.perf_counter() - started, node.s3.last_transfer
+
+
+def _fetch_on_xfs(ctx: Context, scratch: Path, settings, whole_settings, keys: dict[str, str]):  # noqa: ANN001, ANN202
+    """_time_fetches onto a loop-mounted XFS with reflink, or None where none can be mounted."""
     with loop_xfs(scratch, 8 * 1024 * MiB, ctx.log) as mount:
         if mount is None:
             return None
         ctx.log("chunked: timing the fetch of user v2 onto XFS (reflink) holding v1")
-        node = Store([FilesystemTier(mount / "node", "shared")], settings, show_progress=False)
-        node.fetch(keys["user1"])
-        node.fs_tiers[0].append_ref("bench:user", keys["user1"])
-        started = time.perf_counter()
-        node.fetch(keys["user2"])
-        seeded = time.perf_counter() - started
-        cloned = node.s3.last_transfer.cloned_bytes
-        whole_node = Store([FilesystemTier(mount / "whole-node", "shared")], whole_settings, show_progress=False,
-                           s3_options={"chunked": False})
-        started = time.perf_counter()
-        whole_node.fetch(keys["user2"])
-        return seeded, time.perf_counter() - started, cloned
+        seeded, whole, got = _time_fetches(mount, settings, whole_settings, keys)
+        return seeded, whole, got.cloned_bytes
 
 
 def _xfs_checks(on_xfs) -> list[Check]:  # noqa: ANN001
