@@ -165,6 +165,73 @@ def test_gc_between_a_publishers_existence_check_and_its_index_write_loses_nothi
     assert file_digest(node(tmp_path, settings).lookup(key)) == file_digest(versions[0])
 
 
+def test_gc_that_listed_the_indexes_before_a_publishers_index_and_deletes_after_its_check_loses_nothing(
+        tmp_path, settings, versions):
+    """The gap a re-check alone leaves: gc lists the indexes, then a publisher checks its reused
+    chunks, writes its index and checks them again (all still there), and only then does gc delete
+    what its listing found unused. gc moves them aside, lists again and puts back the named ones."""
+    import time
+
+    old = builder(tmp_path / "old", settings)
+    old_key = publish(old, versions[0], "demo:old")
+    old.s3.delete(old_key)
+    chunk_store = old.s3.chunks
+    assert collect(chunk_store, grace=3600, dry_run=False, now=time.time() + 1).marked > 0
+
+    listed, release = threading.Event(), threading.Event()
+    real_referenced = chunk_store.referenced
+
+    def paused_after_first_listing():  # noqa: ANN202
+        found = real_referenced()
+        if not listed.is_set():
+            listed.set()
+            assert release.wait(60)
+        return found
+
+    chunk_store.referenced = paused_after_first_listing
+    result = {}
+    sweeper = threading.Thread(target=lambda: result.update(
+        gc=collect(chunk_store, grace=3600, dry_run=False, now=time.time() + 7200)))
+    sweeper.start()
+    assert listed.wait(60)
+    store = builder(tmp_path / "new", settings)
+    key = key_for("published-during-gc")
+    store.publish(key, versions[0], record_for(key, "demo:user", versions[0]))
+    assert store.s3.last_transfer.bytes == 0  # every chunk it needs was there, before and after its index
+    release.set()
+    sweeper.join(60)
+    assert not sweeper.is_alive() and result["gc"].deleted == 0  # all were put back
+    index = store.s3.chunk_index(key)
+    assert chunk_store.missing(index.unique()) == set()
+    assert list(settings_objects(settings, "gc/trash/")) == []
+    assert file_digest(node(tmp_path, settings).lookup(key)) == file_digest(versions[0])
+
+
+def test_a_gc_killed_with_chunks_in_its_trash_costs_no_fetch_and_the_next_gc_puts_them_back(
+        tmp_path, settings, versions, monkeypatch):
+    from efabuild.store import chunksweep
+
+    store = builder(tmp_path, settings)
+    key = publish(store, versions[0])
+    chunk_store = store.s3.chunks
+    moved = sorted(store.s3.chunk_index(key).unique())[:3]
+    for cid in moved:  # what a gc killed between moving chunks aside and listing again leaves
+        assert chunksweep._move(store.s3, chunk_store.object(cid), chunksweep.trash_object(store.s3._path, cid))
+    assert chunk_store.missing(moved) == set(moved)
+    assert file_digest(node(tmp_path / "n1", settings).lookup(key)) == file_digest(versions[0])
+    fresh = collect(chunk_store, grace=3600, dry_run=False)  # a trash this young may be a running gc's
+    assert fresh.deleted == 0 and chunk_store.missing(moved) == set(moved)
+    monkeypatch.setattr(chunksweep, "ABANDONED_AFTER_S", -60.0)  # the bucket's clock an hour on
+    assert collect(chunk_store, grace=3600, dry_run=False).deleted == 0
+    assert chunk_store.missing(moved) == set() and list(settings_objects(settings, "gc/trash/")) == []
+    assert file_digest(node(tmp_path / "n2", settings).lookup(key)) == file_digest(versions[0])
+
+
+def settings_objects(settings: S3Config, under: str) -> list[str]:
+    tier = S3Tier(settings)
+    return [item["Key"] for item in tier._list(tier._path(under))]
+
+
 def test_the_bucket_check_lists_many_chunks_and_heads_few_and_finds_exactly_the_missing(
         tmp_path, settings, versions, monkeypatch):
     store = builder(tmp_path, settings)

@@ -188,9 +188,8 @@ def chunks_to_delete(stored: dict[str, float], referenced: set[str], marks: list
 
     `stored` maps each chunk in the bucket to its last-modified time. A chunk is deleted only if
     a mark at least `grace` old already found it unreferenced, it has not been written since that
-    mark, and no index references it now. A publisher that found a chunk present re-checks it
-    just before and just after writing its index and uploads it again if it went away, so a
-    sweep that overlaps a publish costs at most a re-upload, never an artifact.
+    mark, and no index references it now. How a doomed chunk is then deleted without losing one
+    that a publish started meanwhile references: efabuild.store.chunksweep.
     """
     doomed: set[str] = set()
     for mark in marks:

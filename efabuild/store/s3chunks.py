@@ -6,6 +6,7 @@ Layout under the tier's prefix (beside objects/ and refs/):
     chunks/<id[:2]>/<id>                 one chunk, zstd-compressed; id = blake3 of its raw bytes
     objects/<k[:2]>/<key>.chunks.json    the artifact's chunk index (efabuild.store.chunks)
     gc/marks/<time>.json                 chunks that were unreferenced at that time (gc)
+    gc/trash/<id>                        a chunk gc is deleting (store/chunksweep.py)
 
 A chunk object is immutable: created with IfNoneMatch='*', so a second publisher of the same
 bytes loses the race harmlessly. Every chunk is checked against its id after decompression,
@@ -188,6 +189,11 @@ class ChunkStore:
 
         bound = length + (length >> 7) + 4096  # zstd's bound for `length` bytes: more is no chunk of them
         body = retried(what, lambda: self.tier._get_bytes(path, bound, ChunkError), error=ChunkError)
+        if body is None:  # a gc may have it in its trash this instant (store/chunksweep.py)
+            from efabuild.store.chunksweep import trash_object
+
+            trashed = trash_object(self.tier._path, cid)
+            body = retried(what, lambda: self.tier._get_bytes(trashed, bound, ChunkError), error=ChunkError)
         if body is None:
             raise ChunkError(f"{what}: missing (deleted by gc while in use, or never uploaded)")
         raw = decompress(body, length, what)
@@ -221,11 +227,13 @@ def collect(store: ChunkStore, *, grace: float = DEFAULT_GRACE, dry_run: bool = 
                               [mark for _, mark in marks], now, grace)
     unreferenced = set(stored) - referenced - doomed
     if not dry_run:
-        store.delete_objects([store.object(cid) for cid in sorted(doomed)])
+        from efabuild.store.chunksweep import delete_chunks
+
+        doomed = delete_chunks(store, doomed, lambda: store.referenced()[0])
         store.delete_objects([path for path, mark in marks if mark.time <= now - grace])
         if unreferenced:
             store.write_mark(Mark(time=now, unreferenced=frozenset(unreferenced)))
-    return ChunkGc(deleted=len(doomed), deleted_bytes=sum(stored[c][1] for c in doomed), marked=len(unreferenced),
+    return ChunkGc(deleted=len(doomed), deleted_bytes=sum(stored[c][1] for c in doomed if c in stored), marked=len(unreferenced),
                    referenced=len(referenced), skipped_indexes=tuple(skipped))
 
 

@@ -1,0 +1,76 @@
+"""How gc deletes chunks without losing one that a publish started meanwhile references.
+
+gc decides from one listing of the indexes which chunks nobody uses (efabuild.store.chunks'
+mark and sweep). A publisher that found a chunk present checks it again just after writing its
+index and sends it again if it is gone. Deleting straight away would leave a gap: an index
+written after gc's listing, whose publisher checked before gc's delete, would lose the chunk for
+good. So gc moves the doomed chunks aside instead (`gc/trash/<id>`, a server-side copy), lists
+the indexes again, moves back those an index now names, and only then empties the trash:
+
+- an index written before the second listing gets its chunks back from the trash;
+- an index written after it was written after the chunks left chunks/, so its publisher's check
+  (after its index) finds them gone and sends them again.
+
+A fetch that meets a chunk in the trash reads it there (it is verified against its id as any
+chunk is). A gc killed midway leaves the trash; the next gc, once it is an hour old, moves back
+what indexes name and empties the rest.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from botocore.exceptions import ClientError
+
+from efabuild.store.parallel import run_parallel
+from efabuild.store.s3client import _missing
+
+TRASH_DIR = "gc/trash"
+ABANDONED_AFTER_S = 3600.0  # a trash entry older than this was left by a gc that was killed
+
+
+def trash_object(prefix_path: Callable[..., str], cid: str) -> str:
+    return prefix_path(TRASH_DIR, cid)
+
+
+def delete_chunks(store, doomed: set[str], referenced_now: Callable[[], set[str]]) -> set[str]:  # noqa: ANN001
+    """Delete the chunks `doomed` of `store` (a ChunkStore), and an abandoned trash; the ids
+    deleted. `referenced_now` lists the indexes again and gives the chunks they name."""
+    tier = store.tier
+    # the bucket's clock dates the entries: an hour on it, not on this host's clock
+    abandoned = time.time() - ABANDONED_AFTER_S
+    left = {item["Key"].rsplit("/", 1)[-1] for item in tier._list(tier._path(TRASH_DIR) + "/")
+            if item["LastModified"].timestamp() < abandoned}
+    moved = {cid for cid, ok in zip(sorted(doomed), run_parallel(
+        lambda cid: _move(tier, store.object(cid), trash_object(tier._path, cid)), sorted(doomed), tier.workers))
+        if ok}
+    trashed = moved | left
+    if not trashed:
+        return set()
+    back = sorted(trashed & referenced_now())
+    run_parallel(lambda cid: _copy_back(tier, trash_object(tier._path, cid), store.object(cid)), back, tier.workers)
+    store.delete_objects([trash_object(tier._path, cid) for cid in sorted(trashed)])
+    return trashed - set(back)
+
+
+def _move(tier, source: str, target: str) -> bool:  # noqa: ANN001 - S3Tier
+    """Copy `source` to `target` in the bucket, then delete `source`; False when it was gone."""
+    try:
+        tier._call(tier.url(source), "copy_object", Key=target, CopySource={"Bucket": tier.bucket, "Key": source})
+    except ClientError as exc:
+        if _missing(exc):
+            return False  # deleted meanwhile by another gc
+        raise tier._error(tier.url(source), exc) from None
+    tier._delete_object(source)
+    return True
+
+
+def _copy_back(tier, trashed: str, chunk: str) -> None:  # noqa: ANN001 - S3Tier
+    """Put a trashed chunk back unless chunks/ holds it again (a publisher sent it meanwhile)."""
+    if tier._head(chunk) is not None:
+        return
+    try:
+        tier._call(tier.url(chunk), "copy_object", Key=chunk, CopySource={"Bucket": tier.bucket, "Key": trashed})
+    except ClientError as exc:
+        raise tier._error(tier.url(chunk), exc) from None
