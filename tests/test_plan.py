@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -316,6 +318,22 @@ def test_a_damaged_or_planted_hash_cache_only_costs_hashing_again(tmp_path, dama
     assert again["context_files_read"] == 20 and again["layers"] == first["layers"]
     if damage in ("truncated", "garbage"):  # replaced by a whole one: the next plan reads nothing
         assert plan_json(root)["context_files_read"] == 0
+
+
+def test_a_hash_cache_save_killed_before_its_rename_leaves_a_temp_the_next_save_removes(tmp_path):
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
+    age_files(root)
+    plan_json(root)
+    state = root / "cache" / "state"
+    # a writer that made its temp file and died before renaming it (a real process, now gone)
+    subprocess.run([sys.executable, "-c", "import sys; from efabuild.store.owner import owned_name; "
+                    "open(sys.argv[1] + '/' + owned_name('.hashes', 'tmp'), 'w').write('half')", str(state)],
+                   check=True)
+    (left,) = [p for p in state.iterdir() if p.name.startswith(".hashes")]
+    (root / "app" / "train.py").write_text("print('v3')\n")
+    os.utime(root / "app" / "train.py", (time.time() - 30, time.time() - 30))
+    assert plan_json(root)["context_files_read"] == 1  # a changed file: the cache is saved again
+    assert not left.exists() and [p.name for p in state.iterdir()] == ["hashes"]
 
 
 def test_freshly_written_files_are_not_trusted_by_the_cache(tmp_path):

@@ -12,10 +12,8 @@ lose one's new entries, which only costs hashing those files again.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
-import tempfile
 import time
 from pathlib import Path
 
@@ -85,13 +83,7 @@ def _load(path: Path) -> dict[str, tuple[str, str]]:
 
 
 def _replace(path: Path, data: bytes) -> None:
+    from efabuild.store.owner import replace_owned  # only when saving: a no-op plan never does
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    replace_owned(path, data, 0o644)  # a make killed mid-write leaves a temp the next save removes

@@ -183,20 +183,7 @@ def write_node_config(path: Path, policy: TrustPolicy) -> None:
 
 
 def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    from efabuild.store.owner import owned_name, remove_dead_owned
+    from efabuild.store.owner import replace_owned
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    # the temp file names its writer: one killed before the rename leaves it to the next write
-    remove_dead_owned(path.parent, f".{path.name}")
-    tmp = path.parent / owned_name(f".{path.name}", "tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_owned(path, data, mode, fsync=True)

@@ -137,21 +137,11 @@ def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, lis
         return False  # someone else's directory, or open to others: never write into it
     data = json.dumps(_expected(key, stamps, policy_digest), sort_keys=True).encode()
     # only when writing: the cached path never needs it
-    from efabuild.store.owner import owned_name, remove_dead_owned
+    from efabuild.store.owner import replace_owned
 
-    # the temp file names its writer: one killed before the rename leaves it to the next write
-    remove_dead_owned(directory, ".entry")
-    tmp = directory / owned_name(".entry", "tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        replace_owned(directory / _entry_name(sqsh), data, 0o644 if directory == ROOT_CACHE else 0o600,
+                      temp_prefix=".entry")
     except OSError:
-        return False
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.chmod(tmp, 0o644 if directory == ROOT_CACHE else 0o600)
-        os.replace(tmp, directory / _entry_name(sqsh))
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
         return False
     return True

@@ -12,6 +12,7 @@ import os
 import re
 import socket
 from functools import cache
+from pathlib import Path
 
 import attrs
 
@@ -102,3 +103,25 @@ def remove_dead_owned(directory: str | os.PathLike, prefix: str) -> None:
                 os.unlink(os.path.join(directory, name))  # a link itself, never what it points at
             except OSError:
                 pass  # gone already, or a directory: not ours to judge
+
+
+def replace_owned(path: Path, data: bytes, mode: int = 0o600, *, fsync: bool = False,
+                  temp_prefix: str | None = None) -> None:
+    """Write `data` to `path` atomically, through a temp file beside it that names its writer, so
+    one killed before the rename leaves a file the next write removes (the temp files of dead
+    writers with the same prefix go first). OSError when it cannot."""
+    prefix = temp_prefix or f".{path.name}"
+    remove_dead_owned(path.parent, prefix)
+    tmp = path.parent / owned_name(prefix, "tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            if fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
