@@ -1,8 +1,10 @@
 """Engine images a workspace's makes built and no layer needs any more: what `gc --images` removes.
 
 An image is old when this workspace's build records name its key for a layer and that key is no
-layer's current key. Images other workspaces built on a shared engine are never touched: their
-keys are in no record here. The base images and the fixture images carry no efabuild key.
+layer's current key. Images other workspaces built on a shared engine are touched only when one
+of them built the same key (the same inputs give the same tag, and the engine cannot say who else
+needs it): that workspace then rebuilds the layer, nothing stored is lost. The base images and the
+fixture images carry no efabuild key.
 """
 
 from __future__ import annotations
