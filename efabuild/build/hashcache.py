@@ -59,8 +59,9 @@ def _stamp(st: os.stat_result) -> str:
 
 
 def _load(path: Path) -> dict[str, tuple[str, str]]:
-    """The cached entries; none when the file is missing, damaged or not a regular file (a
-    damaged cache only costs re-hashing)."""
+    """The cached entries; none when the file is missing, damaged, not a regular file, or not
+    written by this user (a damaged cache only costs re-hashing). The local store may sit on a
+    shared path: a cache another user wrote could pair a changed file's stamp with its old digest."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -68,6 +69,8 @@ def _load(path: Path) -> dict[str, tuple[str, str]]:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
+            return {}
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
             return {}
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(MAX_BYTES + 1)

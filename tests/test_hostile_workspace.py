@@ -1,0 +1,67 @@
+"""A second round of hostile inputs: what another user of the machine or of a shared path can
+plant for a builder's efabuild to trust, and what a workspace's own settings and git state can
+smuggle onto a command line.
+
+Each case plants one thing the way a co-tenant would (as another uid where it matters: the tests
+run as root when the machine allows it, and hand the planted file to `nobody`), then runs what the
+builder runs and checks what the builder would: the keys, the exit code, the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.inprocess import run_efabuild
+from tests.wsfactory import SIMPLE_GRAPH, make_workspace
+
+ROOT = os.geteuid() == 0
+NOBODY = 65534
+
+
+def plan_keys(root: Path) -> tuple[dict[str, str], int]:
+    proc = run_efabuild(["-C", str(root), "plan", "--offline", "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    return {layer["name"]: layer["key"] for layer in data["layers"]}, data["context_files_read"]
+
+
+def age(path: Path) -> None:
+    past = time.time() - 60
+    os.utime(path, (past, past))
+
+
+@pytest.mark.skipif(not ROOT, reason="planting a file as another user needs root")
+def test_a_hash_cache_another_user_planted_never_keeps_a_changed_file_s_old_key(tmp_path):
+    """The local store may be configured on a shared path (`local = "/fsx/..."`); whoever can
+    write its state/ directory must not be able to make a changed context file look unchanged
+    (the make would then reuse the artifact built from the old file)."""
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
+    for path in (root / "app").rglob("*"):
+        age(path)
+    before, _ = plan_keys(root)
+    cache = root / "cache" / "state" / "hashes"
+    fields = cache.read_bytes().split(b"\0")
+
+    train = root / "app" / "train.py"
+    train.write_text("print('a change the builder made')\n")
+    age(train)
+    st = train.stat()
+    # the co-tenant's cache: the new file's stat stamp, the old file's digest
+    at = fields.index(b"app/train.py")
+    fields[at + 1] = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}".encode()
+    planted = cache.parent / "planted"
+    planted.write_bytes(b"\0".join(fields))
+    os.chown(planted, NOBODY, NOBODY)
+    os.chmod(planted, 0o644)
+    os.replace(planted, cache)
+
+    after, read = plan_keys(root)
+    assert after["stack:user"] != before["stack:user"]
+    assert read == 2  # the planted cache is not used at all
+    cache.unlink()  # with no cache at all: the same keys
+    assert plan_keys(root)[0] == after
