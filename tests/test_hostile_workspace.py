@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -65,3 +66,19 @@ def test_a_hash_cache_another_user_planted_never_keeps_a_changed_file_s_old_key(
     assert read == 2  # the planted cache is not used at all
     cache.unlink()  # with no cache at all: the same keys
     assert plan_keys(root)[0] == after
+
+
+@pytest.mark.parametrize("url", ["https://h/x\n\x1b]2;title\x07\x1b[31m$(touch /tmp/x)", "https://h/x\rspoof", "https://h/x\tmore"])
+def test_a_remote_url_with_control_characters_or_spaces_is_no_source_label(tmp_path, url):
+    """The `origin` URL becomes a label in the image, its /etc/rc and every `docker inspect`: a
+    line break or terminal escape there would reach whoever reads them."""
+    from efabuild.build.gitstate import REVISION, SOURCE, git_labels
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.email=a@b", "-c", "user.name=n", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "config", "remote.origin.url", url], check=True)
+    labels = git_labels(tmp_path)
+    assert REVISION in labels and SOURCE not in labels
+    subprocess.run(["git", "-C", str(tmp_path), "config", "remote.origin.url", "https://tok:x@h/x.git"], check=True)
+    assert git_labels(tmp_path)[SOURCE] == "https://h/x.git"

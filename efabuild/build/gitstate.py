@@ -1,6 +1,6 @@
 """The OCI labels an image gets from the workspace's git state: where its sources are and at which
 commit. Nothing when the workspace is no git checkout (or git is missing); a remote URL's user and
-password or token are never kept.
+password or token are never kept, and a URL holding spaces or control characters is left out.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def git_labels(root: Path) -> dict[str, str]:
     if re.fullmatch(r"[0-9a-f]{40,64}", revision):
         labels[REVISION] = revision
     source = _USERINFO.sub("", _git(root, "config", "--get", "remote.origin.url"))
-    if source and revision:
+    # one printable word: a line break or terminal escape would reach /etc/rc and `docker inspect`
+    if source and revision and source.isprintable() and not any(c.isspace() for c in source):
         labels[SOURCE] = source
     return labels
