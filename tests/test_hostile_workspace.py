@@ -82,3 +82,34 @@ def test_a_remote_url_with_control_characters_or_spaces_is_no_source_label(tmp_p
     assert REVISION in labels and SOURCE not in labels
     subprocess.run(["git", "-C", str(tmp_path), "config", "remote.origin.url", "https://tok:x@h/x.git"], check=True)
     assert git_labels(tmp_path)[SOURCE] == "https://h/x.git"
+
+
+ESCAPES = "\x1b]2;title\x07\x1b[2J"
+
+
+def test_gc_never_prints_a_planted_leftover_s_name_raw(tmp_path, capsys):
+    """tmp/ is writable by every builder; a name shaped like a dead writer's leftover may end in
+    anything. gc (run by an admin, as root) prints what it removes: a terminal escape in it must
+    not reach the terminal, nor a line break forge a line of gc's own output."""
+    from efabuild.cli import main
+    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.owner import this_host
+    from efabuild.store.tiered import Store
+    from tests.storekit import key_for, make_sqsh, record_for
+
+    root = tmp_path / "store"
+    key = key_for("planted-names")
+    sqsh = make_sqsh(tmp_path, os.urandom(5000), name="a")
+    Store([FilesystemTier(root, "store")], show_progress=False).publish(key, sqsh, record_for(key, "g:a", sqsh))
+    (root / "tmp").mkdir(exist_ok=True)
+    forged = "\nremoved leftover  store  FORGED"  # a line of its own, were the newline printed
+    dead = 2 ** 22 + 1  # above any pid_max: no process has it
+    (root / "tmp" / f"context-{this_host()}.{dead}.1-deadbeef-{ESCAPES}{forged}").mkdir()
+    (root / "tmp" / f"efatmp.{this_host()}.{dead}.1.abcd1234.{ESCAPES}{forged}").write_text("x")
+    for argv in (["gc"], ["gc", "--yes"]):
+        assert main([*argv, "--store", str(root)]) == 0
+        out, err = capsys.readouterr()
+        assert "\x1b" not in out + err
+        assert not any(line.startswith("removed leftover  store  FORGED") for line in out.splitlines()), out
+        assert len([line for line in out.splitlines() if "leftover" in line]) == 2, out
+    assert os.listdir(root / "tmp") == []

@@ -153,6 +153,7 @@ def _field(usage, name: str) -> int | None:  # noqa: ANN001 - chunks.Usage or No
 def run_gc(args: argparse.Namespace) -> int:
     from efabuild.cli.output import print_json
     from efabuild.errors import InputError
+    from efabuild.store.fsutil import shown
     from efabuild.store.progress import human_bytes
     from efabuild.refs import short
 
@@ -180,8 +181,8 @@ def run_gc(args: argparse.Namespace) -> int:
     for r in report.spared:
         print(f"would delete with --s3  {r.tier}  {short(r.record.key)}  {r.record.name}  "
               f"{human_bytes(r.record.size)}  {_when(r.record.created)}")
-    for tier, item in debris:
-        print(f"{'would remove' if report.dry_run else 'removed'} leftover  {tier}  {item}")
+    for tier, item in debris:  # names in tmp/ are anyone's: escaped, never raw on root's terminal
+        print(f"{'would remove' if report.dry_run else 'removed'} leftover  {tier}  {shown(item)}")
     if report.chunks is not None and (report.chunks.deleted or report.chunks.marked):
         print(f"{verb} {report.chunks.deleted} s3 chunks no artifact uses ({human_bytes(report.chunks.deleted_bytes)})"
               + (f"; {report.chunks.marked} unused chunks marked, deleted by a gc after the grace period"
