@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.inprocess import run_efabuild
-from tests.wsfactory import SIMPLE_GRAPH, make_workspace
+from tests.wsfactory import REPO, SIMPLE_GRAPH, make_workspace
 
 ROOT = os.geteuid() == 0
 NOBODY = 65534
@@ -113,3 +114,26 @@ def test_gc_never_prints_a_planted_leftover_s_name_raw(tmp_path, capsys):
         assert not any(line.startswith("removed leftover  store  FORGED") for line in out.splitlines()), out
         assert len([line for line in out.splitlines() if "leftover" in line]) == 2, out
     assert os.listdir(root / "tmp") == []
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "directory", "huge"])
+def test_a_signing_key_that_is_no_small_file_is_one_line_not_a_hang(tmp_path, kind):
+    """`[sign] key` and `sign --key` name a PEM file: a device, a FIFO or a huge file there is bad
+    input (one line naming it, exit 2), never a read without end, a hang or a MemoryError."""
+    key = {"dev-zero": Path("/dev/zero"), "fifo": tmp_path / "key.pem", "directory": tmp_path / "keys",
+           "huge": tmp_path / "big.pem"}[kind]
+    if kind == "fifo":
+        os.mkfifo(key)
+    elif kind == "directory":
+        key.mkdir()
+    elif kind == "huge":
+        with open(key, "wb") as out:
+            out.truncate(1 << 30)  # sparse: 1 GiB read as zeros
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH},
+                          build=f'[workspace]\ngraphs = ["graphs/*.toml"]\n[sign]\nkey = "{key}"\n')
+    for argv in (["sign", "--key", str(key), "stack:user"], ["sign", "stack:user"]):
+        proc = subprocess.run([sys.executable, "-m", "efabuild", *argv], cwd=root, capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
+        assert str(key) in proc.stderr and "Traceback" not in proc.stderr

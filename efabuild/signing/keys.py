@@ -20,6 +20,7 @@ from efabuild.errors import EfabuildError, InputError
 
 KMS_PREFIX = "arn:aws:kms:"
 KMS_RAW_LIMIT = 4096  # bytes: the largest message KMS signs with MessageType=RAW
+MAX_KEY_BYTES = 64 << 10  # a PEM private key is a few hundred bytes
 
 
 class Signer(Protocol):
@@ -51,11 +52,11 @@ class PemSigner:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+        from efabuild.configfile import read_bytes
+
         self.description = str(path)
-        try:
-            data = Path(path).read_bytes()
-        except OSError as exc:
-            raise InputError(f"cannot read the signing key ({exc.strerror})", str(path)) from None
+        # a regular file of a key's size: a device, a FIFO or a huge file is bad input, not a hang
+        data = read_bytes(path, str(path), MAX_KEY_BYTES)
         try:
             key = serialization.load_pem_private_key(data, password=None)
         except (ValueError, TypeError) as exc:
