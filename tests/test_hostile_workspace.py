@@ -137,3 +137,40 @@ def test_a_signing_key_that_is_no_small_file_is_one_line_not_a_hang(tmp_path, ki
         assert proc.returncode == 2, proc.stderr
         assert proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
         assert str(key) in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _huge(path: Path) -> None:
+    with open(path, "wb") as out:
+        out.truncate(300 << 20)  # sparse: 300 MiB of zeros to read
+
+
+@pytest.mark.parametrize("plant", [
+    pytest.param(_fifo, id="fifo"),
+    pytest.param(lambda p: p.mkdir(), id="directory"),
+    pytest.param(lambda p: p.write_text("[1]"), id="a-list"),
+    pytest.param(lambda p: p.write_text('{"builds": [1, {"time": "x"}, {"key": 5}]}'), id="junk-entries"),
+    pytest.param(lambda p: p.write_text('{"builds": "abc"}'), id="builds-a-string"),
+    pytest.param(_huge, id="huge"),
+])
+def test_a_build_record_planted_in_a_shared_local_store_is_passed_over(tmp_path, plant):
+    """builds/ lives in the local store, which may be configured on a shared path: a record there
+    that is no small JSON object is treated as absent, never a hang, a traceback or a huge read."""
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
+    keys, _ = plan_keys(root)
+    for name in ("efa", "deepep"):
+        (root / "cache" / "builds" / "layers" / "stack").mkdir(parents=True, exist_ok=True)
+        path = root / "cache" / "builds" / "layers" / "stack" / f"{name}.json"
+        plant(path)
+    key = keys["stack:user"]
+    (root / "cache" / "builds" / "keys" / key[:2]).mkdir(parents=True, exist_ok=True)
+    plant(root / "cache" / "builds" / "keys" / key[:2] / f"{key}.json")
+    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan", "--offline", "--json"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    layers = {layer["name"]: layer for layer in json.loads(proc.stdout)["layers"]}
+    assert {name: layer["key"] for name, layer in layers.items()} == keys
+    assert all(layer["state"] == "to build" for layer in layers.values())

@@ -15,6 +15,7 @@ from efabuild.keys import LayerInputs, canonical_json
 from efabuild.store.fsutil import atomic_write_bytes
 
 HISTORY_LIMIT = 50
+MAX_BYTES = 64 << 20  # a key's inputs list its context files: tens of MiB for the largest contexts
 
 
 class BuildRecords:
@@ -36,7 +37,10 @@ class BuildRecords:
 
     def history(self, qualname: str) -> list[dict[str, Any]]:
         data = _read_json(self._layer_path(qualname))
-        return list(data.get("builds", [])) if data else []
+        builds = data.get("builds") if data else None
+        # entries without a key string are no builds (a damaged or planted file)
+        return [entry for entry in builds if isinstance(entry, dict) and isinstance(entry.get("key"), str)] \
+            if isinstance(builds, list) else []
 
     def last_key(self, qualname: str) -> str | None:
         history = self.history(qualname)
@@ -60,9 +64,14 @@ class BuildRecords:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`; None when absent, unreadable or not one (treated as absent: the
+    next build rewrites it). The local store may sit on a shared path, so whatever is planted there
+    is read bounded: a regular file, opened without blocking (a FIFO), of at most MAX_BYTES."""
+    from efabuild.configfile import read_bytes
+    from efabuild.errors import InputError
+
     try:
-        return json.loads(path.read_bytes())
-    except (FileNotFoundError, NotADirectoryError):
+        data = json.loads(read_bytes(path, str(path), MAX_BYTES))
+    except (InputError, ValueError):
         return None
-    except (OSError, ValueError):
-        return None  # unreadable record: treated as absent, the next build rewrites it
+    return data if isinstance(data, dict) else None
