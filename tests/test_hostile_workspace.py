@@ -174,3 +174,36 @@ def test_a_build_record_planted_in_a_shared_local_store_is_passed_over(tmp_path,
     layers = {layer["name"]: layer for layer in json.loads(proc.stdout)["layers"]}
     assert {name: layer["key"] for name, layer in layers.items()} == keys
     assert all(layer["state"] == "to build" for layer in layers.values())
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("plant", ["symlink", "hardlink"])
+def test_make_never_writes_its_build_log_through_a_planted_link(tmp_path, docker_engine, plant):
+    """logs/ lives in the local store, which may be configured on a shared path: a link planted
+    where a layer's build log goes (its key is what `plan` prints) must not make a make, run by
+    root or by the builder, overwrite the file it points at."""
+    import uuid
+
+    from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
+
+    build_fixtures()
+    graph = (f'[layers.a]\nbase = "{MINI_NGC_TAG}"\ndockerfile = "RUN echo {uuid.uuid4().hex} > /run-id"\n')
+    root = make_workspace(tmp_path / "ws", {"g": graph})
+    victim = tmp_path / "precious"
+    victim.write_text("the user's own file\n")
+    plan = run_efabuild(["-C", str(root), "plan", "--json"], capture_output=True, text=True)
+    key = json.loads(plan.stdout)["layers"][0]["key"]
+    log = root / "cache" / "logs" / "g" / "a" / f"{key}.log"
+    log.parent.mkdir(parents=True)
+    if plant == "symlink":
+        log.symlink_to(victim)
+    else:
+        os.link(victim, log)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "make", "g:a"], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert proc.returncode == 0, proc.stderr
+        assert victim.read_text() == "the user's own file\n"
+        assert not log.is_symlink() and log.stat().st_nlink == 1 and f"building efabuild/a:{key}" in log.read_text()
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", f"efabuild/a:{key}"], capture_output=True)

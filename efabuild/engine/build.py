@@ -12,6 +12,7 @@ told to stop, or it keeps building after efabuild has given up. The command line
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ from efabuild.engine.images import tag_image
 from efabuild.errors import EfabuildError
 from efabuild.model import DEFAULT_PLATFORM
 from efabuild.redact import Redactor, is_secret_arg
+from efabuild.store.fsutil import shown
 from efabuild.store.scratch import scratch_dir
 
 # After SIGINT buildx cancels the build on the engine and exits; it gets this long before SIGKILL.
@@ -169,8 +171,7 @@ def build_layer(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     reader = BuildLogReader()
-    with scratch_dir("build") as scratch, \
-            open(log_path, "w", encoding="utf-8", errors="replace") as log:
+    with scratch_dir("build") as scratch, _fresh_log(log_path) as log:
         iidfile, metadata_file = Path(scratch, "iid"), Path(scratch, "metadata.json")
         command = buildx_command(engine, req, iidfile, metadata_file)
         where = f" for {req.push}" if req.push else ""
@@ -208,6 +209,18 @@ def build_layer(
         tag=req.tag, image_id=built, log_path=log_path,
         seconds=time.monotonic() - started, cached=reader.fully_cached,
     )
+
+
+def _fresh_log(path: Path):  # noqa: ANN202 - a text file
+    """The build log, created anew: whatever was planted at its name (a link to another file, a
+    hard link to one) is removed, never written through: logs/ may sit on a shared path."""
+    with contextlib.suppress(OSError):  # absent, or a directory: the create below says so
+        os.unlink(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise EfabuildError(f"{shown(path)}: cannot create the build log ({exc.strerror})") from None
+    return os.fdopen(fd, "w", encoding="utf-8", errors="replace")
 
 
 def _run_buildx(command, dockerfile, env, log, reader, on_line, cancel, redact=lambda text: text) -> int:
