@@ -207,3 +207,34 @@ def test_make_never_writes_its_build_log_through_a_planted_link(tmp_path, docker
         assert not log.is_symlink() and log.stat().st_nlink == 1 and f"building efabuild/a:{key}" in log.read_text()
     finally:
         subprocess.run(["docker", "image", "rm", "-f", f"efabuild/a:{key}"], capture_output=True)
+
+
+@pytest.mark.skipif(not ROOT, reason="planting a file as another user needs root")
+def test_a_kms_key_resolution_another_user_planted_is_not_trusted(tmp_path):
+    """`efabuild trust` keeps the public key of each KMS ARN of [trust] under the local store
+    (state/trust/), which may sit on a shared path. Whoever can write there must not be able to
+    put their own public key in its place and have artifacts they sign accepted."""
+    from efabuild.signing.keys import PemSigner
+    from efabuild.signing.trust import kms_cache_name
+    from tests.signkit import make_key, stored_artifact
+
+    arn = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+    private, public = make_key(tmp_path / "keys", "ec")  # the co-tenant's own key pair
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH},
+                          build=f'[workspace]\ngraphs = ["graphs/*.toml"]\n[store]\nlocal = "store"\n'
+                                f'[trust]\nkeys = ["{arn}"]\n')
+    _, key = stored_artifact(root, PemSigner(private))
+    resolved = root / "store" / "state" / "trust" / kms_cache_name(arn)
+    resolved.parent.mkdir(parents=True)
+    resolved.write_bytes(public.read_bytes())
+    resolved.chmod(0o644)
+
+    def lookup() -> subprocess.CompletedProcess:
+        return run_efabuild(["-C", str(root), "lookup", "--require-signature", key], capture_output=True, text=True)
+
+    os.chown(resolved, NOBODY, NOBODY)
+    refused = lookup()
+    assert refused.returncode != 0 and refused.stdout == ""
+    assert str(resolved) in refused.stderr and len(refused.stderr.splitlines()) == 1, refused.stderr
+    os.chown(resolved, os.geteuid(), os.getegid())  # as if this user had resolved it: trusted
+    assert lookup().returncode == 0

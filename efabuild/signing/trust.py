@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 from efabuild.configfile import load_toml, read_bytes
@@ -79,13 +80,36 @@ def parse_trust_table(table: object, base: Path, where: str, resolved_dir: Path 
             if resolved_dir is None:
                 raise InputError("a KMS key must be resolved to its PEM public key here: write this file with "
                                  "`efabuild trust --write`", entry_where)
-            pem = _read_pem(resolved_dir / kms_cache_name(entry), entry_where, missing=(
+            pem = _read_resolved_pem(resolved_dir / kms_cache_name(entry), entry_where, missing=(
                 f"KMS key {entry} is not resolved yet: run `efabuild trust` (it asks KMS once; lookups never do)"))
             keys.append((entry, pem))
         else:
             path = base / Path(entry).expanduser()
             keys.append((str(path), _read_pem(path, entry_where)))
     return TrustPolicy(tuple(keys), where.split(":")[0])
+
+
+def _read_resolved_pem(path: Path, where: str, missing: str) -> bytes:
+    """A KMS key's public key as `efabuild trust` saved it: believed only when this user (or root)
+    wrote it and nobody else may change it, since the local store may sit on a shared path and
+    a planted key would be trusted as the KMS key's."""
+    if not os.path.lexists(path):
+        raise InputError(missing, where)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror}", where) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path} was not written by this user (owner uid {st.st_uid}, mode "
+                             f"{stat.S_IMODE(st.st_mode):o}): run `efabuild trust` again", where)
+        data = os.read(fd, MAX_PEM_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_PEM_BYTES or PEM_BEGIN.encode() not in data:
+        raise InputError(f"{path} is not a PEM public key ({PEM_BEGIN})", where)
+    return data
 
 
 def _read_pem(path: Path, where: str, missing: str | None = None) -> bytes:
