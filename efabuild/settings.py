@@ -290,13 +290,20 @@ def _sign(t: Table | None) -> SignSettings | None:
     key = t.get("key", str)
     if not key:
         raise InputError("missing: a PEM private key file or a KMS key ARN to sign with", t.where("key"))
-    return SignSettings(key=key, region=t.get("region", str), endpoint_url=t.get("endpoint_url", str))
+    endpoint_url = t.get("endpoint_url", str)
+    problem = endpoint_url is not None and grammar.endpoint_url_problem(endpoint_url)
+    if problem:  # boto3 would raise a traceback, or repeat a password in its messages
+        raise InputError(problem, t.where("endpoint_url"))
+    return SignSettings(key=key, region=t.get("region", str), endpoint_url=endpoint_url)
 
 
 def _trust(t: Table | None) -> tuple[str, ...]:
     if t is None:
         return ()
-    t.get("endpoint_url", str)
+    endpoint_url = t.get("endpoint_url", str)
+    problem = endpoint_url is not None and grammar.endpoint_url_problem(endpoint_url)
+    if problem:
+        raise InputError(problem, t.where("endpoint_url"))
     keys = t.str_list("keys")
     if not all(k.strip() for k in keys):
         raise InputError("an empty entry: give PEM public key files, PEM keys or KMS key ARNs", t.where("keys"))

@@ -238,3 +238,32 @@ def test_a_kms_key_resolution_another_user_planted_is_not_trusted(tmp_path):
     assert str(resolved) in refused.stderr and len(refused.stderr.splitlines()) == 1, refused.stderr
     os.chown(resolved, os.geteuid(), os.getegid())  # as if this user had resolved it: trusted
     assert lookup().returncode == 0
+
+
+KMS_ARN = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+
+
+@pytest.mark.parametrize("how", ["option", "build-toml", "trust-table"])
+@pytest.mark.parametrize("url, expected", [("http://u:hunter2@127.0.0.1:9", "must not hold credentials"),
+                                           ("not a url", "http:// or https://"),
+                                           ("-h", "http:// or https://")])
+def test_a_kms_endpoint_is_checked_before_boto3_sees_it(tmp_path, how, url, expected):
+    """A KMS endpoint (`sign --endpoint-url`, `[sign] endpoint_url`) is checked as the S3 one is:
+    one line and exit 2, never a traceback, and a password in it never repeated."""
+    build = '[workspace]\ngraphs = ["graphs/*.toml"]\n'
+    argv = ["sign", "stack:user"]
+    if how == "option":
+        argv[1:1] = ["--key", KMS_ARN, f"--endpoint-url={url}"]
+    elif how == "trust-table":  # `efabuild trust` resolves [trust]'s KMS keys there
+        build += f'[trust]\nkeys = ["{KMS_ARN}"]\nendpoint_url = "{url}"\n'
+        argv = ["trust"]
+    else:
+        build += f'[sign]\nkey = "{KMS_ARN}"\nendpoint_url = "{url}"\n'
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH}, build=build)
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_MAX_ATTEMPTS": "1"}
+    proc = run_efabuild(["-C", str(root), *argv], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and expected in proc.stderr, proc.stderr
+    assert "hunter2" not in proc.stderr
+    assert {"option": "--endpoint-url", "build-toml": "sign.endpoint_url",
+            "trust-table": "trust.endpoint_url"}[how] in proc.stderr

@@ -126,12 +126,16 @@ def run_sign(args: argparse.Namespace) -> int:
 
     from efabuild.signing.attest import sign_stored
     from efabuild.errors import InputError
+    from efabuild.grammar import endpoint_url_problem
     from efabuild.signing.keys import signer_for
     from efabuild.store.tiered import Store
     from efabuild.refs import short
     from efabuild.store.config import find_build_toml
 
     key, region, endpoint_url, root = args.key, None, args.endpoint_url, Path.cwd()
+    problem = endpoint_url is not None and endpoint_url_problem(endpoint_url)
+    if problem:
+        raise InputError(problem, "--endpoint-url")
     if key is None:
         build_toml = find_build_toml(Path.cwd())
         if build_toml is None:

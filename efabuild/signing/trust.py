@@ -177,6 +177,13 @@ def resolve_workspace_keys(build_toml: Path, local_store: Path) -> TrustPolicy:
         raise InputError("no [trust] keys to resolve", str(build_toml))
     entries = table.get("keys")
     arns = [e for e in entries if isinstance(e, str) and e.startswith(KMS_PREFIX)] if isinstance(entries, list) else []
+    endpoint_url = table.get("endpoint_url")
+    if endpoint_url is not None:  # checked before boto3 sees it: a traceback, or a password repeated
+        from efabuild.grammar import endpoint_url_problem
+
+        problem = endpoint_url_problem(endpoint_url) if isinstance(endpoint_url, str) else "must be a string"
+        if problem:
+            raise InputError(problem, f"{build_toml}: trust.endpoint_url")
     if arns:
         import boto3
 
