@@ -34,6 +34,8 @@ TOOL_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.+-]*")
 HOST_SCHEMES = ("unix", "tcp", "ssh", "npipe", "fd")
 # a build-arg (and secret environment variable) name, as a Dockerfile's ARG takes it
 ARG_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# an AWS region name, as botocore validates it (botocore/utils.py, validate_region_name)
+REGION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?")
 
 
 def image_ref_problem(ref: str) -> str | None:
@@ -85,6 +87,12 @@ def host_problem(value: str) -> str | None:
         return "must name an address after the scheme, without spaces"
     if ":" in rest.partition("/")[0].rpartition("@")[0]:  # it reaches `ps`, records and messages
         return "must not hold a password (user:password@): ssh and TLS keys authenticate"
+    return None
+
+
+def region_problem(value: str) -> str | None:
+    if not REGION.fullmatch(value):
+        return "must be an AWS region name, like us-east-1"
     return None
 
 

@@ -145,9 +145,10 @@ def parse_s3_table(table: object, file: str, dotted: str) -> S3Config:
     for name in ("region", "endpoint_url"):
         value = table.get(name)
         optional[name] = None if value is None else _string(value, t.where(name))
-    problem = optional["endpoint_url"] and grammar.endpoint_url_problem(optional["endpoint_url"])
-    if problem:
-        raise InputError(problem, t.where("endpoint_url"))
+    for name, check in (("region", grammar.region_problem), ("endpoint_url", grammar.endpoint_url_problem)):
+        problem = optional[name] and check(optional[name])
+        if problem:
+            raise InputError(problem, t.where(name))
     return S3Config(bucket, prefix, optional["region"], optional["endpoint_url"])
 
 
@@ -290,11 +291,14 @@ def _sign(t: Table | None) -> SignSettings | None:
     key = t.get("key", str)
     if not key:
         raise InputError("missing: a PEM private key file or a KMS key ARN to sign with", t.where("key"))
-    endpoint_url = t.get("endpoint_url", str)
-    problem = endpoint_url is not None and grammar.endpoint_url_problem(endpoint_url)
-    if problem:  # boto3 would raise a traceback, or repeat a password in its messages
-        raise InputError(problem, t.where("endpoint_url"))
-    return SignSettings(key=key, region=t.get("region", str), endpoint_url=endpoint_url)
+    region, endpoint_url = t.get("region", str), t.get("endpoint_url", str)
+    # boto3 would raise a traceback, or repeat a password in its messages
+    for name, value, check in (("region", region, grammar.region_problem),
+                               ("endpoint_url", endpoint_url, grammar.endpoint_url_problem)):
+        problem = value is not None and check(value)
+        if problem:
+            raise InputError(problem, t.where(name))
+    return SignSettings(key=key, region=region, endpoint_url=endpoint_url)
 
 
 def _trust(t: Table | None) -> tuple[str, ...]:

@@ -267,3 +267,16 @@ def test_a_kms_endpoint_is_checked_before_boto3_sees_it(tmp_path, how, url, expe
     assert "hunter2" not in proc.stderr
     assert {"option": "--endpoint-url", "build-toml": "sign.endpoint_url",
             "trust-table": "trust.endpoint_url"}[how] in proc.stderr
+
+
+@pytest.mark.parametrize("table", ["sign", "store.s3"])
+def test_a_region_boto3_would_refuse_is_one_line_naming_the_setting(tmp_path, table):
+    build = '[workspace]\ngraphs = ["graphs/*.toml"]\n'
+    build += (f'[sign]\nkey = "{KMS_ARN}"\n' if table == "sign" else '[store.s3]\nbucket = "b"\n')
+    build += 'region = "us east/../1"\n'
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH}, build=build)
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_MAX_ATTEMPTS": "1"}
+    for argv in (["sign", "stack:user"] if table == "sign" else ["ls"], ["plan", "--offline"]):
+        proc = run_efabuild(["-C", str(root), *argv], capture_output=True, text=True, env=env)
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.splitlines()) == 1 and f"{table}.region" in proc.stderr, proc.stderr
