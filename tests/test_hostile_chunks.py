@@ -387,3 +387,30 @@ def test_a_name_whose_s3_history_is_flooded_is_one_error_not_an_endless_listing(
     with pytest.raises(EfabuildError, match="more than 50 objects"):
         node.lookup("demo:user")
     assert file_digest(node.lookup(key)) == file_digest(versions[0])  # by key it is still there
+
+
+def test_names_planted_in_the_gc_trash_never_remove_a_running_gc_s_entry(tmp_path, settings, versions, monkeypatch):
+    """gc/trash/<id> is where a running gc keeps a chunk until it knows no new index names it. A
+    co-tenant's objects there (junk names, an old `sub/<id>` naming that chunk) are removed as
+    what they are: never taken for another gc's entry of that id and deleted in its place."""
+    import time
+
+    from efabuild.store import chunksweep
+    from efabuild.store.s3chunks import collect
+
+    store = store_at(tmp_path / "cache", settings, "local")
+    publish(store, versions[0])
+    tier = store.s3
+    live = sorted(item["Key"].rsplit("/", 1)[-1] for item in tier._list(tier._path("chunks") + "/"))[0]
+    trash = tier._path(chunksweep.TRASH_DIR)
+    for name in (f"sub/{live}", "not-a-chunk"):
+        tier.client.put_object(Bucket=settings.bucket, Key=f"{trash}/{name}", Body=b"planted")
+    time.sleep(5)  # the bucket dates objects to the second: these are older than the entry below
+    # another gc, mid-run, has just moved this chunk aside (it is unreferenced as far as it knew)
+    tier.client.copy_object(Bucket=settings.bucket, Key=f"{trash}/{live}",
+                            CopySource={"Bucket": settings.bucket, "Key": tier.chunks.object(live)})
+    monkeypatch.setattr(chunksweep, "ABANDONED_AFTER_S", 2.5)  # instead of an hour, so the plants are old
+    report = collect(tier.chunks, dry_run=False)
+    left = sorted(item["Key"][len(trash) + 1:] for item in tier._list(trash + "/"))
+    assert left == [live]  # the running gc's entry is still there; what was planted is gone
+    assert report.deleted == 0

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from botocore.exceptions import ClientError
 
+from efabuild.store.chunks import is_chunk_id
 from efabuild.store.parallel import run_parallel
 from efabuild.store.s3client import _missing
 
@@ -38,10 +39,7 @@ def delete_chunks(store, doomed: set[str], referenced_now: Callable[[], set[str]
     """Delete the chunks `doomed` of `store` (a ChunkStore), and an abandoned trash; the ids
     deleted. `referenced_now` lists the indexes again and gives the chunks they name."""
     tier = store.tier
-    # the bucket's clock dates the entries: an hour on it, not on this host's clock
-    abandoned = time.time() - ABANDONED_AFTER_S
-    left = {item["Key"].rsplit("/", 1)[-1] for item in tier._list(tier._path(TRASH_DIR) + "/")
-            if item["LastModified"].timestamp() < abandoned}
+    left = _abandoned(store, time.time() - ABANDONED_AFTER_S)
     moved = {cid for cid, ok in zip(sorted(doomed), run_parallel(
         lambda cid: _move(tier, store.object(cid), trash_object(tier._path, cid)), sorted(doomed), tier.workers))
         if ok}
@@ -52,6 +50,25 @@ def delete_chunks(store, doomed: set[str], referenced_now: Callable[[], set[str]
     run_parallel(lambda cid: _copy_back(tier, trash_object(tier._path, cid), store.object(cid)), back, tier.workers)
     store.delete_objects([trash_object(tier._path, cid) for cid in sorted(trashed)])
     return trashed - set(back)
+
+
+def _abandoned(store, before: float) -> set[str]:  # noqa: ANN001 - ChunkStore
+    """The ids of the trash entries a killed gc left (dated before `before`). Only gc/trash/<id>
+    is an entry; anything else there was planted and is removed as itself, never read as the
+    entry of the id its name ends in (which may be a running gc's)."""
+    tier = store.tier
+    entries, junk = set(), []
+    for item in tier._list(tier._path(TRASH_DIR) + "/"):
+        if item["LastModified"].timestamp() >= before:
+            continue
+        cid = item["Key"].rsplit("/", 1)[-1]
+        if is_chunk_id(cid) and item["Key"] == trash_object(tier._path, cid):
+            entries.add(cid)
+        else:
+            junk.append(item["Key"])
+    if junk:
+        store.delete_objects(junk)
+    return entries
 
 
 def _move(tier, source: str, target: str) -> bool:  # noqa: ANN001 - S3Tier
