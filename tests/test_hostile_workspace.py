@@ -280,3 +280,35 @@ def test_a_region_boto3_would_refuse_is_one_line_naming_the_setting(tmp_path, ta
         proc = run_efabuild(["-C", str(root), *argv], capture_output=True, text=True, env=env)
         assert proc.returncode == 2, proc.stderr
         assert len(proc.stderr.splitlines()) == 1 and f"{table}.region" in proc.stderr, proc.stderr
+
+
+def _limited_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # a failure here is a MemoryError, not the OOM killer
+
+
+@pytest.mark.parametrize("argv", [["doctor", "/dev/zero"], ["doctor", "--manifest", "/dev/zero", "LOG"]])
+def test_doctor_given_a_device_is_one_line_not_an_endless_read(tmp_path, argv):
+    log = tmp_path / "job.out"
+    log.write_text("NCCL INFO NET/OFI Selected provider is efa\n")
+    argv = [str(log) if a == "LOG" else a for a in argv]
+    proc = subprocess.run([sys.executable, "-m", "efabuild", *argv], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=_limited_memory)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(proc.stderr.splitlines()) == 1 and "/dev/zero" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_doctor_reads_a_log_with_an_endless_line_in_bounded_memory(tmp_path):
+    """A job's output may hold a line of megabytes (a progress bar without newlines): it is cut,
+    and what follows it is still read."""
+    log = tmp_path / "job.out"
+    with open(log, "wb") as out:
+        out.truncate(3 << 30)  # sparse: a line of 3 GiB of NULs, more than the process may hold
+        out.seek(0, os.SEEK_END)
+        out.write(b"\nNCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n")
+    proc = subprocess.run([sys.executable, "-m", "efabuild", "doctor", "--json", str(log)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          preexec_fn=_limited_memory)
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "socket" in proc.stdout.lower(), proc.stdout

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import stat
+
+MAX_LINE = 1 << 20  # characters of one log line that are looked at; the rest of a longer one is skipped
+MAX_MANIFEST_BYTES = 64 << 20
 
 
 def configure(name, sub, common):
@@ -68,13 +73,16 @@ def run(args: argparse.Namespace) -> int:
         sources = []
         for name in args.logs:
             if name == "-":
-                sources.append(("-", sys.stdin))
+                sources.append(("-", _bounded_lines(sys.stdin)))
                 continue
             try:
                 handle = stack.enter_context(open(name, encoding="utf-8", errors="replace"))
+                kind = os.fstat(handle.fileno()).st_mode
             except OSError as exc:
                 raise InputError(f"cannot read: {exc.strerror}", name) from None
-            sources.append((name, handle))
+            if stat.S_ISCHR(kind) or stat.S_ISBLK(kind):  # /dev/zero never ends; a pipe (<(...)) does
+                raise InputError("a device, not a log file (give - to read standard input)", name)
+            sources.append((name, _bounded_lines(handle)))
         report = examine(sources, expect_nics=args.expect_nics, baseline_gbps=args.baseline_gbps,
                          manifest=manifest, artifact=args.artifact or args.manifest, ref=args.artifact)
     if args.json:
@@ -84,17 +92,26 @@ def run(args: argparse.Namespace) -> int:
     return 1 if report.problems else 0
 
 
+def _bounded_lines(handle):  # noqa: ANN001, ANN202 - a text file, its lines
+    """The lines of `handle`, each cut to MAX_LINE characters: a job's output may hold a line of
+    gigabytes (a progress bar that never prints a newline), and what follows it still counts."""
+    while line := handle.readline(MAX_LINE):
+        if len(line) == MAX_LINE and not line.endswith("\n"):
+            while (rest := handle.readline(MAX_LINE)) and not rest.endswith("\n"):
+                pass  # the rest of an over-long line
+        yield line
+
+
 def _manifest(args: argparse.Namespace) -> dict | None:
     import json
 
     from efabuild.errors import EfabuildError, InputError, NotFound
 
     if args.manifest:
+        from efabuild.configfile import read_text
+
         try:
-            with open(args.manifest, encoding="utf-8") as handle:
-                data = json.load(handle)
-        except OSError as exc:
-            raise InputError(f"cannot read: {exc.strerror}", args.manifest) from None
+            data = json.loads(read_text(args.manifest, args.manifest, MAX_MANIFEST_BYTES))
         except ValueError as exc:
             raise InputError(f"not JSON: {exc}", args.manifest) from None
         if not isinstance(data, dict):
