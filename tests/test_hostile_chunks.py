@@ -414,3 +414,22 @@ def test_names_planted_in_the_gc_trash_never_remove_a_running_gc_s_entry(tmp_pat
     left = sorted(item["Key"][len(trash) + 1:] for item in tier._list(trash + "/"))
     assert left == [live]  # the running gc's entry is still there; what was planted is gone
     assert report.deleted == 0
+
+
+def test_a_gc_mark_named_with_terminal_escapes_is_named_escaped(tmp_path, settings, versions, capsys):
+    """Bucket keys are anyone's who may write the bucket: gc (run as root on a node) warns about
+    a planted one by name, and its escape sequences must not reach the terminal raw."""
+    from efabuild.cli import main
+
+    store = store_at(tmp_path / "cache", settings, "local")
+    publish(store, versions[0])
+    tier = store.s3
+    tier.client.put_object(Bucket=settings.bucket, Key=tier._path("gc/marks") + "/x\x1b]2;title\x07\x1b[2J",
+                           Body=b"junk")
+    (tmp_path / "cache" / "store.toml").write_text(
+        f'[s3]\nbucket = "{settings.bucket}"\nprefix = "{settings.prefix}"\nregion = "us-east-1"\n'
+        f'endpoint_url = "{settings.endpoint_url}"\n')
+    assert main(["gc", "--s3", "--store", str(tmp_path / "cache")]) == 0
+    out, err = capsys.readouterr()
+    assert "not a gc mark" in err, err
+    assert "\x1b" not in out + err and "\x07" not in out + err

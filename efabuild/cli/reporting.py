@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 
 from efabuild import notices
+from efabuild.store.fsutil import shown
 
 
 class Printer:
@@ -20,7 +21,9 @@ class Printer:
             return
         self.seen.add(message)
         prefix = "efabuild: warning: " if kind == notices.WARNING else "efabuild: "
-        print(prefix + message, file=sys.stderr)  # the stderr of the moment (tests capture it)
+        # one line, control characters escaped: a message may name what anyone could create (an S3
+        # key, a file name), and gc runs as root on a terminal
+        print(prefix + shown(message), file=sys.stderr)  # the stderr of the moment (tests capture it)
 
 
 def install() -> None:
