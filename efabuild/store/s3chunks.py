@@ -7,6 +7,7 @@ Layout under the tier's prefix (beside objects/ and refs/):
     objects/<k[:2]>/<key>.chunks.json    the artifact's chunk index (efabuild.store.chunks)
     gc/marks/<time>.json                 chunks that were unreferenced at that time (gc)
     gc/trash/<id>                        a chunk gc is deleting (store/chunksweep.py)
+    gc/lock                              held by the gc that sweeps (store/gclock.py)
 
 A chunk object is immutable: created with IfNoneMatch='*', so a second publisher of the same
 bytes loses the race harmlessly. Every chunk is checked against its id after decompression,
@@ -213,8 +214,18 @@ class ChunkGc:
 
 def collect(store: ChunkStore, *, grace: float = DEFAULT_GRACE, dry_run: bool = True,
             now: float | None = None) -> ChunkGc:
-    """One mark-and-sweep pass over the tier's chunks (see chunks.chunks_to_delete)."""
+    """One mark-and-sweep pass over the tier's chunks (see chunks.chunks_to_delete); one that
+    deletes holds the bucket's gc lock (store/gclock.py), and fails with GcBusy when another does."""
     now = time.time() if now is None else now
+    if dry_run:
+        return _collect(store, grace, dry_run, now)
+    from efabuild.store.gclock import sweeping_alone
+
+    with sweeping_alone(store.tier):
+        return _collect(store, grace, dry_run, now)
+
+
+def _collect(store: ChunkStore, grace: float, dry_run: bool, now: float) -> ChunkGc:
     tier = store.tier
     stored = {}
     for item in tier._list(tier._path(CHUNKS_DIR) + "/"):
