@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from botocore.exceptions import ClientError
 
 from efabuild.errors import EfabuildError
-from efabuild.store.s3client import already_exists
+from efabuild.store.s3client import _missing, already_exists
 
 LOCK_OBJECT = "gc/lock"
 STALE_AFTER_S = 24 * 3600.0  # no gc of a bucket runs this long; a lock this old was left by a killed one
@@ -68,6 +68,6 @@ def _put(tier, path: str, body: bytes, **condition: str) -> str | None:  # noqa:
         return tier._call(tier.url(path), "put_object", Key=path, Body=body,
                           ContentType="application/json", **condition)["ETag"]
     except ClientError as exc:
-        if already_exists(exc) or exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+        if already_exists(exc) or _missing(exc):  # IfMatch on a version someone deleted meanwhile
             return None
         raise tier._error(tier.url(path), exc) from None
