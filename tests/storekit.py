@@ -74,6 +74,18 @@ def record_for(key: str, name: str, sqsh: Path):  # noqa: ANN201 - ArtifactRecor
                                    export={"mksquashfs": ["-comp", "lzo", "-noD"]})
 
 
+# small chunks for a chunked S3 tier, so that a few MiB hold many of them (the defaults suit
+# images of gigabytes)
+CHUNKED = {"chunking": (8 * 1024, 32 * 1024, 128 * 1024)}
+
+
+def publish(store, sqsh: Path, name: str = "demo:user") -> str:  # noqa: ANN001 - a Store
+    """Publish `sqsh` as `name` under a key of its own (made from both); the key."""
+    key = key_for(f"{name}-{sqsh.name}")
+    store.publish(key, sqsh, record_for(key, name, sqsh), b'{"m": 1}')
+    return key
+
+
 def efabuild(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
              check: bool = False) -> subprocess.CompletedProcess[str]:
     """Run the CLI's main() in this process (tests/inprocess.py: as a fresh interpreter would)."""

@@ -25,11 +25,10 @@ from efabuild.store.fs import FilesystemTier
 from efabuild.store.s3 import S3Tier
 from efabuild.store.s3chunks import compress
 from efabuild.store.tiered import Store
-from tests.storekit import REPO, key_for, make_sqsh, record_for
+from tests.storekit import CHUNKED, REPO, key_for, make_sqsh, publish, record_for
 
 pytestmark = pytest.mark.s3
 KiB, MiB = 1024, 1024 * 1024
-CHUNKED = {"chunking": (8 * KiB, 32 * KiB, 128 * KiB)}
 
 
 @pytest.fixture
@@ -49,12 +48,6 @@ def versions(tmp_path_factory) -> list[Path]:
 
 def store_at(directory: Path, settings: S3Config, name: str = "shared") -> Store:
     return Store([FilesystemTier(directory, name)], settings, show_progress=False, s3_options=CHUNKED)
-
-
-def publish(store: Store, sqsh: Path, name: str = "demo:user") -> str:
-    key = key_for(f"{name}-{sqsh.name}")
-    store.publish(key, sqsh, record_for(key, name, sqsh), b'{"m": 1}')
-    return key
 
 
 def within(seconds: float, function, *args):  # noqa: ANN001, ANN201

@@ -4,9 +4,12 @@ concurrent gc lose nothing, and whole-object artifacts of before stay readable."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,13 +20,11 @@ from efabuild.settings import S3Config
 from efabuild.store.tiered import Store
 from efabuild.store.fs import FilesystemTier
 from efabuild.store.s3 import S3Tier
-from efabuild.store.s3chunks import collect
-from tests.storekit import key_for, kill_publisher_at, make_sqsh, record_for
+from efabuild.store.s3chunks import ChunkStore, collect
+from tests.storekit import CHUNKED, key_for, kill_publisher_at, make_sqsh, publish, record_for
 
 pytestmark = pytest.mark.s3
 KiB, MiB = 1024, 1024 * 1024
-# small chunks, so that a few MiB hold many of them (the defaults suit images of gigabytes)
-CHUNKED = {"chunking": (8 * KiB, 32 * KiB, 128 * KiB)}
 
 
 @pytest.fixture
@@ -51,12 +52,6 @@ def builder(base: Path, settings: S3Config, **options) -> Store:
 
 def node(base: Path, settings: S3Config) -> Store:
     return Store([FilesystemTier(base / "fsx", "shared")], settings, show_progress=False, s3_options=CHUNKED)
-
-
-def publish(store: Store, sqsh: Path, name: str = "demo:user") -> str:
-    key = key_for(f"{name}-{sqsh.name}")
-    store.publish(key, sqsh, record_for(key, name, sqsh), b'{"m": 1}')
-    return key
 
 
 def test_versions_share_chunks_and_a_seeded_fetch_downloads_only_the_difference(tmp_path, settings, versions):
@@ -130,15 +125,7 @@ def test_an_interrupted_publish_leaves_only_unreferenced_chunks_and_the_retry_se
 def test_gc_between_a_publishers_existence_check_and_its_index_write_loses_nothing(tmp_path, settings, versions):
     """The publisher finds every chunk present (an earlier artifact of the same bytes was deleted,
     its chunks are unreferenced and were marked long ago); gc sweeps them before its index lands."""
-    import time
-
-    old = builder(tmp_path / "old", settings)
-    old_key = publish(old, versions[0], "demo:old")
-    old.s3.delete(old_key)
-    chunk_store = old.s3.chunks
-    first = collect(chunk_store, grace=3600, dry_run=False, now=time.time() + 1)
-    assert first.marked > 0 and first.deleted == 0
-
+    chunk_store, marked = orphaned_chunks(tmp_path / "old", settings, versions[0])
     store = builder(tmp_path / "new", settings)
     reached, release = threading.Event(), threading.Event()
     real_put = store.s3._put_new
@@ -155,7 +142,7 @@ def test_gc_between_a_publishers_existence_check_and_its_index_write_loses_nothi
     publisher.start()
     assert reached.wait(60)
     swept = collect(chunk_store, grace=3600, dry_run=False, now=time.time() + 7200)
-    assert swept.deleted == first.marked  # gc saw no index using them: all gone
+    assert swept.deleted == marked  # gc saw no index using them: all gone
     release.set()
     publisher.join(60)
     assert not publisher.is_alive()
@@ -170,40 +157,16 @@ def test_gc_that_listed_the_indexes_before_a_publishers_index_and_deletes_after_
     """The gap a re-check alone leaves: gc lists the indexes, then a publisher checks its reused
     chunks, writes its index and checks them again (all still there), and only then does gc delete
     what its listing found unused. gc moves them aside, lists again and puts back the named ones."""
-    import time
-
-    old = builder(tmp_path / "old", settings)
-    old_key = publish(old, versions[0], "demo:old")
-    old.s3.delete(old_key)
-    chunk_store = old.s3.chunks
-    assert collect(chunk_store, grace=3600, dry_run=False, now=time.time() + 1).marked > 0
-
-    listed, release = threading.Event(), threading.Event()
-    real_referenced = chunk_store.referenced
-
-    def paused_after_first_listing():  # noqa: ANN202
-        found = real_referenced()
-        if not listed.is_set():
-            listed.set()
-            assert release.wait(60)
-        return found
-
-    chunk_store.referenced = paused_after_first_listing
-    result = {}
-    sweeper = threading.Thread(target=lambda: result.update(
-        gc=collect(chunk_store, grace=3600, dry_run=False, now=time.time() + 7200)))
-    sweeper.start()
-    assert listed.wait(60)
-    store = builder(tmp_path / "new", settings)
-    key = key_for("published-during-gc")
-    store.publish(key, versions[0], record_for(key, "demo:user", versions[0]))
-    assert store.s3.last_transfer.bytes == 0  # every chunk it needs was there, before and after its index
-    release.set()
-    sweeper.join(60)
-    assert not sweeper.is_alive() and result["gc"].deleted == 0  # all were put back
+    chunk_store, _ = orphaned_chunks(tmp_path / "old", settings, versions[0])
+    with gc_paused_after_its_listing(chunk_store) as result:
+        store = builder(tmp_path / "new", settings)
+        key = key_for("published-during-gc")
+        store.publish(key, versions[0], record_for(key, "demo:user", versions[0]))
+        assert store.s3.last_transfer.bytes == 0  # every chunk it needs was there, before and after its index
+    assert result["gc"].deleted == 0  # all were put back
     index = store.s3.chunk_index(key)
     assert chunk_store.missing(index.unique()) == set()
-    assert list(settings_objects(settings, "gc/trash/")) == []
+    assert settings_objects(settings, "gc/trash/") == []
     assert file_digest(node(tmp_path, settings).lookup(key)) == file_digest(versions[0])
 
 
@@ -223,7 +186,7 @@ def test_a_gc_killed_with_chunks_in_its_trash_costs_no_fetch_and_the_next_gc_put
     assert fresh.deleted == 0 and chunk_store.missing(moved) == set(moved)
     monkeypatch.setattr(chunksweep, "ABANDONED_AFTER_S", -60.0)  # the bucket's clock an hour on
     assert collect(chunk_store, grace=3600, dry_run=False).deleted == 0
-    assert chunk_store.missing(moved) == set() and list(settings_objects(settings, "gc/trash/")) == []
+    assert chunk_store.missing(moved) == set() and settings_objects(settings, "gc/trash/") == []
     assert file_digest(node(tmp_path / "n2", settings).lookup(key)) == file_digest(versions[0])
 
 
@@ -231,15 +194,39 @@ def test_one_gc_sweeps_a_bucket_at_a_time_and_a_killed_ones_lock_is_taken_over_o
         tmp_path, settings, versions, monkeypatch):
     """Two gcs sweeping at once could lose a chunk (one's delete landing after the other put it
     back): the second fails in one line and deletes nothing; a dry run still answers."""
-    import time
-
     from efabuild.store import gclock
 
-    store = builder(tmp_path, settings)
-    old_key = publish(store, versions[0], "demo:old")
-    store.s3.delete(old_key)
-    chunk_store = store.s3.chunks
-    assert collect(chunk_store, grace=3600, dry_run=False, now=time.time() + 1).marked > 0
+    chunk_store, _ = orphaned_chunks(tmp_path, settings, versions[0])
+    with gc_paused_after_its_listing(chunk_store) as result:
+        with pytest.raises(gclock.GcBusy, match=r"gc/lock: another gc of this bucket's chunks holds it since"):
+            collect(chunk_store, grace=3600, dry_run=False, now=time.time() + 7200)
+        assert collect(chunk_store, grace=3600, dry_run=True, now=time.time() + 7200).deleted > 0
+    assert result["gc"].deleted > 0 and settings_objects(settings, "gc/lock") == []
+
+    # a gc killed while holding the lock leaves it: refused while fresh, taken over once stale
+    S3Tier(settings)._put_new(S3Tier(settings)._path("gc/lock"), b'{"pid": 1}')
+    with pytest.raises(gclock.GcBusy):
+        collect(chunk_store, grace=3600, dry_run=False)
+    monkeypatch.setattr(gclock, "STALE_AFTER_S", -60.0)  # the bucket's clock a day on
+    collect(chunk_store, grace=3600, dry_run=False)
+    assert settings_objects(settings, "gc/lock") == []
+
+
+def orphaned_chunks(base: Path, settings: S3Config, sqsh: Path) -> tuple[ChunkStore, int]:
+    """A bucket holding `sqsh`'s chunks with the artifact that used them deleted, and how many of
+    them a gc has just marked as unreferenced (a gc past the grace period sweeps them)."""
+    store = builder(base, settings)
+    store.s3.delete(publish(store, sqsh, "demo:old"))
+    first = collect(store.s3.chunks, grace=3600, dry_run=False, now=time.time() + 1)
+    assert first.marked > 0 and first.deleted == 0
+    return store.s3.chunks, first.marked
+
+
+@contextlib.contextmanager
+def gc_paused_after_its_listing(chunk_store: ChunkStore) -> Iterator[dict]:
+    """In the block, a sweeping gc two hours on (past the grace period) runs in a thread, paused
+    just after its first listing of the indexes; on leaving, it goes on to its end, and the dict
+    given holds its ChunkGc under "gc"."""
     listed, release = threading.Event(), threading.Event()
     real_referenced = chunk_store.referenced
 
@@ -251,26 +238,18 @@ def test_one_gc_sweeps_a_bucket_at_a_time_and_a_killed_ones_lock_is_taken_over_o
         return found
 
     chunk_store.referenced = paused
-    result = {}
-    first = threading.Thread(target=lambda: result.update(
+    result: dict = {}
+    sweeper = threading.Thread(target=lambda: result.update(
         gc=collect(chunk_store, grace=3600, dry_run=False, now=time.time() + 7200)))
-    first.start()
-    assert listed.wait(60)
-    chunk_store.referenced = real_referenced
-    with pytest.raises(gclock.GcBusy, match=r"gc/lock: another gc of this bucket's chunks holds it since"):
-        collect(chunk_store, grace=3600, dry_run=False, now=time.time() + 7200)
-    assert collect(chunk_store, grace=3600, dry_run=True, now=time.time() + 7200).deleted > 0
-    release.set()
-    first.join(60)
-    assert result["gc"].deleted > 0 and settings_objects(settings, "gc/lock") == []
-
-    # a gc killed while holding the lock leaves it: refused while fresh, taken over once stale
-    S3Tier(settings)._put_new(S3Tier(settings)._path("gc/lock"), b'{"pid": 1}')
-    with pytest.raises(gclock.GcBusy):
-        collect(chunk_store, grace=3600, dry_run=False)
-    monkeypatch.setattr(gclock, "STALE_AFTER_S", -60.0)  # the bucket's clock a day on
-    collect(chunk_store, grace=3600, dry_run=False)
-    assert settings_objects(settings, "gc/lock") == []
+    sweeper.start()
+    try:
+        assert listed.wait(60)
+        yield result
+    finally:
+        release.set()
+        sweeper.join(60)
+        chunk_store.referenced = real_referenced
+    assert not sweeper.is_alive()
 
 
 def settings_objects(settings: S3Config, under: str) -> list[str]:
@@ -339,8 +318,6 @@ def test_du_reports_what_each_artifact_costs_and_the_dedup_ratio(tmp_path, setti
 
 
 def test_gc_of_an_artifact_marks_its_own_chunks_and_a_later_gc_sweeps_them(tmp_path, settings, versions):
-    import time
-
     store = Store([FilesystemTier(tmp_path / "cache", "local")], settings, show_progress=False,
                   s3_options={**CHUNKED, "chunk_grace": 1.0}, keep=1)
     old = publish(store, versions[0])
