@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from botocore.exceptions import ClientError
 
+from efabuild.errors import EfabuildError
 from efabuild.store.chunks import is_chunk_id
 from efabuild.store.parallel import run_parallel
 from efabuild.store.s3client import _missing
@@ -73,21 +74,24 @@ def _abandoned(store, before: float) -> set[str]:  # noqa: ANN001 - ChunkStore
 
 def _move(tier, source: str, target: str) -> bool:  # noqa: ANN001 - S3Tier
     """Copy `source` to `target` in the bucket, then delete `source`; False when it was gone."""
-    try:
-        tier._call(tier.url(source), "copy_object", Key=target, CopySource={"Bucket": tier.bucket, "Key": source})
-    except ClientError as exc:
-        if _missing(exc):
-            return False  # deleted meanwhile by another gc
-        raise tier._error(tier.url(source), exc) from None
+    if not _copy(tier, source, target):
+        return False  # deleted meanwhile by another gc
     tier._delete_object(source)
     return True
 
 
 def _copy_back(tier, trashed: str, chunk: str) -> None:  # noqa: ANN001 - S3Tier
     """Put a trashed chunk back unless chunks/ holds it again (a publisher sent it meanwhile)."""
-    if tier._head(chunk) is not None:
-        return
+    if tier._head(chunk) is None and not _copy(tier, trashed, chunk):
+        raise EfabuildError(f"{tier.url(trashed)}: gone before gc could put it back to {tier.url(chunk)}")
+
+
+def _copy(tier, source: str, target: str) -> bool:  # noqa: ANN001 - S3Tier
+    """A server-side copy of one object; False when `source` is not there."""
     try:
-        tier._call(tier.url(chunk), "copy_object", Key=chunk, CopySource={"Bucket": tier.bucket, "Key": trashed})
+        tier._call(tier.url(target), "copy_object", Key=target, CopySource={"Bucket": tier.bucket, "Key": source})
     except ClientError as exc:
-        raise tier._error(tier.url(chunk), exc) from None
+        if _missing(exc):
+            return False
+        raise tier._error(tier.url(source), exc) from None
+    return True
