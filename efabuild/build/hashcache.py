@@ -13,7 +13,6 @@ lose one's new entries, which only costs hashing those files again.
 from __future__ import annotations
 
 import os
-import stat
 import time
 from pathlib import Path
 
@@ -62,15 +61,14 @@ def _load(path: Path) -> dict[str, tuple[str, str]]:
     """The cached entries; none when the file is missing, damaged, not a regular file, or not
     written by this user (a damaged cache only costs re-hashing). The local store may sit on a
     shared path: a cache another user wrote could pair a changed file's stamp with its old digest."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    from efabuild.store.fsutil import only_writable_by, open_regular
+
+    fd = open_regular(path)
+    if fd is None:
         return {}
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
-            return {}
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        if st.st_size > MAX_BYTES or not only_writable_by(st, {os.geteuid()}):
             return {}
         with os.fdopen(os.dup(fd), "rb") as f:
             data = f.read(MAX_BYTES + 1)

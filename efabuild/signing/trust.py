@@ -93,6 +93,8 @@ def _read_resolved_pem(path: Path, where: str, missing: str) -> bytes:
     """A KMS key's public key as `efabuild trust` saved it: believed only when this user (or root)
     wrote it and nobody else may change it, since the local store may sit on a shared path and
     a planted key would be trusted as the KMS key's."""
+    from efabuild.store.fsutil import only_writable_by
+
     if not os.path.lexists(path):
         raise InputError(missing, where)
     try:
@@ -101,7 +103,7 @@ def _read_resolved_pem(path: Path, where: str, missing: str) -> bytes:
         raise InputError(f"{path}: cannot read: {exc.strerror}", where) from None
     try:
         st = os.fstat(fd)
-        if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(st.st_mode) or not only_writable_by(st, (os.geteuid(), 0)):
             raise InputError(f"{path} was not written by this user (owner uid {st.st_uid}, mode "
                              f"{stat.S_IMODE(st.st_mode):o}): run `efabuild trust` again", where)
         data = os.read(fd, MAX_PEM_BYTES + 1)

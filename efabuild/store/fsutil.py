@@ -17,7 +17,7 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -191,6 +191,13 @@ def open_regular(path: Path) -> int | None:
         return fd
     os.close(fd)
     return None
+
+
+def only_writable_by(st: os.stat_result, owners: Collection[int]) -> bool:
+    """Whether the file `st` describes belongs to one of `owners` and nobody else may change it
+    (no group or other write bit): what a store on a shared path must check before it believes a
+    file that only its own user should have written."""
+    return st.st_uid in owners and not st.st_mode & 0o022
 
 
 def _check_size(size: int, where: Path, limit: int) -> None:
