@@ -35,7 +35,7 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     tmp = tmp_path_factory.mktemp("packaging")
     sources = tmp / "sources"
     sources.mkdir()
-    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
         shutil.copy(REPO / name, sources / name)
     for name in ("efabuild", "fixtures"):
         shutil.copytree(REPO / name, sources / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
@@ -59,6 +59,9 @@ def test_the_metadata_names_the_license_and_the_console_scripts(installed):
     bin_dir, env = installed
     shown = run(bin_dir / "python", "-m", "pip", "show", "efabuild", cwd=bin_dir, env=env).stdout
     assert "License: Apache-2.0" in shown
+    # the licence's text travels with the wheel, not only its name
+    [licence] = (bin_dir.parent / "lib").glob("python3*/site-packages/efabuild-*.dist-info/LICENSE")
+    assert "Apache License" in licence.read_text() and "Version 2.0" in licence.read_text()
     assert (bin_dir / "efabuild").is_file() and (bin_dir / "efabuild-pyxis-importer").is_file()
     checked = run(bin_dir / "python", "-m", "pip", "check", cwd=bin_dir, env=env)
     assert checked.returncode == 0, checked.stdout  # every dependency is there
