@@ -29,9 +29,6 @@ COMPONENTS = (
 # What [audit] required_pins may name, besides "arg:NAME".
 KNOWN_PINS = ("base-digest", "deepep-commit", "efa-installer")
 
-# Enroot's defaults (ENROOT_SQUASH_OPTIONS): lzo for portability, data blocks left uncompressed.
-ENROOT_SQUASH_OPTIONS = ("-comp", "lzo", "-noD")
-
 
 @attrs.frozen
 class BuilderSettings:

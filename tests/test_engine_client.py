@@ -13,7 +13,6 @@ from efabuild.engine.images import (
     image_config,
     image_exists,
     image_id,
-    resolve_digest,
 )
 from efabuild.errors import InputError, NotFound
 from efabuild.model import BuilderSettings
@@ -146,15 +145,6 @@ def test_image_config_has_what_enroot_writes(busybox_image, image_names, tmp_pat
     assert config["Cmd"] == ["echo hi"]
     with pytest.raises(NotFound):
         image_config(engine, image_names("absent"))
-
-
-def test_resolve_digest_is_none_when_nothing_knows_it(busybox_image):
-    engine = connect(BuilderSettings())
-    # a local image made by `docker import` has no repo digest; its registry does not answer
-    assert resolve_digest(engine, busybox_image) is None
-    assert resolve_digest(engine, "127.0.0.1:1/efabuild/none:1") is None
-    pinned = "nvcr.io/nvidia/pytorch:26.08-py3@sha256:" + "ab" * 32
-    assert resolve_digest(engine, pinned) == "sha256:" + "ab" * 32
 
 
 def test_base_identity_names_what_from_builds_on(busybox_image):

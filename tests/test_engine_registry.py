@@ -14,7 +14,6 @@ from efabuild.engine.images import (
     existing_tags,
     image_exists,
     image_id,
-    resolve_digest,
     untag_image,
 )
 from efabuild.engine.registry import RegistryError, has, pull, push, remote_ref
@@ -56,11 +55,11 @@ def test_push_remove_pull_gives_back_the_same_image(engine, local_registry, buil
     assert existing_tags(engine, repo_prefix=f"{local_registry}/") == set()
 
 
-def test_resolve_digest_of_a_pushed_image_is_the_registrys(engine, local_registry, built_layer):
+def test_the_base_digest_of_a_pushed_image_is_the_registrys(engine, local_registry, built_layer):
     registry = RegistrySettings(url=local_registry)
     pushed = push(engine, built_layer, registry)
     ref = remote_ref(built_layer, registry)
-    assert resolve_digest(engine, ref) == pushed.rsplit("@", 1)[1]
+    assert base_identity(engine, ref) == (pushed.rsplit("@", 1)[1], "registry")
     # the digest pins the image: pulling by it gives the same image
     subprocess.run(["docker", "pull", "-q", pushed], capture_output=True, check=True)
     try:

@@ -60,7 +60,6 @@ class ContextHasher:
         self.state = state
         self.exclude = exclude
         self.files_read = 0
-        self.bytes_read = 0
         self._memo: dict[str, tuple[ContextEntry, ...]] = {}
 
     def entries(self, context: tuple[str, ...], where: str, exclude: tuple[str, ...] = ()) -> tuple[ContextEntry, ...]:
@@ -135,7 +134,6 @@ class ContextHasher:
         with open(path, "rb") as f:
             while chunk := f.read(_CHUNK):
                 hasher.update(chunk)
-                self.bytes_read += len(chunk)
         self.files_read += 1
         digest = hasher.hexdigest()
         self.state.put(rel, st, digest)

@@ -16,7 +16,6 @@ from typing import TextIO
 from efabuild.build.reporter import Reporter
 from efabuild.cli.colour import Palette, wanted
 
-MODES = ("auto", "tty", "plain", "json")
 PROGRESS_FORMAT = "efabuild.progress/v1"
 PLANNING = "gathering facts for the plan: build contexts, the engine's images, the store…"
 

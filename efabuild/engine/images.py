@@ -102,16 +102,6 @@ def history_times(engine: Engine, ref: str, timeout: float = LIST_TIMEOUT_S) -> 
     return listed.stdout.splitlines()
 
 
-def resolve_digest(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S) -> str | None:
-    """The repository digest (sha256:...) that pins `ref`: from the reference itself, the local
-    image's RepoDigests, or the registry. None when none of them knows it (offline, say)."""
-    if "@" in ref:
-        return ref.rsplit("@", 1)[1]
-    local = _local_identity(engine, ref)
-    digest = _repo_digest(ref, local[1]) if local else None
-    return digest or remote_digest(engine, ref, timeout=timeout)
-
-
 def base_identity(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S) -> tuple[str | None, str]:
     """What a `FROM ref` builds on, as (digest, source), in one inspect when the engine has it.
 

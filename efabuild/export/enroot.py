@@ -19,8 +19,6 @@ ENVIRONMENT = "etc/environment"
 RC = "etc/rc"
 RC_LOCAL = "etc/rc.local"
 FSTAB = "etc/fstab"
-# rootfs-relative paths of the files written from the config, in the order Enroot writes them
-CONFIG_FILES = (FSTAB, ENVIRONMENT, RC, RC_LOCAL)
 
 RC_LOCAL_TEXT = (
     "# This file is sourced by /etc/rc when the container starts.\n"

@@ -46,13 +46,11 @@ class GraphTexts:
 
     def __init__(self) -> None:
         self._index: dict[Path, Mapping[tuple[str, ...], KeyLine]] = {}
-        self.files_indexed = 0  # how many times a file was read and indexed (for tests)
 
     def get(self, path: Path) -> Mapping[tuple[str, ...], KeyLine]:
         found = self._index.get(path)
         if found is None:
             found = self._index[path] = key_lines(_read_text(path))
-            self.files_indexed += 1
         return found
 
 

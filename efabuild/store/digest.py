@@ -1,7 +1,7 @@
 """blake3 digests of artifacts, written as "blake3:<64 hex>", and their sha256 for other tools.
 
 Files are hashed through mmap with blake3's multithreading (a 25 GB .sqsh takes seconds, not
-minutes); `Hasher` digests a stream while it is being written, so no second pass is needed.
+minutes).
 blake3 is what efabuild checks; sha256 (plain hex) is what in-toto and cosign verifiers match,
 computed beside blake3 in the same read of the file (`file_digests`).
 """
@@ -19,25 +19,6 @@ ALGORITHM = "blake3"
 PREFIX = ALGORITHM + ":"
 HEX_LENGTH = 64
 _SHA256_CHUNK = 8 << 20
-
-
-class Hasher:
-    """Streaming digest: feed bytes with `update`, read `digest()` at the end."""
-
-    def __init__(self, *, threads: bool = True) -> None:
-        # Multithreading only pays for large updates; blake3 decides per update.
-        self._hash = blake3.blake3(max_threads=blake3.blake3.AUTO if threads else 1)
-        self.size = 0
-
-    def update(self, data: bytes | bytearray | memoryview) -> None:
-        self._hash.update(data)
-        self.size += len(data)
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
-
-    def digest(self) -> str:
-        return PREFIX + self._hash.hexdigest()
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
@@ -119,11 +100,6 @@ class Sha256Pass:
             raise self._error
         assert self._value is not None
         return self._value
-
-
-def is_sha256(text: object) -> bool:
-    """True for 64 lowercase hex characters (a sha256 as in-toto writes it: no prefix)."""
-    return isinstance(text, str) and len(text) == HEX_LENGTH and all(c in "0123456789abcdef" for c in text)
 
 
 def bytes_digest(data: bytes) -> str:

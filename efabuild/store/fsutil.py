@@ -307,10 +307,6 @@ def atomic_write_bytes(path: Path, data: bytes, tmp_dir: Path, mode: int = 0o644
         os.fsync(dir_fd)
 
 
-def same_filesystem(a: Path, b: Path) -> bool:
-    return os.stat(a).st_dev == os.stat(b).st_dev
-
-
 def copy_file(source: Path, dest: Path, progress: Progress | None = None) -> None:
     """Copy into a new file `dest` (must not exist) and fsync it; the kernel copies when it can."""
     with open(source, "rb") as src, open(dest, "xb") as dst:

@@ -132,9 +132,6 @@ class Layout:
             raise EfabuildError(f"{fsutil.shown(path)}: artifact record is not a JSON object")
         return data
 
-    def read_manifest(self, key: str) -> bytes | None:
-        return fsutil.read_under(self.root, self.manifest_path(key), MANIFEST_LIMIT)
-
     def read_envelope(self, key: str) -> bytes | None:
         return fsutil.read_under(self.root, self.envelope_path(key), ENVELOPE_LIMIT)
 
