@@ -264,3 +264,18 @@ def test_build_fixtures_says_up_to_date_once_with_the_image_id(mini_ngc):
     image_id = docker.image.inspect(MINI_NGC_TAG).id
     assert len(lines) == 1 and lines[0].startswith(f"{MINI_NGC_TAG}: up to date in ")
     assert lines[0].endswith(f", image ID {image_id[:19]}")
+
+
+def test_build_fixtures_json_is_one_efabuild_document(mini_ngc, capsys):
+    """--json follows the convention every other --json does (README, "JSON output")."""
+    import json
+
+    from python_on_whales import docker
+
+    from efabuild.cli.build_fixtures import main
+
+    assert main(["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["format"] == "efabuild.fixtures/v1"
+    assert [(image["tag"], image["built"], image["image_id"]) for image in data["images"]] == [
+        (MINI_NGC_TAG, False, docker.image.inspect(MINI_NGC_TAG).id)]

@@ -4,7 +4,6 @@ scripts/build-fixtures.py runs; the work is efabuild.build.fixtures')."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     import attrs
 
     from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
+    from efabuild.cli.output import print_json
     from efabuild.errors import EfabuildError
 
     parser = argparse.ArgumentParser(
@@ -34,12 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     except EfabuildError as exc:
         print(f"efabuild: {exc}", file=sys.stderr)
         return exc.exit_code
+    if args.json:
+        print_json("fixtures", {"images": [attrs.asdict(img) for img in images]})
+        return 0
     for img in images:
-        if args.json:
-            print(json.dumps(attrs.asdict(img)))
-        else:
-            state = "built" if img.built else "up to date"
-            print(f"{img.tag}: {state} in {img.seconds:.1f}s, image ID {img.image_id[:19]}")
+        state = "built" if img.built else "up to date"
+        print(f"{img.tag}: {state} in {img.seconds:.1f}s, image ID {img.image_id[:19]}")
     return 0
 
 
