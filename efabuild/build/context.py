@@ -21,7 +21,7 @@ import blake3
 from efabuild.errors import EfabuildError, InputError
 from efabuild.keys import ContextEntry
 from efabuild.model import Workspace
-from efabuild.build.dockerignore import IGNORE_FILE, Exclusions, leaves_out
+from efabuild.build.dockerignore import IGNORE_FILE, BadPattern, Exclusions, leaves_out
 from efabuild.build.hashcache import HashState
 from efabuild.configfile import read_text
 
@@ -69,7 +69,7 @@ class ContextHasher:
             inside = next((ex for ex in self.exclude if rel == ex or rel.startswith(ex + "/")), None)
             if inside:
                 raise InputError(f"'{rel}' is inside {inside}/, which is never part of a context", where)
-            rules = exclusions(self.root, rel, exclude)
+            rules = exclusions(self.root, rel, exclude, where)
             memo = (rel, *(r.patterns for r in rules))
             if memo not in self._memo:
                 self._memo[memo] = tuple(self._walk(rel, where, rules))
@@ -93,6 +93,7 @@ class ContextHasher:
             dir_rel, dir_path = pending.pop()
             with os.scandir(dir_path) as it:
                 children = list(it)
+            _check_names(dir_rel, children, rules, where)
             for child in children:
                 child_rel = f"{dir_rel}/{child.name}" if dir_rel != "." else child.name
                 if child.is_dir(follow_symlinks=False):
@@ -120,7 +121,7 @@ class ContextHasher:
                 raise InputError(f"'{rel}' is a symlink loop", where) from None
             if resolved != self.root and self.root not in resolved.parents:
                 raise InputError(f"'{rel}' is a symlink leading outside the workspace", where)
-            yield ContextEntry(rel, "symlink", blake3.blake3(target.encode()).hexdigest())
+            yield ContextEntry(rel, "symlink", blake3.blake3(os.fsencode(target)).hexdigest())
         elif stat.S_ISREG(st.st_mode):
             mode = "755" if st.st_mode & 0o111 else "644"
             yield ContextEntry(rel, mode, self._file_digest(rel, path, st))
@@ -153,14 +154,47 @@ def hash_contexts(ws: Workspace, graph: LayerGraph, order: list[str],
     return contexts
 
 
-def exclusions(root: Path, rel: str, exclude: tuple[str, ...]) -> tuple[Exclusions, ...]:
+def exclusions(root: Path, rel: str, exclude: tuple[str, ...], where: str = "") -> tuple[Exclusions, ...]:
     """What a context entry leaves out: the layer's `exclude` patterns (workspace-relative) and,
-    for a directory, its own .dockerignore (relative to it), each only when present."""
-    rules = [Exclusions(exclude)] if exclude else []
+    for a directory, its own .dockerignore (relative to it), each only when present. A pattern
+    Docker would refuse is an InputError naming the key (`where`, ...context → ...exclude) or file."""
+    rules = [_exclusions(exclude, "", where.removesuffix(".context") + ".exclude")] if exclude else []
     ignore_file = os.path.join(root, rel, IGNORE_FILE)
     if os.path.isfile(ignore_file):
-        rules.append(Exclusions(read_text(ignore_file, f"{rel}/{IGNORE_FILE}").splitlines(), rel))
+        name = f"{rel}/{IGNORE_FILE}"
+        rules.append(_exclusions(read_text(ignore_file, name).splitlines(), rel, name))
     return tuple(r for r in rules if r)
+
+
+def _exclusions(patterns: Iterable[str], rel: str, where: str) -> Exclusions:
+    try:
+        return Exclusions(patterns, rel)
+    except BadPattern as exc:
+        raise InputError(str(exc), where) from None
+
+
+def _check_names(dir_rel: str, children: list[os.DirEntry], rules: tuple[Exclusions, ...], where: str) -> None:
+    """A key is UTF-8 JSON: a name that is not UTF-8 (read as surrogates) cannot be keyed unless
+    it is left out. One encode per directory, not per file."""
+    try:
+        "/".join(child.name for child in children).encode("utf-8")
+        return
+    except UnicodeEncodeError:
+        pass
+    for child in children:
+        path = f"{dir_rel}/{child.name}" if dir_rel != "." else child.name
+        if _utf8(child.name) or leaves_out(rules, path, directory=child.is_dir(follow_symlinks=False)):
+            continue
+        shown = path.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+        raise InputError(f"'{shown}' is not a UTF-8 file name: rename it or leave it out with exclude", where)
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def never_context(ws: Workspace) -> frozenset[str]:
@@ -187,7 +221,7 @@ def write_context(root: Path, directory: Path, entries: Iterable[ContextEntry]) 
         made.update(p for p in target.parents if p != directory and directory in p.parents)
         if entry.mode == "symlink":
             link = os.readlink(source)
-            _same_as_hashed(entry, blake3.blake3(link.encode()).hexdigest())
+            _same_as_hashed(entry, blake3.blake3(os.fsencode(link)).hexdigest())
             os.symlink(link, target)
             os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
             continue
@@ -200,11 +234,21 @@ def write_context(root: Path, directory: Path, entries: Iterable[ContextEntry]) 
 
 
 def _copy_hashing(source: Path, target: Path) -> str:
+    """Copy `source` to `target`, returning the blake3 of what was copied ("" when `source` is no
+    longer a regular file). Opened without blocking (a FIFO swapped in since the key was made
+    would never be written) and not through a symlink swapped in: either reads as a change."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ""
     hasher = blake3.blake3()
-    with open(source, "rb") as src, open(target, "xb") as dst:
-        while chunk := src.read(_CHUNK):
-            hasher.update(chunk)
-            dst.write(chunk)
+    with os.fdopen(fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        with open(target, "xb") as dst:
+            while chunk := src.read(_CHUNK):
+                hasher.update(chunk)
+                dst.write(chunk)
     return hasher.hexdigest()
 
 

@@ -10,6 +10,7 @@ leading `/` (Docker's patterns never match at any depth, as bare gitignore names
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Iterable
 
 IGNORE_FILE = ".dockerignore"
@@ -30,6 +31,10 @@ def docker_patterns(lines: Iterable[str]) -> tuple[str, ...]:
     return tuple(patterns)
 
 
+class BadPattern(ValueError):
+    """A pattern Docker would refuse (Go's filepath.Match: ErrBadPattern)."""
+
+
 class Exclusions:
     """Docker-syntax patterns relative to `root` (a workspace-relative directory, "" for the
     workspace root), asked about workspace-relative paths."""
@@ -40,7 +45,11 @@ class Exclusions:
         self.patterns = docker_patterns(patterns)
         self.prefix = f"{root}/" if root and root != "." else ""
         anchored = [f"!/{p[1:]}" if p.startswith("!") else f"/{p}" for p in self.patterns]
-        self._spec = pathspec.PathSpec.from_lines("gitignore", anchored)
+        try:
+            self._spec = pathspec.PathSpec.from_lines("gitignore", anchored)
+        except (ValueError, re.error) as exc:  # pathspec's own errors are ValueErrors
+            bad = next((p for p in self.patterns if not _compiles(p)), "")
+            raise BadPattern(f"bad pattern {bad!r}: {exc}") from None
         # with an exception, something under an excluded directory may come back: walk into it
         self._prunes = not any(p.startswith("!") for p in self.patterns)
 
@@ -60,3 +69,13 @@ class Exclusions:
 
 def leaves_out(rules: Iterable[Exclusions], path: str, *, directory: bool = False) -> bool:
     return any(r.prunes(path) if directory else r.excludes(path) for r in rules)
+
+
+def _compiles(pattern: str) -> bool:
+    import pathspec
+
+    try:
+        pathspec.PathSpec.from_lines("gitignore", ["/" + pattern.removeprefix("!")])
+    except (ValueError, re.error):
+        return False
+    return True
