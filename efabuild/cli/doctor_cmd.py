@@ -112,8 +112,8 @@ def _manifest(args: argparse.Namespace) -> dict | None:
 
         try:
             data = json.loads(read_text(args.manifest, args.manifest, MAX_MANIFEST_BYTES))
-        except ValueError as exc:
-            raise InputError(f"not JSON: {exc}", args.manifest) from None
+        except (ValueError, RecursionError) as exc:
+            raise InputError(f"not JSON: {_why(exc)}", args.manifest) from None
         if not isinstance(data, dict):
             raise InputError("not a manifest (expected a JSON object)", args.manifest)
         return data
@@ -131,6 +131,10 @@ def _manifest(args: argparse.Namespace) -> dict | None:
         raise NotFound(f"artifact {args.artifact} has no manifest to compare with")
     try:
         data = json.loads(raw)
-    except ValueError as exc:
-        raise EfabuildError(f"the manifest of {args.artifact} is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise EfabuildError(f"the manifest of {args.artifact} is not JSON: {_why(exc)}") from None
     return data if isinstance(data, dict) else {}
+
+
+def _why(exc: Exception) -> str:
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)

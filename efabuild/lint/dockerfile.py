@@ -180,7 +180,7 @@ def run_commands(ins: Instruction, lookup) -> list[tuple[Command, int]]:
     if body.startswith("["):
         try:
             argv = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # not an exec form after all: read as a shell line
             argv = None
         if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
             if len(argv) >= 3 and _is_shell(argv[0]) and "-c" in argv[1:-1]:

@@ -87,8 +87,9 @@ def decode(data: bytes, where: str = "manifest") -> dict[str, Any]:
     """A stored manifest back as a dict; EfabuildError naming `where` when it is not one."""
     try:
         manifest = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise EfabuildError(f"{where}: unreadable manifest ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+        raise EfabuildError(f"{where}: unreadable manifest ({reason})") from None
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
         found = manifest.get("schema") if isinstance(manifest, dict) else type(manifest).__name__
         raise EfabuildError(f"{where}: not an efabuild manifest (schema {found!r}, expected {SCHEMA!r})")

@@ -117,7 +117,7 @@ def _cuda(fs: FsView) -> Component:
     if text is not None:
         try:
             version = json.loads(text).get("cuda", {}).get("version")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # the image's file: any shape, any depth
             version = None
         if isinstance(version, str):
             return Component("cuda", version, path)
@@ -187,9 +187,12 @@ def _deepep_commit(fs: FsView, dist_info: str) -> tuple[str | None, str | None]:
         return None, None
     try:
         direct_url = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # the image's file: any depth
         return None, None
-    commit = (direct_url.get("vcs_info") or {}).get("commit_id")
+    if not isinstance(direct_url, dict):
+        return None, None
+    vcs_info = direct_url.get("vcs_info")
+    commit = vcs_info.get("commit_id") if isinstance(vcs_info, dict) else None
     if isinstance(commit, str) and _FULL_COMMIT.match(commit):
         return commit, f"{path} (vcs_info.commit_id)"
     url = direct_url.get("url", "")

@@ -22,6 +22,7 @@ from efabuild.provenance.fsview import SqshView
 from efabuild.provenance.probe import EFA_PACKAGES_FILE, probe_tree
 
 HOST_EFA_FILE = Path(EFA_PACKAGES_FILE)  # the host's own, when run on a cluster node
+MAX_HOST_EFA_BYTES = 1 << 20
 
 
 def describe_sqsh(
@@ -166,9 +167,14 @@ def host_facts(flag: str | None, policy: AuditPolicy, host_file: Path = HOST_EFA
 
 
 def read_efa_installer_version(path: Path) -> str | None:
+    """The version line of an installer's package list (a few KB): a FIFO, a device or a file
+    of over 1 MiB there is not waited on or read, it says nothing."""
+    from efabuild.configfile import read_bytes
+    from efabuild.errors import InputError
+
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        text = read_bytes(path, str(path), limit=MAX_HOST_EFA_BYTES).decode("utf-8", errors="replace")
+    except InputError:
         return None
     for line in text.splitlines():
         if line.startswith("# EFA installer version:"):

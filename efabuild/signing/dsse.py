@@ -50,8 +50,8 @@ class Envelope:
             raise EfabuildError(f"{where}: payloadType is {self.payload_type!r}, not {PAYLOAD_TYPE}")
         try:
             statement = json.loads(self.payload)
-        except ValueError as exc:
-            raise EfabuildError(f"{where}: the payload is not a JSON statement ({exc})") from None
+        except (ValueError, RecursionError) as exc:
+            raise EfabuildError(f"{where}: the payload is not a JSON statement ({_why(exc)})") from None
         if not isinstance(statement, dict):
             raise EfabuildError(f"{where}: the payload is not a JSON object")
         return statement
@@ -87,8 +87,8 @@ def decode(data: bytes, where: str = "envelope") -> Envelope:
         raise EfabuildError(f"{where}: holds {len(lines)} envelopes, not exactly one")
     try:
         raw = json.loads(lines[0])
-    except ValueError as exc:
-        raise EfabuildError(f"{where}: not a JSON envelope ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise EfabuildError(f"{where}: not a JSON envelope ({_why(exc)})") from None
     if not isinstance(raw, dict):
         raise EfabuildError(f"{where}: not a JSON envelope object")
     payload_type, payload, signatures = raw.get("payloadType"), raw.get("payload"), raw.get("signatures")
@@ -113,3 +113,7 @@ def _b64(text: str, where: str) -> bytes:
             return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
         except (binascii.Error, ValueError):
             raise EfabuildError(f"{where}: not base64") from None
+
+
+def _why(exc: Exception) -> str:
+    return "nested too deeply" if isinstance(exc, RecursionError) else str(exc)

@@ -194,7 +194,7 @@ def _check_manifest(layout: Layout, key: str, record) -> list[str]:  # noqa: ANN
 
         manifest = json.loads(data)
         artifact = manifest.get("artifact") or {}
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return [f"{path}: not a JSON manifest"]
     problems = []
     if manifest.get("key") != key:

@@ -87,7 +87,7 @@ def _read_entry(directory: Path, owner: int, name: str) -> dict | None:
         os.close(fd)
     try:
         entry = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return entry if isinstance(entry, dict) and entry.get("format") == FORMAT else None
 
