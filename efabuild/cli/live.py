@@ -15,6 +15,7 @@ from typing import TextIO
 
 from efabuild.build.reporter import Reporter
 from efabuild.cli.colour import Palette, wanted
+from efabuild.store.fsutil import shown
 
 PROGRESS_FORMAT = "efabuild.progress/v1"
 PLANNING = "gathering facts for the plan: build contexts, the engine's images, the store…"
@@ -40,7 +41,7 @@ class PlainReporter(Reporter):
         self.say(f"efabuild: {PLANNING}")
 
     def started(self, name: str, action: str, detail: str = "") -> None:
-        self.say(f"[{name}] {action}{': ' + detail if detail else ''}")
+        self.say(f"[{name}] {action}{': ' + shown(detail) if detail else ''}")
 
     def line(self, name: str, text: str) -> None:
         """A line of a layer's build log: only the live view shows these."""
@@ -106,14 +107,15 @@ class LiveReporter(PlainReporter):
 
     def started(self, name: str, action: str, detail: str = "") -> None:
         with self._lock:
-            self._active[name] = (action, time.monotonic(), detail)
-            self._write(f"[{name}] {action}{': ' + detail if detail else ''}")
+            self._active[name] = (action, time.monotonic(), shown(detail))
+            self._write(f"[{name}] {action}{': ' + shown(detail) if detail else ''}")
 
     def line(self, name: str, text: str) -> None:
         with self._lock:
             if name in self._active:
                 action, start, _ = self._active[name]
-                self._active[name] = (action, start, text.strip())
+                # a build's output line: its escapes shown, not sent to the terminal
+                self._active[name] = (action, start, shown(text.strip()))
 
     def finished(self, outcome) -> None:  # noqa: ANN001
         with self._lock:

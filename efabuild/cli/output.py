@@ -21,7 +21,7 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, in
     """Left-aligned columns two spaces apart, each line indented; the last column is not padded,
     so no line ends in spaces. `paint` colours the padded cells of column `painted` (not the
     header): widths are counted before any colour."""
-    all_rows = ([header] if header else []) + list(rows)
+    all_rows = ([header] if header else []) + [[_printable(cell) for cell in row] for row in rows]
     if not all_rows:
         return ""
     widths = [max(len(row[i]) for row in all_rows) for i in range(len(all_rows[0]) - 1)]
@@ -32,6 +32,15 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, in
             cells[painted] = paint(cells[painted])
         lines.append((indent + "  ".join(cells)).rstrip())
     return "\n".join(lines)
+
+
+def _printable(cell: str) -> str:
+    """A cell as a terminal shows it: a control character from a file or log line escaped."""
+    if cell.isprintable():
+        return cell
+    from efabuild.store.fsutil import shown
+
+    return shown(cell)
 
 
 def print_table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, indent: str = "") -> None:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from efabuild.store.fsutil import shown
+
 if TYPE_CHECKING:
     from efabuild.dag import LayerGraph
 
@@ -140,13 +142,20 @@ def _css(state: str) -> str:
 
 
 def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+    return '"' + _dot_text(text) + '"'
 
 
 def _lines(lines: list[str]) -> str:
     # "\l" ends a left-justified line in a Graphviz label
-    escaped = [line.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") for line in lines]
+    escaped = [_dot_text(line) for line in lines]
     return '"' + "\\l".join(escaped) + '\\l"'
+
+
+def _dot_text(text: str) -> str:
+    """Text inside a DOT string: a newline as a space, other control characters shown escaped
+    (an SVG holding them is no XML), then backslashes and quotes escaped for dot."""
+    text = shown(text.replace("\n", " "))
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _html(text: str) -> str:

@@ -93,7 +93,8 @@ class BuildInterrupted(EfabuildError):
 def format_failure(tag: str, failure: BuildFailure, log_path: Path) -> str:
     """`build of TAG failed at STEP: exit code N (log: PATH)` and the last lines, indented."""
     if failure.step:
-        step = failure.step if len(failure.step) <= STEP_SHOWN_CHARS else failure.step[: STEP_SHOWN_CHARS - 1] + "…"
+        step = shown(failure.step)
+        step = step if len(step) <= STEP_SHOWN_CHARS else step[: STEP_SHOWN_CHARS - 1] + "…"
         why = f"exit code {failure.exit_code}" if failure.exit_code is not None else failure.reason
         head = f"build of {tag} failed at {step}: {why}"
     else:
@@ -101,7 +102,7 @@ def format_failure(tag: str, failure: BuildFailure, log_path: Path) -> str:
     lines = [f"{head} (log: {log_path})"]
     if failure.tail:
         lines.append("last lines:")
-        lines.extend(f"  | {line}" for line in failure.tail)
+        lines.extend(f"  | {shown(line)}" for line in failure.tail)  # the build's output: escapes shown
     return "\n".join(lines)
 
 

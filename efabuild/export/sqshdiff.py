@@ -18,6 +18,7 @@ import attrs
 
 from efabuild.engine import children
 from efabuild.errors import EfabuildError
+from efabuild.store.fsutil import shown
 
 _CHUNK = 1 << 20
 # the order differences are shown in, for one path
@@ -42,8 +43,10 @@ class Difference:
     after: str = ""  # the rebuilt one's
 
     def render(self) -> str:
-        change = f"  {self.before} → {self.after}" if self.before or self.after else ""
-        return f"{self.kind:8} {self.path}{change}"
+        """One line; names from the images (a path, a link's target) with escapes and bytes that
+        are not UTF-8 shown, not sent to the terminal."""
+        change = f"  {shown(self.before)} → {shown(self.after)}" if self.before or self.after else ""
+        return f"{self.kind:8} {shown(self.path)}{change}"
 
 
 def _kind(member: tarfile.TarInfo) -> str:

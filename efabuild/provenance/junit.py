@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from efabuild.provenance.checks import FAIL, SKIP, WARN
 
 # characters XML 1.0 cannot hold, even escaped (a message quoting a binary's bytes)
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+# (and surrogates: a name read from an image that is not UTF-8)
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def to_junit(results: Sequence) -> bytes:  # noqa: ANN001 - efabuild.provenance.stored.AuditResult

@@ -39,9 +39,16 @@ class UnsafeEntry(EfabuildError):
 
 
 def shown(path: str | os.PathLike[str]) -> str:
-    """A path for a one-line message: control characters (a newline in a planted name) escaped."""
+    """A path for a one-line message: control characters (a newline in a planted name) escaped,
+    and a byte that is not UTF-8 (read as a surrogate) shown as `\\xNN`, so the text can be printed."""
     text = os.fspath(path)
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escaped(c) for c in text)
+
+
+def _escaped(char: str) -> str:
+    return f"\\x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else repr(char)[1:-1]
 
 
 def kind_of(mode: int) -> str:
