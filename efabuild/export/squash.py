@@ -187,18 +187,21 @@ def export_tar_stream(
     sha256: bool = True,
     cancel: threading.Event | None = None,
     chunking: tuple[int, int, int] | None = None,
+    env: dict[str, str] | None = None,
 ) -> ExportResult:
     """Export the root filesystem the command `source` writes as a tar on its stdout (a build's
     `--output type=tar,dest=-`) to `out`, as `export_image` exports that image: `config` and
     `created` (its creation times) are the image's, read from wherever it is (a registry), and the
-    entries a container's creation adds are added by the filter. `what` names it in messages."""
+    entries a container's creation adds are added by the filter. `what` names it in messages;
+    `env`: variables added to the source's environment."""
     clamp = time_clamp(created) if options.clamp_times else None
     job = _Job(what, Path(out).absolute(), mksquashfs_options(options, epoch=epoch),
                RewritePlan.for_config(config, epoch=epoch, clamp=clamp, init_layer=True), None, time.monotonic(),
                chunking)
 
     def start(stderr: IO[bytes]) -> subprocess.Popen:
-        return children.popen(source, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
+        return children.popen(source, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
+                              env={**os.environ, **env} if env else None)
 
     return _squash(start, source[0], job, progress, sha256, cancel)
 
