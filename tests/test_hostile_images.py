@@ -158,3 +158,104 @@ def test_a_dockerfile_exec_form_nested_deeply_is_linted_not_a_traceback(tmp_path
     proc = run_efabuild(["-C", str(root), "lint"], capture_output=True, text=True)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "lint: 0 errors" in proc.stdout
+
+
+# ---- a farm export's tar stream ------------------------------------------------------------------
+def _stream(path: Path, entries: list[tuple[str, bytes, dict]]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data, fields in entries:
+            info = tarfile.TarInfo(name)
+            for field, value in fields.items():
+                setattr(info, field, value)
+            info.size = len(data) if info.isreg() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return path
+
+
+def _export(tar: Path, out: Path):
+    from efabuild.export.enroot import ImageConfig
+    from efabuild.export.squash import export_tar_stream
+    from efabuild.model import ExportSettings
+
+    # the farm's path: a builder's `--output type=tar` on a pipe, here `cat` of the planted stream
+    return export_tar_stream(["cat", str(tar)], out, what="registry/efabuild/x@sha256:0", sha256=False,
+                             config=ImageConfig.from_docker({}), created=[], options=ExportSettings())
+
+
+@pytest.mark.parametrize(("name", "lands_at"), [("../escape", "/escape"), ("./../../x", "/x"),
+                                               ("a/../../escape", None), ("a/./../b", None)])
+def test_a_farm_stream_naming_a_path_above_the_root_stays_under_it_or_fails_in_one_line(tmp_path, name, lands_at):
+    """Leading `../` is dropped, as tar drops it; `..` further in fails the export (mksquashfs
+    refuses it): either way no entry of the .sqsh is outside its root."""
+    import subprocess
+
+    from efabuild.errors import EfabuildError
+
+    tar = _stream(tmp_path / "in.tar", [("etc/ok", b"ok\n", {}), (name, b"out\n", {})])
+    if lands_at is None:
+        with pytest.raises(EfabuildError, match="mksquashfs failed: .*'\\.\\.'") as caught:
+            _export(tar, tmp_path / "x.sqsh")
+        assert "\n" not in str(caught.value) and not (tmp_path / "x.sqsh").exists()
+        return
+    _export(tar, tmp_path / "x.sqsh")
+    out = subprocess.run(["unsquashfs", "-no-wildcards", "-cat", str(tmp_path / "x.sqsh"), lands_at],
+                         capture_output=True, check=True).stdout
+    assert out == b"out\n"
+
+
+def test_a_farm_stream_s_absolute_names_links_and_devices_stay_inside_the_image(tmp_path):
+    """Absolute names land under the image's root; a hard link to a file outside the stream (the
+    host's /etc/shadow) is left out, never read from the host; a device node and a setuid bit are
+    kept as `docker export` and Enroot keep them (Enroot runs containers without new privileges)."""
+    import subprocess
+    import tarfile
+
+    secret = tmp_path / "host-secret"
+    secret.write_text("host secret\n")
+    tar = _stream(tmp_path / "in.tar", [
+        ("etc", b"", {"type": tarfile.DIRTYPE, "mode": 0o755}),
+        ("/abs/file", b"abs\n", {}),
+        ("hard-up", b"", {"type": tarfile.LNKTYPE, "linkname": "../../" + str(secret).lstrip("/")}),
+        ("hard-abs", b"", {"type": tarfile.LNKTYPE, "linkname": str(secret)}),
+        ("null", b"", {"type": tarfile.CHRTYPE, "devmajor": 1, "devminor": 3, "mode": 0o666}),
+        ("suid", b"#!/bin/sh\n", {"mode": 0o4755}),
+        ("soft", b"", {"type": tarfile.SYMTYPE, "linkname": str(secret)}),
+    ])
+    _export(tar, tmp_path / "x.sqsh")
+    listing = subprocess.run(["unsquashfs", "-lln", "-d", "", str(tmp_path / "x.sqsh")], capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+    entries = {line.split(" ")[-1] if " -> " not in line else line.split(" -> ")[0].split(" ")[-1]: line
+               for line in listing if line[:1] in "-dlcbps"}
+    assert "/abs/file" in entries and "/hard-up" not in entries and "/hard-abs" not in entries
+    assert entries["/null"].startswith("crw-rw-rw-") and entries["/suid"].startswith("-rwsr-xr-x")
+    assert entries["/soft"].endswith(f"/soft -> {secret}")  # a link's text, resolved only inside a container
+    files = [path for path, line in entries.items() if line.startswith("-")]
+    contents = subprocess.run(["unsquashfs", "-no-wildcards", "-cat", str(tmp_path / "x.sqsh"), *files],
+                              capture_output=True, check=True).stdout
+    assert b"host secret" not in contents
+
+
+@pytest.mark.parametrize("tar_format", ["gnu", "posix"])
+def test_a_farm_stream_with_a_10_gib_sparse_entry_fails_in_one_line_without_writing_it(tmp_path, tar_format):
+    """Neither `docker export` nor BuildKit writes sparse entries; mksquashfs 4.6 cannot read them
+    (old GNU sparse at all, PAX 1.0 sparse when an entry follows, as the filter's always do)."""
+    import subprocess
+    import time
+
+    from efabuild.errors import EfabuildError
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    with open(tree / "big", "wb") as f:
+        f.seek(10 << 30)
+        f.write(b"end\n")
+    tar = tmp_path / "in.tar"
+    subprocess.run(["tar", "--sparse", f"--format={tar_format}", "-cf", str(tar), "-C", str(tree), "big"], check=True)
+    started = time.monotonic()
+    with pytest.raises(EfabuildError, match="mksquashfs failed") as caught:
+        _export(tar, tmp_path / "x.sqsh")
+    assert "\n" not in str(caught.value) and not (tmp_path / "x.sqsh").exists()
+    assert time.monotonic() - started < 60
