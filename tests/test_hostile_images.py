@@ -259,3 +259,69 @@ def test_a_farm_stream_with_a_10_gib_sparse_entry_fails_in_one_line_without_writ
         _export(tar, tmp_path / "x.sqsh")
     assert "\n" not in str(caught.value) and not (tmp_path / "x.sqsh").exists()
     assert time.monotonic() - started < 60
+
+
+# ---- stored .sqsh files that are not what they claim -------------------------------------------
+def _plant_over(store: Path, data_from: Path | bytes) -> None:
+    """Replace the stored .sqsh and make its record agree, as whoever writes the tier can."""
+    from efabuild.store.digest import file_digest
+
+    sqsh = store / "objects" / KEY[:2] / f"{KEY}.sqsh"
+    sqsh.unlink()
+    if isinstance(data_from, bytes):
+        sqsh.write_bytes(data_from)
+    else:
+        os.link(data_from, sqsh)
+    record_path = store / "objects" / KEY[:2] / f"{KEY}.json"
+    record = json.loads(record_path.read_text())
+    record.update(size=sqsh.stat().st_size, digest=file_digest(sqsh))
+    record_path.chmod(0o644)
+    record_path.write_text(json.dumps(record))
+
+
+def test_a_stored_sqsh_that_is_not_squashfs_is_a_failed_check_not_a_traceback(store):
+    _plant_over(store, b"MZ not a squashfs at all\n" * 1000)
+    proc = audit(store, "--json")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    checks = {c["check"]: c for c in json.loads(proc.stdout)["artifacts"][0]["checks"]}
+    assert any("unsquashfs failed" in c["message"] for c in checks.values()), checks
+
+
+@pytest.fixture(scope="module")
+def bomb(tmp_path_factory) -> Path:
+    """240,000 hard links in a 240 KB .sqsh: each costs a few bytes there and hundreds once listed."""
+    import subprocess
+
+    tree = tmp_path_factory.mktemp("bomb") / "tree"
+    tree.mkdir()
+    for group in range(4):
+        (tree / f"g{group}").touch()
+        for i in range(60_000):
+            os.link(tree / f"g{group}", tree / f"f{group}_{i}")
+    out = tree.parent / "bomb.sqsh"
+    subprocess.run(["mksquashfs", str(tree), str(out), "-noappend", "-quiet", "-no-progress", "-comp", "xz"],
+                   check=True)
+    assert out.stat().st_size < 1 << 20
+    return out
+
+
+# The limit is lowered in these tests so the bomb can be small: its real value, 2,000,000 entries,
+# would take a bomb of 2 MB and minutes of mksquashfs on this machine.
+def test_a_squashfs_bomb_on_a_tier_is_refused_before_its_listing_fills_the_memory(store, bomb, monkeypatch):
+    from efabuild.provenance import fsview
+
+    monkeypatch.setattr(fsview, "MAX_ENTRIES", 100_000)
+    _plant_over(store, bomb)
+    proc = audit(store, "--json")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    messages = [c["message"] for c in json.loads(proc.stdout)["artifacts"][0]["checks"]]
+    assert any("lists more than 100000 entries" in m for m in messages), messages
+
+
+def test_make_check_compares_no_squashfs_bomb_entry_by_entry(bomb, monkeypatch):
+    from efabuild.errors import EfabuildError
+    from efabuild.export import sqshdiff
+
+    monkeypatch.setattr(sqshdiff, "MAX_ENTRIES", 100_000)
+    with pytest.raises(EfabuildError, match="holds more than 100000 entries: not compared"):
+        sqshdiff.read_sqsh(bomb)

@@ -18,6 +18,7 @@ import attrs
 
 from efabuild.engine import children
 from efabuild.errors import EfabuildError
+from efabuild.provenance.fsview import MAX_ENTRIES
 from efabuild.store.fsutil import shown
 
 _CHUNK = 1 << 20
@@ -76,6 +77,8 @@ def read_sqsh(sqsh: Path) -> dict[str, FileFacts]:
         try:
             with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
                 for member in tar:
+                    if len(facts) >= MAX_ENTRIES:  # a SquashFS bomb: a few bytes a hard link
+                        raise EfabuildError(f"{sqsh}: holds more than {MAX_ENTRIES} entries: not compared")
                     path = "/" + member.name.removeprefix(".").strip("/")
                     kind = _kind(member)
                     digest = member.linkname if kind in ("symlink", "hardlink") else ""
@@ -91,6 +94,9 @@ def read_sqsh(sqsh: Path) -> dict[str, FileFacts]:
         except tarfile.TarError as exc:
             proc.kill()
             raise EfabuildError(f"{sqsh}: cannot read: {exc}") from None
+        except EfabuildError:
+            proc.kill()
+            raise
         finally:
             proc.stdout.close()
             returncode = proc.wait()

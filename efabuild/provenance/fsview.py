@@ -12,6 +12,8 @@ import os
 import posixpath
 import re
 import stat
+import subprocess
+import tempfile
 from collections.abc import Iterable
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -23,6 +25,9 @@ from efabuild.errors import EfabuildError
 
 FILE, DIR, SYMLINK, OTHER = "file", "dir", "symlink", "other"
 _MAX_LINKS = 40  # like the kernel's limit: a loop gives up instead of spinning
+# an NGC PyTorch image lists a few hundred thousand entries; each costs ~500 bytes here
+MAX_ENTRIES = 2_000_000
+MAX_LISTING_BYTES = 256 << 20
 
 
 @attrs.frozen
@@ -205,8 +210,7 @@ class SqshView(FsView):
 
     def _index(self) -> dict[str, Entry]:
         if self._entries is None:
-            listing = _unsquashfs(["-lln", "-d", "", str(self.path)], self.path)
-            self._entries, self._children = _parse_listing(listing)
+            self._entries, self._children = _parse_listing(_listing(self.path))
         return self._entries
 
     def lentry(self, path: str) -> Entry | None:
@@ -221,7 +225,7 @@ class SqshView(FsView):
         # the listing gave. A short or long stream means the image changed or broke: read one by one.
         index = self._index()
         sizes = [index[p].size for p in paths]
-        data = _unsquashfs(["-no-wildcards", "-cat", str(self.path), *paths], self.path, check=False)
+        data = _cat(paths, self.path)
         if len(data) == sum(sizes):
             out, offset = {}, 0
             for path, size in zip(paths, sizes):
@@ -236,10 +240,40 @@ class SqshView(FsView):
         return out
 
 
-def _parse_listing(listing: bytes) -> tuple[dict[str, Entry], dict[str, list[str]]]:
+def _listing(image: Path) -> list[bytes]:
+    """`unsquashfs -lln`'s lines, counted as they come: a .sqsh listing more than MAX_ENTRIES
+    entries (a SquashFS bomb: a hard link costs a few bytes of a file, each listed and held here
+    for hundreds) is refused before it fills the memory."""
+    with tempfile.TemporaryFile() as errors:
+        try:
+            proc = children.popen(["unsquashfs", "-lln", "-d", "", str(image)], stdout=subprocess.PIPE,
+                                  stderr=errors, stdin=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
+        except FileNotFoundError:
+            raise EfabuildError("unsquashfs not found: install squashfs-tools (4.5 or newer)") from None
+        lines, size = [], 0
+        try:
+            for line in proc.stdout:
+                lines.append(line.rstrip(b"\n"))
+                size += len(line)
+                if len(lines) > MAX_ENTRIES or size > MAX_LISTING_BYTES:
+                    raise EfabuildError(f"{image}: lists more than {MAX_ENTRIES} entries or "
+                                        f"{MAX_LISTING_BYTES >> 20} MiB of names: not read (no image has that many)")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.stdout.close()
+            returncode = proc.wait()
+        if returncode != 0:
+            errors.seek(0)
+            detail = errors.read().decode(errors="replace").strip().splitlines()
+            raise EfabuildError(f"{image}: unsquashfs failed: {detail[-1] if detail else returncode}")
+    return lines
+
+
+def _parse_listing(listing: list[bytes]) -> tuple[dict[str, Entry], dict[str, list[str]]]:
     entries: dict[str, Entry] = {}
     children: dict[str, list[str]] = {}
-    for line in listing.split(b"\n"):
+    for line in listing:
         match = _LS_LINE.match(line)
         if match is None:
             continue  # not an entry line (or a name with a newline in it: nothing we look for)
@@ -263,14 +297,11 @@ def _decode(raw: bytes) -> str:
     return raw.decode("utf-8", errors="surrogateescape")
 
 
-def _unsquashfs(args: list[str], image: Path, check: bool = True) -> bytes:
+def _cat(paths: list[str], image: Path) -> bytes:
+    """The files at `paths`, one after the other (a short stream when one cannot be read)."""
     try:
-        proc = children.run(
-            ["unsquashfs", *args], capture_output=True, env={**os.environ, "LC_ALL": "C"}
-        )
+        proc = children.run(["unsquashfs", "-no-wildcards", "-cat", str(image), *paths], capture_output=True,
+                            env={**os.environ, "LC_ALL": "C"})
     except FileNotFoundError:
         raise EfabuildError("unsquashfs not found: install squashfs-tools (4.5 or newer)") from None
-    if check and proc.returncode != 0:
-        detail = proc.stderr.decode(errors="replace").strip().splitlines()
-        raise EfabuildError(f"{image}: unsquashfs failed: {detail[-1] if detail else proc.returncode}")
     return proc.stdout
