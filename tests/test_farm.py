@@ -112,6 +112,11 @@ def keys(root: Path) -> dict[str, str]:
     return {layer["name"].split(":")[1]: layer["key"] for layer in data["layers"]}
 
 
+def states(root: Path) -> dict[str, str]:
+    data = json.loads(efabuild(root, "plan", "--json").stdout)
+    return {layer["name"].split(":")[1]: layer["action"] for layer in data["layers"]}
+
+
 def test_parents_reach_children_through_the_registry(registry, registry_base, farm_context, second_engine,
                                                      tmp_path):
     ws = workspace(tmp_path / "ws", registry_base, f'farm = ["{farm_context}"]', registry.url)
@@ -142,6 +147,17 @@ def test_parents_reach_children_through_the_registry(registry, registry_base, fa
         audit = efabuild(ws, "audit", "--all", ok=False)
         assert audit.returncode == 0, audit.stdout + audit.stderr
         assert audit.stdout.count("passed,") == 2  # demo:efa and demo:user, the artifact layers
+        # the plan says what a farm make does: its builders have what the registry has, so nothing
+        # is "to pull" into an engine they cannot see
+        assert states(ws) == {"efa": "none", "deepep": "none", "user": "none"}
+        Path(efabuild(ws, "lookup", "demo:user").stdout.strip()).unlink()
+        assert states(ws) == {"efa": "none", "deepep": "none", "user": "export"}
+        made = json.loads(efabuild(ws, "make", "--json", "demo").stdout)
+        assert {o["name"]: o["status"] for o in made["layers"]}["demo:user"] == "exported", made
+        graph = ws / "graphs/demo.toml"
+        graph.write_text(graph.read_text().replace("COPY app/ /workspace/app/\n",
+                                                   "COPY app/ /workspace/app/\nRUN echo changed > /changed\n"))
+        assert states(ws) == {"efa": "none", "deepep": "none", "user": "build"}
     finally:
         docker(second_engine, "image", "rm", "--force", *pushed.values(), check=False)
 
@@ -242,3 +258,82 @@ def test_streamed_export_is_byte_identical_to_docker_export(farm_context, regist
                               capture_output=True, check=True).stdout == b""  # docker create's, empty
     finally:
         docker(second_engine, "image", "rm", "--force", name, check=False)
+
+
+CHECK_GRAPH = """
+[layers.tools]
+base = "{ref}"
+digest = "{digest}"
+dockerfile = '''
+ARG TEST_RUN
+RUN mkdir -p /opt/tools && echo "$TEST_RUN" > /opt/tools/run
+'''
+args = {{ TEST_RUN = "{run}" }}
+artifact = true
+
+[layers.stamp]
+parent = "tools"
+dockerfile = '''
+RUN date > /stamp
+'''
+artifact = true
+"""
+
+
+def test_check_rebuilds_on_the_farm_through_the_registry(farm_context, registry, registry_base, second_engine,
+                                                         tmp_path):
+    ws = tmp_path / "ws"
+    (ws / "graphs").mkdir(parents=True)
+    ref, digest = registry_base.split("@")
+    (ws / "graphs/g.toml").write_text(CHECK_GRAPH.format(ref=ref, digest=digest, run=secrets.token_hex(6)))
+    build = f'[workspace]\ngraphs = ["graphs/*.toml"]\n[builder]\nfarm = ["{farm_context}"]\n'
+    (ws / "BUILD.toml").write_text(build + f'[registry]\nurl = "{registry.url}"\n')
+    efabuild(ws, "make", "g")
+    key = keys(ws)
+    pushed = {layer: f"{registry.url}/efabuild/{layer}:{key[layer]}" for layer in key}
+    checked = {layer: f"{registry.url}/efabuild/{layer}:check-{key[layer][:12]}" for layer in key}
+    stored = Path(efabuild(ws, "lookup", "g:stamp").stdout.strip())
+    before = (stored.read_bytes(), docker(None, "buildx", "imagetools", "inspect", pushed["stamp"]).stdout)
+    try:
+        # the parent is gone from the builder's engine and its cache: the rebuild's FROM must pull it
+        docker(second_engine, "image", "rm", "--force", *pushed.values())
+        docker(second_engine, "builder", "prune", "--all", "--force")
+        time.sleep(1.1)  # `date` prints seconds
+        offset = registry.log_size()
+        check = efabuild(ws, "make", "--check", "g:stamp", ok=False)
+        assert check.returncode == 1, check.stdout + check.stderr
+        assert "g:stamp" in check.stdout and "differs" in check.stdout
+        assert "content  /stamp" in check.stdout
+        requests = registry.requests_since(offset)
+        assert any(r.startswith("GET /v2/efabuild/tools/manifests/sha256:") for r in requests), requests
+        assert any(r.startswith(f"PUT /v2/efabuild/stamp/manifests/check-{key['stamp'][:12]}") for r in requests)
+        log = Path(ws, "cache/logs/g/stamp", f"{key['stamp']}.check.log").read_text()
+        assert f"on {farm_context}" in log.splitlines()[0]
+        # the stored artifact and the layer's registry tag are left as they were; the rebuild is
+        # in no engine (the builder's copy went after its export)
+        assert (stored.read_bytes(), docker(None, "buildx", "imagetools", "inspect", pushed["stamp"]).stdout) == before
+        for host in (None, second_engine):
+            assert docker(host, "image", "inspect", checked["stamp"], check=False).returncode
+        # a root layer rebuilds on its base, from the registry too, to the same bytes
+        same = efabuild(ws, "make", "--check", "--json", "g:tools", ok=False)
+        assert same.returncode == 0, same.stdout + same.stderr
+        [result] = json.loads(same.stdout)["checks"]
+        assert result["identical"] and result["differences"] == []
+
+        # what a farm's check cannot do is one line: no [registry] ...
+        (ws / "BUILD.toml").write_text(build)
+        bad = efabuild(ws, "make", "--check", "g:stamp", ok=False)
+        assert bad.returncode == 2 and "add [registry] url" in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        # ... or a parent the registry lacks (deleted there; the main engine never had it)
+        (ws / "BUILD.toml").write_text(build + f'[registry]\nurl = "{registry.url}"\n')
+        tools_digest = json.loads(docker(None, "buildx", "imagetools", "inspect", pushed["tools"], "--format",
+                                         "{{json .Manifest}}").stdout)["digest"]
+        subprocess.run(["curl", "-fsS", "-X", "DELETE",
+                        f"http://{registry.url}/v2/efabuild/tools/manifests/{tools_digest}"], check=True)
+        bad = efabuild(ws, "make", "--check", "g:stamp", ok=False)
+        assert bad.returncode == 1, bad.stderr
+        [line] = bad.stderr.strip().splitlines()
+        assert "parent g:tools" in line and "efabuild make g:tools" in line, line
+    finally:
+        docker(second_engine, "image", "rm", "--force", *pushed.values(), *checked.values(), check=False)

@@ -1,10 +1,12 @@
 """`efabuild make --check`: is a stored artifact reproducible? (the spirit of `nix build --check`)
 
-The layer is built again without BuildKit's cache, on its parent's image as the engine has it
-(parents are not rebuilt), exported the way `make` exports, and compared with the stored `.sqsh`
-file by file. The rebuilt image gets a tag of its own, naming this process, and is removed after
-the export (by the next make or gc when this one is killed first): the layer's own image and
-artifact stay as they were.
+The layer is built again without BuildKit's cache, on its parent's image (parents are not
+rebuilt), exported the way `make` exports, and compared with the stored `.sqsh` file by file.
+In the engine, the rebuilt image gets a tag of its own, naming this process, and is removed after
+the export (by the next make or gc when this one is killed first). On builders that cannot see
+the engine's images (a farm), it is built FROM the parent by digest in [registry], pushed under
+the layer's check tag and streamed into the export, as a farm make does. Either way the layer's
+own image, registry tag and artifact stay as they were.
 """
 
 from __future__ import annotations
@@ -46,10 +48,6 @@ class CheckResult:
 
 def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckResult:
     from efabuild.build import run as make
-    from efabuild.engine.build import build_layer
-    from efabuild.engine.images import untag_image
-    from efabuild.engine.leftovers import check_image_tag
-    from efabuild.export.squash import export_image
     from efabuild.export.sqshdiff import compare, read_sqsh
 
     runner = make._Runner(prepared, reporter)
@@ -63,25 +61,18 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
                             f"build it first (efabuild make {qualname})")
     stored = runner.store.lookup(lp.key)
     runner.oci_labels = _stored_oci_labels(stored)  # a later commit alone must not make it differ
-    if layer.parent and prepared.plan.by_name()[layer.parent].key not in runner.tags:
+    runner.farm = _farm(runner, layer, qualname)
+    if runner.farm is None and layer.parent and prepared.plan.by_name()[layer.parent].key not in runner.tags:
         raise EfabuildError(f"{qualname}: its parent {layer.parent} is not in the engine and --check does not "
                             f"rebuild parents: run `efabuild make {layer.parent}` first")
-    tag = check_image_tag(layer.name, lp.key)
     log_path = runner.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.check.log"
     # named by its owner: a killed check's directory is removed by the next make or gc
     work = _tmp(runner.store_root) / owned_name(CHECK_PREFIX, layer.name)
     work.mkdir(mode=0o700)
     try:
         reporter.started(qualname, "check", f"rebuilding {short(lp.key)} without the build cache")
-        with runner._context_dir(layer, lp) as context_dir:
-            request = runner.build_request(layer, lp, context_dir, tag, no_cache=True)
-            build_layer(runner.engine, request, log_path, on_line=lambda text: reporter.line(qualname, text),
-                        cancel=runner.cancel, redact=runner.redact)
-        try:
-            rebuilt = export_image(tag, work / "rebuilt.sqsh", options=prepared.ws.settings.export,
-                                   engine=runner.engine, epoch=make.SOURCE_DATE_EPOCH)
-        finally:
-            untag_image(runner.engine, tag)
+        rebuild = _rebuild_here if runner.farm is None else _rebuild_on_farm
+        rebuilt = rebuild(runner, layer, lp, work / "rebuilt.sqsh", log_path)
         differences: tuple[Difference, ...] = ()
         if rebuilt.digest != record.digest:
             differences = tuple(compare(read_sqsh(stored), read_sqsh(rebuilt.path)))
@@ -92,6 +83,75 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
                            str(log_path))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _farm(runner, layer: Layer, qualname: str):  # noqa: ANN001, ANN202 - a make _Runner; a Farm or None
+    """The builders a make of this workspace uses, when they cannot see the engine's images (None
+    otherwise); checked as make checks them, and the parent (or, for a root, the base) must be
+    where they can pull it: one line saying what to do when it is not."""
+    from efabuild import notices
+    from efabuild.engine.farm import Farm, unpullable_base
+    from efabuild.engine.registry import RegistryError
+
+    ws = runner.ws
+    farm = Farm.start(ws.settings.builder, runner.engine, ws.settings.registry, notices.warn)
+    if farm is None:
+        return None
+    if not layer.parent:
+        problem = unpullable_base(runner.p, [qualname])
+        if problem:
+            raise InputError(problem, "BUILD.toml [builder]")
+        return farm
+    parent = runner.p.graph.nodes[layer.parent]["layer"]
+    parent_key = runner.plans[layer.parent].key
+    try:
+        farm.ref(runner.engine, parent.name, parent_key, runner.tags.get(parent_key))
+    except RegistryError:
+        raise EfabuildError(f"{qualname}: its parent {layer.parent} ({short(parent_key)}) is not in the registry "
+                            f"{ws.settings.registry.url} nor in this engine, and --check does not rebuild parents: "
+                            f"run `efabuild make {layer.parent}` first") from None
+    return farm
+
+
+def _how(runner, qualname: str) -> dict:  # noqa: ANN001 - a make _Runner
+    return dict(on_line=lambda text: runner.reporter.line(qualname, text), cancel=runner.cancel,
+                redact=runner.redact)
+
+
+def _rebuild_here(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa: ANN001, ANN202
+    """Rebuild in the engine, FROM the parent's image there; export it as make does. The image
+    gets a tag naming this process (see leftovers), removed after the export."""
+    from efabuild.build import run as make
+    from efabuild.engine.build import build_layer
+    from efabuild.engine.images import untag_image
+    from efabuild.engine.leftovers import check_image_tag
+    from efabuild.export.squash import export_image
+
+    tag = check_image_tag(layer.name, lp.key)
+    with runner._context_dir(layer, lp) as context_dir:
+        request = runner.build_request(layer, lp, context_dir, tag, no_cache=True)
+        build_layer(runner.engine, request, log_path, **_how(runner, lp.qualname))
+    try:
+        return export_image(tag, out, options=runner.ws.settings.export, engine=runner.engine,
+                            epoch=make.SOURCE_DATE_EPOCH)
+    finally:
+        untag_image(runner.engine, tag)
+
+
+def _rebuild_on_farm(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa: ANN001, ANN202
+    """Rebuild as a farm make builds, FROM the parent by digest in the registry, pushed by BuildKit
+    under the layer's check tag; export it as a farm make does, streamed from a builder."""
+    from efabuild.build import run as make
+
+    farm = runner.farm
+    with runner._context_dir(layer, lp) as context_dir:
+        request = runner.build_request(layer, lp, context_dir, farm.check_name(layer.name, lp.key), no_cache=True)
+        ref = farm.rebuild(layer.name, lp.key, request, log_path, **_how(runner, lp.qualname))
+    try:
+        return farm.export_ref(ref, out, options=runner.ws.settings.export, epoch=make.SOURCE_DATE_EPOCH,
+                               platform=runner.ws.settings.builder.platform, cancel=runner.cancel)
+    finally:
+        farm.forget(ref)
 
 
 def _tmp(store_root: Path) -> Path:

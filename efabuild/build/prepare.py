@@ -57,10 +57,15 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
     images = (set(image_tags) if engine else records.built_keys(order)) & keys
     store = _store(ws)
     stored, s3_answered = _stored_keys(store, graph, order, inputs, remote=use_engine)
+    registry = _registry_keys(ws, engine, graph, [n for n in order if inputs[n].key() not in images], inputs)
+    if registry and engine is not None:
+        from efabuild.engine.farm import builds_through_registry
+
+        if builds_through_registry(ws.settings.builder, engine):  # a farm takes them from there: no pull
+            images, registry = images | registry, set()
     availability = Availability(
         images=frozenset(images),
-        registry=frozenset(_registry_keys(ws, engine, graph, [n for n in order if inputs[n].key() not in images],
-                                          inputs)),
+        registry=frozenset(registry),
         artifacts=frozenset(stored),
         held=frozenset(_held_keys(store, graph, order, inputs, remote=s3_answered)),
         engine_checked=engine is not None,

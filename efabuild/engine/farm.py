@@ -60,6 +60,13 @@ def sees_local_images(engine: Engine) -> bool:
     return found.returncode != 0 or driver in _LOCAL_DRIVERS
 
 
+def builds_through_registry(settings: BuilderSettings, engine: Engine) -> bool:
+    """Whether a make's builds take their parents from [registry] (and export from there): a
+    farm, or a builder that cannot see the engine's images. Their images there are then what
+    the builders have, with nothing to pull into the engine."""
+    return bool(settings.farm) or not sees_local_images(engine)
+
+
 @attrs.define(eq=False)
 class Farm:
     """The builders that answered, and what the registry holds of this make's layers."""
@@ -69,7 +76,7 @@ class Farm:
     jobs: int
     # key -> REGISTRY/efabuild/<layer>:<key>@sha256:…, as this make built or found it
     refs: dict[str, str] = attrs.field(factory=dict)
-    # key -> the index of the builder that built it: its export runs there when it has a free
+    # registry reference -> the index of the builder that built it: its export runs there when it has a free
     # slot, where the image's layers already are (another builder pulls them all from the
     # registry before the first byte of the stream: 14 s for the bench's 1.4 GiB image)
     built_on: dict[str, int] = attrs.field(factory=dict)
@@ -169,24 +176,55 @@ class Farm:
         """Build `request` (an engine.build.BuildRequest) on the least busy builder, pushed by
         BuildKit to the registry; returns its reference there, by digest. `how`: build_layer's
         on_line, cancel and redact."""
+        ref = self._build_pushed(self.push_name(layer_name, key), request, log_path, how)
+        self.refs[key] = ref
+        return ref
+
+    def check_name(self, layer_name: str, key: str) -> str:
+        """Where make --check pushes its rebuild of a layer: REGISTRY/efabuild/<layer>:check-<key12>,
+        a tag of the layer's own repository (which exists, as ECR wants), never the layer's tag;
+        one per key, so checks again overwrite it rather than pile up."""
+        return remote_ref(f"{image_tag(layer_name, key).rsplit(':', 1)[0]}:check-{key[:12]}", self.registry)
+
+    def rebuild(self, layer_name: str, key: str, request, log_path: Path, **how) -> str:
+        """make --check's build of `request`, pushed under the layer's check tag; its reference by
+        digest (what a check of the same key meanwhile pushes there does not change it)."""
+        return self._build_pushed(self.check_name(layer_name, key), request, log_path, how)
+
+    def _build_pushed(self, name: str, request, log_path: Path, how: dict) -> str:
         from efabuild.engine.build import build_layer
 
-        request = attrs.evolve(request, push=self.push_name(layer_name, key), insecure=self.registry.insecure)
+        request = attrs.evolve(request, push=name, insecure=self.registry.insecure)
         with self.take(how.get("cancel")) as node:
             result = build_layer(node, request, log_path, **how)
-            self.built_on[key] = self.nodes.index(node)
-        return self.built(layer_name, key, result.image_id)
+        ref = f"{name}@{result.image_id}"
+        self.built_on[ref] = self.nodes.index(node)
+        return ref
+
+    def forget(self, ref: str) -> None:
+        """Remove a check's rebuild from the builder that made it, when that is a Docker engine
+        (its BuildKit keeps what it pushes in its image store too); the registry keeps the tag."""
+        from efabuild.engine.images import untag_image
+
+        index = self.built_on.pop(ref, None)
+        if index is not None and not self.nodes[index].buildx_builder:
+            with contextlib.suppress(EfabuildError):  # housekeeping: never hides the check's result
+                untag_image(self.nodes[index], ref.split("@", 1)[0])
 
     def exporter(self, local: Engine | None, layer_name: str, key: str, local_tag: str | None, **how):
-        """An export_and_publish exporter of a layer through the registry (see `export`), on the
-        builder that built it when free, else the least busy; `how`: options, epoch, platform."""
+        """An export_and_publish exporter of a layer through the registry (see `export_ref`); `how`:
+        options, epoch, platform."""
         ref = self.ref(local, layer_name, key, local_tag)
 
         def export(out: Path, **more):
-            with self.take(more.get("cancel"), prefer=self.built_on.get(key)) as node:
-                return self.export(node, ref, out, **how, **more)
+            return self.export_ref(ref, out, **how, **more)
 
         return export
+
+    def export_ref(self, ref: str, out: Path, **how):
+        """`export` on the builder that built `ref` when it has a free slot, else the least busy."""
+        with self.take(how.get("cancel"), prefer=self.built_on.get(ref)) as node:
+            return self.export(node, ref, out, **how)
 
     def export(self, node: Engine, ref: str, out: Path, *, options, epoch: int, platform: str,
                progress=None, sha256: bool = True, cancel: threading.Event | None = None, chunking=None):
