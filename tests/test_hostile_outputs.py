@@ -153,3 +153,27 @@ def test_make_check_names_files_in_images_with_escapes_and_odd_bytes_printably(t
     assert "content  /\\x1b]0;owned\\x07\\x1b[2Jstamp" in text
     assert "content  /bad-\\xff-name" in text and "content  /line\\nbreak" in text
     assert len([line for line in text.splitlines() if line.startswith("  content")]) == 4
+
+
+def test_show_prints_an_image_s_env_and_labels_with_their_escapes_shown(tmp_path):
+    """`ENV FI_PROVIDER=...` and `LABEL` values are the Dockerfile's: show lists them."""
+    from tests.data.rootfs import mini_ngc as ngc
+
+    key = "5a" * 32
+    env = ngc.full_image(tmp_path / "image")
+    env["FI_PROVIDER"] = f"efa{ESCAPES}"
+    ngc.write_config(tmp_path / "image", env, {**ngc.base_labels(), "com.nvidia.nccl.version": f"2.30{ESCAPES}"})
+    ngc.publish(tmp_path / "store", tmp_path / "image", tmp_path / "work", key)
+    proc = run_efabuild(["show", key[:12], "--store", str(tmp_path / "store")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert not acted_on(proc.stdout)
+    assert "  FI_PROVIDER=efa\\x1b]0;owned\\x07\\x1b[2J" in proc.stdout.splitlines()
+
+
+def test_doctor_quotes_a_log_line_with_its_escapes_shown(tmp_path):
+    """A job's output is anyone's text; doctor quotes the lines it judges by."""
+    log = tmp_path / "slurm-1.out"
+    log.write_text(f"node1:2:2 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0{ESCAPES}\n")
+    proc = run_efabuild(["doctor", str(log)], capture_output=True, text=True)
+    assert "Traceback" not in proc.stderr and "via NET/Socket/0\\x1b]0;owned" in proc.stdout, proc.stdout
+    assert not acted_on(proc.stdout)

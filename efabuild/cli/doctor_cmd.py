@@ -88,7 +88,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json("doctor", to_json(report))
     else:
-        print(render_text(report))
+        from efabuild.store.fsutil import shown
+
+        # the report quotes the logs' lines: a job's output may hold any escape
+        print("\n".join(shown(line) for line in render_text(report).splitlines()))
     return 1 if report.problems else 0
 
 

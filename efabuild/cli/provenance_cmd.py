@@ -126,6 +126,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 def _show_table(m: dict, verified: bool) -> None:
     from efabuild.cli.output import print_table
+    from efabuild.store.fsutil import shown  # values set by the image's ENV and LABEL: escapes shown
 
     print_table(_summary_rows(m, verified))
     chain = m.get("chain") or []
@@ -137,14 +138,14 @@ def _show_table(m: dict, verified: bool) -> None:
     print_table(_component_rows(measured), ("COMPONENT", "VERSION", "SOURCE"))
     env = measured.get("env") or {}
     print()
-    print(f"env (from {env.get('source') or 'nowhere: no /etc/environment'}):")
+    print(shown(f"env (from {env.get('source') or 'nowhere: no /etc/environment'}):"))
     for name, value in sorted((env.get("vars") or {}).items()):
-        print(f"  {name}={value}")
+        print(shown(f"  {name}={value}"))
     declared = measured.get("declared_by_base") or {}
     if declared:
         print("declared by base:")
         for name, item in sorted(declared.items()):
-            print(f"  {item.get('source', name)}={item.get('value')}")
+            print(shown(f"  {item.get('source', name)}={item.get('value')}"))
 
 
 def _summary_rows(m: dict, verified: bool) -> list[tuple[str, str]]:
