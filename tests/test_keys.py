@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import blake3
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from efabuild import dag
 from efabuild.build.context import ContextHasher, hash_contexts
 from efabuild.build.hashcache import HashState
-from efabuild.keys import LayerInputs
+from efabuild.keys import ContextEntry, LayerInputs
 from efabuild.plan import BaseResolution, layer_inputs
 from efabuild.workspace import load_workspace
 from tests.wsfactory import SIMPLE_GRAPH, make_workspace
@@ -40,6 +41,32 @@ def test_key_is_blake3_of_canonical_inputs():
     decoded = json.loads(inputs.canonical())
     assert decoded["schema"] == "efabuild.layer/v1"
     assert LayerInputs.from_dict(decoded) == inputs
+
+
+
+def test_every_input_moves_the_key_and_comes_back_from_a_record():
+    """Slips: a field left out of the encoding (a layer given a BuildKit secret, or a new exclude
+    pattern, would keep its old key and image), or dropped when a build record is read back (every
+    later rebuild of the layer would then be explained by a secret or exclude "added" again)."""
+    inputs = LayerInputs(dockerfile="RUN true\n", platform="linux/amd64", base_ref="b:1",
+                         base_digest="sha256:" + "a" * 64, args=(("A", "1"),),
+                         context=(ContextEntry("app/x.py", "644", "1" * 64),), secrets=("HF_TOKEN",),
+                         exclude=("*.pyc",))
+    changed = {
+        "dockerfile": attrs.evolve(inputs, dockerfile="RUN false\n"),
+        "platform": attrs.evolve(inputs, platform="linux/arm64"),
+        "base": attrs.evolve(inputs, base_ref="b:2"),
+        "base digest": attrs.evolve(inputs, base_digest="sha256:" + "b" * 64),
+        "parent": attrs.evolve(inputs, base_ref=None, base_digest=None, parent_key="c" * 64),
+        "args": attrs.evolve(inputs, args=(("A", "2"),)),
+        "context digest": attrs.evolve(inputs, context=(ContextEntry("app/x.py", "644", "2" * 64),)),
+        "context mode": attrs.evolve(inputs, context=(ContextEntry("app/x.py", "755", "1" * 64),)),
+        "secrets": attrs.evolve(inputs, secrets=("HF_TOKEN", "WANDB_API_KEY")),
+        "exclude": attrs.evolve(inputs, exclude=("*.pyc", "docs")),
+    }
+    assert len({inputs.key()} | {other.key() for other in changed.values()}) == len(changed) + 1
+    for what, other in {"as given": inputs, **changed}.items():
+        assert LayerInputs.from_dict(json.loads(other.canonical())) == other, what
 
 
 def test_same_inputs_same_key_in_another_checkout(tmp_path):

@@ -102,6 +102,8 @@ def test_a_sqsh_one_tier_holds_is_copied_not_exported_and_needs_no_image():
     assert [(lp.action, lp.state) for lp in plan.layers] == [(COPY, "to copy"), (NOTHING, "available"),
                                                              (COPY, "to copy")]
     assert plan.by_name()["stack:efa"].reasons == ("the .sqsh is in another store tier",)
+    # stored means every tier: a make that believed one tier's copy enough would copy it nowhere
+    assert not any(lp.stored for lp in plan.layers)
     # a child that builds needs the image itself: a copy of the .sqsh is not enough for that
     changed = Availability(held=frozenset({keys["stack:efa"]}))
     assert [lp.action for lp in decide(graph, order, changed)[0].layers] == [BUILD, BUILD, BUILD]
@@ -158,6 +160,17 @@ def test_many_context_changes_are_summed_up_after_five():
     new = attrs.evolve(old, context=tuple(ContextEntry(f"f{i}", "644", "0" * 64) for i in range(8)))
     assert explain(old, new, "stack:deepep", {}) == tuple(f"context f{i} added" for i in range(5)) + (
         "… and 3 more context changes",)
+    # exactly five are all shown: no "… and 0 more"
+    five = attrs.evolve(old, context=new.context[:5])
+    assert explain(old, five, "stack:deepep", {}) == tuple(f"context f{i} added" for i in range(5))
+
+
+def test_a_changed_exclude_is_a_reason():
+    """Slip: explain loses the exclude patterns, and a layer rebuilt for a new one says only that
+    its image is missing."""
+    old = LayerInputs(dockerfile="COPY app/ /app/\n", platform="p", parent_key="k", exclude=("*.pyc",))
+    assert explain(old, attrs.evolve(old, exclude=("*.pyc", "docs")), "stack:deepep", {}) == (
+        "exclude ['*.pyc'] → ['*.pyc', 'docs']",)
 
 
 # --- plans of real workspaces, through the CLI ----------------------------------------------------
