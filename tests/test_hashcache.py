@@ -1,0 +1,39 @@
+"""The stat-keyed hash cache of context files (build/hashcache.py), through the plans it serves.
+
+The slips the cache's key could hide (its inode, its size) are guarded in tests/test_invariants.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from efabuild.cli import main
+from tests.test_plan import by_name, record_all
+from tests.wsfactory import make_workspace
+
+
+def plan(root: Path, capsys, monkeypatch) -> dict[str, dict]:
+    monkeypatch.chdir(root)
+    capsys.readouterr()
+    assert main(["plan", "--offline", "--json"]) == 0
+    return by_name(json.loads(capsys.readouterr().out))
+
+
+def test_a_file_hashed_just_after_it_was_written_is_hashed_again(tmp_path, capsys, monkeypatch):
+    """Slip: the racy window is ignored. A file written again within the filesystem's timestamp
+    granularity (same size, same mtime, same inode: what a coarse clock gives two quick saves)
+    would keep the first write's digest, and its layer its stale key."""
+    root = make_workspace(tmp_path / "ws")
+    record_all(root)
+    train = root / "app" / "train.py"
+    before = plan(root, capsys, monkeypatch)  # hashed within the window: not cached
+    stamp = train.stat()
+    with open(train, "r+") as handle:  # in place, same size
+        handle.write(train.read_text().replace("train", "TRAIN"))
+    os.utime(train, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert (train.stat().st_ino, train.stat().st_size) == (stamp.st_ino, stamp.st_size)
+    after = plan(root, capsys, monkeypatch)
+    assert after["stack:user"]["key"] != before["stack:user"]["key"]
+    assert after["stack:user"]["reasons"] == ["context app/train.py changed"]
