@@ -265,3 +265,23 @@ def test_gc_on_a_read_only_store_is_one_line(workspace):
     assert result.stderr.startswith(f"efabuild: store tier {fsx}: read-only file system")
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
     assert sorted(str(p.relative_to(fsx)) for p in fsx.rglob("*")) == before
+
+
+# ---- the keep-set, from hand-made records (store/gc.py: no store, no files) ---------------------
+
+def _held(name: str, key: str, day: int) -> ArtifactRecord:
+    return ArtifactRecord(key=key, name=name, size=1, digest="blake3:" + "0" * 64,
+                          created=f"2026-11-{day:02d}T00:00:00.000000Z")
+
+
+def test_a_key_counts_as_new_as_its_newest_copy_in_any_tier():
+    """Slip: a key's age is taken from whichever tier was listed last. A copy repaired in the local
+    tier (a new record) while the shared tier keeps the old one would then count as old there,
+    and `--keep 1` would delete the version just made in favour of an older one."""
+    from efabuild.store.gc import keys_to_keep
+
+    repaired, older = key_for("repaired"), key_for("older")
+    held = {"local": [_held("demo:user", repaired, 3), _held("demo:user", older, 2)],
+            "shared": [_held("demo:user", repaired, 1), _held("demo:user", older, 2)]}
+    assert keys_to_keep(held, set(), 1, ()) == {repaired}
+    assert keys_to_keep(dict(reversed(held.items())), set(), 1, ()) == {repaired}
