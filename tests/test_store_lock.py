@@ -68,3 +68,31 @@ def test_auto_mode_uses_posix_locks_here(tmp_path):
     with FileLock(tmp_path / "k.lock"):
         assert (tmp_path / "k.lock").exists()
         assert not (tmp_path / "k.lock.excl").exists()
+
+
+WAITER = (
+    "import sys, time\nfrom efabuild.store.lock import FileLock\n"
+    "lock = FileLock(sys.argv[1], on_wait=lambda path: print('waiting', flush=True))\nlock.acquire()\n"
+    "print('held', flush=True)\ntime.sleep(600)\n"
+)
+
+
+def test_a_waiter_on_a_lock_file_gc_removed_takes_the_current_file(tmp_path):
+    """Slip: a waiter keeps the lock it finally gets on a file gc unlinked meanwhile. It would then
+    hold a lock nobody else sees, and the next publisher or fetcher of the key would take the new
+    file's lock and write beside it."""
+    path = tmp_path / "locks" / "k.lock"
+    gc = FileLock(path)
+    gc.acquire()
+    waiter = subprocess.Popen([sys.executable, "-c", WAITER, str(path)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert waiter.stdout.readline().strip() == "waiting"
+        gc.remove()  # gc deletes the key and its lock file while holding it
+        gc.release()
+        assert waiter.stdout.readline().strip() == "held"
+        with pytest.raises(LockBusy):
+            FileLock(path).acquire(blocking=False)
+    finally:
+        waiter.send_signal(signal.SIGKILL)
+        waiter.wait()
