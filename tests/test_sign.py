@@ -109,12 +109,53 @@ def _statement_by_link(store: Path, key: str, other: Path) -> None:
     path.symlink_to(other / "statement.intoto.jsonl")
 
 
+def _rewrite_json(path: Path, edit) -> bytes:  # noqa: ANN001
+    data = json.loads(path.read_bytes())
+    edit(data)
+    text = json.dumps(data, sort_keys=True).encode()
+    os.chmod(path, 0o644)
+    path.write_bytes(text)
+    return text
+
+
+def _new_manifest(store: Path, key: str, manifest: bytes) -> None:
+    """`manifest` beside the artifact, and the record's manifest digest made to match (the record
+    is not signed: whoever may write the store may rewrite it)."""
+    from efabuild.store.digest import bytes_digest
+
+    path = object_path(store, key, ".manifest.json")
+    os.chmod(path, 0o644)
+    path.write_bytes(manifest)
+    _rewrite_json(object_path(store, key, ".json"), lambda record: record.update(manifest_digest=bytes_digest(manifest)))
+
+
+def _manifest_of_another_artifact(store: Path, key: str, other: Path) -> None:
+    other_store, other_key = stored_artifact(other, None, label="other")
+    _new_manifest(store, key, object_path(other_store, other_key, ".manifest.json").read_bytes())
+
+
+def _manifest_with_another_sha256(store: Path, key: str, other: Path) -> None:
+    path = object_path(store, key, ".manifest.json")
+    _new_manifest(store, key, _rewrite_json(path, lambda m: m["artifact"].update(sha256="0" * 64)))
+
+
+def _unsigned_files_with_another_sha256(store: Path, key: str, other: Path) -> None:
+    """Every unsigned file rewritten to agree on another sha256 (what a cosign verifier would look
+    up): only the signed statement still says which it is."""
+    _rewrite_json(object_path(store, key, ".json"), lambda record: record.update(sha256="0" * 64))
+    _manifest_with_another_sha256(store, key, other)
+
+
 TAMPERING = {
     "flipped byte": (_flip_byte, "digest blake3:"),
     "swapped statement": (_swap_statement, "the statement is for"),
     "untrusted key": (_untrusted_key, "none by a key trusted by"),
     "moved under another key": (_moved_under_another_key, "the record is for"),
     "statement by link": (_statement_by_link, "intoto.jsonl: a symbolic link, not a file"),
+    "manifest of another artifact": (_manifest_of_another_artifact, "the manifest is for"),
+    "manifest with another sha256": (_manifest_with_another_sha256, "the manifest's digests differ"),
+    "unsigned files with another sha256": (_unsigned_files_with_another_sha256,
+                                           "the statement's subject has sha256 "),
 }
 
 
