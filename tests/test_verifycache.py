@@ -1,0 +1,31 @@
+"""The verification cache (signing/verifycache.py) on real files: what it remembers, and when not.
+
+The paths through `lookup --require-signature` and the importer are in tests/test_sign.py.
+"""
+
+from __future__ import annotations
+
+import time
+
+from efabuild.signing import verifycache
+from tests.storekit import key_for
+
+
+def test_a_verification_begun_within_the_racy_window_of_a_change_is_not_remembered(tmp_path):
+    """Slip: only the clock at the end is held against the files' ctimes. A verification that began
+    less than 2 s after a file last changed may have read bytes that a second write in the same
+    timestamp tick (whole seconds on Lustre) replaced without moving the stamp; remembered, the
+    next lookup would start those bytes unverified."""
+    key = key_for("racy")
+    sqsh = tmp_path / f"{key}.sqsh"
+    sqsh.write_bytes(b"squashfs bytes")
+    paths = {"sqsh": sqsh}
+    time.sleep(verifycache.RACY_SECONDS + 0.1)  # the change is now older than the window
+    stamps = verifycache.take_stamps(paths)
+    changed = stamps["sqsh"][4] / 1e9
+    environ = {verifycache.CACHE_ENV: str(tmp_path / "verified")}
+    assert not verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + 1, environ=environ)
+    assert not verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)
+    # begun well after the change: remembered, and found again
+    assert verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + 2.5, environ=environ)
+    assert verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)
