@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 
 from efabuild.errors import InputError
-from efabuild.model import ENROOT_SQUASH_OPTIONS, AuditPolicy, BuilderSettings, RegistrySettings, SignSettings
+from efabuild.model import AuditPolicy, BuilderSettings, RegistrySettings, SignSettings
 from efabuild.settings import S3Config, StoreConfig, parse_settings
 from tests.inprocess import run_efabuild
 from tests.wsfactory import make_workspace
+
+# Enroot's own default ENROOT_SQUASH_OPTIONS (enroot.conf): lzo for portability, data blocks uncompressed
+ENROOT_SQUASH_OPTIONS = ("-comp", "lzo", "-noD")
 
 
 def parse(root: Path, text: str):
