@@ -111,6 +111,25 @@ def test_store_from_the_importer_config_file(store_dir, job_env, tmp_path):
     assert result.returncode == 2 and result.stderr == f"efabuild: {config}: unknown key 'verfy' (known: store, verify, require_signature)\n"
 
 
+
+def test_the_jobs_efabuild_store_comes_before_the_config_files_store(store_dir, job_env, tmp_path):
+    """Slip: the config file's store is read first. A job that sets $EFABUILD_STORE (a test store,
+    another cluster's) would silently start the node-wide store's artifact of the same name."""
+    other = tmp_path / "other"
+    node_wide = Store([FilesystemTier(other / "fsx", "store")], show_progress=False)
+    sqsh = make_sqsh(other, os.urandom(50_000), "node-wide")
+    key = key_for("node-wide")
+    node_wide.publish(key, sqsh, record_for(key, "ngc-efa:user", sqsh))
+    config = tmp_path / "pyxis.toml"
+    config.write_text(f'store = "{other / "fsx"}"\n')
+    env = {**job_env, "EFABUILD_PYXIS_CONFIG": str(config), "EFABUILD_STORE": str(store_dir)}
+    result = importer("get", "docker://efabuild://ngc-efa:user", env=env, cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (0, f"{Store.at(store_dir).lookup('ngc-efa:user')}\n"), result.stderr
+    del env["EFABUILD_STORE"]
+    result = importer("get", "docker://efabuild://ngc-efa:user", env=env, cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (0, f"{node_wide.lookup('ngc-efa:user')}\n"), result.stderr
+
+
 ENROOT_STAND_IN = """#!/bin/sh
 # Enroot is not packaged for Debian, so it cannot run here: this stand-in takes `enroot import
 # --output FILE URI` like Enroot, says so on stderr (Enroot's progress goes there), writes FILE.
