@@ -107,6 +107,11 @@ def test_a_failed_build_s_last_lines_are_shown_escaped():
     message = format_failure("efabuild/user:0123abcd", reader.failure(), Path("cache/logs/x.log"))
     assert not acted_on(message)
     assert message.splitlines()[-1] == "  | \\x1b]0;owned\\x07\\x1b[2Jpwned"
+    # a base pulled from a registry that answers with escapes: BuildKit quotes its answer
+    reader = BuildLogReader()
+    reader.feed(f"ERROR: failed to solve: registry.example/base:1: unexpected status: 403 Forbidden {ESCAPES}")
+    message = format_failure("efabuild/user:0123abcd", reader.failure(), Path("cache/logs/x.log"))
+    assert not acted_on(message) and "403 Forbidden \\x1b]0;owned" in message.splitlines()[0]
 
 
 @attrs.frozen

@@ -95,10 +95,10 @@ def format_failure(tag: str, failure: BuildFailure, log_path: Path) -> str:
     if failure.step:
         step = shown(failure.step)
         step = step if len(step) <= STEP_SHOWN_CHARS else step[: STEP_SHOWN_CHARS - 1] + "…"
-        why = f"exit code {failure.exit_code}" if failure.exit_code is not None else failure.reason
+        why = f"exit code {failure.exit_code}" if failure.exit_code is not None else shown(failure.reason)
         head = f"build of {tag} failed at {step}: {why}"
-    else:
-        head = f"build of {tag} failed: {failure.reason}"
+    else:  # BuildKit's reason may quote a registry's answer
+        head = f"build of {tag} failed: {shown(failure.reason)}"
     lines = [f"{head} (log: {log_path})"]
     if failure.tail:
         lines.append("last lines:")
