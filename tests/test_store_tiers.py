@@ -58,6 +58,33 @@ def test_a_damaged_local_copy_is_not_copied_to_a_new_shared_tier(tmp_path, expor
     assert efabuild("lookup", "--verify", key, cwd=ws).returncode == 0
 
 
+
+def test_a_manifest_that_differs_from_its_record_is_left_behind_by_a_copy(tmp_path, export, monkeypatch):
+    """Slip: the sidecars are copied without their check. A manifest changed beside a good .sqsh
+    would reach the new tier under a record that vouches for the old one, and the artifact's
+    provenance would be shown from bytes nobody described."""
+    import attrs
+
+    from efabuild.store.digest import bytes_digest
+
+    ws = workspace(tmp_path / "ws", 'local = "cache"')
+    key = key_for("user")
+    manifest = b'{"key": "%s"}' % key.encode()
+    record = attrs.evolve(record_for(key, "ngc-efa:user", export), manifest_digest=bytes_digest(manifest))
+    Store.locate(cwd=ws, show_progress=False).publish(key, export, record, manifest)
+    local = ws / "cache" / "objects" / key[:2] / f"{key}.manifest.json"
+    local.chmod(0o644)
+    local.write_bytes(manifest.replace(b"key", b"kee"))
+    ws = workspace(ws, f'local = "cache"\nshared = "{tmp_path / "fsx"}"')
+    warnings = collect_warnings(monkeypatch)
+    store = Store.locate(cwd=ws, show_progress=False)
+    assert store.complete(key) == {"local": REUSED, "shared": PUBLISHED}
+    assert any("the .manifest.json of" in w and "copying the artifact without it" in w for w in warnings), warnings
+    shared = tmp_path / "fsx" / "objects" / key[:2]
+    assert not (shared / f"{key}.manifest.json").exists()
+    assert next(t for t in store.fs_tiers if t.name == "shared").record(key).manifest_digest is None
+
+
 def test_lookup_verify_checks_every_tier_and_names_the_damaged_one(tmp_path, export):
     shared = tmp_path / "fsx"
     ws = workspace(tmp_path / "ws", f'local = "cache"\nshared = "{shared}"')
