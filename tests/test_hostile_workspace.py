@@ -37,11 +37,14 @@ def age(path: Path) -> None:
     os.utime(path, (past, past))
 
 
-@pytest.mark.skipif(not ROOT, reason="planting a file as another user needs root")
-def test_a_hash_cache_another_user_planted_never_keeps_a_changed_file_s_old_key(tmp_path):
+@pytest.mark.parametrize("planted_as", [
+    pytest.param("another user", marks=pytest.mark.skipif(not ROOT, reason="planting a file as another user needs root")),
+    "this user, writable by the group"])
+def test_a_hash_cache_another_user_planted_never_keeps_a_changed_file_s_old_key(tmp_path, planted_as):
     """The local store may be configured on a shared path (`local = "/fsx/..."`); whoever can
     write its state/ directory must not be able to make a changed context file look unchanged
-    (the make would then reuse the artifact built from the old file)."""
+    (the make would then reuse the artifact built from the old file). A cache file of this user's
+    that the group may write is as good as theirs (slip: only the write bit for others checked)."""
     root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
     for path in (root / "app").rglob("*"):
         age(path)
@@ -58,8 +61,11 @@ def test_a_hash_cache_another_user_planted_never_keeps_a_changed_file_s_old_key(
     fields[at + 1] = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}".encode()
     planted = cache.parent / "planted"
     planted.write_bytes(b"\0".join(fields))
-    os.chown(planted, NOBODY, NOBODY)
-    os.chmod(planted, 0o644)
+    if planted_as == "another user":
+        os.chown(planted, NOBODY, NOBODY)
+        os.chmod(planted, 0o644)
+    else:
+        os.chmod(planted, 0o664)
     os.replace(planted, cache)
 
     after, read = plan_keys(root)
