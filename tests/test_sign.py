@@ -109,6 +109,15 @@ def _statement_by_link(store: Path, key: str, other: Path) -> None:
     path.symlink_to(other / "statement.intoto.jsonl")
 
 
+
+def _second_envelope(store: Path, key: str, other: Path) -> None:
+    """Another envelope appended as a second line: cosign refuses such a bundle, so verify must too
+    (whatever the first line says)."""
+    path = object_path(store, key, ".intoto.jsonl")
+    data = path.read_bytes()
+    os.chmod(path, 0o644)
+    path.write_bytes(data + data)
+
 def _rewrite_json(path: Path, edit) -> bytes:  # noqa: ANN001
     data = json.loads(path.read_bytes())
     edit(data)
@@ -152,6 +161,7 @@ TAMPERING = {
     "untrusted key": (_untrusted_key, "none by a key trusted by"),
     "moved under another key": (_moved_under_another_key, "the record is for"),
     "statement by link": (_statement_by_link, "intoto.jsonl: a symbolic link, not a file"),
+    "second envelope": (_second_envelope, "holds 2 envelopes, not exactly one"),
     "manifest of another artifact": (_manifest_of_another_artifact, "the manifest is for"),
     "manifest with another sha256": (_manifest_with_another_sha256, "the manifest's digests differ"),
     "unsigned files with another sha256": (_unsigned_files_with_another_sha256,
