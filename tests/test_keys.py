@@ -40,6 +40,8 @@ def test_key_is_blake3_of_canonical_inputs():
     # canonical: sorted keys, versioned
     decoded = json.loads(inputs.canonical())
     assert decoded["schema"] == "efabuild.layer/v1"
+    # sorted at every level, whatever order the code builds its dicts in (else every key changes)
+    assert list(decoded) == sorted(decoded) and list(decoded["base"]) == sorted(decoded["base"])
     assert LayerInputs.from_dict(decoded) == inputs
 
 

@@ -395,6 +395,9 @@ def test_make_lints_first_and_stops_on_errors(tmp_path):
 def test_secret_build_args_never_reach_plan_output_or_build_records(tmp_path):
     secret_graph = SIMPLE_GRAPH.replace('args = { EFA_INSTALLER_VERSION = "1.50.0" }',
                                         'args = { EFA_INSTALLER_VERSION = "1.50.0", HF_TOKEN = "hf_FirstSecretValue123" }')
+    # and a secret default in the Dockerfile itself (lint refuses it; make --no-lint goes ahead)
+    secret_graph = secret_graph.replace("ARG EFA_INSTALLER_VERSION=1.50.0\n",
+                                        "ARG EFA_INSTALLER_VERSION=1.50.0\nARG SESSION_TOKEN=DefaultSecret456\n")
     root = make_workspace(tmp_path / "ws", {"stack": secret_graph})
     record_all(root)
     assert by_name(plan_json(root))["stack:efa"]["state"] == "available"  # a recorded secret compares equal
@@ -405,7 +408,7 @@ def test_secret_build_args_never_reach_plan_output_or_build_records(tmp_path):
     reasons = by_name(data)["stack:efa"]["reasons"]
     assert len(reasons) == 1 and reasons[0].startswith("HF_TOKEN <redacted ") and " → <redacted " in reasons[0]
     stored = "".join(p.read_text() for p in (root / "cache" / "builds").rglob("*.json"))
-    for secret in ("hf_FirstSecretValue123", "hf_SecondSecret999"):
+    for secret in ("hf_FirstSecretValue123", "hf_SecondSecret999", "DefaultSecret456"):
         assert secret not in proc.stdout + proc.stderr and secret not in json.dumps(data) and secret not in stored
 
 
