@@ -182,3 +182,17 @@ def test_doctor_quotes_a_log_line_with_its_escapes_shown(tmp_path):
     proc = run_efabuild(["doctor", str(log)], capture_output=True, text=True)
     assert "Traceback" not in proc.stderr and "via NET/Socket/0\\x1b]0;owned" in proc.stdout, proc.stdout
     assert not acted_on(proc.stdout)
+
+
+def test_lint_quotes_a_dockerfile_s_escapes_shown_not_sent(tmp_path):
+    """A Dockerfile file (TOML refuses raw control characters, a dockerfile_file does not) from a
+    pull request, linted in CI and read on a terminal."""
+    from tests.wsfactory import SIMPLE_GRAPH
+
+    graph = SIMPLE_GRAPH.replace("dockerfile = '''\nARG HYBRID_EP_COMMIT\nRUN echo deepep ${HYBRID_EP_COMMIT}\n'''",
+                                 'dockerfile_file = "deepep.Dockerfile"')
+    root = make_workspace(tmp_path / "ws", {"stack": graph})
+    (root / "deepep.Dockerfile").write_text(f"ARG HYBRID_EP_COMMIT\nRUN pip install torch{ESCAPES}\n")
+    proc = run_efabuild(["-C", str(root), "lint"], capture_output=True, text=True)
+    assert "Traceback" not in proc.stderr and "pip installs torch\\x1b]0 on" in proc.stdout, proc.stdout
+    assert not acted_on(proc.stdout)

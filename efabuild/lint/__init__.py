@@ -89,13 +89,17 @@ def counts(findings: Iterable[Finding]) -> dict[str, int]:
 
 
 def render_text(findings: Sequence[Finding]) -> str:
-    """`file:line: ID severity layer: message` and an indented `fix:` line per finding, then totals."""
+    """`file:line: ID severity layer: message` and an indented `fix:` line per finding, then totals.
+    A message quoting a Dockerfile shows its control characters escaped (it may come from anyone's
+    pull request, read in a CI log on a terminal)."""
+    from efabuild.store.fsutil import shown
+
     lines = []
     for f in findings:
         where = f"{f.file}:{f.line}" if f.line else f.file
         layer = f" {f.layer}" if f.layer else ""
-        lines.append(f"{where}: {f.rule} {f.severity}{layer}: {f.message}")
-        lines.append(f"  fix: {f.fix}")
+        lines.append(shown(f"{where}: {f.rule} {f.severity}{layer}: {f.message}"))
+        lines.append(shown(f"  fix: {f.fix}"))
     totals = counts(findings)
     summary = ", ".join(f"{n} {sev}{'s' if n != 1 else ''}" for sev, n in totals.items())
     lines.append(f"lint: {summary}" if findings else "lint: no findings")
