@@ -325,3 +325,19 @@ def test_make_check_compares_no_squashfs_bomb_entry_by_entry(bomb, monkeypatch):
     monkeypatch.setattr(sqshdiff, "MAX_ENTRIES", 100_000)
     with pytest.raises(EfabuildError, match="holds more than 100000 entries: not compared"):
         sqshdiff.read_sqsh(bomb)
+
+
+def test_an_image_path_that_is_not_utf8_is_measured_and_every_json_output_stays_strict(tmp_path):
+    """A site directory named `python3\\xff` still matches `python3*`: the probe reads the torch
+    in it, the manifest (UTF-8 JSON) names it with `\\xff`, and show and audit print JSON without
+    lone surrogate escapes (which strict parsers such as Rust's serde_json refuse)."""
+    store = published(tmp_path, lambda root: ngc.write(
+        root, os.fsdecode(b"/usr/local/lib/python3\xff/dist-packages/torch/version.py"), "__version__ = '9.9.9'\n"))
+    manifest = json.loads((store / "objects" / KEY[:2] / f"{KEY}.manifest.json").read_bytes())
+    sources = json.dumps(manifest["measured"]["components"]["pytorch"])
+    assert "/usr/local/lib/python3\\\\xff/dist-packages/torch/version.py" in sources
+    for argv in (["show", KEY[:12], "--json"], ["audit", KEY[:12], "--json", "--host-efa", "1.50.0"]):
+        proc = run_efabuild([*argv, "--store", str(store)], capture_output=True, text=True)
+        assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
+        assert "\\ud" not in proc.stdout.lower()
+        json.loads(proc.stdout)

@@ -60,12 +60,22 @@ def document(what: str, data: dict, verbatim: tuple[str, ...] = ()) -> dict:
 
 
 def nulled(data: Any) -> Any:
-    """Every empty-string value of a mapping, at any depth, as None: a missing value is null."""
+    """Every empty-string value of a mapping, at any depth, as None: a missing value is null. A
+    byte that is not UTF-8 in a name read from a disk or an image is written `\\xNN`, never as
+    a lone surrogate escape that strict JSON parsers refuse."""
     if isinstance(data, dict):
-        return {key: None if value == "" else nulled(value) for key, value in data.items()}
+        return {_utf8(key): None if value == "" else nulled(value) for key, value in data.items()}
     if isinstance(data, (list, tuple)):
         return [nulled(item) for item in data]
-    return data
+    return _utf8(data)
+
+
+def _utf8(value: Any) -> Any:
+    if isinstance(value, str) and not value.isascii():
+        from efabuild.store.fsutil import as_utf8
+
+        return as_utf8(value)
+    return value
 
 
 def to_json(data: Any) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from efabuild import __version__
 from efabuild.store.digest import bytes_digest
+from efabuild.store.fsutil import as_utf8
 from efabuild.errors import EfabuildError
 from efabuild.provenance.measured import Measured
 from efabuild.redact import REDACTED, is_secret_arg
@@ -69,7 +70,19 @@ def build_manifest(
         "times": {k: _utc(v) for k, v in sorted(times.items())},
     }
     _check_no_floats(manifest, "manifest")
-    return manifest
+    return _utf8(manifest)
+
+
+def _utf8(value: Any) -> Any:
+    """Paths measured in an image may hold bytes that are not UTF-8: written `\\xNN`, since the
+    manifest is UTF-8 JSON."""
+    if isinstance(value, str):
+        return as_utf8(value)
+    if isinstance(value, dict):
+        return {_utf8(k): _utf8(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_utf8(item) for item in value]
+    return value
 
 
 def encode(manifest: Mapping[str, Any]) -> bytes:

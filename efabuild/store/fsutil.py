@@ -47,6 +47,14 @@ def shown(path: str | os.PathLike[str]) -> str:
     return "".join(c if c.isprintable() else _escaped(c) for c in text)
 
 
+def as_utf8(text: str) -> str:
+    """`text` with each byte that is not UTF-8 (a surrogate, as os and tarfile read such a name)
+    written `\\xNN`: a string every UTF-8 encoder and JSON parser accepts."""
+    if text.isascii():
+        return text
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _escaped(char: str) -> str:
     return f"\\x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else repr(char)[1:-1]
 
