@@ -26,6 +26,10 @@ class HashState:
         self._path = path
         self._entries: dict[str, tuple[str, str]] = _load(path) if path is not None else {}
         self._dirty = False
+        # for a walk of many files, which compares in its own loop: `lookup(rel)` is the cached
+        # (stamp, digest), valid while `stamp(st)` of the file's lstat equals its stamp
+        self.lookup = self._entries.get
+        self.stamp = _stamp
 
     def get(self, rel: str, st: os.stat_result) -> str | None:
         entry = self._entries.get(rel)
