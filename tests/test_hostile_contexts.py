@@ -157,3 +157,16 @@ def test_a_file_swapped_for_a_fifo_after_hashing_stops_the_build_without_hanging
     assert isinstance(outcome[0], EfabuildError)
     assert "app/train.py changed after its key was computed" in str(outcome[0])
 
+
+
+def test_the_workspace_s_dockerignore_taken_in_as_a_file_leaves_out_what_buildkit_leaves_out(tmp_path):
+    """`context = [".dockerignore", "app"]` puts the workspace's .dockerignore at the root of the
+    build context, where BuildKit reads it (with the Dockerfile on stdin) and leaves out what it
+    names: the key must not count a file the image will not hold."""
+    graph = SIMPLE_GRAPH.replace('context = ["app"]', 'context = [".dockerignore", "app"]')
+    root = make_workspace(tmp_path / "ws", {"stack": graph})
+    (root / ".dockerignore").write_text("app/lib\n")
+    assert [e.path for e in hashed(root)] == [".dockerignore", "app/train.py"]
+    before = plan(root)
+    (root / "app" / "lib" / "util.py").write_text("X = 2\n")  # left out: the key stays
+    assert json.loads(plan(root).stdout)["layers"] == json.loads(before.stdout)["layers"]

@@ -84,6 +84,11 @@ class ContextHasher:
         if len(walks) == 1:  # nearly every layer: one root, its walk already sorted
             return walks[0]
         found = {entry.path: entry for walk in walks for entry in walk}  # roots may overlap
+        if IGNORE_FILE in context and "." not in context:
+            # the build context's root then holds the workspace's .dockerignore, and BuildKit
+            # applies it to every file there: so does the key ("." applied it already)
+            rules = (_exclusions(read_text(self.root / IGNORE_FILE, IGNORE_FILE).splitlines(), "", IGNORE_FILE),)
+            found = {path: entry for path, entry in found.items() if not leaves_out(rules, path)}
         return tuple(found[path] for path in sorted(found))
 
     def _walk(self, rel: str, where: str, rules: tuple[Exclusions, ...] = ()) -> list[tuple[str, str, str]]:
