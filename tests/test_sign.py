@@ -444,3 +444,27 @@ def test_a_fifo_planted_as_the_statement_is_refused_not_waited_on(tmp_path, keys
     for args in (("verify", key), ("lookup", "--require-signature", key)):
         result = efabuild(*args, env=env)
         assert result.returncode == 1 and "a FIFO, not a file" in result.stdout + result.stderr
+
+
+@pytest.mark.s3
+def test_an_artifact_only_s3_holds_is_verified_once_fetched(tmp_path, keys, moto_server, s3_bucket):
+    """Slip: the signature is checked on a local hit only. A node that requires signatures would
+    then fetch an unsigned artifact that only S3 holds, and start it."""
+    from efabuild.settings import S3Config
+    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiered import Store
+    from tests.storekit import make_sqsh, record_for
+
+    settings = S3Config(bucket=s3_bucket, prefix="signed/", region="us-east-1", endpoint_url=moto_server)
+    builder = Store([FilesystemTier(tmp_path / "builder" / "cache", "local")], settings, show_progress=False)
+    sqsh = make_sqsh(tmp_path, os.urandom(50_000), "unsigned")
+    key = key_for("only in s3, unsigned")
+    builder.publish(key, sqsh, record_for(key, NAME, sqsh))
+    node = tmp_path / "fsx"
+    node.mkdir()
+    (node / "store.toml").write_text((tmp_path / "builder" / "cache" / "store.toml").read_text())
+    env = node_env(tmp_path, node, keys["ec"][1])
+    refused = efabuild("lookup", "--require-signature", key, env=env)
+    assert (refused.returncode, refused.stdout) == (1, ""), refused.stderr
+    assert refused.stderr.startswith(f"efabuild: refusing {key}: ") and "unsigned (no " in refused.stderr
+    assert efabuild("lookup", key, env=env).returncode == 0  # fetched: only the signature was missing
