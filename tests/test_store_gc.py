@@ -267,6 +267,16 @@ def test_gc_on_a_read_only_store_is_one_line(workspace):
     assert sorted(str(p.relative_to(fsx)) for p in fsx.rglob("*")) == before
 
 
+
+def test_gc_keep_zero_is_refused_and_deletes_nothing(workspace):
+    """Slip: --keep 0 let through. Every version that no name points at and no pin holds would go,
+    the previous one a rollback needs included."""
+    before = listed(workspace)
+    done = efabuild("gc", "--keep", "0", "--yes", cwd=workspace)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == "efabuild: --keep must be at least 1, not 0\n"
+    assert listed(workspace) == before
+
 # ---- the keep-set, from hand-made records (store/gc.py: no store, no files) ---------------------
 
 def _held(name: str, key: str, day: int) -> ArtifactRecord:
