@@ -21,6 +21,7 @@ from efabuild.provenance.checks import FAIL, WARN, Check
 from efabuild.provenance.junit import to_junit
 from tests.inprocess import run_efabuild
 from tests.test_plan import record_all
+from tests.test_make import demo_ws, mini_ngc  # noqa: F401 - fixtures: the demo workspace on its base
 from tests.wsfactory import make_workspace
 
 # sets the terminal's title, then clears the screen
@@ -196,3 +197,17 @@ def test_lint_quotes_a_dockerfile_s_escapes_shown_not_sent(tmp_path):
     proc = run_efabuild(["-C", str(root), "lint"], capture_output=True, text=True)
     assert "Traceback" not in proc.stderr and "pip installs torch\\x1b]0 on" in proc.stdout, proc.stdout
     assert not acted_on(proc.stdout)
+
+
+def test_a_failing_build_s_escapes_reach_the_terminal_shown_not_sent(demo_ws):
+    """The whole path on the engine: a RUN step prints escapes, then fails; make's progress and
+    its failure message (the step and the last lines of the log) show them escaped."""
+    from tests.test_make import efabuild, outcomes
+
+    graph = demo_ws / "graphs" / "demo.toml"
+    graph.write_text(graph.read_text().replace(
+        "WORKDIR /workspace\n", "RUN printf 'compiling \\033]0;owned\\007\\033[2J\\n' && false\nWORKDIR /workspace\n"))
+    failed = efabuild(demo_ws, "make", "demo")
+    assert failed.returncode == 1 and outcomes(failed)["demo:user"] == "failed", failed.stderr
+    assert not acted_on(failed.stderr) and "\x1b" not in failed.stderr
+    assert "  | compiling \\x1b]0;owned\\x07\\x1b[2J" in failed.stderr.splitlines()
