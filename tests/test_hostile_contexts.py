@@ -170,3 +170,20 @@ def test_the_workspace_s_dockerignore_taken_in_as_a_file_leaves_out_what_buildki
     before = plan(root)
     (root / "app" / "lib" / "util.py").write_text("X = 2\n")  # left out: the key stays
     assert json.loads(plan(root).stdout)["layers"] == json.loads(before.stdout)["layers"]
+
+
+def test_a_pattern_built_to_backtrack_does_not_hang_the_plan(tmp_path):
+    """`*a*a*…*b` against a long name of a's takes exponential time in a backtracking regex engine
+    (Python's re hung here); BuildKit's Go regexps, and RE2 here, match in linear time. A real
+    process with a timeout: a hang fails the test instead of stalling the suite."""
+    import subprocess
+    import sys
+
+    from tests.wsfactory import REPO
+
+    root = make_workspace(tmp_path / "ws", {"stack": with_exclude(["app/" + "*a" * 16 + "*b"])})
+    (root / "app" / ("a" * 200)).write_text("x\n")
+    (root / "app" / ".dockerignore").write_text("*a" * 16 + "*b\n")
+    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan", "--offline"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr

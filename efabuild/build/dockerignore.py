@@ -46,7 +46,9 @@ class Exclusions:
         self.prefix = f"{root}/" if root and root != "." else ""
         anchored = [f"!/{p[1:]}" if p.startswith("!") else f"/{p}" for p in self.patterns]
         try:
-            self._spec = pathspec.PathSpec.from_lines("gitignore", anchored)
+            # RE2: linear time, as BuildKit's Go regexps are; Python's re backtracks exponentially
+            # on a pattern like `*a*a*a*a*a*a*b` against a long name (a plan hung on one file)
+            self._spec = pathspec.PathSpec.from_lines("gitignore", anchored, backend="re2")
         except (ValueError, re.error) as exc:  # pathspec's own errors are ValueErrors
             bad = next((p for p in self.patterns if not _compiles(p)), "")
             raise BadPattern(f"bad pattern {bad!r}: {exc}") from None
@@ -60,6 +62,8 @@ class Exclusions:
         """True when the file at workspace-relative `path` is left out."""
         if not path.startswith(self.prefix):
             return False
+        if not path.isascii():  # RE2 takes UTF-8: a byte that is not (a surrogate) matches as U+FFFD
+            path = path.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
         return self._spec.match_file(path[len(self.prefix):])
 
     def prunes(self, directory: str) -> bool:
@@ -75,7 +79,7 @@ def _compiles(pattern: str) -> bool:
     import pathspec
 
     try:
-        pathspec.PathSpec.from_lines("gitignore", ["/" + pattern.removeprefix("!")])
+        pathspec.PathSpec.from_lines("gitignore", ["/" + pattern.removeprefix("!")], backend="re2")
     except (ValueError, re.error):
         return False
     return True
