@@ -40,16 +40,14 @@ class Exclusions:
     workspace root), asked about workspace-relative paths."""
 
     def __init__(self, patterns: Iterable[str], root: str = "") -> None:
-        import pathspec
-
         self.patterns = docker_patterns(patterns)
         self.prefix = f"{root}/" if root and root != "." else ""
         anchored = [f"!/{p[1:]}" if p.startswith("!") else f"/{p}" for p in self.patterns]
         try:
             # RE2: linear time, as BuildKit's Go regexps are; Python's re backtracks exponentially
             # on a pattern like `*a*a*a*a*a*a*b` against a long name (a plan hung on one file)
-            self._spec = pathspec.PathSpec.from_lines("gitignore", anchored, backend="re2")
-        except (ValueError, re.error) as exc:  # pathspec's own errors are ValueErrors
+            self._spec = _compiled(anchored)
+        except _PATTERN_ERRORS() as exc:
             bad = next((p for p in self.patterns if not _compiles(p)), "")
             raise BadPattern(f"bad pattern {bad!r}: {exc}") from None
         # with an exception, something under an excluded directory may come back: walk into it
@@ -76,10 +74,27 @@ def leaves_out(rules: Iterable[Exclusions], path: str, *, directory: bool = Fals
 
 
 def _compiles(pattern: str) -> bool:
-    import pathspec
-
     try:
-        pathspec.PathSpec.from_lines("gitignore", ["/" + pattern.removeprefix("!")], backend="re2")
-    except (ValueError, re.error):
+        _compiled(["/" + pattern.removeprefix("!")])
+    except _PATTERN_ERRORS():
         return False
     return True
+
+
+def _compiled(anchored: list[str]):  # noqa: ANN202 - a pathspec.PathSpec
+    import warnings
+
+    import pathspec
+
+    with warnings.catch_warnings():  # re's FutureWarning on `[[`: a bad pattern is one line, not three
+        warnings.simplefilter("ignore", FutureWarning)
+        return pathspec.PathSpec.from_lines("gitignore", anchored, backend="re2")
+
+
+def _PATTERN_ERRORS() -> tuple[type[Exception], ...]:  # noqa: N802 - names a tuple of exceptions
+    """What compiling a bad pattern raises: pathspec's own (ValueErrors), Python's re (it parses
+    each pattern first) and RE2 (`[[:alpha:]]` passes re, not RE2)."""
+    import re2
+
+    return (ValueError, re.error, re2.error)
+
