@@ -26,8 +26,9 @@ How each call reaches the engine:
   efabuild/* tags exist, an image's ID and repository digests. One request costs well under a
   millisecond, a docker CLI process tens of them, and a no-op plan is little else. ssh://, tcp://
   and other docker contexts keep the CLI, which knows how to reach them;
-- a subprocess of its own in two places, each saying why: the layer build (`build`), and the
-  `docker export` byte stream (`containers`).
+- a subprocess of its own in three places, each saying why: the layer build (`build`), the
+  `docker export` byte stream (`containers`), and a farm builder's root filesystem streamed as
+  `buildx build --output type=tar,dest=-` (`farm`: python-on-whales 0.81 cannot stream those bytes).
 
 Every program efabuild runs itself (these, `Engine.run`, mksquashfs and the other tools) is started
 through `children`, which has the kernel kill it when efabuild dies: a kill -9 leaves none running.
