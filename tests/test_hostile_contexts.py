@@ -194,3 +194,17 @@ def test_a_pattern_built_to_backtrack_does_not_hang_the_plan(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "plan", "--offline"],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_root_through_a_link_another_root_holds_is_one_line_and_nothing_is_written_through_it(tmp_path):
+    """`context = ["app", "app/link/y/z"]` with app/link a symlink elsewhere in the workspace: the
+    build context would hold the link, and make's writing z there went through it (chmod and
+    mtime 1980 on the workspace's own directory, a file created in it, or a traceback when z was
+    there). The plan refuses it first."""
+    graph = SIMPLE_GRAPH.replace('context = ["app"]', 'context = ["app", "app/link/y/z"]')
+    root = make_workspace(tmp_path / "ws", {"stack": graph})
+    (root / "elsewhere" / "y").mkdir(parents=True)
+    (root / "elsewhere" / "y" / "z").write_text("z\n")
+    os.symlink("../elsewhere", root / "app" / "link")
+    line = one_line_error(plan(root))
+    assert "'app/link/y/z' is under 'app/link', a symlink the context also holds" in line

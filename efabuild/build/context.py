@@ -84,6 +84,7 @@ class ContextHasher:
         if len(walks) == 1:  # nearly every layer: one root, its walk already sorted
             return walks[0]
         found = {entry.path: entry for walk in walks for entry in walk}  # roots may overlap
+        _check_not_under_links(found, where)
         if IGNORE_FILE in context and "." not in context:
             # the build context's root then holds the workspace's .dockerignore, and BuildKit
             # applies it to every file there: so does the key ("." applied it already)
@@ -209,6 +210,20 @@ def _exclusions(patterns: Iterable[str], rel: str, where: str) -> Exclusions:
         return Exclusions(patterns, rel)
     except BadPattern as exc:
         raise InputError(str(exc), where) from None
+
+
+def _check_not_under_links(found: dict[str, ContextEntry], where: str) -> None:
+    """One root may name a path through a symlink another root takes in as a link (`app` holds the
+    link `app/data`, a second root is `app/data/x`): the build context would hold the link, and
+    writing the file there would go through it, out of the context. Only several roots can."""
+    links = {path for path, entry in found.items() if entry.mode == "symlink"}
+    for path in found if links else ():
+        parent = path.rpartition("/")[0]
+        while parent:
+            if parent in links:
+                raise InputError(f"'{path}' is under '{parent}', a symlink the context also holds: "
+                                 "name the link's target instead", where)
+            parent = parent.rpartition("/")[0]
 
 
 def _check_names(dir_rel: str, children: list[os.DirEntry], rules: tuple[Exclusions, ...], where: str) -> None:
