@@ -361,6 +361,32 @@ def test_a_changed_trust_policy_verifies_again(tmp_path, keys):
     assert code == 1 and "cryptography" in modules
 
 
+
+@pytest.mark.parametrize("signed_by, kept", [("ec", "other"), ("other", "ec")])
+def test_a_key_dropped_from_a_policy_of_two_no_longer_passes_from_the_cache(tmp_path, keys, signed_by, kept):
+    """Slip: the policy digest that binds cached verifications covers only some of its keys. A key
+    revoked from a policy of two would keep passing what it signed, answered from the cache."""
+    store, key = stored_artifact(tmp_path, PemSigner(keys[signed_by][0]))
+    env = node_env(tmp_path, store, keys["ec"][1], keys["other"][1])
+    assert cached_lookup(key, env)[0] == 0
+    trust_config(Path(env["EFABUILD_TRUST_CONFIG"]), keys[kept][1])  # the signer's key revoked
+    code, _, modules = cached_lookup(key, env)
+    assert code == 1 and "cryptography" in modules
+
+
+def test_a_signature_without_a_keyid_is_checked_against_every_trusted_key(tmp_path, keys):
+    """DSSE makes keyid optional, and other signers leave it empty. Slip: a signature is passed over
+    unless its keyid names the key, and such an envelope, validly signed by a trusted key, is refused."""
+    private, public = keys["ec"]
+    store, key = stored_artifact(tmp_path, PemSigner(private))
+    path = object_path(store, key, ".intoto.jsonl")
+    bare = dsse.Envelope(dsse.decode(path.read_bytes()).payload)
+    signature = PemSigner(private).sign(bare.pae())
+    os.chmod(path, 0o644)
+    path.write_bytes(dsse.encode(bare.with_signature(dsse.Signature("", signature.sig))))
+    for how, result in three_ways(key, node_env(tmp_path, store, public)).items():
+        assert result.returncode == 0, f"{how}: {result.stdout}{result.stderr}"
+
 # ---- cosign, the third-party verifier -----------------------------------------------------------
 
 
