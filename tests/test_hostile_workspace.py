@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from efabuild.build.hashcache import HashState
 from tests.inprocess import run_efabuild
 from tests.wsfactory import REPO, SIMPLE_GRAPH, make_workspace
 
@@ -50,23 +51,21 @@ def test_a_hash_cache_another_user_planted_never_keeps_a_changed_file_s_old_key(
         age(path)
     before, _ = plan_keys(root)
     cache = root / "cache" / "state" / "hashes"
-    fields = cache.read_bytes().split(b"\0")
+    old_digest = HashState(cache).lookup("app/train.py")[3]
 
     train = root / "app" / "train.py"
     train.write_text("print('a change the builder made')\n")
     age(train)
-    st = train.stat()
     # the co-tenant's cache: the new file's stat stamp, the old file's digest
-    at = fields.index(b"app/train.py")
-    fields[at + 1] = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}".encode()
-    planted = cache.parent / "planted"
-    planted.write_bytes(b"\0".join(fields))
+    planted = HashState(cache)
+    planted.put("app/train.py", train.stat(), old_digest)
+    planted.save()
+    assert HashState(cache).get("app/train.py", train.stat()) == old_digest  # believed if it were ours
     if planted_as == "another user":
-        os.chown(planted, NOBODY, NOBODY)
-        os.chmod(planted, 0o644)
+        os.chown(cache, NOBODY, NOBODY)
+        os.chmod(cache, 0o644)
     else:
-        os.chmod(planted, 0o664)
-    os.replace(planted, cache)
+        os.chmod(cache, 0o664)
 
     after, read = plan_keys(root)
     assert after["stack:user"] != before["stack:user"]

@@ -124,9 +124,9 @@ class ContextHasher:
         """One directory's files into `found`, its subdirectories onto `pending`. The hot loop of a
         no-op plan (a 10k-file context is 10k turns): listed through the directory's descriptor, so
         each lstat (fstatat) looks up one name rather than the whole path; the cache's stamp
-        compared inline; nothing made per file but a plain tuple (a ContextEntry is made from it in
+        compared inline, integer by integer; nothing made per file but a plain tuple (a ContextEntry is made from it in
         C, after sorting)."""
-        known, stamp_of = self.state.lookup, self.state.stamp
+        known = self.state.lookup
         prefix = "" if dir_rel == "." else f"{dir_rel}/"
         for child in children:
             child_rel = prefix + child.name
@@ -143,9 +143,12 @@ class ContextHasher:
             if st.st_mode & _FILE_TYPE != stat.S_IFREG:  # symlinks and the rare special file
                 found.extend(self._entry(child_rel, f"{dir_path}/{child.name}", st, where))
                 continue
-            cached = known(child_rel)
-            digest = (cached[1] if cached is not None and cached[0] == stamp_of(st)
-                      else self._read_digest(child_rel, f"{dir_path}/{child.name}", st))
+            cached = known(child_rel)  # (size, mtime_ns, inode, digest): compared without making anything
+            if (cached is not None and cached[1] == st.st_mtime_ns and cached[0] == st.st_size
+                    and cached[2] == st.st_ino):
+                digest = cached[3]
+            else:
+                digest = self._read_digest(child_rel, f"{dir_path}/{child.name}", st)
             found.append((child_rel, "755" if st.st_mode & 0o111 else "644", digest))
 
     def _entry(self, rel: str, path: str, st: os.stat_result, where: str) -> Iterator[ContextEntry]:

@@ -4,64 +4,73 @@ Entries are keyed by workspace-relative path and valid while (size, mtime_ns, in
 index, an entry whose mtime is too close to the moment it was hashed is not trusted: the file could
 still change within the filesystem's timestamp granularity without its mtime moving.
 
-The cache is one file of NUL-separated fields (a path cannot hold NUL), read whole on every plan:
-splitting it is C work, where reading as many rows from SQLite cost more than the rest of a
-no-op plan's own work on a 10k-file context. It is replaced atomically; two makes saving at once
-lose one's new entries, which only costs hashing those files again.
+The cache is one file read whole on every plan and laid out so that reading it is C work (10k
+rows read one by one from SQLite cost more than the rest of a no-op plan): the stamps as one array
+of unsigned 64-bit integers (size, mtime_ns, inode of each entry), then the paths and digests as
+NUL-separated text (a path cannot hold NUL). A walk compares a file's lstat with the cached
+integers as they are: formatting them as text for every file, as the cache's first layout needed,
+cost more than reading the whole file. It is replaced atomically; two makes saving at once lose
+one's new entries, which only costs hashing those files again.
 """
 
 from __future__ import annotations
 
+import array
 import os
+import sys
 import time
 from pathlib import Path
 
 RACY_WINDOW_NS = 2_000_000_000
-HEADER, END = "efabuild.hashes/v1", "end"  # a file cut short lacks its END
+# a cache of another layout or byte order (a store shared with other machines) reads as none
+HEADER = f"efabuild.hashes/v2 {sys.byteorder}\n".encode()
+END = b"\0end"  # a file cut short lacks its END
 MAX_BYTES = 1 << 30  # about 8M entries: past that the file is not ours
+_COUNT = 8  # bytes of the entry count after the header
+_LIMIT = 1 << 64  # each stamp integer is stored in 64 bits
 
 
 class HashState:
     def __init__(self, path: Path | None) -> None:
         self._path = path
-        self._entries: dict[str, tuple[str, str]] = _load(path) if path is not None else {}
+        self._entries: dict[str, tuple[int, int, int, str]] = _load(path) if path is not None else {}
         self._dirty = False
         # for a walk of many files, which compares in its own loop: `lookup(rel)` is the cached
-        # (stamp, digest), valid while `stamp(st)` of the file's lstat equals its stamp
+        # (size, mtime_ns, inode, digest), valid while the file's lstat has that size, mtime_ns and inode
         self.lookup = self._entries.get
-        self.stamp = _stamp
 
     def get(self, rel: str, st: os.stat_result) -> str | None:
         entry = self._entries.get(rel)
-        if entry and entry[0] == _stamp(st):
-            return entry[1]
+        if entry is not None and entry[1] == st.st_mtime_ns and entry[0] == st.st_size and entry[2] == st.st_ino:
+            return entry[3]
         return None
 
     def put(self, rel: str, st: os.stat_result, digest: str) -> None:
-        if time.time_ns() - st.st_mtime_ns < RACY_WINDOW_NS or "\0" in rel:
+        stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+        if (time.time_ns() - st.st_mtime_ns < RACY_WINDOW_NS or "\0" in rel
+                or not all(0 <= n < _LIMIT for n in stamp)):  # a file dated before 1970: not kept
             return
-        self._entries[rel] = (_stamp(st), digest)
+        self._entries[rel] = (*stamp, digest)
         self._dirty = True
 
     def save(self) -> None:
         if not self._dirty or self._path is None:
             return
-        fields = [HEADER]
-        for rel, (stamp, digest) in self._entries.items():
-            fields += (rel, stamp, digest)
-        fields.append(END)
+        stamps = array.array("Q")
+        text = []
+        for rel, (size, mtime_ns, inode, digest) in self._entries.items():
+            stamps.extend((size, mtime_ns, inode))
+            text += (rel, digest)
+        data = b"".join((HEADER, len(self._entries).to_bytes(_COUNT, "little"), stamps.tobytes(),
+                         "\0".join(text).encode("utf-8", "surrogateescape"), END))
         try:
-            _replace(self._path, "\0".join(fields).encode("utf-8", "surrogateescape"))
+            _replace(self._path, data)
         except OSError:
             return  # unwritable cache: the next plan hashes again, nothing else is affected
         self._dirty = False
 
 
-def _stamp(st: os.stat_result) -> str:
-    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
-
-
-def _load(path: Path) -> dict[str, tuple[str, str]]:
+def _load(path: Path) -> dict[str, tuple[int, int, int, str]]:
     """The cached entries; none when the file is missing, damaged, not a regular file, or not
     written by this user (a damaged cache only costs re-hashing). The local store may sit on a
     shared path: a cache another user wrote could pair a changed file's stamp with its old digest."""
@@ -80,11 +89,24 @@ def _load(path: Path) -> dict[str, tuple[str, str]]:
         return {}
     finally:
         os.close(fd)
-    fields = data.decode("utf-8", "surrogateescape").split("\0")
-    if fields[0] != HEADER or fields[-1] != END or len(fields) % 3 != 2:
+    return _parse(data)
+
+
+def _parse(data: bytes) -> dict[str, tuple[int, int, int, str]]:
+    if not data.startswith(HEADER) or not data.endswith(END) or len(data) < len(HEADER) + _COUNT + len(END):
         return {}
-    del fields[-1]
-    return dict(zip(fields[1::3], zip(fields[2::3], fields[3::3])))
+    count = int.from_bytes(data[len(HEADER):len(HEADER) + _COUNT], "little")
+    stamps_end = len(HEADER) + _COUNT + 24 * count
+    if stamps_end > len(data) - len(END):
+        return {}
+    stamps = array.array("Q")
+    stamps.frombytes(data[len(HEADER) + _COUNT:stamps_end])
+    text = data[stamps_end:-len(END)].decode("utf-8", "surrogateescape")
+    fields = text.split("\0") if count else []
+    if len(fields) != 2 * count:
+        return {}
+    numbers = stamps.tolist()
+    return dict(zip(fields[0::2], zip(numbers[0::3], numbers[1::3], numbers[2::3], fields[1::2])))
 
 
 def _replace(path: Path, data: bytes) -> None:
