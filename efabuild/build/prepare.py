@@ -19,7 +19,7 @@ from efabuild.errors import EfabuildError, NoCredentials
 from efabuild.model import Workspace
 from efabuild.plan import BUILD, Availability, BaseResolution, Plan, layer_inputs, make_plan
 from efabuild.refs import IMAGE_REPO, KEY_TAG, image_tag
-from efabuild.build.context import ContextHasher, hash_contexts, never_context
+from efabuild.build.context import ContextHasher, bulk_objects, hash_contexts, never_context
 from efabuild.build.hashcache import HashState
 from efabuild.build.records import BuildRecords
 
@@ -42,6 +42,14 @@ class Prepared:
 
 def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = True,
             require_engine: bool = False) -> Prepared:
+    """The plan and what a make needs of the outside world. The cyclic garbage collector pauses
+    throughout: a plan makes tens of thousands of acyclic objects and the modules it loads, which
+    live as long as the process; its passes over them were 4 % of a no-op plan."""
+    with bulk_objects():
+        return _prepare(ws, targets, use_engine, require_engine)
+
+
+def _prepare(ws: Workspace, targets: Iterable[str], use_engine: bool, require_engine: bool) -> Prepared:
     graph = dag.layer_graph(ws)
     order = dag.select(ws, graph, targets)
     records = BuildRecords(ws.settings.store.local)

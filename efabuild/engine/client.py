@@ -9,17 +9,17 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
 
-from efabuild.engine import children
 from efabuild.errors import EfabuildError, InputError
 from efabuild.model import BuilderSettings
 
 if TYPE_CHECKING:
+    import subprocess
+
     from python_on_whales import DockerClient
 
     from efabuild.engine.api import EngineApi
@@ -96,6 +96,10 @@ class Engine:
 
         For the quick queries only, each with its time limit (python-on-whales takes none); what
         acts on the engine goes through `client` (see efabuild.engine)."""
+        import subprocess  # with the first docker process: a plan on the local socket starts none
+
+        from efabuild.engine import children
+
         full_env = None if env is None else {**os.environ, **env}
         try:
             return children.run(
@@ -233,6 +237,10 @@ class Engine:
 
     def _bare_run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
         """A client-side docker command without --host/--context (contexts are client config)."""
+        import subprocess
+
+        from efabuild.engine import children
+
         try:
             return children.run([DOCKER_CLI, *args], capture_output=True, text=True,
                                   timeout=CHECK_TIMEOUT_S)
