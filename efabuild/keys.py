@@ -11,6 +11,7 @@ Pure: the context's entries come hashed from `efabuild.build.context`, which rea
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from typing import Any, NamedTuple
 
@@ -46,6 +47,9 @@ class LayerInputs:
     exclude: tuple[str, ...] = ()  # the layer's `exclude` patterns
 
     def to_dict(self) -> dict[str, Any]:
+        return self._dict(list(map(list, self.context)))  # [path, mode, digest] each
+
+    def _dict(self, context: list[list[str]] | None) -> dict[str, Any]:
         data = {
             "schema": KEY_SCHEMA,
             "parent_key": self.parent_key,
@@ -53,7 +57,7 @@ class LayerInputs:
             "dockerfile": self.dockerfile,
             "args": dict(self.args),
             "platform": self.platform,
-            "context": list(map(list, self.context)),  # [path, mode, digest] each
+            "context": context,
         }
         if self.secrets:  # absent when none, so the keys of layers without secrets stay as they were
             data["secrets"] = list(self.secrets)
@@ -81,7 +85,13 @@ class LayerInputs:
         )
 
     def canonical(self) -> bytes:
-        return canonical_json(self.to_dict())
+        """canonical_json(self.to_dict()), byte for byte. The context, nearly all of a large
+        layer's encoding, is written by _context_json; the keys around it sort before and after
+        "context" (`args` and `base` before, `dockerfile` and `schema` after: never empty)."""
+        data = self._dict(None)
+        before = canonical_json({name: value for name, value in data.items() if name < "context"})
+        after = canonical_json({name: value for name, value in data.items() if name > "context"})
+        return b"".join((before[:-1], b',"context":', _context_json(self.context), b",", after[1:]))
 
     def key(self) -> str:
         return self._key
@@ -91,6 +101,19 @@ class LayerInputs:
         # computed once: a plan asks for each key several times, and encoding a context of
         # 100k files costs tens of milliseconds each time
         return blake3.blake3(self.canonical()).hexdigest()
+
+
+def _context_json(entries: tuple[ContextEntry, ...]) -> bytes:
+    """canonical_json of the entries as [path, mode, digest] lists, by joins in C: a third fewer
+    instructions than the encoder's value-by-value walk. When some field needs an escape (a quote,
+    a backslash, a control character) the encoder writes them all, as it would anyway."""
+    text = "".join(itertools.chain.from_iterable(entries)).encode("utf-8")
+    if not entries or len(text.translate(None, _ESCAPED)) != len(text):
+        return canonical_json(list(map(list, entries)))
+    return b"".join((b'[["', '"],["'.join(map('","'.join, entries)).encode("utf-8"), b'"]]'))
+
+
+_ESCAPED = bytes(range(0x20)) + b'"\\'  # what JSON escapes in a string (json.dumps, ensure_ascii=False)
 
 
 def canonical_json(value: Any) -> bytes:

@@ -162,3 +162,22 @@ def test_a_change_moves_exactly_that_layer_and_its_descendants(tmp_path_factory,
     after = keys_of(root)
     changed = {name.split(":")[1] for name in before if before[name] != after[name]}
     assert changed == set(LAYERS[LAYERS.index(layer):]), (layer, change, token)
+
+
+# any text UTF-8 can hold, often what JSON escapes or passes through raw
+FIELD = st.text(st.sampled_from('a/.é"\\\n\t\x00\x1f\x7f\u2028') | st.characters(blacklist_categories=("Cs",)),
+                max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries=st.lists(st.tuples(FIELD, FIELD, FIELD), max_size=6),
+       secrets=st.lists(FIELD, max_size=2), parent=st.none() | FIELD)
+def test_the_canonical_encoding_is_json_dumps_of_the_inputs_byte_for_byte(entries, secrets, parent):
+    """canonical() writes the context by joins, not by the JSON encoder: the bytes must be the
+    encoder's (quotes, backslashes, control characters and non-ASCII text included), or every
+    recorded key would change."""
+    inputs = LayerInputs(dockerfile='RUN echo "\\x"\n', platform="linux/amd64", parent_key=parent,
+                         base_ref=None if parent else "b:1", args=(("A", "1"),),
+                         context=tuple(ContextEntry(*entry) for entry in entries), secrets=tuple(secrets))
+    assert inputs.canonical() == json.dumps(inputs.to_dict(), sort_keys=True, separators=(",", ":"),
+                                            ensure_ascii=False).encode("utf-8")
