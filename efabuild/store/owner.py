@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from functools import cache
 from pathlib import Path
 
@@ -24,6 +23,8 @@ _TOKEN = re.compile(TOKEN)
 
 
 def this_host() -> str:
+    import socket  # with the first owned name: a no-op plan writes none
+
     return socket.gethostname().split(".")[0] or "host"
 
 
