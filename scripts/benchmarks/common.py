@@ -209,9 +209,11 @@ def python() -> str:
 def byte_compile_efabuild() -> None:
     """Byte-compile the efabuild package the commands import, as `pip install` leaves it: a
     start-up timing must not include compiling its source (PYTHONDONTWRITEBYTECODE, or a checkout
-    nothing has run from yet, would make every run compile it again)."""
+    nothing has run from yet, would make every run compile it again). Asked from outside any
+    checkout: run from one, `python -c` would find that checkout's efabuild first, not the one the
+    console script imports, whose stale files would then be compiled again in every timed run."""
     found = subprocess.run([python(), "-c", "import efabuild; print(efabuild.__path__[0])"],
-                           capture_output=True, text=True, check=True)
+                           capture_output=True, text=True, check=True, cwd="/")
     subprocess.run([python(), "-m", "compileall", "-q", found.stdout.strip()], check=True,
                    stdout=subprocess.DEVNULL)
 
