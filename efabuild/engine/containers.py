@@ -9,11 +9,9 @@ efabuild.store.owner), so one left behind by a process that was killed can be fo
 from __future__ import annotations
 
 import subprocess
-import uuid
 from pathlib import Path
 from typing import IO
 
-from efabuild.engine import children
 from efabuild.engine.client import NO_DOCKER_CLI, Engine, EngineError, EngineUnavailable, last_line, output_text
 from efabuild.store.owner import Owner
 
@@ -23,6 +21,8 @@ OWNER_LABEL = "org.efabuild.store.owner"  # …and the process exporting
 
 def create_for_export(engine: Engine, image: str, target: Path) -> str:
     """A stopped container of `image`, labelled with `target` and this process; returns its name."""
+    import uuid
+
     from python_on_whales.exceptions import DockerException
 
     name = f"efabuild-export-{uuid.uuid4().hex[:12]}"
@@ -43,6 +43,8 @@ def export_stream(engine: Engine, container: str, stderr: IO[bytes]) -> subproce
     The one docker command run here rather than through python-on-whales: its `container.export`
     only writes to a file, and the export's point is never to hold the rootfs on disk. The
     command line carries the same --host/--context as the client."""
+    from efabuild.engine import children  # ctypes with it: a no-op make exports nothing
+
     try:
         return children.popen(engine.command("container", "export", container),
                                 stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL)
