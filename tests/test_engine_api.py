@@ -190,6 +190,11 @@ def test_a_plan_and_a_no_op_make_start_no_docker_process_and_a_make_asks_for_bui
     assert planned.returncode == 0, planned.stderr
     assert json.loads(planned.stdout)["engine"] == "reachable"
     assert not calls.exists(), calls.read_text()
+    # nor does it load the code for starting one, nor socket.py: the socket is read through _socket
+    probe = ("import sys\nfrom efabuild.cli import main\nstatus = main(['plan'])\n"
+             "print(status, *(m for m in ('subprocess', 'ctypes', 'socket') if m in sys.modules), file=sys.stderr)")
+    loaded = subprocess.run([sys.executable, "-c", probe], cwd=ws, env=env, capture_output=True, text=True, timeout=120)
+    assert loaded.stderr.strip().splitlines()[-1] == "0", loaded.stderr
     made = efabuild("make", "--no-lint")
     assert made.returncode == 1
     assert made.stderr.strip().splitlines()[-1].endswith(
