@@ -44,7 +44,8 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
                 "-w", tmp / "dist", cwd=sources, env=env)
     assert built.returncode == 0, built.stdout + built.stderr
     [wheel] = (tmp / "dist").glob("efabuild-*.whl")
-    made = run(sys.executable, "-m", "venv", "--system-site-packages", tmp / "venv", cwd=tmp)
+    # --without-pip: the venv runs the system site-packages' pip (ensurepip would take seconds)
+    made = run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", tmp / "venv", cwd=tmp)
     assert made.returncode == 0, made.stderr
     bin_dir = tmp / "venv" / "bin"
     # --force-reinstall: the shared development install of efabuild is visible through the system
