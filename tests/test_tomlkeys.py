@@ -98,7 +98,7 @@ def documents(draw) -> Writer:
     return writer
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(documents())
 def test_every_key_is_found_on_the_line_it_was_written(writer):
     text = "\n".join(writer.lines) + "\n"
