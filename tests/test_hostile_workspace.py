@@ -290,8 +290,8 @@ def test_a_region_boto3_would_refuse_is_one_line_naming_the_setting(tmp_path, ta
 def _limited_memory() -> None:
     import resource
 
-    # 256 MiB is several times what efabuild needs; a failure here is a MemoryError, not the OOM killer
-    resource.setrlimit(resource.RLIMIT_AS, (256 << 20, 256 << 20))
+    # 192 MiB is over twice what efabuild needs; a failure here is a MemoryError, not the OOM killer
+    resource.setrlimit(resource.RLIMIT_AS, (192 << 20, 192 << 20))
 
 
 @pytest.mark.parametrize("argv", [["doctor", "/dev/zero"], ["doctor", "--manifest", "/dev/zero", "LOG"]])
@@ -310,7 +310,7 @@ def test_doctor_reads_a_log_with_an_endless_line_in_bounded_memory(tmp_path):
     and what follows it is still read."""
     log = tmp_path / "job.out"
     with open(log, "wb") as out:
-        out.truncate(1 << 30)  # sparse: a line of 1 GiB of NULs, four times what the process may hold
+        out.truncate(512 << 20)  # sparse: a line of 512 MiB of NULs, more than twice what the process may hold
         out.seek(0, os.SEEK_END)
         out.write(b"\nNCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n")
     proc = subprocess.run([sys.executable, "-m", "efabuild", "doctor", "--json", str(log)], capture_output=True,
