@@ -166,6 +166,41 @@ def test_a_file_swapped_for_a_fifo_after_hashing_stops_the_build_without_hanging
 
 
 
+def test_a_file_swapped_for_a_fifo_between_the_walks_stat_and_its_read_is_one_line_not_a_hang(tmp_path,
+                                                                                               monkeypatch):
+    """The walk lstat()s a file, then opens it to hash it: a FIFO swapped in between must not block
+    the plan (nothing would ever write to it)."""
+    root = make_workspace(tmp_path / "ws")
+    read_digest = ContextHasher._read_digest
+
+    def swap_then_read(self, rel, path, st):
+        if rel == "app/train.py":
+            os.unlink(path)
+            os.mkfifo(path)
+        return read_digest(self, rel, path, st)
+
+    monkeypatch.setattr(ContextHasher, "_read_digest", swap_then_read)
+    outcome: list[BaseException | None] = []
+
+    def walk() -> None:
+        try:
+            hashed(root)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=walk, daemon=True)
+    worker.start()
+    worker.join(10)
+    if worker.is_alive():  # unblock the open so the thread ends, then fail
+        with open(root / "app" / "train.py", "wb"):
+            pass
+        worker.join(5)
+        pytest.fail("hashing the context blocked on a FIFO")
+    assert isinstance(outcome[0], EfabuildError)
+    assert str(outcome[0]).startswith("context file app/train.py changed while it was read")
+
+
 def test_the_workspace_s_dockerignore_taken_in_as_a_file_leaves_out_what_buildkit_leaves_out(tmp_path):
     """`context = [".dockerignore", "app"]` puts the workspace's .dockerignore at the root of the
     build context, where BuildKit reads it (with the Dockerfile on stdin) and leaves out what it

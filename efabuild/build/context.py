@@ -15,7 +15,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from functools import partial
 from operator import itemgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 from pathlib import Path
 
 import blake3
@@ -173,12 +173,11 @@ class ContextHasher:
         return self._read_digest(rel, path, st)
 
     def _read_digest(self, rel: str, path: str, st: os.stat_result) -> str:
-        hasher = blake3.blake3()
-        with open(path, "rb") as f:
-            while chunk := f.read(_CHUNK):
-                hasher.update(chunk)
+        digest = _hash_regular(path)
+        if digest is None:
+            raise EfabuildError(f"context file {rel} changed while it was read (no longer a regular file): "
+                                "run again")
         self.files_read += 1
-        digest = hasher.hexdigest()
         self.state.put(rel, st, digest)
         return digest
 
@@ -291,20 +290,29 @@ def write_context(root: Path, directory: Path, entries: Iterable[ContextEntry]) 
 
 def _copy_hashing(source: Path, target: Path) -> str:
     """Copy `source` to `target`, returning the blake3 of what was copied ("" when `source` is no
-    longer a regular file). Opened without blocking (a FIFO swapped in since the key was made
-    would never be written) and not through a symlink swapped in: either reads as a change."""
+    longer a regular file: that reads as a change)."""
+    with open(target, "xb") as dst:
+        return _hash_regular(source, copy_to=dst) or ""
+
+
+def _hash_regular(path: str | Path, copy_to: BinaryIO | None = None) -> str | None:
+    """The blake3 (hex) of the regular file at `path`, its bytes also written to `copy_to`; None
+    when it is no longer a regular file. The one hasher of context files, for the key and for the
+    copy the build gets: opened without blocking (a FIFO swapped in since the walk's lstat would
+    never be written) and not through a symlink swapped in. Read in 1 MiB blocks rather than
+    store.digest's mmap: a context is mostly small files, and the copy needs the bytes anyway."""
     try:
-        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return ""
+        return None
     hasher = blake3.blake3()
     with os.fdopen(fd, "rb") as src:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return ""
-        with open(target, "xb") as dst:
-            while chunk := src.read(_CHUNK):
-                hasher.update(chunk)
-                dst.write(chunk)
+            return None
+        while chunk := src.read(_CHUNK):
+            hasher.update(chunk)
+            if copy_to is not None:
+                copy_to.write(chunk)
     return hasher.hexdigest()
 
 
