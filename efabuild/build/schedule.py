@@ -8,14 +8,18 @@ the work of one layer is a function the make passes in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
 from efabuild.errors import EfabuildError
 from efabuild.plan import NOTHING, LayerPlan
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED = "built", "pulled", "exported", "reused", "failed", "skipped"
 STATUSES = (BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED)
@@ -72,7 +76,8 @@ def run_in_order(
     Ctrl-C before the running work is abandoned."""
     queue = _Queue(order, plans)
     running: dict[Future, tuple[str, float]] = {}  # -> (layer, when its work started)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with contextlib.ExitStack() as stack:
+        pool = None  # started with the first layer that has work: a no-op make starts no thread
         try:
             while queue.pending or running:
                 for name in list(queue.pending):
@@ -81,10 +86,13 @@ def run_in_order(
                     queue.pending.remove(name)
                     outcome = _start(queue, name, settle, finished)
                     if outcome is None:
+                        pool = pool or stack.enter_context(_pool(jobs))
                         running[pool.submit(work, plans[name])] = name, time.monotonic()
                     else:
                         queue.outcomes[name] = outcome
                 if running:
+                    from concurrent.futures import FIRST_COMPLETED, wait
+
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     for future in done:
                         name, started = running.pop(future)
@@ -95,6 +103,12 @@ def run_in_order(
                 future.cancel()
             raise
     return queue.outcomes
+
+
+def _pool(jobs: int):
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=max(1, jobs))
 
 
 def _start(queue: _Queue, name: str, settle, finished) -> Outcome | None:
