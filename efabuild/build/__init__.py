@@ -5,6 +5,6 @@
 calls the pure `efabuild.plan`. `run` lints, then runs the plan: `schedule` orders the layers,
 `engine_steps` is what a layer asks of the engine, `context` writes what the key saw for the
 build, `publish` exports, describes and stores an artifact layer, and `records` keeps the inputs
-behind each key for the next plan. `check` rebuilds a stored layer to compare it; `reporter` is
+behind each key for the next plan; `leftovers` sweeps what killed makes left. `check` rebuilds a stored layer to compare it; `reporter` is
 the progress interface the CLI implements.
 """

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -24,18 +25,19 @@ from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
 from efabuild.redact import Redactor, dockerfile_secret_values, is_secret_arg
 from efabuild.refs import image_tag, short
 from efabuild.build.context import SOURCE_DATE_EPOCH, context_dir
-from efabuild.build.engine_steps import EngineSteps
-from efabuild.build.gitstate import TITLE, git_labels
+from efabuild.build.leftovers import LeftoverSearch, sweep
 from efabuild.build.prepare import Prepared, prepare
 from efabuild.build.reporter import Reporter
 from efabuild.build.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
                                      run_in_order)
 from efabuild.build.stops import step_boundary
-from efabuild.store import scratch
 from efabuild.store.fs import REUSED as TIER_REUSED
 
+if TYPE_CHECKING:  # the builder's side is loaded where a layer has work: a no-op make never needs it
+    from efabuild.build.engine_steps import EngineSteps
+
 __all__ = ["BUILT", "EXPORTED", "FAILED", "PULLED", "REUSED", "SKIPPED", "STATUSES", "SOURCE_DATE_EPOCH",
-           "LintFailed", "MakeResult", "Outcome", "prepare_make", "run"]
+           "LeftoverSearch", "LintFailed", "MakeResult", "Outcome", "prepare_make", "run"]
 
 
 @attrs.frozen
@@ -83,7 +85,7 @@ class _Runner:
         self.cancel = threading.Event()  # set on interrupt: running builds stop, nothing is tagged
         self.ws: Workspace = prepared.ws
         self.engine = prepared.engine
-        self.steps = engine_steps or EngineSteps(prepared.engine)
+        self._steps = engine_steps
         self.reporter = reporter
         self.store_root = self.ws.settings.store.local
         self.plans = prepared.plan.by_name()
@@ -93,6 +95,14 @@ class _Runner:
         # every secret of this make is hidden in every build's output, whichever layer it belongs to
         self.redact = output_redactor(prepared)
         self.farm = None  # efabuild.engine.farm.Farm: builders that cannot see this engine's images
+
+    @functools.cached_property
+    def steps(self) -> EngineSteps:
+        if self._steps is not None:
+            return self._steps
+        from efabuild.build.engine_steps import EngineSteps
+
+        return EngineSteps(self.engine)
 
     # --- one layer ---------------------------------------------------------------------------
 
@@ -173,21 +183,6 @@ class _Runner:
         self.tags[lp.key] = tag
         return True
 
-    def sweep_leftovers(self) -> None:
-        """Remove what makes killed on this host left behind: temp files and build contexts in
-        the store tiers, scratch directories in the system's temp dir, export containers and
-        make --check images in the engine. A live make's are never touched."""
-        try:
-            for tier in self.store.fs_tiers:
-                for item in tier.debris():
-                    tier.remove_debris(item)
-            for directory in scratch.dead_scratch_dirs():
-                scratch.remove(directory)
-            if self.engine is not None:
-                self.steps.remove_dead_leftovers([tier.root for tier in self.store.fs_tiers])
-        except (OSError, EfabuildError) as exc:  # housekeeping: never a reason to fail the make
-            notices.warn(f"leftovers of earlier makes not removed: {exc}")
-
     def settle(self, lp: LayerPlan, shares_work: bool) -> Outcome:
         """A layer with nothing to do, or whose key an earlier layer just made: it gets its own tag
         and store name."""
@@ -235,6 +230,7 @@ class _Runner:
         return f"FROM {layer.base.ref}"
 
     def build_request(self, layer: Layer, lp: LayerPlan, context_dir: Path, tag: str, *, no_cache: bool = False):
+        from efabuild.build.gitstate import TITLE
         from efabuild.engine.build import BuildRequest
 
         return BuildRequest(
@@ -277,6 +273,8 @@ class _Runner:
     def oci_labels(self) -> dict[str, str]:
         """OCI source and revision labels from the workspace's git state, read once per make
         (make --check puts the stored artifact's in their place)."""
+        from efabuild.build.gitstate import git_labels
+
         return git_labels(self.ws.root)
 
     @functools.cached_property
@@ -340,9 +338,10 @@ def output_redactor(prepared: Prepared, environ=os.environ) -> Redactor:
 
 
 def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
-        engine_steps: EngineSteps | None = None) -> MakeResult:
+        engine_steps: EngineSteps | None = None, leftovers: LeftoverSearch | None = None) -> MakeResult:
     """Run every layer of the plan that has work, parents before children, `jobs` at a time.
-    `engine_steps` is how the engine is reached (default: the engine prepare connected to)."""
+    `engine_steps` is how the engine is reached (default: the engine prepare connected to);
+    `leftovers`, started before the plan, has looked for what killed makes left (default: look now)."""
     check_secrets(prepared)
     runner = _Runner(prepared, reporter or Reporter(), engine_steps)
     if prepared.engine is not None and any(lp.action != NOTHING for lp in prepared.plan.layers):
@@ -352,7 +351,7 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
         jobs = runner.farm.slots if runner.farm is not None else jobs  # [builder] jobs on each builder
     if any(lp.artifact and not lp.stored for lp in prepared.plan.layers):
         runner.signer  # noqa: B018 - a bad [sign] key stops the make before anything is built
-    runner.sweep_leftovers()
+    sweep(prepared.store, prepared.engine, lambda: runner.steps, leftovers)
     plans = prepared.plan.by_name()
     outcomes = run_in_order(prepared.order, plans, jobs, work=runner.run_layer, settle=runner.settle,
                             finished=runner.reporter.finished, redact=runner.redact,

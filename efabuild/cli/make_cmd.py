@@ -58,6 +58,8 @@ def run(args) -> int:
         from efabuild.cli.live import JsonReporter
 
         notices.use(JsonReporter(sys.stderr).notice)
+    # what killed makes left is looked for while the plan walks; removed once the make runs
+    leftovers = None if args.dry_run else make.LeftoverSearch(ws)
     with announce_after(planning_line(sys.stderr, args.progress)):
         prepared = _prepared(ws, args)
     if args.dry_run:
@@ -76,7 +78,7 @@ def run(args) -> int:
     reporter = reporter_for(sys.stderr, args.progress)
     _sigterm_interrupts()  # scancel and timeouts send SIGTERM: stop builds as Ctrl-C does
     try:
-        result = make.run(prepared, reporter, jobs=args.jobs or ws.settings.builder.jobs)
+        result = make.run(prepared, reporter, jobs=args.jobs or ws.settings.builder.jobs, leftovers=leftovers)
     finally:
         reporter.close()
     return _report(args, prepared, result)
@@ -98,11 +100,12 @@ def _print_plan(prepared, stream, progress: str) -> None:
 def _prepared(ws, args):
     """The plan, linted first unless --no-lint: lint's errors are shown before the one-line stop."""
     from efabuild.build import run as make
-    from efabuild.lint import render_text
 
     try:
         return make.prepare_make(ws, args.targets, lint=not args.no_lint, require_engine=not args.dry_run)
     except make.LintFailed as exc:
+        from efabuild.lint import render_text
+
         print(render_text(exc.findings), file=sys.stderr)
         raise
 
