@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import attrs
@@ -114,6 +113,8 @@ def _tagged_at(engine: Engine, tag: str) -> float:
         found = engine.run("image", "inspect", "--format", "{{json .Metadata.LastTagTime}}", tag,
                            timeout=LIST_TIMEOUT_S)
         when = found.stdout.strip().strip('"') if found.returncode == 0 else ""
+    from datetime import datetime, timezone  # only for check images of an efabuild before owner tags
+
     try:  # RFC 3339 with nanoseconds: the seconds are enough
         tagged = datetime.strptime(when[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
     except ValueError:

@@ -32,7 +32,8 @@ def dead_scratch_dirs(root: Path | None = None) -> list[Path]:
         names = os.listdir(root)
     except OSError:
         return []
-    for name in sorted(names):
+    # a shared /tmp holds thousands of names: only ours are sorted and parsed
+    for name in sorted(name for name in names if name.startswith(PREFIX)):
         owner = owner_of(name, PREFIX)
         if owner is None or not owner.gone():
             continue
