@@ -8,12 +8,14 @@ efabuild.store.owner), so one left behind by a process that was killed can be fo
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from efabuild.engine.client import NO_DOCKER_CLI, Engine, EngineError, EngineUnavailable, last_line, output_text
 from efabuild.store.owner import Owner
+
+if TYPE_CHECKING:
+    import subprocess
 
 EXPORT_LABEL = "org.efabuild.export"  # on the temporary container: the .sqsh being written
 OWNER_LABEL = "org.efabuild.store.owner"  # …and the process exporting
@@ -43,6 +45,8 @@ def export_stream(engine: Engine, container: str, stderr: IO[bytes]) -> subproce
     The one docker command run here rather than through python-on-whales: its `container.export`
     only writes to a file, and the export's point is never to hold the rootfs on disk. The
     command line carries the same --host/--context as the client."""
+    import subprocess  # with the export: a no-op make's leftover listing needs none
+
     from efabuild.engine import children  # ctypes with it: a no-op make exports nothing
 
     try:
