@@ -8,6 +8,7 @@ the writer copies the entries the hasher produced, normalised the way the key de
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import os
 import shutil
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 # Fixed timestamps for every build: 1980-01-01, the earliest a ZIP archive can hold.
 SOURCE_DATE_EPOCH = 315532800
 _CHUNK = 1 << 20
+# opening a file the walk saw as regular: removed since, a symlink (O_NOFOLLOW) or a socket swapped in
+_GONE_OR_SWAPPED = frozenset({errno.ENOENT, errno.ELOOP, errno.ENXIO})
 _FILE_TYPE = 0o170000  # the type bits of st_mode (stat.S_IFMT)
 _PATH = itemgetter(0)
 _as_entry = partial(tuple.__new__, ContextEntry)  # a ContextEntry from a (path, mode, digest) tuple
@@ -173,10 +176,17 @@ class ContextHasher:
         return self._read_digest(rel, path, st)
 
     def _read_digest(self, rel: str, path: str, st: os.stat_result) -> str:
-        digest = _hash_regular(path)
-        if digest is None:
+        try:
+            src = _open_regular(path)
+        except OSError as exc:
+            if exc.errno not in _GONE_OR_SWAPPED:
+                raise  # unreadable (EACCES, EIO): said as it is, not as a change
+            src = None
+        if src is None:
             raise EfabuildError(f"context file {rel} changed while it was read (no longer a regular file): "
                                 "run again")
+        with src:
+            digest = _hash_stream(src)
         self.files_read += 1
         self.state.put(rel, st, digest)
         return digest
@@ -289,30 +299,38 @@ def write_context(root: Path, directory: Path, entries: Iterable[ContextEntry]) 
 
 
 def _copy_hashing(source: Path, target: Path) -> str:
-    """Copy `source` to `target`, returning the blake3 of what was copied ("" when `source` is no
-    longer a regular file: that reads as a change)."""
-    with open(target, "xb") as dst:
-        return _hash_regular(source, copy_to=dst) or ""
-
-
-def _hash_regular(path: str | Path, copy_to: BinaryIO | None = None) -> str | None:
-    """The blake3 (hex) of the regular file at `path`, its bytes also written to `copy_to`; None
-    when it is no longer a regular file. The one hasher of context files, for the key and for the
-    copy the build gets: opened without blocking (a FIFO swapped in since the walk's lstat would
-    never be written) and not through a symlink swapped in. Read in 1 MiB blocks rather than
-    store.digest's mmap: a context is mostly small files, and the copy needs the bytes anyway."""
+    """Copy `source` to `target`, returning the blake3 of what was copied ("" when `source` can no
+    longer be opened as a regular file: that reads as a change)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        src = _open_regular(source)
     except OSError:
+        return ""
+    if src is None:
+        return ""
+    with src, open(target, "xb") as dst:
+        return _hash_stream(src, copy_to=dst)
+
+
+def _open_regular(path: str | Path) -> BinaryIO | None:
+    """`path` open for reading; None when it is no longer a regular file. Opened without blocking
+    (a FIFO swapped in since the walk's lstat would never be written) and not through a symlink
+    swapped in (ELOOP, raised as OSError like any other failure to open)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
         return None
+    return os.fdopen(fd, "rb")
+
+
+def _hash_stream(src: BinaryIO, copy_to: BinaryIO | None = None) -> str:
+    """The blake3 (hex) of what `src` holds, also written to `copy_to`: the one hasher of context
+    files, for the key and for the copy the build gets. Read in 1 MiB blocks rather than
+    store.digest's mmap: a context is mostly small files, and the copy needs the bytes anyway."""
     hasher = blake3.blake3()
-    with os.fdopen(fd, "rb") as src:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        while chunk := src.read(_CHUNK):
-            hasher.update(chunk)
-            if copy_to is not None:
-                copy_to.write(chunk)
+    while chunk := src.read(_CHUNK):
+        hasher.update(chunk)
+        if copy_to is not None:
+            copy_to.write(chunk)
     return hasher.hexdigest()
 
 
