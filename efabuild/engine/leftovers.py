@@ -21,13 +21,13 @@ from efabuild.engine.client import Engine, EngineError
 from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL
 from efabuild.store.owner import Owner
 from efabuild.store.fsutil import parse_temp_owner
+from efabuild.store.leftovers import STALE_TEMP_SECONDS
 
 LIST_TIMEOUT_S = 30.0
 CHECK_REPO = "efabuild-check"
 # a check image tagged by an efabuild that did not name the owner: judged by age, as an unowned
 # make --check directory is (efabuild.store.leftovers)
 _UNOWNED_CHECK_TAG = re.compile(rf"{CHECK_REPO}/[^:]+:[0-9a-f]{{64}}")
-STALE_SECONDS = 24 * 3600
 # a tag is [A-Za-z0-9_.-]; a host name with anything else is written with `_` (never judged gone then)
 _NOT_IN_TAG = re.compile(r"[^\w.-]", re.ASCII)
 
@@ -78,7 +78,8 @@ def dead_check_images(engine: Engine, now: float | None = None) -> list[str]:
         owner = check_image_owner(tag)
         if owner is not None and owner.gone():
             dead.append(tag)
-        elif owner is None and _UNOWNED_CHECK_TAG.fullmatch(tag) and now - _tagged_at(engine, tag) > STALE_SECONDS:
+        elif (owner is None and _UNOWNED_CHECK_TAG.fullmatch(tag)
+              and now - _tagged_at(engine, tag) > STALE_TEMP_SECONDS):
             dead.append(tag)
     return sorted(dead)
 
