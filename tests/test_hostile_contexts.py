@@ -45,7 +45,7 @@ def test_a_file_name_that_is_not_utf8_is_one_line_naming_it(tmp_path):
     (root / "app" / os.fsdecode(b"model-\xff.bin")).write_bytes(b"weights")
     line = one_line_error(plan(root))
     assert "graphs/stack.toml" in line and "layers.user.context" in line
-    assert "app/model-\\udcff.bin" in line or "app/model-\\xff.bin" in line, line
+    assert "app/model-\\xff.bin" in line, line  # the byte as every message shows one
     assert "UTF-8" in line
     (root / "graphs" / "stack.toml").write_text(with_exclude(["app/model-*.bin"]))  # as the line advises
     assert plan(root).returncode == 0

@@ -250,8 +250,10 @@ def _check_names(dir_rel: str, children: list[os.DirEntry], rules: tuple[Exclusi
         path = f"{dir_rel}/{child.name}" if dir_rel != "." else child.name
         if _utf8(child.name) or leaves_out(rules, path, directory=child.is_dir(follow_symlinks=False)):
             continue
-        shown = path.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
-        raise InputError(f"'{shown}' is not a UTF-8 file name: rename it or leave it out with exclude", where)
+        from efabuild.store.fsutil import shown  # only for this message: the walk never loads it
+
+        raise InputError(f"'{shown(path)}' is not a UTF-8 file name: rename it or leave it out with exclude",
+                         where)
 
 
 def _utf8(name: str) -> bool:

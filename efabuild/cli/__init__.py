@@ -146,10 +146,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def one_line(message: str) -> str:
     """A message as one line: a newline or other control character from the input (a layer name
-    `"a\\n"`, a path) is shown escaped, as Python writes it, not acted on by the terminal."""
+    `"a\\n"`, a path) is shown escaped, as Python writes it, not acted on by the terminal; a byte
+    that is not UTF-8 as `\\xNN` (fsutil.shown, as every path in a message)."""
     if message.isprintable():
         return message
-    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in message)
+    from efabuild.store.fsutil import shown
+
+    return shown(message)
 
 
 def pyxis_importer_main() -> int:
