@@ -1,6 +1,7 @@
 """The OCI labels an image gets from the workspace's git state: where its sources are and at which
 commit. Nothing when the workspace is no git checkout (or git is missing); a remote URL's user and
-password or token are never kept, and a URL holding spaces or control characters is left out.
+password or token (in its user part, query or fragment) are never kept, and a URL holding spaces or
+control characters is left out. A git that hangs (a FIFO named by an include.path) costs one timeout.
 """
 
 from __future__ import annotations
@@ -13,14 +14,19 @@ SOURCE = "org.opencontainers.image.source"
 REVISION = "org.opencontainers.image.revision"
 TITLE = "org.opencontainers.image.title"
 GIT_LABELS = (SOURCE, REVISION)
-_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 _TIMEOUT_S = 10
+
+
+class _GitHung(Exception):
+    pass
 
 
 def _git(root: Path, *args: str) -> str:
     try:
         done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, timeout=_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise _GitHung from None
     except (OSError, subprocess.SubprocessError):
         return ""
     return done.stdout.strip() if done.returncode == 0 else ""
@@ -30,11 +36,34 @@ def git_labels(root: Path) -> dict[str, str]:
     """{source: the `origin` remote's URL without credentials, revision: HEAD's commit}, each only
     when the workspace has it."""
     labels = {}
-    revision = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
+    try:
+        revision = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
+        url = _git(root, "config", "--get", "remote.origin.url") if revision else ""
+    except _GitHung:  # the second call would read the same config and hang as long
+        return {}
     if re.fullmatch(r"[0-9a-f]{40,64}", revision):
         labels[REVISION] = revision
-    source = _USERINFO.sub("", _git(root, "config", "--get", "remote.origin.url"))
     # one printable word: a line break or terminal escape would reach /etc/rc and `docker inspect`
-    if source and revision and source.isprintable() and not any(c.isspace() for c in source):
+    # (checked before parsing, which drops some of them silently)
+    source = without_credentials(url) if url.isprintable() and not any(c.isspace() for c in url) else ""
+    if source and revision:
         labels[SOURCE] = source
     return labels
+
+
+def without_credentials(url: str) -> str:
+    """`scheme://[userinfo@]host/path[?query][#fragment]` → `scheme://host/path`: the userinfo up
+    to its last `@` (a password may hold a raw one), and the query and fragment where tokens are
+    also passed. An scp-like `user:password@host:path` loses `user:password@`; `git@host:path` is
+    kept as it is (a user name, no secret). '' for a URL that cannot be parsed."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if "://" not in url:
+        userinfo, at, rest = url.rpartition("@")
+        return rest if at and ":" in userinfo else url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))

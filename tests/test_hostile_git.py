@@ -1,0 +1,67 @@
+"""A workspace's git state becomes image labels: a remote URL's secrets must not, and a git that
+hangs must not hold make for more than one timeout."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from efabuild.build import gitstate
+from efabuild.build.gitstate import REVISION, SOURCE, git_labels
+
+
+def _repo(path, url):
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    subprocess.run(["git", "-C", str(path), "-c", "user.email=a@b", "-c", "user.name=n", "commit", "-q",
+                    "--allow-empty", "-m", "x"], check=True)
+    subprocess.run(["git", "-C", str(path), "config", "remote.origin.url", url], check=True)
+
+
+@pytest.mark.parametrize(("url", "source"), [
+    ("https://user:pa@SECRET@git.example.com/r.git", "https://git.example.com/r.git"),  # a raw @ in the password
+    ("https://git.example.com/r.git?private_token=SECRET", "https://git.example.com/r.git"),
+    ("https://git.example.com/r.git#SECRET", "https://git.example.com/r.git"),
+    ("ssh://git:SECRET@git.example.com:2222/r", "ssh://git.example.com:2222/r"),
+    ("user:SECRET@git.example.com:r.git", "git.example.com:r.git"),
+    ("git@git.example.com:team/r.git", "git@git.example.com:team/r.git"),  # a user name, no secret
+])
+def test_no_part_of_a_remote_url_s_password_or_token_reaches_a_label(tmp_path, url, source):
+    _repo(tmp_path, url)
+    labels = git_labels(tmp_path)
+    assert labels[SOURCE] == source
+    assert not any("SECRET" in value for value in labels.values())
+
+
+def test_a_config_including_a_fifo_costs_one_timeout_not_one_per_question(tmp_path, monkeypatch):
+    """git reads its config (and what it includes) for every command: a FIFO there blocks each one
+    until its timeout. The first that times out ends the questions."""
+    _repo(tmp_path, "https://git.example.com/r.git")
+    os.mkfifo(tmp_path / "hang")
+    subprocess.run(["git", "-C", str(tmp_path), "config", "include.path", str(tmp_path / "hang")], check=True)
+    monkeypatch.setattr(gitstate, "_TIMEOUT_S", 1)
+    real_run, runs = subprocess.run, []
+
+    def counted(argv, **kwargs):  # the real git, counted
+        runs.append(argv)
+        return real_run(argv, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", counted)
+    assert git_labels(tmp_path) == {}
+    assert len(runs) == 1
+
+
+def test_a_repository_another_user_owns_gives_no_labels(tmp_path):
+    """As root in a workspace under another user's checkout, git refuses the repository (its
+    safe.directory check): nothing of theirs is read or run."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the checkout to another user")
+    _repo(tmp_path / "theirs", "https://git.example.com/theirs.git")
+    subprocess.run(["git", "-C", str(tmp_path / "theirs"), "config", "core.fsmonitor",
+                    f"touch {tmp_path}/ran"], check=True)
+    (tmp_path / "theirs" / "ws").mkdir()
+    subprocess.run(["chown", "-R", "nobody", str(tmp_path / "theirs")], check=True)
+    assert git_labels(tmp_path / "theirs" / "ws") == {}
+    assert not (tmp_path / "ran").exists()
+    assert REVISION not in git_labels(tmp_path / "theirs")
