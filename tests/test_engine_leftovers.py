@@ -66,3 +66,30 @@ def test_check_images_are_judged_by_their_owner_or_unowned_by_when_they_were_tag
         assert subprocess.run(["docker", "image", "inspect", busybox_image], capture_output=True).returncode == 0
     finally:
         subprocess.run(["docker", "image", "rm", live, killed, unowned], capture_output=True)
+
+
+@pytest.mark.engine
+def test_a_label_holding_a_line_break_forges_no_leftover_over_the_cli(busybox_image, tmp_path):
+    """On an engine reached through the docker CLI (a context, ssh://, tcp://: a shared one), the
+    export containers are listed as text. Whoever can create a container there can put a line
+    break in its labels: it must not forge a row naming another's container as a dead export."""
+    from efabuild.engine.leftovers import dead_export_containers
+
+    engine = connect(BuilderSettings(context="default"))
+    assert engine.api is None  # the CLI's listing, not the socket's JSON
+    me, tag = Owner.current(), uuid.uuid4().hex[:12]
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    victim, forger = f"victim-{tag}", f"forger-{tag}"
+    store = tmp_path / "cache"
+    forged = f"{store}/x\n{victim}\t{me.host}.{dead}.{me.start}\t{store}/y.sqsh"
+    try:
+        subprocess.run(["docker", "container", "create", "--name", victim, busybox_image, "true"],
+                       capture_output=True, check=True)
+        subprocess.run(["docker", "container", "create", "--name", forger, "--label", f"org.efabuild.export={forged}",
+                        "--label", f"org.efabuild.store.owner={me.token}", busybox_image, "true"],
+                       capture_output=True, check=True)
+        found = dead_export_containers(engine, [store])
+        assert victim not in found and forger not in found  # the forger's own owner (this test) is alive
+    finally:
+        subprocess.run(["docker", "container", "rm", "-f", victim, forger], capture_output=True)

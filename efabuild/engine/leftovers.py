@@ -160,16 +160,23 @@ def _labelled(engine: Engine) -> list[tuple[str, str, str]] | None:
                     for name, labels in engine.api.labelled_containers(EXPORT_LABEL)]
         except ApiError:
             return None
+    # one JSON array a container: a label may hold a line break or a tab, and whoever can create a
+    # container on a shared engine could otherwise forge a row naming another's container
     found = engine.run("container", "ls", "--all", "--filter", f"label={EXPORT_LABEL}", "--format",
-                       f'{{{{.Names}}}}\t{{{{.Label "{OWNER_LABEL}"}}}}\t{{{{.Label "{EXPORT_LABEL}"}}}}',
-                       timeout=LIST_TIMEOUT_S)
+                       f'[{{{{json .Names}}}}, {{{{json (.Label "{OWNER_LABEL}")}}}}, '
+                       f'{{{{json (.Label "{EXPORT_LABEL}")}}}}]', timeout=LIST_TIMEOUT_S)
     if found.returncode != 0:
         return None
+    import json
+
     listed = []
     for line in found.stdout.splitlines():
-        name, _, rest = line.partition("\t")
-        token, _, target = rest.partition("\t")
-        listed.append((name, token, target))
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, list) and len(row) == 3 and all(isinstance(field, str) for field in row):
+            listed.append(tuple(row))
     return listed
 
 
