@@ -14,6 +14,7 @@ KEY_LENGTH = 64
 SHORT_KEY_LENGTH = 12
 MIN_PREFIX_LENGTH = 8
 IMAGE_REPO = "efabuild"
+KEY_LABEL = "org.efabuild.key"  # on every layer image: the key it was built for
 KEY_TAG = re.compile(r"^[0-9a-f]{64}$")
 
 _HEX = frozenset("0123456789abcdef")

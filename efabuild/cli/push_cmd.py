@@ -13,7 +13,8 @@ def configure(name, sub, common):
             REGISTRY/efabuild/<layer>:<key>: other machines then pull it instead of building it.
             make pushes what it builds; push sends what was built before [registry] was set, or
             after the registry lost it. A layer the engine does not have is named (make it first),
-            and push exits 1.""",
+            and push exits 1; so is one whose image does not carry its key in the org.efabuild.key
+            label (a name some other image was given on a shared engine): it is not pushed.""",
         epilog="""
             examples:
               efabuild push                     # every layer built so far
@@ -27,15 +28,13 @@ def configure(name, sub, common):
 
 
 def run(args) -> int:
-    import sys
-
     from efabuild.build.prepare import prepare
     from efabuild.cli.common import with_builder, workspace
     from efabuild.cli.output import print_json, table
-    from efabuild.engine.images import image_exists, tag_image
+    from efabuild.engine.images import image_config, image_exists, tag_image
     from efabuild.engine.registry import push
     from efabuild.errors import InputError
-    from efabuild.refs import image_tag, short
+    from efabuild.refs import KEY_LABEL, image_tag, short
 
     ws = with_builder(workspace(), args.builder)
     if ws.settings.registry is None:
@@ -47,8 +46,15 @@ def run(args) -> int:
         if lp.key not in prepared.image_tags:
             rows.append({"name": lp.qualname, "key": lp.key, "pushed": None, "problem": "not built: make it first"})
             continue
+        found = prepared.image_tags[lp.key]
+        # whoever shares the engine can tag any image efabuild/<layer>:<key>; other machines would
+        # pull it as that layer (a label can be forged too, but a plain retag is caught)
+        if image_config(prepared.engine, found)["Labels"].get(KEY_LABEL) != lp.key:
+            rows.append({"name": lp.qualname, "key": lp.key, "pushed": None,
+                         "problem": f"{found} does not carry this key in its {KEY_LABEL} label"})
+            continue
         if not image_exists(prepared.engine, own):  # built under another layer's name: pushed under its own
-            tag_image(prepared.engine, prepared.image_tags[lp.key], own)
+            tag_image(prepared.engine, found, own)
         pushed = push(prepared.engine, own, ws.settings.registry)
         rows.append({"name": lp.qualname, "key": lp.key, "pushed": pushed, "problem": None})
     if args.json:
@@ -56,7 +62,16 @@ def run(args) -> int:
     else:
         print(table([[r["name"], short(r["key"]), r["pushed"] or r["problem"]] for r in rows],
                     ["LAYER", "KEY", "PUSHED"]))
-    missing = [r["name"] for r in rows if r["pushed"] is None]
+    return _report_unpushed(rows)
+
+
+def _report_unpushed(rows: list[dict]) -> int:
+    import sys
+
+    missing = [r["name"] for r in rows if r["problem"] and r["problem"].startswith("not built")]
     if missing:
         print(f"efabuild: not pushed (not built): {', '.join(missing)}", file=sys.stderr)
-    return 1 if missing else 0
+    unlabelled = [r["name"] for r in rows if r["problem"] and not r["problem"].startswith("not built")]
+    if unlabelled:
+        print(f"efabuild: not pushed (an image not built for its key): {', '.join(unlabelled)}", file=sys.stderr)
+    return 1 if missing or unlabelled else 0
