@@ -235,6 +235,8 @@ def test_no_bad_call_prints_anything_pyxis_would_take_for_a_path(store_dir, job_
     # the same through the main command, for a plugstack.conf that names a wrapper around it
     result = run_efabuild(["pyxis-importer", *args], env=env, cwd=tmp_path)
     assert (result.returncode, result.stdout) == (2, ""), result
+    if args in (["--help"], ["-h"]):  # a person asking gets the whole help, on stderr
+        assert "usage: efabuild pyxis-importer" in result.stderr and "\nexamples:\n" in result.stderr
 
 
 def test_no_shipped_importer_runs_a_program_named_by_the_environment(store_dir, job_env, tmp_path):

@@ -1,8 +1,9 @@
 """`efabuild pyxis-importer get IMAGE_URI | release`: the Pyxis importer protocol.
 
 Pyxis takes the first line of stdout as the .sqsh to start whenever the exit status is 0, so this
-command parses its own arguments: anything but `get IMAGE_URI` or `release` — `--help` included —
-is a usage line on stderr and exit 2, never text on stdout.
+command parses its own arguments: anything but `get IMAGE_URI` or `release` is a usage line on
+stderr and exit 2, never text on stdout. `efabuild pyxis-importer --help` writes its help to stderr,
+exit 2, for the same reason.
 """
 
 from __future__ import annotations
@@ -10,7 +11,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-USAGE = "usage: efabuild-pyxis-importer get IMAGE_URI | release (called by Pyxis, see plugstack.conf importer=)"
+USAGE = ("usage: efabuild-pyxis-importer get IMAGE_URI | release (called by Pyxis, see plugstack.conf importer=; "
+         "`efabuild pyxis-importer --help` explains)")
+
+
+class HelpOnStderr(argparse.Action):
+    """-h/--help: the help on stderr and exit 2, so Pyxis could never take it for a path."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.print_help(sys.stderr)
+        parser.exit(2)
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -30,6 +40,8 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
               srun --container-image=efabuild://ngc-efa:user ...
               EFABUILD_STORE=/fsx/efabuild efabuild pyxis-importer get docker://efabuild://ngc-efa:user""",
     )
+    p.add_argument("-h", "--help", action=HelpOnStderr, nargs=0,
+                   help="show this help on stderr and exit 2 (Pyxis starts whatever an exit 0 prints)")
     p.add_argument("words", nargs=argparse.REMAINDER, metavar="get IMAGE_URI | release",
                    help="get: print the .sqsh path of IMAGE_URI, efabuild://REF (graph:layer, key or key "
                         "prefix) as Pyxis passes it (docker://efabuild://REF), or any image `enroot import` "
