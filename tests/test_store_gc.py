@@ -154,6 +154,38 @@ def test_gc_removes_leftovers_of_dead_writers_and_skips_objects_in_use(workspace
     assert cache.has(user1)
 
 
+@pytest.mark.engine
+def test_gc_removes_the_export_container_of_a_killed_make_and_not_a_running_ones(workspace, busybox_image):
+    """A make killed while exporting leaves its (never started) export container on the engine."""
+    from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL
+    from efabuild.store.owner import start_time
+
+    (workspace / "graphs").mkdir()  # a workspace with a graph: its builder is the engine asked
+    (workspace / "graphs" / "g.toml").write_text('[layers.a]\nbase = "busybox:latest"\ndockerfile = "RUN true"\n')
+    finished = subprocess.Popen(["true"])
+    dead = Owner(socket.gethostname().split(".")[0], finished.pid, start_time(finished.pid))
+    finished.wait()
+    target = (workspace / "cache" / "tmp").resolve()
+    names = {who: f"efabuild-export-{who}-{os.urandom(6).hex()}" for who in ("dead", "live")}
+    for who, owner in (("dead", dead), ("live", Owner.current())):
+        subprocess.run(["docker", "container", "create", "--name", names[who],
+                        "--label", f"{EXPORT_LABEL}={target}/efatmp.{who}.sqsh", "--label", f"{OWNER_LABEL}={owner.token}",
+                        busybox_image, "/bin/true"], capture_output=True, check=True)
+
+    def exists(name: str) -> bool:
+        return subprocess.run(["docker", "container", "inspect", name], capture_output=True).returncode == 0
+
+    try:
+        dry = efabuild("gc", cwd=workspace, check=True).stdout
+        assert f"would remove leftover  engine  container {names['dead']}" in dry and names["live"] not in dry
+        assert exists(names["dead"])  # a dry run removes nothing
+        out = efabuild("gc", "--yes", cwd=workspace, check=True).stdout
+        assert f"removed leftover  engine  container {names['dead']}" in out
+        assert not exists(names["dead"]) and exists(names["live"])
+    finally:
+        subprocess.run(["docker", "container", "rm", "--force", *names.values()], capture_output=True)
+
+
 def test_gc_judges_temp_files_and_check_directories_by_their_owners_start_time_too(workspace):
     """pids are reused: a temp file of this pid but another start time is a dead writer's; a
     killed `make --check` leaves a directory named by its owner, removed once that owner is gone."""
