@@ -17,6 +17,7 @@ import blake3
 import pytest
 
 from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
+from tests.test_json_convention import check_convention
 from tests.wsfactory import make_workspace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -243,7 +244,10 @@ def test_push_sends_layers_built_before_the_registry_was_set(demo_ws, local_regi
     efabuild(demo_ws, "make", "demo", check=True)
     with (demo_ws / "BUILD.toml").open("a") as f:
         f.write(f'[registry]\nurl = "{local_registry}"\n')
-    pushed = json.loads(efabuild(demo_ws, "push", "demo", "--json", check=True).stdout)["layers"]
+    document = json.loads(efabuild(demo_ws, "push", "demo", "--json", check=True).stdout)
+    check_convention(document, ("push",))
+    assert document["format"] == "efabuild.push/v1"
+    pushed = document["layers"]
     assert {r["name"] for r in pushed} == {"demo:efa", "demo:deepep", "demo:user"}
     for row in pushed:
         layer = row["name"].split(":")[1]
