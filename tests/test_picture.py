@@ -71,6 +71,14 @@ def test_each_plan_state_has_its_colour_key_and_reason(tmp_path):
     assert layers["base0"][1] == "example.com/pytorch:26.08-py3"
     legend = layers["legend"][1]
     assert all(state in legend for state in ("to export", "to pull", "to build"))
+    # a filesystem tier holds efa's .sqsh and another lacks it: copied, drawn in its own colour
+    copying = make_plan(prepared.graph, prepared.order, inputs, Availability(
+        images=frozenset(keys.values()), artifacts=frozenset({keys["stack:user"]}),
+        held=frozenset({keys["stack:efa"]})), previous=lambda name: None)
+    layers = drawn_layers(graphviz.render(
+        picture.dot_source(prepared.graph, prepared.order, picture.plan_nodes(copying)), "svg"))
+    assert layers["stack:efa"][0] == picture.STATE_COLOURS["to copy"] != layers["stack:user"][0]
+    assert "to copy" in layers["legend"][1]
 
 
 def test_graph_command_draws_the_offline_plan(tmp_path):
