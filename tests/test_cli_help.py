@@ -43,6 +43,16 @@ def test_every_command_help_has_a_description_and_examples(command, capsys):
         assert action.help, f"efabuild {command}: {action.option_strings or action.dest} has no help"
 
 
+def test_build_fixtures_help_has_a_description_and_examples(capsys):
+    from efabuild.cli.build_fixtures import main as build_fixtures_main
+
+    with pytest.raises(SystemExit) as done:
+        build_fixtures_main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "does nothing when they are up to date" in out
+    assert "\nexamples:\n  python3 scripts/build-fixtures.py" in out
+
+
 def test_top_level_help_has_examples():
     result = efabuild("--help")
     assert result.returncode == 0 and "\nexamples:\n  efabuild plan" in result.stdout

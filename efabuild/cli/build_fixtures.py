@@ -19,6 +19,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m efabuild.cli.build_fixtures",
         description=f"Build the offline demo fixture images ({MINI_NGC_TAG}); "
         "does nothing when they are up to date.",
+        epilog="examples:\n"
+               "  python3 scripts/build-fixtures.py                   # from a checkout: the same command\n"
+               "  python -m efabuild.cli.build_fixtures --force       # rebuild even when up to date\n"
+               "  python -m efabuild.cli.build_fixtures --json        # tag, image ID and whether it was built",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
     parser.add_argument("--force", action="store_true", help="rebuild even when up to date")
