@@ -25,7 +25,7 @@ from efabuild.store.fs import FilesystemTier
 from efabuild.store.s3 import S3Tier
 from efabuild.store.s3chunks import compress
 from efabuild.store.tiered import Store
-from tests.storekit import CHUNKED, REPO, key_for, make_sqsh, publish, record_for
+from tests.storekit import CHUNKED, REPO, efabuild, key_for, make_sqsh, publish, record_for
 
 pytestmark = pytest.mark.s3
 KiB, MiB = 1024, 1024 * 1024
@@ -426,3 +426,54 @@ def test_a_gc_mark_named_with_terminal_escapes_is_named_escaped(tmp_path, settin
     out, err = capsys.readouterr()
     assert "not a gc mark" in err, err
     assert "\x1b" not in out + err and "\x07" not in out + err
+
+
+def _flood(tier: S3Tier, prefix: str, count: int) -> None:
+    """`count` objects under `prefix`, as a co-tenant with write access can create them."""
+    from efabuild.store.parallel import run_parallel
+
+    run_parallel(lambda n: tier.client.put_object(Bucket=tier.bucket, Key=f"{prefix}{n:06}", Body=b""),
+                 range(count), 8)
+
+
+@pytest.mark.parametrize("command", [["gc", "--yes", "--s3", "--keep", "1"], ["ls"], ["lookup", "PREFIX"]])
+def test_a_flooded_objects_prefix_is_one_line_naming_it_and_the_bound(tmp_path, settings, versions, monkeypatch,
+                                                                       command):
+    """Objects planted under objects/ stop gc, ls and a lookup by key prefix (which the plan asks
+    too) at a bound, with one line naming the bucket, the prefix and the bound, and gc deletes
+    nothing. (The bound is lowered here so that the test plants 250 objects, not millions.)"""
+    from efabuild.store import s3client
+
+    builder = store_at(tmp_path / "cache", settings, "local")
+    old, new = publish(builder, versions[0]), publish(builder, versions[1])
+    monkeypatch.setattr(s3client, "MAX_LISTED", 200)  # above the ~70 chunks of both versions
+    flood = builder.s3._path("objects", old[:2]) + f"/{old[:12]}-planted-"
+    _flood(builder.s3, flood, 250)
+    command = [old[:12] if word == "PREFIX" else word for word in command]
+    if command[0] == "lookup":  # not on the filesystem tier: S3 is asked which key the prefix means
+        (tmp_path / "cache" / "objects" / old[:2] / f"{old}.json").unlink()
+    result = efabuild(*command, "--store", str(tmp_path / "cache"))
+    listed = f"s3://{settings.bucket}/images/objects/" + (f"{old[:2]}/{old[:12]}" if command[0] == "lookup" else "")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [f"efabuild: {listed}: more than 200 objects (not written by efabuild?); "
+                                          f"not listed further"]
+    assert builder.s3.has(old) and builder.s3.has(new)
+
+
+def test_gc_finds_what_every_name_points_at_in_one_listing_of_the_refs(tmp_path, settings, versions, fault_proxy):
+    """A co-tenant can create names by the thousand (an object each under refs/): gc reads the
+    current key of every name from one listing, not a listing per name; and it keeps them."""
+    proxied = S3Config(bucket=settings.bucket, prefix=settings.prefix, region="us-east-1",
+                       endpoint_url=fault_proxy.endpoint)
+    builder = store_at(tmp_path / "cache", proxied, "local")
+    old, new = publish(builder, versions[0]), publish(builder, versions[1])
+    tier = builder.s3
+    for number in range(30):
+        tier.client.put_object(Bucket=tier.bucket, Body=b"",
+                               Key=tier._path("refs", f"planted{number}", "user") + f"/2026-01-01T00:00:00Z.{old}")
+    before = len(fault_proxy.requests)
+    report = builder.gc(keep=1, dry_run=True)
+    refs_listings = [path for method, path, _ in fault_proxy.requests[before:]
+                     if method == "GET" and "list-type=2" in path and "prefix=images%2Frefs%2F" in path]
+    assert len(refs_listings) == 1
+    assert old in report.kept and new in report.kept  # a planted name points at it: it stays

@@ -59,7 +59,7 @@ def _abandoned(store, before: float) -> set[str]:  # noqa: ANN001 - ChunkStore
     entry of the id its name ends in (which may be a running gc's)."""
     tier = store.tier
     entries, junk = set(), []
-    for item in tier._list(tier._path(TRASH_DIR) + "/"):
+    for item in tier._walk(tier._path(TRASH_DIR) + "/"):
         if item["LastModified"].timestamp() >= before:
             continue
         cid = item["Key"].rsplit("/", 1)[-1]

@@ -158,12 +158,12 @@ class S3Tier(S3Refs, S3Bucket):
         except ClientError as exc:
             raise self._error(self.url(path), exc) from None
 
-    def _object_keys(self, prefix: str) -> tuple[set[str], set[str], list[dict]]:
-        """(keys with a record, keys with a .sqsh, raw listing) under objects/<prefix>."""
+    def _object_keys(self, prefix: str) -> tuple[set[str], set[str], dict[str, datetime]]:
+        """(keys with a record, keys with a .sqsh or chunk index, {.sqsh object: when written})
+        under objects/<prefix>: one listing, streamed, of which only these names are kept."""
         fanout = self._path("objects", prefix[:2]) + "/" + prefix if prefix else self._path("objects") + "/"
-        listing = self._list(fanout)
-        records, sqshes = set(), set()
-        for item in listing:
+        records, sqshes, sqsh_objects = set(), set(), {}
+        for item in self._walk(fanout):
             base = item["Key"].rsplit("/", 1)[-1]
             if base.endswith(INDEX_SUFFIX) and is_key(base[: -len(INDEX_SUFFIX)]):
                 sqshes.add(base[: -len(INDEX_SUFFIX)])  # a chunked artifact's data
@@ -172,9 +172,11 @@ class S3Tier(S3Refs, S3Bucket):
                 continue
             if base.endswith(RECORD_SUFFIX) and is_key(base[: -len(RECORD_SUFFIX)]):
                 records.add(base[: -len(RECORD_SUFFIX)])
-            elif base.endswith(SQSH_SUFFIX) and is_key(base[: -len(SQSH_SUFFIX)]):
-                sqshes.add(base[: -len(SQSH_SUFFIX)])
-        return records, sqshes, listing
+            elif base.endswith(SQSH_SUFFIX):
+                sqsh_objects[item["Key"]] = item["LastModified"]
+                if is_key(base[: -len(SQSH_SUFFIX)]):
+                    sqshes.add(base[: -len(SQSH_SUFFIX)])
+        return records, sqshes, sqsh_objects
 
     def resolve_prefix(self, prefix: str) -> list[str]:
         records, sqshes, _ = self._object_keys(prefix)
@@ -359,13 +361,12 @@ class S3Tier(S3Refs, S3Bucket):
     def debris(self, now: datetime | None = None) -> list[str]:
         """s3:// URLs of leftovers older than a day: .sqsh without a record, unfinished uploads."""
         now = now or datetime.now(timezone.utc)
-        records, _, listing = self._object_keys("")
+        records, _, sqsh_objects = self._object_keys("")
         found = []
-        for item in listing:
-            base = item["Key"].rsplit("/", 1)[-1]
-            if base.endswith(SQSH_SUFFIX) and base[: -len(SQSH_SUFFIX)] not in records \
-                    and now - item["LastModified"] > STALE_UPLOAD:
-                found.append(self.url(item["Key"]))
+        for path, written in sqsh_objects.items():
+            base = path.rsplit("/", 1)[-1]
+            if base[: -len(SQSH_SUFFIX)] not in records and now - written > STALE_UPLOAD:
+                found.append(self.url(path))
         for upload in self.uploads_started_before(self._path("objects") + "/", now - STALE_UPLOAD):
             found.append(self.url(upload["Key"]) + f"?uploadId={upload['UploadId']}")
         return found

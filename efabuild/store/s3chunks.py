@@ -45,6 +45,7 @@ ZSTD_LEVEL = 1  # -noD images compress well even at 1; at 3 a cold publish ran a
 CHUNKS_DIR = "chunks"
 MARKS_DIR = "gc/marks"
 DEFAULT_GRACE = 24 * 3600.0
+MAX_MARKS = 1_000  # gc writes one a run and deletes it after the grace period: more were planted
 LIST_FROM = 8  # ids under one chunks/<d> from which one LIST (a page per 1,000 keys) beats a HEAD each
 
 
@@ -124,12 +125,12 @@ class ChunkStore:
         if len(group) < LIST_FROM:
             return {cid for cid in group if self.tier._head(self.object(cid)) is not None}
         first, last = self.object(group[0]), self.object(group[-1])
-        listed = self.tier._list(self.tier._path(CHUNKS_DIR, group[0][0]), after=first[:-1], through=last)
+        listed = self.tier._walk(self.tier._path(CHUNKS_DIR, group[0][0]), after=first[:-1], through=last)
         return set(group) & {item["Key"].rsplit("/", 1)[-1] for item in listed}
 
     def index_objects(self) -> list[str]:
         """Every artifact's chunk index object in the tier."""
-        return [item["Key"] for item in self.tier._list(self.tier._path("objects") + "/")
+        return [item["Key"] for item in self.tier._walk(self.tier._path("objects") + "/")
                 if item["Key"].endswith(INDEX_SUFFIX)]
 
     def referenced(self) -> tuple[set[str], list[str]]:
@@ -159,7 +160,7 @@ class ChunkStore:
 
     def marks(self) -> list[tuple[str, Mark]]:
         found = []
-        for item in self.tier._list(self.tier._path(MARKS_DIR) + "/"):
+        for item in self.tier._walk(self.tier._path(MARKS_DIR) + "/", most=MAX_MARKS):
             try:
                 doc = json.loads(self.tier._get_bytes(item["Key"], MAX_MARK_BYTES) or b"")
                 mark = Mark(time=float(doc["time"]),
@@ -228,7 +229,7 @@ def collect(store: ChunkStore, *, grace: float = DEFAULT_GRACE, dry_run: bool = 
 def _collect(store: ChunkStore, grace: float, dry_run: bool, now: float) -> ChunkGc:
     tier = store.tier
     stored = {}
-    for item in tier._list(tier._path(CHUNKS_DIR) + "/"):
+    for item in tier._walk(tier._path(CHUNKS_DIR) + "/"):
         cid = item["Key"].rsplit("/", 1)[-1]
         if is_chunk_id(cid):
             stored[cid] = (item["LastModified"].timestamp(), item.get("Size", 0))
@@ -254,10 +255,10 @@ def bucket_usage(tier, records: list | None = None) -> tuple[dict[str, tuple[obj
     of chunks no index references (gc's to sweep). `records`: the tier's records when the caller
     has listed them already (a unique size is only right when they are all of them)."""
     records = {record.key: record for record in (tier.list() if records is None else records)}
-    chunk_sizes = {item["Key"].rsplit("/", 1)[-1]: item.get("Size", 0)
-                   for item in tier._list(tier._path(CHUNKS_DIR) + "/")}
+    chunk_sizes = {cid: item.get("Size", 0) for item in tier._walk(tier._path(CHUNKS_DIR) + "/")
+                   if is_chunk_id(cid := item["Key"].rsplit("/", 1)[-1])}
     whole_sizes = {}
-    for item in tier._list(tier._path("objects") + "/"):
+    for item in tier._walk(tier._path("objects") + "/"):
         base = item["Key"].rsplit("/", 1)[-1]
         if base.endswith(SQSH_SUFFIX):
             whole_sizes[base[: -len(SQSH_SUFFIX)]] = item.get("Size", 0)

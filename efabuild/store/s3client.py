@@ -43,6 +43,10 @@ _ALREADY_EXISTS = {"PreconditionFailed", "412", "ConditionalRequestConflict", "4
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 # the largest small object a store keeps (manifests, chunk indexes); others pass their own bound
 MAX_SMALL_OBJECT = 64 * MiB
+# objects one listing goes through before it stops with an error naming the bucket and prefix:
+# far more than a store holds (2,000 LIST pages; 8 TB of distinct 4 MiB chunks), so that a
+# prefix flooded by anyone with write access costs one error, not hours of listing
+MAX_LISTED = 2_000_000
 
 T = TypeVar("T")
 
@@ -200,13 +204,14 @@ class S3Bucket:
         return True
 
 
-    def _list(self, prefix: str, *, after: str = "", through: str | None = None,
-              most: int | None = None) -> list[dict]:
-        """The objects under `prefix`, in key order: only those after `after`, and no page past
-        the one that reaches `through` (S3 lists in key order, so a range costs only its pages);
-        an error once more than `most` are found (a prefix others may flood with objects)."""
-        found: list[dict] = []
-        token: str | None = None
+    def _walk(self, prefix: str, *, after: str = "", through: str | None = None,
+              most: int | None = None) -> Iterator[dict]:
+        """The objects under `prefix`, in key order, a page at a time (a caller keeps what it
+        needs of them, never the whole listing): only those after `after`, and no page past the
+        one that reaches `through` (S3 lists in key order, so a range costs only its pages); an
+        error once more than `most` (default MAX_LISTED) are found: others may flood a prefix."""
+        most = MAX_LISTED if most is None else most
+        seen, token = 0, None
         while True:
             kwargs: dict = {"Prefix": prefix}
             if token:
@@ -218,13 +223,18 @@ class S3Bucket:
             except ClientError as exc:
                 raise self._error(self.url(prefix), exc) from None
             contents = page.get("Contents", [])
-            found.extend(contents)
-            if most is not None and len(found) > most:
+            seen += len(contents)
+            if seen > most:
                 raise EfabuildError(f"{self.url(prefix)}: more than {most} objects (not written by efabuild?); "
                                     f"not listed further")
+            yield from contents
             if not page.get("IsTruncated") or (through is not None and contents and contents[-1]["Key"] >= through):
-                return found
+                return
             token = page["NextContinuationToken"]
+
+    def _list(self, prefix: str, **bounds: object) -> list[dict]:
+        """The whole listing of `prefix` (see `_walk`), for prefixes whose objects a caller needs together."""
+        return list(self._walk(prefix, **bounds))
 
     def _delete_object(self, path: str) -> None:
         try:

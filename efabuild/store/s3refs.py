@@ -23,7 +23,7 @@ class S3Refs:
     def read_refs(self, name: str) -> list[dict]:
         prefix = self._refs_prefix(name)
         entries = []
-        for item in self._list(prefix, most=MAX_ENTRIES):
+        for item in self._walk(prefix, most=MAX_ENTRIES):
             when, _, key = item["Key"][len(prefix):].rpartition(".")
             if is_key(key) and when:
                 entries.append({"key": key, "time": when})
@@ -38,18 +38,22 @@ class S3Refs:
         self._put_new(path, b"")
         return True
 
-    def ref_names(self) -> list[str]:
+    def ref_heads(self) -> dict[str, str]:
+        """Every name's current key (its newest entry, as read_refs orders them), from one
+        listing of refs/ streamed page by page: not a listing per name."""
         prefix = self._path("refs") + "/"
-        names = set()
-        for item in self._list(prefix):
+        newest: dict[str, tuple[str, str]] = {}
+        for item in self._walk(prefix):
             parts = item["Key"][len(prefix):].split("/")
-            if len(parts) == 3:
-                names.add(f"{parts[0]}:{parts[1]}")
-        return sorted(names)
+            when, _, key = parts[-1].rpartition(".")
+            if len(parts) == 3 and is_key(key) and when:
+                name = f"{parts[0]}:{parts[1]}"
+                newest[name] = max(newest.get(name, (when, key)), (when, key))
+        return {name: key for name, (_, key) in newest.items()}
 
     def drop_ref_entries(self, name: str, keys: set[str]) -> None:
         prefix = self._refs_prefix(name)
-        entries = sorted(self._list(prefix), key=lambda item: item["Key"])  # "<time>.<key>": oldest first
+        entries = sorted(self._list(prefix, most=MAX_ENTRIES), key=lambda item: item["Key"])  # "<time>.<key>": oldest first
         for item in entries[:-1]:  # the newest stays: see FilesystemTier.drop_ref_entries
             if item["Key"].rpartition(".")[2] in keys:
                 self._delete_object(item["Key"])

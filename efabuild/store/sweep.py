@@ -77,13 +77,7 @@ def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: b
 
 def current_targets(tiers: list) -> set[str]:
     """The key every name currently resolves to, in any of these tiers."""
-    current = set()
-    for tier in tiers:
-        for name in tier.ref_names():
-            history = tier.read_refs(name)
-            if history:
-                current.add(history[-1]["key"])
-    return current
+    return {key for tier in tiers for key in tier.ref_heads().values()}
 
 
 def _check_writable(tier: FilesystemTier) -> None:
