@@ -476,3 +476,32 @@ def test_a_chunked_artifact_only_on_s3_is_to_copy_and_a_make_copies_it(tmp_path,
     assert store.complete(keys["stack:user"]) is None  # to export: the make exports it from the image
     assert by_name(json.loads(run_efabuild(["-C", str(root), "plan", "--json"]).stdout))["stack:efa"][
         "state"] == "available"
+
+
+def test_the_plan_asks_s3_once_whether_it_holds_an_artifact_only_s3_holds(tmp_path, s3_bucket, fault_proxy):
+    """Whether every tier holds an artifact and whether a copy can complete the tiers lacking it
+    come from one question to S3 per artifact (a HEAD of its record), and one GET of its chunk
+    index for an artifact that only S3 holds: counted at a proxy in front of the S3 server."""
+    from efabuild.settings import S3Config
+    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiered import Store
+    from tests.storekit import make_sqsh, record_for
+
+    settings = S3Config(bucket=s3_bucket, prefix="images/", region="us-east-1", endpoint_url=fault_proxy.endpoint)
+    build = ('[workspace]\ngraphs = ["graphs/*.toml"]\n[store.s3]\n'
+             f'bucket = "{s3_bucket}"\nprefix = "images/"\nregion = "us-east-1"\n'
+             f'endpoint_url = "{fault_proxy.endpoint}"\n')
+    root = make_workspace(tmp_path / "ws", {"stack": WITH_ARTIFACTS}, build=build)
+    record_all(root)
+    keys = {name: layer["key"] for name, layer in by_name(plan_json(root)).items()}
+    sqsh = make_sqsh(tmp_path, os.urandom(64 * 1024), "efa")
+    elsewhere = Store([FilesystemTier(tmp_path / "elsewhere", "local")], settings, show_progress=False)
+    elsewhere.publish(keys["stack:efa"], sqsh, record_for(keys["stack:efa"], "stack:efa", sqsh))
+    before = len(fault_proxy.requests)
+    online = run_efabuild(["-C", str(root), "plan", "--json"])
+    assert online.returncode == 0, online.stderr
+    assert by_name(json.loads(online.stdout))["stack:efa"]["state"] == "to copy"
+    asked = [(method, path.split("?")[0].rsplit("/", 1)[-1]) for method, path, _ in fault_proxy.requests[before:]]
+    only_s3, nowhere = keys["stack:efa"], keys["stack:user"]
+    assert asked.count(("HEAD", f"{only_s3}.json")) == 1 and asked.count(("GET", f"{only_s3}.chunks.json")) == 1
+    assert [request for request in asked if nowhere in request[1]] == [("HEAD", f"{nowhere}.json")]

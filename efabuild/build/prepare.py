@@ -68,7 +68,9 @@ def _prepare(ws: Workspace, targets: Iterable[str], use_engine: bool, require_en
     keys = {inputs[name].key() for name in order}
     images = (set(image_tags) if engine else records.built_keys(order)) & keys
     store = _store(ws)
-    stored, s3_answered = _stored_keys(store, graph, order, inputs, remote=use_engine)
+    holders, s3_answered = _holders(store, graph, order, inputs, remote=use_engine)
+    every = len(store.tier_names) if s3_answered else len(store.fs_tiers)
+    stored = {key for key, where in holders.items() if len(where) == every}
     registry = _registry_keys(ws, engine, graph, [n for n in order if inputs[n].key() not in images], inputs)
     if registry and engine is not None:
         from efabuild.engine.farm import builds_through_registry
@@ -79,7 +81,7 @@ def _prepare(ws: Workspace, targets: Iterable[str], use_engine: bool, require_en
         images=frozenset(images),
         registry=frozenset(registry),
         artifacts=frozenset(stored),
-        held=frozenset(_held_keys(store, graph, order, inputs, remote=s3_answered)),
+        held=frozenset(_held_keys(store, holders, remote=s3_answered)),
         engine_checked=engine is not None,
     )
 
@@ -216,32 +218,29 @@ def _registry_keys(ws: Workspace, engine, graph, order, inputs) -> set[str]:
     return found
 
 
-def _held_keys(store: Store, graph, order, inputs, remote: bool) -> set[str]:
+def _held_keys(store: Store, holders: dict[str, tuple[str, ...]], remote: bool) -> set[str]:
     """Keys whose .sqsh a filesystem tier holds, or (`remote`: S3 answered) S3 in chunks: the
-    other tiers get a copy, no export."""
-    keys = [inputs[n].key() for n in order if graph.nodes[n]["layer"].artifact]
+    other tiers get a copy, no export. `holders`: the tiers already found holding each key."""
     if remote:
         try:
             with store.s3.asking_quickly():
-                return {key for key in keys if store.held(key)}
+                return {key for key, where in holders.items() if store.held(key, where)}
         except EfabuildError as exc:
             notices.warn(f"S3 tier not consulted: {exc}")
-    return {key for key in keys if store.held(key, remote=False)}
+    on_fs = {tier.name for tier in store.fs_tiers}
+    return {key for key, where in holders.items() if store.held(key, tuple(t for t in where if t in on_fs))}
 
 
-def _stored_keys(store: Store, graph, order, inputs, remote: bool) -> tuple[set[str], bool]:
-    """(keys whose .sqsh every tier holds, whether S3 answered); with `remote` False (offline) or
-    S3 out of reach, the filesystem tiers decide."""
+def _holders(store: Store, graph, order, inputs, remote: bool) -> tuple[dict[str, tuple[str, ...]], bool]:
+    """({artifact key: the tiers holding it}, whether S3 answered): every tier asked once; with
+    `remote` False (offline) or S3 out of reach, the filesystem tiers alone."""
     artifact_keys = [inputs[n].key() for n in order if graph.nodes[n]["layer"].artifact]
-    if not artifact_keys:
-        return set(), False
-    fs_tiers = len(store.fs_tiers)
-    if remote and store.s3_settings is not None:
+    if remote and artifact_keys and store.s3_settings is not None:
         try:
             with store.s3.asking_quickly():
-                return {key for key in artifact_keys if store.has(key)}, True
+                return {key: store.where(key) for key in artifact_keys}, True
         except NoCredentials as exc:  # a make still builds and publishes to the other tiers
             store.skip_s3(exc.reason)
         except EfabuildError as exc:
             notices.warn(f"S3 tier not consulted: {exc}")
-    return {key for key in artifact_keys if len(store.where(key, remote=False)) == fs_tiers}, False
+    return {key: store.where(key, remote=False) for key in artifact_keys}, False

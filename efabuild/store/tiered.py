@@ -147,11 +147,11 @@ class Store:
         """True when every tier holds `key`: nothing left to publish."""
         return len(self.where(key)) == len(self.tier_names)
 
-    def held(self, key: str, *, remote: bool = True) -> bool:
-        """A copy can complete the tiers lacking `key`, no export: a filesystem tier holds it, or
-        (`remote`) S3 in chunks, of which a fetch downloads only what this node's seeds lack."""
-        return bool(self.where(key, remote=False)) or (
-            remote and self.s3 is not None and self.s3.has(key) and self._chunked_on_s3(key))
+    def held(self, key: str, where: tuple[str, ...]) -> bool:
+        """A copy can complete the tiers lacking `key`, no export, given `where` (the tiers found
+        holding it, not asked again): a filesystem tier holds it, or S3 in chunks, of which a
+        fetch downloads only what this node's seeds lack."""
+        return any(name != S3_TIER for name in where) or (S3_TIER in where and self._chunked_on_s3(key))
 
     def _chunked_on_s3(self, key: str) -> bool:  # a GET: a fetch that follows finds the index in memo
         return self.s3.sidecar(key, INDEX_SUFFIX) is not None
