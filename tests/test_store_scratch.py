@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -37,3 +38,27 @@ def test_a_dead_processes_scratch_directory_is_found_and_a_live_ones_is_not(tmp_
         assert Path(live).is_dir()
     assert not dead.exists() and not reused.exists()
     assert other_host.is_dir() and not_ours.is_dir()
+
+
+def test_a_tmpdir_that_is_no_writable_directory_is_one_line_before_any_build(tmp_path):
+    """docker buildx and mksquashfs write into $TMPDIR: a make names a bad one once and builds
+    nothing (this test has no engine: without the check, the make would stop on that instead)."""
+    from tests.wsfactory import make_workspace
+
+    root = make_workspace(tmp_path / "ws")
+    not_a_dir = tmp_path / "a-file"
+    not_a_dir.write_text("")
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o555)
+    cases = {tmp_path / "missing": "no such file or directory", not_a_dir: "not a directory",
+             tmp_path / "bad\nname": "no such file or directory"}
+    if os.geteuid() != 0:  # root may write anywhere
+        cases[read_only] = "permission denied (not writable)"
+    for path, problem in cases.items():
+        for args in (["make"], ["make", "--check", "stack:efa"]):
+            result = efabuild("-C", str(root), *args, env={"TMPDIR": str(path)})
+            assert result.returncode == 2, result.stderr
+            shown = str(path).replace("\n", "\\n")
+            assert result.stderr.splitlines() == [f"efabuild: TMPDIR: {shown}: {problem}"]
+            assert not (root / "cache" / "logs").exists()
+    assert efabuild("-C", str(root), "make", "--dry-run", env={"TMPDIR": str(tmp_path / "missing")}).returncode == 0

@@ -49,6 +49,10 @@ def run(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise InputError("--jobs must be at least 1")
     ws = with_builder(ws, args.builder)
+    if not args.dry_run:
+        from efabuild.store.scratch import check_temp_dir
+
+        check_temp_dir()  # one line before the plan, not a failure per build
     if args.check:
         return _check(ws, args)
     if args.graph:

@@ -14,6 +14,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from efabuild.errors import InputError
+from efabuild.store.fsutil import shown
 from efabuild.store.owner import owned_name, owner_of
 
 PREFIX = "efabuild"
@@ -22,6 +24,23 @@ PREFIX = "efabuild"
 def scratch_dir(what: str) -> tempfile.TemporaryDirectory:
     """A TemporaryDirectory whose name says which process made it."""
     return tempfile.TemporaryDirectory(prefix=owned_name(PREFIX, what) + "-")
+
+
+def check_temp_dir() -> None:
+    """$TMPDIR, when set, must be a directory this user may write: docker buildx and mksquashfs
+    write there and would each fail on their own, one failure per build (Python's tempfile
+    silently falls back to /tmp instead)."""
+    path = os.environ.get("TMPDIR")
+    if not path:
+        return
+    try:
+        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError as exc:
+        raise InputError(f"{shown(path)}: {exc.strerror.lower()}", "TMPDIR") from None
+    if not is_dir:
+        raise InputError(f"{shown(path)}: not a directory", "TMPDIR")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(f"{shown(path)}: permission denied (not writable)", "TMPDIR")
 
 
 def dead_scratch_dirs(root: Path | None = None) -> list[Path]:
