@@ -15,7 +15,6 @@ import itertools
 import json
 from typing import Any, NamedTuple
 
-import attrs
 import blake3
 
 from efabuild.redact import shown_args, shown_dockerfile
@@ -32,10 +31,7 @@ class ContextEntry(NamedTuple):
     digest: str  # blake3 hex of the content (of the link target text for a symlink)
 
 
-@attrs.frozen
-class LayerInputs:
-    """What a key is made of; recorded beside each build so a later plan can say what changed."""
-
+class _Inputs(NamedTuple):
     dockerfile: str
     platform: str
     parent_key: str | None = None
@@ -45,6 +41,11 @@ class LayerInputs:
     context: tuple[ContextEntry, ...] = ()
     secrets: tuple[str, ...] = ()  # BuildKit secrets by name: their values are never an input
     exclude: tuple[str, ...] = ()  # the layer's `exclude` patterns
+
+
+class LayerInputs(_Inputs):
+    """What a key is made of; recorded beside each build so a later plan can say what changed.
+    A subclass of its fields' tuple, so that it has a __dict__ to keep its key in."""
 
     def to_dict(self) -> dict[str, Any]:
         return self._dict(list(map(list, self.context)))  # [path, mode, digest] each

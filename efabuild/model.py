@@ -2,13 +2,18 @@
 
 Pure data: reading and validating files is `workspace.py`'s and `settings.py`'s job, keys are
 `keys.py`'s. Also the vocabulary [audit] policies use: the measured components and the pins.
+
+The classes every command loads at start-up (these, the plan's, the keys', lint's and the store's
+records) are NamedTuples: attrs compiles each class's methods at import, about 0.4 ms a class,
+and attrs itself takes about 15 ms to import; a NamedTuple costs a third of one class's share.
+`_replace` gives a changed copy. Classes loaded only where their work is keep attrs.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
-import attrs
 
 from efabuild.settings import StoreConfig  # stdlib-only: the store's settings, parsed once
 
@@ -30,8 +35,7 @@ COMPONENTS = (
 KNOWN_PINS = ("base-digest", "deepep-commit", "efa-installer")
 
 
-@attrs.frozen
-class BuilderSettings:
+class BuilderSettings(NamedTuple):
     """Which BuildKit builds: the local engine, a Docker context/host, or a buildx builder."""
 
     platform: str = DEFAULT_PLATFORM
@@ -44,16 +48,14 @@ class BuilderSettings:
     farm: tuple[str, ...] = ()
 
 
-@attrs.frozen
-class RegistrySettings:
+class RegistrySettings(NamedTuple):
     """Optional layer cache: built layer images are pushed to and pulled from here."""
 
     url: str  # host[:port][/path], e.g. 123.dkr.ecr.us-east-1.amazonaws.com or 127.0.0.1:5000
     insecure: bool = False
 
 
-@attrs.frozen
-class ExportSettings:
+class ExportSettings(NamedTuple):
     """How an image becomes a .sqsh: mksquashfs options (Enroot's by default)."""
 
     compression: str = "lzo"
@@ -69,8 +71,7 @@ class ExportSettings:
         return opts + self.extra_options
 
 
-@attrs.frozen
-class AuditPolicy:
+class AuditPolicy(NamedTuple):
     host_efa_installer: str | None = None  # the host AMI's EFA installer version
     min_versions: tuple[tuple[str, str], ...] = ()  # (component, minimum version)
     required_pins: tuple[str, ...] = ()  # e.g. "base-digest", "deepep-commit"
@@ -78,8 +79,7 @@ class AuditPolicy:
     known_bad: tuple[tuple[str, str, str, str, str], ...] = ()
 
 
-@attrs.frozen
-class SignSettings:
+class SignSettings(NamedTuple):
     """[sign]: the key make signs every exported artifact's statement with."""
 
     key: str  # a PEM private key file (relative to the workspace) or a KMS key ARN
@@ -87,32 +87,28 @@ class SignSettings:
     endpoint_url: str | None = None  # KMS-compatible endpoints only
 
 
-@attrs.frozen
-class Settings:
+class Settings(NamedTuple):
     graph_files: tuple[str, ...] = ("graphs/*.toml",)
-    store: StoreConfig = attrs.field(factory=lambda: StoreConfig(local=Path("cache")))
-    builder: BuilderSettings = attrs.field(factory=BuilderSettings)
+    store: StoreConfig = StoreConfig(local=Path("cache"))
+    builder: BuilderSettings = BuilderSettings()
     registry: RegistrySettings | None = None
-    export: ExportSettings = attrs.field(factory=ExportSettings)
-    audit: AuditPolicy = attrs.field(factory=AuditPolicy)
+    export: ExportSettings = ExportSettings()
+    audit: AuditPolicy = AuditPolicy()
     sign: SignSettings | None = None
     trust_keys: tuple[str, ...] = ()  # [trust] keys: checked by settings.py, read by efabuild.signing.trust
 
 
-@attrs.frozen
-class BaseImage:
+class BaseImage(NamedTuple):
     ref: str  # e.g. nvcr.io/nvidia/pytorch:26.08-py3
     digest: str | None = None  # sha256:..., pinned in the graph or resolved from the engine
 
 
-@attrs.frozen
-class LintIgnore:
+class LintIgnore(NamedTuple):
     rule: str
     reason: str
 
 
-@attrs.frozen
-class Layer:
+class Layer(NamedTuple):
     """One layer: FROM its base or its parent's image, then `dockerfile` text, tagged by its key."""
 
     graph: str
@@ -141,16 +137,14 @@ class Layer:
         return dict(self.args)
 
 
-@attrs.frozen
-class Graph:
+class Graph(NamedTuple):
     name: str
     source: Path
     description: str = ""
     layers: tuple[Layer, ...] = ()
 
 
-@attrs.frozen
-class Workspace:
+class Workspace(NamedTuple):
     root: Path  # absolute directory holding BUILD.toml
     settings: Settings
     graphs: tuple[Graph, ...] = ()

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import NamedTuple, TYPE_CHECKING
 
-import attrs
 
 from efabuild.keys import ContextEntry, LayerInputs
 from efabuild.refs import short
@@ -30,15 +29,13 @@ BUILD, PULL, EXPORT, COPY, NOTHING = "build", "pull", "export", "copy", "none"
 UNSURE_BASES = ("recorded", "unresolved")
 
 
-@attrs.frozen
-class BaseResolution:
+class BaseResolution(NamedTuple):
     ref: str
     digest: str | None
     source: str  # "pinned", "registry", "image-id", "recorded" (offline) or "unresolved"
 
 
-@attrs.frozen
-class Availability:
+class Availability(NamedTuple):
     images: frozenset[str] = frozenset()  # keys whose image the engine has
     registry: frozenset[str] = frozenset()  # keys the layer-cache registry has
     artifacts: frozenset[str] = frozenset()  # keys whose .sqsh every store tier holds
@@ -46,8 +43,7 @@ class Availability:
     engine_checked: bool = True  # False: `images` comes from build records, not the engine
 
 
-@attrs.frozen
-class LayerPlan:
+class LayerPlan(NamedTuple):
     qualname: str
     key: str
     inputs: LayerInputs
@@ -68,8 +64,7 @@ class LayerPlan:
         return "available" if self.action == NOTHING else "to " + self.action
 
 
-@attrs.frozen
-class Plan:
+class Plan(NamedTuple):
     layers: tuple[LayerPlan, ...]
     bases: tuple[BaseResolution, ...]
     engine_checked: bool
@@ -93,7 +88,7 @@ class Plan:
         return {
             "engine_checked": self.engine_checked,
             "context_files_read": self.context_files_read,
-            "bases": [attrs.asdict(b) for b in self.bases],
+            "bases": [b._asdict() for b in self.bases],
             "layers": [
                 {"name": lp.qualname, "key": lp.key, "state": lp.state, "action": lp.action,
                  "artifact": lp.artifact, "image": lp.image, "stored": lp.stored,

@@ -17,7 +17,7 @@
 
 The [store] part is stdlib only (`efabuild lookup` reads it on its fast path): its values are
 NamedTuples, as frozen as attrs classes but costing no import. The other tables become model's
-attrs classes, imported inside their parsers for the same reason.
+classes (NamedTuples too), imported inside their parsers for the same reason.
 """
 
 from __future__ import annotations

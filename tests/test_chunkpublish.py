@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-
-import attrs
 import pytest
 
 from efabuild.settings import S3Config
@@ -104,7 +102,7 @@ def test_an_index_planted_beside_a_stored_copy_is_checked_against_the_bytes_and_
                          if i < j and a != b and {a, b} <= shared_ids)
     order = list(true.chunks)
     order[first], order[second] = order[second], order[first]
-    planted = attrs.evolve(true, chunks=tuple(order))
+    planted = true._replace(chunks=tuple(order))
     (shared.root / "objects" / k2[:2] / f"{k2}.chunks.json").write_bytes(planted.to_json())
     said = collect_warnings(monkeypatch)
 

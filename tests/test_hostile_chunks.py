@@ -153,10 +153,8 @@ def test_a_forged_s3_index_with_a_huge_chunk_is_refused_before_any_allocation(tm
     client.put_object(Bucket=settings.bucket, Key=tier.index_object(key), Body=forged.to_json())
     client.put_object(Bucket=settings.bucket, Key=tier.chunks.object("a" * 64), Body=body)
     record = record_for(key, "demo:user", versions[0])
-    import attrs
-
     client.put_object(Bucket=settings.bucket, Key=tier.record_object(key),
-                      Body=attrs.evolve(record, size=size, digest=forged.digest).to_json())
+                      Body=record._replace(size=size, digest=forged.digest).to_json())
     node = store_at(tmp_path / "node", settings)
     with pytest.raises(EfabuildError, match="chunk"):
         node.lookup(key)
@@ -287,8 +285,6 @@ def test_a_forged_artifact_larger_than_the_filesystem_allows_is_one_line(tmp_pat
                                                                          monkeypatch):
     """A record and index for 32 TiB (more than ext4 lets one file hold: the fetch's first
     truncate fails) is one line naming the file, not a traceback, and leaves nothing behind."""
-    import attrs
-
     from efabuild.cli import main
     from efabuild.store.chunks import MAX_CHUNK_BYTES
     from efabuild.store.tiered import store_config_text
@@ -298,7 +294,7 @@ def test_a_forged_artifact_larger_than_the_filesystem_allows_is_one_line(tmp_pat
     count = (32 << 40) // MAX_CHUNK_BYTES
     forged = ChunkIndex(size=count * MAX_CHUNK_BYTES, digest="blake3:" + "0" * 64,
                         chunks=(("e" * 64, MAX_CHUNK_BYTES),) * count)
-    record = attrs.evolve(record_for(key, "demo:user", versions[0]), size=forged.size, digest=forged.digest)
+    record = record_for(key, "demo:user", versions[0])._replace(size=forged.size, digest=forged.digest)
     tier.client.put_object(Bucket=settings.bucket, Key=tier.index_object(key), Body=forged.to_json())
     tier.client.put_object(Bucket=settings.bucket, Key=tier.record_object(key), Body=record.to_json())
     node = tmp_path / "node"

@@ -12,8 +12,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-import attrs
 import pytest
 
 from efabuild.build.prepare import prepare
@@ -157,11 +155,11 @@ def test_explain_names_the_base_digest_and_the_platform():
 
 def test_many_context_changes_are_summed_up_after_five():
     old = LayerInputs(dockerfile="", platform="p", parent_key="k")
-    new = attrs.evolve(old, context=tuple(ContextEntry(f"f{i}", "644", "0" * 64) for i in range(8)))
+    new = old._replace(context=tuple(ContextEntry(f"f{i}", "644", "0" * 64) for i in range(8)))
     assert explain(old, new, "stack:deepep", {}) == tuple(f"context f{i} added" for i in range(5)) + (
         "… and 3 more context changes",)
     # exactly five are all shown: no "… and 0 more"
-    five = attrs.evolve(old, context=new.context[:5])
+    five = old._replace(context=new.context[:5])
     assert explain(old, five, "stack:deepep", {}) == tuple(f"context f{i} added" for i in range(5))
 
 
@@ -169,7 +167,7 @@ def test_a_changed_exclude_is_a_reason():
     """Slip: explain loses the exclude patterns, and a layer rebuilt for a new one says only that
     its image is missing."""
     old = LayerInputs(dockerfile="COPY app/ /app/\n", platform="p", parent_key="k", exclude=("*.pyc",))
-    assert explain(old, attrs.evolve(old, exclude=("*.pyc", "docs")), "stack:deepep", {}) == (
+    assert explain(old, old._replace(exclude=("*.pyc", "docs")), "stack:deepep", {}) == (
         "exclude ['*.pyc'] → ['*.pyc', 'docs']",)
 
 

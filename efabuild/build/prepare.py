@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-import attrs
 
 from efabuild import dag, notices
 from efabuild.dag import LayerGraph
@@ -27,8 +26,7 @@ if TYPE_CHECKING:
     from efabuild.store.tiered import Store
 
 
-@attrs.frozen
-class Prepared:
+class Prepared(NamedTuple):
     ws: Workspace
     graph: LayerGraph
     order: list[str]

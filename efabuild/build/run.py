@@ -14,9 +14,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-import attrs
+from typing import TYPE_CHECKING, NamedTuple
 
 from efabuild import dag, notices
 from efabuild.errors import EfabuildError, InputError
@@ -40,10 +38,9 @@ __all__ = ["BUILT", "EXPORTED", "FAILED", "PULLED", "REUSED", "SKIPPED", "STATUS
            "LeftoverSearch", "LintFailed", "MakeResult", "Outcome", "prepare_make", "run"]
 
 
-@attrs.frozen
-class MakeResult:
+class MakeResult(NamedTuple):
     outcomes: tuple[Outcome, ...]
-    skipped_tiers: dict[str, str] = attrs.field(factory=dict)  # store tier -> why nothing went there
+    skipped_tiers: dict[str, str]  # store tier -> why nothing went there
 
     @property
     def failed(self) -> bool:

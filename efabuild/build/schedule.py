@@ -11,9 +11,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
-import attrs
 
 from efabuild.errors import EfabuildError
 from efabuild.plan import NOTHING, LayerPlan
@@ -25,8 +24,7 @@ BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED = "built", "pulled", "exported"
 STATUSES = (BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED)
 
 
-@attrs.frozen
-class Outcome:
+class Outcome(NamedTuple):
     qualname: str
     key: str
     status: str

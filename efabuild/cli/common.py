@@ -54,22 +54,20 @@ def with_builder(ws, value: str | None):
     """The workspace with `--builder` replacing [builder]'s context/host/buildx_builder."""
     if not value:
         return ws
-    import attrs
-
     from efabuild import grammar
     from efabuild.errors import InputError
     from efabuild.redact import shown_value
 
-    builder = attrs.evolve(ws.settings.builder, context=None, host=None, buildx_builder=None, farm=())
+    builder = ws.settings.builder._replace(context=None, host=None, buildx_builder=None, farm=())
     if "://" in value:
         problem = grammar.host_problem(value)
-        builder = attrs.evolve(builder, host=value)
+        builder = builder._replace(host=value)
     elif value.startswith("buildx:"):
         problem = grammar.tool_name_problem(value.split(":", 1)[1])
-        builder = attrs.evolve(builder, buildx_builder=value.split(":", 1)[1])
+        builder = builder._replace(buildx_builder=value.split(":", 1)[1])
     else:
         problem = grammar.tool_name_problem(value)
-        builder = attrs.evolve(builder, context=value)
+        builder = builder._replace(context=value)
     if problem:  # a URL's password is not repeated
         raise InputError(problem, f"--builder {shown_value('builder', value)!r}")
-    return attrs.evolve(ws, settings=attrs.evolve(ws.settings, builder=builder))
+    return ws._replace(settings=ws.settings._replace(builder=builder))

@@ -12,7 +12,6 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import attrs
 
 from efabuild.errors import EfabuildError, InputError
 from efabuild.model import BuilderSettings
@@ -49,7 +48,6 @@ class EngineError(EfabuildError):
         return cls(f"{what}: {first_line(output_text(stderr))}")
 
 
-@attrs.frozen(eq=False)
 class Engine:
     """A connection to one Docker engine (and optionally one buildx builder).
 
@@ -57,7 +55,11 @@ class Engine:
     to import) is made only when a build, pull, push or export needs it.
     """
 
-    settings: BuilderSettings
+    def __init__(self, settings: BuilderSettings) -> None:
+        self.settings = settings
+
+    def __repr__(self) -> str:
+        return f"Engine(settings={self.settings!r})"
 
     @functools.cached_property
     def client(self) -> DockerClient:

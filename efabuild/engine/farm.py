@@ -40,12 +40,12 @@ _STREAM_GO_ENV = {"GOGC": "1000", "GOMEMLIMIT": "128MiB"}
 
 def node_settings(entry: str, base: BuilderSettings) -> BuilderSettings:
     """One `[builder] farm` entry as the settings of its own builder (as --builder reads it)."""
-    one = attrs.evolve(base, context=None, host=None, buildx_builder=None, farm=())
+    one = base._replace(context=None, host=None, buildx_builder=None, farm=())
     if "://" in entry:
-        return attrs.evolve(one, host=entry)
+        return one._replace(host=entry)
     if entry.startswith("buildx:"):
-        return attrs.evolve(one, buildx_builder=entry.removeprefix("buildx:"))
-    return attrs.evolve(one, context=entry)
+        return one._replace(buildx_builder=entry.removeprefix("buildx:"))
+    return one._replace(context=entry)
 
 
 def sees_local_images(engine: Engine) -> bool:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+from typing import NamedTuple
 
-import attrs
 
 from efabuild.engine.client import Engine, EngineError, EngineTimeout, output_text
 from efabuild.errors import NotFound
@@ -51,8 +51,7 @@ def existing_tags(engine: Engine, repo_prefix: str = "efabuild/") -> set[str]:
     }
 
 
-@attrs.frozen
-class ImageFacts:
+class ImageFacts(NamedTuple):
     """What an export needs to know of an image before it reads its filesystem."""
 
     config: dict  # what Enroot writes into the container: see image_config

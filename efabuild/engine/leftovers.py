@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import NamedTuple
 
-import attrs
 
 from efabuild.engine import containers
 from efabuild.engine.client import Engine, EngineError
@@ -32,8 +32,7 @@ _UNOWNED_CHECK_TAG = re.compile(rf"{CHECK_REPO}/[^:]+:[0-9a-f]{{64}}")
 _NOT_IN_TAG = re.compile(r"[^\w.-]", re.ASCII)
 
 
-@attrs.frozen
-class EngineLeftovers:
+class EngineLeftovers(NamedTuple):
     containers: tuple[str, ...] = ()  # export containers, by name
     images: tuple[str, ...] = ()  # make --check's rebuilt images, by tag
 

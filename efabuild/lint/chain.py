@@ -11,8 +11,8 @@ descendants (it is part of the image config); ARG values do not (each layer is i
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
-import attrs
 
 from efabuild.lint.dockerfile import Evaluated, evaluate
 from efabuild.lint.locate import GraphTexts, Locator, locator_for
@@ -20,8 +20,7 @@ from efabuild.lint.shell import Command
 from efabuild.model import Layer, Settings, Workspace
 
 
-@attrs.frozen
-class LayerFacts:
+class LayerFacts(NamedTuple):
     layer: Layer
     evaluated: Evaluated
     locator: Locator

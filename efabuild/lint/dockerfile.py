@@ -13,8 +13,8 @@ import bisect
 import json
 import re
 from collections.abc import Mapping
+from typing import NamedTuple
 
-import attrs
 from rpds import HashTrieMap
 
 from efabuild.lint.shell import Command, lookup_in, split_commands, split_words
@@ -25,15 +25,13 @@ _HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
 _HEREDOC_KEYWORDS = {"RUN", "COPY", "ADD"}
 
 
-@attrs.frozen
-class Heredoc:
+class Heredoc(NamedTuple):
     name: str
     body: str
     line: int  # line of the body's first line
 
 
-@attrs.frozen
-class Instruction:
+class Instruction(NamedTuple):
     keyword: str  # upper case: RUN, ENV, ARG, ...
     value: str  # the text after the keyword, continuation lines joined
     line: int  # line of the keyword
@@ -94,32 +92,28 @@ def parse(text: str) -> tuple[Instruction, ...]:
 # --- evaluation -------------------------------------------------------------------------------
 
 
-@attrs.frozen
-class ArgDecl:
+class ArgDecl(NamedTuple):
     name: str
     value: str | None  # the graph's build arg, else the default, else None
     line: int
     from_graph: bool  # the value comes from the graph's `args`
 
 
-@attrs.frozen
-class EnvSet:
+class EnvSet(NamedTuple):
     name: str
     value: str  # expanded; unknown variables left as `${NAME}`
     raw: str  # as written
     line: int
 
 
-@attrs.frozen
-class RunCommand:
+class RunCommand(NamedTuple):
     command: Command
     line: int  # line of the command itself, not of the RUN keyword
     run_line: int  # line of the RUN keyword
     run_index: int  # which RUN of the layer (0-based): commands of one RUN share it
 
 
-@attrs.frozen
-class Evaluated:
+class Evaluated(NamedTuple):
     instructions: tuple[Instruction, ...]
     args: tuple[ArgDecl, ...]
     envs: tuple[EnvSet, ...]

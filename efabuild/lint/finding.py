@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-import attrs
 
 SEVERITIES = ("error", "warning", "info")
 
 
-@attrs.frozen
-class Rule:
+class Rule(NamedTuple):
     id: str
     severity: str
     title: str  # one line: what the rule looks for
 
 
-@attrs.frozen
-class Finding:
+class Finding(NamedTuple):
     rule: str
     severity: str  # "error" | "warning" | "info"
     file: str  # workspace-relative: the graph TOML, the Dockerfile file, or the job script
@@ -31,7 +28,7 @@ class Finding:
 
     def to_json(self) -> dict[str, Any]:
         """As --json gives it: the layer as `name` (GRAPH:LAYER), the field every command uses."""
-        data = attrs.asdict(self)
+        data = self._asdict()
         data["name"] = data.pop("layer")
         return data
 

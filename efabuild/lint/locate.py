@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-
-import attrs
+from typing import NamedTuple
 
 from efabuild import configfile
 from efabuild.errors import InputError
@@ -19,14 +18,13 @@ from efabuild.model import Layer, Workspace
 from efabuild.tomlkeys import KeyLine, key_lines
 
 
-@attrs.frozen
-class Locator:
+class Locator(NamedTuple):
     graph_file: str  # workspace-relative graph TOML
     text_file: str  # the file the Dockerfile text comes from (the graph itself when inline)
     text_first_line: int  # line in text_file of the text's first line
     table_line: int | None  # line of [layers.NAME] in the graph
     layer: str  # the layer's name: its table is ("layers", layer)
-    keys: Mapping[tuple[str, ...], KeyLine] = attrs.field(eq=False, repr=False)  # the graph's key index
+    keys: Mapping[tuple[str, ...], KeyLine]  # the graph's key index
 
     def text(self, line: int) -> tuple[str, int]:
         return self.text_file, self.text_first_line + line - 1

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
-import attrs
 
 Lookup = Callable[[str], "str | None"]
 
@@ -26,8 +26,7 @@ _LEADING_KEYWORDS = {"then", "else", "elif", "do", "if", "while", "until", "!", 
 _SUDO_OPTIONS_WITH_VALUE = {"-u", "-g", "-C", "-h", "-p", "-r", "-t", "-U"}
 
 
-@attrs.frozen
-class Command:
+class Command(NamedTuple):
     """One simple command: its words after expansion, the assignments before it, where it starts."""
 
     words: tuple[str, ...]  # every word as written (expanded, unquoted), assignments included

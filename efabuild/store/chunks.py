@@ -15,13 +15,13 @@ id when it is used.
 
 from __future__ import annotations
 
+from typing import NamedTuple
 import contextlib
 import json
 import mmap
 import os
 from collections.abc import Iterator
 
-import attrs
 import blake3
 
 from efabuild.store.digest import PREFIX, is_digest
@@ -54,8 +54,7 @@ def is_chunk_id(text: object) -> bool:
     return isinstance(text, str) and len(text) == 64 and _HEX.issuperset(text)
 
 
-@attrs.frozen
-class ChunkIndex:
+class ChunkIndex(NamedTuple):
     size: int  # bytes of the whole file
     digest: str  # "blake3:<hex>" of the whole file
     chunks: tuple[tuple[str, int], ...]  # (chunk id, length) in file order
@@ -174,8 +173,7 @@ def mismatch(index: ChunkIndex, path: str | os.PathLike[str]) -> str | None:
 
 # ---- garbage collection of shared chunks (the decision; the S3 chunk store carries it out) -----
 
-@attrs.frozen
-class Mark:
+class Mark(NamedTuple):
     """Chunks that no index referenced at `time` (seconds since the epoch)."""
 
     time: float
@@ -199,8 +197,7 @@ def chunks_to_delete(stored: dict[str, float], referenced: set[str], marks: list
     return doomed - referenced
 
 
-@attrs.frozen
-class Usage:
+class Usage(NamedTuple):
     """What one chunked artifact costs in the bucket (bytes as stored, compressed)."""
 
     stored: int  # its distinct chunks

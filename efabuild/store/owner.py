@@ -12,8 +12,8 @@ import os
 import re
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
-import attrs
 
 from efabuild.store.lock import pid_alive
 
@@ -43,8 +43,7 @@ def start_time(pid: int) -> int:
         return 0
 
 
-@attrs.frozen
-class Owner:
+class Owner(NamedTuple):
     host: str
     pid: int
     start: int  # 0: unknown, then the pid alone decides

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-import attrs
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from efabuild.errors import EfabuildError
 from efabuild.store.layout import record_problems
@@ -21,14 +21,13 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-@attrs.frozen
-class ArtifactRecord:
+class ArtifactRecord(NamedTuple):
     key: str  # the layer key (64 hex)
     name: str  # "graph:layer" that produced it
     size: int  # bytes of the .sqsh
     digest: str  # "blake3:<hex>" of the .sqsh
     created: str  # UTC ISO time of the export
-    export: dict[str, Any] = attrs.field(factory=dict)  # export options (mksquashfs, tool versions)
+    export: Mapping[str, Any] = MappingProxyType({})  # export options (mksquashfs, tool versions)
     manifest_digest: str | None = None  # "blake3:<hex>" of the provenance manifest, if stored
     # hex sha256 of the .sqsh, for in-toto/cosign verifiers; None in records older than it
     sha256: str | None = None
@@ -63,7 +62,7 @@ class ArtifactRecord:
             "size": self.size,
             "digest": self.digest,
             "created": self.created,
-            "export": self.export,
+            "export": dict(self.export),
             "manifest_digest": self.manifest_digest,
             **({"sha256": self.sha256} if self.sha256 is not None else {}),
         }

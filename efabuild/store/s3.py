@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-import attrs
 from botocore.exceptions import ClientError
 
 from efabuild import notices
@@ -264,10 +263,10 @@ class S3Tier(S3Refs, S3Bucket):
             )
         if stored_digest == record.digest:
             return record, envelope
-        _warn_if_differs(key, attrs.evolve(record, digest=stored_digest), record)
+        _warn_if_differs(key, record._replace(digest=stored_digest), record)
         stored_sha256 = head.get("Metadata", {}).get(SHA256_METADATA)
         # the statement names our bytes, not the ones stored
-        return attrs.evolve(record, digest=stored_digest, sha256=stored_sha256 or None), None
+        return record._replace(digest=stored_digest, sha256=stored_sha256 or None), None
 
     def chunk_index(self, key: str) -> ChunkIndex | None:
         """The artifact's chunk index, or None for a whole-object artifact."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
-import attrs
 
 from efabuild.errors import EfabuildError, InputError
 from efabuild.store.fs import FilesystemTier
@@ -22,14 +22,12 @@ from efabuild.store.record import ArtifactRecord
 S3_TIER = "s3"
 
 
-@attrs.frozen
-class Removal:
+class Removal(NamedTuple):
     tier: str
     record: ArtifactRecord
 
 
-@attrs.frozen
-class GcReport:
+class GcReport(NamedTuple):
     keep: int
     dry_run: bool
     removals: tuple[Removal, ...]  # deleted, or to delete on a dry run
@@ -65,13 +63,13 @@ def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: b
             if isinstance(tier, FilesystemTier) and (any(r.tier == tier.name for r in removals)
                                                      or any(t == tier.name for t, _ in debris)):
                 _check_writable(tier)
-        report = attrs.evolve(report, busy=remove(tiers, removals, debris))
+        report = report._replace(busy=remove(tiers, removals, debris))
     s3 = next((tier for tier in deleting if tier.name == S3_TIER), None)
     if s3 is not None:
         from efabuild.store.s3chunks import collect
 
         # after the artifacts: the chunks only they used are marked now, swept by a later gc
-        report = attrs.evolve(report, chunks=collect(s3.chunks, dry_run=dry_run, grace=chunk_grace))
+        report = report._replace(chunks=collect(s3.chunks, dry_run=dry_run, grace=chunk_grace))
     return report
 
 

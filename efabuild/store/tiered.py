@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
-import attrs
 
 from efabuild import notices
 from efabuild.errors import EfabuildError, NotFound
@@ -37,8 +37,7 @@ from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
 from efabuild.store.transfer import DamagedCopy, send, transfer, verified_copy
 
 
-@attrs.frozen
-class Listing:
+class Listing(NamedTuple):
     record: ArtifactRecord
     tiers: tuple[str, ...]  # tier names holding it, in store order
 
@@ -214,9 +213,9 @@ class Store:
         """
         check_key(key)
         if manifest is not None:
-            record = attrs.evolve(record, manifest_digest=bytes_digest(manifest))
+            record = record._replace(manifest_digest=bytes_digest(manifest))
         elif record.manifest_digest is not None:
-            record = attrs.evolve(record, manifest_digest=None)  # no manifest stored with it
+            record = record._replace(manifest_digest=None)  # no manifest stored with it
         # The export goes to the local tier first (a link, no copy); the other tiers copy what the
         # local tier then holds (it may have kept an earlier identical export), which publish has
         # just written or re-hashed: trusted, not hashed again.

@@ -16,9 +16,8 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import attrs
 
 from efabuild import notices
 from efabuild.store.digest import bytes_digest, file_digest
@@ -43,8 +42,7 @@ class DamagedCopy(EfabuildError):
         super().__init__(f"{tier} tier: {where}: corrupt artifact: {problem}")
 
 
-@attrs.frozen
-class Copy:
+class Copy(NamedTuple):
     """An artifact's files as one tier holds them, verified: a .sqsh file, its record, sidecars."""
 
     key: str
@@ -133,7 +131,7 @@ def _sidecars(tier: Any, key: str, record: ArtifactRecord) -> tuple[ArtifactReco
                  f"copying the artifact without it")
             data = None
         if data is None and expected is not None:
-            record = attrs.evolve(record, **{field: None})
+            record = record._replace(**{field: None})
         if data is not None:
             found[suffix] = data
     return record, found
