@@ -115,3 +115,46 @@ def test_a_line_while_a_long_plan_gathers_facts_and_none_for_a_quick_one():
         pass
     time.sleep(0.3)
     assert not quick.is_set()
+
+
+def test_plan_and_make_say_they_gather_facts_while_an_engine_is_slow_to_answer(tmp_path):
+    """An engine that takes its time (here a socket that answers nothing for 2 s: a real engine
+    cannot be made that slow on purpose) keeps a plan waiting: it says so on stderr first."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+
+    from tests.wsfactory import make_workspace
+
+    root = make_workspace(tmp_path / "ws")
+    with tempfile.TemporaryDirectory(dir="/tmp") as short:  # a unix socket path has at most 107 bytes
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(f"{short}/engine.sock")
+        listener.listen(8)
+        held: list[socket.socket] = []
+
+        def stall() -> None:
+            while True:
+                try:
+                    held.append(listener.accept()[0])
+                except OSError:
+                    return
+                threading.Timer(2.0, held[-1].close).start()
+
+        threading.Thread(target=stall, daemon=True).start()
+        env = {**os.environ, "DOCKER_HOST": f"unix://{short}/engine.sock"}
+        try:
+            runs = {args: subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), *args], env=env,
+                                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+                    for args in (("plan",), ("make", "--dry-run", "--progress", "json"), ("plan", "--offline"))}
+        finally:
+            listener.close()
+    plan, make, offline = runs.values()
+    assert plan.returncode == 0 and "LAYER" in plan.stdout, plan.stderr
+    assert plan.stderr.splitlines()[0] == "efabuild: gathering facts for the plan: build contexts, " \
+                                          "the engine's images, the store…"
+    first = json.loads(make.stderr.splitlines()[0])  # --progress json: the same as an event
+    assert (first["format"], first["event"]) == ("efabuild.progress/v1", "planning")
+    assert offline.returncode == 0 and "gathering facts" not in offline.stderr  # quick: nothing said
