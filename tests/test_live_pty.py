@@ -148,6 +148,8 @@ def test_make_on_a_terminal_shows_aligned_live_rows_coloured_states_and_its_summ
     assert status == 0 and "2 reused" in shots[-1]
     y, row = summary_rows(shots[-1])["g:alpha"]
     assert row[2] == "reused" and colour_of(screen, y, "reused") == COLOURS["reused"]
+    planned = next(y for y, line in enumerate(shots[-1]) if line.startswith("g:alpha") and "available" in line)
+    assert colour_of(screen, planned, "available") == COLOURS["reused"]  # green: nothing to do
 
 
 @pytest.mark.parametrize("environment", [{"TERM": "xterm", "NO_COLOR": "1"}, {"TERM": "dumb"}])
