@@ -22,11 +22,6 @@ KiB, MiB = 1024, 1024 * 1024
 CHUNKING = (8 * KiB, 32 * KiB, 128 * KiB)  # small chunks: a few MiB make many of them
 
 
-@pytest.fixture
-def settings(moto_server: str, s3_bucket: str) -> S3Config:
-    return S3Config(bucket=s3_bucket, prefix="images/", region="us-east-1", endpoint_url=moto_server)
-
-
 @pytest.fixture(scope="module")
 def versions(tmp_path_factory) -> tuple[Path, Path]:
     """Two versions of an image: v2 changes 4 KiB in the middle."""

@@ -27,11 +27,6 @@ pytestmark = pytest.mark.s3
 KiB, MiB = 1024, 1024 * 1024
 
 
-@pytest.fixture
-def settings(moto_server: str, s3_bucket: str) -> S3Config:
-    return S3Config(bucket=s3_bucket, prefix="images/", region="us-east-1", endpoint_url=moto_server)
-
-
 @pytest.fixture(scope="module")
 def versions(tmp_path_factory) -> list[Path]:
     """Three versions of an image: v2 inserts 20 KiB early on, v3 also changes a byte late."""

@@ -61,3 +61,11 @@ def s3_client(moto_server: str):  # noqa: ANN201 - a boto3 S3 client
     import boto3
 
     return boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1")
+
+
+@pytest.fixture
+def settings(moto_server: str, s3_bucket: str):  # noqa: ANN201 - efabuild.settings.S3Config
+    """A store's S3 settings: the test's fresh bucket, under images/ (a module may define its own)."""
+    from efabuild.settings import S3Config
+
+    return S3Config(bucket=s3_bucket, prefix="images/", region="us-east-1", endpoint_url=moto_server)
