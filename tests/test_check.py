@@ -14,20 +14,11 @@ from pathlib import Path
 import pytest
 
 from efabuild.export.sqshdiff import FileFacts, compare
+from tests.wsfactory import TOOLS_LAYER
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
-GRAPH = """
-[layers.tools]
-base = "{ref}:26.08-py3"
-digest = "{digest}"
-dockerfile = '''
-ARG TEST_RUN
-RUN mkdir -p /opt/tools && echo "$TEST_RUN" > /opt/tools/run
-'''
-args = {{ TEST_RUN = "{run}" }}
-artifact = true
-
+GRAPH = TOOLS_LAYER + """
 [layers.stamp]
 parent = "tools"
 dockerfile = '''
@@ -43,7 +34,7 @@ def workspace(root: Path, base: str) -> Path:
     """Two layers on the pinned fixture base; a run-unique ARG keeps BuildKit's cache cold."""
     ref, digest = base.split("@")
     (root / "graphs").mkdir(parents=True)
-    (root / "graphs" / "g.toml").write_text(GRAPH.format(ref=ref, digest=digest, run=uuid.uuid4().hex))
+    (root / "graphs" / "g.toml").write_text(GRAPH.format(base=f"{ref}:26.08-py3", digest=digest, run=uuid.uuid4().hex))
     (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
     return root
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.plugins.engine import free_port, stop_pid
-from tests.wsfactory import demo_on_base
+from tests.wsfactory import TOOLS_LAYER, demo_on_base
 from efabuild.build.fixtures import MINI_NGC_TAG
 
 REPO = Path(__file__).resolve().parents[1]
@@ -260,17 +260,7 @@ def test_streamed_export_is_byte_identical_to_docker_export(farm_context, regist
         docker(second_engine, "image", "rm", "--force", name, check=False)
 
 
-CHECK_GRAPH = """
-[layers.tools]
-base = "{ref}"
-digest = "{digest}"
-dockerfile = '''
-ARG TEST_RUN
-RUN mkdir -p /opt/tools && echo "$TEST_RUN" > /opt/tools/run
-'''
-args = {{ TEST_RUN = "{run}" }}
-artifact = true
-
+CHECK_GRAPH = TOOLS_LAYER + """
 [layers.stamp]
 parent = "tools"
 dockerfile = '''
@@ -285,7 +275,7 @@ def test_check_rebuilds_on_the_farm_through_the_registry(farm_context, registry,
     ws = tmp_path / "ws"
     (ws / "graphs").mkdir(parents=True)
     ref, digest = registry_base.split("@")
-    (ws / "graphs/g.toml").write_text(CHECK_GRAPH.format(ref=ref, digest=digest, run=secrets.token_hex(6)))
+    (ws / "graphs/g.toml").write_text(CHECK_GRAPH.format(base=ref, digest=digest, run=secrets.token_hex(6)))
     build = f'[workspace]\ngraphs = ["graphs/*.toml"]\n[builder]\nfarm = ["{farm_context}"]\n'
     (ws / "BUILD.toml").write_text(build + f'[registry]\nurl = "{registry.url}"\n')
     efabuild(ws, "make", "g")

@@ -40,6 +40,20 @@ context = ["app"]
 artifact = true
 """
 
+# an artifact layer on a base pinned by digest, for graphs that `make --check` rebuilds on the
+# engine: format with base, digest and run (a run-unique ARG keeps BuildKit's cache cold)
+TOOLS_LAYER = """
+[layers.tools]
+base = "{base}"
+digest = "{digest}"
+dockerfile = '''
+ARG TEST_RUN
+RUN mkdir -p /opt/tools && echo "$TEST_RUN" > /opt/tools/run
+'''
+args = {{ TEST_RUN = "{run}" }}
+artifact = true
+"""
+
 
 def make_workspace(root: Path, graphs: dict[str, str] | None = None, build: str = BUILD_TOML,
                    files: dict[str, str] | None = None) -> Path:
