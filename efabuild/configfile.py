@@ -180,7 +180,11 @@ class Table:
 def type_name(value: Any) -> str:
     """How a message names a TOML value's type: `must be a string, not an integer`."""
     return {dict: "a table", list: "an array", str: "a string", bool: "a boolean", int: "an integer",
-            float: "a float"}.get(type(value), type(value).__name__)
+            float: "a float"}.get(type(value)) or _TOML_DATES.get(type(value).__name__, type(value).__name__)
+
+
+# TOML's date and time values, as tomllib returns them (datetime's classes, named to spare its import)
+_TOML_DATES = {"date": "a date", "datetime": "a date-time", "time": "a time"}
 
 
 _ARTICLES = {"str": "a string", "int": "an integer", "bool": "a boolean", "list": "an array", "dict": "a table"}

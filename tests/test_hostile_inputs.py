@@ -144,6 +144,8 @@ IN_PROCESS = [
      ["graphs/g.toml", "layers.a.args.EFA_INSTALLER_VERSION", "not a float", '"1.49"']),
     ("int-build-arg", layer_with("args = { JOBS = 8 }"), ["plan", "--offline"], {},
      ["graphs/g.toml", "layers.a.args.JOBS", "not an integer"]),
+    ("date-build-arg", layer_with("args = { RELEASE = 2026-08-01 }"), ["plan", "--offline"], {},
+     ["graphs/g.toml", "layers.a.args.RELEASE", "must be a string, not a date"]),
     ("min-versions-not-a-version", with_build('[audit]\nmin_versions = { nccl = "new" }\n'),
      ["plan", "--offline"], {}, ["BUILD.toml", "audit.min_versions.nccl", "version"]),
     ("min-versions-number", with_build("[audit]\nmin_versions = { nccl = 2.19 }\n"),
