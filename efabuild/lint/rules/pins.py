@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from efabuild.lint.chain import LayerFacts
 from efabuild.lint.finding import Finding
 from efabuild.lint.rules.registry import HEX40, UNRESOLVED, arg_names, at, at_key, rule, runs
-from efabuild.lint.shell import Command, split_words
+from efabuild.lint.shell import Command, lookup_in, split_words
 from efabuild.redact import is_secret_arg
 
 
@@ -228,11 +228,14 @@ def pinned_pip(facts: LayerFacts) -> Iterator[Finding]:
 @rule("EFA018")
 def arg_defaults(facts: LayerFacts) -> Iterator[Finding]:
     args = facts.layer.args_dict
+    plain: dict[str, str] = {}  # what a plain `docker build` of the text has: the defaults alone
     for ins in facts.evaluated.instructions:
         if ins.keyword != "ARG":
             continue
-        for word in split_words(ins.value):
+        for word in split_words(ins.value, lookup_in(plain)):  # `ARG B=${A}` is A's default
             name, has_default, default = word.partition("=")
+            if has_default:
+                plain[name] = default
             if not has_default or name not in args or args[name] == default:
                 continue
             shown = ("" if is_secret_arg(name, default) or is_secret_arg(name, args[name])
