@@ -5,6 +5,7 @@ libnccl.so.2, /usr/local/mpi -> /opt/hpcx/ompi), which a tar keeps as they are. 
 efabuild unpacks it when it builds the fixture image (efabuild/build/fixtures.py).
 """
 
+import sys
 import tarfile
 from pathlib import Path
 
@@ -33,4 +34,18 @@ class BuildPyWithFixtures(build_py):
             tar.add(source, arcname="fixtures", filter=_normalised)
 
 
-setup(cmdclass={"build_py": BuildPyWithFixtures})
+def _project_urls() -> dict[str, str]:
+    """Where these sources come from: the checkout's `origin` remote, when it is a web address,
+    without credentials (the images' source label says the same). Sources without their own git
+    checkout (an sdist, a copy) name none: the project has no fixed address to write here."""
+    here = Path(__file__).resolve().parent
+    if not (here / ".git").exists():
+        return {}
+    sys.path.insert(0, str(here))
+    from efabuild.build.gitstate import SOURCE, git_labels
+
+    source = git_labels(here).get(SOURCE, "")
+    return {"Source": source} if source.startswith(("https://", "http://")) else {}
+
+
+setup(cmdclass={"build_py": BuildPyWithFixtures}, project_urls=_project_urls())

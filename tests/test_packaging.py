@@ -21,6 +21,8 @@ from efabuild.build.fixtures import content_digest, source_dir
 from tests.storekit import key_for, make_sqsh, record_for
 
 REPO = Path(__file__).resolve().parents[1]
+ORIGIN = "git.example.org/hpc/efabuild.git"
+TOKEN = "ghp_notarealtoken0123456789"
 pytestmark = [pytest.mark.slow]
 
 
@@ -40,6 +42,11 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     for name in ("efabuild", "fixtures"):
         shutil.copytree(REPO / name, sources / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EFABUILD_STORE")}
+    # a checkout whose origin is a web address, with a token in it as a clone over HTTPS may have
+    for git in (("init", "-q"), ("remote", "add", "origin", f"https://builder:{TOKEN}@{ORIGIN}"),
+                ("add", "-A"), ("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "sources")):
+        done = run("git", *git, cwd=sources, env=env)
+        assert done.returncode == 0, done.stderr
     built = run(sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation", "--no-index",
                 "-w", tmp / "dist", cwd=sources, env=env)
     assert built.returncode == 0, built.stdout + built.stderr
@@ -60,6 +67,10 @@ def test_the_metadata_names_the_license_and_the_console_scripts(installed):
     bin_dir, env = installed
     shown = run(bin_dir / "python", "-m", "pip", "show", "efabuild", cwd=bin_dir, env=env).stdout
     assert "License: Apache-2.0" in shown
+    # the checkout the wheel was built from names where its sources are, without the token
+    [metadata] = (bin_dir.parent / "lib").glob("python3*/site-packages/efabuild-*.dist-info/METADATA")
+    assert f"Project-URL: Source, https://{ORIGIN}" in metadata.read_text().splitlines()
+    assert TOKEN not in metadata.read_text()
     # the licence's text travels with the wheel, not only its name
     [licence] = (bin_dir.parent / "lib").glob("python3*/site-packages/efabuild-*.dist-info/LICENSE")
     assert "Apache License" in licence.read_text() and "Version 2.0" in licence.read_text()
