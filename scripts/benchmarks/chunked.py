@@ -22,6 +22,7 @@ import secrets
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
@@ -146,6 +147,8 @@ def scenario(ctx: Context) -> Result:
             publish(builder, f"user{version}", "bench:user")
         # everything the chunked prefix holds: the EFA image and five user versions on it
         five = sum(item["Size"] for item in _listing(client, bucket, "chunked/"))
+        ctx.log("chunked: timing ls of the bucket")
+        listed = _time_ls(scratch, settings, client, ctx.repeats)
         if got is None or sent is None:
             raise BenchError("the chunked publish or fetch reported no transfer")
     return Result(
@@ -164,12 +167,17 @@ def scenario(ctx: Context) -> Result:
             Check("user bytes in EFA's chunks", 100 * shared_with_efa, 95.0, "higher", unit="%"),
             Check(f"S3 bytes for {VERSIONS} versions ÷ one", five / size, 1.2, "lower", unit="×",
                   efabuild=human_bytes(five), baseline=human_bytes(size)),
+            Check("ls: time vs listing the records", median(listed.ls) / median(listed.records), 3.0, "lower",
+                  efabuild=f"{median(listed.ls):.2f} s, {listed.ls_requests} requests",
+                  baseline=f"{median(listed.records):.2f} s, {listed.records_requests} requests (records alone)"),
         ),
         timings=(Timing("chunked publish of v2", tuple(ours_publish)), Timing("whole-object publish", tuple(whole_publish)),
                  Timing("seeded fetch of v2", (ours_fetch,)), Timing("whole-object fetch", (whole_fetch,)),
                  Timing("export's digest pass, blake3 and chunk index", index_pass),
                  Timing("export's digest pass, blake3 alone (no chunked tier)", digest_pass),
                  Timing("a kept chunk index checked against the file", check_pass),
+                 Timing("ls of the bucket (S3 stored/unique bytes)", listed.ls),
+                 Timing("listing the bucket's records alone", listed.records),
                  *([Timing("seeded fetch of v2 onto XFS", (on_xfs[0],)),
                     Timing("whole-object fetch onto XFS", (on_xfs[1],))] if on_xfs else [])),
         figures={"image_bytes": size, "publish_sent_bytes": sent.bytes, "publish_sent_chunks": sent.chunks,
@@ -239,6 +247,49 @@ def _xfs_checks(on_xfs) -> list[Check]:  # noqa: ANN001
     seeded, whole, cloned = on_xfs
     return [Check("fetch onto XFS (reflink): time vs whole object", seeded / whole, 0.2, "lower",
                   efabuild=f"{seeded:.2f} s ({human_bytes(cloned)} cloned)", baseline=f"{whole:.2f} s (whole object)")]
+
+
+@dataclass(frozen=True)
+class _Listed:
+    ls: tuple[float, ...]
+    records: tuple[float, ...]
+    ls_requests: int
+    records_requests: int
+
+
+def _time_ls(root: Path, settings, client, repeats: int) -> _Listed:  # noqa: ANN001
+    """What `efabuild ls` asks S3 (every record, and every chunk index for the S3 STORED/UNIQUE
+    column) on a node holding nothing, vs the baseline: a boto3 listing of objects/ and a GET of
+    each record, the least any listing of names, sizes and dates costs. Interleaved, warm."""
+    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiered import Store
+
+    node = Store([FilesystemTier(root / "ls-node", "local")], settings, show_progress=False)
+    counted = {"n": 0}
+    node.s3.client.meta.events.register("before-call.s3", lambda **_: counted.__setitem__("n", counted["n"] + 1))
+    prefix = settings.prefix.strip("/") + "/objects/"
+
+    def ls() -> None:
+        listings = node.ls()
+        node.s3.usage([listing.record for listing in listings])
+
+    def records() -> None:
+        for item in _listing(client, settings.bucket, prefix):
+            if item["Key"].endswith(".json") and not item["Key"].endswith((".chunks.json", ".manifest.json")):
+                client.get_object(Bucket=settings.bucket, Key=item["Key"])["Body"].read()
+
+    times: tuple[list[float], list[float]] = ([], [])
+    ls()
+    ls_requests, counted["n"] = counted["n"], 0
+    for _ in range(repeats):
+        for spent, run in zip(times, (ls, records)):
+            started = time.perf_counter()
+            run()
+            spent.append(time.perf_counter() - started)
+    found = _listing(client, settings.bucket, prefix)
+    records_requests = -(-len(found) // 1000) + sum(
+        item["Key"].endswith(".json") and not item["Key"].endswith((".chunks.json", ".manifest.json")) for item in found)
+    return _Listed(tuple(times[0]), tuple(times[1]), ls_requests, records_requests)
 
 
 def _listing(client, bucket: str, prefix: str) -> list[dict]:  # noqa: ANN001
