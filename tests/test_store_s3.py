@@ -269,3 +269,17 @@ def test_gc_on_a_nodes_bare_store_leaves_s3_alone_unless_asked(tmp_path, setting
     assert "S3 left alone (2 objects, give --s3 to delete them there too)" in result.stdout
     result = efabuild("gc", "--yes", "--s3", "--keep", "1", "--store", str(node), check=True)
     assert s3_sqshes() == 1 and f"deleted  s3  {keys[0][:12]}" in result.stdout
+
+
+def test_ls_of_whole_objects_reads_no_chunk_index(tmp_path, s3_bucket, fault_proxy):
+    """A whole-object artifact has no chunk index, and the listing ls reads already says so: its
+    S3 bytes are the object's size, with no GET that finds no index (counted at a proxy)."""
+    proxied = S3Config(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=fault_proxy.endpoint)
+    sizes = {}
+    for number in range(3):
+        sqsh = make_sqsh(tmp_path, os.urandom(4096 * (number + 1)), f"whole{number}")
+        sizes[published(tmp_path / "builder", proxied, sqsh, name=f"ngc-efa:user{number}")] = sqsh.stat().st_size
+    listed = json.loads(efabuild("ls", "--json", "--store", str(tmp_path / "builder" / "cache"), check=True).stdout)
+    assert {item["key"]: (item["s3_stored"], item["s3_unique"]) for item in listed["artifacts"]} == {
+        key: (size, size) for key, size in sizes.items()}
+    assert fault_proxy.gets(".chunks.json") == 0

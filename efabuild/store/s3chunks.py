@@ -257,14 +257,18 @@ def bucket_usage(tier, records: list | None = None) -> tuple[dict[str, tuple[obj
     records = {record.key: record for record in (tier.list() if records is None else records)}
     chunk_sizes = {cid: item.get("Size", 0) for item in tier._walk(tier._path(CHUNKS_DIR) + "/")
                    if is_chunk_id(cid := item["Key"].rsplit("/", 1)[-1])}
-    whole_sizes = {}
+    whole_sizes, indexed = {}, set()
     for item in tier._walk(tier._path("objects") + "/"):
         base = item["Key"].rsplit("/", 1)[-1]
-        if base.endswith(SQSH_SUFFIX):
+        if base.endswith(INDEX_SUFFIX):
+            indexed.add(base[: -len(INDEX_SUFFIX)])
+        elif base.endswith(SQSH_SUFFIX):
             whole_sizes[base[: -len(SQSH_SUFFIX)]] = item.get("Size", 0)
     keys = sorted(records)
 
     def index_or_none(key: str) -> ChunkIndex | None:
+        if key not in indexed:  # a whole object: the listing says so, no GET to find none
+            return None
         try:
             return tier.chunk_index(key)
         except EfabuildError:
