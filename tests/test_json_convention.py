@@ -50,7 +50,14 @@ def document(root: Path, *args: str) -> dict:
     done = efabuild(root, *args)
     assert done.returncode in (0, 1), f"{args}: {done.returncode} {done.stderr}"
     assert "Traceback" not in done.stderr
-    data = json.loads(done.stdout)
+    assert done.stdout.isascii(), f"{args}: not ASCII (\\u escapes)"
+
+    def sorted_object(pairs: list[tuple[str, object]]) -> dict:
+        names = [name for name, _ in pairs]
+        assert names == sorted(names), f"{args}: keys not sorted: {names}"
+        return dict(pairs)
+
+    data = json.loads(done.stdout, object_pairs_hook=sorted_object)
     check_convention(data, args)
     return data
 
