@@ -172,3 +172,39 @@ def test_gc_skips_a_junk_index_with_a_warning(tmp_path, chunk_store, monkeypatch
     assert report.referenced == len(a.unique()) and report.deleted == 0
     assert report.skipped_indexes == (tier._path("objects", "00", "b" * 64 + ".chunks.json"),)
     assert [(kind, "not JSON" in message) for kind, message in said] == [(notices.WARNING, True)]
+
+
+@pytest.mark.s3
+def test_gc_holds_the_indexes_of_a_batch_at_once_not_every_artifacts(tmp_path, chunk_store, monkeypatch):
+    """gc reads every chunk index to know which chunks are used; a bucket of many artifacts (or
+    indexes planted by the thousand) must not have all of them parsed and waiting in memory
+    together. Counted: indexes parsed and not yet taken in (two workers: batches of 4; 40 here)."""
+    import threading
+
+    from efabuild.store import s3chunks
+
+    one, _ = shifted_versions(tmp_path)
+    a = chunk_file(one, chunking=SMALL)
+    tier = chunk_store.tier
+    tier.workers = 2
+    for number in range(40):
+        tier._put_new(tier._path("objects", "00", f"{number:064x}.chunks.json"), a.to_json())
+    lock, waiting, most = threading.Lock(), [0], [0]
+    parse, take_in = s3chunks.ChunkIndex.from_json, s3chunks.ChunkIndex.unique
+
+    def parsed(data: bytes, where: str) -> ChunkIndex:
+        with lock:
+            waiting[0] += 1
+            most[0] = max(most[0], waiting[0])
+        return parse(data, where)
+
+    def taken_in(index: ChunkIndex) -> dict:
+        with lock:
+            waiting[0] -= 1
+        return take_in(index)
+
+    monkeypatch.setattr(s3chunks.ChunkIndex, "from_json", staticmethod(parsed))
+    monkeypatch.setattr(s3chunks.ChunkIndex, "unique", taken_in)
+    referenced, skipped = chunk_store.referenced()
+    assert referenced == set(a.unique()) and skipped == []
+    assert most[0] <= 4

@@ -148,14 +148,16 @@ class ChunkStore:
                 notices.warn(f"skipping {exc}")
                 return None
 
-        indexes = run_parallel(read, paths, self.tier.workers)
         referenced: set[str] = set()
         skipped = []
-        for path, index in zip(paths, indexes):
-            if index is None:
-                skipped.append(path)
-            else:
-                referenced.update(index.unique())
+        batch = 2 * self.tier.workers  # indexes held at once: a batch's, never every artifact's
+        for start in range(0, len(paths), batch):
+            group = paths[start:start + batch]
+            for path, index in zip(group, run_parallel(read, group, self.tier.workers)):
+                if index is None:
+                    skipped.append(path)
+                else:
+                    referenced.update(index.unique())
         return referenced, skipped
 
     def marks(self) -> list[tuple[str, Mark]]:
