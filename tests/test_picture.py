@@ -71,6 +71,8 @@ def test_each_plan_state_has_its_colour_key_and_reason(tmp_path):
     assert layers["base0"][1] == "example.com/pytorch:26.08-py3"
     legend = layers["legend"][1]
     assert all(state in legend for state in ("to export", "to pull", "to build"))
+    assert "provisional" not in legend and not any(text.split(" | ")[1].split()[0].endswith("*")
+                                                    for name, (_, text) in layers.items() if name.startswith("stack:"))
     # a filesystem tier holds efa's .sqsh and another lacks it: copied, drawn in its own colour
     copying = make_plan(prepared.graph, prepared.order, inputs, Availability(
         images=frozenset(keys.values()), artifacts=frozenset({keys["stack:user"]}),
@@ -87,6 +89,11 @@ def test_graph_command_draws_the_offline_plan(tmp_path):
     assert done.returncode == 0, done.stderr
     assert {fill for fill, _ in drawn_layers(done.stdout).values() if fill != "none"} >= {
         picture.STATE_COLOURS["to build"]}
+    # the base's digest is not known offline: every key is marked provisional, and the mark explained
+    drawn = drawn_layers(done.stdout)
+    for lp in prepare(load_workspace(root), use_engine=False).plan.layers:
+        assert f"{lp.short_key}*  to build" in drawn[lp.qualname][1].replace("\xa0", " ")  # dot's spaces
+    assert "* provisional key: may change once the base" in drawn["legend"][1]
     # a recorded build makes deepep available and the artifact layers only to export
     prepared = prepare(load_workspace(root), use_engine=False)
     for lp in prepared.plan.layers:

@@ -38,6 +38,7 @@ UNKNOWN_COLOUR = "#ffffff"
 BASE_COLOUR = "#eceff1"
 _REASON_WIDTH = 48
 _REASONS_SHOWN = 3
+PROVISIONAL_NOTE = "* provisional key: may change once the base's digest is known"
 
 
 @attrs.frozen
@@ -50,6 +51,7 @@ class Node:
     artifact: bool = False
     notes: tuple[str, ...] = ()  # why it builds or why it failed
     seconds: float | None = None  # how long make took with it
+    provisional: bool = False  # the key may change once its base's digest is known (marked *)
 
     @property
     def colour(self) -> str:
@@ -58,8 +60,8 @@ class Node:
 
 def plan_nodes(plan) -> dict[str, Node]:  # noqa: ANN001 - efabuild.plan.Plan
     """Each planned layer with its state and reasons."""
-    return {lp.qualname: Node(lp.qualname, lp.short_key, lp.state, lp.artifact, tuple(lp.reasons))
-            for lp in plan.layers}
+    return {lp.qualname: Node(lp.qualname, lp.short_key, lp.state, lp.artifact, tuple(lp.reasons),
+                              provisional=lp.provisional) for lp in plan.layers}
 
 
 def outcome_nodes(plan, outcomes: Iterable) -> dict[str, Node]:  # noqa: ANN001 - Plan, make.Outcome
@@ -102,7 +104,9 @@ def dot_source(graph: LayerGraph, order: list[str], nodes: Mapping[str, Node], t
     bases: dict[str, str] = {}
     for name in selected:
         node = nodes[name]
-        label = [node.qualname + ("  [.sqsh]" if node.artifact else ""), f"{node.short_key}  {node.state}" + (f" in {node.seconds:.1f}s" if node.seconds else "")]
+        key = node.short_key + ("*" if node.provisional else "")
+        label = [node.qualname + ("  [.sqsh]" if node.artifact else ""),
+                 f"{key}  {node.state}" + (f" in {node.seconds:.1f}s" if node.seconds else "")]
         label += [_clip(note) for note in node.notes[:_REASONS_SHOWN]]
         if len(node.notes) > _REASONS_SHOWN:
             label.append(f"… {len(node.notes) - _REASONS_SHOWN} more")
@@ -119,18 +123,21 @@ def dot_source(graph: LayerGraph, order: list[str], nodes: Mapping[str, Node], t
     for parent, child in graph.edges:
         if parent in chosen and child in chosen:
             lines.append(f"  {_quote(child)} -> {_quote(parent)};")
-    lines += _legend([nodes[name].state for name in selected])
+    lines += _legend([nodes[name].state for name in selected], any(nodes[name].provisional for name in selected))
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def _legend(states: list[str]) -> list[str]:
+def _legend(states: list[str], provisional: bool = False) -> list[str]:
     shown = list(dict.fromkeys(states))
     if not shown:
         return []
     cells = "".join(f'<TD BGCOLOR="{STATE_COLOURS.get(s, UNKNOWN_COLOUR)}">{_html(s)}</TD>' for s in shown)
+    rows = "<TR>" + cells + "</TR>"
+    if provisional:  # explained once, as `efabuild plan` does under its table
+        rows += f'<TR><TD COLSPAN="{len(shown)}">{_html(PROVISIONAL_NOTE)}</TD></TR>'
     return ['  legend [shape=plaintext, style="", label=<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" '
-            f'CELLPADDING="4">{"<TR>" + cells + "</TR>"}</TABLE>>];']
+            f'CELLPADDING="4">{rows}</TABLE>>];']
 
 
 def _clip(text: str) -> str:
