@@ -138,3 +138,7 @@ def test_lookup_of_a_layer_that_is_no_artifact_says_so(tmp_path: Path) -> None:
         result = efabuild("lookup", ref, cwd=root)
         assert result.returncode == 1 and "no artifact named" in result.stderr and "not an artifact layer" \
             not in result.stderr
+    assert "did you mean" not in result.stderr
+    typo = efabuild("lookup", "stack:usr", cwd=root)  # a name close to an artifact layer's
+    assert typo.returncode == 1 and typo.stderr.count("\n") == 1
+    assert "no artifact named stack:usr" in typo.stderr and typo.stderr.endswith("(did you mean 'stack:user'?)\n")

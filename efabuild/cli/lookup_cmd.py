@@ -40,9 +40,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         path, record = lookup_path(args.ref, args.store, fetch=not args.no_fetch, verify=args.verify,
                                    require_signature=args.require_signature)
-    except NotFound:
-        # only on a miss: is REF a layer that is never exported? (reads the workspace's graphs)
-        reason = _not_an_artifact_layer(args.ref)
+    except NotFound as exc:
+        # only on a miss: is REF a layer that is never exported, or a typo? (reads the workspace's graphs)
+        reason = _why_missing(args.ref, str(exc))
         if reason is None:
             raise
         raise NotFound(reason) from None
@@ -57,8 +57,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _not_an_artifact_layer(ref: str) -> str | None:
-    """Why a graph:layer the workspace declares has no .sqsh: it is not an artifact layer."""
+def _why_missing(ref: str, message: str) -> str | None:
+    """Why a graph:layer has no .sqsh, when the workspace tells: a layer it declares that is not an
+    artifact layer, or a name it does not declare that is close to an artifact layer's (a typo)."""
+    import difflib
     from pathlib import Path
 
     from efabuild.errors import InputError
@@ -71,7 +73,10 @@ def _not_an_artifact_layer(ref: str) -> str | None:
     except InputError:  # no workspace here (a compute node), or one that does not load
         return None
     layer = ws.layers.get(ref)
-    if layer is None or layer.artifact:
+    if layer is None:
+        hint = difflib.get_close_matches(ref, [name for name, other in ws.layers.items() if other.artifact], n=1)
+        return f"{message} (did you mean '{hint[0]}'?)" if hint else None
+    if layer.artifact:
         return None
     graph = ref.split(":", 1)[0]
     exported = sorted(name for name, other in ws.layers.items() if other.artifact and other.graph == graph)
