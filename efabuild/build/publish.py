@@ -22,11 +22,13 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     from efabuild.store.digest import Sha256Pass
     from efabuild.store.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
-    from efabuild.export.squash import ENROOT_FORMAT, ExportCancelled, export_image
+    from efabuild.export.squash import ENROOT_FORMAT, ExportCancelled
     from efabuild.build.stops import step_boundary
     from efabuild.store.fsutil import temp_name
     from efabuild.store.record import ArtifactRecord
 
+    if exporter is None:
+        exporter = _engine_exporter(ws, engine, tag, plan.key, layer.qualname, epoch)
     started = _now()
     staging = store.staging_dir()
     staging.mkdir(parents=True, exist_ok=True)
@@ -41,11 +43,7 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     try:
         try:
             # blake3 right after mksquashfs; sha256 below, in a thread while the probe reads the image
-            if exporter is not None:
-                result = exporter(out, progress=progress, sha256=False, cancel=cancel, chunking=_chunking(store))
-            else:
-                result = export_image(tag, out, options=ws.settings.export, engine=engine, progress=progress,
-                                      epoch=epoch, sha256=False, cancel=cancel, chunking=_chunking(store))
+            result = exporter(out, progress=progress, sha256=False, cancel=cancel, chunking=_chunking(store))
         finally:
             for shown in bar:
                 shown.close()
@@ -73,6 +71,24 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     finally:
         out.unlink(missing_ok=True)  # published copies are links or copies of their own
     return store.lookup(plan.key, fetch=False)
+
+
+def _engine_exporter(ws: Workspace, engine, tag: str, key: str, name: str, epoch: int):  # noqa: ANN001, ANN202
+    """The export of `tag` from `engine`, once it is known to be this key's image. Whoever shares
+    the engine can tag any image with a layer's name: only one efabuild built for this key (its
+    org.efabuild.key label says so) becomes the layer's artifact. A forged label still passes; a
+    plain retag does not."""
+    import functools
+
+    from efabuild.engine.images import image_config
+    from efabuild.errors import EfabuildError
+    from efabuild.export.squash import export_image
+    from efabuild.refs import KEY_LABEL, short
+
+    if image_config(engine, tag)["Labels"].get(KEY_LABEL) != key:
+        raise EfabuildError(f"{name}: the engine's {tag} does not carry key {short(key)} in its {KEY_LABEL} "
+                            "label (some other image was given this name): not exported; remove it and make again")
+    return functools.partial(export_image, tag, options=ws.settings.export, engine=engine, epoch=epoch)
 
 
 def _chunking(store) -> tuple[int, int, int] | None:  # noqa: ANN001 - a Store
