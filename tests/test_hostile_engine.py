@@ -50,3 +50,49 @@ def test_push_refuses_an_image_another_tenant_tagged_with_a_layer_s_name(tmp_pat
         assert done[0]["pushed"].startswith(f"{local_registry}/efabuild/one@sha256:")
     finally:
         subprocess.run(["docker", "image", "rm", planted], capture_output=True)
+
+
+def test_make_never_exports_an_image_another_tenant_tagged_with_a_layer_s_name(tmp_path, busybox_image):
+    """The plan sees the tag and says `to export`: the planted image must not become the layer's
+    .sqsh in the store, where every job looking the layer up would run it."""
+    root = tmp_path / "ws"
+    (root / "graphs").mkdir(parents=True)
+    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
+    (root / "graphs" / "g.toml").write_text(GRAPH.format(base=busybox_image, run=uuid.uuid4().hex))
+    layer = json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]
+    planted = f"efabuild/one:{layer['key']}"
+    subprocess.run(["docker", "image", "tag", busybox_image, planted], check=True)
+    try:
+        assert json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]["state"] \
+            == "to export"
+        made = efabuild("-C", str(root), "make", "--no-lint")
+        assert made.returncode == 1
+        assert f"the engine's {planted} does not carry key {layer['key'][:12]}" in made.stderr
+        assert efabuild("-C", str(root), "lookup", "g:one").returncode == 1
+        assert not list((root / "cache").rglob("*.sqsh"))
+    finally:
+        subprocess.run(["docker", "image", "rm", planted], capture_output=True)
+
+
+def test_make_never_writes_a_build_log_into_a_directory_linked_from_the_logs(tmp_path, busybox_image):
+    """logs/ sits in the local store, which may be on a shared path: a co-tenant who replaces a
+    layer's log directory with a link (the layer's name and key are what `plan` prints) must not
+    make a make, run as root, delete or create files in the directory it points at."""
+    root = tmp_path / "ws"
+    (root / "graphs").mkdir(parents=True)
+    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
+    (root / "graphs" / "g.toml").write_text(GRAPH.format(base=busybox_image, run=uuid.uuid4().hex))
+    key = json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]["key"]
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / f"{key}.log").write_text("a file of the directory's owner\n")
+    (root / "cache" / "logs" / "g").mkdir(parents=True)
+    (root / "cache" / "logs" / "g" / "one").symlink_to(victim)
+    try:
+        made = efabuild("-C", str(root), "make", "--no-lint")
+        assert made.returncode == 1
+        assert f"{root}/cache/logs/g/one: a symbolic link, not a directory" in made.stderr
+        assert (victim / f"{key}.log").read_text() == "a file of the directory's owner\n"
+        assert sorted(p.name for p in victim.iterdir()) == [f"{key}.log"]
+    finally:
+        subprocess.run(["docker", "image", "rm", f"efabuild/one:{key}"], capture_output=True)

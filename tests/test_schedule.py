@@ -40,7 +40,7 @@ class FakeEngine:
         self.tagged.append((source, target))
         self.images.add(target)
 
-    def build(self, request, log_path, on_line, cancel, redact) -> None:
+    def build(self, request, log_path, on_line, cancel, redact, log_root=None) -> None:
         from_image = request.dockerfile.splitlines()[0].removeprefix("FROM ")
         assert from_image.startswith(("example.com/", "other.example/")) or from_image in self.images, \
             f"{request.tag} built before its parent {from_image}"

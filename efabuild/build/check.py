@@ -115,7 +115,7 @@ def _farm(runner, layer: Layer, qualname: str):  # noqa: ANN001, ANN202 - a make
 
 def _how(runner, qualname: str) -> dict:  # noqa: ANN001 - a make _Runner
     return dict(on_line=lambda text: runner.reporter.line(qualname, text), cancel=runner.cancel,
-                redact=runner.redact)
+                redact=runner.redact, log_root=runner.store_root)
 
 
 def _rebuild_here(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa: ANN001, ANN202

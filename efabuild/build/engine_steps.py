@@ -27,11 +27,12 @@ class EngineSteps:
         tag_image(self.engine, source, target)
 
     def build(self, request, log_path: Path, on_line: Callable[[str], None], cancel: threading.Event,
-              redact: Callable[[str], str]) -> None:
+              redact: Callable[[str], str], log_root: Path | None = None) -> None:
         """Build `request` (an engine.build.BuildRequest), tagging it only once it has finished."""
         from efabuild.engine.build import build_layer
 
-        build_layer(self.engine, request, log_path, on_line=on_line, cancel=cancel, redact=redact)
+        build_layer(self.engine, request, log_path, on_line=on_line, cancel=cancel, redact=redact,
+                    log_root=log_root)
 
     def pull(self, tag: str, registry) -> bool:  # noqa: ANN001 - RegistrySettings
         from efabuild.engine.registry import pull

@@ -246,12 +246,11 @@ class _Runner:
 
     def _build(self, layer: Layer, lp: LayerPlan) -> str:
         log_path = self.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         with self._context_dir(layer, lp) as context_dir:
             request = self.build_request(layer, lp, context_dir, image_tag(layer.name, lp.key))
             step_boundary("build")
             how = dict(on_line=lambda text: self.reporter.line(lp.qualname, text), cancel=self.cancel,
-                       redact=self.redact)
+                       redact=self.redact, log_root=self.store_root)
             if self.farm is not None:
                 self.farm.build(layer.name, lp.key, request, log_path, **how)
             else:

@@ -159,20 +159,22 @@ def build_layer(
     on_line: Callable[[str], None] | None = None,
     cancel: threading.Event | None = None,
     redact: Callable[[str], str] | None = None,
+    log_root: Path | None = None,
 ) -> BuildResult:
     """Build `req` on `engine`, then tag the image `req.tag`.
 
     Every line of BuildKit's plain output goes to `log_path` (kept whole) and to `on_line`.
     Raises BuildFailed when the build fails, BuildInterrupted when `cancel` is set meanwhile, and
     re-raises KeyboardInterrupt after stopping buildx; in all three cases nothing is tagged.
-    `redact` hides secret values in every line (by default, those of this request).
+    `redact` hides secret values in every line (by default, those of this request). The log's
+    directories are made below `log_root` (the store's root; by default the log's own directory)
+    without following a link.
     """
     if not req.context_dir.is_dir():
         raise EfabuildError(f"build of {req.tag}: context directory {req.context_dir} does not exist")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     reader = BuildLogReader()
-    with scratch_dir("build") as scratch, _fresh_log(log_path) as log:
+    with scratch_dir("build") as scratch, _fresh_log(log_path, log_root or log_path.parent) as log:
         iidfile, metadata_file = Path(scratch, "iid"), Path(scratch, "metadata.json")
         command = buildx_command(engine, req, iidfile, metadata_file)
         where = f" for {req.push}" if req.push else ""
@@ -212,15 +214,25 @@ def build_layer(
     )
 
 
-def _fresh_log(path: Path):  # noqa: ANN202 - a text file
+def _fresh_log(path: Path, root: Path):  # noqa: ANN202 - a text file
     """The build log, created anew: whatever was planted at its name (a link to another file, a
-    hard link to one) is removed, never written through: logs/ may sit on a shared path."""
-    with contextlib.suppress(OSError):  # absent, or a directory: the create below says so
-        os.unlink(path)
+    hard link to one) is removed, never written through, and no directory below `root` is reached
+    through a link: logs/ may sit on a shared path."""
+    from efabuild.store.fsutil import open_dir, relative_parts
+
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        dir_fd = open_dir(root, relative_parts(root, path.parent), create=True)
+    except OSError as exc:
+        raise EfabuildError(f"{shown(path.parent)}: cannot create the build log's directory ({exc.strerror})") from None
+    try:
+        with contextlib.suppress(OSError):  # absent, or a directory: the create below says so
+            os.unlink(path.name, dir_fd=dir_fd)
+        fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=dir_fd)
     except OSError as exc:
         raise EfabuildError(f"{shown(path)}: cannot create the build log ({exc.strerror})") from None
+    finally:
+        os.close(dir_fd)
     return os.fdopen(fd, "w", encoding="utf-8", errors="replace")
 
 
