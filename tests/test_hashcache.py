@@ -37,3 +37,23 @@ def test_a_file_hashed_just_after_it_was_written_is_hashed_again(tmp_path, capsy
     after = plan(root, capsys, monkeypatch)
     assert after["stack:user"]["key"] != before["stack:user"]["key"]
     assert after["stack:user"]["reasons"] == ["context app/train.py changed"]
+
+
+def test_the_cache_is_never_written_through_a_state_directory_replaced_by_a_link(tmp_path, capsys, monkeypatch):
+    """The local store may sit on a shared path: a co-tenant who replaces its state/ with a link
+    to another directory must not have a plan (run as root) replace a file there, nor leave one."""
+    root = make_workspace(tmp_path / "ws")
+    old = os.path.getmtime(root / "app" / "train.py") - 60
+    for path in (root / "app").rglob("*"):
+        os.utime(path, (old, old))  # out of the racy window: the plan caches their digests
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "hashes").write_text("a file of the directory's owner\n")
+    (root / "cache").mkdir()
+    (root / "cache" / "state").symlink_to(victim)
+    plan(root, capsys, monkeypatch)
+    assert (victim / "hashes").read_text() == "a file of the directory's owner\n"
+    assert sorted(p.name for p in victim.iterdir()) == ["hashes"]
+    (root / "cache" / "state").unlink()  # the store as efabuild made it: the cache is kept there
+    plan(root, capsys, monkeypatch)
+    assert (root / "cache" / "state" / "hashes").stat().st_size > len("a file of the directory's owner\n")

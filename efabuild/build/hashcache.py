@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from efabuild.errors import EfabuildError
+
 RACY_WINDOW_NS = 2_000_000_000
 # a cache of another layout or byte order (a store shared with other machines) reads as none
 HEADER = f"efabuild.hashes/v2 {sys.byteorder}\n".encode()
@@ -31,8 +33,11 @@ _LIMIT = 1 << 64  # each stamp integer is stored in 64 bits
 
 
 class HashState:
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, below: Path | None = None) -> None:
+        """`below`: the store's root, trusted as it is; between it and `path` no link is followed
+        when saving (by default `path`'s own directory is trusted)."""
         self._path = path
+        self._below = below
         self._entries: dict[str, tuple[int, int, int, str]] = _load(path) if path is not None else {}
         self._dirty = False
         # for a walk of many files, which compares in its own loop: `lookup(rel)` is the cached
@@ -64,9 +69,9 @@ class HashState:
         data = b"".join((HEADER, len(self._entries).to_bytes(_COUNT, "little"), stamps.tobytes(),
                          "\0".join(text).encode("utf-8", "surrogateescape"), END))
         try:
-            _replace(self._path, data)
-        except OSError:
-            return  # unwritable cache: the next plan hashes again, nothing else is affected
+            _replace(self._path, data, self._below)
+        except (OSError, EfabuildError):  # unwritable, or a link in the way: the next plan hashes again
+            return
         self._dirty = False
 
 
@@ -109,8 +114,8 @@ def _parse(data: bytes) -> dict[str, tuple[int, int, int, str]]:
     return dict(zip(fields[0::2], zip(numbers[0::3], numbers[1::3], numbers[2::3], fields[1::2])))
 
 
-def _replace(path: Path, data: bytes) -> None:
+def _replace(path: Path, data: bytes, below: Path | None) -> None:
     from efabuild.store.owner import replace_owned  # only when saving: a no-op plan never does
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_owned(path, data, 0o644)  # a make killed mid-write leaves a temp the next save removes
+    # made as needed; a make killed mid-write leaves a temp the next save removes
+    replace_owned(path, data, 0o644, below=below or path.parent)

@@ -52,8 +52,8 @@ def _prepare(ws: Workspace, targets: Iterable[str], use_engine: bool, require_en
     order = dag.select(ws, graph, targets)
     records = BuildRecords(ws.settings.store.local)
     engine_side = _EngineFacts(ws, graph, order, records, use_engine)
-    hasher = ContextHasher(ws.root, HashState(ws.settings.store.local / "state" / "hashes"),
-                           exclude=never_context(ws))
+    local = ws.settings.store.local
+    hasher = ContextHasher(ws.root, HashState(local / "state" / "hashes", below=local), exclude=never_context(ws))
     try:
         contexts = hash_contexts(ws, graph, order, hasher)
     except EfabuildError:

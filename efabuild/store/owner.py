@@ -89,9 +89,11 @@ def owner_of(name: str, prefix: str) -> Owner | None:
     return Owner(match["host"], int(match["pid"]), int(match["start"])) if match else None
 
 
-def remove_dead_owned(directory: str | os.PathLike, prefix: str) -> None:
-    """Delete the owned_name() files with this prefix in `directory` whose owner is gone: what
-    writers killed between creating a temp file and renaming it left behind."""
+def remove_dead_owned(directory: str | os.PathLike | int, prefix: str) -> None:
+    """Delete the owned_name() files with this prefix in `directory` (a path, or a descriptor of
+    one) whose owner is gone: what writers killed between creating a temp file and renaming it
+    left behind."""
+    dir_fd = directory if isinstance(directory, int) else None
     try:
         names = os.listdir(directory)
     except OSError:
@@ -99,29 +101,45 @@ def remove_dead_owned(directory: str | os.PathLike, prefix: str) -> None:
     for name in names:
         owner = owner_of(name, prefix)
         if owner is not None and owner.gone():
-            try:
-                os.unlink(os.path.join(directory, name))  # a link itself, never what it points at
+            try:  # a link itself, never what it points at
+                os.unlink(name if dir_fd is not None else os.path.join(directory, name), dir_fd=dir_fd)
             except OSError:
                 pass  # gone already, or a directory: not ours to judge
 
 
 def replace_owned(path: Path, data: bytes, mode: int = 0o600, *, fsync: bool = False,
-                  temp_prefix: str | None = None) -> None:
+                  temp_prefix: str | None = None, below: Path | None = None) -> None:
     """Write `data` to `path` atomically, through a temp file beside it that names its writer, so
     one killed before the rename leaves a file the next write removes (the temp files of dead
-    writers with the same prefix go first). OSError when it cannot."""
-    prefix = temp_prefix or f".{path.name}"
-    remove_dead_owned(path.parent, prefix)
-    tmp = path.parent / owned_name(prefix, "tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    writers with the same prefix go first). With `below` (a store's root, which may sit on a
+    shared path), the directories from it down to `path` are made and opened without following a
+    link (UnsafeEntry for one). OSError when it cannot."""
+    from efabuild.store.fsutil import open_dir, relative_parts
+
+    path = Path(path)
+    root = path.parent if below is None else Path(below)
+    dir_fd = open_dir(root, relative_parts(root, path.parent), create=below is not None)
+    try:
+        prefix = temp_prefix or f".{path.name}"
+        remove_dead_owned(dir_fd, prefix)
+        _write_and_rename(dir_fd, owned_name(prefix, "tmp"), path.name, data, mode, fsync)
+    finally:
+        os.close(dir_fd)
+
+
+def _write_and_rename(dir_fd: int, tmp: str, name: str, data: bytes, mode: int, fsync: bool) -> None:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             if fsync:
                 handle.flush()
                 os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+            os.fchmod(handle.fileno(), mode)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
         raise
