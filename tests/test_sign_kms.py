@@ -137,3 +137,24 @@ def test_a_kms_key_that_cannot_sign_is_one_line(tmp_path, moto_server):
                       env={"EFABUILD_STORE": str(store_root)})
     assert result.returncode in (1, 2) and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert arn in result.stderr
+
+
+def test_a_resolved_key_is_never_written_through_a_state_directory_replaced_by_a_link(tmp_path, moto_server, kms_key):
+    """The local store may sit on a shared path: `efabuild trust` (run as root) must not write the
+    resolved public key into whatever directory a co-tenant linked in place of state/."""
+    store_root = tmp_path / "ws" / "cache"
+    ws = tmp_path / "ws"
+    (ws / "graphs").mkdir(parents=True)
+    (ws / "BUILD.toml").write_text(
+        f'[store]\nlocal = "{store_root}"\n[trust]\nkeys = ["{kms_key}"]\nendpoint_url = "{moto_server}"\n')
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    store_root.mkdir()
+    (store_root / "state").symlink_to(victim)
+    refused = efabuild("trust", cwd=ws)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == f"efabuild: {store_root}/state: a symbolic link, not a directory"
+    assert list(victim.iterdir()) == []
+    (store_root / "state").unlink()
+    assert efabuild("trust", cwd=ws).returncode == 0
+    assert [p.suffix for p in (store_root / "state" / "trust").iterdir()] == [".pem"]

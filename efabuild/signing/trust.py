@@ -191,12 +191,14 @@ def resolve_workspace_keys(build_toml: Path, local_store: Path) -> TrustPolicy:
 
         from efabuild.signing.keys import kms_public_pem
 
-        target = resolved_dir(local_store)
-        target.mkdir(parents=True, exist_ok=True)
+        from efabuild.store.owner import replace_owned
+
         for arn in arns:
             region = arn.split(":")[3] or None
             client = boto3.client("kms", region_name=region, endpoint_url=table.get("endpoint_url"))
-            _write_atomic(target / kms_cache_name(arn), kms_public_pem(client, arn), 0o644)
+            # no link followed below the store's root: it may sit on a shared path
+            replace_owned(resolved_dir(local_store) / kms_cache_name(arn), kms_public_pem(client, arn), 0o644,
+                          fsync=True, below=Path(local_store))
     return parse_trust_table(table, build_toml.parent, f"{build_toml}: trust", resolved_dir(local_store))
 
 
