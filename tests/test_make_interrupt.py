@@ -257,6 +257,9 @@ def test_a_live_makes_context_and_container_are_not_leftovers(slow_ws):
     finally:
         proc.kill()
         proc.wait()
+    # once killed, they are leftovers: gc removes them (nothing stays in the engine after the test)
+    efabuild(slow_ws, "gc", "--yes", check=True)
+    assert export_containers(slow_ws) == []
 
 
 TINY_GRAPH = f"""\
