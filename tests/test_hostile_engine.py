@@ -96,3 +96,52 @@ def test_make_never_writes_a_build_log_into_a_directory_linked_from_the_logs(tmp
         assert sorted(p.name for p in victim.iterdir()) == [f"{key}.log"]
     finally:
         subprocess.run(["docker", "image", "rm", f"efabuild/one:{key}"], capture_output=True)
+
+
+def _stopped(pid: int) -> bool:
+    stat = open(f"/proc/{pid}/stat").read()
+    return stat[stat.rfind(")") + 2] == "T"
+
+
+def test_a_push_killed_mid_way_leaves_no_name_that_keeps_an_old_image_alive(tmp_path, busybox_image, local_registry):
+    """push names the image REGISTRY/efabuild/<layer>:<key> in the engine for `docker push`, and
+    removes the name after. Killed in between, the name stays: once the key is old, `gc --images`
+    must remove it with the layer's own name, or the image it said it removed stays on the disk."""
+    import os
+    import signal
+    import sys
+    import time
+
+    root = tmp_path / "ws"
+    (root / "graphs").mkdir(parents=True)
+    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
+    graph = root / "graphs" / "g.toml"
+    graph.write_text(GRAPH.format(base=busybox_image, run=uuid.uuid4().hex))
+    efabuild("-C", str(root), "make", "--no-lint", check=True)
+    key = json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]["key"]
+    image = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", f"efabuild/one:{key}"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    alias = f"{local_registry}/efabuild/one:{key}"
+    with (root / "BUILD.toml").open("a") as f:
+        f.write(f'[registry]\nurl = "{local_registry}"\n')
+    proc = subprocess.Popen([sys.executable, "-m", "efabuild", "-C", str(root), "push"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "EFABUILD_STOP_AT": "push"})
+    try:
+        deadline = time.monotonic() + 60
+        while not _stopped(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _stopped(proc.pid), "push never reached its push step"
+        proc.kill()
+        proc.wait()
+        assert subprocess.run(["docker", "image", "inspect", alias], capture_output=True).returncode == 0
+        graph.write_text(GRAPH.format(base=busybox_image, run=uuid.uuid4().hex))  # the key is old now
+        efabuild("-C", str(root), "make", "--no-lint", check=True)
+        efabuild("-C", str(root), "gc", "--images", "--yes", check=True)
+        for name in (alias, f"efabuild/one:{key}", image):
+            assert subprocess.run(["docker", "image", "inspect", name], capture_output=True).returncode != 0, name
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["docker", "image", "rm", alias, f"efabuild/one:{key}"], capture_output=True)
+        new = json.loads(efabuild("-C", str(root), "plan", "--json").stdout or '{"layers": []}')["layers"]
+        subprocess.run(["docker", "image", "rm", *[f"efabuild/one:{l['key']}" for l in new]], capture_output=True)

@@ -15,13 +15,19 @@ from efabuild.refs import image_tag
 
 def old_image_tags(prepared: Prepared, existing: set[str]) -> list[str]:
     """Tags (`efabuild/<layer>:<key>`) among `existing` whose key this workspace built and no
-    layer's current key is, sorted."""
+    layer's current key is, and their `[registry]` names (`REGISTRY/efabuild/<layer>:<key>`, which
+    a push killed before removing it left: kept, it would keep the image), sorted."""
     current = {lp.key for lp in prepared.plan.layers}
     old = set()
     for name in prepared.order:
         layer = prepared.graph.nodes[name]["layer"]
         old |= {image_tag(layer.name, entry["key"]) for entry in prepared.records.history(name)
                 if entry["key"] not in current}
+    registry = prepared.ws.settings.registry
+    if registry is not None:
+        from efabuild.engine.registry import remote_ref
+
+        old |= {remote_ref(tag, registry) for tag in old}
     return sorted(old & existing)
 
 
@@ -32,7 +38,7 @@ def remove_old_images(prepared: Prepared, remove: bool) -> list[tuple[str, str |
     from efabuild.errors import EfabuildError
 
     done = []
-    for tag in old_image_tags(prepared, existing_tags(prepared.engine)):
+    for tag in old_image_tags(prepared, existing_tags(prepared.engine, "")):  # the registry's names too
         try:
             if remove:
                 untag_image(prepared.engine, tag)

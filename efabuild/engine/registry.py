@@ -71,9 +71,12 @@ def push(engine: Engine, tag: str, registry: RegistrySettings) -> str:
     """Push the local image `tag` to the registry; returns `REGISTRY/efabuild/<layer>@sha256:...`."""
     from python_on_whales.exceptions import DockerException
 
+    from efabuild.build.stops import step_boundary
+
     ref = remote_ref(tag, registry)
     tag_image(engine, tag, ref)
     try:
+        step_boundary("push")
         try:
             engine.client.image.push(ref, quiet=True)
         except DockerException as exc:
