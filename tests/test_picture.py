@@ -128,6 +128,30 @@ def test_a_temp_file_a_killed_efabuild_left_beside_its_output_goes_with_the_next
     assert not killed.exists() and live.exists() and other.exists()
 
 
+@pytest.mark.parametrize("planted", ["link", "fifo", "directory"])
+def test_an_output_path_planted_in_a_shared_directory_is_replaced_or_refused_never_written_through(tmp_path, planted):
+    """`-o /tmp/plan.svg`: whoever can write /tmp may have put a link to another file there, a
+    FIFO (an open for writing would wait for a reader), or a directory. The link and the FIFO are
+    replaced, never written through or waited on; a directory is one line, exit 2 (bad input)."""
+    root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o1777)
+    victim = tmp_path / "victim"
+    victim.write_text("another user's file\n")
+    out = shared / "plan.svg"
+    {"link": lambda: out.symlink_to(victim), "fifo": lambda: os.mkfifo(out), "directory": out.mkdir}[planted]()
+    done = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "graph", "--format", "svg",
+                           "--offline", "-o", str(out)], capture_output=True, text=True, timeout=60)
+    assert victim.read_text() == "another user's file\n"
+    if planted == "directory":
+        assert (done.returncode, done.stderr) == (2, f"efabuild: {out}: a directory, not a file\n")
+        assert list(out.iterdir()) == []
+    else:
+        assert done.returncode == 0, done.stderr
+        assert not out.is_symlink() and out.read_bytes().startswith(b"<?xml")
+    assert sorted(p.name for p in shared.iterdir()) == ["plan.svg"]  # no temp file left
+
+
 @pytest.mark.engine
 def test_make_draws_what_it_did(tmp_path, docker_engine):
     from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures

@@ -14,7 +14,7 @@ def workspace():
 def write_file(name: str, data: bytes) -> None:
     """Write a report or picture the user named: all of it or nothing (temp file, fsync, rename)."""
     from efabuild.errors import InputError
-    from efabuild.store.fsutil import atomic_write_bytes
+    from efabuild.store.fsutil import UnsafeEntry, atomic_write_bytes
 
     path = Path(name)
     directory = path.parent if str(path.parent) else Path(".")
@@ -23,6 +23,8 @@ def write_file(name: str, data: bytes) -> None:
         atomic_write_bytes(path, data, directory)
     except OSError as exc:
         raise InputError(f"cannot write: {exc.strerror}", name) from None
+    except UnsafeEntry as exc:  # a directory where the file goes: the name given is wrong
+        raise InputError(str(exc)) from None
 
 
 def _remove_dead_temps(directory: Path, name: str) -> None:
