@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import threading
@@ -226,7 +227,7 @@ class FileLock:
 
         path = self.path.with_name(self.path.name + ".excl")
         name, dir_fd = path.name, self._dir_fd
-        owner = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()})
+        owner = json.dumps({"host": host_name(socket.gethostname()), "pid": os.getpid(), "since": time.time()})
         waited = False
         delay = 0.05
         while True:
@@ -282,11 +283,11 @@ class FileLock:
             owner = {}  # being written right now, or damaged: judge by age alone
         if not isinstance(owner, dict):
             owner = {}
-        dead_here = owner.get("host") == socket.gethostname() and not pid_alive(owner.get("pid"))
+        dead_here = owner.get("host") == host_name(socket.gethostname()) and not pid_alive(owner.get("pid"))
         if not dead_here and time.time() - info.st_mtime < self.stale_after:
             return False
         # Move it aside first: of several breakers only one rename succeeds.
-        aside = f"{name}.stale.{socket.gethostname()}.{os.getpid()}"
+        aside = f"{name}.stale.{host_name(socket.gethostname())}.{os.getpid()}"
         try:
             os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except FileNotFoundError:
@@ -310,6 +311,26 @@ def _open_to_all(fd: int) -> None:
         os.fchmod(fd, 0o666)
     except OSError:
         pass  # a filesystem without modes: nothing to widen
+
+
+# the kernel's PROC_PID_INIT_INO: the host's own pid namespace
+_INIT_PID_NAMESPACE = 0xEFFFFFFC
+
+
+def host_name(name: str) -> str:
+    """The host `name` as an owner's "host", in which its pid is judged: a process in another pid
+    namespace under the same name (a container sharing the host's name, `--network host`) sees
+    other pids, so there the name carries the namespace. The host's own stays the bare name."""
+    namespace = _pid_namespace()
+    return name if namespace in (None, _INIT_PID_NAMESPACE) else f"{name}-pidns{namespace}"
+
+
+@functools.cache
+def _pid_namespace() -> int | None:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None  # no /proc: the name alone, as before
 
 
 def pid_alive(pid: object) -> bool:

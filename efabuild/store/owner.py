@@ -3,7 +3,8 @@
 Temporary build contexts and export containers carry their owner's host, pid and start time (in
 their name or a label). A leftover is removed only when its owner is on this host and gone: its
 pid no longer exists, or now belongs to a process started at another time (pids are reused).
-An owner on another host is never judged from here.
+An owner on another host is never judged from here, nor one in another pid namespace of this
+host (a container sharing its name: see store.lock.host_name).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 
-from efabuild.store.lock import pid_alive
+from efabuild.store.lock import host_name, pid_alive
 
 # host.pid.start, the host without its domain (no dots), start in clock ticks since boot
 TOKEN = r"(?P<host>[^./]+)\.(?P<pid>[0-9]+)\.(?P<start>[0-9]+)"
@@ -25,7 +26,7 @@ _TOKEN = re.compile(TOKEN)
 def this_host() -> str:
     import socket  # with the first owned name: a no-op plan writes none
 
-    return socket.gethostname().split(".")[0] or "host"
+    return host_name(socket.gethostname().split(".")[0] or "host")
 
 
 def start_time(pid: int) -> int:
