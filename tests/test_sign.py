@@ -494,3 +494,22 @@ def test_an_artifact_only_s3_holds_is_verified_once_fetched(tmp_path, keys, moto
     assert (refused.returncode, refused.stdout) == (1, ""), refused.stderr
     assert refused.stderr.startswith(f"efabuild: refusing {key}: ") and "unsigned (no " in refused.stderr
     assert efabuild("lookup", key, env=env).returncode == 0  # fetched: only the signature was missing
+
+
+@pytest.mark.parametrize("planted", ["directory", "link"])
+def test_trust_write_to_a_planted_path_is_one_line_or_replaces_it(tmp_path, keys, planted):
+    """`efabuild trust --write /etc/efabuild/trust.toml` as root: a directory at the path is one
+    line, exit 2 (not a traceback); a link there is replaced, never written through."""
+    ws = tmp_path / "ws"
+    (ws / "graphs").mkdir(parents=True)
+    (ws / "BUILD.toml").write_text(f'[workspace]\ngraphs = ["graphs/*.toml"]\n[trust]\nkeys = ["{keys["ec"][1]}"]\n')
+    out, victim = tmp_path / "trust.toml", tmp_path / "victim"
+    victim.write_text("another file\n")
+    out.mkdir() if planted == "directory" else out.symlink_to(victim)
+    done = efabuild("trust", "--write", str(out), cwd=ws)
+    assert victim.read_text() == "another file\n"
+    if planted == "directory":
+        assert (done.returncode, done.stderr) == (2, f"efabuild: {out}: a directory, not a file\n")
+    else:
+        assert done.returncode == 0, done.stderr
+        assert not out.is_symlink() and "BEGIN PUBLIC KEY" in out.read_text()

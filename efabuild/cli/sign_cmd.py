@@ -166,7 +166,8 @@ def run_trust(args: argparse.Namespace) -> int:
 
     from efabuild.errors import InputError
     from efabuild.store.config import find_build_toml, load_build_store
-    from efabuild.signing.trust import resolve_workspace_keys, write_node_config
+    from efabuild.cli.common import write_file
+    from efabuild.signing.trust import node_config_text, resolve_workspace_keys
 
     build_toml = find_build_toml(Path.cwd())
     if build_toml is None:
@@ -178,6 +179,6 @@ def run_trust(args: argparse.Namespace) -> int:
     for source, pem in policy.keys:
         print(f"{keyid_of(load_public_key(pem, source))[:12]}  {source}")
     if args.write:
-        write_node_config(Path(args.write), policy)
+        write_file(args.write, node_config_text(policy).encode())
         print(f"wrote {args.write} ({len(policy.keys)} keys)")
     return 0

@@ -211,14 +211,3 @@ def node_config_text(policy: TrustPolicy) -> str:
         lines.append('  """' + pem.decode().strip() + '""",')
     lines.append("]")
     return "\n".join(lines) + "\n"
-
-
-def write_node_config(path: Path, policy: TrustPolicy) -> None:
-    _write_atomic(path, node_config_text(policy).encode(), 0o644)
-
-
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    from efabuild.store.owner import replace_owned
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_owned(path, data, mode, fsync=True)
