@@ -145,3 +145,25 @@ def test_a_push_killed_mid_way_leaves_no_name_that_keeps_an_old_image_alive(tmp_
         subprocess.run(["docker", "image", "rm", alias, f"efabuild/one:{key}"], capture_output=True)
         new = json.loads(efabuild("-C", str(root), "plan", "--json").stdout or '{"layers": []}')["layers"]
         subprocess.run(["docker", "image", "rm", *[f"efabuild/one:{l['key']}" for l in new]], capture_output=True)
+
+
+def test_make_never_writes_a_build_context_into_a_tmp_directory_replaced_by_a_link(tmp_path, busybox_image):
+    """The store's tmp/ holds each build's context while it builds: a co-tenant who replaces it
+    with a link must not have a make, run as root, create directories and copy the workspace's
+    files into the directory it points at."""
+    root = tmp_path / "ws"
+    (root / "graphs").mkdir(parents=True)
+    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
+    (root / "graphs" / "g.toml").write_text(GRAPH.format(base=busybox_image, run=uuid.uuid4().hex))
+    key = json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]["key"]
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (root / "cache").mkdir()
+    (root / "cache" / "tmp").symlink_to(victim)
+    try:
+        made = efabuild("-C", str(root), "make", "--no-lint")
+        assert made.returncode == 1
+        assert f"{root}/cache/tmp: a symbolic link, not a directory" in made.stderr
+        assert list(victim.iterdir()) == []
+    finally:
+        subprocess.run(["docker", "image", "rm", f"efabuild/one:{key}"], capture_output=True)
