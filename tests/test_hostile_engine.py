@@ -48,8 +48,20 @@ def test_push_refuses_an_image_another_tenant_tagged_with_a_layer_s_name(tmp_pat
         efabuild("-C", str(root), "make", "--no-lint", check=True)
         done = json.loads(efabuild("-C", str(root), "push", "--json", check=True).stdout)["layers"]
         assert done[0]["pushed"].startswith(f"{local_registry}/efabuild/one@sha256:")
+        # the image found for the key is another layer's of the same inputs (sorted first), and
+        # the name push sends from is planted: what goes is the found image, under the layer's name
+        built = image_id(planted)
+        subprocess.run(["docker", "image", "tag", planted, f"efabuild/alpha:{key}"], check=True)
+        subprocess.run(["docker", "image", "tag", busybox_image, planted], check=True)
+        assert efabuild("-C", str(root), "push", "g:one").returncode == 0
+        assert image_id(planted) == built
     finally:
-        subprocess.run(["docker", "image", "rm", planted], capture_output=True)
+        subprocess.run(["docker", "image", "rm", planted, f"efabuild/alpha:{key}"], capture_output=True)
+
+
+def image_id(ref: str) -> str:
+    return subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
+                          text=True, check=True).stdout.strip()
 
 
 def test_make_never_exports_an_image_another_tenant_tagged_with_a_layer_s_name(tmp_path, busybox_image):

@@ -31,7 +31,7 @@ def run(args) -> int:
     from efabuild.build.prepare import prepare
     from efabuild.cli.common import with_builder, workspace
     from efabuild.cli.output import print_json, table
-    from efabuild.engine.images import image_config, image_exists, tag_image
+    from efabuild.engine.images import image_config, tag_image
     from efabuild.engine.registry import push
     from efabuild.errors import InputError
     from efabuild.refs import KEY_LABEL, image_tag, short
@@ -53,7 +53,7 @@ def run(args) -> int:
             rows.append({"name": lp.qualname, "key": lp.key, "pushed": None,
                          "problem": f"{found} does not carry this key in its {KEY_LABEL} label"})
             continue
-        if not image_exists(prepared.engine, own):  # built under another layer's name: pushed under its own
+        if found != own:  # built under another layer's name (what stood under its own, it replaces)
             tag_image(prepared.engine, found, own)
         pushed = push(prepared.engine, own, ws.settings.registry)
         rows.append({"name": lp.qualname, "key": lp.key, "pushed": pushed, "problem": None})
