@@ -4,6 +4,7 @@ by what make did, with its short key and why it builds."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import uuid
@@ -128,27 +129,33 @@ def test_a_temp_file_a_killed_efabuild_left_beside_its_output_goes_with_the_next
     assert not killed.exists() and live.exists() and other.exists()
 
 
-@pytest.mark.parametrize("planted", ["link", "fifo", "directory"])
-def test_an_output_path_planted_in_a_shared_directory_is_replaced_or_refused_never_written_through(tmp_path, planted):
+@pytest.mark.parametrize("planted", ["link", "fifo", "directory", "device"])
+def test_an_output_path_that_is_no_regular_file_is_one_line_and_left_as_it_is(tmp_path, planted):
     """`-o /tmp/plan.svg`: whoever can write /tmp may have put a link to another file there, a
-    FIFO (an open for writing would wait for a reader), or a directory. The link and the FIFO are
-    replaced, never written through or waited on; a directory is one line, exit 2 (bad input)."""
+    FIFO, or a directory; and a root who writes `-o /dev/null` or `-o /dev/stdout` must not have
+    the rename put a regular file in place of the device or the link. Each is one line, exit 2,
+    and stays as it was."""
     root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o1777)
     victim = tmp_path / "victim"
     victim.write_text("another user's file\n")
     out = shared / "plan.svg"
-    {"link": lambda: out.symlink_to(victim), "fifo": lambda: os.mkfifo(out), "directory": out.mkdir}[planted]()
+    if planted == "device":
+        if os.geteuid() != 0:
+            pytest.skip("making a device node needs root")
+        os.mknod(out, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # what /dev/null is
+    else:
+        {"link": lambda: out.symlink_to(victim), "fifo": lambda: os.mkfifo(out), "directory": out.mkdir}[planted]()
+    before = os.lstat(out)
     done = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), "graph", "--format", "svg",
                            "--offline", "-o", str(out)], capture_output=True, text=True, timeout=60)
+    kind = {"link": "a symbolic link", "fifo": "a FIFO", "directory": "a directory", "device": "a device"}[planted]
+    assert done.returncode == 2 and done.stderr.startswith(f"efabuild: {out}: {kind}, not a file")
+    assert done.stderr.count("\n") == 1
+    after = os.lstat(out)
+    assert (after.st_ino, after.st_mode) == (before.st_ino, before.st_mode)
     assert victim.read_text() == "another user's file\n"
-    if planted == "directory":
-        assert (done.returncode, done.stderr) == (2, f"efabuild: {out}: a directory, not a file\n")
-        assert list(out.iterdir()) == []
-    else:
-        assert done.returncode == 0, done.stderr
-        assert not out.is_symlink() and out.read_bytes().startswith(b"<?xml")
     assert sorted(p.name for p in shared.iterdir()) == ["plan.svg"]  # no temp file left
 
 

@@ -12,11 +12,23 @@ def workspace():
 
 
 def write_file(name: str, data: bytes) -> None:
-    """Write a report or picture the user named: all of it or nothing (temp file, fsync, rename)."""
+    """Write a report or picture the user named: all of it or nothing (temp file, fsync, rename).
+
+    Only a regular file (or nothing) is replaced: the rename would put a file in place of
+    /dev/null or of the /dev/stdout link, and a link planted in a shared /tmp is refused."""
+    import os
+    import stat
+
     from efabuild.errors import InputError
-    from efabuild.store.fsutil import UnsafeEntry, atomic_write_bytes
+    from efabuild.store.fsutil import UnsafeEntry, atomic_write_bytes, kind_of
 
     path = Path(name)
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        mode = None  # absent (or unreachable: the write says why)
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise InputError(f"{kind_of(mode)}, not a file: name a file to write the output to", name)
     directory = path.parent if str(path.parent) else Path(".")
     _remove_dead_temps(directory, path.name)
     try:
