@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare")
 
 def in_another_namespace(code: str, *args: str) -> str:
     """What `code` prints, run in a new pid namespace (its own /proc, the same host name)."""
-    done = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code, *args],
+    done = subprocess.run(["unshare", "--pid", "--kill-child", "--mount-proc", sys.executable, "-c", code, *args],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
@@ -37,7 +37,7 @@ def test_a_live_process_is_never_judged_gone_from_another_pid_namespace():
                                 "print(Owner.parse(sys.argv[1]).gone())", me.token) == "False"
     # and the other way: a live process in a namespace, judged from here
     code = "import time; from efabuild.store.owner import Owner; print(Owner.current().token, flush=True); time.sleep(60)"
-    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+    proc = subprocess.Popen(["unshare", "--pid", "--kill-child", "--mount-proc", sys.executable, "-c", code],
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         theirs = Owner.parse(proc.stdout.readline().strip())
