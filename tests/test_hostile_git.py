@@ -65,3 +65,13 @@ def test_a_repository_another_user_owns_gives_no_labels(tmp_path):
     assert git_labels(tmp_path / "theirs" / "ws") == {}
     assert not (tmp_path / "ran").exists()
     assert REVISION not in git_labels(tmp_path / "theirs")
+
+
+def test_a_remote_url_too_long_for_an_argument_is_no_source_label(tmp_path):
+    """Labels reach `docker buildx build` as arguments: a 200 KB origin URL in .git/config failed
+    every build with 'Argument list too long', naming neither the URL nor the file."""
+    _repo(tmp_path, "https://git.example.com/r.git")
+    with open(tmp_path / ".git" / "config", "a") as config:
+        config.write('[remote "origin"]\n\turl = https://git.example.com/' + "a" * 200_000 + "\n")
+    labels = git_labels(tmp_path)
+    assert REVISION in labels and SOURCE not in labels

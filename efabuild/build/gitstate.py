@@ -1,7 +1,7 @@
 """The OCI labels an image gets from the workspace's git state: where its sources are and at which
 commit. Nothing when the workspace is no git checkout (or git is missing); a remote URL's user and
 password or token (in its user part, query or fragment) are never kept, and a URL holding spaces or
-control characters is left out. A git that hangs (a FIFO named by an include.path) costs one timeout.
+control characters, or too long to pass as an argument, is left out. A git that hangs (a FIFO named by an include.path) costs one timeout.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ REVISION = "org.opencontainers.image.revision"
 TITLE = "org.opencontainers.image.title"
 GIT_LABELS = (SOURCE, REVISION)
 _TIMEOUT_S = 10
+# a label is one argument of `docker buildx build`: the kernel refuses one over 128 KiB, and no
+# repository URL is anywhere near this long
+MAX_SOURCE_CHARS = 4096
 
 
 class _GitHung(Exception):
@@ -45,7 +48,8 @@ def git_labels(root: Path) -> dict[str, str]:
         labels[REVISION] = revision
     # one printable word: a line break or terminal escape would reach /etc/rc and `docker inspect`
     # (checked before parsing, which drops some of them silently)
-    source = without_credentials(url) if url.isprintable() and not any(c.isspace() for c in url) else ""
+    fits = len(url) <= MAX_SOURCE_CHARS and url.isprintable() and not any(c.isspace() for c in url)
+    source = without_credentials(url) if fits else ""
     if source and revision:
         labels[SOURCE] = source
     return labels
