@@ -327,3 +327,14 @@ def test_a_key_counts_as_new_as_its_newest_copy_in_any_tier():
             "shared": [_held("demo:user", repaired, 1), _held("demo:user", older, 2)]}
     assert keys_to_keep(held, set(), 1, ()) == {repaired}
     assert keys_to_keep(dict(reversed(held.items())), set(), 1, ()) == {repaired}
+
+
+def test_gc_in_a_workspace_that_does_not_load_sweeps_the_store_and_says_the_engine_was_not_asked(tmp_path):
+    """The store's own table is enough for gc; a mistake elsewhere in BUILD.toml leaves the engine's
+    leftovers unlooked-for, which gc says instead of passing over it in silence."""
+    (tmp_path / "BUILD.toml").write_text('[store]\nlocal = "cache"\n\n[builder]\njobs = "two"\n')
+    done = efabuild("gc", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("gc: would delete 0 objects")
+    [warning] = done.stderr.splitlines()
+    assert warning.startswith("efabuild: warning: engine leftovers not looked for: ") and "jobs" in warning

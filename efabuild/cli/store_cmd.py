@@ -100,7 +100,14 @@ def _dead_engine_leftovers(args: argparse.Namespace, stores: list, remove: bool)
     from efabuild.engine.client import connect
 
     try:
-        engine = connect(workspace().settings.builder)
+        settings = workspace().settings
+    except EfabuildError as exc:  # the store was found; the workspace around it does not load
+        from efabuild import notices
+
+        notices.warn(f"engine leftovers not looked for: {exc}")
+        return []
+    try:
+        engine = connect(settings.builder)
         found = leftovers.find(engine, stores)
         if remove:
             leftovers.remove(engine, found)
