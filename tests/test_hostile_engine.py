@@ -179,3 +179,48 @@ def test_make_never_writes_a_build_context_into_a_tmp_directory_replaced_by_a_li
         assert list(victim.iterdir()) == []
     finally:
         subprocess.run(["docker", "image", "rm", f"efabuild/one:{key}"], capture_output=True)
+
+
+def test_a_push_killed_outright_takes_its_docker_push_with_it(tmp_path, busybox_image, local_registry):
+    """A `docker image push` of gigabytes must not run on after `scancel` or the OOM killer took
+    efabuild: every program it starts dies with it (the README's promise)."""
+    import os
+    import signal
+    import sys
+    import time
+
+    pushing = None
+    root = tmp_path / "ws"
+    (root / "graphs").mkdir(parents=True)
+    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
+    # 64 MB that compress to nothing less: a push long enough to be killed in
+    graph = GRAPH.format(base=busybox_image, run=uuid.uuid4().hex).replace(
+        "RUN echo", "RUN head -c 64000000 /dev/urandom > /big && echo")
+    (root / "graphs" / "g.toml").write_text(graph)
+    efabuild("-C", str(root), "make", "--no-lint", check=True)
+    key = json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]["key"]
+    with (root / "BUILD.toml").open("a") as f:
+        f.write(f'[registry]\nurl = "{local_registry}"\n')
+    proc = subprocess.Popen([sys.executable, "-m", "efabuild", "-C", str(root), "push"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 60
+        while pushing is None and proc.poll() is None and time.monotonic() < deadline:
+            found = subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "docker .*push"], capture_output=True, text=True)
+            pushing = int(found.stdout.split()[0]) if found.stdout.split() else None
+            time.sleep(0.02)
+        assert pushing is not None, "never saw the docker push"
+        os.kill(pushing, signal.SIGSTOP)  # held mid-push, however fast the loopback registry is
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pushing}") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{pushing}"), "docker push runs on after efabuild was killed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pushing is not None and os.path.exists(f"/proc/{pushing}"):
+            os.kill(pushing, signal.SIGKILL)
+        subprocess.run(["docker", "image", "rm", f"efabuild/one:{key}", f"{local_registry}/efabuild/one:{key}"],
+                       capture_output=True)

@@ -96,8 +96,9 @@ class Engine:
     ) -> subprocess.CompletedProcess[str]:
         """Run a docker command to completion; never raises on a non-zero exit status.
 
-        For the quick queries only, each with its time limit (python-on-whales takes none); what
-        acts on the engine goes through `client` (see efabuild.engine)."""
+        For the quick queries, each with its time limit (python-on-whales takes none), and for a
+        registry push or pull, which must die with efabuild (a child of efabuild.engine.children);
+        what else acts on the engine goes through `client` (see efabuild.engine)."""
         import subprocess  # with the first docker process: a plan on the local socket starts none
 
         from efabuild.engine import children

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from efabuild.engine.client import Engine, EngineTimeout, first_line, output_text
+from efabuild.engine.client import Engine, EngineTimeout, first_line
 from efabuild.engine.images import INSPECT_TIMEOUT_S, REMOTE_TIMEOUT_S, tag_image, untag_image
 from efabuild.errors import EfabuildError
 from efabuild.model import RegistrySettings
@@ -52,16 +52,12 @@ def pull(engine: Engine, tag: str, registry: RegistrySettings) -> bool:
     """Pull `tag` from the registry and name it `tag` locally. False when the registry lacks it."""
     if not has(engine, tag, registry):
         return False
-    from python_on_whales.exceptions import DockerException
-
     ref = remote_ref(tag, registry)
-    try:
-        engine.client.image.pull(ref, quiet=True)
-    except DockerException as exc:
-        if _means_absent(output_text(exc.stderr)):  # deleted between the two requests
+    failed = _transfer(engine, "pull", ref)
+    if failed is not None:
+        if _means_absent(failed):  # deleted between the two requests
             return False
-        stderr = output_text(exc.stderr)
-        raise RegistryError(f"cannot pull {ref}: {first_line(stderr)}{_hint(stderr, registry)}") from None
+        raise RegistryError(f"cannot pull {ref}: {first_line(failed)}{_hint(failed, registry)}")
     tag_image(engine, ref, tag)
     untag_image(engine, ref)  # the local name is the key's; the registry's name is not needed
     return True
@@ -69,7 +65,6 @@ def pull(engine: Engine, tag: str, registry: RegistrySettings) -> bool:
 
 def push(engine: Engine, tag: str, registry: RegistrySettings) -> str:
     """Push the local image `tag` to the registry; returns `REGISTRY/efabuild/<layer>@sha256:...`."""
-    from python_on_whales.exceptions import DockerException
 
     from efabuild.build.stops import step_boundary
 
@@ -77,16 +72,21 @@ def push(engine: Engine, tag: str, registry: RegistrySettings) -> str:
     tag_image(engine, tag, ref)
     try:
         step_boundary("push")
-        try:
-            engine.client.image.push(ref, quiet=True)
-        except DockerException as exc:
-            stderr = output_text(exc.stderr)
-            raise RegistryError(f"cannot push {ref}: {first_line(stderr)}{_hint(stderr, registry)}") from None
+        failed = _transfer(engine, "push", ref)
+        if failed is not None:
+            raise RegistryError(f"cannot push {ref}: {first_line(failed)}{_hint(failed, registry)}")
         digest = _repo_digest(engine, ref)
     finally:
         untag_image(engine, ref)
     repository = ref.rsplit(":", 1)[0]
     return f"{repository}@{digest}" if digest else ref
+
+
+def _transfer(engine: Engine, verb: str, ref: str) -> str | None:
+    """`docker image push|pull REF`; its error output when it fails. The docker CLI itself, as a
+    child that dies with efabuild: a push or pull of gigabytes must not run on after a kill -9."""
+    done = engine.run("image", verb, "--quiet", ref)
+    return None if done.returncode == 0 else (done.stderr or done.stdout or f"docker image {verb} failed")
 
 
 def _repo_digest(engine: Engine, ref: str) -> str | None:
