@@ -59,6 +59,8 @@ def _read_toml(path: Path, root: Path, text: str | None = None) -> dict[str, Any
 
 # --- graphs/*.toml ------------------------------------------------------------------------------
 
+# the kernel's MAX_ARG_STRLEN: the longest single argument or environment string, with its NUL
+MAX_ARG_BYTES = 128 << 10
 LAYER_KEYS = ("base", "digest", "parent", "dockerfile", "dockerfile_file", "args", "context",
               "exclude", "artifact", "ignore", "secrets")
 
@@ -152,6 +154,10 @@ def _args(t: Table) -> dict[str, str]:
                              arg_table.where(arg_name))
         if not isinstance(value, str):
             raise InputError(f"must be a string, not {type_name(value)}", arg_table.where(arg_name))
+        if len(f"{arg_name}={value}".encode("utf-8", "surrogateescape")) >= MAX_ARG_BYTES:
+            raise InputError("over 128 KiB: a build arg reaches buildx as one argument (a secret as one "
+                             "environment string), which the kernel refuses (put it in a context file)",
+                             arg_table.where(arg_name))
     return args
 
 

@@ -146,6 +146,10 @@ IN_PROCESS = [
      ["graphs/g.toml", "layers.a.args.JOBS", "not an integer"]),
     ("date-build-arg", layer_with("args = { RELEASE = 2026-08-01 }"), ["plan", "--offline"], {},
      ["graphs/g.toml", "layers.a.args.RELEASE", "must be a string, not a date"]),
+    # passed as one argument of buildx (a secret as one environment string): the kernel refuses
+    # either over 128 KiB, and the build failed with 'Argument list too long: docker'
+    ("build-arg-over-128-kib", layer_with(f'args = {{ NOTES = "{"x" * (128 << 10)}" }}'), ["plan", "--offline"], {},
+     ["graphs/g.toml", "layers.a.args.NOTES", "over 128 KiB"]),
     ("min-versions-not-a-version", with_build('[audit]\nmin_versions = { nccl = "new" }\n'),
      ["plan", "--offline"], {}, ["BUILD.toml", "audit.min_versions.nccl", "version"]),
     ("min-versions-number", with_build("[audit]\nmin_versions = { nccl = 2.19 }\n"),
