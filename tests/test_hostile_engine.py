@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -27,12 +28,22 @@ ignore = [{{ rule = "EFA010", reason = "a local test image" }}]
 """
 
 
-def test_push_refuses_an_image_another_tenant_tagged_with_a_layer_s_name(tmp_path, busybox_image, local_registry):
+def one_layer_workspace(tmp_path: Path, base: str, build: str = "", graph: str | None = None) -> Path:
+    """A workspace of one artifact layer, g:one, whose build is new to the engine (a fresh run id)."""
     root = tmp_path / "ws"
     (root / "graphs").mkdir(parents=True)
-    (root / "BUILD.toml").write_text(f'[workspace]\ngraphs = ["graphs/*.toml"]\n[registry]\nurl = "{local_registry}"\n')
-    (root / "graphs" / "g.toml").write_text(GRAPH.format(base=busybox_image, run=uuid.uuid4().hex))
-    key = json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]["key"]
+    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n' + build)
+    (root / "graphs" / "g.toml").write_text(graph or GRAPH.format(base=base, run=uuid.uuid4().hex))
+    return root
+
+
+def planned_key(root: Path) -> str:
+    return json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]["key"]
+
+
+def test_push_refuses_an_image_another_tenant_tagged_with_a_layer_s_name(tmp_path, busybox_image, local_registry):
+    root = one_layer_workspace(tmp_path, busybox_image, build=f'[registry]\nurl = "{local_registry}"\n')
+    key = planned_key(root)
     planted = f"efabuild/one:{key}"
     subprocess.run(["docker", "image", "tag", busybox_image, planted], check=True)  # not this layer's build
     try:
@@ -67,10 +78,7 @@ def image_id(ref: str) -> str:
 def test_make_never_exports_an_image_another_tenant_tagged_with_a_layer_s_name(tmp_path, busybox_image):
     """The plan sees the tag and says `to export`: the planted image must not become the layer's
     .sqsh in the store, where every job looking the layer up would run it."""
-    root = tmp_path / "ws"
-    (root / "graphs").mkdir(parents=True)
-    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
-    (root / "graphs" / "g.toml").write_text(GRAPH.format(base=busybox_image, run=uuid.uuid4().hex))
+    root = one_layer_workspace(tmp_path, busybox_image)
     layer = json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]
     planted = f"efabuild/one:{layer['key']}"
     subprocess.run(["docker", "image", "tag", busybox_image, planted], check=True)
@@ -90,11 +98,8 @@ def test_make_never_writes_a_build_log_into_a_directory_linked_from_the_logs(tmp
     """logs/ sits in the local store, which may be on a shared path: a co-tenant who replaces a
     layer's log directory with a link (the layer's name and key are what `plan` prints) must not
     make a make, run as root, delete or create files in the directory it points at."""
-    root = tmp_path / "ws"
-    (root / "graphs").mkdir(parents=True)
-    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
-    (root / "graphs" / "g.toml").write_text(GRAPH.format(base=busybox_image, run=uuid.uuid4().hex))
-    key = json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]["key"]
+    root = one_layer_workspace(tmp_path, busybox_image)
+    key = planned_key(root)
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / f"{key}.log").write_text("a file of the directory's owner\n")
@@ -124,13 +129,10 @@ def test_a_push_killed_mid_way_leaves_no_name_that_keeps_an_old_image_alive(tmp_
     import sys
     import time
 
-    root = tmp_path / "ws"
-    (root / "graphs").mkdir(parents=True)
-    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
+    root = one_layer_workspace(tmp_path, busybox_image)
     graph = root / "graphs" / "g.toml"
-    graph.write_text(GRAPH.format(base=busybox_image, run=uuid.uuid4().hex))
     efabuild("-C", str(root), "make", "--no-lint", check=True)
-    key = json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]["key"]
+    key = planned_key(root)
     image = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", f"efabuild/one:{key}"],
                            capture_output=True, text=True, check=True).stdout.strip()
     alias = f"{local_registry}/efabuild/one:{key}"
@@ -163,11 +165,8 @@ def test_make_never_writes_a_build_context_into_a_tmp_directory_replaced_by_a_li
     """The store's tmp/ holds each build's context while it builds: a co-tenant who replaces it
     with a link must not have a make, run as root, create directories and copy the workspace's
     files into the directory it points at."""
-    root = tmp_path / "ws"
-    (root / "graphs").mkdir(parents=True)
-    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
-    (root / "graphs" / "g.toml").write_text(GRAPH.format(base=busybox_image, run=uuid.uuid4().hex))
-    key = json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]["key"]
+    root = one_layer_workspace(tmp_path, busybox_image)
+    key = planned_key(root)
     victim = tmp_path / "victim"
     victim.mkdir()
     (root / "cache").mkdir()
@@ -190,15 +189,12 @@ def test_a_push_killed_outright_takes_its_docker_push_with_it(tmp_path, busybox_
     import time
 
     pushing = None
-    root = tmp_path / "ws"
-    (root / "graphs").mkdir(parents=True)
-    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
     # 64 MB that compress to nothing less: a push long enough to be killed in
     graph = GRAPH.format(base=busybox_image, run=uuid.uuid4().hex).replace(
         "RUN echo", "RUN head -c 64000000 /dev/urandom > /big && echo")
-    (root / "graphs" / "g.toml").write_text(graph)
+    root = one_layer_workspace(tmp_path, busybox_image, graph=graph)
     efabuild("-C", str(root), "make", "--no-lint", check=True)
-    key = json.loads(efabuild("-C", str(root), "plan", "--json", check=True).stdout)["layers"][0]["key"]
+    key = planned_key(root)
     with (root / "BUILD.toml").open("a") as f:
         f.write(f'[registry]\nurl = "{local_registry}"\n')
     proc = subprocess.Popen([sys.executable, "-m", "efabuild", "-C", str(root), "push"], stdout=subprocess.DEVNULL,
