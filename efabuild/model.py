@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-
 from efabuild.settings import StoreConfig  # stdlib-only: the store's settings, parsed once
 
 DEFAULT_PLATFORM = "linux/amd64"

@@ -15,7 +15,6 @@ import difflib
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, TYPE_CHECKING
 
-
 from efabuild.keys import ContextEntry, LayerInputs
 from efabuild.refs import short
 from efabuild.model import Layer

@@ -11,7 +11,6 @@ import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
-
 from efabuild import dag, notices
 from efabuild.dag import LayerGraph
 from efabuild.errors import EfabuildError, NoCredentials

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
-
 from efabuild.errors import EfabuildError
 from efabuild.plan import NOTHING, LayerPlan
 

@@ -12,7 +12,6 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-
 from efabuild.errors import EfabuildError, InputError
 from efabuild.model import BuilderSettings
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
-
 from efabuild.engine.client import Engine, EngineError, EngineTimeout, output_text
 from efabuild.errors import NotFound
 

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-
 from efabuild.engine import containers
 from efabuild.engine.client import Engine, EngineError
 from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL

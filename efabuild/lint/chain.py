@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-
 from efabuild.lint.dockerfile import Evaluated, evaluate
 from efabuild.lint.locate import GraphTexts, Locator, locator_for
 from efabuild.lint.shell import Command

@@ -15,7 +15,6 @@ from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
-
 from efabuild.store.lock import host_name, pid_alive
 
 # host.pid.start, the host without its domain (no dots), start in clock ticks since boot

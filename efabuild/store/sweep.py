@@ -12,7 +12,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-
 from efabuild.errors import EfabuildError, InputError
 from efabuild.store.fs import FilesystemTier
 from efabuild.store.gc import keys_to_keep

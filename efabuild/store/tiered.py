@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-
 from efabuild import notices
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.refs import check_key, classify_ref, pick_one, short

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-
 from efabuild import notices
 from efabuild.store.digest import bytes_digest, file_digest
 from efabuild.errors import EfabuildError, NotFound
