@@ -26,6 +26,11 @@ def _repo(path, url):
     ("ssh://git:SECRET@git.example.com:2222/r", "ssh://git.example.com:2222/r"),
     ("user:SECRET@git.example.com:r.git", "git.example.com:r.git"),
     ("git@git.example.com:team/r.git", "git@git.example.com:team/r.git"),  # a user name, no secret
+    ("user:pa@SECRET@git.example.com:r.git", "git.example.com:r.git"),
+    ("user:pa/SECRET@git.example.com:r.git", "git.example.com:r.git"),
+    # an @ in the path is the path's: the URL stays whole
+    ("git@git.example.com:team/stack@v2.git", "git@git.example.com:team/stack@v2.git"),
+    ("builder@git.example.com:/srv/infra@2026/stack.git", "builder@git.example.com:/srv/infra@2026/stack.git"),
 ])
 def test_no_part_of_a_remote_url_s_password_or_token_reaches_a_label(tmp_path, url, source):
     _repo(tmp_path, url)

@@ -63,8 +63,10 @@ def without_credentials(url: str) -> str:
     from urllib.parse import urlsplit, urlunsplit
 
     if "://" not in url:
-        userinfo, at, rest = url.rpartition("@")
-        return rest if at and ":" in userinfo else url
+        # the host is the word between the userinfo's last `@` and the `:` before the path; an `@`
+        # further on is part of the path (`git@host:team/stack@v2.git`)
+        userinfo = re.match(r"(.*)@(?=[^@:/]+:)", url)
+        return url[userinfo.end():] if userinfo and ":" in userinfo.group(1) else url
     try:
         parts = urlsplit(url)
     except ValueError:
