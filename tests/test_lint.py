@@ -119,6 +119,9 @@ def test_an_arg_default_other_than_the_layers_args_is_a_warning_at_the_arg(tmp_p
     older = derived.replace("ARG DEFAULT_VERSION=1.50.0", "ARG DEFAULT_VERSION=1.49.0")
     [finding] = lint_workspace(workspace(tmp_path / "older", older))
     assert finding.rule == "EFA018" and "'1.49.0'" in finding.message
+    # an earlier ARG declared without a default is empty in a plain build
+    empty = layer.replace("ARG EFA_INSTALLER_VERSION\n", "ARG PREFIX\nARG EFA_INSTALLER_VERSION=${PREFIX}1.50.0\n")
+    assert lint_workspace(workspace(tmp_path / "empty", empty)) == []
     # a secret-looking value is EFA013's to refuse; EFA018 then names the ARG without its values
     token = "ghp_" + "a1" * 18
     secret = same.replace("ARG EFA_INSTALLER_VERSION=1.50.0\n", f"ARG EFA_INSTALLER_VERSION=1.50.0 API_TOKEN={token}\n")

@@ -236,6 +236,8 @@ def arg_defaults(facts: LayerFacts) -> Iterator[Finding]:
             name, has_default, default = word.partition("=")
             if has_default:
                 plain[name] = default
+            else:  # declared without a default: empty in a plain build, unless declared with one before
+                plain.setdefault(name, "")
             if not has_default or name not in args or args[name] == default:
                 continue
             shown = ("" if is_secret_arg(name, default) or is_secret_arg(name, args[name])
