@@ -239,3 +239,16 @@ def test_concurrent_ref_appends_lose_no_entry(tmp_path):
              for i in range(4)]
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
     assert sorted(e["key"] for e in tier.read_refs("g:l")) == sorted(keys)
+
+
+def test_a_write_that_fails_names_the_file_it_was_writing_not_its_temp_file(tmp_path):
+    """Writes below a store's root go through a directory descriptor, so the system's error names
+    only the bare temp file; the message (efabuild: FILE: reason) must name the file instead."""
+    from efabuild.store.owner import replace_owned
+
+    target = tmp_path / "state" / "hashes"
+    (target / "inside").mkdir(parents=True)  # a directory where the file belongs: the rename fails
+    with pytest.raises(OSError) as failed:
+        replace_owned(target, b"data", below=tmp_path)
+    assert failed.value.filename == str(target)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["hashes"]  # the temp file is gone

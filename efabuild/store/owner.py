@@ -118,13 +118,17 @@ def replace_owned(path: Path, data: bytes, mode: int = 0o600, *, fsync: bool = F
 
     path = Path(path)
     root = path.parent if below is None else Path(below)
-    dir_fd = open_dir(root, relative_parts(root, path.parent), create=below is not None)
     try:
-        prefix = temp_prefix or f".{path.name}"
-        remove_dead_owned(dir_fd, prefix)
-        _write_and_rename(dir_fd, owned_name(prefix, "tmp"), path.name, data, mode, fsync)
-    finally:
-        os.close(dir_fd)
+        dir_fd = open_dir(root, relative_parts(root, path.parent), create=below is not None)
+        try:
+            prefix = temp_prefix or f".{path.name}"
+            remove_dead_owned(dir_fd, prefix)
+            _write_and_rename(dir_fd, owned_name(prefix, "tmp"), path.name, data, mode, fsync)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:  # opened by name below a directory: say which file was being written
+        exc.filename, exc.filename2 = str(path), None
+        raise
 
 
 def _write_and_rename(dir_fd: int, tmp: str, name: str, data: bytes, mode: int, fsync: bool) -> None:
