@@ -70,3 +70,24 @@ def test_a_live_process_s_scratch_directory_is_no_leftover_from_another_pid_name
     found = in_another_namespace("import sys; from efabuild.store.scratch import dead_scratch_dirs; "
                                  "print([str(p) for p in dead_scratch_dirs(sys.argv[1])])", str(tmp_path))
     assert found == "[]"
+
+
+def test_what_a_process_of_an_ended_pid_namespace_owned_is_gone_from_the_host():
+    """A make killed in a container that shares the host's name leaves an export container or a
+    scratch directory owned by `host-pidnsN`: from the host it is a leftover once no process is
+    left in that namespace, and not before."""
+    import time
+
+    code = "import time; from efabuild.store.owner import Owner; print(Owner.current().token, flush=True); time.sleep(60)"
+    proc = subprocess.Popen(["unshare", "--pid", "--kill-child", "--mount-proc", sys.executable, "-c", code],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        theirs = Owner.parse(proc.stdout.readline().strip())
+        assert theirs is not None and "-pidns" in theirs.host and not theirs.gone()
+    finally:
+        proc.kill()  # --kill-child: the namespace's process dies with unshare
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while not theirs.gone() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert theirs.gone()

@@ -333,6 +333,39 @@ def _pid_namespace() -> int | None:
         return None  # no /proc: the name alone, as before
 
 
+def pid_namespace_alive(namespace: int) -> bool:
+    """Whether a process of this host is in the pid namespace `namespace` (its inode), as seen
+    from the namespace this process is in; True too when a process in some namespace below it
+    could not be looked at (another user's: only root sees every one)."""
+    try:
+        pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return True
+    for pid in pids:
+        try:
+            if os.stat(f"/proc/{pid}/ns/pid").st_ino == namespace:
+                return True
+        except FileNotFoundError:
+            continue  # ended meanwhile
+        except OSError:
+            if _nested(pid):
+                return True  # in some namespace below this one, maybe that one: cannot say
+    return False
+
+
+def _nested(pid: str) -> bool:
+    """Whether the process has a pid in a namespace below this one too (its status, unlike its
+    ns/ link, anyone may read: NSpid lists one pid per namespace level)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"NSpid:"):
+                    return len(line.split()) > 2
+    except OSError:
+        return False  # ended meanwhile
+    return True  # a kernel older than NSpid (4.1): cannot tell
+
+
 def pid_alive(pid: object) -> bool:
     """Whether a process with this pid exists on this host (one we may not signal counts)."""
     if not isinstance(pid, int) or pid <= 0:

@@ -3,8 +3,9 @@
 Temporary build contexts and export containers carry their owner's host, pid and start time (in
 their name or a label). A leftover is removed only when its owner is on this host and gone: its
 pid no longer exists, or now belongs to a process started at another time (pids are reused).
-An owner on another host is never judged from here, nor one in another pid namespace of this
-host (a container sharing its name: see store.lock.host_name).
+An owner on another host is never judged from here. One in another pid namespace of this host (a
+container sharing its name: see store.lock.host_name) is judged only from the host's own
+namespace: gone once no process is left in its namespace.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
-from efabuild.store.lock import host_name, pid_alive
+from efabuild.store.lock import host_name, pid_alive, pid_namespace_alive
 
 # host.pid.start, the host without its domain (no dots), start in clock ticks since boot
 TOKEN = r"(?P<host>[^./]+)\.(?P<pid>[0-9]+)\.(?P<start>[0-9]+)"
@@ -62,9 +63,13 @@ class Owner(NamedTuple):
         return cls(match["host"], int(match["pid"]), int(match["start"])) if match else None
 
     def gone(self) -> bool:
-        """True only when this process certainly no longer runs (it ran on this host)."""
-        if self.host != this_host():
-            return False
+        """True only when this process certainly no longer runs: it ran on this host, or in a pid
+        namespace of this host (a container sharing its name) in which no process is left."""
+        here = this_host()
+        if self.host != here:
+            base, _, namespace = self.host.rpartition("-pidns")
+            # judged from the host's own namespace only, the one that sees every other
+            return base == here and namespace.isdigit() and not pid_namespace_alive(int(namespace))
         if not pid_alive(self.pid):
             return True
         now = start_time(self.pid)
