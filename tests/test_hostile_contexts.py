@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from efabuild.build.context import ContextHasher, hash_contexts, never_context, 
 from efabuild.build.hashcache import HashState
 from efabuild.errors import EfabuildError
 from efabuild.workspace import load_workspace
+from tests.fifos import without_blocking_on
 from tests.inprocess import run_efabuild
 from tests.wsfactory import SIMPLE_GRAPH, make_workspace
 
@@ -144,9 +144,9 @@ def test_a_file_swapped_for_a_fifo_after_hashing_stops_the_build_without_hanging
     os.mkfifo(root / "app" / "train.py")
     out = tmp_path / "context"
     out.mkdir()
-    failure = _failure_without_blocking_on(root / "app" / "train.py", lambda: write_context(root, out, entries))
-    assert isinstance(failure, EfabuildError)
-    assert "app/train.py changed after its key was computed" in str(failure)
+    with pytest.raises(EfabuildError) as failure:
+        without_blocking_on(root / "app" / "train.py", lambda: write_context(root, out, entries))
+    assert "app/train.py changed after its key was computed" in str(failure.value)
 
 
 def test_a_file_swapped_for_a_fifo_between_the_walks_stat_and_its_read_is_one_line_not_a_hang(tmp_path,
@@ -163,32 +163,9 @@ def test_a_file_swapped_for_a_fifo_between_the_walks_stat_and_its_read_is_one_li
         return read_digest(self, rel, path, st)
 
     monkeypatch.setattr(ContextHasher, "_read_digest", swap_then_read)
-    failure = _failure_without_blocking_on(root / "app" / "train.py", lambda: hashed(root))
-    assert isinstance(failure, EfabuildError)
-    assert str(failure).startswith("context file app/train.py changed while it was read")
-
-
-def _failure_without_blocking_on(fifo: Path, work) -> BaseException | None:  # noqa: ANN001
-    """What `work` raised (None if nothing), run on a thread; the test fails if it is still blocked
-    after 10 s, once the FIFO has been opened for writing so that the thread can end."""
-    outcome: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            work()
-            outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            outcome.append(exc)
-
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(10)
-    if worker.is_alive():
-        with open(fifo, "wb"):
-            pass
-        worker.join(5)
-        pytest.fail(f"blocked on the FIFO {fifo.name}")
-    return outcome[0]
+    with pytest.raises(EfabuildError) as failure:
+        without_blocking_on(root / "app" / "train.py", lambda: hashed(root))
+    assert str(failure.value).startswith("context file app/train.py changed while it was read")
 
 
 def test_the_workspace_s_dockerignore_taken_in_as_a_file_leaves_out_what_buildkit_leaves_out(tmp_path):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from efabuild.model import AuditPolicy
 from efabuild.provenance.stored import host_facts
 from tests.data.rootfs import mini_ngc as ngc
+from tests.fifos import without_blocking_on
 from tests.inprocess import run_efabuild
 
 KEY = "5a" * 32
@@ -132,16 +132,9 @@ def test_the_host_s_efa_installer_file_is_never_waited_on_or_read_whole(tmp_path
     must not hang it or fill its memory."""
     fifo = tmp_path / "efa_installed_packages"
     os.mkfifo(fifo)
-    found: list = []
-    reader = threading.Thread(target=lambda: found.append(host_facts(None, AuditPolicy(), fifo)), daemon=True)
-    reader.start()
-    reader.join(10)
-    if reader.is_alive():
-        with open(fifo, "wb"):
-            pass
-        reader.join(5)
-        pytest.fail("audit waited on a FIFO for the host's EFA installer version")
-    assert found == [host_facts(None, AuditPolicy(), tmp_path / "absent")]
+    found = without_blocking_on(fifo, lambda: host_facts(None, AuditPolicy(), fifo),
+                                "audit waited on a FIFO for the host's EFA installer version")
+    assert found == host_facts(None, AuditPolicy(), tmp_path / "absent")
     huge = tmp_path / "huge"
     with open(huge, "wb") as f:
         f.seek(8 << 30)  # sparse: 8 GiB of nothing before the version line
