@@ -74,18 +74,16 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
 
 
 def _engine_exporter(ws: Workspace, engine, tag: str, key: str, name: str, epoch: int):  # noqa: ANN001, ANN202
-    """The export of `tag` from `engine`, once it is known to be this key's image. Whoever shares
-    the engine can tag any image with a layer's name: only one efabuild built for this key (its
-    org.efabuild.key label says so) becomes the layer's artifact. A forged label still passes; a
-    plain retag does not."""
+    """The export of `tag` from `engine`, once it is known to be this key's image (built_for_key):
+    only an image efabuild built for this key becomes the layer's artifact."""
     import functools
 
-    from efabuild.engine.images import image_config
+    from efabuild.engine.images import built_for_key
     from efabuild.errors import EfabuildError
     from efabuild.export.squash import export_image
     from efabuild.refs import KEY_LABEL, short
 
-    if image_config(engine, tag)["Labels"].get(KEY_LABEL) != key:
+    if not built_for_key(engine, tag, key):
         raise EfabuildError(f"{name}: the engine's {tag} does not carry key {short(key)} in its {KEY_LABEL} "
                             "label (some other image was given this name): not exported; remove it and make again")
     return functools.partial(export_image, tag, options=ws.settings.export, engine=engine, epoch=epoch)

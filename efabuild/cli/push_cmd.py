@@ -31,7 +31,7 @@ def run(args) -> int:
     from efabuild.build.prepare import prepare
     from efabuild.cli.common import with_builder, workspace
     from efabuild.cli.output import print_json, table
-    from efabuild.engine.images import image_config, tag_image
+    from efabuild.engine.images import built_for_key, tag_image
     from efabuild.engine.registry import push
     from efabuild.errors import InputError
     from efabuild.refs import KEY_LABEL, image_tag, short
@@ -48,8 +48,8 @@ def run(args) -> int:
             continue
         found = prepared.image_tags[lp.key]
         # whoever shares the engine can tag any image efabuild/<layer>:<key>; other machines would
-        # pull it as that layer (a label can be forged too, but a plain retag is caught)
-        if image_config(prepared.engine, found)["Labels"].get(KEY_LABEL) != lp.key:
+        # pull it as that layer
+        if not built_for_key(prepared.engine, found, lp.key):
             rows.append({"name": lp.qualname, "key": lp.key, "pushed": None,
                          "problem": f"{found} does not carry this key in its {KEY_LABEL} label"})
             continue

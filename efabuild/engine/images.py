@@ -89,6 +89,15 @@ def image_config(engine: Engine, ref: str) -> dict:
     return image_facts(engine, ref).config
 
 
+def built_for_key(engine: Engine, ref: str, key: str) -> bool:
+    """Whether the image `ref` names is one efabuild built for `key`: its org.efabuild.key label
+    says so. Whoever shares an engine can give any image a layer's name; a plain retag is caught,
+    a label set at build time is not."""
+    from efabuild.refs import KEY_LABEL
+
+    return image_config(engine, ref)["Labels"].get(KEY_LABEL) == key
+
+
 def history_times(engine: Engine, ref: str, timeout: float = LIST_TIMEOUT_S) -> list[str]:
     """The creation time of every step in the image's history, as the engine prints them.
 
