@@ -79,12 +79,12 @@ def intact_record(layout: Layout, key: str) -> dict | None:
     return record
 
 
-def verify_tiers(table: StoreConfig, key: str) -> None:
+def verify_tiers(table: StoreConfig, key: str, *, cache: bool = False) -> None:
     """Re-hash every filesystem tier's copy of `key` against its record (blake3 imported only
-    here); one EfabuildError naming each tier whose copy is damaged."""
-    from efabuild.store.record import ArtifactRecord
-    from efabuild.store.transfer import DamagedCopy, check_file
+    here); one EfabuildError naming each tier whose copy is damaged.
 
+    With `cache`, a copy this user verified before and unchanged since (signing/verifycache.py:
+    the same stat stamps of the .sqsh and its record, against the same digest) is not read again."""
     problems = []
     for name, root in table.roots():
         layout = Layout(root)
@@ -92,18 +92,54 @@ def verify_tiers(table: StoreConfig, key: str) -> None:
             record = intact_record(layout, key)
             if record is None:
                 continue
-            check_file(name, layout.sqsh_path(key).absolute(), ArtifactRecord.from_dict(record))
-        except DamagedCopy as exc:
-            problems.append(str(exc))
+            if cache:
+                _check_cached(name, layout, key, record)
+            else:
+                _check_copy(name, layout.sqsh_path(key).absolute(), record)
         except EfabuildError as exc:
-            problems.append(f"{name} tier: {exc}")
+            problems.append(_tier_problem(name, exc))
     if problems:
         raise EfabuildError("; ".join(problems))
 
 
+def _check_copy(tier: str, sqsh: Path, record: dict) -> None:
+    from efabuild.store.record import ArtifactRecord
+    from efabuild.store.transfer import check_file
+
+    check_file(tier, sqsh, ArtifactRecord.from_dict(record))
+
+
+def _tier_problem(tier: str, exc: EfabuildError) -> str:
+    from efabuild.store.transfer import DamagedCopy  # only when a copy failed
+
+    return str(exc) if isinstance(exc, DamagedCopy) else f"{tier} tier: {exc}"
+
+
+def _check_cached(tier: str, layout: Layout, key: str, record: dict) -> None:
+    """_check_copy, answered from the verification cache when it holds this copy as it is now."""
+    import time
+
+    from efabuild.signing import verifycache
+
+    sqsh = layout.sqsh_path(key).absolute()
+    paths = {"sqsh": sqsh, "record": layout.record_path(key)}
+    stamps = verifycache.take_stamps(paths)
+    # bound to the digest read here: a record replaced after it was read is another entry
+    against = f"blake3:{record['digest']}"
+    if verifycache.is_verified(sqsh, key, stamps, against, kind="digest"):
+        return
+    started = time.time()
+    _check_copy(tier, sqsh, record)
+    verifycache.remember(sqsh, key, paths, stamps, against, started, kind="digest")
+
+
 def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verify: bool = False,
-                cwd: Path | None = None, require_signature: bool = False) -> tuple[Path, dict]:
+                cwd: Path | None = None, require_signature: bool = False,
+                verify_cache: bool = False) -> tuple[Path, dict]:
     """(absolute .sqsh path, its record as a dict) for `ref`.
+
+    `verify` re-hashes every filesystem tier's copy on a hit; with `verify_cache`, not those this
+    user verified before and unchanged since (the importer's `verify = true`).
 
     Raises NotFound (absent), AmbiguousRef (prefix matches several), InputError (bad REF or
     store settings) or EfabuildError (the stored copy is damaged or not a file); with
@@ -121,7 +157,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         key, layout, record = hit
         path = layout.sqsh_path(key).absolute()
         if verify:
-            verify_tiers(table, key)
+            verify_tiers(table, key, cache=verify_cache)
         if policy is not None:
             _require_signed(layout, key, policy, ref)
         return path, record
