@@ -59,6 +59,10 @@ RULES: dict[str, Rule] = {rule.id: rule for rule in (
     Rule("EFA017", "info", "apt-get install without pinned versions: a rebuild may fetch other packages"),
     Rule("EFA018", "warning", "an ARG default differs from the layer's args: the Dockerfile alone builds "
                               "something else"),
+    Rule("EFA019", "info", "job script's container start mode: unpacked once per node and reused by name, or "
+                           "mounted per step with squashfuse"),
+    Rule("EFA020", "warning", "a container start that unpacks where an unnamed one would mount (--container-save, "
+                              "or a name no later srun reuses)"),
 )}
 
 
