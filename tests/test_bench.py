@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = ("plan", "hash", "export", "farm", "publish", "fetch", "chunked", "lookup", "scale", "sign", "lint",
-             "children")
+SCENARIOS = ("plan", "hash", "export", "farm", "publish", "fetch", "chunked", "lookup", "importer", "scale", "sign",
+             "lint", "children")
 
 pytestmark = [pytest.mark.engine, pytest.mark.s3, pytest.mark.slow]
 
