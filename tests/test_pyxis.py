@@ -368,3 +368,46 @@ def test_a_job_users_store_or_image_string_is_one_line_and_no_path(store_dir, jo
                             timeout=20)
     assert (result.returncode, result.stdout) == (2, ""), result
     assert problem in _one_line(result.stderr), result.stderr
+
+
+@pytest.mark.s3
+def test_a_verifying_get_of_a_name_fetched_from_s3_reads_the_copy_once(tmp_path, job_env, settings, monkeypatch):
+    """Slip: the cache kept only on the path of a local name. A name the node's store copied from S3
+    is resolved through S3 at every start, and the copy it finds was re-hashed each time."""
+    import time
+
+    from efabuild.signing import verifycache
+    from efabuild.store import transfer
+    from tests.plugins.s3server import DUMMY_CREDENTIALS
+
+    builder = Store([FilesystemTier(tmp_path / "builder", "local")], settings, show_progress=False)
+    sqsh = make_sqsh(tmp_path, os.urandom(200_000))
+    key = key_for("fetched")
+    builder.publish(key, sqsh, record_for(key, "ngc-efa:user", sqsh))
+    shared = tmp_path / "fsx"
+    shared.mkdir()
+    (shared / "store.toml").write_text((tmp_path / "builder" / "store.toml").read_text())
+    hashed = []
+    real_digest = transfer.file_digest
+    monkeypatch.setattr(transfer, "file_digest", lambda path: hashed.append(path) or real_digest(path))
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + verifycache.RACY_SECONDS + 0.1)
+    config = tmp_path / "pyxis.toml"
+    config.write_text("verify = true\n")
+    env = {**job_env, **DUMMY_CREDENTIALS, "EFABUILD_STORE": str(shared), "EFABUILD_PYXIS_CONFIG": str(config),
+           verifycache.CACHE_ENV: str(tmp_path / "verified")}
+    first = importer("get", "docker://efabuild://ngc-efa:user", env=env, cwd=tmp_path)
+    assert (first.returncode, first.stdout) == (0, f"{shared / 'objects' / key[:2] / key}.sqsh\n"), first.stderr
+    fetched = len(hashed)  # the fetch's own check, and the first verification
+    for _ in range(2):
+        again = importer("get", "docker://efabuild://ngc-efa:user", env=env, cwd=tmp_path)
+        assert (again.returncode, again.stdout) == (0, first.stdout), again.stderr
+    assert len(hashed) == fetched
+    copy = Path(first.stdout.strip())
+    before = copy.stat()
+    copy.chmod(0o644)
+    with open(copy, "r+b") as handle:
+        handle.write(b"rot")
+    os.utime(copy, ns=(before.st_atime_ns, before.st_mtime_ns))
+    damaged = importer("get", "docker://efabuild://ngc-efa:user", env=env, cwd=tmp_path)
+    assert damaged.returncode == 1 and damaged.stdout == "" and "corrupt artifact: digest" in damaged.stderr

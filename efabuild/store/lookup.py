@@ -165,8 +165,12 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     from efabuild.store.tiered import Store
 
     full = Store.from_config(table)
-    path = full.lookup(ref, fetch=fetch, verify=verify)
+    # a name copied from S3 comes here at every start: its copy is checked against the cache too
+    # (a fetched copy, verified by the fetch, is hashed once more and then remembered)
+    path = full.lookup(ref, fetch=fetch, verify=verify and not verify_cache)
     key = path.name[: -len(SQSH_SUFFIX)]
+    if verify and verify_cache:
+        verify_tiers(table, key, cache=True)
     record = full.record(key)
     if policy is not None:
         _require_signed(Layout(path.parent.parent.parent), key, policy, ref)
