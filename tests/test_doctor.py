@@ -126,6 +126,14 @@ def test_an_unpack_that_filled_the_disk_and_one_of_a_file_that_is_no_squashfs():
     assert invalid.diagnoses[0].title == "Enroot cannot read /fsx/efabuild/objects/3f/3f9c.sqsh as a squashfs"
 
 
+def test_an_image_the_efabuild_importer_refused_is_named_with_its_line():
+    report = run("import-refused.log")
+    assert ids(report, "problem") == {"import-failed"}
+    [refused] = report.diagnoses
+    assert refused.title.startswith("Pyxis could not import the image: efabuild's importer said refusing ngc-efa:user: ")
+    assert [e.line for e in refused.evidence] == [3, 5] and "efabuild lookup --require-signature" in refused.fix
+
+
 def test_a_start_that_unpacked_is_a_note_with_what_it_cost():
     report = run("unpacked-start.log")
     assert ids(report) == {"unpacked-start"} and ids(report, "info") == {"unpacked-start"}

@@ -104,6 +104,9 @@ _PATTERNS: tuple[tuple[str, str, re.Pattern[str], int | None, int | None], ...] 
         ("invalid-image", "Invalid image format: ", r"\[ERROR\] Invalid image format: (\S+)", 1, None),
         ("unpack-failed", "failed to create container filesystem", r"pyxis: failed to create container filesystem",
          None, None),
+        ("import-failed", "failed to import docker image", r"pyxis: failed to import docker image", None, None),
+        # what efabuild's importer said (one line, on stderr, which Pyxis prints with Enroot's log)
+        ("importer-said", "efabuild: ", r"efabuild: ((?:refusing |no artifact |\S+ tier: ).*?)\s*$", 1, None),
         ("unpacked", "creating container filesystem", r"pyxis: creating container filesystem", None, None),
         ("unpacked", "Extracting squashfs filesystem", r"\[INFO\] Extracting squashfs filesystem", None, None),
         ("no-space", "No space left on device", r"No space left on device", None, None),

@@ -93,3 +93,23 @@ def unpacking(seen: Seen) -> Iterator[Diagnosis]:
             f"This step unpacked the whole .sqsh onto the node ({_UNPACK_COST}) before the job's command ran.",
             "reuse it in later sruns with the same --container-name (no second unpack), or " + _MOUNT,
             facts.evidence("unpacked"))
+
+
+@rule("import-failed", catches="Pyxis failing to import the image (enroot import, or efabuild's importer, whose "
+                               "own line is shown)")
+def import_failed(seen: Seen) -> Iterator[Diagnosis]:
+    facts = seen.facts
+    if not facts.has("import-failed"):
+        return
+    said = facts.values("importer-said")
+    yield Diagnosis(
+        "import-failed", "problem",
+        "Pyxis could not import the image" + (f": efabuild's importer said {said[0][:200]}" if said else ""),
+        "Before a container starts, Pyxis imports its image: `enroot import`, or the importer of plugstack.conf "
+        "(efabuild's, for efabuild:// images), which prints the .sqsh path or one line saying why not: "
+        + ("a missing, damaged or unsigned artifact is refused there, before anything is unpacked or mounted."
+           if said else "the lines Pyxis prints after 'printing contents of log file' are its output."),
+        "on the node, `efabuild lookup --require-signature REF` (or `efabuild verify REF`) gives the same answer "
+        "with the details; republish or re-fetch the artifact it names" if said else
+        "act on the lines Pyxis printed after 'printing contents of log file'",
+        facts.evidence("import-failed", "importer-said"))
