@@ -88,7 +88,7 @@ def test_the_start_mode_a_script_chose_and_starts_that_unpack_where_one_would_mo
     script = tmp_path / "run.sh"
     script.write_text("#!/bin/bash\n#SBATCH -c 24\n"
                       "srun --container-image=/fsx/a.sqsh --container-name=train true\n"
-                      "srun --container-name=train python train.py\n"
+                      "srun --container-name=train:exec python train.py\n"
                       "srun --container-image=/fsx/a.sqsh python eval.py\n"
                       "srun --container-image=/fsx/a.sqsh python eval2.py\n")
     notes = lint_script(script, "run.sh")

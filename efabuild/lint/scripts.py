@@ -121,7 +121,10 @@ class _Start(NamedTuple):
     @classmethod
     def of(cls, options: list[tuple[str, str | None]], line: int) -> _Start:
         given = dict(options)
-        return cls(line, "--container-image" in given, given.get("--container-name"), "--container-save" in given)
+        name = given.get("--container-name")
+        # NAME:FLAG (create, exec, no_create, ...) names the same container as NAME
+        return cls(line, "--container-image" in given, name.split(":", 1)[0] if name else name,
+                   "--container-save" in given)
 
 
 # Measured with the bench's 1.44 GB image (Slurm 22.05, Pyxis 0.24, Enroot 4.1.2; medians of 5)
