@@ -150,7 +150,8 @@ def _start_modes(starts: list[_Start], display: str) -> Iterator[Finding]:
             yield finding("EFA020", display, start.line, None,
                           f"names its container ({start.name}) but no other srun uses the name: the name makes "
                           f"Pyxis unpack the image ({_UNPACK_COST}) where, with use_squashfuse=1, {_MOUNT_COST}",
-                          "drop --container-name to mount per step, or reuse the name in the later sruns")
+                          "drop --container-name to mount per step, or reuse the name in the later sruns (keep it "
+                          "where a later job reuses it: Pyxis's container_scope=global)")
         elif start.name is not None and "unpack" not in noted:
             noted.add("unpack")
             yield finding("EFA019", display, start.line, None,
