@@ -16,7 +16,8 @@ import pytest
 from efabuild.export.sqshdiff import FileFacts, compare
 from tests.wsfactory import TOOLS_LAYER
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+# make --check rebuilds without the cache
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(600)]
 
 GRAPH = TOOLS_LAYER + """
 [layers.stamp]

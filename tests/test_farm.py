@@ -24,7 +24,8 @@ from tests.wsfactory import TOOLS_LAYER, demo_on_base
 from efabuild.build.fixtures import MINI_NGC_TAG
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+# each test makes on a farm of engines, several makes in a row
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def docker(host: str | None, *args: str, check: bool = True) -> subprocess.CompletedProcess:

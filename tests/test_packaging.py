@@ -23,7 +23,8 @@ from tests.storekit import key_for, make_sqsh, record_for
 REPO = Path(__file__).resolve().parents[1]
 ORIGIN = "git.example.org/hpc/efabuild.git"
 TOKEN = "ghp_notarealtoken0123456789"
-pytestmark = [pytest.mark.slow]
+# the first test builds the wheel and installs it into a venv (each step up to 300 s)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def run(*argv: str | Path, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess[str]:

@@ -19,7 +19,8 @@ import pytest
 
 from tests.wsfactory import demo_on_base
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+# the same layers built on two engines, compared byte for byte
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def docker(host: str | None, *args: str, check: bool = True) -> subprocess.CompletedProcess:
