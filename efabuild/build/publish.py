@@ -36,8 +36,8 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     bar: list[Progress] = []
 
     def progress(streamed: int, expected: int | None) -> None:
-        if not bar:  # the total is known once the export has started
-            bar.append(Progress(f"export {layer.qualname}", expected))
+        if not bar:  # the total is known once the export has started; the image's size, which the tar outgrows
+            bar.append(Progress(f"export {layer.qualname}", expected, estimate=True))
         bar[0].update(streamed - bar[0].done)
 
     try:
