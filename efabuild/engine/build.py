@@ -187,8 +187,10 @@ def build_layer(
         # BuildKit expands ARG values into step names, and a RUN may print a secret: every line
         # is redacted before it is logged, parsed for failures or shown
         redact = redact or Redactor.for_build(req.build_args, req.secrets, os.environ)
-        returncode = _run_buildx(command, req.dockerfile, buildx_environment(req), log, reader,
-                                 on_line, cancel, redact)
+        # buildx copies a Dockerfile read from stdin into $TMPDIR/dockerfileNNN and never removes
+        # it: in the build's scratch directory it goes with it (or with the sweep of a killed make's)
+        returncode = _run_buildx(command, req.dockerfile, {**buildx_environment(req), "TMPDIR": scratch}, log,
+                                 reader, on_line, cancel, redact)
         if cancel is not None and cancel.is_set():
             raise BuildInterrupted(f"build of {req.tag} was cancelled; nothing was tagged")
         if returncode != 0:
