@@ -156,6 +156,49 @@ def test_gc_deletes_a_chunk_only_after_a_grace_period_in_which_nothing_used_it(t
 
 
 @pytest.mark.s3
+def test_gc_run_more_often_than_the_grace_period_still_frees_a_chunk(tmp_path, chunk_store):
+    """A mark is kept until it is `grace` old, whatever gc runs meanwhile: one that dropped every
+    mark at each run would, run every 30 minutes with an hour's grace, never free a chunk."""
+    import time
+
+    from efabuild.store.s3chunks import collect
+
+    one, _ = shifted_versions(tmp_path, size=256 * KiB)
+    index = chunk_file(one, chunking=SMALL)
+    upload(chunk_store, index, one, set(index.unique()))  # no index names them: unreferenced
+    start = time.time() + 1  # chunk objects' times have whole seconds
+    runs = [collect(chunk_store, grace=3600, dry_run=False, now=start + 1800 * step) for step in range(4)]
+    assert [run.deleted for run in runs] == [0, 0, len(index.unique()), 0]  # the first mark's hour is up
+    assert chunk_store.missing(index.unique()) == set(index.unique())
+
+
+@pytest.mark.s3
+def test_gc_keeps_a_chunk_sent_again_after_its_mark(tmp_path, chunk_store, s3_client):
+    """A chunk gc marked unreferenced, then gone and sent again by a publish (whose index is not
+    written yet): written after the mark, it is not the chunk the mark found unused, and stays."""
+    import math
+    import time
+
+    from efabuild.store.s3chunks import collect
+
+    one, _ = shifted_versions(tmp_path, size=256 * KiB)
+    index = chunk_file(one, chunking=SMALL)
+    tier = chunk_store.tier
+    upload(chunk_store, index, one, set(index.unique()))
+    marked_at = time.time()
+    assert collect(chunk_store, grace=3600, dry_run=False, now=marked_at).marked == len(index.unique())
+    resent = sorted(index.unique())[0]
+    s3_client.delete_object(Bucket=tier.bucket, Key=chunk_store.object(resent))
+    time.sleep(math.floor(marked_at) + 1.1 - time.time())  # its LastModified (whole seconds) after the mark
+    upload(chunk_store, index, one, {resent})
+    done = collect(chunk_store, grace=3600, dry_run=False, now=marked_at + 3601)
+    assert done.deleted == len(index.unique()) - 1
+    assert chunk_store.missing(index.unique()) == set(index.unique()) - {resent}
+    data, _ = chunk_store.fetch(resent, index.unique()[resent])  # the publish's index, once written, holds
+    assert len(data) == index.unique()[resent]
+
+
+@pytest.mark.s3
 def test_gc_skips_a_junk_index_with_a_warning(tmp_path, chunk_store, monkeypatch):
     from efabuild import notices
     from efabuild.store.s3chunks import collect
