@@ -207,6 +207,68 @@ def test_one_gc_sweeps_a_bucket_at_a_time_and_a_killed_ones_lock_is_taken_over_o
     assert settings_objects(settings, "gc/lock") == []
 
 
+def test_two_gcs_finding_the_same_stale_lock_take_it_one_at_most(settings, monkeypatch):
+    """Both read the killed gc's stale lock before either writes: the takeover overwrites that very
+    version only, so the second's fails and it is refused; two sweeps at once could lose a chunk."""
+    from efabuild.store import gclock
+
+    tier = S3Tier(settings)
+    tier._put_new(tier._path(gclock.LOCK_OBJECT), b'{"pid": 1}')  # left by a killed gc
+    time.sleep(5.5)
+    monkeypatch.setattr(gclock, "STALE_AFTER_S", 4.0)  # that one is stale now, a lock just taken is not
+    both_looked = threading.Barrier(2, timeout=20)
+    looked: set[int] = set()
+    real_head = S3Tier._head
+
+    def head(self, path):  # noqa: ANN001, ANN202
+        found = real_head(self, path)
+        if path.endswith(gclock.LOCK_OBJECT) and threading.get_ident() not in looked:
+            looked.add(threading.get_ident())
+            both_looked.wait()
+        return found
+
+    monkeypatch.setattr(S3Tier, "_head", head)
+    busy, entered = [], []
+
+    def sweep() -> None:
+        try:
+            with gclock.sweeping_alone(S3Tier(settings)):
+                entered.append(1)
+                deadline = time.monotonic() + 20
+                while len(entered) + len(busy) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.05)  # holds the lock until the other's attempt has ended
+        except gclock.GcBusy as exc:
+            busy.append(str(exc))
+
+    sweeps = [threading.Thread(target=sweep) for _ in range(2)]
+    for thread in sweeps:
+        thread.start()
+    for thread in sweeps:
+        thread.join(30)
+    assert (len(entered), len(busy)) == (1, 1), busy
+    assert settings_objects(settings, "gc/lock") == []  # given up by its holder
+
+
+def test_a_gc_whose_lock_was_taken_over_leaves_the_new_holders_lock(settings, monkeypatch):
+    """A gc that ran past STALE_AFTER_S lost its lock to another: on its way out it must not delete
+    the lock now held by that one, or a third gc would sweep beside it."""
+    from efabuild.store import gclock
+
+    with gclock.sweeping_alone(S3Tier(settings)):
+        monkeypatch.setattr(gclock, "STALE_AFTER_S", -60.0)  # the first one's lock looks a day old
+        taken_over = gclock.sweeping_alone(S3Tier(settings))
+        taken_over.__enter__()
+        monkeypatch.setattr(gclock, "STALE_AFTER_S", 24 * 3600.0)
+    try:
+        assert settings_objects(settings, "gc/lock") != []
+        with pytest.raises(gclock.GcBusy, match="holds it since"):
+            with gclock.sweeping_alone(S3Tier(settings)):
+                pass
+    finally:
+        taken_over.__exit__(None, None, None)
+    assert settings_objects(settings, "gc/lock") == []
+
+
 def orphaned_chunks(base: Path, settings: S3Config, sqsh: Path) -> tuple[ChunkStore, int]:
     """A bucket holding `sqsh`'s chunks with the artifact that used them deleted, and how many of
     them a gc has just marked as unreferenced (a gc past the grace period sweeps them)."""
