@@ -269,6 +269,56 @@ def test_a_gc_whose_lock_was_taken_over_leaves_the_new_holders_lock(settings, mo
     assert settings_objects(settings, "gc/lock") == []
 
 
+def test_a_sqsh_changed_after_the_export_cut_it_stores_no_chunk_under_a_wrong_name(tmp_path, settings, versions):
+    """The export's index names each chunk by its bytes at the cut; a file changed after (a disk
+    fault, a writer) must not store its new bytes under the old names, where every artifact
+    sharing that chunk would then fail to fetch."""
+    import shutil
+
+    from efabuild.store.chunks import chunk_file
+
+    store = builder(tmp_path, settings)
+    sqsh = tmp_path / "changed.sqsh"
+    shutil.copy(versions[0], sqsh)
+    key = key_for("changed after its cut")
+    index = chunk_file(sqsh, chunking=CHUNKED["chunking"])
+    record = record_for(key, "demo:changed", sqsh)
+    with open(sqsh, "r+b") as handle:  # one byte in the middle, after the export's digest pass
+        handle.seek(index.size // 2)
+        byte = handle.read(1)
+        handle.seek(index.size // 2)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(EfabuildError, match="no longer hash"):
+        store.publish(key, sqsh, record, b'{"m": 1}', index=index)
+    chunks = store.s3.chunks
+    stored = set(index.unique()) - chunks.missing(index.unique())
+    assert stored  # the unchanged ones may have gone up: each holds the bytes its name says
+    for cid in stored:
+        chunks.fetch(cid, index.unique()[cid])
+    assert store.s3.record(key) is None
+
+
+def test_a_sqsh_cut_afresh_whose_digest_is_not_the_records_is_not_published(tmp_path, settings, versions):
+    """Without the export's index the S3 tier cuts the file itself: bytes that are not the ones the
+    record describes must not go up under it (every node would fetch them, then refuse them)."""
+    import shutil
+
+    store = builder(tmp_path, settings)
+    sqsh = tmp_path / "changed.sqsh"
+    shutil.copy(versions[0], sqsh)
+    key = key_for("changed before its cut")
+    record = record_for(key, "demo:changed", sqsh)
+    with open(sqsh, "r+b") as handle:
+        handle.seek(record.size // 2)
+        byte = handle.read(1)
+        handle.seek(record.size // 2)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(EfabuildError, match=f"its record says {record.digest}; not published"):
+        store.publish(key, sqsh, record, b'{"m": 1}')
+    assert store.s3.record(key) is None
+    assert settings_objects(settings, f"objects/{key[:2]}/{key}") == []  # no index either
+
+
 def orphaned_chunks(base: Path, settings: S3Config, sqsh: Path) -> tuple[ChunkStore, int]:
     """A bucket holding `sqsh`'s chunks with the artifact that used them deleted, and how many of
     them a gc has just marked as unreferenced (a gc past the grace period sweeps them)."""
