@@ -155,6 +155,18 @@ def _unsigned_files_with_another_sha256(store: Path, key: str, other: Path) -> N
     _manifest_with_another_sha256(store, key, other)
 
 
+def _second_subject(store: Path, key: str, other: Path) -> None:
+    """The trusted key's signature on a statement naming this file and another one: a statement
+    vouches for exactly one artifact, or one signed for a set could be replayed for any of them."""
+    path = object_path(store, key, ".intoto.jsonl")
+    envelope = dsse.decode(path.read_bytes())
+    statement = json.loads(envelope.payload)
+    statement["subject"].append({"name": f"{key_for('another')}.sqsh", "digest": {"blake3": "0" * 64}})
+    bare = dsse.Envelope(json.dumps(statement).encode(), envelope.payload_type)
+    os.chmod(path, 0o644)
+    path.write_bytes(dsse.encode(bare.with_signature(PemSigner(other.parent / "keys-ec.pem").sign(bare.pae()))))
+
+
 TAMPERING = {
     "flipped byte": (_flip_byte, "digest blake3:"),
     "swapped statement": (_swap_statement, "the statement is for"),
@@ -166,6 +178,7 @@ TAMPERING = {
     "manifest with another sha256": (_manifest_with_another_sha256, "the manifest's digests differ"),
     "unsigned files with another sha256": (_unsigned_files_with_another_sha256,
                                            "the statement's subject has sha256 "),
+    "second subject": (_second_subject, "the statement must name exactly one subject"),
 }
 
 
@@ -317,6 +330,8 @@ def test_an_entry_planted_by_another_user_is_ignored(tmp_path, keys):
     assert cached_lookup(key, env)[2] != [], "an entry owned by someone else was believed"
     # the full verification replaced it with the user's own
     assert next(cache.iterdir()).stat().st_uid == os.geteuid()
+    os.chmod(next(cache.iterdir()), 0o620)  # writable by the group: not believed
+    assert "cryptography" in cached_lookup(key, env)[2]
     os.chmod(next(cache.iterdir()), 0o666)  # writable by others: not believed either
     assert "cryptography" in cached_lookup(key, env)[2]
     os.chown(cache, nobody, nobody)  # someone else's directory: neither read nor written
