@@ -76,6 +76,8 @@ def reordered(tmp_path: Path):  # noqa: ANN201
 
 
 def test_the_plan_never_joins_chunks_that_do_not_follow_each_other_in_the_seed(tmp_path):
+    """Slip: runs are joined where the chunks follow each other in the target only: the wrong bytes
+    are copied, found wrong by the digest, and downloaded after all."""
     (target, index), (seed, seed_index) = reordered(tmp_path)
     runs, download = plan(index, [Seed(seed, seed_index)])
     assert download == {}

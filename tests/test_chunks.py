@@ -157,8 +157,8 @@ def test_gc_deletes_a_chunk_only_after_a_grace_period_in_which_nothing_used_it(t
 
 @pytest.mark.s3
 def test_gc_run_more_often_than_the_grace_period_still_frees_a_chunk(tmp_path, chunk_store):
-    """A mark is kept until it is `grace` old, whatever gc runs meanwhile: one that dropped every
-    mark at each run would, run every 30 minutes with an hour's grace, never free a chunk."""
+    """Slip: gc deletes every mark, even those younger than the grace period. Run every 30 minutes
+    with an hour's grace, it would then never free a chunk: a mark is kept until it is `grace` old."""
     import time
 
     from efabuild.store.s3chunks import collect
@@ -174,8 +174,8 @@ def test_gc_run_more_often_than_the_grace_period_still_frees_a_chunk(tmp_path, c
 
 @pytest.mark.s3
 def test_gc_keeps_a_chunk_sent_again_after_its_mark(tmp_path, chunk_store, s3_client):
-    """A chunk gc marked unreferenced, then gone and sent again by a publish (whose index is not
-    written yet): written after the mark, it is not the chunk the mark found unused, and stays."""
+    """Slip: gc deletes a chunk written after its mark. A chunk gc marked unreferenced, then gone and
+    sent again by a publish (whose index is not written yet) is not the chunk the mark found unused."""
     import math
     import time
 

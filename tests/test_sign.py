@@ -156,8 +156,9 @@ def _unsigned_files_with_another_sha256(store: Path, key: str, other: Path) -> N
 
 
 def _second_subject(store: Path, key: str, other: Path) -> None:
-    """The trusted key's signature on a statement naming this file and another one: a statement
-    vouches for exactly one artifact, or one signed for a set could be replayed for any of them."""
+    """Slip: several subjects accepted. The trusted key's signature on a statement naming this file
+    and another one: a statement vouches for exactly one artifact, or one signed for a set could
+    be replayed for any of them."""
     path = object_path(store, key, ".intoto.jsonl")
     envelope = dsse.decode(path.read_bytes())
     statement = json.loads(envelope.payload)
@@ -330,7 +331,7 @@ def test_an_entry_planted_by_another_user_is_ignored(tmp_path, keys):
     assert cached_lookup(key, env)[2] != [], "an entry owned by someone else was believed"
     # the full verification replaced it with the user's own
     assert next(cache.iterdir()).stat().st_uid == os.geteuid()
-    os.chmod(next(cache.iterdir()), 0o620)  # writable by the group: not believed
+    os.chmod(next(cache.iterdir()), 0o620)  # writable by the group: not believed (slip: others' bit only)
     assert "cryptography" in cached_lookup(key, env)[2]
     os.chmod(next(cache.iterdir()), 0o666)  # writable by others: not believed either
     assert "cryptography" in cached_lookup(key, env)[2]

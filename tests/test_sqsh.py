@@ -264,8 +264,8 @@ def test_an_export_for_a_chunked_tier_cuts_its_chunks_in_the_digest_pass(tmp_pat
 
 @pytest.mark.parametrize("killed", ["the tar source", "mksquashfs"])
 def test_a_side_killed_by_a_signal_after_a_complete_stream_keeps_no_sqsh(tmp_path, monkeypatch, killed):
-    """Killed (OOM killer, an operator) after its last byte, a side exits by a signal, not with a
-    status: nothing says its work was complete (mksquashfs may not have written its tables), so
+    """Slip: only a positive exit status fails the export. Killed (OOM killer, an operator) after
+    its last byte, a side exits by a signal, not with a status: nothing says its work was complete (mksquashfs may not have written its tables), so
     the export fails and nothing is kept under the artifact's name."""
     import shutil
 

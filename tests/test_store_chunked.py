@@ -208,8 +208,9 @@ def test_one_gc_sweeps_a_bucket_at_a_time_and_a_killed_ones_lock_is_taken_over_o
 
 
 def test_two_gcs_finding_the_same_stale_lock_take_it_one_at_most(settings, monkeypatch):
-    """Both read the killed gc's stale lock before either writes: the takeover overwrites that very
-    version only, so the second's fails and it is refused; two sweeps at once could lose a chunk."""
+    """Slip: a stale lock is taken over without IfMatch on its version. Both gcs read the killed
+    one's lock before either writes: only one overwrite of that version may succeed, or two sweeps
+    run at once (the documented way to lose a chunk)."""
     from efabuild.store import gclock
 
     tier = S3Tier(settings)
@@ -250,8 +251,8 @@ def test_two_gcs_finding_the_same_stale_lock_take_it_one_at_most(settings, monke
 
 
 def test_a_gc_whose_lock_was_taken_over_leaves_the_new_holders_lock(settings, monkeypatch):
-    """A gc that ran past STALE_AFTER_S lost its lock to another: on its way out it must not delete
-    the lock now held by that one, or a third gc would sweep beside it."""
+    """Slip: the lock is released without checking its ETag is still its own. A gc that ran past
+    STALE_AFTER_S lost its lock to another: deleting that one's lock lets a third gc sweep beside it."""
     from efabuild.store import gclock
 
     with gclock.sweeping_alone(S3Tier(settings)):
@@ -270,9 +271,9 @@ def test_a_gc_whose_lock_was_taken_over_leaves_the_new_holders_lock(settings, mo
 
 
 def test_a_sqsh_changed_after_the_export_cut_it_stores_no_chunk_under_a_wrong_name(tmp_path, settings, versions):
-    """The export's index names each chunk by its bytes at the cut; a file changed after (a disk
-    fault, a writer) must not store its new bytes under the old names, where every artifact
-    sharing that chunk would then fail to fetch."""
+    """Slip: chunks are sent without checking the bytes read back against their ids. The export's
+    index names each chunk by its bytes at the cut; a file changed after (a disk fault, a writer)
+    would store new bytes under old names, and every artifact sharing one would fail to fetch."""
     import shutil
 
     from efabuild.store.chunks import chunk_file
@@ -299,8 +300,9 @@ def test_a_sqsh_changed_after_the_export_cut_it_stores_no_chunk_under_a_wrong_na
 
 
 def test_a_sqsh_cut_afresh_whose_digest_is_not_the_records_is_not_published(tmp_path, settings, versions):
-    """Without the export's index the S3 tier cuts the file itself: bytes that are not the ones the
-    record describes must not go up under it (every node would fetch them, then refuse them)."""
+    """Slip: publish does not compare a fresh cut's digest with the record. Without the export's
+    index the S3 tier cuts the file itself: other bytes than the record's must not go up under it
+    (every node would fetch them, then refuse them)."""
     import shutil
 
     store = builder(tmp_path, settings)

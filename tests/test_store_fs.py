@@ -255,7 +255,8 @@ def test_a_write_that_fails_names_the_file_it_was_writing_not_its_temp_file(tmp_
 
 
 def test_an_atomic_write_reaches_the_disk_before_its_rename(tmp_path, monkeypatch):
-    """A record, ref or index must be on disk before its name points at it: after a power cut
+    """Slip: atomic_write_bytes without its fsync before the rename. A record, ref or index must be
+    on disk before its name points at it: after a power cut
     the rename may have reached the disk and the data not, and a reader gets an empty or partial
     file under the final name. No crash of the kernel can be staged in a test, so the order of
     the calls is what is checked: fsync of the new file, then the rename, then fsync of the

@@ -273,7 +273,8 @@ def test_a_builds_own_tar_gets_docker_creates_entries_where_docker_export_has_th
 
 @pytest.mark.parametrize("size", [3 * 2**20 + 5, 8 * 2**30 + 5], ids=["3MiB", "8GiB"])
 def test_a_file_whose_size_only_a_pax_record_gives_is_passed_whole(size: int) -> None:
-    """Go's archive/tar (docker export) gives a file of 8 GiB or more its size in a pax record,
+    """Slip: the filter ignores a pax `size`. Go's archive/tar (docker export) gives a file of 8 GiB
+    or more its size in a pax record,
     the ustar field (11 octal digits) left 0: read by that field, its body would be taken for
     headers and every file after it lost from the image. The stream goes through pipes, generated
     as it is read: none of it is written to disk."""
