@@ -131,3 +131,18 @@ def test_no_rate_from_a_near_zero_interval():
     assert out.getvalue().splitlines() == ["export demo:user: 40.0 MiB / 64.0 MiB (62%)",
                                            "export demo:user: 64.0 MiB / 64.0 MiB (100%), 32.0 MiB/s",
                                            "export demo:user: done, 64.0 MiB in 2s (32.0 MiB/s)"]
+
+
+def test_a_makes_export_line_takes_the_image_size_as_an_estimate(monkeypatch):
+    """What make shows while it exports (build/publish.py): the image's size is the total."""
+    from efabuild.build.publish import export_progress
+    from efabuild.store import progress
+
+    out = io.StringIO()
+    monkeypatch.setattr(progress, "_sink", lambda: out)
+    with export_progress("demo:user", 40 * MiB) as bar:
+        for _ in range(11):
+            bar.update(4 * MiB)
+    lines = out.getvalue().splitlines()
+    assert lines[-1].startswith("export demo:user: done, 44.0 MiB in ")
+    assert lines[:-1] and all(" / ~" in line and "(100%)" not in line for line in lines[:-1]), lines

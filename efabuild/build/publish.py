@@ -13,6 +13,13 @@ from efabuild.build.prepare import Prepared
 from efabuild.build.reporter import Reporter
 
 
+def export_progress(qualname: str, expected: int | None):  # noqa: ANN201 - a Progress
+    """The export's progress line: its total is the image's size, an estimate the tar outgrows."""
+    from efabuild.store.progress import Progress
+
+    return Progress(f"export {qualname}", expected, estimate=True)
+
+
 def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
                        tag: str, reporter: Reporter, epoch: int, builder_versions: dict, signer=None,
                        cancel=None, exporter=None) -> Path:
@@ -36,8 +43,8 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     bar: list[Progress] = []
 
     def progress(streamed: int, expected: int | None) -> None:
-        if not bar:  # the total is known once the export has started; the image's size, which the tar outgrows
-            bar.append(Progress(f"export {layer.qualname}", expected, estimate=True))
+        if not bar:  # the total is known once the export has started
+            bar.append(export_progress(layer.qualname, expected))
         bar[0].update(streamed - bar[0].done)
 
     try:
