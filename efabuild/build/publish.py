@@ -65,6 +65,7 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
             export_options=export_info, base=_base(prepared.plan, layer.qualname),
             chain=_chain(prepared.plan, layer.qualname),
             builder=builder_versions, times={"started": started, "exported": _now()},
+            platform=plan.inputs.platform,
         )
         record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info,
                                          sha256=sha256.result())

@@ -2,22 +2,31 @@
 
 Order as glibc's ld.so searches for a library without a path: LD_LIBRARY_PATH, then the
 directories of /etc/ld.so.conf (and the files it includes, in sorted order) as cached by ldconfig,
-then the default directories. RUNPATHs of the loading binary are not known here and are ignored.
+then the default directories (the image's own machine's: an arm64 loader never looks in
+/usr/lib/x86_64-linux-gnu). RUNPATHs of the loading binary are not known here and are ignored.
 """
 
 from __future__ import annotations
 
 import posixpath
 
+from efabuild.provenance import elf
 from efabuild.provenance.fsview import FsView
 from efabuild.provenance.measured import LibDir
 
 LD_SO_CONF = "/etc/ld.so.conf"
-DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+_GENERIC_DIRS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib")
+DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", *_GENERIC_DIRS)
 _MAX_INCLUDE_DEPTH = 8
 
 
-def search_path(fs: FsView, env: dict[str, str]) -> tuple[LibDir, ...]:
+def default_dirs(machine: str | None) -> tuple[str, ...]:
+    """The loader's built-in directories on `machine` (x86_64's when it is not known)."""
+    triplet = elf.triplet(machine) or elf.triplet("x86_64")
+    return (f"/lib/{triplet}", f"/usr/lib/{triplet}", *_GENERIC_DIRS)
+
+
+def search_path(fs: FsView, env: dict[str, str], machine: str | None = None) -> tuple[LibDir, ...]:
     found: list[LibDir] = []
     seen: set[str] = set()
 
@@ -32,7 +41,7 @@ def search_path(fs: FsView, env: dict[str, str]) -> tuple[LibDir, ...]:
             add(directory, "env:LD_LIBRARY_PATH")
     for directory, source in _conf_dirs(fs, LD_SO_CONF, 0):
         add(directory, source)
-    for directory in DEFAULT_DIRS:
+    for directory in default_dirs(machine):
         add(directory, "default")
     return tuple(found)
 

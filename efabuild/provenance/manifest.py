@@ -137,6 +137,14 @@ def measured_of(manifest: Mapping[str, Any]) -> Measured:
     return Measured.from_dict(manifest.get("measured") or {})
 
 
+def platform_of(manifest: Mapping[str, Any]) -> str | None:
+    """The platform the artifact's own layer was built for (its key's input), None when unknown."""
+    chain = manifest.get("chain") or []
+    inputs = (chain[-1].get("inputs") if isinstance(chain[-1], dict) else None) if chain else None
+    platform = inputs.get("platform") if isinstance(inputs, dict) else None
+    return platform if isinstance(platform, str) else None
+
+
 def declared_args(manifest: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     """Build args over the whole chain: name -> (value, layer). A later layer's value wins."""
     found: dict[str, tuple[str, str]] = {}

@@ -39,13 +39,15 @@ def describe_sqsh(
     image_env: Mapping[str, str] | Iterable[str] | None = None,
     image_labels: Mapping[str, str] | None = None,
     sqsh_sha256: str | Callable[[], str] | None = None,
+    platform: str | None = None,
 ) -> bytes:
     """Probe an exported .sqsh and return its canonical manifest bytes, ready for store.publish.
 
     Without `image_env`/`image_labels` the env and labels are read from the .sqsh's /etc/environment
     and /etc/rc: what Enroot and Pyxis will use when the container starts. `sqsh_sha256` may be a
-    callable, asked once the probe is done."""
-    measured = probe_tree(SqshView(sqsh), image_env, image_labels)
+    callable, asked once the probe is done. `platform` is the layer's (linux/arm64): its machine's
+    directories are searched first and it is the machine the manifest records."""
+    measured = probe_tree(SqshView(sqsh), image_env, image_labels, platform)
     if callable(sqsh_sha256):  # computed while the probe ran (see digest.Sha256Pass)
         sqsh_sha256 = sqsh_sha256()
     return manifests.encode(manifests.build_manifest(
@@ -101,13 +103,14 @@ def audit_stored(store: Any, ref: str, policy: AuditPolicy, host: checks_.HostFa
     copies = _copies(store, key)
     sqsh = measured = None
     probe_error = None
+    manifest_bytes = store.manifest(key)
     if path is not None:
         sqsh = next((facts for _, where, facts, _ in copies if where == path), None)
         try:
-            measured = probe_tree(SqshView(path))
+            # measured again the way make measured it: on the platform its key was built for
+            measured = probe_tree(SqshView(path), platform=_platform(manifest_bytes))
         except EfabuildError as exc:
             probe_error = str(exc)
-    manifest_bytes = store.manifest(key)
     results = checks_.audit(
         record=record, manifest_bytes=manifest_bytes, sqsh=sqsh, measured=measured,
         policy=policy, host=host, probe_error=probe_error,
@@ -115,6 +118,13 @@ def audit_stored(store: Any, ref: str, policy: AuditPolicy, host: checks_.HostFa
     if path is not None:
         results[0] = _integrity_of_every_copy(record, manifest_bytes, copies)
     return AuditResult(ref, key, record.name, tuple(results))
+
+
+def _platform(manifest_bytes: bytes | None) -> str | None:
+    try:
+        return manifests.platform_of(manifests.decode(manifest_bytes)) if manifest_bytes is not None else None
+    except EfabuildError:
+        return None  # manifest-integrity says what is wrong with it
 
 
 def _copies(store: Any, key: str) -> list[tuple[str, Any, checks_.FileFacts | None, str | None]]:
