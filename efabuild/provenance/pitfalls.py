@@ -6,13 +6,12 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 
-from efabuild.nccl import forces_other_network, is_infiniband_setting, is_ofi_plugin
+from efabuild.nccl import efa_lead, forces_other_network, is_infiniband_setting, is_ofi_plugin
 from efabuild.provenance import elf, versions
 from efabuild.provenance.checks import FAIL, PASS, SKIP, WARN, Check, HostFacts
 from efabuild.provenance.measured import Measured
 
 EFA_LD_PREFIX = ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/efa/lib")
-OFI_LD_DIRS = (EFA_LD_PREFIX[0], *(f"{EFA_LD_PREFIX[0]}/{t}" for t in elf.TRIPLETS))
 SHADOWABLE = ("aws-ofi-nccl", "libfabric", "nccl")
 # An older NCCL first on the loader's path only warns: PyTorch may load its own copy by RUNPATH.
 SHADOWING_FAILS = ("aws-ofi-nccl", "libfabric")
@@ -95,23 +94,11 @@ def _ld_library_path(env: Mapping[str, str], image: Measured) -> Check:
     if image.component("efa-installer").version is None:
         return Check("ld-library-path", SKIP, "no EFA installer in the image: the base's ld.so.conf entries apply")
     value = env.get("LD_LIBRARY_PATH", "")
-    entries = [p.rstrip("/") for p in value.split(":")]
-    if _led_by_efa(entries, image.machine):
-        return Check("ld-library-path", PASS, f"led by {':'.join(entries[:entries.index(EFA_LD_PREFIX[1]) + 1])}")
+    lead = efa_lead(value, elf.triplet(image.machine))
+    if lead is not None:
+        return Check("ld-library-path", PASS, f"led by {lead}")
     return Check("ld-library-path", FAIL, f"LD_LIBRARY_PATH={value or '(unset)'} is not led by "
                                           f"{':'.join(EFA_LD_PREFIX)}: the base's older EFA libraries may win")
-
-
-def _led_by_efa(entries: list[str], machine: str | None) -> bool:
-    """/opt/amazon/ofi-nccl/lib (or its per-triplet directories, where newer installers put the
-    plugin) then /opt/amazon/efa/lib, first; one of the plugin directories must be this machine's
-    or the plain one (an arm64 loader skips the x86_64 one)."""
-    if EFA_LD_PREFIX[1] not in entries:
-        return False
-    lead = entries[:entries.index(EFA_LD_PREFIX[1])]
-    own_triplets = [elf.triplet(machine)] if elf.triplet(machine) else list(elf.TRIPLETS)
-    own = {EFA_LD_PREFIX[0], *(f"{EFA_LD_PREFIX[0]}/{t}" for t in own_triplets)}
-    return bool(lead) and all(d in OFI_LD_DIRS for d in lead) and any(d in own for d in lead)
 
 
 def _openmpi(image: Measured) -> Check:
