@@ -76,6 +76,7 @@ def test_show_table_and_json(store: Path, capsys) -> None:
     lines = out.splitlines()
     assert lines[0].split() == ["name", "ngc-efa:deepep"]
     assert "manifest  verified against the record" in out
+    assert "machine   x86_64 (amd64), from platform linux/amd64" in lines
     component_rows = {line.split()[0]: line.split()[1:] for line in lines if line.split()[:1] and
                       line.split()[0] in ("nccl", "aws-ofi-nccl", "efa-installer", "deepep")}
     assert component_rows["aws-ofi-nccl"] == ["1.21.1", "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"]

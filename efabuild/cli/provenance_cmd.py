@@ -164,10 +164,21 @@ def _summary_rows(m: dict, verified: bool) -> list[tuple[str, str]]:
         ("sha256", artifact.get("sha256") or "- (exported before efabuild recorded it)"),
         ("export", " ".join(f"{k}={_text(v)}" for k, v in sorted(export.items())) or "-"),
         ("base", f"{base.get('ref') or '-'}" + (f" @ {base['digest']}" if base.get("digest") else " (not pinned)")),
+        ("machine", _machine(m.get("measured") or {})),
         ("built", "  ".join(f"{k} {v}" for k, v in sorted(times.items())) or "-"),
         ("tools", "  ".join(f"{k} {v}" for k, v in sorted(builder.items())) or "-"),
         ("manifest", "verified against the record" if verified else "NOT VERIFIED: differs from the record"),
     ]
+
+
+def _machine(measured: dict) -> str:
+    machine = measured.get("machine") if isinstance(measured.get("machine"), dict) else None
+    if machine is None:
+        return "- (measured before efabuild recorded it)"
+    if not machine.get("name"):
+        return "unknown (no ELF file read)"
+    arch = f" ({_text(machine.get('architecture'))})" if machine.get("architecture") else ""
+    return f"{_text(machine['name'])}{arch}, from {_text(machine.get('source'))}"
 
 
 def _chain_rows(chain: list) -> list[tuple[str, ...]]:
