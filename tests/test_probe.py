@@ -260,3 +260,21 @@ def test_elf_headers_are_read_bounded_from_a_sqsh_as_from_a_directory(tmp_path: 
     heads = SqshView(sqsh).read_heads([AARCH64_NCCL, "/etc/hostname", "/missing"], 20)
     assert heads == {AARCH64_NCCL: (root / AARCH64_NCCL.lstrip("/")).read_bytes()[:20],
                      "/etc/hostname": b"not an ELF file"}
+
+
+def test_the_image_s_programs_choose_the_search_order_so_the_libraries_are_measured_once(
+        tmp_path: Path, monkeypatch) -> None:
+    from efabuild.provenance import ldpath
+
+    root = tmp_path / "root"
+    arm64_image(root)
+    calls = []
+    search_path = ldpath.search_path
+    monkeypatch.setattr(ldpath, "search_path", lambda *a: calls.append(a[-1]) or search_path(*a))
+    measured = probe_tree(DirView(root))
+    assert calls == ["x86_64", "aarch64"]  # no program to tell: x86_64's order, then again
+    ngc.write(root, "/bin/sh", ngc.fake_elf(machine=ngc.EM_AARCH64))
+    calls.clear()
+    again = probe_tree(DirView(root))
+    assert calls == ["aarch64"]
+    assert again.components == measured.components and again.machine == "aarch64"

@@ -46,7 +46,7 @@ from efabuild.provenance.imageenv import (
     parse_rc_labels,
     shown_value,
 )
-from efabuild.provenance.libraries import aws_ofi_nccl, cudnn, libfabric, machine_files, nccl
+from efabuild.provenance.libraries import PROGRAMS, aws_ofi_nccl, cudnn, libfabric, machine_files, nccl
 from efabuild.provenance.measured import Component, Copy, Measured, MpiInstall
 
 EFA_PACKAGES_FILE = "/opt/amazon/efa_installed_packages"
@@ -83,9 +83,10 @@ def probe_tree(
     packages = dpkg.installed_packages(fs)
     sites = site_dirs(fs)
     given = elf.machine_of_platform(platform)
-    # without the platform: the ELF headers of the files found decide, under x86_64's search
-    # order first; another machine found there is measured again under its own
-    machine = given or "x86_64"
+    # without the platform: the ELF headers of the files found decide, searched first as the
+    # image's programs (/bin/sh, the loader...) say, else as on x86_64; libraries of another
+    # machine found there are measured again under their own
+    machine = given or _programs_machine(fs) or "x86_64"
     search, libraries, machines = _libraries(fs, env, packages, sites, machine)
     if given is None:
         found = _majority(machines)
@@ -131,6 +132,12 @@ def _libraries(fs: FsView, env: dict[str, str], packages: dict, sites: list[str]
     heads = fs.read_heads(files, elf.HEAD_BYTES)
     machines = {path: m for path in files if (m := elf.machine(heads.get(path, b""))) is not None}
     return search, found, machines
+
+
+def _programs_machine(fs: FsView) -> str | None:
+    heads = fs.read_heads(PROGRAMS, elf.HEAD_BYTES)
+    found = _majority({path: m for path, head in heads.items() if (m := elf.machine(head)) is not None})
+    return found if found in elf.SUPPORTED else None
 
 
 def _majority(machines: Mapping[str, str]) -> str | None:
