@@ -278,3 +278,19 @@ def test_the_image_s_programs_choose_the_search_order_so_the_libraries_are_measu
     again = probe_tree(DirView(root))
     assert calls == ["aarch64"]
     assert again.components == measured.components and again.machine == "aarch64"
+
+
+def test_the_loader_passes_over_a_library_of_another_machine(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    env = arm64_image(root)
+    # an x86_64 build of the newer plugin first on the path: ld.so on arm64 skips it and goes on
+    ngc.ofi_plugin(root, "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", "1.22.0", ngc.EM_X86_64)
+    env["LD_LIBRARY_PATH"] = "/opt/amazon/ofi-nccl/lib:" + env["LD_LIBRARY_PATH"]
+    measured = probe_tree(DirView(root), env, platform="linux/arm64")
+    ofi = measured.component("aws-ofi-nccl")
+    assert (ofi.loads, ofi.version) == (AARCH64_OFI, ngc.OFI)
+    assert [h.path for h in ofi.on_path] == [AARCH64_OFI]  # the x86_64 copy is reachable by no name
+    assert ("/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", "1.22.0") in [(c.path, c.version) for c in ofi.copies]
+    assert dict(measured.elf)["/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"] == "x86_64"
+    # on x86_64 the same image would load the x86_64 copy
+    assert probe_tree(DirView(root), env, platform="linux/amd64").component("aws-ofi-nccl").version == "1.22.0"

@@ -67,22 +67,32 @@ def _conf_dirs(fs: FsView, conf: str, depth: int) -> list[tuple[str, str]]:
     return dirs
 
 
-def find_library(fs: FsView, dirs: tuple[LibDir, ...], name: str) -> str | None:
-    """The path the loader would open for `name` (e.g. "libnccl.so.2"), or None."""
-    if "/" in name:
-        return name if fs.is_file(name) else None
-    for libdir in dirs:
-        candidate = posixpath.join(libdir.dir, name)
-        if fs.is_file(candidate):
-            return candidate
-    return None
+def find_library(fs: FsView, dirs: tuple[LibDir, ...], name: str, machine: str | None = None) -> str | None:
+    """The path the loader would open for `name` (e.g. "libnccl.so.2"), or None. On `machine`, an
+    ELF file of another machine is passed over, as ld.so does, and the search goes on."""
+    found = find_all(fs, dirs, name, machine, first=True)
+    return found[0] if found else None
 
 
-def find_all(fs: FsView, dirs: tuple[LibDir, ...], name: str) -> list[str]:
-    """Every `<dir>/<name>` that exists, in search order: the first is the one that loads."""
-    if "/" in name:
-        return [name] if fs.is_file(name) else []
-    return [p for p in (posixpath.join(d.dir, name) for d in dirs) if fs.is_file(p)]
+def find_all(fs: FsView, dirs: tuple[LibDir, ...], name: str, machine: str | None = None,
+             first: bool = False) -> list[str]:
+    """Every `<dir>/<name>` that exists and `machine`'s loader would open, in search order: the
+    first is the one that loads."""
+    candidates = [name] if "/" in name else [posixpath.join(d.dir, name) for d in dirs]
+    found = []
+    for path in candidates:
+        if fs.is_file(path) and _loadable(fs, path, machine):
+            found.append(path)
+            if first:
+                break
+    return found
+
+
+def _loadable(fs: FsView, path: str, machine: str | None) -> bool:
+    if machine is None:
+        return True
+    found = elf.machine(fs.read_heads([path], elf.HEAD_BYTES).get(path, b""))
+    return found is None or found == machine  # not ELF (a stand-in, a script): not judged here
 
 
 def position(dirs: tuple[LibDir, ...], path: str) -> int | None:

@@ -83,10 +83,11 @@ def _dpkg_source(package: dpkg.Package) -> str:
     return f"{dpkg.STATUS_FILE} ({package.name} {package.version})"
 
 
-def _on_path(fs: FsView, search: tuple[LibDir, ...], name: str, copies: list[Copy]) -> tuple[Hit, ...]:
+def _on_path(fs: FsView, search: tuple[LibDir, ...], name: str, copies: list[Copy],
+             machine: str | None) -> tuple[Hit, ...]:
     versions_by_path = {c.path: c.version for c in copies}
     hits = []
-    for path in ldpath.find_all(fs, search, name):
+    for path in ldpath.find_all(fs, search, name, machine):
         real = fs.resolve(path) or path
         hits.append(Hit(path, real, versions_by_path.get(real)))
     return tuple(hits)
@@ -124,11 +125,11 @@ def nccl(fs: FsView, search: tuple[LibDir, ...], sites: list[str], machine: str 
         if all(found.get(k, "").isdigit() for k in ("NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH")):
             header_version = f"{found['NCCL_MAJOR']}.{found['NCCL_MINOR']}.{found['NCCL_PATCH']}"
             header_version += found.get("NCCL_SUFFIX", "")
-    loads = ldpath.find_library(fs, search, "libnccl.so.2")
+    loads = ldpath.find_library(fs, search, "libnccl.so.2", machine)
     version, source = _effective(copies, loads, fs)
     if version is None and header_version is not None:
         version, source = header_version, header
-    return Component("nccl", version, source, loads, tuple(copies), _on_path(fs, search, "libnccl.so.2", copies))
+    return Component("nccl", version, source, loads, tuple(copies), _on_path(fs, search, "libnccl.so.2", copies, machine))
 
 
 def cudnn(fs: FsView, search: tuple[LibDir, ...], machine: str | None = None) -> Component:
@@ -153,10 +154,11 @@ def libfabric(fs: FsView, search: tuple[LibDir, ...], packages: dict[str, dpkg.P
     for real in _library_copies(fs, search, "libfabric.so.1*", extra_lib_dirs(machine)):
         version, source = _libfabric_version(fs, real, owners)
         copies.append(Copy(real, version, source))
-    loads = ldpath.find_library(fs, search, "libfabric.so.1")
+    loads = ldpath.find_library(fs, search, "libfabric.so.1", machine)
     # no fallback to the package database alone: a package whose files are gone is not installed
     version, source = _effective(copies, loads, fs)
-    return Component("libfabric", version, source, loads, tuple(copies), _on_path(fs, search, "libfabric.so.1", copies))
+    hits = _on_path(fs, search, "libfabric.so.1", copies, machine)
+    return Component("libfabric", version, source, loads, tuple(copies), hits)
 
 
 def _libfabric_version(fs: FsView, real: str, owners: dict[str, dpkg.Package]) -> tuple[str | None, str | None]:
@@ -205,11 +207,11 @@ def aws_ofi_nccl(
             copies.append(Copy(real, versions.upstream(owners[real].version), _dpkg_source(owners[real])))
         elif posixpath.basename(real) == "libnccl-net-ofi.so":
             copies.append(Copy(real, None, None))
-    plugin = ldpath.find_library(fs, search, plugin_file_name(env))
+    plugin = ldpath.find_library(fs, search, plugin_file_name(env), machine)
     is_ofi = plugin is not None and any(c.path == fs.resolve(plugin) for c in copies)
     loads = plugin if is_ofi else None
     version, source = _effective(copies, loads, fs)
-    hits = _on_path(fs, search, "libnccl-net-ofi.so", copies)
+    hits = _on_path(fs, search, "libnccl-net-ofi.so", copies, machine)
     return Component("aws-ofi-nccl", version, source, loads, tuple(copies), hits)
 
 
@@ -245,7 +247,7 @@ def machine_files(fs: FsView, search: tuple[LibDir, ...], env: dict[str, str], c
 
     for path in PROGRAMS:
         add(path)
-    add(ldpath.find_library(fs, search, "libc.so.6"))
+    add(ldpath.find_library(fs, search, "libc.so.6", machine))
     dirs = extra_lib_dirs(machine)
     for component in components:
         add(component.loads)

@@ -24,6 +24,12 @@ Where each version is read:
 | openmpi       | each installation's include/mpi.h, lib/pkgconfig/ompi.pc, or "Open MPI X.Y.Z" in libmpi |
 | deepep        | deep_ep-*.dist-info: Version; commit from direct_url.json vcs_info.commit_id, else    |
 |               | the .git/HEAD of the source directory pip recorded (`url: file://...`)                |
+| machine       | the layer's platform; else the ELF headers (e_machine) of the programs, libraries and  |
+|               | plugins read (`libraries.machine_files`): most of them decide                         |
+
+Libraries and headers are looked for in every supported triplet's directories (x86_64-linux-gnu,
+aarch64-linux-gnu), the image's machine first; the loader's own default directories are its
+machine's only, and a library of another machine on the path is passed over, as ld.so does.
 """
 
 from __future__ import annotations
