@@ -640,3 +640,10 @@ def test_demo_variants_are_caught(demo: DemoBuilds, capsys, variant: str, check:
     key = demo.publish(tag, "demo:variant", demo.chain + [("demo:variant", variant, {})])
     checks = audit_demo(demo, capsys, key)
     assert checks[check]["status"] == FAIL and words in checks[check]["message"]
+
+
+def test_elf_machine_skips_an_image_without_elf_files(tree: Path) -> None:
+    ngc.write(tree, "/usr/lib/x86_64-linux-gnu/libnccl.so.2.30.7", "fixture shared library stand-in\n")
+    checks = audit_tree(tree)
+    assert checks["elf-machine"].status == "skip"
+    assert checks["elf-machine"].message.startswith("no ELF program, library or plugin read")

@@ -27,7 +27,8 @@ def elf_machine(image: Measured, platform: str | None) -> Check:
     if expected is None:
         expected, reference = image.machine, f"most of the image's files ({image.machine_source or 'ELF headers'})"
     if not image.elf or expected is None:
-        return Check(name, SKIP, "no ELF program, library or plugin found to read the machine of")
+        return Check(name, SKIP, "no ELF program, library or plugin read (none in the image, or the manifest "
+                                 "was made before efabuild recorded machines)")
     foreign = [(path, machine) for path, machine in image.elf if machine != expected]
     if not foreign:
         return Check(name, PASS, f"{len(image.elf)} programs, libraries and plugins are {expected}")
