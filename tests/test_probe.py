@@ -294,3 +294,19 @@ def test_the_loader_passes_over_a_library_of_another_machine(tmp_path: Path) -> 
     assert dict(measured.elf)["/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"] == "x86_64"
     # on x86_64 the same image would load the x86_64 copy
     assert probe_tree(DirView(root), env, platform="linux/amd64").component("aws-ofi-nccl").version == "1.22.0"
+
+
+def test_the_files_whose_machine_is_read_are_bounded(tmp_path: Path, monkeypatch) -> None:
+    from efabuild.provenance import libraries
+
+    root = tmp_path / "root"
+    ngc.full_image(root)
+    for number in range(40):  # a provider directory of many libraries
+        ngc.write(root, f"/opt/amazon/efa/lib/libfabric/libprov{number:02}-fi.so", ngc.fake_elf())
+    assert len(probe_tree(DirView(root)).elf) > 40
+    monkeypatch.setattr(libraries, "MAX_MACHINE_FILES", 12)
+    measured = probe_tree(DirView(root))
+    assert len(measured.elf) == 12
+    # the libraries and plugins come before the providers' long tail
+    assert {f"/usr/lib/x86_64-linux-gnu/libnccl.so.{ngc.NCCL}",
+            "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"} <= set(dict(measured.elf))

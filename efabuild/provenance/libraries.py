@@ -238,16 +238,18 @@ def machine_files(fs: FsView, search: tuple[LibDir, ...], env: dict[str, str], c
     """The image's files whose machine decides whether it runs on its platform: the sample of
     programs, libc, every copy of the probed libraries, NCCL's plugins and libfabric's providers.
     Real paths, in a stable order, at most MAX_MACHINE_FILES."""
-    found: list[str] = []
+    found: dict[str, None] = {}  # ordered, and a set: a provider directory may hold thousands
 
     def add(path: str | None) -> None:
+        if len(found) >= MAX_MACHINE_FILES:
+            return
         real = fs.resolve(path) if path else None
         if real is not None and real not in found and fs.is_file(real):
-            found.append(real)
+            found[real] = None
 
     for path in PROGRAMS:
         add(path)
-    add(ldpath.find_library(fs, search, "libc.so.6", machine))
+    add(ldpath.find_library(fs, search, "libc.so.6"))  # whichever machine: a foreign one is the finding
     dirs = extra_lib_dirs(machine)
     for component in components:
         add(component.loads)
@@ -267,4 +269,4 @@ def machine_files(fs: FsView, search: tuple[LibDir, ...], env: dict[str, str], c
     for directory in fabric_dirs:
         for path in fs.glob(f"{directory}/*.so"):
             add(path)
-    return found[:MAX_MACHINE_FILES]
+    return list(found)
