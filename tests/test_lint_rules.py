@@ -213,3 +213,13 @@ def test_the_plugin_directory_of_the_layers_triplet_leads_the_library_path(tmp_p
     (tmp_path / "src" / "layer.Dockerfile").write_text(f"# platform: {platform}\n{text}")
     found, _ = lint_fixture(tmp_path, "layer.Dockerfile", source=tmp_path / "src")
     assert {f.rule for f in found if f.severity != "info"} == rules
+
+
+def test_a_foreign_machine_url_with_credentials_is_named_without_them(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "layer.Dockerfile").write_text(
+        "# platform: linux/arm64\nRUN curl -fsSLO https://deploy:s3cr3tpass@artifacts.example/x86_64/tool.tar.gz\n")
+    found, _ = lint_fixture(tmp_path, "layer.Dockerfile", source=tmp_path / "src")
+    (finding,) = [f for f in found if f.rule == "EFA022"]
+    assert finding.message.startswith("a URL with credentials (not shown) names x86_64")
+    assert "s3cr3tpass" not in finding.message + finding.fix

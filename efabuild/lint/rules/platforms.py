@@ -22,6 +22,15 @@ from efabuild.redact import secret_value
 
 # how each machine is spelled in triplets, download URLs and package file names
 _SPELLINGS = {"x86_64": ("x86_64", "amd64"), "aarch64": ("aarch64", "arm64", "sbsa")}
+
+
+def _whole_words(names: list[str]) -> re.Pattern[str]:
+    return re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, names)) + r")(?![A-Za-z0-9])")
+
+
+# per machine: the other machines' spellings
+_FOREIGN = {m: _whole_words([n for other, names in _SPELLINGS.items() if other != m for n in names])
+            for m in _SPELLINGS}
 _USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*@")
 _FILE_NAME = re.compile(r"\.(?:deb|rpm|tar|tgz|gz|xz|bz2|zst|zip|sh|run|whl|so|bin|AppImage)\b")
 
@@ -70,8 +79,7 @@ def foreign_machine_download(facts: LayerFacts) -> Iterator[Finding]:
     if found is None:
         return
     platform, machine = found
-    spellings = [s for m, names in _SPELLINGS.items() if m != machine for s in names]
-    pattern = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(map(re.escape, spellings)) + r")(?![A-Za-z0-9])")
+    pattern = _FOREIGN[machine]
     for rc in facts.evaluated.runs:
         for word in rc.command.argv:
             if not ("://" in word or word.startswith("/") or _FILE_NAME.search(word)):
