@@ -647,3 +647,12 @@ def test_elf_machine_skips_an_image_without_elf_files(tree: Path) -> None:
     checks = audit_tree(tree)
     assert checks["elf-machine"].status == "skip"
     assert checks["elf-machine"].message.startswith("no ELF program, library or plugin read")
+
+
+def test_elf_machine_names_the_first_foreign_files_and_counts_the_rest(tree: Path) -> None:
+    arm64_tree(tree)
+    for number in range(12):
+        ngc.write(tree, f"/opt/amazon/efa/lib/libfabric/libprov{number:02}-fi.so", ngc.fake_elf(machine=ngc.EM_X86_64))
+    message = failures(audit_tree(tree, chain=ngc.chain_for(KEY, platform="linux/arm64")))["elf-machine"]
+    assert message.count(" is x86_64") == 8 and "; and 4 more: not aarch64" in message
+    assert "files read: " in message and "12 x86_64" in message
