@@ -60,7 +60,6 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
         raise EfabuildError(f"{qualname}: no stored artifact for key {short(lp.key)}: "
                             f"build it first (efabuild make {qualname})")
     stored = runner.store.lookup(lp.key)
-    runner.oci_labels = _stored_oci_labels(stored)  # a later commit alone must not make it differ
     runner.farm = _farm(runner, layer, qualname)
     if runner.farm is None and layer.parent and prepared.plan.by_name()[layer.parent].key not in runner.tags:
         raise EfabuildError(f"{qualname}: its parent {layer.parent} is not in the engine and --check does not "
@@ -186,14 +185,3 @@ def render(result: CheckResult, limit: int = 50) -> str:
                  "differs at every build")
     lines.append(f"  log: {result.log}")
     return "\n".join(lines)
-
-
-def _stored_oci_labels(sqsh) -> dict[str, str]:  # noqa: ANN001 - a Path
-    """The title, source and revision labels the stored artifact was built with (Enroot keeps the
-    labels in /etc/rc)."""
-    from efabuild.build.gitstate import GIT_LABELS, TITLE
-    from efabuild.provenance.fsview import SqshView
-    from efabuild.provenance.imageenv import RC_FILE, parse_rc_labels
-
-    labels = parse_rc_labels(SqshView(sqsh).read_text(RC_FILE) or "")
-    return {name: labels[name] for name in (TITLE, *GIT_LABELS) if name in labels}

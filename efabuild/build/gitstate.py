@@ -10,9 +10,10 @@ import re
 import subprocess
 from pathlib import Path
 
-SOURCE = "org.opencontainers.image.source"
-REVISION = "org.opencontainers.image.revision"
-TITLE = "org.opencontainers.image.title"
+from efabuild.refs import REVISION_LABEL as REVISION
+from efabuild.refs import SOURCE_LABEL as SOURCE
+from efabuild.refs import TITLE_LABEL as TITLE
+
 GIT_LABELS = (SOURCE, REVISION)
 _TIMEOUT_S = 10
 # a label is one argument of `docker buildx build`: the kernel refuses one over 128 KiB, and no

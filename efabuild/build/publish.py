@@ -22,9 +22,10 @@ def export_progress(qualname: str, expected: int | None):  # noqa: ANN201 - a Pr
 
 def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
                        tag: str, reporter: Reporter, epoch: int, builder_versions: dict, signer=None,
-                       cancel=None, exporter=None) -> Path:
+                       cancel=None, exporter=None, vcs=None) -> Path:
     """`exporter(out, progress=, sha256=, cancel=, chunking=)` exports from elsewhere than `engine` (a
-    farm). The export cuts the .sqsh into the S3 tier's chunks in its digest pass (see _chunking)."""
+    farm). The export cuts the .sqsh into the S3 tier's chunks in its digest pass (see _chunking).
+    `vcs`: the workspace's git revision and source, for the manifest (never in the .sqsh)."""
     from efabuild.signing.attest import signed
     from efabuild.store.digest import Sha256Pass
     from efabuild.store.progress import Progress
@@ -64,7 +65,7 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
             result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest, sqsh_sha256=sha256.result,
             export_options=export_info, base=_base(prepared.plan, layer.qualname),
             chain=_chain(prepared.plan, layer.qualname),
-            builder=builder_versions, times={"started": started, "exported": _now()},
+            builder=builder_versions, times={"started": started, "exported": _now()}, vcs=vcs,
             platform=plan.inputs.platform,
         )
         record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info,

@@ -21,7 +21,7 @@ from efabuild.errors import EfabuildError, InputError
 from efabuild.model import Layer, Workspace
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
 from efabuild.redact import Redactor, dockerfile_secret_values, is_secret_arg
-from efabuild.refs import image_tag, short
+from efabuild.refs import GRAPH_LABEL, KEY_LABEL, LAYER_LABEL, image_tag, short
 from efabuild.build.context import SOURCE_DATE_EPOCH, context_dir
 from efabuild.build.leftovers import LeftoverSearch, sweep
 from efabuild.build.prepare import Prepared, prepare
@@ -227,7 +227,7 @@ class _Runner:
         return f"FROM {layer.base.ref}"
 
     def build_request(self, layer: Layer, lp: LayerPlan, context_dir: Path, tag: str, *, no_cache: bool = False):
-        from efabuild.build.gitstate import TITLE
+        from efabuild.build.gitstate import GIT_LABELS, TITLE
         from efabuild.engine.build import BuildRequest
 
         return BuildRequest(
@@ -236,9 +236,11 @@ class _Runner:
             context_dir=context_dir,
             build_args=dict(layer.args),
             secrets=layer.secrets,
-            # the layer's own title (not the base's) and where its sources are, when in git
-            labels={TITLE: layer.qualname, **self.oci_labels, "org.efabuild.key": lp.key,
-                    "org.efabuild.graph": layer.graph, "org.efabuild.layer": layer.name},
+            # the layer's own title (not the base's) and where its sources are, when in git; empty
+            # outside git, so that an image never shows its parent's commit as its own. None of
+            # these but the key reaches the .sqsh (refs.UNKEYED_LABELS)
+            labels={TITLE: layer.qualname, **dict.fromkeys(GIT_LABELS, ""), **self.oci_labels,
+                    KEY_LABEL: lp.key, GRAPH_LABEL: layer.graph, LAYER_LABEL: layer.name},
             platform=self.ws.settings.builder.platform,
             source_date_epoch=SOURCE_DATE_EPOCH,
             no_cache=no_cache,
@@ -267,11 +269,18 @@ class _Runner:
 
     @functools.cached_property
     def oci_labels(self) -> dict[str, str]:
-        """OCI source and revision labels from the workspace's git state, read once per make
-        (make --check puts the stored artifact's in their place)."""
+        """OCI source and revision labels from the workspace's git state, read once per make: on
+        the images, and in each manifest as its `vcs`."""
         from efabuild.build.gitstate import git_labels
 
         return git_labels(self.ws.root)
+
+    @property
+    def vcs(self) -> dict[str, str]:
+        from efabuild.build.gitstate import REVISION, SOURCE
+
+        return {name: self.oci_labels[label] for name, label in (("revision", REVISION), ("source", SOURCE))
+                if self.oci_labels.get(label)}
 
     @functools.cached_property
     def builder_versions(self) -> dict:
@@ -300,6 +309,7 @@ class _Runner:
             ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
             tag=self.tags.get(lp.key, ""), reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
             builder_versions=self.builder_versions, signer=self.signer, cancel=self.cancel, exporter=exporter,
+            vcs=self.vcs,
         )
         return str(path)
 

@@ -157,6 +157,7 @@ def _summary_rows(m: dict, verified: bool) -> list[tuple[str, str]]:
     base = m.get("base") or {}
     times = m.get("times") or {}
     builder = m.get("builder") or {}
+    vcs = m.get("vcs") if isinstance(m.get("vcs"), dict) else {}
     return [
         ("name", m.get("name", "")),
         ("key", m.get("key", "")),
@@ -167,6 +168,8 @@ def _summary_rows(m: dict, verified: bool) -> list[tuple[str, str]]:
         ("machine", _machine(m.get("measured") or {})),
         ("built", "  ".join(f"{k} {v}" for k, v in sorted(times.items())) or "-"),
         ("tools", "  ".join(f"{k} {v}" for k, v in sorted(builder.items())) or "-"),
+        ("revision", " ".join(_text(vcs[k]) for k in ("revision", "source") if vcs.get(k))
+         or "- (not built from a git checkout)"),
         ("manifest", "verified against the record" if verified else "NOT VERIFIED: differs from the record"),
     ]
 

@@ -2,7 +2,8 @@
 
     docker create + docker export ──tar──► tarfilter ──tar──► mksquashfs - OUT -tar
 
-The result matches `enroot import dockerd://IMAGE` (what the filter does: see `tarfilter`), with
+The result matches `enroot import dockerd://IMAGE` (what the filter does: see `tarfilter`; the
+labels a build sets from outside the key are left out of /etc/rc), with
 everything owned by root and Enroot's compression options (`-comp lzo -noD` unless BUILD.toml
 says otherwise). Deterministic: the superblock and the root directory get the export's fixed time
 too, so the same image gives a byte-identical `.sqsh`.
