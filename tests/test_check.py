@@ -139,3 +139,36 @@ def test_check_finds_a_time_stamp_and_passes_a_reproducible_layer(pinned_fixture
         tags = [f"efabuild/{name.split(':')[1]}:{key}" for name, key in keys.items()]
         tags += [tag for name, key in keys.items() for tag in _check_images(name.split(":")[1], key)]
         subprocess.run(["docker", "image", "rm", "--force", *tags], capture_output=True)
+
+
+def test_check_fails_on_a_damaged_stored_artifact_and_names_it(pinned_fixture_base, tmp_path):
+    root = workspace(tmp_path / "ws", pinned_fixture_base)
+    made = efabuild(root, "make", "g:tools")
+    assert made.returncode == 0, made.stderr
+    [key] = [layer["key"] for layer in json.loads(efabuild(root, "plan", "--json").stdout)["layers"]
+             if layer["name"] == "g:tools"]
+    stored = Path(efabuild(root, "lookup", "g:tools").stdout.strip())
+    try:
+        # 4 bytes changed in place: same size, same record; only the bytes say it is not the artifact
+        stored.chmod(0o644)
+        with open(stored, "r+b") as f:
+            f.seek(stored.stat().st_size // 2)
+            old = f.read(4)
+            f.seek(-4, 1)
+            f.write(bytes(b ^ 0xFF for b in old))
+        checked = efabuild(root, "make", "--check", "g:tools")
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        first = checked.stdout.splitlines()[0]
+        assert first.startswith(f"g:tools ({key[:12]}): the stored artifact is damaged: local tier: {stored}")
+        assert "identical" not in first
+        assert f"delete {stored} and run `efabuild make g:tools`" in checked.stdout
+        as_json = efabuild(root, "make", "--check", "--json", "g:tools")
+        [result] = json.loads(as_json.stdout)["checks"]
+        assert as_json.returncode == 1 and not result["identical"] and str(stored) in result["damaged"]
+        # as it says: deleted and made again, the artifact is whole and checks identical
+        stored.unlink()
+        assert efabuild(root, "make", "g:tools").returncode == 0
+        again = efabuild(root, "make", "--check", "g:tools")
+        assert again.returncode == 0 and "identical to the stored artifact" in again.stdout, again.stdout
+    finally:
+        subprocess.run(["docker", "image", "rm", "--force", f"efabuild/tools:{key}"], capture_output=True)
