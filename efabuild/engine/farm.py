@@ -93,7 +93,7 @@ class Farm:
         Raises InputError without [registry], EngineUnavailable when no builder answers; a
         builder that does not answer is reported through `say` and left out."""
         if settings.farm:
-            nodes = [connect(node_settings(entry, settings)) for entry in settings.farm]
+            nodes = [connect(node_settings(entry, settings), farm_entry=entry) for entry in settings.farm]
         elif engine is not None and not sees_local_images(engine):
             nodes = [engine]
         else:
