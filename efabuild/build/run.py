@@ -92,6 +92,8 @@ class _Runner:
         # every secret of this make is hidden in every build's output, whichever layer it belongs to
         self.redact = output_redactor(prepared)
         self.farm = None  # efabuild.engine.farm.Farm: builders that cannot see this engine's images
+        self._node_versions: dict[int, dict] = {}  # id(farm node) -> its tool versions
+        self._versions_lock = threading.Lock()
 
     @functools.cached_property
     def steps(self) -> EngineSteps:
@@ -289,6 +291,24 @@ class _Runner:
 
         return engine_versions(self.engine)
 
+    def built_by(self, key: str) -> dict:
+        """The tool versions of the builder that built `key`, for its manifest: the engine's, or on
+        a farm the node's that built it in this make (asked once per node, `node` naming its
+        [builder] farm entry). A layer the farm did not build in this make was built before, by a
+        node no record names: its manifest names no builder rather than the wrong one."""
+        if self.farm is None:
+            return self.builder_versions
+        from efabuild.build.publish import engine_versions
+        from efabuild.engine.build import builder_name
+
+        node = self.farm.builder_of(key)
+        if node is None:
+            return {}
+        with self._versions_lock:
+            if id(node) not in self._node_versions:
+                self._node_versions[id(node)] = {**engine_versions(node), "node": builder_name(node)}
+            return self._node_versions[id(node)]
+
     @functools.cached_property
     def signer(self):  # noqa: ANN201 - a signing.Signer, or None without [sign]
         """The [sign] key, loaded once per make (KMS: one GetPublicKey)."""
@@ -308,7 +328,7 @@ class _Runner:
         path = export_and_publish(
             ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
             tag=self.tags.get(lp.key, ""), reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
-            builder_versions=self.builder_versions, signer=self.signer, cancel=self.cancel, exporter=exporter,
+            builder_versions=self.built_by(lp.key), signer=self.signer, cancel=self.cancel, exporter=exporter,
             vcs=self.vcs,
         )
         return str(path)

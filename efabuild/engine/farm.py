@@ -181,6 +181,11 @@ class Farm:
         self.refs[key] = ref
         return ref
 
+    def builder_of(self, key: str) -> Engine | None:
+        """The builder that built `key` in this make; None for a layer found in the registry."""
+        index = self.built_on.get(self.refs.get(key, ""))
+        return self.nodes[index] if index is not None else None
+
     def check_name(self, layer_name: str, key: str) -> str:
         """Where make --check pushes its rebuild of a layer: REGISTRY/efabuild/<layer>:check-<key12>,
         a tag of the layer's own repository (which exists, as ECR wants), never the layer's tag;
