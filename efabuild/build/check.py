@@ -27,7 +27,10 @@ from efabuild.store.owner import owned_name
 from efabuild.build.reporter import Reporter
 
 # export options that decide the bytes of a .sqsh, as recorded with an artifact
-_PACKING = ("mksquashfs", "time_clamp")
+_PACKING = ("mksquashfs", "time_clamp", "rc_labels")
+# what an option recorded as absent meant, for artifacts exported before it was recorded
+_ABSENT = {"time_clamp": "absent (exported before times were clamped)",
+           "rc_labels": "absent (exported with the layer's name and git commit in /etc/rc)"}
 
 
 @attrs.frozen
@@ -51,6 +54,7 @@ class CheckResult:
 def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckResult:
     from efabuild.build import run as make
     from efabuild.export.sqshdiff import compare, read_sqsh
+    from efabuild.export.tarfilter import RC_LABELS
 
     runner = make._Runner(prepared, reporter)
     lp = prepared.plan.by_name()[qualname]
@@ -83,7 +87,7 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
                 if not damaged:
                     raise
                 # a damaged file may not even read as a squashfs: the damage is what the check reports
-        now = {"mksquashfs": list(rebuilt.options), "time_clamp": rebuilt.time_clamp}
+        now = {"mksquashfs": list(rebuilt.options), "time_clamp": rebuilt.time_clamp, "rc_labels": RC_LABELS}
         packing = tuple((name, record.export.get(name), now[name]) for name in _PACKING
                         if record.export.get(name) != now[name])
         return CheckResult(qualname, lp.key, stored, record.digest, rebuilt.digest, differences, packing,
@@ -207,7 +211,7 @@ def render(result: CheckResult, limit: int = 50) -> str:
     elif not result.damaged:
         lines.append("  every file is the same: the difference is in how the .sqsh was packed")
     for name, before, after in result.packing:
-        shown = "absent (exported before times were clamped)" if before is None and name == "time_clamp" else before
+        shown = _ABSENT.get(name, "absent") if before is None else before
         lines.append(f"  stored with export option {name} = {shown}, rebuilt with {after}")
     lines.append("  usual cause: network fetches at build time (apt-get, pip, curl) get whatever the "
                  "server has that day: pin versions and digests (lint's EFA017 lists unpinned apt-get "

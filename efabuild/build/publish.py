@@ -31,6 +31,7 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     from efabuild.store.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.export.squash import ENROOT_FORMAT, ExportCancelled
+    from efabuild.export.tarfilter import RC_LABELS
     from efabuild.build.stops import step_boundary
     from efabuild.store.fsutil import temp_name
     from efabuild.store.record import ArtifactRecord
@@ -57,7 +58,7 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
                 shown.close()
         export_info = {"mksquashfs": list(result.options), "compression": ws.settings.export.compression,
                        "compress_data": ws.settings.export.compress_data, "epoch": epoch,
-                       "enroot_format": ENROOT_FORMAT,
+                       "enroot_format": ENROOT_FORMAT, "rc_labels": RC_LABELS,
                        # absent in artifacts exported before times were clamped
                        "time_clamp": result.time_clamp}
         sha256 = Sha256Pass(result.path)

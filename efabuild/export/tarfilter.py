@@ -27,6 +27,10 @@ import attrs
 
 from efabuild.export.enroot import ImageConfig, enroot_files
 from efabuild.refs import UNKEYED_LABELS
+
+# recorded with every artifact as its export option `rc_labels`: /etc/rc holds only the labels the
+# key decides (absent: exported before, with the layer's name and git commit there too)
+RC_LABELS = "keyed"
 from efabuild.export.tarheader import (
     BLOCK, TarFormatError, checksum, has_body, header_block, number, padded, parse_pax, pax_block, seal,
     set_number, ustar_linkname, ustar_name,
