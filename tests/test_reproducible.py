@@ -151,9 +151,10 @@ artifact = true
 """
 
 
-def test_same_key_gives_the_same_sqsh_from_two_commits_and_a_copy_without_git(pinned_fixture_base, tmp_path):
+def test_same_key_gives_the_same_sqsh_from_two_commits_and_a_renamed_copy_without_git(pinned_fixture_base, tmp_path):
     """The git commit and remote are labels of the engine's image and fields of the manifest, never
-    bytes of the .sqsh: two CI runners on different commits publish one file under one key."""
+    bytes of the .sqsh: two CI runners on different commits publish one file under one key. So are
+    the layer's graph and name, which the key does not hold either."""
     ref, digest = pinned_fixture_base.split("@")
     ws = tmp_path / "ws"
     (ws / "graphs").mkdir(parents=True)
@@ -173,17 +174,17 @@ def test_same_key_gives_the_same_sqsh_from_two_commits_and_a_copy_without_git(pi
     git("add", "-A")
     git("commit", "-qm", "one")
     [key] = _keys(ws).values()
-    tag = f"efabuild/tools:{key}"
     built: list[tuple[bytes, dict, dict]] = []  # (.sqsh bytes, manifest, image labels) of each build
     shown: list[tuple[str, dict]] = []  # what show and show --intoto print of each
 
-    def build(root: Path) -> None:
-        efabuild(root, "make", "g")
+    def build(root: Path, name: str = "g:tools") -> None:
+        tag = f"efabuild/{name.split(':')[1]}:{key}"
+        efabuild(root, "make", name)
         labels = json.loads(docker(None, "image", "inspect", "--format", "{{json .Config.Labels}}", tag).stdout)
-        sqsh = Path(efabuild(root, "lookup", "g:tools").stdout.strip())
+        sqsh = Path(efabuild(root, "lookup", name).stdout.strip())
         built.append((sqsh.read_bytes(), json.loads(sqsh.with_suffix(".manifest.json").read_text()), labels))
-        shown.append((efabuild(root, "show", "g:tools").stdout,
-                      json.loads(efabuild(root, "show", "--intoto", "g:tools").stdout)))
+        shown.append((efabuild(root, "show", name).stdout,
+                      json.loads(efabuild(root, "show", "--intoto", name).stdout)))
         # the next build builds the key again (labels and all), into a store of its own
         docker(None, "image", "rm", tag)
         subprocess.run(["rm", "-rf", str(root / "cache")], check=True)
@@ -199,10 +200,14 @@ def test_same_key_gives_the_same_sqsh_from_two_commits_and_a_copy_without_git(pi
         copy = tmp_path / "copy"
         subprocess.run(["cp", "-a", str(ws), str(copy)], check=True)
         subprocess.run(["rm", "-rf", str(copy / ".git")], check=True)
-        assert _keys(copy) == {"g:tools": key}
-        build(copy)
+        # and under another graph and layer name: the same inputs, so the same key
+        (copy / "graphs" / "g.toml").rename(copy / "graphs" / "other.toml")
+        graph = copy / "graphs" / "other.toml"
+        graph.write_text(graph.read_text().replace("[layers.tools]", "[layers.kit]"))
+        assert _keys(copy) == {"other:kit": key}
+        build(copy, "other:kit")
     finally:
-        docker(None, "image", "rm", "--force", tag, check=False)
+        docker(None, "image", "rm", "--force", f"efabuild/tools:{key}", f"efabuild/kit:{key}", check=False)
 
     assert built[0][0] == built[1][0] == built[2][0], "the same key gave different .sqsh bytes"
     # the commit is on each image and in each manifest, which is what show and the statement read
