@@ -93,6 +93,7 @@ class _Runner:
         self.redact = output_redactor(prepared)
         self.farm = None  # efabuild.engine.farm.Farm: builders that cannot see this engine's images
         self._node_versions: dict[int, dict] = {}  # id(farm node) -> its tool versions
+        self._pulled: set[str] = set()  # keys whose image this make pulled: built by another machine
         self._versions_lock = threading.Lock()
 
     @functools.cached_property
@@ -200,6 +201,7 @@ class _Runner:
         if not self.steps.pull(tag, self.ws.settings.registry):
             raise EfabuildError(f"{lp.qualname}: {tag} vanished from the registry {self.ws.settings.registry.url}")
         self.tags[lp.key] = tag
+        self._pulled.add(lp.key)
 
     def _ensure_own_tag(self, layer: Layer, lp: LayerPlan) -> None:
         """A layer whose image exists under another layer's name gets its own tag too."""
@@ -294,8 +296,11 @@ class _Runner:
     def built_by(self, key: str) -> dict:
         """The tool versions of the builder that built `key`, for its manifest: the engine's, or on
         a farm the node's that built it in this make (asked once per node, `node` naming its
-        [builder] farm entry). A layer the farm did not build in this make was built before, by a
-        node no record names: its manifest names no builder rather than the wrong one."""
+        [builder] farm entry). A layer pulled from the registry, or one the farm did not build in
+        this make, was built elsewhere or before, by a builder no record names: its manifest names
+        none rather than the wrong one."""
+        if key in self._pulled:
+            return {}
         if self.farm is None:
             return self.builder_versions
         from efabuild.build.publish import engine_versions
