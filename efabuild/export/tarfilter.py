@@ -5,7 +5,8 @@ hand-made archives. What it does, as Enroot does it: drops `dev/*` contents and 
 fixes permissions (u+rX everywhere, u+w on directories up to depth 15), writes `/etc/environment`,
 `/etc/rc`, `/etc/rc.local` and `/etc/fstab` from the image config (see `enroot`) and creates the
 working directory. Unlike Enroot, it leaves the labels a build sets from outside the key (the
-layer's name, the git commit: refs.UNKEYED_LABELS) out of `/etc/rc`, so a key's bytes are one. Ownership is left to mksquashfs (`-all-root`).
+layer's name, the git commit: refs.UNKEYED_LABELS) out of `/etc/rc`: the bytes follow from the
+key alone. Ownership is left to mksquashfs (`-all-root`).
 
 It parses each 512-byte header, drops or patches it, and moves file bodies from one pipe to the
 other with splice(2), so the 25 GB of file data never passes through Python. Deterministic: the
