@@ -12,7 +12,6 @@ from pathlib import Path
 
 from efabuild.refs import REVISION_LABEL as REVISION
 from efabuild.refs import SOURCE_LABEL as SOURCE
-from efabuild.refs import TITLE_LABEL as TITLE
 
 GIT_LABELS = (SOURCE, REVISION)
 _TIMEOUT_S = 10

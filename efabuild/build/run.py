@@ -21,7 +21,7 @@ from efabuild.errors import EfabuildError, InputError
 from efabuild.model import Layer, Workspace
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
 from efabuild.redact import Redactor, dockerfile_secret_values, is_secret_arg
-from efabuild.refs import GRAPH_LABEL, KEY_LABEL, LAYER_LABEL, image_tag, short
+from efabuild.refs import GRAPH_LABEL, KEY_LABEL, LAYER_LABEL, TITLE_LABEL, image_tag, short
 from efabuild.build.context import SOURCE_DATE_EPOCH, context_dir
 from efabuild.build.leftovers import LeftoverSearch, sweep
 from efabuild.build.prepare import Prepared, prepare
@@ -231,7 +231,7 @@ class _Runner:
         return f"FROM {layer.base.ref}"
 
     def build_request(self, layer: Layer, lp: LayerPlan, context_dir: Path, tag: str, *, no_cache: bool = False):
-        from efabuild.build.gitstate import GIT_LABELS, TITLE
+        from efabuild.build.gitstate import GIT_LABELS
         from efabuild.engine.build import BuildRequest
 
         return BuildRequest(
@@ -243,7 +243,7 @@ class _Runner:
             # the layer's own title (not the base's) and where its sources are, when in git; empty
             # outside git, so that an image never shows its parent's commit as its own. None of
             # these but the key reaches the .sqsh (refs.UNKEYED_LABELS)
-            labels={TITLE: layer.qualname, **dict.fromkeys(GIT_LABELS, ""), **self.oci_labels,
+            labels={TITLE_LABEL: layer.qualname, **dict.fromkeys(GIT_LABELS, ""), **self.oci_labels,
                     KEY_LABEL: lp.key, GRAPH_LABEL: layer.graph, LAYER_LABEL: layer.name},
             platform=self.ws.settings.builder.platform,
             source_date_epoch=SOURCE_DATE_EPOCH,
