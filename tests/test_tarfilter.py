@@ -58,6 +58,21 @@ PLAN = RewritePlan.for_config(
 )
 
 
+def test_etc_rc_keeps_the_labels_the_key_decides_and_no_other():
+    """The base's and the Dockerfile's labels and the key are the key's; the layer's name and the
+    workspace's git state are not, and would give one key two .sqsh files."""
+    def rc(**labels: str) -> str:
+        cfg = ImageConfig.from_docker({"Labels": {"com.nvidia.nccl.version": "2.30.7", "org.efabuild.key": "k" * 64,
+                                                  **labels}, "Cmd": ["bash"]})
+        return dict(RewritePlan.for_config(cfg).files)["etc/rc"]
+
+    here = rc(**{"org.opencontainers.image.revision": "a" * 40, "org.opencontainers.image.source": "https://x/y.git",
+                 "org.opencontainers.image.title": "g:tools", "org.efabuild.graph": "g", "org.efabuild.layer": "tools"})
+    assert here == rc(**{"org.opencontainers.image.revision": "b" * 40, "org.opencontainers.image.title": "other:kit",
+                         "org.efabuild.graph": "other", "org.efabuild.layer": "kit"}) == rc()
+    assert here.startswith(f"# com.nvidia.nccl.version 2.30.7\n# org.efabuild.key {'k' * 64}\n\n")
+
+
 def test_filter_drops_dev_contents_and_dockerenv_and_replaces_config_files(tmp_path: Path) -> None:
     out = _filter(tmp_path, _tar([
         (".dockerenv", "f", 0o755, b""),
