@@ -22,16 +22,18 @@ def export_progress(qualname: str, expected: int | None):  # noqa: ANN201 - a Pr
 
 def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
                        tag: str, reporter: Reporter, epoch: int, builder_versions: dict, signer=None,
-                       cancel=None, exporter=None, vcs=None) -> Path:
+                       cancel=None, exporter=None) -> Path:
     """`exporter(out, progress=, sha256=, cancel=, chunking=)` exports from elsewhere than `engine` (a
     farm). The export cuts the .sqsh into the S3 tier's chunks in its digest pass (see _chunking).
-    `vcs`: the workspace's git revision and source, for the manifest (never in the .sqsh)."""
+    The manifest's `vcs` is the git revision and source of the image's labels: where the image
+    was built from, on this machine or the one it was pulled from (never in the .sqsh)."""
     from efabuild.signing.attest import signed
     from efabuild.store.digest import Sha256Pass
     from efabuild.store.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.export.squash import ENROOT_FORMAT, ExportCancelled
     from efabuild.export.tarfilter import RC_LABELS
+    from efabuild.build.gitstate import vcs_of
     from efabuild.build.stops import step_boundary
     from efabuild.store.fsutil import temp_name
     from efabuild.store.record import ArtifactRecord
@@ -66,8 +68,8 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
             result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest, sqsh_sha256=sha256.result,
             export_options=export_info, base=_base(prepared.plan, layer.qualname),
             chain=_chain(prepared.plan, layer.qualname),
-            builder=builder_versions, times={"started": started, "exported": _now()}, vcs=vcs,
-            platform=plan.inputs.platform,
+            builder=builder_versions, times={"started": started, "exported": _now()},
+            vcs=vcs_of(dict(result.labels)), platform=plan.inputs.platform,
         )
         record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info,
                                          sha256=sha256.result())

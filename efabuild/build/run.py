@@ -274,17 +274,10 @@ class _Runner:
     @functools.cached_property
     def oci_labels(self) -> dict[str, str]:
         """OCI source and revision labels from the workspace's git state, read once per make: on
-        the images, and in each manifest as its `vcs`."""
+        the images, whence each manifest's `vcs`."""
         from efabuild.build.gitstate import git_labels
 
         return git_labels(self.ws.root)
-
-    @property
-    def vcs(self) -> dict[str, str]:
-        from efabuild.build.gitstate import REVISION, SOURCE
-
-        return {name: self.oci_labels[label] for name, label in (("revision", REVISION), ("source", SOURCE))
-                if self.oci_labels.get(label)}
 
     @functools.cached_property
     def builder_versions(self) -> dict:
@@ -334,7 +327,6 @@ class _Runner:
             ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
             tag=self.tags.get(lp.key, ""), reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
             builder_versions=self.built_by(lp.key), signer=self.signer, cancel=self.cancel, exporter=exporter,
-            vcs=self.vcs,
         )
         return str(path)
 
