@@ -31,8 +31,7 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     from efabuild.store.digest import Sha256Pass
     from efabuild.store.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
-    from efabuild.export.squash import ENROOT_FORMAT, ExportCancelled
-    from efabuild.export.tarfilter import RC_LABELS
+    from efabuild.export.squash import ExportCancelled
     from efabuild.build.gitstate import vcs_of
     from efabuild.build.stops import step_boundary
     from efabuild.store.fsutil import temp_name
@@ -58,11 +57,7 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
         finally:
             for shown in bar:
                 shown.close()
-        export_info = {"mksquashfs": list(result.options), "compression": ws.settings.export.compression,
-                       "compress_data": ws.settings.export.compress_data, "epoch": epoch,
-                       "enroot_format": ENROOT_FORMAT, "rc_labels": RC_LABELS,
-                       # absent in artifacts exported before times were clamped
-                       "time_clamp": result.time_clamp}
+        export_info = _export_info(ws, result, epoch)
         sha256 = Sha256Pass(result.path)
         manifest = describe_sqsh(
             result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest, sqsh_sha256=sha256.result,
@@ -83,6 +78,18 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     finally:
         out.unlink(missing_ok=True)  # published copies are links or copies of their own
     return store.lookup(plan.key, fetch=False)
+
+
+def _export_info(ws: Workspace, result, epoch: int) -> dict:  # noqa: ANN001 - an ExportResult
+    """The export options recorded with an artifact: what decides its bytes besides its key."""
+    from efabuild.export.squash import ENROOT_FORMAT
+    from efabuild.export.tarfilter import RC_LABELS
+
+    return {"mksquashfs": list(result.options), "compression": ws.settings.export.compression,
+            "compress_data": ws.settings.export.compress_data, "epoch": epoch,
+            "enroot_format": ENROOT_FORMAT, "rc_labels": RC_LABELS,
+            # absent in artifacts exported before times were clamped
+            "time_clamp": result.time_clamp}
 
 
 def _engine_exporter(ws: Workspace, engine, tag: str, key: str, name: str, epoch: int):  # noqa: ANN001, ANN202
