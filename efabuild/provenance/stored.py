@@ -101,6 +101,10 @@ def audit_stored(store: Any, ref: str, policy: AuditPolicy, host: checks_.HostFa
         path: Path | None = store.lookup(key, fetch=True, verify=False)
     except NotFound:
         path = None
+    except EfabuildError:  # no intact copy to hand out: audited as it stands (the integrity check names it)
+        path = next((tier.sqsh_path(key) for tier in store.fs_tiers if tier.has(key)), None)
+        if path is None:
+            raise
     copies = _copies(store, key)
     sqsh = measured = None
     probe_error = None

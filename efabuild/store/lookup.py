@@ -161,20 +161,52 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         if policy is not None:
             _require_signed(layout, key, policy, ref)
         return path, record
-    # A miss: the full store resolves remotely, fetches, and words the failure.
+    # A miss, or no intact copy here: the full store resolves remotely, fetches (replacing a
+    # damaged copy), and words the failure. An unsigned fetch is refused before it writes a byte.
+    from efabuild.signing.verify import VerificationFailed
     from efabuild.store.tiered import Store
 
     full = Store.from_config(table)
-    # a name copied from S3 comes here at every start: its copy is checked against the cache too
-    # (a fetched copy, verified by the fetch, is hashed once more and then remembered)
-    path = full.lookup(ref, fetch=fetch, verify=verify and not verify_cache)
+    vet = None if policy is None else _signed_in_s3(full, policy)
+    try:
+        # a name copied from S3 comes here at every start: its copy is checked against the cache too
+        # (a fetched copy, verified by the fetch, is hashed once more and then remembered)
+        path = full.lookup(ref, fetch=fetch, verify=verify and not verify_cache, vet=vet)
+    except VerificationFailed as exc:
+        raise _refusal(exc, ref) from None
     key = path.name[: -len(SQSH_SUFFIX)]
     if verify and verify_cache:
         verify_tiers(table, key, cache=True)
-    record = full.record(key)
+    layout = Layout(path.parent.parent.parent)
+    record = layout.read_record_dict(key)  # the record of the copy handed out
     if policy is not None:
-        _require_signed(Layout(path.parent.parent.parent), key, policy, ref)
-    return path, record.to_dict() if record is not None else {}
+        _require_signed(layout, key, policy, ref)
+    return path, record or {}
+
+
+def _signed_in_s3(full, policy):  # noqa: ANN001, ANN202 - a Store, a TrustPolicy; a Store.lookup vet
+    """Refuses (VerificationFailed) an artifact S3 holds without a statement signed by a key of
+    `policy` for its record, before a fetch writes any of it: a refused fetch leaves nothing a
+    plain lookup would then serve. The copy fetched is verified in full once it is stored."""
+    from efabuild.signing.verify import VerificationFailed, signed_problems
+    from efabuild.store.layout import ENVELOPE_SUFFIX
+
+    def vet(record, sidecars: dict[str, bytes]) -> None:  # noqa: ANN001 - an ArtifactRecord
+        s3 = full.s3
+        problems = signed_problems(sidecars.get(ENVELOPE_SUFFIX), record.key, record, policy, record.digest,
+                                   None, sqsh=s3.describe(record.key), where=s3.url(s3.envelope_object(record.key)))
+        if problems:
+            raise VerificationFailed(problems)
+
+    return vet
+
+
+def _refusal(exc, ref: str):  # noqa: ANN001, ANN202 - VerificationFailed in, VerificationFailed out
+    from efabuild.signing.verify import VerificationFailed
+
+    # one line for Pyxis to show: the first problem says enough to act on
+    more = f" (and {len(exc.problems) - 1} more: efabuild verify {ref})" if len(exc.problems) > 1 else ""
+    return VerificationFailed([f"refusing {ref}: {exc.problems[0]}{more}"])
 
 
 def _require_signed(layout: Layout, key: str, policy, ref: str) -> None:  # noqa: ANN001
@@ -183,6 +215,4 @@ def _require_signed(layout: Layout, key: str, policy, ref: str) -> None:  # noqa
     try:
         require_signed(layout, key, policy)
     except VerificationFailed as exc:
-        # one line for Pyxis to show: the first problem says enough to act on
-        more = f" (and {len(exc.problems) - 1} more: efabuild verify {ref})" if len(exc.problems) > 1 else ""
-        raise VerificationFailed([f"refusing {ref}: {exc.problems[0]}{more}"]) from None
+        raise _refusal(exc, ref) from None

@@ -138,17 +138,21 @@ def _sidecars(tier: Any, key: str, record: ArtifactRecord) -> tuple[ArtifactReco
 
 @contextlib.contextmanager
 def verified_copy(key: str, source: Any, staging: Any, *, trusted: bool = False,
-                  index: ChunkIndex | None = None) -> Iterator[Copy]:
+                  index: ChunkIndex | None = None,
+                  vet: Callable[[ArtifactRecord, dict[str, bytes]], None] | None = None) -> Iterator[Copy]:
     """The artifact as `source` holds it, verified. A filesystem tier's own file is used in place;
     an S3 object is downloaded into `staging` (a filesystem tier) and removed afterwards.
     `trusted` skips re-hashing a filesystem copy this process has just written and hashed, and
-    `index` is the chunk index it computed from those bytes."""
+    `index` is the chunk index it computed from those bytes. `vet(record, sidecars)` may refuse
+    the artifact (raise) from its record and sidecars, before any byte of it is read or written."""
     record = source.record(key)
     if record is None:
         raise NotFound(f"artifact {short(key)} is not in the {source.name} tier ({source.describe(key)})")
     if record.key != key:
         raise DamagedCopy(source.name, source.describe(key), f"its record is for {short(record.key)}")
     record, sidecars = _sidecars(source, key, record)
+    if vet is not None:  # the very record the bytes are then checked against
+        vet(record, sidecars)
     if hasattr(source, "sqsh_path"):  # a filesystem tier
         # checked and copied on through one descriptor: in a shared tier another user may rename
         # a file over the name once it is checked, and its bytes must not be what is copied
@@ -180,8 +184,10 @@ def send(copy: Copy, target: Any, *, locked: bool = False, show_progress: bool =
 
 
 def transfer(key: str, source: Any, targets: list, staging: Any, *, trusted: bool = False,
-             locked: bool = False, show_progress: bool = True) -> dict[str, str]:
-    """Copy `key` from `source` to every tier of `targets`, verifying the source first.
+             locked: bool = False, show_progress: bool = True,
+             vet: Callable[[ArtifactRecord, dict[str, bytes]], None] | None = None) -> dict[str, str]:
+    """Copy `key` from `source` to every tier of `targets`, verifying the source first (and
+    letting `vet` refuse it: see verified_copy).
 
     Returns {target tier name: outcome}. Raises DamagedCopy, naming the source tier and file,
     when the source does not match its record; nothing is copied then.
@@ -189,7 +195,7 @@ def transfer(key: str, source: Any, targets: list, staging: Any, *, trusted: boo
     results: dict[str, str] = {}
     if not targets:
         return results
-    with verified_copy(key, source, staging, trusted=trusted) as copy:
+    with verified_copy(key, source, staging, trusted=trusted, vet=vet) as copy:
         for target in targets:
             results[target.name] = send(copy, target, locked=locked, show_progress=show_progress)
     return results
