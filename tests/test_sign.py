@@ -512,6 +512,41 @@ def test_an_artifact_only_s3_holds_is_verified_once_fetched(tmp_path, keys, moto
     assert efabuild("lookup", key, env=env).returncode == 0  # fetched: only the signature was missing
 
 
+@pytest.mark.s3
+@pytest.mark.parametrize("size", ["as published", "forged"])
+@pytest.mark.parametrize("how", ["lookup", "importer"])
+def test_a_refused_fetch_leaves_no_unsigned_bytes_on_the_node(tmp_path, keys, moto_server, s3_bucket, how, size):
+    """A fetch that --require-signature refuses writes nothing a plain lookup could serve: the
+    statement (signed by a key the node does not trust) is checked against S3's record before a
+    byte is fetched, so a record forged to 1 TiB costs no write either."""
+    from efabuild.settings import S3Config
+    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiered import Store
+
+    builder_store, key = stored_artifact(tmp_path / "builder", PemSigner(keys["other"][0]))
+    settings = S3Config(bucket=s3_bucket, prefix="signed/", region="us-east-1", endpoint_url=moto_server)
+    builder = Store([FilesystemTier(builder_store, "local")], settings, show_progress=False)
+    builder.complete(key)
+    record = json.loads(object_path(builder_store, key, ".json").read_text())
+    if size == "forged":
+        builder.s3.client.put_object(Bucket=s3_bucket, Key=builder.s3.record_object(key),
+                                     Body=json.dumps({**record, "size": 1 << 40}).encode())
+    node = tmp_path / "fsx"
+    node.mkdir()
+    shutil.copy(builder_store / "store.toml", node / "store.toml")
+    env = node_env(tmp_path, node, keys["ec"][1])
+    args = ("lookup", "--require-signature", key) if how == "lookup" else (
+        "pyxis-importer", "get", f"docker://efabuild://{key}")
+    refused = efabuild(*args, env=env)
+    assert (refused.returncode, refused.stdout) == (1, ""), refused.stderr
+    assert refused.stderr.startswith(f"efabuild: refusing {key}: s3://{s3_bucket}/signed/objects/") \
+        and "none by a key trusted by" in refused.stderr, refused.stderr
+    assert not object_path(node, key, ".sqsh").exists()
+    assert [path for path in (node / "tmp").rglob("*")] == [] and list(node.rglob("*.sqsh")) == []
+    plain = efabuild("lookup", "--no-fetch", key, env=env)
+    assert (plain.returncode, plain.stdout) == (1, "") and "--no-fetch: S3 not asked" in plain.stderr
+
+
 @pytest.mark.parametrize("planted", ["directory", "link"])
 def test_trust_write_to_a_planted_path_is_one_line_and_leaves_it(tmp_path, keys, planted):
     """`efabuild trust --write /etc/efabuild/trust.toml` as root: a directory or a link at the path
