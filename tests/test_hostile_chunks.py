@@ -250,6 +250,40 @@ def test_a_chunk_that_inflates_past_its_length_is_refused_without_inflating(tmp_
         tier.chunks.fetch(cid, 32 * KiB)
 
 
+def _bomb(declares_size: bool) -> bytes:
+    """1 GiB of zeros as one zstd frame of ~32 KiB, its header declaring that size or not."""
+    import io
+
+    import zstandard
+
+    compressor = zstandard.ZstdCompressor(level=3, write_content_size=declares_size)
+    with compressor.stream_writer(out := io.BytesIO(), closefd=False,
+                                  size=(1 << 30) if declares_size else -1) as writer:
+        zeros = bytes(1 << 20)
+        for _ in range(1024):
+            writer.write(zeros)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("bomb", ["declares 1 GiB", "declares nothing"])
+def test_a_zstd_bomb_in_the_bucket_is_refused_before_it_takes_memory(tmp_path, settings, bomb):
+    """A chunk object of ~32 KiB (within zstd's bound for a 4 MiB chunk) that inflates to 1 GiB:
+    python-zstandard's one-shot decompress allocates what the frame declares, whatever the
+    output limit says (1.1 GiB per chunk). A fetch allocates at most the index's length."""
+    body = _bomb(bomb == "declares 1 GiB")
+    assert len(body) < 64 * KiB
+    tier = S3Tier(settings, **CHUNKED)
+    cid = "d" * 64
+    tier.client.put_object(Bucket=settings.bucket, Key=tier.chunks.object(cid), Body=body)
+    script = CHILD.replace("tier.chunks.fetch(sys.argv[3], 4096)", "tier.chunks.fetch(sys.argv[3], 4 << 20)")
+    done = subprocess.run([sys.executable, "-c", script, settings.bucket, settings.endpoint_url, cid],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "refused" in done.stderr and ("zstd" in done.stderr or "bytes" in done.stderr), done.stderr
+    grew_mib = int(done.stdout.split()[-1])
+    assert grew_mib < 32, f"a {len(body) // KiB} KiB chunk object grew the fetch by {grew_mib} MiB"
+
+
 def test_a_forged_gc_mark_never_deletes_a_chunk_that_an_index_references(tmp_path, settings, versions):
     import json
     import time

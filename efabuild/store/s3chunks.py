@@ -82,16 +82,29 @@ def compress(data: bytes) -> bytes:
     return _compressor().c.compress(data)
 
 
-def decompress(data: bytes, length: int, what: str) -> bytes:
-    """Decompress a chunk object, reading no more than the index's length for it."""
+def decompress(data: bytes, length: int, what: str) -> bytearray:
+    """A chunk object's bytes, which must be the index's `length` for it; never more than
+    length + 1 bytes are allocated or decompressed. (python-zstandard's one-shot decompress sizes
+    its output by the size a frame declares, whatever max_output_size says: a 32 KiB object
+    declaring 1 GiB took 1 GiB.) A frame declaring another size is refused unread; one declaring
+    none is streamed into a buffer of length + 1 bytes."""
     import zstandard
 
     try:
-        raw = _compressor().d.decompress(data, max_output_size=length)
+        declared = zstandard.frame_content_size(data)  # -1: the frame does not say
+        if declared not in (-1, length):
+            raise ChunkError(f"{what}: its zstd frame declares {declared} bytes, the index says {length}")
+        raw = bytearray(length + 1)
+        with _compressor().d.stream_reader(data) as reader, memoryview(raw) as view:
+            got = 0
+            while got <= length and (n := reader.readinto(view[got:])):
+                got += n
     except zstandard.ZstdError as exc:
         raise ChunkError(f"{what}: not a zstd frame ({exc})") from None
-    if len(raw) != length:
-        raise ChunkError(f"{what}: {len(raw)} bytes, the index says {length}")
+    if got != length:
+        raise ChunkError(f"{what}: {'more than ' if got > length else ''}{got - (got > length)} bytes, "
+                         f"the index says {length}")
+    del raw[length:]
     return raw
 
 
