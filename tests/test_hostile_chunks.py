@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 
 from efabuild.errors import EfabuildError
 from efabuild.settings import S3Config
-from efabuild.store.chunks import ChunkIndex
+from efabuild.store.chunks import AVG_SIZE, MIN_SIZE, ChunkIndex
 from efabuild.store.digest import file_digest
 from efabuild.store.fs import FilesystemTier
 from efabuild.store.s3 import S3Tier
@@ -312,8 +313,9 @@ def test_a_forged_gc_mark_never_deletes_a_chunk_that_an_index_references(tmp_pat
 
 def test_a_forged_artifact_larger_than_the_filesystem_allows_is_one_line(tmp_path, settings, versions, capsys,
                                                                          monkeypatch):
-    """A record and index for 32 TiB (more than ext4 lets one file hold: the fetch's first
-    truncate fails) is one line naming the file, not a traceback, and leaves nothing behind."""
+    """A record and index for 32 TiB (more than ext4 lets one file hold, and an index of more
+    chunks than an index may list) is one line naming the file, not a traceback, and leaves
+    nothing behind."""
     from efabuild.cli import main
     from efabuild.store.chunks import MAX_CHUNK_BYTES
     from efabuild.store.tiered import store_config_text
@@ -335,8 +337,8 @@ def test_a_forged_artifact_larger_than_the_filesystem_allows_is_one_line(tmp_pat
     stderr = capsys.readouterr().err
     assert code == 1 and "Traceback" not in stderr, stderr
     error = stderr.splitlines()[-1]  # after the fetch's progress line
-    assert error.startswith("efabuild: ") and "File too large" in error and key in error, stderr
-    assert os.listdir(node / "tmp") == []
+    assert error.startswith("efabuild: ") and "larger than the" in error and key in error, stderr
+    assert not (node / "tmp").exists() or os.listdir(node / "tmp") == []
 
 
 @pytest.mark.parametrize("planted", ["junk", "other bytes"])
@@ -502,3 +504,83 @@ def test_gc_finds_what_every_name_points_at_in_one_listing_of_the_refs(tmp_path,
                      if method == "GET" and "list-type=2" in path and "prefix=images%2Frefs%2F" in path]
     assert len(refs_listings) == 1
     assert old in report.kept and new in report.kept  # a planted name points at it: it stays
+
+
+FETCH = """
+import sys
+from efabuild.cli import main
+code = main(["lookup", "--store", sys.argv[1], sys.argv[2]])
+def field(path, name):
+    return next(int(line.split()[1]) for line in open(path) if line.startswith(name))
+# bytes written by system calls; the peak resident size (KiB), a child's own (ru_maxrss is the
+# largest of all a parent waited for)
+print("measured", code, field("/proc/self/io", "wchar:"), field("/proc/self/status", "VmHWM:"), file=sys.stderr)
+"""
+FETCH_RSS_BOUND = 512 * MiB  # the README's bound on what a fetch holds, whatever the bucket says
+
+
+def _forged(case: str) -> tuple[list[tuple[str, int]], dict[str, bytes], tuple[int, int, int] | None]:
+    """(an index's chunks, the chunk objects to plant {id: body}, the chunking it declares) of one
+    forged artifact; every id is wrong for its bytes unless said."""
+    import zstandard
+
+    ids = [key_for(f"{case}-{number}") for number in range(16)]
+    if case in ("bombs declaring 1 GiB", "bombs declaring nothing"):  # 16 parallel GETs of one each
+        body = _bomb(case == "bombs declaring 1 GiB")
+        return [(cid, 4 * MiB) for cid in ids], {cid: body for cid in ids}, None
+    if case == "16 chunks of 64 MiB":  # each a real frame of its length: 1 GiB at once in 16 GETs
+        body = zstandard.ZstdCompressor(level=1).compress(bytes(64 * MiB))
+        return [(cid, 64 * MiB) for cid in ids], {cid: body for cid in ids}, (MIN_SIZE, AVG_SIZE, 64 * MiB)
+    if case == "one good chunk 8 times":  # every chunk right, the whole wrong: found once all is written
+        raw = random.Random(3).randbytes(16 * MiB)
+        cid = __import__("blake3").blake3(raw).hexdigest()
+        return [(cid, len(raw))] * 8, {cid: zstandard.ZstdCompressor(level=1).compress(raw)}, None
+    if case == "12 TiB":  # chunks of the right bytes, in a record more than the filesystem's free space
+        raw = bytes(64 * MiB)
+        cid = __import__("blake3").blake3(raw).hexdigest()
+        return [(cid, 64 * MiB)] * 200_000, {cid: zstandard.ZstdCompressor(level=1).compress(raw)}, (
+            MIN_SIZE, AVG_SIZE, 64 * MiB)
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["bombs declaring 1 GiB", "bombs declaring nothing", "16 chunks of 64 MiB",
+                                  "one good chunk 8 times", "12 TiB", "a flood of commas"])
+def test_a_fetch_of_a_forged_artifact_stays_within_its_memory_and_the_records_size(tmp_path, settings, versions,
+                                                                                   case):
+    """A bucket writer plants a record and an index that agree (the digest is wrong: nothing else
+    can be right), with chunk objects: the fetch, a process of its own as on a node, fails with
+    one line, its peak RSS under the README's bound, having written no more than the record's
+    size, and leaves nothing behind."""
+    from efabuild.store.tiered import store_config_text
+
+    key = publish(store_at(tmp_path / "cache", settings), versions[0])
+    tier = S3Tier(settings, **CHUNKED)
+    if case == "a flood of commas":  # 60 MiB of tiny strings: parsed, 800 MB of them, not an index
+        size, index = 1 << 30, b'{"format":"efabuild.chunks/v1","chunks":[' + b'"ab",' * (12 * MiB) + b'0]}'
+    else:
+        chunks, bodies, chunking = _forged(case)
+        size = sum(length for _, length in chunks)
+        index = ChunkIndex(size=size, digest="blake3:" + "0" * 64, chunks=tuple(chunks),
+                           chunking=chunking or (MIN_SIZE, AVG_SIZE, 16 * MiB)).to_json()
+        for cid, body in bodies.items():
+            tier.client.put_object(Bucket=settings.bucket, Key=tier.chunks.object(cid), Body=body)
+    tier.client.put_object(Bucket=settings.bucket, Key=tier.index_object(key), Body=index)
+    record = record_for(key, "demo:user", versions[0])._replace(size=size, digest="blake3:" + "0" * 64)
+    tier.client.put_object(Bucket=settings.bucket, Key=tier.record_object(key), Body=record.to_json())
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "store.toml").write_text(store_config_text(settings))
+    # no file of the child may grow past 1 GiB (a write fails with EFBIG): a fetch that would write
+    # a forged record's terabytes fails this test, not the machine
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))  # noqa: E731
+    done = subprocess.run([sys.executable, "-c", FETCH, str(node), key], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=limit)
+    assert "Traceback" not in done.stderr and done.stdout == "", done.stderr
+    _, code, wrote, peak_kib = done.stderr.splitlines()[-1].split()
+    errors = [line for line in done.stderr.splitlines() if line.startswith("efabuild: ") and "warning" not in line]
+    assert code == "1" and len(errors) == 1, done.stderr
+    if case == "12 TiB":  # refused before the first write
+        assert errors[0].endswith(f"bytes free; {tier.url(tier.index_object(key))} not fetched"), errors
+    assert int(peak_kib) * KiB < FETCH_RSS_BOUND, f"the fetch's peak RSS was {int(peak_kib) // KiB} MiB"
+    assert int(wrote) <= min(size, 256 * MiB) + MiB, f"wrote {int(wrote) // MiB} MiB of a {size // MiB} MiB record"
+    assert list((node / "tmp").glob("*")) == [] and list(node.rglob("*.sqsh")) == []

@@ -127,7 +127,11 @@ class S3Tier(S3Refs, S3Bucket):
 
     def sidecar(self, key: str, suffix: str) -> bytes | None:
         """An object stored beside the .sqsh (e.g. its manifest), None when absent."""
-        data = self._get_bytes(self._path("objects", key[:2], check_key(key) + suffix))
+        path = self._path("objects", key[:2], check_key(key) + suffix)
+        if suffix == INDEX_SUFFIX:  # no more than an index may hold is read
+            data = self._get_bytes(path, MAX_INDEX_BYTES, BadChunkIndex)
+        else:
+            data = self._get_bytes(path)
         if suffix == INDEX_SUFFIX:
             self._index_bytes[key] = data  # the fetch that follows needs it too: one GET
         return data

@@ -100,7 +100,18 @@ def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord) -> None:
 def fetch_into(tier: str, dest: Path, record: ArtifactRecord, what: str, fill: Callable[[int], str | None]) -> None:
     """Create `dest`, let `fill` write it (from `what`, on `tier`), and check the whole file against
     its record before anyone may see it; on any failure (or a digest that differs) `dest` is
-    removed. `fill` returns the digest of what it wrote when it hashed the file itself."""
+    removed. `fill` returns the digest of what it wrote when it hashed the file itself.
+
+    The record's size is all a fetch may write (no more is asked of `fill`), and it must fit in
+    the filesystem's free space: a record in a bucket others write may claim any size, and only
+    the digest at the end tells its bytes are wrong."""
+    try:
+        info = os.statvfs(dest.parent)
+    except OSError as exc:
+        raise EfabuildError(f"{dest.parent}: {exc.strerror}; {what} not fetched") from None
+    free = info.f_bavail * info.f_frsize
+    if record.size > free:
+        raise EfabuildError(f"{dest.parent}: {record.size} bytes needed, {free} bytes free; {what} not fetched")
     fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         actual = fill(fd)
