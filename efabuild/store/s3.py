@@ -363,7 +363,7 @@ class S3Tier(S3Refs, S3Bucket):
 
     def debris(self, now: datetime | None = None) -> list[str]:
         """s3:// URLs of leftovers older than a day: .sqsh without a record, unfinished uploads."""
-        now = now or datetime.now(timezone.utc)
+        now = now or datetime.fromtimestamp(self.server_time(), timezone.utc)  # S3's clock, as LastModified
         records, _, sqsh_objects = self._object_keys("")
         found = []
         for path, written in sqsh_objects.items():

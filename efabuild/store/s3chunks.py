@@ -276,7 +276,8 @@ def collect(store: ChunkStore, *, grace: float = DEFAULT_GRACE, dry_run: bool = 
             now: float | None = None) -> ChunkGc:
     """One mark-and-sweep pass over the tier's chunks (see chunks.chunks_to_delete); one that
     deletes holds the bucket's gc lock (store/gclock.py), and fails with GcBusy when another does."""
-    now = time.time() if now is None else now
+    # S3's clock: marks are compared with the chunks' LastModified, set by it
+    now = store.tier.server_time() if now is None else now
     if dry_run:
         return _collect(store, grace, dry_run, now)
     from efabuild.store.gclock import sweeping_alone
