@@ -570,17 +570,53 @@ def test_a_fetch_of_a_forged_artifact_stays_within_its_memory_and_the_records_si
     node = tmp_path / "node"
     node.mkdir()
     (node / "store.toml").write_text(store_config_text(settings))
-    # no file of the child may grow past 1 GiB (a write fails with EFBIG): a fetch that would write
-    # a forged record's terabytes fails this test, not the machine
-    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))  # noqa: E731
-    done = subprocess.run([sys.executable, "-c", FETCH, str(node), key], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=limit)
-    assert "Traceback" not in done.stderr and done.stdout == "", done.stderr
-    _, code, wrote, peak_kib = done.stderr.splitlines()[-1].split()
+    done, code, wrote, peak = _measured_fetch(node, key)
+    assert done.stdout == "", done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("efabuild: ") and "warning" not in line]
-    assert code == "1" and len(errors) == 1, done.stderr
+    assert code == 1 and len(errors) == 1, done.stderr
     if case == "12 TiB":  # refused before the first write
         assert errors[0].endswith(f"bytes free; {tier.url(tier.index_object(key))} not fetched"), errors
-    assert int(peak_kib) * KiB < FETCH_RSS_BOUND, f"the fetch's peak RSS was {int(peak_kib) // KiB} MiB"
-    assert int(wrote) <= min(size, 256 * MiB) + MiB, f"wrote {int(wrote) // MiB} MiB of a {size // MiB} MiB record"
+    assert peak < FETCH_RSS_BOUND, f"the fetch's peak RSS was {peak // MiB} MiB"
+    assert wrote <= min(size, 256 * MiB) + MiB, f"wrote {wrote // MiB} MiB of a {size // MiB} MiB record"
     assert list((node / "tmp").glob("*")) == [] and list(node.rglob("*.sqsh")) == []
+
+
+def _measured_fetch(node: Path, key: str) -> tuple[subprocess.CompletedProcess[str], int, int, int]:
+    """`efabuild lookup --store NODE KEY` in a process of its own: (it, exit status, bytes it
+    wrote, its peak RSS in bytes). No file of it may grow past 1 GiB (a write fails with EFBIG): a
+    fetch that would write a forged record's terabytes fails the test, not the machine."""
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))  # noqa: E731
+    done = subprocess.run([sys.executable, "-c", FETCH, str(node), key], capture_output=True, text=True,
+                          timeout=300, cwd=node.parent, env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=limit)
+    assert "Traceback" not in done.stderr, done.stderr
+    _, code, wrote, peak_kib = done.stderr.splitlines()[-1].split()
+    return done, int(code), int(wrote), int(peak_kib) * KiB
+
+
+def test_seeds_planted_on_the_node_keep_a_fetch_within_its_memory(tmp_path, settings, versions):
+    """A co-tenant of the node's shared tier plants artifacts beside the one fetched, each with a
+    record and a kept index as large as an index may be: choosing seeds holds a bounded part of
+    them, and the fetch, right, stays under the README's bound."""
+    from efabuild.store.tiered import store_config_text
+
+    key = publish(store_at(tmp_path / "cache", settings), versions[0])
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "store.toml").write_text(store_config_text(settings))
+    from efabuild.store.chunks import MAX_CHUNKS
+
+    chunks = tuple((key_for(f"planted-{number}"), MIN_SIZE) for number in range(MAX_CHUNKS))
+    for number in range(8):  # each its own bytes, by its digest: all of them seeds
+        digest = "blake3:" + key_for(f"planted seed {number}")
+        index = ChunkIndex(size=MAX_CHUNKS * MIN_SIZE, digest=digest, chunks=chunks).to_json()
+        planted = key_for(f"planted seed {number}")
+        directory = node / "objects" / planted[:2]
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"{planted}.sqsh").write_bytes(b"")
+        (directory / f"{planted}.json").write_bytes(record_for(planted, "demo:user", versions[0])._replace(
+            size=MAX_CHUNKS * MIN_SIZE, digest=digest).to_json())
+        (directory / f"{planted}.chunks.json").write_bytes(index)
+        FilesystemTier(node, "shared").append_ref("demo:user", planted)
+    done, code, _, peak = _measured_fetch(node, key)
+    assert code == 0 and file_digest(Path(done.stdout.strip())) == file_digest(versions[0]), done.stderr
+    assert peak < FETCH_RSS_BOUND, f"the fetch's peak RSS was {peak // MiB} MiB"
