@@ -43,7 +43,7 @@ def node(tmp_path, keys, moto_server, s3_bucket) -> dict:
     env = {"EFABUILD_STORE": str(store), "EFABUILD_PYXIS_CONFIG": str(pyxis),
            "EFABUILD_TRUST_CONFIG": str(trust_config(tmp_path / "trust.toml", keys[1])),
            "EFABUILD_VERIFY_CACHE": str(tmp_path / "verified")}
-    assert efabuild("lookup", key, env=env).returncode == 0  # fetched
+    assert efabuild("lookup", NAME, env=env).returncode == 0  # fetched, and its name noted
     good = object_path(store, key, ".sqsh")
     return {"key": key, "store": store, "env": env, "pyxis": pyxis, "size": good.stat().st_size,
             "digest": file_digest(good), "s3": builder.s3}
@@ -121,3 +121,16 @@ def test_a_damaged_copy_on_one_tier_is_passed_over_for_another_tiers_intact_one(
     env = {name: value for name, value in node["env"].items() if name != "EFABUILD_STORE"}
     result = efabuild("lookup", key, env=env, cwd=tmp_path / "ws")
     assert (result.returncode, result.stdout) == (0, f"{object_path(local, key, '.sqsh')}\n"), result.stderr
+
+
+def test_without_an_s3_tier_a_damaged_copy_is_one_line_on_every_route(node):
+    (node["store"] / "store.toml").unlink()
+    sqsh = object_path(node["store"], node["key"], ".sqsh")
+    for how in ("truncated", "grown"):
+        damage(sqsh, how)
+        for way in ROUTES:
+            result = efabuild(*route(way, node), env=node["env"])
+            assert (result.returncode, result.stdout) == (1, ""), (way, how, result.stderr)
+            assert result.stderr == (f"efabuild: {sqsh}: corrupt artifact: {sqsh.stat().st_size} bytes, "
+                                     f"its record says {node['size']}\n"), (way, how)
+        sqsh.write_bytes(b"")  # then the other damage, from a truncated file
