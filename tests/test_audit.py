@@ -7,6 +7,7 @@ command line use real .sqsh files (mksquashfs) in a real store directory.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -334,6 +335,18 @@ def test_flipped_byte_in_the_sqsh_is_caught(store: Path, capsys) -> None:
     message = next(c["message"] for c in report[0]["checks"] if c["check"] == "sqsh-integrity")
     assert message.startswith(f"store tier: the .sqsh was altered or damaged: digest blake3:")
     assert "but the record says" in message
+
+
+def test_a_truncated_sqsh_is_audited_as_it_stands_and_named(store: Path, capsys) -> None:
+    """The copy a lookup refuses to hand out (its size is not its record's) is still audited."""
+    sqsh = store / "objects" / KEY[:2] / f"{KEY}.sqsh"
+    size = sqsh.stat().st_size
+    sqsh.chmod(0o644)
+    os.truncate(sqsh, size // 2)
+    code, report = run_audit(capsys, KEY[:12], "--store", str(store))
+    integrity = next(c for c in report[0]["checks"] if c["check"] == "sqsh-integrity")
+    assert code == 1 and integrity["status"] == FAIL
+    assert integrity["message"].startswith("store tier: ") and str(size // 2) in integrity["message"], integrity
 
 
 def test_every_tier_holding_the_artifact_is_checked_and_the_damaged_one_named(

@@ -97,14 +97,13 @@ def audit_stored(store: Any, ref: str, policy: AuditPolicy, host: checks_.HostFa
     record = store.record(key)
     if record is None:
         raise NotFound(f"no record for artifact {key[:12]} ({ref})")
+    damaged = [tier.sqsh_path(key) for tier in store.fs_tiers if tier.has(key)] if store.local_hit(key) is None else []
     try:
-        path: Path | None = store.lookup(key, fetch=True, verify=False)
+        # a copy of the wrong size is audited as it stands (the integrity check names it), not
+        # fetched over as a lookup would
+        path: Path | None = damaged[0] if damaged else store.lookup(key, fetch=True, verify=False)
     except NotFound:
         path = None
-    except EfabuildError:  # no intact copy to hand out: audited as it stands (the integrity check names it)
-        path = next((tier.sqsh_path(key) for tier in store.fs_tiers if tier.has(key)), None)
-        if path is None:
-            raise
     copies = _copies(store, key)
     sqsh = measured = None
     probe_error = None
