@@ -44,6 +44,17 @@ def find_local(table: StoreConfig, ref: str, ask_s3: bool = False) -> tuple[str,
     key, via_s3 = local_key(layouts, ref)
     if key is None or (ask_s3 and via_s3):
         return None
+    hit, problems = first_intact(layouts, key)
+    if hit is not None:
+        return key, *hit
+    if problems and not ask_s3:
+        raise problems[0]
+    return None
+
+
+def first_intact(layouts: list[Layout], key: str) -> tuple[tuple[Layout, dict] | None, list[EfabuildError]]:
+    """((the first of these directories whose copy of `key` is intact, its record) or None; what
+    is wrong with each copy passed over): the one check of every route that hands out a path."""
     problems = []
     for layout in layouts:
         try:
@@ -52,10 +63,8 @@ def find_local(table: StoreConfig, ref: str, ask_s3: bool = False) -> tuple[str,
             problems.append(exc)
             continue
         if record is not None:
-            return key, layout, record
-    if problems and not ask_s3:
-        raise problems[0]
-    return None
+            return (layout, record), problems
+    return None, problems
 
 
 def intact_record(layout: Layout, key: str) -> dict | None:

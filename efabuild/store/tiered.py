@@ -29,11 +29,11 @@ from efabuild.store.config import bare_store, locate, store_config_text
 from efabuild.store.digest import bytes_digest
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.layout import INDEX_SUFFIX
-from efabuild.store.lookup import intact_record, local_key
+from efabuild.store.lookup import first_intact, local_key
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.chunks import ChunkIndex
 from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
-from efabuild.store.transfer import DamagedCopy, send, transfer, verified_copy
+from efabuild.store.transfer import DamagedCopy, Vet, send, transfer, verified_copy
 
 
 class Listing(NamedTuple):
@@ -262,32 +262,25 @@ class Store:
             raise NotFound(f"no artifact {what} in {asked}")
         return key
 
-    def lookup(self, ref: str, fetch: bool = True, verify: bool = False,
-               vet: Callable[[ArtifactRecord, dict[str, bytes]], None] | None = None) -> Path:
-        """Absolute path of the .sqsh on a filesystem tier; fetched from S3 when no filesystem
-        tier has an intact copy (by a stat: the size its record says), which replaces a damaged
-        one on the fetch tier. `vet(record, sidecars)` may refuse what S3 holds before it is fetched."""
+    def lookup(self, ref: str, fetch: bool = True, verify: bool = False, vet: Vet | None = None) -> Path:
+        """The .sqsh's path on a tier whose copy is intact (by a stat), else fetched from S3 over a damaged one."""
         key = self.resolve(ref, remote=fetch)
-        hit, damaged = self._intact_hit(key)
+        hit, damaged = first_intact([tier.layout for tier in self.fs_tiers], key)
         if hit is not None:
             if verify:
                 problems = [str(exc) for tier, exc in self.verify(key, remote=False) if exc is not None]
                 if problems:
                     raise EfabuildError("; ".join(problems))
-            return hit[1]
-        if damaged and (self.s3_settings is None or not fetch):
-            raise damaged[0]
-        if self.s3_settings is None:
-            raise NotFound(f"artifact {short(key)} ({ref}) is in no tier of {self.describe()}")
-        if not fetch:
-            raise NotFound(f"artifact {short(key)} ({ref}) is not on {', '.join(t.name for t in self.fs_tiers)}"
-                           f" (--no-fetch: S3 not asked)")
+            return hit[0].sqsh_path(key)
         try:
+            if self.s3_settings is None:
+                raise NotFound(f"artifact {short(key)} ({ref}) is in no tier of {self.describe()}")
+            if not fetch:
+                raise NotFound(f"artifact {short(key)} ({ref}) is not on {', '.join(t.name for t in self.fs_tiers)}"
+                               f" (--no-fetch: S3 not asked)")
             path = self.fetch(key, vet=vet)  # a fetch always verifies
-        except NotFound:
-            if damaged:  # S3 lacks it too: what is wrong here says more than "not in S3"
-                raise damaged[0] from None
-            raise
+        except NotFound as exc:  # what is wrong with a copy here says more than where it is not
+            raise (damaged[0] if damaged else exc) from None
         kind, value = classify_ref(ref)
         if kind == "name":  # the next lookup finds the object here; S3 still says which key
             s3_history = self.s3.read_refs(value)
@@ -311,34 +304,17 @@ class Store:
 
     def local_hit(self, key: str) -> tuple[FilesystemTier, Path] | None:
         """The first filesystem tier whose copy of `key` is intact by a stat, and its path."""
-        return self._intact_hit(key)[0]
+        hit, _ = first_intact([tier.layout for tier in self.fs_tiers], key)
+        return next(((t, t.sqsh_path(key)) for t in self.fs_tiers if hit is not None and t.layout is hit[0]), None)
 
-    def _intact_hit(self, key: str) -> tuple[tuple[FilesystemTier, Path] | None, list[EfabuildError]]:
-        """(the first tier with an intact copy and its path, or None; what is wrong with each
-        copy passed over). Intact: a regular file of the size its record says (lookup.intact_record,
-        the fast path's check); --verify and a fetch re-hash."""
-        damaged = []
-        for tier in self.fs_tiers:
-            try:
-                if intact_record(tier.layout, key) is not None:
-                    return (tier, tier.sqsh_path(key)), damaged
-            except EfabuildError as exc:
-                damaged.append(exc)
-        return None, damaged
-
-    def fetch(self, key: str, vet: Callable[[ArtifactRecord, dict[str, bytes]], None] | None = None) -> Path:
+    def fetch(self, key: str, vet: Vet | None = None) -> Path:
         """Copy an artifact from S3 into the shared (else local) tier, once, under its key lock,
-        replacing a damaged copy there. `vet(record, sidecars)` is called with what S3 holds before
-        any byte is written here, and may refuse it (raise): then nothing of it is left on this tier."""
+        over a damaged copy there; `vet` may refuse it before a byte is written (transfer.Vet)."""
         if self.s3 is None:
             raise NotFound(f"artifact {short(key)}: no S3 tier to fetch from")
         target = self.fetch_tier
         with target.key_lock(key):
-            try:
-                fetched = intact_record(target.layout, key) is not None  # by someone else while we waited
-            except EfabuildError:
-                fetched = False  # damaged: the fetch replaces it
-            if not fetched:  # (one fetched meanwhile is vetted where it stands, by the caller)
+            if first_intact([target.layout], key)[0] is None:  # else fetched meanwhile (the caller vets it)
                 transfer(key, self.s3, [target], target, locked=True, show_progress=self.show_progress, vet=vet)
         return target.sqsh_path(key)
 

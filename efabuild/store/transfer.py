@@ -33,6 +33,10 @@ from efabuild.store.record import ArtifactRecord
 SIDECARS: dict[str, str | None] = {MANIFEST_SUFFIX: "manifest_digest", ENVELOPE_SUFFIX: None, INDEX_SUFFIX: None}
 
 
+# refuses an artifact (raises) from its record and sidecars, before any byte of it is copied
+Vet = Callable[[ArtifactRecord, dict[str, bytes]], None]
+
+
 class DamagedCopy(EfabuildError):
     """A tier's copy of an artifact does not match its record."""
 
@@ -150,7 +154,7 @@ def _sidecars(tier: Any, key: str, record: ArtifactRecord) -> tuple[ArtifactReco
 @contextlib.contextmanager
 def verified_copy(key: str, source: Any, staging: Any, *, trusted: bool = False,
                   index: ChunkIndex | None = None,
-                  vet: Callable[[ArtifactRecord, dict[str, bytes]], None] | None = None) -> Iterator[Copy]:
+                  vet: Vet | None = None) -> Iterator[Copy]:
     """The artifact as `source` holds it, verified. A filesystem tier's own file is used in place;
     an S3 object is downloaded into `staging` (a filesystem tier) and removed afterwards.
     `trusted` skips re-hashing a filesystem copy this process has just written and hashed, and
@@ -196,7 +200,7 @@ def send(copy: Copy, target: Any, *, locked: bool = False, show_progress: bool =
 
 def transfer(key: str, source: Any, targets: list, staging: Any, *, trusted: bool = False,
              locked: bool = False, show_progress: bool = True,
-             vet: Callable[[ArtifactRecord, dict[str, bytes]], None] | None = None) -> dict[str, str]:
+             vet: Vet | None = None) -> dict[str, str]:
     """Copy `key` from `source` to every tier of `targets`, verifying the source first (and
     letting `vet` refuse it: see verified_copy).
 
