@@ -341,7 +341,7 @@ def test_a_forged_artifact_larger_than_the_filesystem_allows_is_one_line(tmp_pat
     assert not (node / "tmp").exists() or os.listdir(node / "tmp") == []
 
 
-@pytest.mark.parametrize("planted", ["junk", "other bytes"])
+@pytest.mark.parametrize("planted", ["junk", "other bytes", "more than an index may hold"])
 def test_an_index_planted_beside_a_whole_object_artifact_does_not_make_it_unfetchable(tmp_path, settings,
                                                                                         versions, planted):
     """Creating an object is all it takes: an index where a whole-object artifact (published
@@ -350,7 +350,7 @@ def test_an_index_planted_beside_a_whole_object_artifact_does_not_make_it_unfetc
                   s3_options={**CHUNKED, "chunked": False})
     key = publish(whole, versions[0])
     tier = S3Tier(settings, **CHUNKED)
-    body = b"[" * 5000
+    body = b"[" * 5000 if planted == "junk" else b" " * (25 * MiB)
     if planted == "other bytes":
         other = key_for("other")
         tier.publish(other, versions[1], record_for(other, "demo:other", versions[1]))

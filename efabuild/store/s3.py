@@ -128,12 +128,13 @@ class S3Tier(S3Refs, S3Bucket):
     def sidecar(self, key: str, suffix: str) -> bytes | None:
         """An object stored beside the .sqsh (e.g. its manifest), None when absent."""
         path = self._path("objects", key[:2], check_key(key) + suffix)
-        if suffix == INDEX_SUFFIX:  # no more than an index may hold is read
+        if suffix != INDEX_SUFFIX:
+            return self._get_bytes(path)
+        try:  # no more than an index may hold is read
             data = self._get_bytes(path, MAX_INDEX_BYTES, BadChunkIndex)
-        else:
-            data = self._get_bytes(path)
-        if suffix == INDEX_SUFFIX:
-            self._index_bytes[key] = data  # the fetch that follows needs it too: one GET
+        except BadChunkIndex:
+            return None  # no index to carry; a fetch finds it again, refuses it and takes a whole object
+        self._index_bytes[key] = data  # the fetch that follows needs it too: one GET
         return data
 
     def stored_facts(self, key: str) -> tuple[int, str | None]:
