@@ -4,8 +4,8 @@
   filesystem), then shared, then S3; later tiers copy what the first one holds, so all tiers
   hold the same bytes and record.
 - lookup looks at the filesystem tiers without locks (shared first: every node sees that path),
-  and only when they miss asks S3 and fetches into the shared tier (else local) under the key's
-  lock, verified before it becomes visible.
+  and only when none holds a copy of the recorded size asks S3 and fetches into the shared tier
+  (else local, over a damaged copy) under the key's lock, verified before it becomes visible.
 - names ("graph:layer") resolve through the filesystem tiers' refs (lookup.local_key, the
   resolver `efabuild lookup`'s fast path uses too); S3's refs are asked only when no filesystem
   tier knows the name, or knows it only as copied from S3 (configure a shared tier so that
