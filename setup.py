@@ -2,7 +2,7 @@
 
 A wheel holds regular files only; the fixture's root filesystem is mostly symlinks (libnccl.so ->
 libnccl.so.2, /usr/local/mpi -> /opt/hpcx/ompi), which a tar keeps as they are. An installed
-efabuild unpacks it when it builds the fixture image (efabuild/build/fixtures.py).
+efabuild unpacks it when it builds the fixture image (efabuild/make/fixtures.py).
 """
 
 import sys
@@ -28,7 +28,7 @@ class BuildPyWithFixtures(build_py):
     def run(self) -> None:
         super().run()
         source = Path(__file__).resolve().parent / "fixtures"
-        target = Path(self.build_lib) / "efabuild" / "build" / "fixtures.tar"
+        target = Path(self.build_lib) / "efabuild" / "make" / "fixtures.tar"
         target.parent.mkdir(parents=True, exist_ok=True)
         with tarfile.open(target, "w", format=tarfile.PAX_FORMAT) as tar:
             tar.add(source, arcname="fixtures", filter=_normalised)
@@ -42,7 +42,7 @@ def _project_urls() -> dict[str, str]:
     if not (here / ".git").exists():
         return {}
     sys.path.insert(0, str(here))
-    from efabuild.build.gitstate import SOURCE, git_labels
+    from efabuild.make.gitstate import SOURCE, git_labels
 
     source = git_labels(here).get(SOURCE, "")
     return {"Source": source} if source.startswith(("https://", "http://")) else {}

@@ -10,7 +10,7 @@ network or subprocess (tests/test_code_layout.py holds them to it).
 - `redact`, `nccl`, `errors`, `notices`: secrets hidden in what is shown, NCCL settings, typed
   errors, and the messages the library reports (the CLI prints them).
 
-The edge packages do the work: `build/` (the pipeline from facts to a stored .sqsh), `engine/`
+The edge packages do the work: `make/` (the pipeline from facts to a stored .sqsh), `engine/`
 (every Docker and BuildKit call), `export/` (image to .sqsh), `store/` (local, shared and S3
 tiers), `signing/`, `provenance/`, `lint/`, `doctor/`, `pyxis/` (the importer a job runs), and
 `cli/`, the only place that prints.

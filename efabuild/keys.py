@@ -5,7 +5,7 @@ build args, target platform, and each context file's relative path, mode and con
 absolute paths, mtimes, owners or hostnames, and mode is reduced to what git keeps (executable or
 not), so the same inputs give the same key on any machine and checkout.
 
-Pure: the context's entries come hashed from `efabuild.build.context`, which reads the files.
+Pure: the context's entries come hashed from `efabuild.make.context`, which reads the files.
 """
 
 from __future__ import annotations

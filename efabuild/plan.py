@@ -1,6 +1,6 @@
 """The plan: every selected layer's key, whether it is available, and why it must be (re)built.
 
-Pure: decisions from facts passed in. `efabuild.build.prepare` gathers them (context digests,
+Pure: decisions from facts passed in. `efabuild.make.prepare` gathers them (context digests,
 base digests, the images the engine has, the artifacts the store holds, the last build of each
 layer); keys come from `LayerInputs`. Like a Nix dry run, the
 plan separates what will be built from what will be fetched (pulled from the layer-cache registry)

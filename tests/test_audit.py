@@ -561,7 +561,7 @@ class DemoBuilds:
 
 @pytest.fixture(scope="module")
 def demo(docker_engine, tmp_path_factory):
-    from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
+    from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
 
     build_fixtures()
     builds = DemoBuilds(tmp_path_factory.mktemp("demo"))

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "efabuild"
 CORE = {"__init__", "__main__", "model", "refs", "keys", "dag", "plan", "redact", "errors", "nccl",
         "workspace", "settings", "grammar", "configfile", "tomlkeys", "notices"}
 # what no core module may import: the edge packages and the modules that reach the outside world
-EDGE_PACKAGES = {"build", "cli", "doctor", "engine", "export", "lint", "provenance", "pyxis", "signing",
+EDGE_PACKAGES = {"make", "cli", "doctor", "engine", "export", "lint", "provenance", "pyxis", "signing",
                  "store"}
 OUTSIDE_WORLD = {"subprocess", "socket", "threading", "boto3", "botocore", "python_on_whales", "docker",
                  "shutil", "sqlite3", "urllib.request", "http"}

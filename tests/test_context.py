@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from efabuild import dag
-from efabuild.build.context import SOURCE_DATE_EPOCH, ContextHasher, hash_contexts, never_context, write_context
-from efabuild.build.hashcache import HashState
+from efabuild.make.context import SOURCE_DATE_EPOCH, ContextHasher, hash_contexts, never_context, write_context
+from efabuild.make.hashcache import HashState
 from efabuild.errors import EfabuildError
 from efabuild.workspace import load_workspace
 from tests.wsfactory import SIMPLE_GRAPH, make_workspace

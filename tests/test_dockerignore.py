@@ -1,5 +1,5 @@
 """Context exclusions: Docker's .dockerignore syntax, read the way Docker reads it, and what it
-does to layer keys (build/dockerignore.py, through the context hasher)."""
+does to layer keys (make/dockerignore.py, through the context hasher)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.build.dockerignore import Exclusions, docker_patterns
+from efabuild.make.dockerignore import Exclusions, docker_patterns
 from tests.test_keys import keys_of
 from tests.wsfactory import SIMPLE_GRAPH, make_workspace
 
@@ -56,8 +56,8 @@ def test_a_context_roots_patterns_are_relative_to_it():
 
 def test_the_demo_keys_are_made_of_what_they_were_made_of():
     from efabuild import dag
-    from efabuild.build.context import ContextHasher, hash_contexts
-    from efabuild.build.hashcache import HashState
+    from efabuild.make.context import ContextHasher, hash_contexts
+    from efabuild.make.hashcache import HashState
     from efabuild.plan import BaseResolution, layer_inputs
     from efabuild.workspace import load_workspace
 

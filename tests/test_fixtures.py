@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.build.fixtures import (
+from efabuild.make.fixtures import (
     DEEPEP_COMMITS,
     EFA_INSTALLER_VERSIONS,
     MINI_NGC_TAG,
@@ -289,7 +289,7 @@ def test_packed_sources_unpack_with_their_links_and_never_outside(tmp_path, monk
     import io
     import tarfile
 
-    from efabuild.build import fixtures
+    from efabuild.make import fixtures
     from efabuild.errors import InputError
 
     if not with_filters:

@@ -1,4 +1,4 @@
-"""The stat-keyed hash cache of context files (build/hashcache.py), through the plans it serves.
+"""The stat-keyed hash cache of context files (make/hashcache.py), through the plans it serves.
 
 The slips the cache's key could hide (its inode, its size) are guarded in tests/test_invariants.py.
 """

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from efabuild import dag
-from efabuild.build.context import ContextHasher, hash_contexts, never_context, write_context
-from efabuild.build.hashcache import HashState
+from efabuild.make.context import ContextHasher, hash_contexts, never_context, write_context
+from efabuild.make.hashcache import HashState
 from efabuild.errors import EfabuildError
 from efabuild.workspace import load_workspace
 from tests.fifos import without_blocking_on

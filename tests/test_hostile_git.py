@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from efabuild.build import gitstate
-from efabuild.build.gitstate import REVISION, SOURCE, git_labels, vcs_of
+from efabuild.make import gitstate
+from efabuild.make.gitstate import REVISION, SOURCE, git_labels, vcs_of
 
 
 def _repo(path, url):

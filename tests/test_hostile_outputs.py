@@ -142,7 +142,7 @@ def _sqsh(tree: Path, out: Path) -> Path:
 
 def test_make_check_names_files_in_images_with_escapes_and_odd_bytes_printably(tmp_path):
     """make --check prints the paths that differ between the stored and the rebuilt image."""
-    from efabuild.build.check import CheckResult, render
+    from efabuild.make.check import CheckResult, render
     from efabuild.export.sqshdiff import compare, read_sqsh
 
     stored, rebuilt = tmp_path / "stored", tmp_path / "rebuilt"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.build.hashcache import HashState
+from efabuild.make.hashcache import HashState
 from tests.inprocess import run_efabuild
 from tests.wsfactory import REPO, SIMPLE_GRAPH, make_workspace
 
@@ -78,7 +78,7 @@ def test_a_hash_cache_another_user_planted_never_keeps_a_changed_file_s_old_key(
 def test_a_remote_url_with_control_characters_or_spaces_is_no_source_label(tmp_path, url):
     """The `origin` URL becomes a label in the image, its /etc/rc and every `docker inspect`: a
     line break or terminal escape there would reach whoever reads them."""
-    from efabuild.build.gitstate import REVISION, SOURCE, git_labels
+    from efabuild.make.gitstate import REVISION, SOURCE, git_labels
 
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run(["git", "-C", str(tmp_path), "-c", "user.email=a@b", "-c", "user.name=n", "commit", "-q",
@@ -189,7 +189,7 @@ def test_make_never_writes_its_build_log_through_a_planted_link(tmp_path, docker
     root or by the builder, overwrite the file it points at."""
     import uuid
 
-    from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
+    from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
 
     build_fixtures()
     graph = (f'[layers.a]\nbase = "{MINI_NGC_TAG}"\ndockerfile = "RUN echo {uuid.uuid4().hex} > /run-id"\n')

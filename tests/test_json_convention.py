@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
+from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
 from tests.inprocess import run_efabuild
 from tests.signkit import make_key
 from tests.wsfactory import make_workspace

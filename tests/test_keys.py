@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from efabuild import dag
-from efabuild.build.context import ContextHasher, hash_contexts
-from efabuild.build.hashcache import HashState
+from efabuild.make.context import ContextHasher, hash_contexts
+from efabuild.make.hashcache import HashState
 from efabuild.keys import ContextEntry, LayerInputs
 from efabuild.plan import BaseResolution, layer_inputs
 from efabuild.workspace import load_workspace

@@ -8,7 +8,7 @@ import json
 import threading
 import time
 
-from efabuild.build.schedule import Outcome
+from efabuild.make.schedule import Outcome
 from efabuild.cli.colour import Palette, wanted
 from efabuild.cli.live import JsonReporter, LiveReporter, PlainReporter, announce_after, chosen_mode, reporter_for
 

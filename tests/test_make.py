@@ -16,7 +16,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
+from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
 from tests.test_json_convention import check_convention
 from tests.wsfactory import make_workspace
 

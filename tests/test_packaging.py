@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.build.fixtures import content_digest, source_dir
+from efabuild.make.fixtures import content_digest, source_dir
 from tests.storekit import key_for, make_sqsh, record_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,7 +110,7 @@ def test_the_fixture_sources_are_package_data_identical_to_the_checkouts(install
     bin_dir, env = installed
     busybox = tmp_path / "busybox"  # any file: both sides hash the same one
     busybox.write_bytes(b"stand-in")
-    script = ("import sys; from pathlib import Path; from efabuild.build import fixtures as f\n"
+    script = ("import sys; from pathlib import Path; from efabuild.make import fixtures as f\n"
               "assert not f.source_dir().is_dir(), 'a checkout is visible'\n"
               "with f.fixture_sources() as src: print(f.content_digest(src / 'mini-ngc', Path(sys.argv[1])))")
     packaged = run(bin_dir / "python", "-c", script, busybox, cwd=tmp_path, env=env)
@@ -144,5 +144,5 @@ def test_the_wheel_holds_the_fixture_tar_and_no_checkout_paths(installed):
     bin_dir, _ = installed
     [wheel] = (bin_dir.parents[1] / "dist").glob("efabuild-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "efabuild/build/fixtures.tar" in names
+    assert "efabuild/make/fixtures.tar" in names
     assert not any("__pycache__" in n or n.startswith(("tests/", "fixtures/")) for n in names)

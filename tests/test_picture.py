@@ -16,7 +16,7 @@ import pytest
 from efabuild.cli import graphviz
 from efabuild.cli import picture
 from efabuild.plan import Availability, make_plan
-from efabuild.build.prepare import prepare
+from efabuild.make.prepare import prepare
 from efabuild.workspace import load_workspace
 from tests.inprocess import run_efabuild
 from tests.wsfactory import SIMPLE_GRAPH, make_workspace
@@ -161,7 +161,7 @@ def test_an_output_path_that_is_no_regular_file_is_one_line_and_left_as_it_is(tm
 
 @pytest.mark.engine
 def test_make_draws_what_it_did(tmp_path, docker_engine):
-    from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
+    from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
 
     build_fixtures()
     run = uuid.uuid4().hex[:12]  # keys new to the engine

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 import pytest
 
-from efabuild.build.prepare import prepare
+from efabuild.make.prepare import prepare
 from efabuild.dag import LayerGraph
 from efabuild.keys import ContextEntry, LayerInputs
 from efabuild.model import BaseImage, Layer

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from efabuild.build.prepare import prepare
-from efabuild.build.run import BUILT, FAILED, REUSED, SKIPPED, run
+from efabuild.make.prepare import prepare
+from efabuild.make.run import BUILT, FAILED, REUSED, SKIPPED, run
 from efabuild.errors import EfabuildError
 from efabuild.workspace import load_workspace
 from tests.wsfactory import SIMPLE_GRAPH, make_workspace

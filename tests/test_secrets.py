@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
+from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
 from tests.wsfactory import make_workspace
 
 pytestmark = [pytest.mark.engine]

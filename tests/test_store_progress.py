@@ -134,8 +134,8 @@ def test_no_rate_from_a_near_zero_interval():
 
 
 def test_a_makes_export_line_takes_the_image_size_as_an_estimate(monkeypatch):
-    """What make shows while it exports (build/publish.py): the image's size is the total."""
-    from efabuild.build.publish import export_progress
+    """What make shows while it exports (make/publish.py): the image's size is the total."""
+    from efabuild.make.publish import export_progress
     from efabuild.store import progress
 
     out = io.StringIO()

@@ -1,5 +1,5 @@
 """`python -m efabuild.cli.build_fixtures`: build the offline demo fixture images (what
-scripts/build-fixtures.py runs; the work is efabuild.build.fixtures')."""
+scripts/build-fixtures.py runs; the work is efabuild.make.fixtures')."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     import attrs
 
-    from efabuild.build.fixtures import MINI_NGC_TAG, build_fixtures
+    from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
     from efabuild.cli.output import print_json
     from efabuild.errors import EfabuildError
 

@@ -61,7 +61,7 @@ def _draw(ws, args) -> int:
     from efabuild.cli import picture
     from efabuild.cli.common import with_builder, write_file
     from efabuild.errors import InputError
-    from efabuild.build.prepare import prepare
+    from efabuild.make.prepare import prepare
 
     if not args.output and sys.stdout.isatty() and args.format == "png":
         raise InputError("a PNG is not for a terminal: give -o FILE.png or redirect standard output")

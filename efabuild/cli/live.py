@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from efabuild.build.reporter import Reporter
+from efabuild.make.reporter import Reporter
 from efabuild.cli.colour import Palette, wanted
 from efabuild.store.fsutil import shown
 

@@ -40,7 +40,7 @@ def configure(name, sub, common):
 
 
 def run(args) -> int:
-    from efabuild.build import run as make
+    from efabuild.make import run as make
     from efabuild.cli.common import with_builder, workspace
     from efabuild.cli.live import announce_after, planning_line, reporter_for
     from efabuild.errors import InputError
@@ -103,7 +103,7 @@ def _print_plan(prepared, stream, progress: str) -> None:
 
 def _prepared(ws, args):
     """The plan, linted first unless --no-lint: lint's errors are shown before the one-line stop."""
-    from efabuild.build import run as make
+    from efabuild.make import run as make
 
     try:
         return make.prepare_make(ws, args.targets, lint=not args.no_lint, require_engine=not args.dry_run)
@@ -115,7 +115,7 @@ def _prepared(ws, args):
 
 
 def _report(args, prepared, result) -> int:
-    from efabuild.build import run as make
+    from efabuild.make import run as make
     from efabuild.cli.colour import palette_for
     from efabuild.cli.live import outcome_json
     from efabuild.cli.output import print_json
@@ -144,7 +144,7 @@ def _report(args, prepared, result) -> int:
 def _artifact_paths(prepared, result) -> dict[str, str]:
     """Layer -> its .sqsh in the store, for every artifact layer the make left stored, reused or
     new: a program reading make --json needs no lookup after it."""
-    from efabuild.build import run as make
+    from efabuild.make import run as make
 
     plans = prepared.plan.by_name()
     paths = {}
@@ -175,10 +175,10 @@ def summary(result, paths=None, palette=None) -> str:
 
 
 def _check(ws, args) -> int:
-    from efabuild.build import check
+    from efabuild.make import check
     from efabuild.cli.output import print_json
     from efabuild.errors import InputError
-    from efabuild.build.prepare import prepare
+    from efabuild.make.prepare import prepare
     from efabuild.cli.live import reporter_for
 
     if not args.targets or any(":" not in target for target in args.targets):

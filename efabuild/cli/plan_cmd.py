@@ -32,7 +32,7 @@ def configure(name, sub, common):
 def run(args) -> int:
     import sys
 
-    from efabuild.build.prepare import prepare
+    from efabuild.make.prepare import prepare
     from efabuild.cli.colour import palette_for
     from efabuild.cli.common import with_builder, workspace
     from efabuild.cli.live import announce_after, planning_line

@@ -28,7 +28,7 @@ def configure(name, sub, common):
 
 
 def run(args) -> int:
-    from efabuild.build.prepare import prepare
+    from efabuild.make.prepare import prepare
     from efabuild.cli.common import with_builder, workspace
     from efabuild.cli.output import print_json, table
     from efabuild.engine.images import built_for_key, tag_image

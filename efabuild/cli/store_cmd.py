@@ -73,8 +73,8 @@ def _dead_scratch_dirs(remove: bool) -> list:
 
 def _old_images(args: argparse.Namespace, remove: bool) -> list[tuple[str, str]]:
     """gc --images: the workspace's own old engine images, as (tier, item) leftovers."""
-    from efabuild.build.oldimages import remove_old_images
-    from efabuild.build.prepare import prepare
+    from efabuild.make.oldimages import remove_old_images
+    from efabuild.make.prepare import prepare
     from efabuild.cli.common import workspace
     from efabuild.errors import InputError
 

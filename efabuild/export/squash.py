@@ -32,7 +32,7 @@ from typing import IO, TYPE_CHECKING
 
 import attrs
 
-from efabuild.build.stops import step_boundary
+from efabuild.make.stops import step_boundary
 from efabuild.engine import children
 from efabuild.engine.client import last_line
 from efabuild.errors import EfabuildError, InputError, NotFound

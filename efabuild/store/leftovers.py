@@ -33,7 +33,7 @@ from efabuild.store.transfer import SIDECARS
 # Temp files of writers on other hosts are only judged by age.
 STALE_TEMP_SECONDS = 24 * 3600
 # directories a make writes into the local tier's tmp/, named by their owner: build contexts
-# (efabuild.build.context) and make --check's rebuilt .sqsh (efabuild.build.check)
+# (efabuild.make.context) and make --check's rebuilt .sqsh (efabuild.make.check)
 CONTEXT_PREFIX = "context"
 CHECK_PREFIX = "check"
 OWNED_DIR_PREFIXES = (CONTEXT_PREFIX, CHECK_PREFIX)

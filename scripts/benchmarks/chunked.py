@@ -92,7 +92,7 @@ def scenario(ctx: Context) -> Result:
         shutil.rmtree(tree)
     size = images["user2"].stat().st_size
 
-    # what each export hands over: its digest pass cuts the chunk index too (build/publish.py)
+    # what each export hands over: its digest pass cuts the chunk index too (make/publish.py)
     made = {name: chunk_file(path, chunking=(MIN_SIZE, AVG_SIZE, MAX_SIZE)) for name, path in images.items()}
 
     def record(key: str, name: str, path: Path) -> ArtifactRecord:

@@ -98,7 +98,7 @@ def run_buildx(dockerfile: str, tag: str, context: Path) -> str:
 
 def artifacts_supported() -> bool:
     """`efabuild make` exports artifact layers once its export step is installed."""
-    return importlib.util.find_spec("efabuild.build.publish") is not None
+    return importlib.util.find_spec("efabuild.make.publish") is not None
 
 
 def scenario(ctx: Context) -> Result:

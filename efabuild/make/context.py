@@ -24,8 +24,8 @@ import blake3
 from efabuild.errors import EfabuildError, InputError
 from efabuild.keys import ContextEntry
 from efabuild.model import Workspace
-from efabuild.build.dockerignore import IGNORE_FILE, BadPattern, Exclusions, leaves_out
-from efabuild.build.hashcache import HashState
+from efabuild.make.dockerignore import IGNORE_FILE, BadPattern, Exclusions, leaves_out
+from efabuild.make.hashcache import HashState
 from efabuild.configfile import read_text
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ from efabuild.errors import EfabuildError, NoCredentials
 from efabuild.model import Workspace
 from efabuild.plan import BUILD, Availability, BaseResolution, Plan, layer_inputs, make_plan
 from efabuild.refs import IMAGE_REPO, KEY_TAG, image_tag
-from efabuild.build.context import ContextHasher, bulk_objects, hash_contexts, never_context
-from efabuild.build.hashcache import HashState
-from efabuild.build.records import BuildRecords
+from efabuild.make.context import ContextHasher, bulk_objects, hash_contexts, never_context
+from efabuild.make.hashcache import HashState
+from efabuild.make.records import BuildRecords
 
 if TYPE_CHECKING:
     from efabuild.store.tiered import Store

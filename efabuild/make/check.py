@@ -19,12 +19,12 @@ import attrs
 
 from efabuild.errors import EfabuildError, InputError
 from efabuild.model import Layer
-from efabuild.build.prepare import Prepared
+from efabuild.make.prepare import Prepared
 from efabuild.export.sqshdiff import Difference
 from efabuild.refs import short
 from efabuild.store.leftovers import CHECK_PREFIX
 from efabuild.store.owner import owned_name
-from efabuild.build.reporter import Reporter
+from efabuild.make.reporter import Reporter
 
 # export options that decide the bytes of a .sqsh, as recorded with an artifact
 _PACKING = ("mksquashfs", "time_clamp", "rc_labels")
@@ -52,7 +52,7 @@ class CheckResult:
 
 
 def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckResult:
-    from efabuild.build import run as make
+    from efabuild.make import run as make
     from efabuild.export.sqshdiff import compare, read_sqsh
     from efabuild.export.tarfilter import RC_LABELS
 
@@ -150,7 +150,7 @@ def _how(runner, qualname: str) -> dict:  # noqa: ANN001 - a make _Runner
 def _rebuild_here(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa: ANN001, ANN202
     """Rebuild in the engine, FROM the parent's image there; export it as make does. The image
     gets a tag naming this process (see leftovers), removed after the export."""
-    from efabuild.build import run as make
+    from efabuild.make import run as make
     from efabuild.engine.build import build_layer
     from efabuild.engine.images import untag_image
     from efabuild.engine.leftovers import check_image_tag
@@ -170,7 +170,7 @@ def _rebuild_here(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa:
 def _rebuild_on_farm(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa: ANN001, ANN202
     """Rebuild as a farm make builds, FROM the parent by digest in the registry, pushed by BuildKit
     under the layer's check tag; export it as a farm make does, streamed from a builder."""
-    from efabuild.build import run as make
+    from efabuild.make import run as make
 
     farm = runner.farm
     with runner._context_dir(layer, lp) as context_dir:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from efabuild.model import Layer, Workspace
 from efabuild.plan import LayerPlan, Plan
-from efabuild.build.prepare import Prepared
-from efabuild.build.reporter import Reporter
+from efabuild.make.prepare import Prepared
+from efabuild.make.reporter import Reporter
 
 
 def export_progress(qualname: str, expected: int | None):  # noqa: ANN201 - a Progress
@@ -32,8 +32,8 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     from efabuild.store.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.export.squash import ExportCancelled
-    from efabuild.build.gitstate import vcs_of
-    from efabuild.build.stops import step_boundary
+    from efabuild.make.gitstate import vcs_of
+    from efabuild.make.stops import step_boundary
     from efabuild.store.fsutil import temp_name
     from efabuild.store.record import ArtifactRecord
 

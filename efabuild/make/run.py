@@ -22,17 +22,17 @@ from efabuild.model import Layer, Workspace
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
 from efabuild.redact import Redactor, dockerfile_secret_values, is_secret_arg
 from efabuild.refs import GRAPH_LABEL, KEY_LABEL, LAYER_LABEL, TITLE_LABEL, image_tag, short
-from efabuild.build.context import SOURCE_DATE_EPOCH, context_dir
-from efabuild.build.leftovers import LeftoverSearch, sweep
-from efabuild.build.prepare import Prepared, prepare
-from efabuild.build.reporter import Reporter
-from efabuild.build.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
+from efabuild.make.context import SOURCE_DATE_EPOCH, context_dir
+from efabuild.make.leftovers import LeftoverSearch, sweep
+from efabuild.make.prepare import Prepared, prepare
+from efabuild.make.reporter import Reporter
+from efabuild.make.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
                                      run_in_order)
-from efabuild.build.stops import step_boundary
+from efabuild.make.stops import step_boundary
 from efabuild.store.fs import REUSED as TIER_REUSED
 
 if TYPE_CHECKING:  # the builder's side is loaded where a layer has work: a no-op make never needs it
-    from efabuild.build.engine_steps import EngineSteps
+    from efabuild.make.engine_steps import EngineSteps
 
 __all__ = ["BUILT", "EXPORTED", "FAILED", "PULLED", "REUSED", "SKIPPED", "STATUSES", "SOURCE_DATE_EPOCH",
            "LeftoverSearch", "LintFailed", "MakeResult", "Outcome", "prepare_make", "run"]
@@ -100,7 +100,7 @@ class _Runner:
     def steps(self) -> EngineSteps:
         if self._steps is not None:
             return self._steps
-        from efabuild.build.engine_steps import EngineSteps
+        from efabuild.make.engine_steps import EngineSteps
 
         return EngineSteps(self.engine)
 
@@ -231,7 +231,7 @@ class _Runner:
         return f"FROM {layer.base.ref}"
 
     def build_request(self, layer: Layer, lp: LayerPlan, context_dir: Path, tag: str, *, no_cache: bool = False):
-        from efabuild.build.gitstate import GIT_LABELS
+        from efabuild.make.gitstate import GIT_LABELS
         from efabuild.engine.build import BuildRequest
 
         return BuildRequest(
@@ -275,14 +275,14 @@ class _Runner:
     def oci_labels(self) -> dict[str, str]:
         """OCI source and revision labels from the workspace's git state, read once per make: on
         the images, whence each manifest's `vcs`."""
-        from efabuild.build.gitstate import git_labels
+        from efabuild.make.gitstate import git_labels
 
         return git_labels(self.ws.root)
 
     @functools.cached_property
     def builder_versions(self) -> dict:
         """The engine's tool versions for manifests: asked once per make, not per artifact."""
-        from efabuild.build.publish import engine_versions
+        from efabuild.make.publish import engine_versions
 
         return engine_versions(self.engine)
 
@@ -296,7 +296,7 @@ class _Runner:
             return {}
         if self.farm is None:
             return self.builder_versions
-        from efabuild.build.publish import engine_versions
+        from efabuild.make.publish import engine_versions
         from efabuild.engine.build import builder_name
 
         node = self.farm.builder_of(key)
@@ -318,7 +318,7 @@ class _Runner:
         return signer_for(sign.key, root=self.ws.root, region=sign.region, endpoint_url=sign.endpoint_url)
 
     def _export_and_publish(self, layer: Layer, lp: LayerPlan) -> str:
-        from efabuild.build.publish import export_and_publish
+        from efabuild.make.publish import export_and_publish
 
         exporter = None if self.farm is None else self.farm.exporter(
             self.engine, layer.name, lp.key, self.tags.get(lp.key), options=self.ws.settings.export,

@@ -9,7 +9,7 @@ fixture images carry no efabuild key.
 
 from __future__ import annotations
 
-from efabuild.build.prepare import Prepared
+from efabuild.make.prepare import Prepared
 from efabuild.refs import image_tag
 
 
