@@ -31,7 +31,7 @@ def stored_artifact(directory: Path, signer, *, label: str = "artifact", name: s
     """A store at directory/store holding one real .sqsh with record, manifest and (when `signer`)
     its signed statement, published through the store like make does. (store root, key)"""
     from efabuild.signing.attest import signed
-    from efabuild.store.digest import file_digests
+    from efabuild.host.digest import file_digests
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.store.tiered import Store
     from efabuild.store.record import ArtifactRecord

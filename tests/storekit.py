@@ -67,7 +67,7 @@ def key_for(text: str) -> str:
 
 
 def record_for(key: str, name: str, sqsh: Path):  # noqa: ANN201 - ArtifactRecord
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
     from efabuild.store.record import ArtifactRecord
 
     return ArtifactRecord.for_file(key, name, sqsh, file_digest(sqsh),
@@ -163,7 +163,8 @@ def _pause(point: str) -> None:
 
 def _install_pause(point: str) -> None:
     """Stop this process at `point` of a publish: the test then kills it with SIGKILL."""
-    from efabuild.store import fs, fsutil
+    from efabuild.host import fsutil
+    from efabuild.store import fs
     from efabuild.store.layout import MANIFEST_SUFFIX, RECORD_SUFFIX, SQSH_SUFFIX
 
     real_atomic = fsutil.atomic_write_bytes

@@ -18,7 +18,7 @@ from efabuild.settings import S3Config
 from efabuild.store.assembly import Seed, assemble, plan
 from efabuild.store.chunkpublish import upload
 from efabuild.store.chunks import chunk_file
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.store.rangecopy import RangeCopier
 from efabuild.store.s3 import S3Tier
 from tests.storekit import shifted_versions

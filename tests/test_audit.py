@@ -533,7 +533,7 @@ class DemoBuilds:
         """Export `tag` and publish it; chain: (qualname, Dockerfile text, args) from the base up."""
         from datetime import datetime, timezone
 
-        from efabuild.store.digest import bytes_digest
+        from efabuild.host.digest import bytes_digest
         from efabuild.model import ExportSettings
         from efabuild.provenance.stored import describe_sqsh
         from efabuild.export.squash import export_image

@@ -196,7 +196,7 @@ def _with_labels_in_rc(stored: Path, out: Path, labels: dict[str, str], options:
 
 
 def test_check_of_an_artifact_exported_with_its_labels_in_etc_rc_says_so(pinned_fixture_base, tmp_path):
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
 
     root = workspace(tmp_path / "ws", pinned_fixture_base)
     assert efabuild(root, "make", "g:tools").returncode == 0

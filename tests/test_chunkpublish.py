@@ -11,7 +11,7 @@ import pytest
 from efabuild.settings import S3Config
 from efabuild.store import chunkpublish
 from efabuild.store.chunks import chunk_file
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.store.fs import FilesystemTier
 from efabuild.store.s3chunks import ChunkStore
 from efabuild.store.tiered import Store

@@ -6,7 +6,7 @@ import json
 import os
 import pytest
 
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.settings import S3Config
 from efabuild.store.chunks import BadChunkIndex, ChunkIndex, chunk_file, mismatch
 from efabuild.store.s3 import S3Tier

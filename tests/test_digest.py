@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efabuild.store.digest import (
+from efabuild.host.digest import (
     Sha256Pass,
     bytes_digest,
     file_digest,

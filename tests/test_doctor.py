@@ -12,7 +12,7 @@ import blake3
 import pytest
 
 from efabuild.cli import main
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.doctor import examine
 from efabuild.doctor.compare import compare_with_manifest, manifest_versions
 from efabuild.store import Store

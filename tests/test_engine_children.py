@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.engine import children
+from efabuild.host import children
 
 # starts `sleep` from a worker thread that then ends, as make's worker threads end, and waits
 PARENT = """
 import threading, time
-from efabuild.engine import children
+from efabuild.host import children
 started = []
 worker = threading.Thread(target=lambda: started.append(children.popen(["sleep", "300"])))
 worker.start()

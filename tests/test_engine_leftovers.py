@@ -14,7 +14,7 @@ from efabuild.engine.client import connect
 from efabuild.engine.leftovers import check_image_owner, check_image_tag, dead_check_images, remove_images
 from efabuild.model import BuilderSettings
 from efabuild.grammar import IMAGE_REF
-from efabuild.store.owner import Owner
+from efabuild.host.owner import Owner
 from tests.storekit import key_for
 
 
@@ -87,7 +87,7 @@ def test_a_label_holding_a_line_break_forges_no_leftover_over_the_cli(busybox_im
         subprocess.run(["docker", "container", "create", "--name", victim, busybox_image, "true"],
                        capture_output=True, check=True)
         subprocess.run(["docker", "container", "create", "--name", forger, "--label", f"org.efabuild.export={forged}",
-                        "--label", f"org.efabuild.store.owner={me.token}", busybox_image, "true"],
+                        "--label", f"org.efabuild.host.owner={me.token}", busybox_image, "true"],
                        capture_output=True, check=True)
         found = dead_export_containers(engine, [store])
         assert victim not in found and forger not in found  # the forger's own owner (this test) is alive

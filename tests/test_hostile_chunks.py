@@ -21,7 +21,7 @@ import pytest
 from efabuild.errors import EfabuildError
 from efabuild.settings import S3Config
 from efabuild.store.chunks import AVG_SIZE, MIN_SIZE, ChunkIndex
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.store.fs import FilesystemTier
 from efabuild.store.s3 import S3Tier
 from efabuild.store.s3chunks import compress

@@ -257,7 +257,7 @@ def test_a_farm_stream_with_a_10_gib_sparse_entry_fails_in_one_line_without_writ
 # ---- stored .sqsh files that are not what they claim -------------------------------------------
 def _plant_over(store: Path, data_from: Path | bytes) -> None:
     """Replace the stored .sqsh and make its record agree, as whoever writes the tier can."""
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
 
     sqsh = store / "objects" / KEY[:2] / f"{KEY}.sqsh"
     sqsh.unlink()

@@ -4,7 +4,7 @@ After each kill: no child of the make (buildx, docker export, mksquashfs) runs o
 is visible in the store (everything `ls` lists is found by `lookup`
 and passes `audit --all`), `gc` removes the debris, and the next make succeeds and leaves none.
 The seed is printed and named in every assertion message; rerun one with EFABUILD_KILL_SEED=N.
-The step boundaries are reached with the documented test hook EFABUILD_STOP_AT (efabuild.make.stops):
+The step boundaries are reached with the documented test hook EFABUILD_STOP_AT (efabuild.host.stops):
 the make stops itself there and is killed while stopped.
 """
 

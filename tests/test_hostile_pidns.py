@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from efabuild.store.lock import EXCLUSIVE_FILE, FileLock
-from efabuild.store.owner import Owner, owned_name
+from efabuild.host.owner import Owner, owned_name
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
@@ -33,10 +33,10 @@ def in_another_namespace(code: str, *args: str) -> str:
 
 def test_a_live_process_is_never_judged_gone_from_another_pid_namespace():
     me = Owner.current()
-    assert in_another_namespace("import sys; from efabuild.store.owner import Owner; "
+    assert in_another_namespace("import sys; from efabuild.host.owner import Owner; "
                                 "print(Owner.parse(sys.argv[1]).gone())", me.token) == "False"
     # and the other way: a live process in a namespace, judged from here
-    code = "import time; from efabuild.store.owner import Owner; print(Owner.current().token, flush=True); time.sleep(60)"
+    code = "import time; from efabuild.host.owner import Owner; print(Owner.current().token, flush=True); time.sleep(60)"
     proc = subprocess.Popen(["unshare", "--pid", "--kill-child", "--mount-proc", sys.executable, "-c", code],
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
@@ -67,7 +67,7 @@ def test_a_lock_file_held_here_is_not_broken_from_another_pid_namespace(tmp_path
 def test_a_live_process_s_scratch_directory_is_no_leftover_from_another_pid_namespace(tmp_path):
     scratch = tmp_path / owned_name("efabuild", "build")
     scratch.mkdir()
-    found = in_another_namespace("import sys; from efabuild.store.scratch import dead_scratch_dirs; "
+    found = in_another_namespace("import sys; from efabuild.host.scratch import dead_scratch_dirs; "
                                  "print([str(p) for p in dead_scratch_dirs(sys.argv[1])])", str(tmp_path))
     assert found == "[]"
 
@@ -78,7 +78,7 @@ def test_what_a_process_of_an_ended_pid_namespace_owned_is_gone_from_the_host():
     left in that namespace, and not before."""
     import time
 
-    code = "import time; from efabuild.store.owner import Owner; print(Owner.current().token, flush=True); time.sleep(60)"
+    code = "import time; from efabuild.host.owner import Owner; print(Owner.current().token, flush=True); time.sleep(60)"
     proc = subprocess.Popen(["unshare", "--pid", "--kill-child", "--mount-proc", sys.executable, "-c", code],
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:

@@ -111,7 +111,7 @@ def test_a_base_digest_change_is_a_reason(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("form", ["full key", "key prefix", "name"])
 def test_gc_keeps_a_pin_in_every_form(tmp_path, capsys, monkeypatch, form):
     """Slip: gc matches pins as prefixes or names and drops a pin written as a whole key."""
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
     from efabuild.store.tiered import Store
     from efabuild.store.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord

@@ -14,7 +14,7 @@ import pytest
 
 from efabuild.settings import S3Config
 from efabuild.signing.keys import PemSigner
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.store.fs import FilesystemTier
 from efabuild.store.tiered import Store
 from tests.signkit import NAME, make_key, object_path, stored_artifact, trust_config

@@ -438,7 +438,7 @@ def test_make_without_aws_credentials_publishes_to_the_other_tiers_and_names_s3_
 @pytest.mark.s3
 def test_a_damaged_local_artifact_is_not_spread_to_new_tiers_but_repaired(demo_ws, tmp_path, moto_server, s3_bucket,
                                                                           s3_client):
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
     from tests.test_store_tiers import flip_a_byte
 
     efabuild(demo_ws, "make", "demo", check=True)
@@ -602,7 +602,7 @@ def test_make_signs_every_artifact_it_exports_and_a_reusing_make_adds_nothing(de
 def test_a_new_tier_gets_a_copy_of_a_stored_artifact_without_its_image(mini_ngc, tmp_path):
     """The plan says `to copy` (not `to export`, not `to build`) when a tier holds the .sqsh and
     another lacks it, and make copies it across even with the image gone from the engine."""
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
 
     graph = f'''[layers.one]\nbase = "{mini_ngc}"\nartifact = true\ndockerfile = "RUN echo {uuid.uuid4().hex} > /id"\n'''
     root = make_workspace(tmp_path / "ws", {"fmt": graph})

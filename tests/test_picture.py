@@ -111,7 +111,7 @@ def test_graph_command_draws_the_offline_plan(tmp_path):
 
 
 def test_a_temp_file_a_killed_efabuild_left_beside_its_output_goes_with_the_next_write(tmp_path):
-    from efabuild.store.owner import Owner
+    from efabuild.host.owner import Owner
 
     root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
     me = Owner.current()

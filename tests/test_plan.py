@@ -337,7 +337,7 @@ def test_a_hash_cache_save_killed_before_its_rename_leaves_a_temp_the_next_save_
     plan_json(root)
     state = root / "cache" / "state"
     # a writer that made its temp file and died before renaming it (a real process, now gone)
-    subprocess.run([sys.executable, "-c", "import sys; from efabuild.store.owner import owned_name; "
+    subprocess.run([sys.executable, "-c", "import sys; from efabuild.host.owner import owned_name; "
                     "open(sys.argv[1] + '/' + owned_name('.hashes', 'tmp'), 'w').write('half')", str(state)],
                    check=True)
     (left,) = [p for p in state.iterdir() if p.name.startswith(".hashes")]
@@ -441,7 +441,7 @@ def test_a_chunked_artifact_only_on_s3_is_to_copy_and_a_make_copies_it(tmp_path,
     (a fetch downloads only the chunks this node lacks), the whole-object one exported again
     (downloading it costs as much). Offline, S3 is not asked: both are to export."""
     from efabuild.settings import S3Config
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
     from efabuild.store.fs import FilesystemTier
     from efabuild.store.tiered import Store
     from tests.storekit import make_sqsh, record_for

@@ -130,7 +130,7 @@ def _rewrite_json(path: Path, edit) -> bytes:  # noqa: ANN001
 def _new_manifest(store: Path, key: str, manifest: bytes) -> None:
     """`manifest` beside the artifact, and the record's manifest digest made to match (the record
     is not signed: whoever may write the store may rewrite it)."""
-    from efabuild.store.digest import bytes_digest
+    from efabuild.host.digest import bytes_digest
 
     path = object_path(store, key, ".manifest.json")
     os.chmod(path, 0o644)
@@ -341,7 +341,7 @@ def test_an_entry_planted_by_another_user_is_ignored(tmp_path, keys):
 
 
 def test_a_killed_writers_temp_entry_is_removed_by_the_next_write(tmp_path, keys):
-    from efabuild.store.owner import Owner, owned_name
+    from efabuild.host.owner import Owner, owned_name
 
     store, key = stored_artifact(tmp_path, PemSigner(keys["ec"][0]))
     env = node_env(tmp_path, store, keys["ec"][1])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.errors import EfabuildError
 from efabuild.settings import S3Config
 from efabuild.store.tiered import Store

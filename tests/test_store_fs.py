@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.store.tiered import Store
 from efabuild.store.fs import PUBLISHED, REUSED, FilesystemTier
@@ -244,7 +244,7 @@ def test_concurrent_ref_appends_lose_no_entry(tmp_path):
 def test_a_write_that_fails_names_the_file_it_was_writing_not_its_temp_file(tmp_path):
     """Writes below a store's root go through a directory descriptor, so the system's error names
     only the bare temp file; the message (efabuild: FILE: reason) must name the file instead."""
-    from efabuild.store.owner import replace_owned
+    from efabuild.host.fsutil import replace_owned
 
     target = tmp_path / "state" / "hashes"
     (target / "inside").mkdir(parents=True)  # a directory where the file belongs: the rename fails
@@ -263,7 +263,7 @@ def test_an_atomic_write_reaches_the_disk_before_its_rename(tmp_path, monkeypatc
     directory that holds the name."""
     import stat
 
-    from efabuild.store import fsutil
+    from efabuild.host import fsutil
 
     calls: list[tuple[str, object]] = []
     real_fsync, real_replace = os.fsync, os.replace

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.store.tiered import Store
 from efabuild.store.fs import FilesystemTier
-from efabuild.store.owner import Owner, owned_name
+from efabuild.host.owner import Owner, owned_name
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.sweep import remove
 from tests.storekit import REPO, efabuild, key_for
@@ -158,7 +158,7 @@ def test_gc_removes_leftovers_of_dead_writers_and_skips_objects_in_use(workspace
 def test_gc_removes_the_export_container_of_a_killed_make_and_not_a_running_ones(workspace, busybox_image):
     """A make killed while exporting leaves its (never started) export container on the engine."""
     from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL
-    from efabuild.store.owner import start_time
+    from efabuild.host.owner import start_time
 
     (workspace / "graphs").mkdir()  # a workspace with a graph: its builder is the engine asked
     (workspace / "graphs" / "g.toml").write_text('[layers.a]\nbase = "busybox:latest"\ndockerfile = "RUN true"\n')

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.settings import S3Config
 from efabuild.store.tiered import Store
@@ -245,7 +245,7 @@ def test_has_where_and_complete_fill_the_tiers_that_lack_an_artifact(tmp_path, s
 
 
 def test_gc_on_a_nodes_bare_store_leaves_s3_alone_unless_asked(tmp_path, settings, s3_client):
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
     from efabuild.store.record import ArtifactRecord
 
     builder = builder_store(tmp_path / "builder", settings)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.settings import S3Config
 from efabuild.store.tiered import Store
 from efabuild.store.fs import PUBLISHED, FilesystemTier

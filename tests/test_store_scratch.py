@@ -8,8 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from efabuild.store import scratch
-from efabuild.store.owner import Owner
+from efabuild.host import scratch
+from efabuild.host.owner import Owner
 from tests.storekit import efabuild
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.store.tiered import Store
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED
 from tests.storekit import collect_warnings, efabuild, key_for, make_sqsh, record_for
@@ -63,7 +63,7 @@ def test_a_manifest_that_differs_from_its_record_is_left_behind_by_a_copy(tmp_pa
     """Slip: the sidecars are copied without their check. A manifest changed beside a good .sqsh
     would reach the new tier under a record that vouches for the old one, and the artifact's
     provenance would be shown from bytes nobody described."""
-    from efabuild.store.digest import bytes_digest
+    from efabuild.host.digest import bytes_digest
 
     ws = workspace(tmp_path / "ws", 'local = "cache"')
     key = key_for("user")

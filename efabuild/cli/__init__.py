@@ -150,7 +150,7 @@ def one_line(message: str) -> str:
     that is not UTF-8 as `\\xNN` (fsutil.shown, as every path in a message)."""
     if message.isprintable():
         return message
-    from efabuild.store.fsutil import shown
+    from efabuild.display import shown
 
     return shown(message)
 

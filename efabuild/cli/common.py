@@ -20,7 +20,7 @@ def write_file(name: str, data: bytes) -> None:
     import stat
 
     from efabuild.errors import InputError
-    from efabuild.store.fsutil import UnsafeEntry, atomic_write_bytes, kind_of
+    from efabuild.host.fsutil import UnsafeEntry, atomic_write_bytes, kind_of
 
     path = Path(name)
     try:
@@ -43,7 +43,7 @@ def _remove_dead_temps(directory: Path, name: str) -> None:
     """Temp files of this output that a killed efabuild left beside it (their names say whose)."""
     import os
 
-    from efabuild.store.fsutil import parse_temp_owner
+    from efabuild.host.fsutil import parse_temp_owner
 
     try:
         entries = os.listdir(directory)

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json("doctor", to_json(report))
     else:
-        from efabuild.store.fsutil import shown
+        from efabuild.display import shown
 
         # the report quotes the logs' lines: a job's output may hold any escape
         print("\n".join(shown(line) for line in render_text(report).splitlines()))

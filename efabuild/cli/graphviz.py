@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from efabuild.engine import children
+from efabuild.host import children
 from efabuild.errors import EfabuildError, InputError
 
 FORMATS = ("svg", "png")

@@ -15,7 +15,7 @@ from typing import TextIO
 
 from efabuild.make.reporter import Reporter
 from efabuild.cli.colour import Palette, wanted
-from efabuild.store.fsutil import shown
+from efabuild.display import shown
 
 PROGRESS_FORMAT = "efabuild.progress/v1"
 PLANNING = "gathering facts for the plan: build contexts, the engine's images, the store…"

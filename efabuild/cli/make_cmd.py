@@ -50,7 +50,7 @@ def run(args) -> int:
         raise InputError("--jobs must be at least 1")
     ws = with_builder(ws, args.builder)
     if not args.dry_run:
-        from efabuild.store.scratch import check_temp_dir
+        from efabuild.host.scratch import check_temp_dir
 
         check_temp_dir()  # one line before the plan, not a failure per build
     if args.check:

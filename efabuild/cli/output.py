@@ -38,7 +38,7 @@ def _printable(cell: str) -> str:
     """A cell as a terminal shows it: a control character from a file or log line escaped."""
     if cell.isprintable():
         return cell
-    from efabuild.store.fsutil import shown
+    from efabuild.display import shown
 
     return shown(cell)
 
@@ -72,7 +72,7 @@ def nulled(data: Any) -> Any:
 
 def _utf8(value: Any) -> Any:
     if isinstance(value, str) and not value.isascii():
-        from efabuild.store.fsutil import as_utf8
+        from efabuild.display import as_utf8
 
         return as_utf8(value)
     return value

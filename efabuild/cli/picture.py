@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from efabuild.store.fsutil import shown
+from efabuild.display import shown
 
 if TYPE_CHECKING:
     from efabuild.dag import LayerGraph

@@ -126,7 +126,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 def _show_table(m: dict, verified: bool) -> None:
     from efabuild.cli.output import print_table
-    from efabuild.store.fsutil import shown  # values set by the image's ENV and LABEL: escapes shown
+    from efabuild.display import shown  # values set by the image's ENV and LABEL: escapes shown
 
     print_table(_summary_rows(m, verified))
     chain = m.get("chain") or []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from efabuild import notices
-from efabuild.store.fsutil import shown
+from efabuild.display import shown
 
 
 class Printer:

@@ -62,7 +62,7 @@ def _store(args: argparse.Namespace):  # noqa: ANN202 - efabuild.store.Store
 
 
 def _dead_scratch_dirs(remove: bool) -> list:
-    from efabuild.store import scratch
+    from efabuild.host import scratch
 
     found = scratch.dead_scratch_dirs()
     if remove:
@@ -160,7 +160,7 @@ def _field(usage, name: str) -> int | None:  # noqa: ANN001 - chunks.Usage or No
 def run_gc(args: argparse.Namespace) -> int:
     from efabuild.cli.output import print_json
     from efabuild.errors import InputError
-    from efabuild.store.fsutil import shown
+    from efabuild.display import shown
     from efabuild.store.progress import human_bytes
     from efabuild.refs import short
 

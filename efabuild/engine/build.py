@@ -24,7 +24,7 @@ from pathlib import Path
 
 import attrs
 
-from efabuild.engine import children
+from efabuild.host import children
 from efabuild.engine.buildlog import BuildFailure, BuildLogReader
 from efabuild.engine.client import NO_DOCKER_CLI, Engine, EngineUnavailable
 from efabuild.engine.images import image_id as lookup_image_id
@@ -32,8 +32,8 @@ from efabuild.engine.images import tag_image
 from efabuild.errors import EfabuildError
 from efabuild.model import DEFAULT_PLATFORM
 from efabuild.redact import Redactor, is_secret_arg
-from efabuild.store.fsutil import shown
-from efabuild.store.scratch import scratch_dir
+from efabuild.display import shown
+from efabuild.host.scratch import scratch_dir
 
 # After SIGINT buildx cancels the build on the engine and exits; it gets this long before SIGKILL.
 STOP_GRACE_S = 30.0
@@ -220,7 +220,7 @@ def _fresh_log(path: Path, root: Path):  # noqa: ANN202 - a text file
     """The build log, created anew: whatever was planted at its name (a link to another file, a
     hard link to one) is removed, never written through, and no directory below `root` is reached
     through a link: logs/ may sit on a shared path."""
-    from efabuild.store.fsutil import open_dir, relative_parts
+    from efabuild.host.fsutil import open_dir, relative_parts
 
     try:
         dir_fd = open_dir(root, relative_parts(root, path.parent), create=True)

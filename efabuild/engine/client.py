@@ -99,11 +99,11 @@ class Engine:
         """Run a docker command to completion; never raises on a non-zero exit status.
 
         For the quick queries, each with its time limit (python-on-whales takes none), and for a
-        registry push or pull, which must die with efabuild (a child of efabuild.engine.children);
+        registry push or pull, which must die with efabuild (a child of efabuild.host.children);
         what else acts on the engine goes through `client` (see efabuild.engine)."""
         import subprocess  # with the first docker process: a plan on the local socket starts none
 
-        from efabuild.engine import children
+        from efabuild.host import children
 
         full_env = None if env is None else {**os.environ, **env}
         try:
@@ -250,7 +250,7 @@ class Engine:
         """A client-side docker command without --host/--context (contexts are client config)."""
         import subprocess
 
-        from efabuild.engine import children
+        from efabuild.host import children
 
         try:
             return children.run([DOCKER_CLI, *args], capture_output=True, text=True,

@@ -2,7 +2,7 @@
 tar stream, removed.
 
 Each is labelled with the `.sqsh` it is exported into and its owner (host, pid, start time; see
-efabuild.store.owner), so one left behind by a process that was killed can be found and removed
+efabuild.host.owner), so one left behind by a process that was killed can be found and removed
 (efabuild.engine.leftovers).
 """
 
@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from efabuild.engine.client import NO_DOCKER_CLI, Engine, EngineError, EngineUnavailable, last_line, output_text
-from efabuild.store.owner import Owner
+from efabuild.host.owner import Owner
 
 if TYPE_CHECKING:
     import subprocess
 
 EXPORT_LABEL = "org.efabuild.export"  # on the temporary container: the .sqsh being written
-OWNER_LABEL = "org.efabuild.store.owner"  # …and the process exporting
+OWNER_LABEL = "org.efabuild.host.owner"  # …and the process exporting
 
 
 def create_for_export(engine: Engine, image: str, target: Path) -> str:
@@ -47,7 +47,7 @@ def export_stream(engine: Engine, container: str, stderr: IO[bytes]) -> subproce
     command line carries the same --host/--context as the client."""
     import subprocess  # with the export: a no-op make's leftover listing needs none
 
-    from efabuild.engine import children  # ctypes with it: a no-op make exports nothing
+    from efabuild.host import children  # ctypes with it: a no-op make exports nothing
 
     try:
         return children.popen(engine.command("container", "export", container),

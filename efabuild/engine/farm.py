@@ -238,7 +238,7 @@ class Farm:
         streams its root filesystem (`FROM ref`, `--output type=tar`), its config comes from the
         registry. Byte-identical to exporting the same image from an engine."""
         from efabuild.export.squash import export_tar_stream
-        from efabuild.store.scratch import scratch_dir
+        from efabuild.host.scratch import scratch_dir
 
         config, created = registry_config(node, ref)
         with scratch_dir("farm-export") as scratch:

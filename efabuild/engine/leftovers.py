@@ -1,7 +1,7 @@
 """What makes that were killed (kill -9, OOM, a node reboot) left in the engine.
 
 Every export creates a container labelled with the `.sqsh` it writes and its owner (host, pid,
-start time; see efabuild.store.owner); the export removes it when it ends, however it ends, unless the
+start time; see efabuild.host.owner); the export removes it when it ends, however it ends, unless the
 process dies first. `make --check` tags its rebuilt image with its owner in the tag (a label would
 be in the exported image, and so in the comparison) and removes it after the export. Both are
 found here and removed once their owner is gone — never a live make's, nor one of another host's.
@@ -18,8 +18,8 @@ from typing import NamedTuple
 from efabuild.engine import containers
 from efabuild.engine.client import Engine, EngineError
 from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL
-from efabuild.store.owner import Owner
-from efabuild.store.fsutil import parse_temp_owner
+from efabuild.host.owner import Owner
+from efabuild.host.fsutil import parse_temp_owner
 from efabuild.store.leftovers import STALE_TEMP_SECONDS
 
 LIST_TIMEOUT_S = 30.0

@@ -65,7 +65,7 @@ def pull(engine: Engine, tag: str, registry: RegistrySettings) -> bool:
 
 def push(engine: Engine, tag: str, registry: RegistrySettings) -> str:
     """Push the local image `tag` to the registry; returns `REGISTRY/efabuild/<layer>@sha256:...`."""
-    from efabuild.make.stops import step_boundary
+    from efabuild.host.stops import step_boundary
 
     ref = remote_ref(tag, registry)
     tag_image(engine, tag, ref)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import attrs
 
-from efabuild.engine import children
+from efabuild.host import children
 from efabuild.errors import EfabuildError
 from efabuild.provenance.fsview import MAX_ENTRIES
-from efabuild.store.fsutil import shown
+from efabuild.display import shown
 
 _CHUNK = 1 << 20
 # the order differences are shown in, for one path

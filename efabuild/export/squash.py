@@ -32,8 +32,8 @@ from typing import IO, TYPE_CHECKING
 
 import attrs
 
-from efabuild.make.stops import step_boundary
-from efabuild.engine import children
+from efabuild.host.stops import step_boundary
+from efabuild.host import children
 from efabuild.engine.client import last_line
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.export.enroot import ImageConfig
@@ -42,8 +42,8 @@ from efabuild.export.tarheader import TarFormatError
 from efabuild.grammar import extra_options_problem
 from efabuild.model import BuilderSettings, ExportSettings
 from efabuild.store.chunks import ChunkIndex, chunk_file
-from efabuild.store.digest import Sha256Pass, file_digest, file_digests
-from efabuild.store.fsutil import fsync_dir
+from efabuild.host.digest import Sha256Pass, file_digest, file_digests
+from efabuild.host.fsutil import fsync_dir
 
 if TYPE_CHECKING:
     from efabuild.engine.client import Engine

@@ -92,7 +92,7 @@ def render_text(findings: Sequence[Finding]) -> str:
     """`file:line: ID severity layer: message` and an indented `fix:` line per finding, then totals.
     A message quoting a Dockerfile shows its control characters escaped (it may come from anyone's
     pull request, read in a CI log on a terminal)."""
-    from efabuild.store.fsutil import shown
+    from efabuild.display import shown
 
     lines = []
     for f in findings:

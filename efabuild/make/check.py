@@ -23,7 +23,7 @@ from efabuild.make.prepare import Prepared
 from efabuild.export.sqshdiff import Difference
 from efabuild.refs import short
 from efabuild.store.leftovers import CHECK_PREFIX
-from efabuild.store.owner import owned_name
+from efabuild.host.owner import owned_name
 from efabuild.make.reporter import Reporter
 
 # export options that decide the bytes of a .sqsh, as recorded with an artifact

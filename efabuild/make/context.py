@@ -250,7 +250,7 @@ def _check_names(dir_rel: str, children: list[os.DirEntry], rules: tuple[Exclusi
         path = f"{dir_rel}/{child.name}" if dir_rel != "." else child.name
         if _utf8(child.name) or leaves_out(rules, path, directory=child.is_dir(follow_symlinks=False)):
             continue
-        from efabuild.store.fsutil import shown  # only for this message: the walk never loads it
+        from efabuild.display import shown  # only for this message: the walk never loads it
 
         raise InputError(f"'{shown(path)}' is not a UTF-8 file name: rename it or leave it out with exclude",
                          where)
@@ -327,7 +327,7 @@ def _open_regular(path: str | Path) -> BinaryIO | None:
 def _hash_stream(src: BinaryIO, copy_to: BinaryIO | None = None) -> str:
     """The blake3 (hex) of what `src` holds, also written to `copy_to`: the one hasher of context
     files, for the key and for the copy the build gets. Read in 1 MiB blocks rather than
-    store.digest's mmap: a context is mostly small files, and the copy needs the bytes anyway."""
+    host.digest's mmap: a context is mostly small files, and the copy needs the bytes anyway."""
     hasher = blake3.blake3()
     while chunk := src.read(_CHUNK):
         hasher.update(chunk)
@@ -346,7 +346,7 @@ def context_dir(ws_root: Path, tmp_root: Path, layer_name: str, entries: Iterabl
     """A build context holding exactly `entries`, removed afterwards. Named by its owner: a make
     killed meanwhile leaves it to the next make or gc."""
     from efabuild.store.leftovers import CONTEXT_PREFIX  # a build's, not a plan's: loaded here
-    from efabuild.store.owner import owned_name
+    from efabuild.host.owner import owned_name
 
     tmp_root.mkdir(parents=True, exist_ok=True)
     directory = tmp_root / owned_name(CONTEXT_PREFIX, layer_name)

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from efabuild.engine import children
+from efabuild.host import children
 from efabuild.errors import EfabuildError, InputError
 from efabuild.model import BuilderSettings
-from efabuild.store.scratch import scratch_dir
+from efabuild.host.scratch import scratch_dir
 
 if TYPE_CHECKING:
     from efabuild.engine.client import Engine

@@ -79,7 +79,7 @@ def _load(path: Path) -> dict[str, tuple[int, int, int, str]]:
     """The cached entries; none when the file is missing, damaged, not a regular file, or not
     written by this user (a damaged cache only costs re-hashing). The local store may sit on a
     shared path: a cache another user wrote could pair a changed file's stamp with its old digest."""
-    from efabuild.store.fsutil import only_writable_by, open_regular
+    from efabuild.host.fsutil import only_writable_by, open_regular
 
     fd = open_regular(path)
     if fd is None:
@@ -115,7 +115,7 @@ def _parse(data: bytes) -> dict[str, tuple[int, int, int, str]]:
 
 
 def _replace(path: Path, data: bytes, below: Path | None) -> None:
-    from efabuild.store.owner import replace_owned  # only when saving: a no-op plan never does
+    from efabuild.host.fsutil import replace_owned  # only when saving: a no-op plan never does
 
     # made as needed; a make killed mid-write leaves a temp the next save removes
     replace_owned(path, data, 0o644, below=below or path.parent)

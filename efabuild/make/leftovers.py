@@ -15,7 +15,7 @@ from pathlib import Path
 from efabuild import notices
 from efabuild.errors import EfabuildError
 from efabuild.model import Workspace
-from efabuild.store import scratch
+from efabuild.host import scratch
 
 
 class LeftoverSearch:

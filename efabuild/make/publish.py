@@ -28,13 +28,13 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     The manifest's `vcs` is the git revision and source of the image's labels: where the image
     was built from, on this machine or the one it was pulled from (never in the .sqsh)."""
     from efabuild.signing.attest import signed
-    from efabuild.store.digest import Sha256Pass
+    from efabuild.host.digest import Sha256Pass
     from efabuild.store.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.export.squash import ExportCancelled
     from efabuild.make.gitstate import vcs_of
-    from efabuild.make.stops import step_boundary
-    from efabuild.store.fsutil import temp_name
+    from efabuild.host.stops import step_boundary
+    from efabuild.host.fsutil import temp_name
     from efabuild.store.record import ArtifactRecord
 
     if exporter is None:

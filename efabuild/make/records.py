@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from efabuild.keys import LayerInputs, canonical_json
-from efabuild.store.fsutil import atomic_write_bytes
+from efabuild.host.fsutil import atomic_write_bytes
 
 HISTORY_LIMIT = 50
 MAX_BYTES = 64 << 20  # a key's inputs list its context files: tens of MiB for the largest contexts

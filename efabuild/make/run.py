@@ -28,7 +28,7 @@ from efabuild.make.prepare import Prepared, prepare
 from efabuild.make.reporter import Reporter
 from efabuild.make.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
                                      run_in_order)
-from efabuild.make.stops import step_boundary
+from efabuild.host.stops import step_boundary
 from efabuild.store.fs import REUSED as TIER_REUSED
 
 if TYPE_CHECKING:  # the builder's side is loaded where a layer has work: a no-op make never needs it

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import attrs
 
-from efabuild.engine import children
+from efabuild.host import children
 from efabuild.errors import EfabuildError
 
 FILE, DIR, SYMLINK, OTHER = "file", "dir", "symlink", "other"

@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from efabuild import __version__
-from efabuild.store.digest import bytes_digest
-from efabuild.store.fsutil import as_utf8
+from efabuild.host.digest import bytes_digest
+from efabuild.display import as_utf8
 from efabuild.errors import EfabuildError
 from efabuild.provenance.measured import Measured
 from efabuild.redact import REDACTED, is_secret_arg

@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from efabuild.store.digest import file_digest
+from efabuild.host.digest import file_digest
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.model import AuditPolicy
 from efabuild.provenance import audit as checks_

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from efabuild.configfile import load_toml
-from efabuild.engine import children
+from efabuild.host import children
 from efabuild.errors import EfabuildError, InputError
 from efabuild.store.config import STORE_ENV
 

@@ -93,7 +93,7 @@ def _read_resolved_pem(path: Path, where: str, missing: str) -> bytes:
     """A KMS key's public key as `efabuild trust` saved it: believed only when this user (or root)
     wrote it and nobody else may change it, since the local store may sit on a shared path and
     a planted key would be trusted as the KMS key's."""
-    from efabuild.store.fsutil import only_writable_by
+    from efabuild.host.fsutil import only_writable_by
 
     if not os.path.lexists(path):
         raise InputError(missing, where)
@@ -191,7 +191,7 @@ def resolve_workspace_keys(build_toml: Path, local_store: Path) -> TrustPolicy:
 
         from efabuild.signing.keys import kms_public_pem
 
-        from efabuild.store.owner import replace_owned
+        from efabuild.host.fsutil import replace_owned
 
         for arn in arns:
             region = arn.split(":")[3] or None

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from efabuild.signing import verifycache
 from efabuild.errors import EfabuildError
-from efabuild.store import fsutil
+from efabuild.host import fsutil
 from efabuild.store.layout import Layout
 from efabuild.refs import short
 
@@ -99,7 +99,7 @@ def verify(layout: Layout, key: str, policy, *, sha256: bool = False) -> list[st
 
 def _check_file(sqsh: Path, size: int, record, sha256: bool) -> tuple[list[str], str | None, str | None]:  # noqa: ANN001
     """The file against its record: problems, and its blake3 and sha256 when they were computed."""
-    from efabuild.store.digest import file_digest, sha256_file
+    from efabuild.host.digest import file_digest, sha256_file
 
     problems = []
     actual = None
@@ -191,7 +191,7 @@ def _check_subject(statement: dict, key: str, record, where: str, blake3: str,  
 
 
 def _check_manifest(layout: Layout, key: str, record) -> list[str]:  # noqa: ANN001
-    from efabuild.store.digest import bytes_digest
+    from efabuild.host.digest import bytes_digest
 
     if record.manifest_digest is None:
         return []

@@ -144,7 +144,7 @@ def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, lis
         return False  # someone else's directory, or open to others: never write into it
     data = json.dumps(_expected(key, stamps, policy_digest), sort_keys=True).encode()
     # only when writing: the cached path never needs it
-    from efabuild.store.owner import replace_owned
+    from efabuild.host.fsutil import replace_owned
 
     try:
         replace_owned(directory / _entry_name(sqsh, kind), data, 0o644 if directory == ROOT_CACHE else 0o600,

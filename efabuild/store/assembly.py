@@ -28,8 +28,8 @@ import attrs
 import blake3
 
 from efabuild.store.chunks import ChunkIndex, chunk_id
-from efabuild.store.digest import PREFIX
-from efabuild.store.fsutil import open_regular
+from efabuild.host.digest import PREFIX
+from efabuild.host.fsutil import open_regular
 from efabuild.store.parallel import run_parallel
 from efabuild.store.rangecopy import RangeCopier
 from efabuild.store.s3chunks import ChunkStore, Transfer

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import blake3
 
-from efabuild.store.digest import PREFIX, is_digest
+from efabuild.host.digest import PREFIX, is_digest
 from efabuild.errors import EfabuildError
 
 FORMAT = "efabuild.chunks/v1"

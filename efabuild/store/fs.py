@@ -24,9 +24,11 @@ from pathlib import Path
 from efabuild import notices
 from efabuild.errors import EfabuildError
 from efabuild.refs import check_key, short
-from efabuild.store import fsutil, leftovers, seeds
+from efabuild.host import fsutil
+from efabuild.store import leftovers, seeds
 from efabuild.store.chunks import ChunkIndex
-from efabuild.store.fsutil import UnsafeEntry, shown
+from efabuild.display import shown
+from efabuild.host.fsutil import UnsafeEntry
 from efabuild.store.layout import (ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_LIMIT, MANIFEST_SUFFIX, RECORD_SUFFIX,
                                     SQSH_SUFFIX, Layout)
 from efabuild.store.lock import FileLock

@@ -24,9 +24,10 @@ import stat
 from pathlib import Path
 
 from efabuild import notices
+from efabuild.display import shown
 from efabuild.errors import EfabuildError, InputError
 from efabuild.refs import NAME_PART, classify_ref, is_key, pick_one, split_name
-from efabuild.store import fsutil
+from efabuild.host import fsutil
 
 SQSH_SUFFIX = ".sqsh"
 RECORD_SUFFIX = ".json"
@@ -129,7 +130,7 @@ class Layout:
             return None
         data = _parse_json(text, path, "artifact record")
         if not isinstance(data, dict):
-            raise EfabuildError(f"{fsutil.shown(path)}: artifact record is not a JSON object")
+            raise EfabuildError(f"{shown(path)}: artifact record is not a JSON object")
         return data
 
     def read_envelope(self, key: str) -> bytes | None:
@@ -143,7 +144,7 @@ class Layout:
             if stat.S_ISDIR(mode):
                 found.extend(self._committed_in(self.objects_dir / name, ""))
             elif stat.S_ISLNK(mode):
-                _warn("skipping %s: a symbolic link, not a directory", fsutil.shown(self.objects_dir / name))
+                _warn("skipping %s: a symbolic link, not a directory", shown(self.objects_dir / name))
         return sorted(found)
 
     def _entries(self, directory: str) -> list[tuple[str, int]]:
@@ -185,7 +186,7 @@ class Layout:
         data = _parse_json(text, path, "ref file")
         history = data.get("history") if isinstance(data, dict) else None
         if not isinstance(history, list):
-            raise EfabuildError(f"{fsutil.shown(path)}: ref file has no history list")
+            raise EfabuildError(f"{shown(path)}: ref file has no history list")
         return [e for e in history
                 if isinstance(e, dict) and is_key(e.get("key")) and isinstance(e.get("time", ""), str)]
 
@@ -195,7 +196,7 @@ class Layout:
         for graph_name, mode in self._entries("refs"):
             where = self.refs_dir / graph_name
             if not stat.S_ISDIR(mode):
-                _warn("skipping %s: %s, not a directory of ref files", fsutil.shown(where), fsutil.kind_of(mode))
+                _warn("skipping %s: %s, not a directory of ref files", shown(where), fsutil.kind_of(mode))
                 continue
             try:
                 with fsutil.store_dir(self.root, "refs", graph_name) as fd:
@@ -207,7 +208,7 @@ class Layout:
                 if not (NAME_PART.fullmatch(graph_name) and NAME_PART.fullmatch(layer)):
                     if not file.startswith("."):  # editors' and tools' hidden files
                         _warn("skipping %s: not a ref file name (graph/layer.json)",
-                                    fsutil.shown(where / file))
+                                    shown(where / file))
                     continue
                 names.append(f"{graph_name}:{layer}")
         return names
@@ -224,7 +225,7 @@ class Layout:
             return {}
         from efabuild.configfile import parse_toml
 
-        where = fsutil.shown(self.config_path)
+        where = shown(self.config_path)
         try:
             return parse_toml(text.decode("utf-8"), where)
         except UnicodeDecodeError as exc:
@@ -239,11 +240,11 @@ def _parse_json(text: bytes, path: Path, what: str) -> object:
     try:
         return json.loads(text)  # ValueError covers bytes that are not UTF-8
     except (ValueError, RecursionError) as exc:
-        raise EfabuildError(f"{fsutil.shown(path)}: unreadable {what} ({_brief(exc)})") from None
+        raise EfabuildError(f"{shown(path)}: unreadable {what} ({_brief(exc)})") from None
 
 
 def _is_blake3(value: object) -> bool:
-    # efabuild.store.digest.is_digest, without importing blake3 on lookup's fast path
+    # efabuild.host.digest.is_digest, without importing blake3 on lookup's fast path
     return isinstance(value, str) and value.startswith("blake3:") and is_key(value[len("blake3:"):])
 
 

@@ -7,7 +7,7 @@ once that process is gone from this host, or, a temp file of another host, after
 owner: it is stale when it is the invoking user's, nothing in it has changed for a day and no
 process of this host holds it open. A record or sidecar without its .sqsh is an interrupted
 publish, a leftover only while nobody holds its key's lock. Nothing is followed or deleted through
-a link. (Scratch directories outside the store: efabuild.store.scratch.)
+a link. (Scratch directories outside the store: efabuild.host.scratch.)
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from pathlib import Path
 from efabuild import notices
 from efabuild.errors import EfabuildError
 from efabuild.refs import is_key
-from efabuild.store import fsutil
-from efabuild.store.fsutil import UnsafeEntry, shown
+from efabuild.host import fsutil
+from efabuild.display import shown
+from efabuild.host.fsutil import UnsafeEntry
 from efabuild.store.layout import RECORD_SUFFIX, SQSH_SUFFIX
 from efabuild.store.lock import LockBusy
-from efabuild.store.owner import Owner, owner_of, this_host
+from efabuild.host.owner import Owner, owner_of, this_host
 from efabuild.store.transfer import SIDECARS
 
 # Temp files of writers on other hosts are only judged by age.

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import functools
 import json
 import os
 import threading
@@ -33,7 +32,9 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from efabuild.store import fsutil
+from efabuild.display import shown
+from efabuild.host import fsutil
+from efabuild.host.pids import host_name, pid_alive
 
 # errno values meaning "this filesystem does not do POSIX locks"
 _NO_POSIX_LOCKS = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
@@ -217,9 +218,9 @@ class FileLock:
 
     def _check(self, info: os.stat_result) -> None:
         if not stat.S_ISREG(info.st_mode):
-            raise UnsafeLock(f"{fsutil.shown(self.path)}: {fsutil.kind_of(info.st_mode)}, not a lock file")
+            raise UnsafeLock(f"{shown(self.path)}: {fsutil.kind_of(info.st_mode)}, not a lock file")
         if info.st_nlink != 1:
-            raise UnsafeLock(f"{fsutil.shown(self.path)}: a file with {info.st_nlink} links, not a lock file")
+            raise UnsafeLock(f"{shown(self.path)}: a file with {info.st_nlink} links, not a lock file")
 
     # ---- O_EXCL lock file fallback
     def _acquire_exclusive_file(self, blocking: bool) -> None:
@@ -273,7 +274,7 @@ class FileLock:
         try:
             info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if not stat.S_ISREG(info.st_mode):
-                raise UnsafeLock(f"{fsutil.shown(path)}: {fsutil.kind_of(info.st_mode)}, not a lock file")
+                raise UnsafeLock(f"{shown(path)}: {fsutil.kind_of(info.st_mode)}, not a lock file")
             owner = json.loads(fsutil.read_file(dir_fd, name, path, 4096) or b"{}")
         except FileNotFoundError:
             return True  # released meanwhile: try again
@@ -311,69 +312,3 @@ def _open_to_all(fd: int) -> None:
         os.fchmod(fd, 0o666)
     except OSError:
         pass  # a filesystem without modes: nothing to widen
-
-
-# the kernel's PROC_PID_INIT_INO: the host's own pid namespace
-_INIT_PID_NAMESPACE = 0xEFFFFFFC
-
-
-def host_name(name: str) -> str:
-    """The host `name` as an owner's "host", in which its pid is judged: a process in another pid
-    namespace under the same name (a container sharing the host's name, `--network host`) sees
-    other pids, so there the name carries the namespace. The host's own stays the bare name."""
-    namespace = _pid_namespace()
-    return name if namespace in (None, _INIT_PID_NAMESPACE) else f"{name}-pidns{namespace}"
-
-
-@functools.cache
-def _pid_namespace() -> int | None:
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None  # no /proc: the name alone, as before
-
-
-def pid_namespace_alive(namespace: int) -> bool:
-    """Whether a process of this host is in the pid namespace `namespace` (its inode), as seen
-    from the namespace this process is in; True too when a process in some namespace below it
-    could not be looked at (another user's: only root sees every one)."""
-    try:
-        pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
-    except OSError:
-        return True
-    for pid in pids:
-        try:
-            if os.stat(f"/proc/{pid}/ns/pid").st_ino == namespace:
-                return True
-        except FileNotFoundError:
-            continue  # ended meanwhile
-        except OSError:
-            if _nested(pid):
-                return True  # in some namespace below this one, maybe that one: cannot say
-    return False
-
-
-def _nested(pid: str) -> bool:
-    """Whether the process has a pid in a namespace below this one too (its status, unlike its
-    ns/ link, anyone may read: NSpid lists one pid per namespace level)."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"NSpid:"):
-                    return len(line.split()) > 2
-    except OSError:
-        return False  # ended meanwhile
-    return True  # a kernel older than NSpid (4.1): cannot tell
-
-
-def pid_alive(pid: object) -> bool:
-    """Whether a process with this pid exists on this host (one we may not signal counts)."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

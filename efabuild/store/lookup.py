@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from efabuild.errors import EfabuildError
-from efabuild.store.fsutil import shown
+from efabuild.display import shown
 from efabuild.store.layout import SQSH_SUFFIX, Layout, newest_ref, record_problems, resolve_in
 from efabuild.refs import classify_ref
 from efabuild.settings import StoreConfig

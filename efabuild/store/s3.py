@@ -42,7 +42,7 @@ from efabuild.store.chunks import (
     Usage,
 )
 from efabuild.settings import S3Config
-from efabuild.store.digest import is_digest
+from efabuild.host.digest import is_digest
 from efabuild.store.fs import PUBLISHED, REUSED, check_publish_input
 from efabuild.store.layout import (
     ENVELOPE_LIMIT,

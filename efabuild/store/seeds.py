@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from efabuild import notices
+from efabuild.display import shown
 from efabuild.errors import EfabuildError
 from efabuild.refs import check_key, is_key
-from efabuild.store import fsutil
+from efabuild.host import fsutil
 from efabuild.store.chunks import MAX_INDEX_BYTES, ChunkIndex
 from efabuild.store.layout import INDEX_SUFFIX
 
@@ -39,7 +40,7 @@ def kept_index(tier, key: str, limit: int = MAX_INDEX_BYTES) -> ChunkIndex | Non
     where = index_path(tier, key)
     try:
         data = fsutil.read_under(tier.root, where, min(limit, MAX_INDEX_BYTES))
-        index = None if data is None else ChunkIndex.from_json(data, fsutil.shown(where))
+        index = None if data is None else ChunkIndex.from_json(data, shown(where))
         record = tier.record(key) if index is not None else None
     except EfabuildError as exc:  # UnsafeEntry, BadChunkIndex, a damaged record
         notices.warn(f"{tier.name} tier: ignoring {exc}")

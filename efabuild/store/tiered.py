@@ -26,7 +26,7 @@ from efabuild.refs import check_key, classify_ref, pick_one, short
 from efabuild.store import seeds
 from efabuild.settings import DEFAULT_KEEP, S3Config, StoreConfig
 from efabuild.store.config import bare_store, locate, store_config_text
-from efabuild.store.digest import bytes_digest
+from efabuild.host.digest import bytes_digest
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.lookup import first_intact, local_key

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from efabuild import notices
-from efabuild.store.digest import bytes_digest, file_digest
+from efabuild.host.digest import bytes_digest, file_digest
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.store import fsutil
+from efabuild.host import fsutil
 from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
 from efabuild.refs import short
 from efabuild.store.chunks import ChunkIndex

@@ -1,4 +1,4 @@
-"""children: a program started so that it dies with efabuild (efabuild.engine.children: the kernel's
+"""children: a program started so that it dies with efabuild (efabuild.host.children: the kernel's
 parent-death signal, forked by one long-lived thread) against plain subprocess.run, for the
 quickest program efabuild starts often (`docker --version`, the CLI's own start-up) and for `true`.
 
@@ -16,7 +16,7 @@ TARGET = 1.25
 
 
 def scenario(ctx: Context) -> Result:
-    from efabuild.engine import children
+    from efabuild.host import children
 
     runs = ctx.sizes.lookup_runs * 2
     timings = []

@@ -198,7 +198,7 @@ def _digest_passes(path: Path, repeats: int) -> tuple[tuple[float, ...], ...]:
     the chunk index (what an export for a chunked S3 tier runs); and the check of a kept index
     against the file (what a copy to S3 from a filesystem tier runs instead of cutting again)."""
     from efabuild.store.chunks import chunk_file, mismatch
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
 
     times: tuple[list[float], ...] = ([], [], [])
     warm(path)

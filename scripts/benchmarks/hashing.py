@@ -16,7 +16,7 @@ TARGET_VS_READ = 0.5
 def scenario(ctx: Context) -> Result:
     import blake3
 
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
 
     size = ctx.sizes.hash_bytes
     path = ctx.scratch("hash") / "artifact.sqsh"

@@ -25,7 +25,7 @@ def make_store(root, size: int) -> str:  # noqa: ANN001
     """A store directory holding one artifact of `size` bytes named NAME; returns its key."""
     import secrets
 
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
     from efabuild.store.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
     from efabuild.store.tiered import Store

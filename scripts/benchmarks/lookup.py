@@ -19,7 +19,7 @@ def make_store(root) -> str:  # noqa: ANN001
     """A store directory holding one small artifact named NAME; returns its key."""
     import secrets
 
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
     from efabuild.store.tiered import Store
     from efabuild.store.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord

@@ -73,7 +73,7 @@ def _key(scratch: Path) -> tuple[Path, Path]:
 def _signed_store(root: Path, sqsh: Path, signer) -> str:  # noqa: ANN001
     """Publish `sqsh` (any bytes) with its record and a signed statement; returns its key."""
     from efabuild.signing import dsse
-    from efabuild.store.digest import file_digests
+    from efabuild.host.digest import file_digests
     from efabuild.provenance.intoto import PREDICATE_TYPE, STATEMENT_TYPE
     from efabuild.store.tiered import Store
     from efabuild.store.record import ArtifactRecord
@@ -176,7 +176,7 @@ def _cached_lookup(ctx: Context, scratch: Path, signer, env: dict) -> tuple:  # 
 def _export_and_publish(ctx: Context, scratch: Path, signer) -> tuple:  # noqa: ANN001
     from efabuild.engine.client import connect
     from efabuild.signing.attest import signed
-    from efabuild.store.digest import Sha256Pass
+    from efabuild.host.digest import Sha256Pass
     from efabuild.model import BuilderSettings, ExportSettings
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.store.tiered import Store

@@ -226,7 +226,7 @@ def publish(store_root: Path, tree: Path, work: Path, key: str, name: str = "ngc
     """Squash `tree`, describe it and publish it with its manifest, as `efabuild make` does."""
     from datetime import datetime, timezone
 
-    from efabuild.store.digest import file_digest
+    from efabuild.host.digest import file_digest
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.store import ArtifactRecord, Store
 

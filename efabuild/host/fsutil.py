@@ -21,10 +21,11 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from efabuild.display import shown
 from efabuild.errors import EfabuildError
+from efabuild.host.owner import Owner, owned_name, remove_dead_owned
 
 if TYPE_CHECKING:
-    from efabuild.store.owner import Owner
     from efabuild.store.progress import Progress
 
 COPY_CHUNK = 64 * 1024 * 1024
@@ -36,27 +37,6 @@ _NOT_A_DIR = {errno.ELOOP, errno.ENOTDIR, errno.EMLINK}
 class UnsafeEntry(EfabuildError):
     """A store entry that efabuild did not write: a link, FIFO, device or directory where a file
     belongs, a file where a directory belongs, or a file too large to be what it claims."""
-
-
-def shown(path: str | os.PathLike[str]) -> str:
-    """A path for a one-line message: control characters (a newline in a planted name) escaped,
-    and a byte that is not UTF-8 (read as a surrogate) shown as `\\xNN`, so the text can be printed."""
-    text = os.fspath(path)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else _escaped(c) for c in text)
-
-
-def as_utf8(text: str) -> str:
-    """`text` with each byte that is not UTF-8 (a surrogate, as os and tarfile read such a name)
-    written `\\xNN`: a string every UTF-8 encoder and JSON parser accepts."""
-    if text.isascii():
-        return text
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def _escaped(char: str) -> str:
-    return f"\\x{ord(char) - 0xDC00:02x}" if 0xDC80 <= ord(char) <= 0xDCFF else repr(char)[1:-1]
 
 
 def kind_of(mode: int) -> str:
@@ -259,15 +239,11 @@ def temp_name(tmp_dir: Path, stem: str, suffix: str) -> Path:
     tell a live writer's file from debris."""
     import secrets  # here, not at the top: lookup's fast path reads through this module
 
-    from efabuild.store.owner import Owner  # owner -> lock -> this module
-
     return tmp_dir / f"efatmp.{Owner.current().token}.{secrets.token_hex(4)}.{stem}{suffix}"
 
 
 def parse_temp_owner(name: str) -> Owner | None:
     """The writer named in a temp_name() file name; None for any other file."""
-    from efabuild.store.owner import Owner
-
     match = _TEMP.match(name)
     return Owner(match["host"], int(match["pid"]), int(match["start"] or 0)) if match else None
 
@@ -348,3 +324,43 @@ def copy_file(source: Path, dest: Path, progress: Progress | None = None) -> Non
                 progress.update(count)
         dst.flush()
         os.fsync(dst.fileno())
+
+
+def replace_owned(path: Path, data: bytes, mode: int = 0o600, *, fsync: bool = False,
+                  temp_prefix: str | None = None, below: Path | None = None) -> None:
+    """Write `data` to `path` atomically, through a temp file beside it that names its writer, so
+    one killed before the rename leaves a file the next write removes (the temp files of dead
+    writers with the same prefix go first). With `below` (a store's root, which may sit on a
+    shared path), the directories from it down to `path` are made and opened without following a
+    link (UnsafeEntry for one). OSError when it cannot."""
+    path = Path(path)
+    root = path.parent if below is None else Path(below)
+    try:
+        dir_fd = open_dir(root, relative_parts(root, path.parent), create=below is not None)
+        try:
+            prefix = temp_prefix or f".{path.name}"
+            remove_dead_owned(dir_fd, prefix)
+            _write_and_rename(dir_fd, owned_name(prefix, "tmp"), path.name, data, mode, fsync)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:  # opened by name below a directory: say which file was being written
+        exc.filename, exc.filename2 = str(path), None
+        raise
+
+
+def _write_and_rename(dir_fd: int, tmp: str, name: str, data: bytes, mode: int, fsync: bool) -> None:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            if fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.fchmod(handle.fileno(), mode)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        raise

@@ -3,7 +3,7 @@
 A build's iid and metadata files, a farm export's one-line Dockerfile, a fixture's context: each
 lives in `$TMPDIR/efabuild-HOST.PID.START-RANDOM-WHAT...`, removed when its step ends. A process
 killed meanwhile leaves it behind; the next make and `gc` remove those whose owner is gone from
-this host (see efabuild.store.owner), never a running process's.
+this host (see efabuild.host.owner), never a running process's.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 
 from efabuild.errors import InputError
-from efabuild.store.fsutil import shown
-from efabuild.store.owner import owned_name, owner_of
+from efabuild.display import shown
+from efabuild.host.owner import owned_name, owner_of
 
 PREFIX = "efabuild"
 

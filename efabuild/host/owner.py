@@ -4,7 +4,7 @@ Temporary build contexts and export containers carry their owner's host, pid and
 their name or a label). A leftover is removed only when its owner is on this host and gone: its
 pid no longer exists, or now belongs to a process started at another time (pids are reused).
 An owner on another host is never judged from here. One in another pid namespace of this host (a
-container sharing its name: see store.lock.host_name) is judged only from the host's own
+container sharing its name: see host.pids.host_name) is judged only from the host's own
 namespace: gone once no process is left in its namespace.
 """
 
@@ -13,10 +13,9 @@ from __future__ import annotations
 import os
 import re
 from functools import cache
-from pathlib import Path
 from typing import NamedTuple
 
-from efabuild.store.lock import host_name, pid_alive, pid_namespace_alive
+from efabuild.host.pids import host_name, pid_alive, pid_namespace_alive
 
 # host.pid.start, the host without its domain (no dots), start in clock ticks since boot
 TOKEN = r"(?P<host>[^./]+)\.(?P<pid>[0-9]+)\.(?P<start>[0-9]+)"
@@ -110,45 +109,3 @@ def remove_dead_owned(directory: str | os.PathLike | int, prefix: str) -> None:
                 os.unlink(name if dir_fd is not None else os.path.join(directory, name), dir_fd=dir_fd)
             except OSError:
                 pass  # gone already, or a directory: not ours to judge
-
-
-def replace_owned(path: Path, data: bytes, mode: int = 0o600, *, fsync: bool = False,
-                  temp_prefix: str | None = None, below: Path | None = None) -> None:
-    """Write `data` to `path` atomically, through a temp file beside it that names its writer, so
-    one killed before the rename leaves a file the next write removes (the temp files of dead
-    writers with the same prefix go first). With `below` (a store's root, which may sit on a
-    shared path), the directories from it down to `path` are made and opened without following a
-    link (UnsafeEntry for one). OSError when it cannot."""
-    from efabuild.store.fsutil import open_dir, relative_parts
-
-    path = Path(path)
-    root = path.parent if below is None else Path(below)
-    try:
-        dir_fd = open_dir(root, relative_parts(root, path.parent), create=below is not None)
-        try:
-            prefix = temp_prefix or f".{path.name}"
-            remove_dead_owned(dir_fd, prefix)
-            _write_and_rename(dir_fd, owned_name(prefix, "tmp"), path.name, data, mode, fsync)
-        finally:
-            os.close(dir_fd)
-    except OSError as exc:  # opened by name below a directory: say which file was being written
-        exc.filename, exc.filename2 = str(path), None
-        raise
-
-
-def _write_and_rename(dir_fd: int, tmp: str, name: str, data: bytes, mode: int, fsync: bool) -> None:
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            if fsync:
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.fchmod(handle.fileno(), mode)
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dir_fd)
-        except FileNotFoundError:
-            pass
-        raise
