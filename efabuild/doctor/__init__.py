@@ -16,6 +16,7 @@ import attrs
 
 from efabuild.doctor.compare import compare_with_manifest
 from efabuild.doctor.diagnose import diagnose
+from efabuild.doctor import start as _start  # noqa: F401 (the container start's rules, registered after diagnose's)
 from efabuild.doctor.facts import SEVERITIES, Diagnosis, Evidence, Facts
 from efabuild.doctor.versions import mixed_versions, versions_seen
 from efabuild.doctor.scan import scan_lines
