@@ -83,7 +83,7 @@ def test_a_registered_but_dead_builder_is_one_line_naming_it_and_how_to_start_it
 
 def _started_farm(*entries: str) -> tuple[object, list[str]]:
     """Farm.start over `entries`: (the farm, or the EngineUnavailable it raised; its warnings)."""
-    from efabuild.engine.farm import Farm
+    from efabuild.make.farm import Farm
     from efabuild.model import RegistrySettings
 
     said: list[str] = []

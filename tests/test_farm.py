@@ -225,7 +225,7 @@ def test_streamed_export_is_byte_identical_to_docker_export(farm_context, regist
     and with docker create | docker export from an engine that has it."""
     from efabuild.engine.build import BuildRequest, build_layer
     from efabuild.engine.client import connect
-    from efabuild.engine.farm import Farm
+    from efabuild.make.farm import Farm
     from efabuild.export.squash import export_image
     from efabuild.model import BuilderSettings, ExportSettings, RegistrySettings
     from efabuild.store.chunks import chunk_file

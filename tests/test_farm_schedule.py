@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from efabuild.engine.farm import Farm
+from efabuild.make.farm import Farm
 from efabuild.model import RegistrySettings
 
 

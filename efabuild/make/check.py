@@ -119,7 +119,7 @@ def _farm(runner, layer: Layer, qualname: str):  # noqa: ANN001, ANN202 - a make
     otherwise); checked as make checks them, and the parent (or, for a root, the base) must be
     where they can pull it: one line saying what to do when it is not."""
     from efabuild import notices
-    from efabuild.engine.farm import Farm, unpullable_base
+    from efabuild.make.farm import Farm, unpullable_base
     from efabuild.engine.registry import RegistryError
 
     ws = runner.ws

@@ -70,7 +70,7 @@ def _prepare(ws: Workspace, targets: Iterable[str], use_engine: bool, require_en
     stored = {key for key, where in holders.items() if len(where) == every}
     registry = _registry_keys(ws, engine, graph, [n for n in order if inputs[n].key() not in images], inputs)
     if registry and engine is not None:
-        from efabuild.engine.farm import builds_through_registry
+        from efabuild.make.farm import builds_through_registry
 
         if builds_through_registry(ws.settings.builder, engine):  # a farm takes them from there: no pull
             images, registry = images | registry, set()

@@ -91,7 +91,7 @@ class _Runner:
         self.store = prepared.store
         # every secret of this make is hidden in every build's output, whichever layer it belongs to
         self.redact = output_redactor(prepared)
-        self.farm = None  # efabuild.engine.farm.Farm: builders that cannot see this engine's images
+        self.farm = None  # efabuild.make.farm.Farm: builders that cannot see this engine's images
         self._node_versions: dict[int, dict] = {}  # id(farm node) -> its tool versions
         self._pulled: set[str] = set()  # keys whose image this make pulled: built by another machine
         self._versions_lock = threading.Lock()
@@ -368,7 +368,7 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
     check_secrets(prepared)
     runner = _Runner(prepared, reporter or Reporter(), engine_steps)
     if prepared.engine is not None and any(lp.action != NOTHING for lp in prepared.plan.layers):
-        from efabuild.engine.farm import farm_for_make  # builders matter only to a make with work
+        from efabuild.make.farm import farm_for_make  # builders matter only to a make with work
 
         runner.farm = farm_for_make(prepared, notices.warn)
         jobs = runner.farm.slots if runner.farm is not None else jobs  # [builder] jobs on each builder

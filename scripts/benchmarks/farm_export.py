@@ -69,7 +69,7 @@ def _cpu_text(cpu: dict[str, list], path: str) -> str:
 
 def scenario(ctx: Context) -> Result:
     from efabuild.engine.client import connect
-    from efabuild.engine.farm import Farm
+    from efabuild.make.farm import Farm
     from efabuild.export.squash import export_image
     from efabuild.model import BuilderSettings, ExportSettings, RegistrySettings
 
