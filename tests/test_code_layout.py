@@ -109,19 +109,13 @@ def test_modules_and_functions_stay_short_with_few_stated_exceptions():
 FLOORS = {"core": 0, "host": 1, "store": 2, "engine": 2, "provenance": 2, "lint": 2, "doctor": 2,
           "export": 3, "signing": 3, "pyxis": 3, "make": 4, "cli": 5}
 # (importing module, imported module) -> why it reaches up a floor, until the code that owns it moves
-_JOB_START = "signature enforcement at job start, not yet in a job-side package"
 FLOOR_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("efabuild.store.lookup", "efabuild.signing.trust"): _JOB_START,
-    ("efabuild.store.lookup", "efabuild.signing.verify"): _JOB_START,
-    ("efabuild.store.lookup", "efabuild.signing.verifycache"): _JOB_START,
 }
 # cycles between files still to break, each named by its sorted modules -> why it is there
 KNOWN_FILE_CYCLES: dict[tuple[str, ...], str] = {
     ("efabuild.model", "efabuild.settings"): "settings' parsers build model's settings classes: one module for both",
-    ("efabuild.store.lookup", "efabuild.store.tiered"): "lookup's fallback to the full store: a job-side package",
 }
 KNOWN_PACKAGE_CYCLES: dict[tuple[str, ...], str] = {
-    ("signing", "store"): "store.lookup's signature enforcement (FLOOR_EXCEPTIONS)",
 }
 
 # Imports inside functions, by module: start-up deferrals. A plan, a lookup and the CLI's argument
@@ -148,7 +142,7 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.workspace"},
     "efabuild.cli.live": {"efabuild.cli.output"},
     "efabuild.cli.lookup_cmd": {
-        "efabuild.cli.output", "efabuild.errors", "efabuild.store.lookup", "efabuild.workspace"},
+        "efabuild.cli.output", "efabuild.errors", "efabuild.pyxis.lookup", "efabuild.workspace"},
     "efabuild.cli.make_cmd": {
         "efabuild.cli.colour", "efabuild.cli.common", "efabuild.cli.graphviz", "efabuild.cli.live",
         "efabuild.cli.output", "efabuild.cli.picture", "efabuild.cli.plan_cmd", "efabuild.errors",
@@ -215,7 +209,10 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.engine.build", "efabuild.lint", "efabuild.make.engine_steps", "efabuild.make.farm",
         "efabuild.make.gitstate", "efabuild.make.publish", "efabuild.signing.keys"},
     "efabuild.provenance.stored": {"efabuild.configfile", "efabuild.errors"},
-    "efabuild.pyxis.importer": {"efabuild.store.lookup"},
+    "efabuild.pyxis.importer": {"efabuild.pyxis.lookup"},
+    "efabuild.pyxis.lookup": {
+        "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.signing.verifycache",
+        "efabuild.store.layout", "efabuild.store.record", "efabuild.store.tiered", "efabuild.store.transfer"},
     "efabuild.settings": {"efabuild.model", "efabuild.redact"},
     "efabuild.signing.attest": {"efabuild.provenance.intoto", "efabuild.provenance.manifest"},
     "efabuild.signing.keys": {"efabuild.configfile"},
@@ -227,9 +224,6 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.store": {"efabuild.store.record", "efabuild.store.tiered"},
     "efabuild.store.chunksend": {"efabuild.store.s3chunks"},
     "efabuild.store.layout": {"efabuild.configfile"},
-    "efabuild.store.lookup": {
-        "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.signing.verifycache",
-        "efabuild.store.layout", "efabuild.store.record", "efabuild.store.tiered", "efabuild.store.transfer"},
     "efabuild.store.s3chunks": {
         "efabuild.store.chunksweep", "efabuild.store.gclock", "efabuild.store.s3client"},
     "efabuild.store.seeds": {"efabuild.store.assembly"},

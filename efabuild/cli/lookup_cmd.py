@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from efabuild.errors import NotFound
-    from efabuild.store.lookup import lookup_path
+    from efabuild.pyxis.lookup import lookup_path
 
     try:
         path, record = lookup_path(args.ref, args.store, fetch=not args.no_fetch, verify=args.verify,

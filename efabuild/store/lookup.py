@@ -1,20 +1,17 @@
-"""`efabuild lookup REF`: the path of an artifact's .sqsh, for job scripts and Pyxis.
+"""The one local resolver: which key a ref names in the filesystem tiers and which tier holds an
+intact copy, for `efabuild lookup`'s fast path (efabuild/pyxis/lookup.py) and `Store.resolve`.
 
 A hit on a filesystem tier costs a few stats and small file reads: this module and what it
-imports on that path are stdlib only (no attrs, boto3, python-on-whales). Only a miss, when the
-store has an S3 tier and fetching is allowed, loads the full store.
+imports on that path are stdlib only (no attrs, boto3, python-on-whales).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from efabuild.errors import EfabuildError
 from efabuild.display import shown
-from efabuild.store.layout import SQSH_SUFFIX, Layout, newest_ref, record_problems, resolve_in
+from efabuild.store.layout import Layout, newest_ref, record_problems, resolve_in
 from efabuild.refs import classify_ref
 from efabuild.settings import StoreConfig
-from efabuild.store.config import locate
 
 
 def local_key(layouts: list[Layout], ref: str) -> tuple[str | None, bool]:
@@ -86,142 +83,3 @@ def intact_record(layout: Layout, key: str) -> dict | None:
         raise EfabuildError(f"{shown(layout.sqsh_path(key))}: corrupt artifact: {info.st_size} bytes, "
                             f"its record says {size}")
     return record
-
-
-def verify_tiers(table: StoreConfig, key: str, *, cache: bool = False) -> None:
-    """Re-hash every filesystem tier's copy of `key` against its record (blake3 imported only
-    here); one EfabuildError naming each tier whose copy is damaged.
-
-    With `cache`, a copy this user verified before and unchanged since (signing/verifycache.py:
-    the same stat stamps of the .sqsh and its record, against the same digest) is not read again."""
-    problems = []
-    for name, root in table.roots():
-        layout = Layout(root)
-        try:
-            record = intact_record(layout, key)
-            if record is None:
-                continue
-            if cache:
-                _check_cached(name, layout, key, record)
-            else:
-                _check_copy(name, layout.sqsh_path(key).absolute(), record)
-        except EfabuildError as exc:
-            problems.append(_tier_problem(name, exc))
-    if problems:
-        raise EfabuildError("; ".join(problems))
-
-
-def _check_copy(tier: str, sqsh: Path, record: dict) -> None:
-    from efabuild.store.record import ArtifactRecord
-    from efabuild.store.transfer import check_file
-
-    check_file(tier, sqsh, ArtifactRecord.from_dict(record))
-
-
-def _tier_problem(tier: str, exc: EfabuildError) -> str:
-    from efabuild.store.transfer import DamagedCopy  # only when a copy failed
-
-    return str(exc) if isinstance(exc, DamagedCopy) else f"{tier} tier: {exc}"
-
-
-def _check_cached(tier: str, layout: Layout, key: str, record: dict) -> None:
-    """_check_copy, answered from the verification cache when it holds this copy as it is now."""
-    import time
-
-    from efabuild.signing import verifycache
-
-    sqsh = layout.sqsh_path(key).absolute()
-    paths = {"sqsh": sqsh, "record": layout.record_path(key)}
-    stamps = verifycache.take_stamps(paths)
-    # bound to the digest read here: a record replaced after it was read is another entry
-    against = f"blake3:{record['digest']}"
-    if verifycache.is_verified(sqsh, key, stamps, against, kind="digest"):
-        return
-    started = time.time()
-    _check_copy(tier, sqsh, record)
-    verifycache.remember(sqsh, key, paths, stamps, against, started, kind="digest")
-
-
-def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verify: bool = False,
-                cwd: Path | None = None, require_signature: bool = False,
-                verify_cache: bool = False) -> tuple[Path, dict]:
-    """(absolute .sqsh path, its record as a dict) for `ref`.
-
-    `verify` re-hashes every filesystem tier's copy on a hit; with `verify_cache`, not those this
-    user verified before and unchanged since (the importer's `verify = true`).
-
-    Raises NotFound (absent), AmbiguousRef (prefix matches several), InputError (bad REF or
-    store settings) or EfabuildError (the stored copy is damaged or not a file); with
-    `require_signature`, VerificationFailed unless the artifact is signed by a key of the trust
-    policy (a cached verification costs stats only).
-    """
-    table = locate(store, cwd)
-    policy = None
-    if require_signature:  # read first: a missing policy is a configuration error, found early
-        from efabuild.signing.trust import policy_for
-
-        policy = policy_for(table)
-    hit = find_local(table, ref, ask_s3=fetch and table.s3 is not None)
-    if hit is not None:
-        key, layout, record = hit
-        path = layout.sqsh_path(key).absolute()
-        if verify:
-            verify_tiers(table, key, cache=verify_cache)
-        if policy is not None:
-            _require_signed(layout, key, policy, ref)
-        return path, record
-    # A miss, or no intact copy here: the full store resolves remotely, fetches (replacing a
-    # damaged copy), and words the failure. An unsigned fetch is refused before it writes a byte.
-    from efabuild.signing.verify import VerificationFailed
-    from efabuild.store.tiered import Store
-
-    full = Store.from_config(table)
-    vet = None if policy is None else _signed_in_s3(full, policy)
-    try:
-        # a name copied from S3 comes here at every start: its copy is checked against the cache too
-        # (a fetched copy, verified by the fetch, is hashed once more and then remembered)
-        path = full.lookup(ref, fetch=fetch, verify=verify and not verify_cache, vet=vet)
-    except VerificationFailed as exc:
-        raise _refusal(exc, ref) from None
-    key = path.name[: -len(SQSH_SUFFIX)]
-    if verify and verify_cache:
-        verify_tiers(table, key, cache=True)
-    layout = Layout(path.parent.parent.parent)
-    record = layout.read_record_dict(key)  # the record of the copy handed out
-    if policy is not None:
-        _require_signed(layout, key, policy, ref)
-    return path, record or {}
-
-
-def _signed_in_s3(full, policy):  # noqa: ANN001, ANN202 - a Store, a TrustPolicy; a Store.lookup vet
-    """Refuses (VerificationFailed) an artifact S3 holds without a statement signed by a key of
-    `policy` for its record, before a fetch writes any of it: a refused fetch leaves nothing a
-    plain lookup would then serve. The copy fetched is verified in full once it is stored."""
-    from efabuild.signing.verify import VerificationFailed, signed_problems
-    from efabuild.store.layout import ENVELOPE_SUFFIX
-
-    def vet(record, sidecars: dict[str, bytes]) -> None:  # noqa: ANN001 - an ArtifactRecord
-        s3 = full.s3
-        problems = signed_problems(sidecars.get(ENVELOPE_SUFFIX), record.key, record, policy, record.digest,
-                                   None, sqsh=s3.describe(record.key), where=s3.url(s3.envelope_object(record.key)))
-        if problems:
-            raise VerificationFailed(problems)
-
-    return vet
-
-
-def _refusal(exc, ref: str):  # noqa: ANN001, ANN202 - VerificationFailed in, VerificationFailed out
-    from efabuild.signing.verify import VerificationFailed
-
-    # one line for Pyxis to show: the first problem says enough to act on
-    more = f" (and {len(exc.problems) - 1} more: efabuild verify {ref})" if len(exc.problems) > 1 else ""
-    return VerificationFailed([f"refusing {ref}: {exc.problems[0]}{more}"])
-
-
-def _require_signed(layout: Layout, key: str, policy, ref: str) -> None:  # noqa: ANN001
-    from efabuild.signing.verify import VerificationFailed, require_signed
-
-    try:
-        require_signed(layout, key, policy)
-    except VerificationFailed as exc:
-        raise _refusal(exc, ref) from None
