@@ -1,7 +1,8 @@
-"""Frozen value classes for a workspace: settings from BUILD.toml and layers from graphs/*.toml.
+"""Frozen value classes for a workspace: layers from graphs/*.toml (BUILD.toml's settings are
+`settings.py`'s classes).
 
 Pure data: reading and validating files is `workspace.py`'s and `settings.py`'s job, keys are
-`keys.py`'s. Also the vocabulary [audit] policies use: the measured components and the pins.
+`keys.py`'s.
 
 The classes every command loads at start-up (these, the plan's, the keys', lint's and the store's
 records) are NamedTuples: attrs compiles each class's methods at import, about 0.4 ms a class,
@@ -14,88 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from efabuild.settings import StoreConfig  # stdlib-only: the store's settings, parsed once
-
-DEFAULT_PLATFORM = "linux/amd64"
-
-# The components an image probe measures, in display order; [audit] policies name them.
-COMPONENTS = (
-    "ngc-release",
-    "cuda",
-    "nccl",
-    "cudnn",
-    "pytorch",
-    "libfabric",
-    "aws-ofi-nccl",
-    "efa-installer",
-    "deepep",
-)
-# What [audit] required_pins may name, besides "arg:NAME".
-KNOWN_PINS = ("base-digest", "deepep-commit", "efa-installer")
-
-
-class BuilderSettings(NamedTuple):
-    """Which BuildKit builds: the local engine, a Docker context/host, or a buildx builder."""
-
-    platform: str = DEFAULT_PLATFORM
-    jobs: int = 2
-    context: str | None = None  # docker context name
-    host: str | None = None  # DOCKER_HOST-style URL, e.g. unix:///run/other.sock, ssh://builder
-    buildx_builder: str | None = None  # a `docker buildx` builder name
-    # several builders, as --builder names them (context, host URL, buildx:NAME): layers are
-    # spread across them and reach each other through [registry]
-    farm: tuple[str, ...] = ()
-
-
-class RegistrySettings(NamedTuple):
-    """Optional layer cache: built layer images are pushed to and pulled from here."""
-
-    url: str  # host[:port][/path], e.g. 123.dkr.ecr.us-east-1.amazonaws.com or 127.0.0.1:5000
-    insecure: bool = False
-
-
-class ExportSettings(NamedTuple):
-    """How an image becomes a .sqsh: mksquashfs options (Enroot's by default)."""
-
-    compression: str = "lzo"
-    compress_data: bool = False  # Enroot's -noD: data blocks uncompressed
-    extra_options: tuple[str, ...] = ()
-    # file times written by a build are clamped to the base's creation time (see export/squash.py)
-    clamp_times: bool = True
-
-    def mksquashfs_options(self) -> tuple[str, ...]:
-        opts = ("-comp", self.compression)
-        if not self.compress_data:
-            opts += ("-noD",)
-        return opts + self.extra_options
-
-
-class AuditPolicy(NamedTuple):
-    host_efa_installer: str | None = None  # the host AMI's EFA installer version
-    min_versions: tuple[tuple[str, str], ...] = ()  # (component, minimum version)
-    required_pins: tuple[str, ...] = ()  # e.g. "base-digest", "deepep-commit"
-    # (component, version spec, component, version spec, why): a combination known to break
-    known_bad: tuple[tuple[str, str, str, str, str], ...] = ()
-
-
-class SignSettings(NamedTuple):
-    """[sign]: the key make signs every exported artifact's statement with."""
-
-    key: str  # a PEM private key file (relative to the workspace) or a KMS key ARN
-    region: str | None = None  # KMS only; default: the ARN's region
-    endpoint_url: str | None = None  # KMS-compatible endpoints only
-
-
-class Settings(NamedTuple):
-    graph_files: tuple[str, ...] = ("graphs/*.toml",)
-    store: StoreConfig = StoreConfig(local=Path("cache"))
-    builder: BuilderSettings = BuilderSettings()
-    registry: RegistrySettings | None = None
-    export: ExportSettings = ExportSettings()
-    audit: AuditPolicy = AuditPolicy()
-    sign: SignSettings | None = None
-    trust_keys: tuple[str, ...] = ()  # [trust] keys: checked by settings.py, read by efabuild.signing.trust
-
+from efabuild.settings import Settings  # stdlib-only: BUILD.toml's settings tables, parsed once
 
 class BaseImage(NamedTuple):
     ref: str  # e.g. nvcr.io/nvidia/pytorch:26.08-py3

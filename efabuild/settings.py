@@ -16,8 +16,9 @@
 `parse_store_table`, so a setting one accepts the other accepts too.
 
 The [store] part is stdlib only (`efabuild lookup` reads it on its fast path): its values are
-NamedTuples, as frozen as attrs classes but costing no import. The other tables become model's
-classes (NamedTuples too), imported inside their parsers for the same reason.
+NamedTuples, as frozen as attrs classes but costing no import; the other tables' classes here are
+NamedTuples for the same reason. Also the vocabulary [audit] policies use: the measured components
+and the pins.
 """
 
 from __future__ import annotations
@@ -25,15 +26,12 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from efabuild import grammar
 from efabuild.configfile import Table, check_known, type_name
 from efabuild.errors import InputError
 from efabuild.refs import classify_ref
-
-if TYPE_CHECKING:
-    from efabuild.model import AuditPolicy, BuilderSettings, ExportSettings, RegistrySettings, Settings, SignSettings
 
 BUILD_FILE = "BUILD.toml"
 DEFAULT_LOCAL = "cache"
@@ -76,10 +74,89 @@ class StoreConfig(NamedTuple):
         return tiers + [("local", self.local)]
 
 
+DEFAULT_PLATFORM = "linux/amd64"
+
+# The components an image probe measures, in display order; [audit] policies name them.
+COMPONENTS = (
+    "ngc-release",
+    "cuda",
+    "nccl",
+    "cudnn",
+    "pytorch",
+    "libfabric",
+    "aws-ofi-nccl",
+    "efa-installer",
+    "deepep",
+)
+# What [audit] required_pins may name, besides "arg:NAME".
+KNOWN_PINS = ("base-digest", "deepep-commit", "efa-installer")
+
+
+class BuilderSettings(NamedTuple):
+    """Which BuildKit builds: the local engine, a Docker context/host, or a buildx builder."""
+
+    platform: str = DEFAULT_PLATFORM
+    jobs: int = 2
+    context: str | None = None  # docker context name
+    host: str | None = None  # DOCKER_HOST-style URL, e.g. unix:///run/other.sock, ssh://builder
+    buildx_builder: str | None = None  # a `docker buildx` builder name
+    # several builders, as --builder names them (context, host URL, buildx:NAME): layers are
+    # spread across them and reach each other through [registry]
+    farm: tuple[str, ...] = ()
+
+
+class RegistrySettings(NamedTuple):
+    """Optional layer cache: built layer images are pushed to and pulled from here."""
+
+    url: str  # host[:port][/path], e.g. 123.dkr.ecr.us-east-1.amazonaws.com or 127.0.0.1:5000
+    insecure: bool = False
+
+
+class ExportSettings(NamedTuple):
+    """How an image becomes a .sqsh: mksquashfs options (Enroot's by default)."""
+
+    compression: str = "lzo"
+    compress_data: bool = False  # Enroot's -noD: data blocks uncompressed
+    extra_options: tuple[str, ...] = ()
+    # file times written by a build are clamped to the base's creation time (see export/squash.py)
+    clamp_times: bool = True
+
+    def mksquashfs_options(self) -> tuple[str, ...]:
+        opts = ("-comp", self.compression)
+        if not self.compress_data:
+            opts += ("-noD",)
+        return opts + self.extra_options
+
+
+class AuditPolicy(NamedTuple):
+    host_efa_installer: str | None = None  # the host AMI's EFA installer version
+    min_versions: tuple[tuple[str, str], ...] = ()  # (component, minimum version)
+    required_pins: tuple[str, ...] = ()  # e.g. "base-digest", "deepep-commit"
+    # (component, version spec, component, version spec, why): a combination known to break
+    known_bad: tuple[tuple[str, str, str, str, str], ...] = ()
+
+
+class SignSettings(NamedTuple):
+    """[sign]: the key make signs every exported artifact's statement with."""
+
+    key: str  # a PEM private key file (relative to the workspace) or a KMS key ARN
+    region: str | None = None  # KMS only; default: the ARN's region
+    endpoint_url: str | None = None  # KMS-compatible endpoints only
+
+
+class Settings(NamedTuple):
+    graph_files: tuple[str, ...] = ("graphs/*.toml",)
+    store: StoreConfig = StoreConfig(local=Path("cache"))
+    builder: BuilderSettings = BuilderSettings()
+    registry: RegistrySettings | None = None
+    export: ExportSettings = ExportSettings()
+    audit: AuditPolicy = AuditPolicy()
+    sign: SignSettings | None = None
+    trust_keys: tuple[str, ...] = ()  # [trust] keys: checked by settings.py, read by efabuild.signing.trust
+
+
 def parse_settings(data: dict[str, Any], file: str, root: Path) -> Settings:
     """Every settings table of BUILD.toml's `data`; `file` names BUILD.toml in messages."""
-    from efabuild.model import Settings
-
     top = Table(data, file, "", TABLES)
     ws = top.table("workspace", ("graphs",))
     default_graphs = Settings().graph_files
@@ -178,8 +255,6 @@ def parse_store_table(table: object, root: Path, file: str) -> StoreConfig:
 
 
 def _builder(t: Table | None) -> BuilderSettings:
-    from efabuild.model import DEFAULT_PLATFORM, BuilderSettings
-
     if t is None:
         return BuilderSettings()
     jobs = t.get("jobs", int, 2)
@@ -211,8 +286,6 @@ def _builder(t: Table | None) -> BuilderSettings:
 
 
 def _registry(t: Table | None) -> RegistrySettings | None:
-    from efabuild.model import RegistrySettings
-
     if t is None:
         return None
     url = t.get("url", str)
@@ -225,8 +298,6 @@ def _registry(t: Table | None) -> RegistrySettings | None:
 
 
 def _export(t: Table | None) -> ExportSettings:
-    from efabuild.model import ExportSettings
-
     if t is None:
         return ExportSettings()
     compression = t.get("compression", str, "lzo")
@@ -245,8 +316,6 @@ def _export(t: Table | None) -> ExportSettings:
 
 
 def _audit(t: Table | None) -> AuditPolicy:
-    from efabuild.model import COMPONENTS, KNOWN_PINS, AuditPolicy
-
     if t is None:
         return AuditPolicy()
     components = (*COMPONENTS, "openmpi")
@@ -284,8 +353,6 @@ def _known_bad(item: Table, components: tuple[str, ...]) -> tuple[str, str, str,
 
 
 def _sign(t: Table | None) -> SignSettings | None:
-    from efabuild.model import SignSettings
-
     if t is None:
         return None
     key = t.get("key", str)

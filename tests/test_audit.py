@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from efabuild.cli import main
-from efabuild.model import AuditPolicy
+from efabuild.settings import AuditPolicy
 from efabuild.provenance import manifest as manifests
 from efabuild.provenance.audit import FAIL, PASS, WARN, FileFacts, HostFacts, audit
 from efabuild.provenance.fsview import DirView
@@ -460,7 +460,7 @@ def test_image_built_and_exported_by_the_engine_audits_clean(docker_engine, tmp_
     import uuid
     from datetime import datetime, timezone
 
-    from efabuild.model import ExportSettings
+    from efabuild.settings import ExportSettings
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.export.squash import export_image
     from efabuild.store import ArtifactRecord, Store
@@ -534,7 +534,7 @@ class DemoBuilds:
         from datetime import datetime, timezone
 
         from efabuild.host.digest import bytes_digest
-        from efabuild.model import ExportSettings
+        from efabuild.settings import ExportSettings
         from efabuild.provenance.stored import describe_sqsh
         from efabuild.export.squash import export_image
         from efabuild.store import ArtifactRecord, Store

@@ -105,18 +105,9 @@ def test_modules_and_functions_stay_short_with_few_stated_exceptions():
 
 # -- floors: which package may import which ---------------------------------------------------------
 # A module imports only modules of its own floor or a lower one; `__main__` is the CLI's. The core
-# is the package's top level (the modules in CORE and `display`).
+# is the package's top level (the modules in CORE).
 FLOORS = {"core": 0, "host": 1, "store": 2, "engine": 2, "provenance": 2, "lint": 2, "doctor": 2,
           "export": 3, "signing": 3, "pyxis": 3, "make": 4, "cli": 5}
-# (importing module, imported module) -> why it reaches up a floor, until the code that owns it moves
-FLOOR_EXCEPTIONS: dict[tuple[str, str], str] = {
-}
-# cycles between files still to break, each named by its sorted modules -> why it is there
-KNOWN_FILE_CYCLES: dict[tuple[str, ...], str] = {
-    ("efabuild.model", "efabuild.settings"): "settings' parsers build model's settings classes: one module for both",
-}
-KNOWN_PACKAGE_CYCLES: dict[tuple[str, ...], str] = {
-}
 
 # Imports inside functions, by module: start-up deferrals. A plan, a lookup and the CLI's argument
 # parsing must not load what they do not run (tests/test_engine_api.py and the start-up figures in
@@ -153,9 +144,9 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.cli.colour", "efabuild.cli.common", "efabuild.cli.live", "efabuild.cli.output",
         "efabuild.make.prepare", "efabuild.plan"},
     "efabuild.cli.provenance_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.display", "efabuild.errors", "efabuild.model",
+        "efabuild.cli.common", "efabuild.cli.output", "efabuild.display", "efabuild.errors",
         "efabuild.provenance.audit", "efabuild.provenance.diff", "efabuild.provenance.intoto",
-        "efabuild.provenance.junit", "efabuild.provenance.stored", "efabuild.store",
+        "efabuild.provenance.junit", "efabuild.provenance.stored", "efabuild.settings", "efabuild.store",
         "efabuild.store.progress", "efabuild.workspace"},
     "efabuild.cli.push_cmd": {
         "efabuild.cli.common", "efabuild.cli.output", "efabuild.engine.images", "efabuild.engine.registry",
@@ -213,7 +204,7 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.pyxis.lookup": {
         "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.signing.verifycache",
         "efabuild.store.layout", "efabuild.store.record", "efabuild.store.tiered", "efabuild.store.transfer"},
-    "efabuild.settings": {"efabuild.model", "efabuild.redact"},
+    "efabuild.settings": {"efabuild.redact"},
     "efabuild.signing.attest": {"efabuild.provenance.intoto", "efabuild.provenance.manifest"},
     "efabuild.signing.keys": {"efabuild.configfile"},
     "efabuild.signing.trust": {"efabuild.grammar", "efabuild.host.fsutil", "efabuild.signing.keys"},
@@ -345,32 +336,23 @@ def _cycles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
     return found
 
 
-def test_no_import_cycle_between_files_but_the_known_ones():
-    found = _cycles(_edges(_import_graph()))
-    assert found - set(KNOWN_FILE_CYCLES) == set(), f"new import cycles: {sorted(found - set(KNOWN_FILE_CYCLES))}"
-    assert set(KNOWN_FILE_CYCLES) - found == set(), f"broken since, drop them: {sorted(set(KNOWN_FILE_CYCLES) - found)}"
+def test_no_import_cycle_between_files():
+    assert _cycles(_edges(_import_graph())) == set()
 
 
-def test_no_import_cycle_between_packages_but_the_known_ones():
+def test_no_import_cycle_between_packages():
     packages: dict[str, set[str]] = {}
     for name, targets in _edges(_import_graph()).items():
         packages.setdefault(_package(name), set()).update(_package(t) for t in targets if _package(t) != _package(name))
-    found = _cycles(packages)
-    assert found - set(KNOWN_PACKAGE_CYCLES) == set(), f"new cycles: {sorted(found - set(KNOWN_PACKAGE_CYCLES))}"
-    assert set(KNOWN_PACKAGE_CYCLES) - found == set(), f"broken since: {sorted(set(KNOWN_PACKAGE_CYCLES) - found)}"
+    assert _cycles(packages) == set()
 
 
 def test_every_package_has_a_floor_and_imports_only_its_floor_or_lower():
     imports = _import_graph()
     assert {_package(name) for name in imports.top} == set(FLOORS), "a package without a floor in FLOORS"
-    upward = set()
-    for name, targets in _edges(imports).items():
-        for target in targets:
-            if FLOORS[_package(target)] > FLOORS[_package(name)]:
-                upward.add((name, target))
-    assert upward - set(FLOOR_EXCEPTIONS) == set(), "imports up a floor:\n" + "\n".join(
-        f"{a} -> {b}" for a, b in sorted(upward - set(FLOOR_EXCEPTIONS)))
-    assert set(FLOOR_EXCEPTIONS) - upward == set(), f"no longer up a floor: {sorted(set(FLOOR_EXCEPTIONS) - upward)}"
+    upward = sorted(f"{name} -> {target}" for name, targets in _edges(imports).items() for target in targets
+                    if FLOORS[_package(target)] > FLOORS[_package(name)])
+    assert not upward, "imports up a floor:\n" + "\n".join(upward)
 
 
 def test_imports_inside_functions_are_only_the_listed_start_up_deferrals():

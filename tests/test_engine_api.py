@@ -14,7 +14,7 @@ import pytest
 from efabuild.engine.api import ApiError, EngineApi, local_socket
 from efabuild.engine.client import EngineUnavailable, connect
 from efabuild.engine.images import base_identity, existing_tags, image_id
-from efabuild.model import BuilderSettings
+from efabuild.settings import BuilderSettings
 
 
 def docker(*args: str) -> str:

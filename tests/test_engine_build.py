@@ -17,7 +17,7 @@ from efabuild.engine.build import BuildFailed, BuildInterrupted, BuildRequest, b
 from efabuild.engine.client import connect
 from efabuild.engine.images import image_config, image_exists, image_id
 from efabuild.errors import EfabuildError
-from efabuild.model import BuilderSettings
+from efabuild.settings import BuilderSettings
 
 pytestmark = pytest.mark.engine
 
@@ -149,7 +149,7 @@ import signal, sys
 from pathlib import Path
 from efabuild.engine.build import BuildRequest, build_layer
 from efabuild.engine.client import connect
-from efabuild.model import BuilderSettings
+from efabuild.settings import BuilderSettings
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in an interactive efabuild
 tag, base, context, log, seconds = sys.argv[1:]
 req = BuildRequest(tag=tag, dockerfile=f"FROM {base}\\nRUN echo sleeping-now && sleep {seconds}\\n",

@@ -15,7 +15,7 @@ from efabuild.engine.images import (
     image_id,
 )
 from efabuild.errors import InputError, NotFound
-from efabuild.model import BuilderSettings
+from efabuild.settings import BuilderSettings
 
 
 def test_no_engine_behind_docker_host_says_where_it_looked_and_how_to_start_one(tmp_path, monkeypatch):
@@ -84,7 +84,7 @@ def test_a_registered_but_dead_builder_is_one_line_naming_it_and_how_to_start_it
 def _started_farm(*entries: str) -> tuple[object, list[str]]:
     """Farm.start over `entries`: (the farm, or the EngineUnavailable it raised; its warnings)."""
     from efabuild.make.farm import Farm
-    from efabuild.model import RegistrySettings
+    from efabuild.settings import RegistrySettings
 
     said: list[str] = []
     try:

@@ -14,7 +14,7 @@ from efabuild.engine import containers
 from efabuild.engine.client import EngineError, connect
 from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL
 from efabuild.engine.leftovers import dead_export_containers
-from efabuild.model import BuilderSettings
+from efabuild.settings import BuilderSettings
 from efabuild.host.owner import Owner
 
 pytestmark = pytest.mark.engine

@@ -12,7 +12,7 @@ import pytest
 
 from efabuild.engine.client import connect
 from efabuild.engine.leftovers import check_image_owner, check_image_tag, dead_check_images, remove_images
-from efabuild.model import BuilderSettings
+from efabuild.settings import BuilderSettings
 from efabuild.grammar import IMAGE_REF
 from efabuild.host.owner import Owner
 from tests.storekit import key_for

@@ -17,7 +17,7 @@ from efabuild.engine.images import (
     untag_image,
 )
 from efabuild.engine.registry import RegistryError, has, pull, push, remote_ref
-from efabuild.model import BuilderSettings, RegistrySettings
+from efabuild.settings import BuilderSettings, RegistrySettings
 
 pytestmark = pytest.mark.engine
 

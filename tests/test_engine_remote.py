@@ -11,7 +11,7 @@ import pytest
 from efabuild.engine.build import BuildRequest, build_layer
 from efabuild.engine.client import connect
 from efabuild.engine.images import image_exists, untag_image
-from efabuild.model import BuilderSettings
+from efabuild.settings import BuilderSettings
 
 # the first test starts the second engine
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(600)]

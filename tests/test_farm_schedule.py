@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 
 from efabuild.make.farm import Farm
-from efabuild.model import RegistrySettings
+from efabuild.settings import RegistrySettings
 
 
 def farm(nodes: int, jobs: int = 1) -> Farm:

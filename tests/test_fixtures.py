@@ -233,7 +233,7 @@ def test_content_digest_follows_the_sources(tmp_path: Path) -> None:
 def test_the_demo_artifact_exports_like_enroot_would(stack, tmp_path: Path) -> None:
     import subprocess
 
-    from efabuild.model import ExportSettings
+    from efabuild.settings import ExportSettings
     from efabuild.export.squash import export_image
 
     sqsh = export_image(stack["user"], tmp_path / "user.sqsh", options=ExportSettings()).path

@@ -12,7 +12,7 @@ import pytest
 
 from efabuild.engine.client import connect
 from efabuild.engine.registry import has
-from efabuild.model import BuilderSettings, RegistrySettings
+from efabuild.settings import BuilderSettings, RegistrySettings
 from tests.storekit import efabuild
 
 pytestmark = pytest.mark.engine

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.model import AuditPolicy
+from efabuild.settings import AuditPolicy
 from efabuild.provenance.stored import host_facts
 from tests.data.rootfs import mini_ngc as ngc
 from tests.fifos import without_blocking_on
@@ -171,7 +171,7 @@ def _stream(path: Path, entries: list[tuple[str, bytes, dict]]) -> Path:
 def _export(tar: Path, out: Path):
     from efabuild.export.enroot import ImageConfig
     from efabuild.export.squash import export_tar_stream
-    from efabuild.model import ExportSettings
+    from efabuild.settings import ExportSettings
 
     # the farm's path: a builder's `--output type=tar` on a pipe, here `cat` of the planted stream
     return export_tar_stream(["cat", str(tar)], out, what="registry/efabuild/x@sha256:0", sha256=False,

@@ -22,7 +22,7 @@ import pytest
 from efabuild.engine.client import connect
 from efabuild.make.farm import registry_config
 from efabuild.engine.registry import RegistryError
-from efabuild.model import BuilderSettings
+from efabuild.settings import BuilderSettings
 from tests.inprocess import run_efabuild
 from tests.wsfactory import SIMPLE_GRAPH, make_workspace
 

@@ -163,7 +163,7 @@ def test_the_superblock_and_root_directory_carry_the_exports_epoch(busybox_image
     import struct
     import subprocess
 
-    from efabuild.model import ExportSettings
+    from efabuild.settings import ExportSettings
     from efabuild.export.squash import export_image
 
     epoch = 1_234_567_890

@@ -10,7 +10,8 @@ from pathlib import Path
 from efabuild.lint import lint_workspace
 from efabuild.lint.dockerfile import evaluate, parse
 from efabuild.lint.shell import lookup_in, split_commands, split_words
-from efabuild.model import BaseImage, Graph, Layer, Settings, Workspace
+from efabuild.model import BaseImage, Graph, Layer, Workspace
+from efabuild.settings import Settings
 
 GUIDE = """\
 ARG EFA_INSTALLER_VERSION=1.50.0

@@ -319,7 +319,7 @@ def test_images_carry_the_workspaces_git_state_and_their_own_title(demo_ws):
 
 def test_remote_builder_builds_on_the_other_engine(demo_ws, second_engine):
     from efabuild.engine.client import connect
-    from efabuild.model import BuilderSettings
+    from efabuild.settings import BuilderSettings
 
     build_fixtures(engine=connect(BuilderSettings(host=second_engine)))
     proc = efabuild(demo_ws, "make", "--builder", second_engine, "demo:efa")

@@ -77,7 +77,7 @@ def _epoch(cols: list[str]) -> int:
 
 def test_same_key_gives_the_same_sqsh_on_two_engines(registry_base, second_engine, tmp_path):
     from efabuild.engine.client import connect
-    from efabuild.model import BuilderSettings, ExportSettings
+    from efabuild.settings import BuilderSettings, ExportSettings
     from efabuild.export.squash import export_image
 
     # the same base on both engines: same registry digest, same image ID

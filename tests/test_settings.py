@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from efabuild.errors import InputError
-from efabuild.model import AuditPolicy, BuilderSettings, RegistrySettings, SignSettings
+from efabuild.settings import AuditPolicy, BuilderSettings, RegistrySettings, SignSettings
 from efabuild.settings import S3Config, StoreConfig, parse_settings
 from tests.inprocess import run_efabuild
 from tests.wsfactory import make_workspace

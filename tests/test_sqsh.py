@@ -16,7 +16,7 @@ import pytest
 from efabuild.engine.containers import EXPORT_LABEL
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.export.squash import ExportResult, export_image, mksquashfs_options
-from efabuild.model import ExportSettings
+from efabuild.settings import ExportSettings
 
 T0 = 1_700_000_000
 

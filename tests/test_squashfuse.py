@@ -24,7 +24,7 @@ import pytest
 
 from efabuild.export.enroot import ImageConfig
 from efabuild.export.squash import export_tar_stream
-from efabuild.model import ExportSettings
+from efabuild.settings import ExportSettings
 from tests.test_make import demo_ws, efabuild, mini_ngc  # noqa: F401  (the demo workspace's fixtures)
 
 TIMEOUT_S = 120

@@ -94,7 +94,7 @@ def _store(args: argparse.Namespace):  # noqa: ANN202 - efabuild.store.Store
 def _policy():  # noqa: ANN202 - AuditPolicy
     """The workspace's [audit] policy; the empty policy outside a workspace (a bare store)."""
     from efabuild.errors import InputError
-    from efabuild.model import AuditPolicy
+    from efabuild.settings import AuditPolicy
     from efabuild.workspace import find_root, load_workspace
 
     try:
@@ -197,7 +197,7 @@ def _chain_rows(chain: list) -> list[tuple[str, ...]]:
 def _component_rows(measured: dict) -> list[tuple[str, ...]]:
     """Each component's version and where it was read (every copy when there are several, and
     which one the loader takes), then each Open MPI install."""
-    from efabuild.model import COMPONENTS
+    from efabuild.settings import COMPONENTS
 
     rows = []
     components = measured.get("components") or {}

@@ -30,7 +30,7 @@ from efabuild.engine.client import NO_DOCKER_CLI, Engine, EngineUnavailable
 from efabuild.engine.images import image_id as lookup_image_id
 from efabuild.engine.images import tag_image
 from efabuild.errors import EfabuildError
-from efabuild.model import DEFAULT_PLATFORM
+from efabuild.settings import DEFAULT_PLATFORM
 from efabuild.redact import Redactor, is_secret_arg
 from efabuild.display import shown
 from efabuild.host.scratch import scratch_dir

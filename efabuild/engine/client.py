@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from efabuild.errors import EfabuildError, InputError
-from efabuild.model import BuilderSettings
+from efabuild.settings import BuilderSettings
 
 if TYPE_CHECKING:
     import subprocess

@@ -12,7 +12,7 @@ import json
 from efabuild.engine.client import Engine, EngineTimeout, first_line
 from efabuild.engine.images import INSPECT_TIMEOUT_S, REMOTE_TIMEOUT_S, tag_image, untag_image
 from efabuild.errors import EfabuildError
-from efabuild.model import RegistrySettings
+from efabuild.settings import RegistrySettings
 
 
 class RegistryError(EfabuildError):

@@ -16,7 +16,8 @@ from typing import NamedTuple
 from efabuild.lint.dockerfile import Evaluated, evaluate
 from efabuild.lint.locate import GraphTexts, Locator, locator_for
 from efabuild.lint.shell import Command
-from efabuild.model import Layer, Settings, Workspace
+from efabuild.model import Layer, Workspace
+from efabuild.settings import Settings
 
 
 class LayerFacts(NamedTuple):

@@ -24,7 +24,7 @@ from efabuild.engine.build import builder_name
 from efabuild.engine.images import REMOTE_TIMEOUT_S, remote_digest
 from efabuild.engine.registry import RegistryError, remote_ref
 from efabuild.errors import EfabuildError, InputError
-from efabuild.model import BuilderSettings, RegistrySettings
+from efabuild.settings import BuilderSettings, RegistrySettings
 from efabuild.refs import image_tag
 
 # drivers whose builds land in the engine that `docker image ls` shows

@@ -26,7 +26,7 @@ import attrs
 
 from efabuild.host import children
 from efabuild.errors import EfabuildError, InputError
-from efabuild.model import BuilderSettings
+from efabuild.settings import BuilderSettings
 from efabuild.host.scratch import scratch_dir
 
 if TYPE_CHECKING:

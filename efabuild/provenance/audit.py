@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from efabuild.model import COMPONENTS, AuditPolicy
+from efabuild.settings import AuditPolicy, COMPONENTS
 from efabuild.provenance import manifest as manifests
 from efabuild.provenance.checks import FAIL, PASS, SKIP, WARN, Check, FileFacts, HostFacts, failed
 from efabuild.provenance.declared import DECLARING_ARGS, DECLARING_BASE, declared_vs_image

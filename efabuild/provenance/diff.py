@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from efabuild.model import COMPONENTS
+from efabuild.settings import COMPONENTS
 
 INPUTS, MEASURED, TOOLS = "input", "measured", "tool"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from efabuild.model import KNOWN_PINS, AuditPolicy
+from efabuild.settings import AuditPolicy, KNOWN_PINS
 from efabuild.provenance import versions
 from efabuild.provenance.checks import FAIL, PASS, SKIP, Check
 from efabuild.provenance.declared import DECLARING_ARGS

@@ -15,7 +15,7 @@ import attrs
 
 from efabuild.host.digest import file_digest
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.model import AuditPolicy
+from efabuild.settings import AuditPolicy
 from efabuild.provenance import audit as checks_
 from efabuild.provenance import manifest as manifests
 from efabuild.provenance.fsview import SqshView

@@ -61,7 +61,7 @@ def enroot_steps(image: str, out: Path, scratch: Path) -> tuple[float, int]:
 
 def scenario(ctx: Context) -> Result:
     from efabuild.engine.client import connect
-    from efabuild.model import BuilderSettings, ExportSettings
+    from efabuild.settings import BuilderSettings, ExportSettings
     from efabuild.export.squash import export_image
 
     sizes = ctx.sizes

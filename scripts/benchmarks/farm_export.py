@@ -71,7 +71,7 @@ def scenario(ctx: Context) -> Result:
     from efabuild.engine.client import connect
     from efabuild.make.farm import Farm
     from efabuild.export.squash import export_image
-    from efabuild.model import BuilderSettings, ExportSettings, RegistrySettings
+    from efabuild.settings import BuilderSettings, ExportSettings, RegistrySettings
 
     sizes = ctx.sizes
     image, data_bytes = fixtures.export_image(sizes.export_small_files, sizes.export_large_files,

@@ -177,7 +177,7 @@ def _export_and_publish(ctx: Context, scratch: Path, signer) -> tuple:  # noqa: 
     from efabuild.engine.client import connect
     from efabuild.signing.attest import signed
     from efabuild.host.digest import Sha256Pass
-    from efabuild.model import BuilderSettings, ExportSettings
+    from efabuild.settings import BuilderSettings, ExportSettings
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.store.tiered import Store
     from efabuild.store.record import ArtifactRecord
