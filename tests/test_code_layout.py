@@ -115,7 +115,7 @@ FLOORS = {"core": 0, "host": 1, "store": 2, "engine": 2, "provenance": 2, "lint"
 # steps, boto3, attrs classes, the export) where a command first needs them. Taken as found when
 # the floors were laid; a new one goes here only with the start-up reason beside it.
 DEFERRED: dict[str, set[str]] = {
-    "efabuild.cli": {"efabuild.cli.pyxis_cmd", "efabuild.display"},
+    "efabuild.cli": {"efabuild.cli.pyxis_cmd"},
     "efabuild.cli.build_fixtures": {"efabuild.cli.output", "efabuild.errors", "efabuild.make.fixtures"},
     "efabuild.cli.common": {
         "efabuild.errors", "efabuild.grammar", "efabuild.host.fsutil", "efabuild.redact", "efabuild.workspace"},
@@ -126,8 +126,7 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.cli.du_cmd": {
         "efabuild.cli.output", "efabuild.refs", "efabuild.store.progress", "efabuild.store.tiered"},
     "efabuild.cli.graph_cmd": {
-        "efabuild.cli.common", "efabuild.cli.graphviz", "efabuild.cli.picture", "efabuild.dag",
-        "efabuild.errors", "efabuild.make.prepare"},
+        "efabuild.cli.graphviz", "efabuild.cli.picture", "efabuild.dag", "efabuild.make.prepare"},
     "efabuild.cli.lint_cmd": {
         "efabuild", "efabuild.cli.output", "efabuild.errors", "efabuild.lint", "efabuild.lint.sarif",
         "efabuild.workspace"},
@@ -135,22 +134,21 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.cli.lookup_cmd": {
         "efabuild.cli.output", "efabuild.errors", "efabuild.pyxis.lookup", "efabuild.workspace"},
     "efabuild.cli.make_cmd": {
-        "efabuild.cli.colour", "efabuild.cli.common", "efabuild.cli.graphviz", "efabuild.cli.live",
-        "efabuild.cli.output", "efabuild.cli.picture", "efabuild.cli.plan_cmd", "efabuild.errors",
-        "efabuild.host.scratch", "efabuild.lint", "efabuild.make.check", "efabuild.make.prepare",
-        "efabuild.make.run", "efabuild.notices", "efabuild.refs"},
+        "efabuild.cli.colour", "efabuild.cli.graphviz", "efabuild.cli.live", "efabuild.cli.output",
+        "efabuild.cli.picture", "efabuild.cli.plan_cmd", "efabuild.host.scratch", "efabuild.lint",
+        "efabuild.make.check", "efabuild.make.prepare", "efabuild.make.run", "efabuild.refs"},
     "efabuild.cli.output": {"efabuild.display"},
     "efabuild.cli.plan_cmd": {
-        "efabuild.cli.colour", "efabuild.cli.common", "efabuild.cli.live", "efabuild.cli.output",
-        "efabuild.make.prepare", "efabuild.plan"},
+        "efabuild.cli.colour", "efabuild.cli.live", "efabuild.cli.output", "efabuild.make.prepare",
+        "efabuild.plan"},
     "efabuild.cli.provenance_cmd": {
         "efabuild.cli.common", "efabuild.cli.output", "efabuild.display", "efabuild.errors",
         "efabuild.provenance.audit", "efabuild.provenance.diff", "efabuild.provenance.intoto",
         "efabuild.provenance.junit", "efabuild.provenance.stored", "efabuild.settings", "efabuild.store",
         "efabuild.store.progress", "efabuild.workspace"},
     "efabuild.cli.push_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.engine.images", "efabuild.engine.registry",
-        "efabuild.errors", "efabuild.make.prepare", "efabuild.refs"},
+        "efabuild.cli.output", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.prepare",
+        "efabuild.refs"},
     "efabuild.cli.pyxis_cmd": {"efabuild.errors", "efabuild.pyxis.importer"},
     "efabuild.cli.reporting": {"efabuild.store.progress"},
     "efabuild.cli.sign_cmd": {
@@ -165,45 +163,39 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.engine.build": {"efabuild.host.fsutil"},
     "efabuild.engine.client": {"efabuild.engine.api", "efabuild.host.children"},
     "efabuild.engine.containers": {"efabuild.host.children"},
-    "efabuild.engine.images": {"efabuild.engine.api", "efabuild.refs"},
+    "efabuild.engine.images": {"efabuild.engine.api"},
     "efabuild.engine.leftovers": {"efabuild.engine.api", "efabuild.engine.images"},
     "efabuild.engine.registry": {"efabuild.host.stops"},
-    "efabuild.export.squash": {
-        "efabuild.engine.client", "efabuild.engine.containers", "efabuild.engine.images"},
+    "efabuild.export.squash": {"efabuild.engine.containers", "efabuild.engine.images"},
     "efabuild.lint": {"efabuild.display"},
     "efabuild.make.check": {
         "efabuild.engine.build", "efabuild.engine.images", "efabuild.engine.leftovers",
-        "efabuild.engine.registry", "efabuild.export.sqshdiff", "efabuild.export.squash",
-        "efabuild.export.tarfilter", "efabuild.make.farm", "efabuild.make.run", "efabuild.notices",
-        "efabuild.store.transfer"},
+        "efabuild.engine.registry", "efabuild.export.squash", "efabuild.export.tarfilter",
+        "efabuild.make.farm", "efabuild.make.run"},
     "efabuild.make.context": {"efabuild.display", "efabuild.host.owner", "efabuild.store.leftovers"},
     "efabuild.make.engine_steps": {
         "efabuild.engine.build", "efabuild.engine.images", "efabuild.engine.leftovers",
         "efabuild.engine.registry"},
-    "efabuild.make.farm": {
-        "efabuild.engine.build", "efabuild.engine.images", "efabuild.engine.registry",
-        "efabuild.export.enroot", "efabuild.export.squash", "efabuild.host.scratch", "efabuild.plan"},
+    "efabuild.make.farm": {"efabuild.export.enroot", "efabuild.export.squash", "efabuild.plan"},
     "efabuild.make.fixtures": {"efabuild.engine.build", "efabuild.engine.client", "efabuild.engine.images"},
     "efabuild.make.hashcache": {"efabuild.host.fsutil"},
     "efabuild.make.leftovers": {"efabuild.engine.client", "efabuild.engine.leftovers"},
-    "efabuild.make.oldimages": {"efabuild.engine.images", "efabuild.engine.registry", "efabuild.errors"},
+    "efabuild.make.oldimages": {"efabuild.engine.images", "efabuild.engine.registry"},
     "efabuild.make.prepare": {
         "efabuild.engine.client", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.farm",
         "efabuild.store"},
     "efabuild.make.publish": {
-        "efabuild.engine.images", "efabuild.errors", "efabuild.export.squash", "efabuild.export.tarfilter",
-        "efabuild.host.digest", "efabuild.host.fsutil", "efabuild.host.stops", "efabuild.make.gitstate",
-        "efabuild.provenance.stored", "efabuild.refs", "efabuild.signing.attest", "efabuild.store.progress",
-        "efabuild.store.record"},
-    "efabuild.make.records": {"efabuild.configfile", "efabuild.errors"},
+        "efabuild.engine.images", "efabuild.export.squash", "efabuild.export.tarfilter",
+        "efabuild.host.digest", "efabuild.host.stops", "efabuild.make.gitstate", "efabuild.provenance.stored",
+        "efabuild.signing.attest", "efabuild.store.progress", "efabuild.store.record"},
+    "efabuild.make.records": {"efabuild.configfile"},
     "efabuild.make.run": {
         "efabuild.engine.build", "efabuild.lint", "efabuild.make.engine_steps", "efabuild.make.farm",
         "efabuild.make.gitstate", "efabuild.make.publish", "efabuild.signing.keys"},
-    "efabuild.provenance.stored": {"efabuild.configfile", "efabuild.errors"},
     "efabuild.pyxis.importer": {"efabuild.pyxis.lookup"},
     "efabuild.pyxis.lookup": {
         "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.signing.verifycache",
-        "efabuild.store.layout", "efabuild.store.record", "efabuild.store.tiered", "efabuild.store.transfer"},
+        "efabuild.store.record", "efabuild.store.tiered", "efabuild.store.transfer"},
     "efabuild.settings": {"efabuild.redact"},
     "efabuild.signing.attest": {"efabuild.provenance.intoto", "efabuild.provenance.manifest"},
     "efabuild.signing.keys": {"efabuild.configfile"},

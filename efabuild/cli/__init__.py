@@ -15,6 +15,7 @@ import sys
 from efabuild import __version__
 from efabuild.cli import reporting
 from efabuild.errors import EfabuildError, InputError
+from efabuild.display import shown
 
 # command name -> module under efabuild.cli that defines configure(parser) and run(args) -> int
 COMMANDS: dict[str, str] = {
@@ -150,8 +151,6 @@ def one_line(message: str) -> str:
     that is not UTF-8 as `\\xNN` (fsutil.shown, as every path in a message)."""
     if message.isprintable():
         return message
-    from efabuild.display import shown
-
     return shown(message)
 
 

@@ -3,7 +3,8 @@ layer coloured by its plan state."""
 
 from __future__ import annotations
 
-from efabuild.cli.common import add_builder_option
+from efabuild.cli.common import add_builder_option, with_builder, workspace, write_file
+from efabuild.errors import InputError
 
 PICTURES = ("svg", "png")
 
@@ -40,8 +41,6 @@ def configure(name, sub, common):
 
 def run(args) -> int:
     from efabuild import dag
-    from efabuild.cli.common import workspace
-    from efabuild.errors import InputError
 
     if args.format not in PICTURES and (args.output or args.offline or args.builder):
         raise InputError(f"-o, --offline and --builder go with --format svg or png, not {args.format}")
@@ -59,8 +58,6 @@ def _draw(ws, args) -> int:
 
     from efabuild.cli import graphviz
     from efabuild.cli import picture
-    from efabuild.cli.common import with_builder, write_file
-    from efabuild.errors import InputError
     from efabuild.make.prepare import prepare
 
     if not args.output and sys.stdout.isatty() and args.format == "png":

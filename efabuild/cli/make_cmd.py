@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from efabuild.cli.common import add_builder_option
+from efabuild.cli.common import add_builder_option, with_builder, workspace, write_file
+from efabuild import notices
+from efabuild.errors import EfabuildError, InputError
 
 
 def configure(name, sub, common):
@@ -41,9 +43,7 @@ def configure(name, sub, common):
 
 def run(args) -> int:
     from efabuild.make import run as make
-    from efabuild.cli.common import with_builder, workspace
     from efabuild.cli.live import announce_after, planning_line, reporter_for
-    from efabuild.errors import InputError
 
     ws = workspace()
     if args.jobs is not None and args.jobs < 1:
@@ -58,7 +58,6 @@ def run(args) -> int:
     if args.graph:
         _graph_format(args.graph)  # a bad name stops here, not after the builds
     if args.progress == "json":  # the library's warnings and notes are events too: stderr stays JSON
-        from efabuild import notices
         from efabuild.cli.live import JsonReporter
 
         notices.use(JsonReporter(sys.stderr).notice)
@@ -119,7 +118,6 @@ def _report(args, prepared, result) -> int:
     from efabuild.cli.colour import palette_for
     from efabuild.cli.live import outcome_json
     from efabuild.cli.output import print_json
-    from efabuild.errors import EfabuildError
 
     if args.graph:
         try:
@@ -177,7 +175,6 @@ def summary(result, paths=None, palette=None) -> str:
 def _check(ws, args) -> int:
     from efabuild.make import check
     from efabuild.cli.output import print_json
-    from efabuild.errors import InputError
     from efabuild.make.prepare import prepare
     from efabuild.cli.live import reporter_for
 
@@ -230,7 +227,6 @@ def _draw(name: str, prepared, result) -> None:
     """The --graph picture: the plan (a dry run) or what the make did with each layer."""
     from efabuild.cli import graphviz
     from efabuild.cli import picture
-    from efabuild.cli.common import write_file
 
     if result is None:
         nodes, title = picture.plan_nodes(prepared.plan), "efabuild make --dry-run"

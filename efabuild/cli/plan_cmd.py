@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from efabuild.cli.common import add_builder_option
+from efabuild.cli.common import add_builder_option, with_builder, workspace
 
 
 def configure(name, sub, common):
@@ -34,7 +34,6 @@ def run(args) -> int:
 
     from efabuild.make.prepare import prepare
     from efabuild.cli.colour import palette_for
-    from efabuild.cli.common import with_builder, workspace
     from efabuild.cli.live import announce_after, planning_line
     from efabuild.cli.output import print_json
 

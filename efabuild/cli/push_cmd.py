@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from efabuild.cli.common import add_builder_option
+from efabuild.cli.common import add_builder_option, with_builder, workspace
+from efabuild.errors import InputError
 
 
 def configure(name, sub, common):
@@ -29,11 +30,9 @@ def configure(name, sub, common):
 
 def run(args) -> int:
     from efabuild.make.prepare import prepare
-    from efabuild.cli.common import with_builder, workspace
     from efabuild.cli.output import print_json, table
     from efabuild.engine.images import built_for_key, tag_image
     from efabuild.engine.registry import push
-    from efabuild.errors import InputError
     from efabuild.refs import KEY_LABEL, image_tag, short
 
     ws = with_builder(workspace(), args.builder)

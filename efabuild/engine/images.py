@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 from efabuild.engine.client import Engine, EngineError, EngineTimeout, output_text
 from efabuild.errors import NotFound
+from efabuild.refs import KEY_LABEL
 
 LIST_TIMEOUT_S = 120.0
 INSPECT_TIMEOUT_S = 60.0
@@ -93,8 +94,6 @@ def built_for_key(engine: Engine, ref: str, key: str) -> bool:
     """Whether the image `ref` names is one efabuild built for `key`: its org.efabuild.key label
     says so. Whoever shares an engine can give any image a layer's name; a plain retag is caught,
     a label set at build time is not."""
-    from efabuild.refs import KEY_LABEL
-
     return image_config(engine, ref)["Labels"].get(KEY_LABEL) == key
 
 

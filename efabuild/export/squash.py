@@ -34,7 +34,7 @@ import attrs
 
 from efabuild.host.stops import step_boundary
 from efabuild.host import children
-from efabuild.engine.client import last_line
+from efabuild.engine.client import EngineTimeout, connect, last_line
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.export.enroot import ImageConfig
 from efabuild.export.tarfilter import RewritePlan, rewrite_tar, time_clamp
@@ -134,7 +134,6 @@ def export_image(
     with the failing tool's last message otherwise; each leaves no file and no container behind.
     """
     from efabuild.engine import containers
-    from efabuild.engine.client import connect
 
     engine = engine or connect(BuilderSettings())
     started = time.monotonic()
@@ -157,7 +156,6 @@ def export_image(
 
 def _image_facts(engine: Engine, image: str, clamp_times: bool) -> tuple[ImageConfig, int | None, int | None]:
     """The image's config, its size, and its time clamp (None unless `clamp_times`)."""
-    from efabuild.engine.client import EngineTimeout
     from efabuild.engine.images import LIST_TIMEOUT_S, history_times, image_facts
 
     try:

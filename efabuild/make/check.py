@@ -20,11 +20,13 @@ import attrs
 from efabuild.errors import EfabuildError, InputError
 from efabuild.model import Layer
 from efabuild.make.prepare import Prepared
-from efabuild.export.sqshdiff import Difference
+from efabuild.export.sqshdiff import Difference, compare, read_sqsh, summary
 from efabuild.refs import short
 from efabuild.store.leftovers import CHECK_PREFIX
 from efabuild.host.owner import owned_name
 from efabuild.make.reporter import Reporter
+from efabuild import notices
+from efabuild.store.transfer import DamagedCopy, check_file
 
 # export options that decide the bytes of a .sqsh, as recorded with an artifact
 _PACKING = ("mksquashfs", "time_clamp", "rc_labels")
@@ -53,7 +55,6 @@ class CheckResult:
 
 def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckResult:
     from efabuild.make import run as make
-    from efabuild.export.sqshdiff import compare, read_sqsh
     from efabuild.export.tarfilter import RC_LABELS
 
     runner = make._Runner(prepared, reporter)
@@ -100,8 +101,6 @@ def _verified_record(store, key: str, record):  # noqa: ANN001, ANN202 - a Store
     """(the record of the copy compared, '' or what is wrong with its bytes): the stored file is
     re-hashed against the record of its own tier, so a rebuild equal to the record is never called
     identical to a file that is no longer those bytes."""
-    from efabuild.store.transfer import DamagedCopy, check_file
-
     hit = store.local_hit(key)
     if hit is None:  # lookup just found or fetched it; gone meanwhile (gc, another user)
         raise EfabuildError(f"stored artifact {short(key)} vanished while being checked: check again")
@@ -118,7 +117,6 @@ def _farm(runner, layer: Layer, qualname: str):  # noqa: ANN001, ANN202 - a make
     """The builders a make of this workspace uses, when they cannot see the engine's images (None
     otherwise); checked as make checks them, and the parent (or, for a root, the base) must be
     where they can pull it: one line saying what to do when it is not."""
-    from efabuild import notices
     from efabuild.make.farm import Farm, unpullable_base
     from efabuild.engine.registry import RegistryError
 
@@ -222,8 +220,6 @@ def render(result: CheckResult, limit: int = 50) -> str:
 
 
 def _difference_lines(differences: tuple[Difference, ...], limit: int) -> list[str]:
-    from efabuild.export.sqshdiff import summary
-
     counts = summary(differences)
     if not counts:
         return []

@@ -20,12 +20,13 @@ from pathlib import Path
 import attrs
 
 from efabuild.engine.client import CHECK_TIMEOUT_S, Engine, EngineTimeout, EngineUnavailable, builder_nodes, connect
-from efabuild.engine.build import builder_name
-from efabuild.engine.images import REMOTE_TIMEOUT_S, remote_digest
-from efabuild.engine.registry import RegistryError, remote_ref
+from efabuild.engine.build import build_layer, builder_name
+from efabuild.engine.images import REMOTE_TIMEOUT_S, remote_digest, untag_image
+from efabuild.engine.registry import RegistryError, push, remote_ref
 from efabuild.errors import EfabuildError, InputError
 from efabuild.settings import BuilderSettings, RegistrySettings
 from efabuild.refs import image_tag
+from efabuild.host.scratch import scratch_dir
 
 # drivers whose builds land in the engine that `docker image ls` shows
 _LOCAL_DRIVERS = ("docker",)
@@ -165,8 +166,6 @@ class Farm:
         digest = remote_digest(local or self.nodes[0], name, timeout=REMOTE_TIMEOUT_S,
                                insecure=self.registry.insecure)
         if digest is None and local is not None and local_tag:
-            from efabuild.engine.registry import push
-
             pushed = push(local, local_tag, self.registry)
             digest = pushed.rsplit("@", 1)[1] if "@" in pushed else None
         if digest is None:
@@ -198,8 +197,6 @@ class Farm:
         return self._build_pushed(self.check_name(layer_name, key), request, log_path, how)
 
     def _build_pushed(self, name: str, request, log_path: Path, how: dict) -> str:
-        from efabuild.engine.build import build_layer
-
         request = attrs.evolve(request, push=name, insecure=self.registry.insecure)
         with self.take(how.get("cancel")) as node:
             result = build_layer(node, request, log_path, **how)
@@ -210,8 +207,6 @@ class Farm:
     def forget(self, ref: str) -> None:
         """Remove a check's rebuild from the builder that made it, when that is a Docker engine
         (its BuildKit keeps what it pushes in its image store too); the registry keeps the tag."""
-        from efabuild.engine.images import untag_image
-
         index = self.built_on.pop(ref, None)
         if index is not None and not self.nodes[index].buildx_builder:
             with contextlib.suppress(EfabuildError):  # housekeeping: never hides the check's result
@@ -238,7 +233,6 @@ class Farm:
         streams its root filesystem (`FROM ref`, `--output type=tar`), its config comes from the
         registry. Byte-identical to exporting the same image from an engine."""
         from efabuild.export.squash import export_tar_stream
-        from efabuild.host.scratch import scratch_dir
 
         config, created = registry_config(node, ref)
         with scratch_dir("farm-export") as scratch:

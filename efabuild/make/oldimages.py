@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from efabuild.make.prepare import Prepared
 from efabuild.refs import image_tag
+from efabuild.errors import EfabuildError
 
 
 def old_image_tags(prepared: Prepared, existing: set[str]) -> list[str]:
@@ -35,7 +36,6 @@ def remove_old_images(prepared: Prepared, remove: bool) -> list[tuple[str, str |
     """(tag, None) for each old image, removed when `remove`; (tag, why) for one the engine kept
     (a container uses it)."""
     from efabuild.engine.images import existing_tags, untag_image
-    from efabuild.errors import EfabuildError
 
     done = []
     for tag in old_image_tags(prepared, existing_tags(prepared.engine, "")):  # the registry's names too

@@ -11,6 +11,9 @@ from efabuild.model import Layer, Workspace
 from efabuild.plan import LayerPlan, Plan
 from efabuild.make.prepare import Prepared
 from efabuild.make.reporter import Reporter
+from efabuild.errors import EfabuildError
+from efabuild.host.fsutil import temp_name
+from efabuild.refs import KEY_LABEL, short
 
 
 def export_progress(qualname: str, expected: int | None):  # noqa: ANN201 - a Progress
@@ -34,7 +37,6 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     from efabuild.export.squash import ExportCancelled
     from efabuild.make.gitstate import vcs_of
     from efabuild.host.stops import step_boundary
-    from efabuild.host.fsutil import temp_name
     from efabuild.store.record import ArtifactRecord
 
     if exporter is None:
@@ -98,9 +100,7 @@ def _engine_exporter(ws: Workspace, engine, tag: str, key: str, name: str, epoch
     import functools
 
     from efabuild.engine.images import built_for_key
-    from efabuild.errors import EfabuildError
     from efabuild.export.squash import export_image
-    from efabuild.refs import KEY_LABEL, short
 
     if not built_for_key(engine, tag, key):
         raise EfabuildError(f"{name}: the engine's {tag} does not carry key {short(key)} in its {KEY_LABEL} "

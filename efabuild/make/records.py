@@ -13,6 +13,7 @@ from typing import Any
 
 from efabuild.keys import LayerInputs, canonical_json
 from efabuild.host.fsutil import atomic_write_bytes
+from efabuild.errors import InputError
 
 HISTORY_LIMIT = 50
 MAX_BYTES = 64 << 20  # a key's inputs list its context files: tens of MiB for the largest contexts
@@ -68,7 +69,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     next build rewrites it). The local store may sit on a shared path, so whatever is planted there
     is read bounded: a regular file, opened without blocking (a FIFO), of at most MAX_BYTES."""
     from efabuild.configfile import read_bytes
-    from efabuild.errors import InputError
 
     try:
         data = json.loads(read_bytes(path, str(path), MAX_BYTES))

@@ -14,12 +14,13 @@ from typing import Any
 import attrs
 
 from efabuild.host.digest import file_digest
-from efabuild.errors import EfabuildError, NotFound
+from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.settings import AuditPolicy
 from efabuild.provenance import audit as checks_
 from efabuild.provenance import manifest as manifests
 from efabuild.provenance.fsview import SqshView
 from efabuild.provenance.probe import EFA_PACKAGES_FILE, probe_tree
+from efabuild.configfile import read_bytes
 
 HOST_EFA_FILE = Path(EFA_PACKAGES_FILE)  # the host's own, when run on a cluster node
 MAX_HOST_EFA_BYTES = 1 << 20
@@ -183,9 +184,6 @@ def host_facts(flag: str | None, policy: AuditPolicy, host_file: Path = HOST_EFA
 def read_efa_installer_version(path: Path) -> str | None:
     """The version line of an installer's package list (a few KB): a FIFO, a device or a file
     of over 1 MiB there is not waited on or read, it says nothing."""
-    from efabuild.configfile import read_bytes
-    from efabuild.errors import InputError
-
     try:
         text = read_bytes(path, str(path), limit=MAX_HOST_EFA_BYTES).decode("utf-8", errors="replace")
     except InputError:

@@ -13,7 +13,7 @@ from pathlib import Path
 from efabuild.errors import EfabuildError
 from efabuild.settings import StoreConfig
 from efabuild.store.config import locate
-from efabuild.store.layout import SQSH_SUFFIX, Layout
+from efabuild.store.layout import ENVELOPE_SUFFIX, SQSH_SUFFIX, Layout
 from efabuild.store.lookup import find_local, intact_record
 
 
@@ -127,7 +127,6 @@ def _signed_in_s3(full, policy):  # noqa: ANN001, ANN202 - a Store, a TrustPolic
     `policy` for its record, before a fetch writes any of it: a refused fetch leaves nothing a
     plain lookup would then serve. The copy fetched is verified in full once it is stored."""
     from efabuild.signing.verify import VerificationFailed, signed_problems
-    from efabuild.store.layout import ENVELOPE_SUFFIX
 
     def vet(record, sidecars: dict[str, bytes]) -> None:  # noqa: ANN001 - an ArtifactRecord
         s3 = full.s3
