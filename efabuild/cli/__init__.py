@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 def one_line(message: str) -> str:
     """A message as one line: a newline or other control character from the input (a layer name
     `"a\\n"`, a path) is shown escaped, as Python writes it, not acted on by the terminal; a byte
-    that is not UTF-8 as `\\xNN` (fsutil.shown, as every path in a message)."""
+    that is not UTF-8 as `\\xNN` (display.shown, as every path in a message)."""
     if message.isprintable():
         return message
     return shown(message)
