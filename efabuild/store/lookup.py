@@ -102,7 +102,7 @@ def verify_tiers(table: StoreConfig, key: str) -> None:
 
 
 def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verify: bool = False,
-                cwd: Path | None = None, require_signature: bool = False) -> tuple[Path, dict]:
+                cwd: Path | None = None, require_signature: bool = False, deep: bool = False) -> tuple[Path, dict]:
     """(absolute .sqsh path, its record as a dict) for `ref`.
 
     Raises NotFound (absent), AmbiguousRef (prefix matches several), InputError (bad REF or
@@ -122,6 +122,10 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         path = layout.sqsh_path(key).absolute()
         if verify:
             verify_tiers(table, key)
+            if fetch and table.s3 is not None:  # can S3 still deliver it? (store/health.py)
+                from efabuild.store.tiered import Store
+
+                Store.from_config(table).check_copies(key, remote=True, deep=deep)
         if policy is not None:
             _require_signed(layout, key, policy, ref)
         return path, record
@@ -129,7 +133,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     from efabuild.store.tiered import Store
 
     full = Store.from_config(table)
-    path = full.lookup(ref, fetch=fetch, verify=verify)
+    path = full.lookup(ref, fetch=fetch, verify=verify, deep=deep)
     key = path.name[: -len(SQSH_SUFFIX)]
     record = full.record(key)
     if policy is not None:

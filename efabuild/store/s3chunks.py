@@ -62,6 +62,13 @@ class Transfer:
     reused_bytes: int = 0
     cloned_bytes: int = 0  # of the reused ones, bytes that share a seed's blocks (fetch, reflink filesystems)
     created: frozenset[str] = attrs.field(default=frozenset(), repr=False)  # chunk ids this upload created
+    # (id, MD5 of the body this upload would have stored) of chunks the bucket held already
+    refused: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
+
+
+def _etag(response: dict) -> str:
+    """An ETag as HEAD, LIST and PUT give it, without its quotes."""
+    return str(response.get("ETag", "")).strip('"')
 
 
 def chunk_object(prefix_path: Callable[..., str], cid: str) -> str:
@@ -112,21 +119,47 @@ class ChunkStore:
         looked up with one LIST over its key range (1,000 keys a page), a smaller one with a HEAD
         per id. A publish after a one-file change of a 1.5 GB image checks the ~320 chunks it
         reuses twice; 16 LISTs answer each time where as many HEADs took seconds."""
+        ids = set(ids)
+        return ids - set(self.etags(ids))
+
+    def etags(self, ids: Iterable[str]) -> dict[str, str]:
+        """{id: the ETag of its object} for the ids among `ids` that the bucket holds, looked up
+        as `missing` says. An object rewritten since an index noted its ETag has another one."""
         groups: dict[str, list[str]] = {}
         for cid in sorted(set(ids)):
             groups.setdefault(cid[0], []).append(cid)
         tasks = [group for group in groups.values() if len(group) >= LIST_FROM]
         tasks += [[cid] for group in groups.values() if len(group) < LIST_FROM for cid in group]
-        present = run_parallel(self._present, tasks, self.tier.workers)
-        return set().union(*tasks) - set().union(*present)
+        found: dict[str, str] = {}
+        for present in run_parallel(self._present, tasks, self.tier.workers):
+            found.update(present)
+        return found
 
-    def _present(self, group: list[str]) -> set[str]:
-        """Which of `group` (sorted ids sharing their first digit) the bucket holds."""
+    def _present(self, group: list[str]) -> dict[str, str]:
+        """{id: ETag} of those of `group` (sorted ids sharing their first digit) the bucket holds."""
         if len(group) < LIST_FROM:
-            return {cid for cid in group if self.tier._head(self.object(cid)) is not None}
+            heads = {cid: self.tier._head(self.object(cid)) for cid in group}
+            return {cid: _etag(head) for cid, head in heads.items() if head is not None}
         first, last = self.object(group[0]), self.object(group[-1])
         listed = self.tier._walk(self.tier._path(CHUNKS_DIR, group[0][0]), after=first[:-1], through=last)
-        return set(group) & {item["Key"].rsplit("/", 1)[-1] for item in listed}
+        wanted = set(group)
+        return {cid: _etag(item) for item in listed if (cid := item["Key"].rsplit("/", 1)[-1]) in wanted}
+
+    def replace(self, cid: str, raw: bytes) -> str:
+        """Overwrite the chunk object of `cid` with `raw` (checked against the id first): the
+        repair of one found missing or damaged, where a conditional PUT would keep what is there.
+        Its new ETag."""
+        if chunk_id(raw) != cid:
+            raise ChunkError(f"{self.tier.url(self.object(cid))}: the bytes to store do not hash to its name")
+        path = self.object(cid)
+        from botocore.exceptions import ClientError
+
+        try:
+            response = self.tier._call(self.tier.url(path), "put_object", Key=path, Body=compress(raw),
+                                       ChecksumAlgorithm="CRC32", ContentType="application/zstd")
+        except ClientError as exc:
+            raise self.tier._error(self.tier.url(path), exc) from None
+        return _etag(response)
 
     def index_objects(self) -> list[str]:
         """Every artifact's chunk index object in the tier."""
@@ -204,6 +237,15 @@ class ChunkStore:
         if chunk_id(raw) != cid:
             raise ChunkError(f"{what}: corrupt: its bytes do not hash to its name")
         return raw, len(body)
+
+    def problem(self, cid: str, length: int) -> str | None:
+        """None when the chunk `cid` (of `length` raw bytes) is in the bucket and hashes to its
+        id; else what is wrong with it, naming its object (one GET, as a fetch makes)."""
+        try:
+            self.fetch(cid, length)
+        except ChunkError as exc:
+            return str(exc)
+        return None
 
 
 @attrs.frozen

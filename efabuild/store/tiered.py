@@ -65,6 +65,7 @@ class Store:
         self._chunk_grace = self._s3_options.pop("chunk_grace", None)
         self._s3 = None
         self._damaged: dict[str, set[str]] = {}  # key -> tiers whose copy failed verification
+        self._s3_health: dict = {}  # key -> health.S3Health of its last check
         self.skipped: dict[str, str] = {}  # tier name -> why this store leaves it out
 
     # ---- construction
@@ -133,13 +134,56 @@ class Store:
         return ", ".join(parts)
 
     # ---- presence
-    def where(self, key: str, *, remote: bool = True) -> tuple[str, ...]:
-        """Names of the tiers holding `key` committed (S3 asked only when `remote`)."""
+    def where(self, key: str, *, remote: bool = True, checked: bool = False) -> tuple[str, ...]:
+        """Names of the tiers holding `key` committed (S3 asked only when `remote`). `checked`
+        (a make's plan): a filesystem copy must also have its record's size (a stat), and S3's
+        chunks must all be there as written (store/health.py's quick check); a copy that fails is
+        named in a warning and left for `complete` to repair."""
         check_key(key)
-        names = tuple(tier.name for tier in self.fs_tiers if tier.has(key))
-        if remote and self.s3 is not None and self.s3.has(key):
+        names = tuple(tier.name for tier in self.fs_tiers if tier.has(key) and (not checked or self._sized(tier, key)))
+        if remote and self.s3 is not None and self.s3.has(key) and (not checked or self._s3_sound(key)):
             names += (S3_TIER,)
         return names
+
+    def _sized(self, tier: FilesystemTier, key: str) -> bool:
+        """The copy of `key` on `tier` has its record's size (a stat; warned and marked damaged
+        when not)."""
+        try:
+            record, info = tier.record(key), tier.layout.committed(key)
+        except EfabuildError as exc:
+            return self._mark_damaged(key, tier.name, f"{tier.name} tier: {exc}")
+        if record is None or info is None:
+            return False
+        if info.st_size != record.size:
+            return self._mark_damaged(key, tier.name, f"{tier.name} tier: {tier.sqsh_path(key)}: corrupt artifact: "
+                                                      f"{info.st_size} bytes, its record says {record.size}")
+        return True
+
+    def _s3_sound(self, key: str) -> bool:
+        """S3's copy of `key` passes the quick check (warned and marked damaged when not)."""
+        found = self.s3_health(key)
+        if found is None or found.ok:
+            return found is not None
+        for problem in found.problems:
+            notices.warn(problem)
+        return self._mark_damaged(key, S3_TIER, None)
+
+    def s3_health(self, key: str, *, deep: bool = False):  # noqa: ANN201 - health.S3Health, None when S3 lacks it
+        """How the S3 tier holds `key` (see store/health.py); remembered for a repair."""
+        from efabuild.store import health
+
+        record = self.s3.record(key)
+        if record is None:
+            return None
+        found = health.check(self.s3, key, record, deep=deep)
+        self._s3_health[key] = found
+        return found
+
+    def _mark_damaged(self, key: str, tier: str, problem: str | None) -> bool:
+        if problem is not None:
+            notices.warn(f"{problem}; repairing it from a good copy")
+        self._damaged.setdefault(key, set()).add(tier)
+        return False
 
     def has(self, key: str) -> bool:
         """True when every tier holds `key`: nothing left to publish."""
@@ -166,7 +210,8 @@ class Store:
                 holders and self._chunked_on_s3(key)):
             return None  # only S3 has it, whole: exporting again costs no more than the download
         lacking = [tier for tier in self._tiers(remote=True) if tier not in holders]
-        for source in holders:
+        known_bad = self._damaged.get(key, set())
+        for source in [t for t in holders if t.name not in known_bad]:  # a stat or S3's check found the others bad
             try:
                 with verified_copy(key, source, self.local_tier) as copy:
                     damaged = self._damaged.get(key, set())
@@ -184,6 +229,14 @@ class Store:
         """One verified copy onto one tier, replacing a copy found damaged there."""
         damaged = self._damaged.get(copy.key, set())
         repairing = target.name in damaged
+        health = self._s3_health.get(copy.key)
+        if repairing and target.name == S3_TIER and health is not None and health.chunks_only:
+            from efabuild.store import health as health_
+
+            health_.repair(target, copy.key, copy.sqsh, health)  # the index and record stand
+            damaged.discard(target.name)
+            del self._s3_health[copy.key]
+            return REPAIRED
         if repairing and target.name == S3_TIER:
             target.delete(copy.key)  # S3 keeps the first object written under a key: make room
         outcome = send(copy, target, show_progress=self.show_progress)
@@ -262,15 +315,14 @@ class Store:
             raise NotFound(f"no artifact {what} in {asked}")
         return key
 
-    def lookup(self, ref: str, fetch: bool = True, verify: bool = False) -> Path:
-        """Absolute path of the .sqsh on a filesystem tier; fetched from S3 when only S3 has it."""
+    def lookup(self, ref: str, fetch: bool = True, verify: bool = False, deep: bool = False) -> Path:
+        """Absolute path of the .sqsh on a filesystem tier; fetched from S3 when only S3 has it.
+        `verify`: every tier's copy checked (S3's too unless not `fetch`; see `verify`)."""
         key = self.resolve(ref, remote=fetch)
         hit = self.local_hit(key)
         if hit is not None:
             if verify:
-                damaged = [str(exc) for tier, exc in self.verify(key, remote=False) if exc is not None]
-                if damaged:
-                    raise EfabuildError("; ".join(damaged))
+                self.check_copies(key, remote=fetch, deep=deep)
             return hit[1]
         if self.s3_settings is None:
             raise NotFound(f"artifact {short(key)} ({ref}) is in no tier of {self.describe()}")
@@ -278,6 +330,8 @@ class Store:
             raise NotFound(f"artifact {short(key)} ({ref}) is not on {', '.join(t.name for t in self.fs_tiers)}"
                            f" (--no-fetch: S3 not asked)")
         path = self.fetch(key)  # a fetch always verifies
+        if verify:  # its chunks taken from seeds say nothing of the bucket's
+            self.check_copies(key, remote=True, deep=deep)
         kind, value = classify_ref(ref)
         if kind == "name":  # the next lookup finds the object here; S3 still says which key
             s3_history = self.s3.read_refs(value)
@@ -285,12 +339,20 @@ class Store:
             self.fetch_tier.append_ref(value, key, when=when, via=S3_TIER)
         return path
 
-    def verify(self, key: str, *, remote: bool = True) -> list[tuple[str, DamagedCopy | None]]:
+    def verify(self, key: str, *, remote: bool = True, deep: bool = False) -> list[tuple[str, DamagedCopy | None]]:
         """Every tier's copy of `key` re-hashed against its record: [(tier, None or what is wrong)].
-        An S3 copy is verified by downloading it into the local tier's tmp/ (removed after)."""
+        An S3 copy by store/health.py's check: its index and every chunk's presence, and with
+        `deep` every chunk's bytes (read, never written to disk)."""
         found = []
         for tier in self._tiers(remote):
             if not tier.has(key):
+                continue
+            if tier is self.s3:
+                from efabuild.store.health import S3Damaged
+
+                health = self.s3_health(key, deep=deep)
+                if health is not None:
+                    found.append((tier.name, None if health.ok else S3Damaged(health)))
                 continue
             try:
                 with verified_copy(key, tier, self.local_tier):
@@ -298,6 +360,12 @@ class Store:
             except DamagedCopy as exc:
                 found.append((tier.name, exc))
         return found
+
+    def check_copies(self, key: str, *, remote: bool, deep: bool = False) -> None:
+        """One EfabuildError naming every tier whose copy of `key` `verify` finds damaged."""
+        damaged = [str(exc) for _, exc in self.verify(key, remote=remote, deep=deep) if exc is not None]
+        if damaged:
+            raise EfabuildError("; ".join(damaged))
 
     def local_hit(self, key: str) -> tuple[FilesystemTier, Path] | None:
         for tier in self.fs_tiers:
