@@ -20,9 +20,10 @@ from typing import NamedTuple
 import blake3
 
 from efabuild.errors import EfabuildError
-from efabuild.refs import short
+from efabuild.refs import is_key, short
 from efabuild.store.chunks import MAX_INDEX_BYTES, BadChunkIndex, ChunkIndex, is_chunk_id
 from efabuild.store.digest import PREFIX
+from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.parallel import run_parallel
 from efabuild.store.transfer import DamagedCopy
 
@@ -187,3 +188,37 @@ def repair(tier, key: str, sqsh, health: S3Health) -> None:  # noqa: ANN001 - S3
                    ContentType="application/json")
     except ClientError as exc:
         raise tier._error(tier.url(path), exc) from None
+
+
+class ChunkProblem(NamedTuple):
+    cid: str
+    problem: str  # what is wrong with it
+    keys: tuple[str, ...]  # the artifacts whose index names it: none of them can be fetched
+
+
+def chunk_problems(tier, *, deep: bool = False) -> list[ChunkProblem]:  # noqa: ANN001 - S3Tier
+    """The chunks some index names that the bucket lacks (one listing of chunks/ and a GET of
+    each index, as gc makes), and with `deep` those that fail their id (every one read)."""
+    from efabuild.store.s3chunks import CHUNKS_DIR
+
+    stored = {cid for item in tier._walk(tier._path(CHUNKS_DIR) + "/")
+              if is_chunk_id(cid := item["Key"].rsplit("/", 1)[-1])}
+    users: dict[str, list[str]] = {}
+    lengths: dict[str, int] = {}
+    for path in tier.chunks.index_objects():
+        key = path.rsplit("/", 1)[-1][: -len(INDEX_SUFFIX)]
+        if not is_key(key):
+            continue
+        try:
+            data = tier._get_bytes(path, MAX_INDEX_BYTES, BadChunkIndex)
+            index = None if data is None else ChunkIndex.from_json(data, tier.url(path))
+        except BadChunkIndex:
+            continue  # gc warns of it already
+        for cid, length in (index.unique().items() if index is not None else ()):
+            users.setdefault(cid, []).append(key)
+            lengths[cid] = length
+    # one missing from chunks/ may sit in a running gc's trash, where a fetch still finds it
+    suspects = sorted(users if deep else set(users) - stored)
+    found = run_parallel(lambda cid: tier.chunks.problem(cid, lengths[cid]), suspects, tier.workers)
+    return [ChunkProblem(cid, "missing" if cid not in stored else problem, tuple(sorted(users[cid])))
+            for cid, problem in zip(suspects, found) if problem is not None]
