@@ -462,6 +462,47 @@ def test_a_damaged_local_artifact_is_not_spread_to_new_tiers_but_repaired(demo_w
     assert file_digest(fetched) == good
 
 
+@pytest.mark.s3
+def test_a_warm_make_repairs_a_poisoned_s3_chunk_and_a_truncated_shared_copy(demo_ws, tmp_path, moto_server,
+                                                                           s3_bucket, s3_client):
+    """A co-tenant overwrites a chunk of the artifact in the bucket with other bytes and cuts the
+    shared tier's copy to half: the next make says so, repairs both from the local copy, and a
+    node that holds nothing fetches the artifact again."""
+    from efabuild.settings import S3Config
+    from efabuild.store.digest import file_digest
+    from efabuild.store.s3 import S3Tier
+    from efabuild.store.s3chunks import compress
+
+    shared = tmp_path / "fsx"
+    with (demo_ws / "BUILD.toml").open("a") as f:
+        f.write(f'[store]\nshared = "{shared}"\n[store.s3]\nbucket = "{s3_bucket}"\n'
+                f'endpoint_url = "{moto_server}"\n')
+    efabuild(demo_ws, "make", "demo", check=True)
+    user = Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip())
+    assert user.is_relative_to(shared)
+    good, key = file_digest(user), user.name.removesuffix(".sqsh")
+    tier = S3Tier(S3Config(bucket=s3_bucket, endpoint_url=moto_server), show_progress=False)
+    cid, length = tier.chunk_index(key).chunks[0]
+    s3_client.put_object(Bucket=s3_bucket, Key=tier.chunks.object(cid), Body=compress(os.urandom(length)))
+    half = user.read_bytes()[: user.stat().st_size // 2]
+    user.unlink()
+    user.write_bytes(half)
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "store.toml").write_text((shared / "store.toml").read_text())
+    assert efabuild(demo_ws, "lookup", "--store", str(node), key).returncode == 1  # unfetchable
+
+    proc = efabuild(demo_ws, "make", "demo", check=True)
+    assert f"s3 tier: {key[:12]} (demo:user): chunk {cid}: " in proc.stderr
+    assert f"shared tier: {user}: corrupt artifact: {len(half)} bytes" in proc.stderr
+    assert outcomes(proc)["demo:user"] == "reused"  # copied from the local tier, not built or exported
+    assert file_digest(user) == good
+    fetched = Path(efabuild(demo_ws, "lookup", "--store", str(node), key, check=True).stdout.strip())
+    assert file_digest(fetched) == good
+    again = efabuild(demo_ws, "make", "demo", check=True)
+    assert set(outcomes(again).values()) == {"reused"} and "warning" not in again.stderr
+
+
 def test_built_context_files_are_normalised_like_the_key(demo_ws):
     """The key ignores umask and mtimes, so the image must too: one key, one image."""
     train = demo_ws / "app" / "train.py"
