@@ -125,7 +125,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
             if fetch and table.s3 is not None:  # can S3 still deliver it? (store/health.py)
                 from efabuild.store.tiered import Store
 
-                Store.from_config(table).check_copies(key, remote=True, deep=deep)
+                Store.from_config(table).check_s3(key, deep=deep)
         if policy is not None:
             _require_signed(layout, key, policy, ref)
         return path, record

@@ -196,6 +196,9 @@ class Store:
         return any(name != S3_TIER for name in where) or (S3_TIER in where and self._chunked_on_s3(key))
 
     def _chunked_on_s3(self, key: str) -> bool:  # a GET: a fetch that follows finds the index in memo
+        checked = self._s3_health.get(key)
+        if checked is not None and checked.index is not None:
+            return True  # the plan's check read the index just now
         return self.s3.sidecar(key, INDEX_SUFFIX) is not None
 
     def complete(self, key: str) -> dict[str, str] | None:
@@ -366,6 +369,15 @@ class Store:
         damaged = [str(exc) for _, exc in self.verify(key, remote=remote, deep=deep) if exc is not None]
         if damaged:
             raise EfabuildError("; ".join(damaged))
+
+    def check_s3(self, key: str, *, deep: bool = False) -> None:
+        """health.S3Damaged (one line naming the artifact and each chunk) unless S3 can deliver
+        `key` or does not hold it."""
+        from efabuild.store.health import S3Damaged
+
+        health = self.s3_health(key, deep=deep) if self.s3 is not None else None
+        if health is not None and not health.ok:
+            raise S3Damaged(health)
 
     def local_hit(self, key: str) -> tuple[FilesystemTier, Path] | None:
         for tier in self.fs_tiers:
