@@ -33,6 +33,7 @@ from efabuild.store.lookup import local_key
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.chunks import ChunkIndex
 from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
+from efabuild.store.tierhealth import Checks
 from efabuild.store.transfer import DamagedCopy, send, transfer, verified_copy
 
 
@@ -41,7 +42,7 @@ class Listing(NamedTuple):
     tiers: tuple[str, ...]  # tier names holding it, in store order
 
 
-class Store:
+class Store(Checks):
     def __init__(
         self,
         fs_tiers: list[FilesystemTier],
@@ -145,46 +146,6 @@ class Store:
             names += (S3_TIER,)
         return names
 
-    def _sized(self, tier: FilesystemTier, key: str) -> bool:
-        """The copy of `key` on `tier` has its record's size (a stat; warned and marked damaged
-        when not)."""
-        try:
-            record, info = tier.record(key), tier.layout.committed(key)
-        except EfabuildError as exc:
-            return self._mark_damaged(key, tier.name, f"{tier.name} tier: {exc}")
-        if record is None or info is None:
-            return False
-        if info.st_size != record.size:
-            return self._mark_damaged(key, tier.name, f"{tier.name} tier: {tier.sqsh_path(key)}: corrupt artifact: "
-                                                      f"{info.st_size} bytes, its record says {record.size}")
-        return True
-
-    def _s3_sound(self, key: str) -> bool:
-        """S3's copy of `key` passes the quick check (warned and marked damaged when not)."""
-        found = self.s3_health(key)
-        if found is None or found.ok:
-            return found is not None
-        for problem in found.problems:
-            notices.warn(problem)
-        return self._mark_damaged(key, S3_TIER, None)
-
-    def s3_health(self, key: str, *, deep: bool = False):  # noqa: ANN201 - health.S3Health, None when S3 lacks it
-        """How the S3 tier holds `key` (see store/health.py); remembered for a repair."""
-        from efabuild.store import health
-
-        record = self.s3.record(key)
-        if record is None:
-            return None
-        found = health.check(self.s3, key, record, deep=deep)
-        self._s3_health[key] = found
-        return found
-
-    def _mark_damaged(self, key: str, tier: str, problem: str | None) -> bool:
-        if problem is not None:
-            notices.warn(f"{problem}; repairing it from a good copy")
-        self._damaged.setdefault(key, set()).add(tier)
-        return False
-
     def has(self, key: str) -> bool:
         """True when every tier holds `key`: nothing left to publish."""
         return len(self.where(key)) == len(self.tier_names)
@@ -232,13 +193,7 @@ class Store:
         """One verified copy onto one tier, replacing a copy found damaged there."""
         damaged = self._damaged.get(copy.key, set())
         repairing = target.name in damaged
-        health = self._s3_health.get(copy.key)
-        if repairing and target.name == S3_TIER and health is not None and health.chunks_only:
-            from efabuild.store import health as health_
-
-            health_.repair(target, copy.key, copy.sqsh, health)  # the index and record stand
-            damaged.discard(target.name)
-            del self._s3_health[copy.key]
+        if repairing and target.name == S3_TIER and self._repaired_chunks(copy, target):
             return REPAIRED
         if repairing and target.name == S3_TIER:
             target.delete(copy.key)  # S3 keeps the first object written under a key: make room
@@ -341,43 +296,6 @@ class Store:
             when = s3_history[-1]["time"] if s3_history and s3_history[-1]["key"] == key else None
             self.fetch_tier.append_ref(value, key, when=when, via=S3_TIER)
         return path
-
-    def verify(self, key: str, *, remote: bool = True, deep: bool = False) -> list[tuple[str, DamagedCopy | None]]:
-        """Every tier's copy of `key` re-hashed against its record: [(tier, None or what is wrong)].
-        An S3 copy by store/health.py's check: its index and every chunk's presence, and with
-        `deep` every chunk's bytes (read, never written to disk)."""
-        found = []
-        for tier in self._tiers(remote):
-            if not tier.has(key):
-                continue
-            if tier is self.s3:
-                from efabuild.store.health import S3Damaged
-
-                health = self.s3_health(key, deep=deep)
-                if health is not None:
-                    found.append((tier.name, None if health.ok else S3Damaged(health)))
-                continue
-            try:
-                with verified_copy(key, tier, self.local_tier):
-                    found.append((tier.name, None))
-            except DamagedCopy as exc:
-                found.append((tier.name, exc))
-        return found
-
-    def check_copies(self, key: str, *, remote: bool, deep: bool = False) -> None:
-        """One EfabuildError naming every tier whose copy of `key` `verify` finds damaged."""
-        damaged = [str(exc) for _, exc in self.verify(key, remote=remote, deep=deep) if exc is not None]
-        if damaged:
-            raise EfabuildError("; ".join(damaged))
-
-    def check_s3(self, key: str, *, deep: bool = False) -> None:
-        """health.S3Damaged (one line naming the artifact and each chunk) unless S3 can deliver
-        `key` or does not hold it."""
-        from efabuild.store.health import S3Damaged
-
-        health = self.s3_health(key, deep=deep) if self.s3 is not None else None
-        if health is not None and not health.ok:
-            raise S3Damaged(health)
 
     def local_hit(self, key: str) -> tuple[FilesystemTier, Path] | None:
         for tier in self.fs_tiers:
