@@ -233,3 +233,17 @@ def test_gc_names_missing_chunks_and_with_deep_poisoned_ones(tmp_path, settings,
     problems = json.loads(capsys.readouterr().out)["s3_chunk_problems"]
     assert {p["chunk"] for p in problems} == {gone, poisoned}
     assert {tuple(p["artifacts"]) for p in problems} == {(key,)}
+
+
+def test_a_deep_check_holds_a_bounded_window_of_chunk_bytes_whatever_the_index_names() -> None:
+    """An index naming 64 MiB chunks (what the index format allows) must not make `--deep` hold
+    `workers` of them, a gigabyte, at once."""
+    from efabuild.store.health import WINDOW_BYTES, _windows
+
+    big = tuple((f"{n:064x}", 64 * MiB) for n in range(40))
+    groups = _windows(big, 16)
+    assert [c for group in groups for c in group] == list(big)  # every chunk, in file order
+    assert max(sum(length for _, length in group) for group in groups) <= max(WINDOW_BYTES, 64 * MiB)
+    small = tuple((f"{n:064x}", 4 * MiB) for n in range(40))
+    assert [len(group) for group in _windows(small, 16)] == [16, 16, 8]
+    assert _windows((), 16) == []

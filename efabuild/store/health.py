@@ -28,6 +28,7 @@ from efabuild.store.parallel import run_parallel
 from efabuild.store.transfer import DamagedCopy
 
 READ_PIECE = 8 * 1024 * 1024  # a whole object is hashed a piece at a time, never held
+WINDOW_BYTES = 128 * 1024 * 1024  # chunk bytes a deep check holds at once (at most `workers` chunks)
 
 
 class S3Health(NamedTuple):
@@ -103,12 +104,11 @@ def _noted_etags(data: bytes | None) -> dict[str, str]:
 
 
 def _read_all(tier, index: ChunkIndex) -> tuple[dict[str, str], str | None]:  # noqa: ANN001 - S3Tier
-    """Every chunk read in file order (a window of `workers` at a time) and checked against its
-    id, through the fetch's own check: ({id: problem} of those that fail, the digest of the file
-    they make, or None when one failed)."""
+    """Every chunk read in file order, a window at a time (`_windows`), and checked against its id
+    through the fetch's own check: ({id: problem} of those that fail, the digest of the file they
+    make, or None when one failed)."""
     whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
     bad: dict[str, str] = {}
-    spans = list(index.chunks)
     window = max(1, tier.workers)
 
     def read(item: tuple[str, int]) -> bytes | None:
@@ -119,11 +119,25 @@ def _read_all(tier, index: ChunkIndex) -> tuple[dict[str, str], str | None]:  # 
             bad[cid] = str(exc)
             return None
 
-    for start in range(0, len(spans), window):
-        for raw in run_parallel(read, spans[start:start + window], window):
+    for group in _windows(index.chunks, window):
+        for raw in run_parallel(read, group, window):
             if raw is not None and not bad:
                 whole.update(raw)
     return bad, None if bad else PREFIX + whole.hexdigest()
+
+
+def _windows(chunks: tuple[tuple[str, int], ...], most: int) -> list[list[tuple[str, int]]]:
+    """`chunks` in order, in groups of at most `most` and WINDOW_BYTES (one chunk at least): an
+    index naming chunks of 64 MiB must not make a check hold a gigabyte."""
+    groups: list[list[tuple[str, int]]] = [[]]
+    held = 0
+    for cid, length in chunks:
+        if groups[-1] and (len(groups[-1]) >= most or held + length > WINDOW_BYTES):
+            groups.append([])
+            held = 0
+        groups[-1].append((cid, length))
+        held += length
+    return groups if groups[0] else []
 
 
 def _check_whole(tier, key: str, record, what: str, deep: bool) -> S3Health:  # noqa: ANN001
