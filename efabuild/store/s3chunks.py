@@ -9,8 +9,9 @@ Layout under the tier's prefix (beside objects/ and refs/):
     gc/trash/<id>                        a chunk gc is deleting (store/chunksweep.py)
     gc/lock                              held by the gc that sweeps (store/gclock.py)
 
-A chunk object is immutable: created with IfNoneMatch='*', so a second publisher of the same
-bytes loses the race harmlessly. Every chunk is checked against its id after decompression,
+A chunk object is created with IfNoneMatch='*', so a second publisher of the same bytes loses the
+race harmlessly; only a repair of one found missing or failing its id overwrites it, with bytes
+checked against the id first (`ChunkStore.replace`, store/health.py). Every chunk is checked against its id after decompression,
 whether it came from S3 or from a seed, and the assembled file against the index's digest, so
 neither a damaged object nor a damaged seed can reach a job.
 """
