@@ -219,6 +219,28 @@ def test_a_warm_make_repairs_a_truncated_shared_copy_found_by_a_stat(tmp_path, s
     assert file_digest(shared_copy) == file_digest(image)
 
 
+def test_an_index_listing_good_chunks_in_another_order_is_found_by_the_deep_check(tmp_path, settings, image,
+                                                                                   s3_client) -> None:
+    """Record and index agree, every chunk hashes to its id, the file they make is another: only
+    hashing the whole (--deep) tells, and a make then publishes the artifact anew."""
+    store = builder(tmp_path, settings)
+    key = publish(store, image)
+    path = store.s3.index_object(key)
+    doc = json.loads(s3_client.get_object(Bucket=settings.bucket, Key=path)["Body"].read())
+    doc["chunks"] = doc["chunks"][1:] + doc["chunks"][:1]
+    s3_client.put_object(Bucket=settings.bucket, Key=path, Body=json.dumps(doc).encode())
+    assert store.verify(key) == [("local", None), ("s3", None)]
+    (_, problem), = [item for item in store.verify(key, deep=True) if item[0] == "s3"]
+    assert str(problem).startswith(f"s3 tier: {key[:12]} (demo:user): the chunks {store.s3.url(path)} lists make "
+                                   f"blake3:")
+    assert str(problem).endswith(f", its record says {file_digest(image)}")
+    s3_client.delete_object(Bucket=settings.bucket, Key=path)  # the operator's repair: the object named goes
+    store = builder(tmp_path, settings)
+    assert store.where(key, checked=True) == ("local",)
+    assert store.complete(key) == {"local": "reused", "s3": "repaired"}
+    assert file_digest(fetch_anew(tmp_path, settings, key, **CHUNKED)) == file_digest(image)
+
+
 # ---- gc ---------------------------------------------------------------------------------------
 def test_gc_names_missing_chunks_and_with_deep_poisoned_ones(tmp_path, settings, image, s3_client, capsys) -> None:
     key = publish(builder(tmp_path, settings), image)

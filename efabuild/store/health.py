@@ -60,7 +60,7 @@ class S3Damaged(DamagedCopy):
 
 def check(tier, key: str, record, *, deep: bool = False) -> S3Health:  # noqa: ANN001 - S3Tier, ArtifactRecord
     """How `tier` (an S3Tier) holds the artifact `key` of `record`: S3Health, ok or naming what is
-    wrong. Never reads a chunk it does not check, never holds more than a chunk per worker."""
+    wrong. Never reads a chunk it does not check; holds a bounded window of them (`_windows`)."""
     what = f"s3 tier: {short(key)} ({record.name})"
     path = tier.index_object(key)
     try:
@@ -87,7 +87,7 @@ def check(tier, key: str, record, *, deep: bool = False) -> S3Health:  # noqa: A
         bad, whole = {cid: problem for cid, problem in zip(suspects, found) if problem is not None}, None
     problems = [f"{what}: chunk {cid}: {bad[cid]}" for cid in sorted(bad)]
     if not bad and whole is not None and whole != record.digest:
-        problems.append(f"{what}: its chunks make {whole}, its record says {record.digest}")
+        problems.append(f"{what}: the chunks {tier.url(path)} lists make {whole}, its record says {record.digest}")
         return S3Health(key, index.size, index.digest, tuple(problems))
     return S3Health(key, index.size, index.digest, tuple(problems), index, frozenset(bad))
 
