@@ -269,3 +269,25 @@ def test_a_deep_check_holds_a_bounded_window_of_chunk_bytes_whatever_the_index_n
     small = tuple((f"{n:064x}", 4 * MiB) for n in range(40))
     assert [len(group) for group in _windows(small, 16)] == [16, 16, 8]
     assert _windows((), 16) == []
+
+
+def test_a_job_start_with_verify_takes_a_good_node_copy_whatever_the_bucket_lost(store: Path, settings: S3Config,
+                                                                                 s3_client, tmp_path: Path) -> None:
+    """The Pyxis importer's `verify = true` re-hashes the node's copy; a chunk missing from the
+    bucket is for `lookup --verify`, audit and make to report, not a reason to refuse a job."""
+    from efabuild.cli import pyxis_importer_main
+    from tests.inprocess import run_efabuild
+
+    first, *_ = chunk_ids(settings, KEY)
+    s3_client.delete_object(Bucket=settings.bucket, Key=chunk_key(settings, first))
+    config = tmp_path / "pyxis.toml"
+    config.write_text(f'store = "{store}"\nverify = true\n')
+    runtime = tmp_path / "pyxis-runtime"
+    runtime.mkdir()
+    env = {**os.environ, "EFABUILD_PYXIS_CONFIG": str(config), "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0",
+           "PYXIS_RUNTIME_PATH": str(runtime), "PYXIS_VERSION": "0.24.0", "HOME": str(tmp_path)}
+    env.pop("EFABUILD_STORE", None)
+    result = run_efabuild(["get", f"docker://efabuild://{KEY[:12]}"], env=env, cwd=tmp_path,
+                          entry=pyxis_importer_main)
+    assert (result.returncode, result.stdout) == (0, f"{store / 'objects' / KEY[:2] / KEY}.sqsh\n"), result.stderr
+    assert main(["lookup", "--verify", "--store", str(store), KEY[:12]]) == 1

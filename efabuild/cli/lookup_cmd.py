@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
             raise InputError("--deep goes with --verify")
         path, record = lookup_path(args.ref, args.store, fetch=not args.no_fetch, verify=args.verify,
-                                   require_signature=args.require_signature, deep=args.deep)
+                                   require_signature=args.require_signature, check_s3=args.verify,
+                                   deep=args.deep)
     except NotFound as exc:
         # only on a miss: is REF a layer that is never exported, or a typo? (reads the workspace's graphs)
         reason = _why_missing(args.ref, str(exc))

@@ -102,13 +102,16 @@ def verify_tiers(table: StoreConfig, key: str) -> None:
 
 
 def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verify: bool = False,
-                cwd: Path | None = None, require_signature: bool = False, deep: bool = False) -> tuple[Path, dict]:
+                cwd: Path | None = None, require_signature: bool = False, check_s3: bool = False,
+                deep: bool = False) -> tuple[Path, dict]:
     """(absolute .sqsh path, its record as a dict) for `ref`.
 
     Raises NotFound (absent), AmbiguousRef (prefix matches several), InputError (bad REF or
     store settings) or EfabuildError (the stored copy is damaged or not a file); with
     `require_signature`, VerificationFailed unless the artifact is signed by a key of the trust
-    policy (a cached verification costs stats only).
+    policy (a cached verification costs stats only). `check_s3` (`lookup --verify`, not a job's
+    start: a good file on the node is not refused for the bucket's damage): `verify` also asks
+    whether S3 can still deliver the artifact (`deep`: reading every chunk).
     """
     table = locate(store, cwd)
     policy = None
@@ -122,7 +125,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         path = layout.sqsh_path(key).absolute()
         if verify:
             verify_tiers(table, key)
-            if fetch and table.s3 is not None:  # can S3 still deliver it? (store/health.py)
+            if check_s3 and fetch and table.s3 is not None:  # can S3 still deliver it? (store/health.py)
                 from efabuild.store.tiered import Store
 
                 Store.from_config(table).check_s3(key, deep=deep)
@@ -133,7 +136,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     from efabuild.store.tiered import Store
 
     full = Store.from_config(table)
-    path = full.lookup(ref, fetch=fetch, verify=verify, deep=deep)
+    path = full.lookup(ref, fetch=fetch, verify=verify, deep=deep, check_s3=check_s3)
     key = path.name[: -len(SQSH_SUFFIX)]
     record = full.record(key)
     if policy is not None:

@@ -273,14 +273,15 @@ class Store(Checks):
             raise NotFound(f"no artifact {what} in {asked}")
         return key
 
-    def lookup(self, ref: str, fetch: bool = True, verify: bool = False, deep: bool = False) -> Path:
+    def lookup(self, ref: str, fetch: bool = True, verify: bool = False, deep: bool = False,
+               check_s3: bool = False) -> Path:
         """Absolute path of the .sqsh on a filesystem tier; fetched from S3 when only S3 has it.
-        `verify`: every tier's copy checked (S3's too unless not `fetch`; see `verify`)."""
+        `verify`: every filesystem tier's copy re-hashed, and with `check_s3` S3's (see `verify`)."""
         key = self.resolve(ref, remote=fetch)
         hit = self.local_hit(key)
         if hit is not None:
             if verify:
-                self.check_copies(key, remote=fetch, deep=deep)
+                self.check_copies(key, remote=fetch and check_s3, deep=deep)
             return hit[1]
         if self.s3_settings is None:
             raise NotFound(f"artifact {short(key)} ({ref}) is in no tier of {self.describe()}")
@@ -289,7 +290,7 @@ class Store(Checks):
                            f" (--no-fetch: S3 not asked)")
         path = self.fetch(key)  # a fetch always verifies
         if verify:  # its chunks taken from seeds say nothing of the bucket's
-            self.check_copies(key, remote=True, deep=deep)
+            self.check_copies(key, remote=check_s3, deep=deep)
         kind, value = classify_ref(ref)
         if kind == "name":  # the next lookup finds the object here; S3 still says which key
             s3_history = self.s3.read_refs(value)
