@@ -377,13 +377,16 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
     stored = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="images/")["Contents"]]
     assert sum(key.endswith(".chunks.json") for key in stored) == 2  # chunked: an index per artifact
     assert any("/chunks/" in key for key in stored)
-    # each S3 index is the one kept beside the local and shared copies, and describes the stored .sqsh
+    # each S3 index is the one kept beside the local and shared copies (S3's also notes its chunks'
+    # ETags), and describes the stored .sqsh
     from efabuild.store.chunks import ChunkIndex, mismatch
 
     for key in (k for k in stored if k.endswith(".chunks.json")):
         kept = demo_ws / "cache" / "objects" / key.split("/")[-2] / key.split("/")[-1]
         sent = s3_client.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
-        assert kept.read_bytes() == sent == (shared / "objects" / key.split("/")[-2] / key.split("/")[-1]).read_bytes()
+        assert kept.read_bytes() == (shared / "objects" / key.split("/")[-2] / key.split("/")[-1]).read_bytes()
+        assert ChunkIndex.from_json(kept.read_bytes(), str(kept)) == ChunkIndex.from_json(sent, key)
+        assert set(json.loads(sent)["etags"]) == set(ChunkIndex.from_json(sent, key).unique())
         assert mismatch(ChunkIndex.from_json(sent, key), Path(str(kept).replace(".chunks.json", ".sqsh"))) is None
     # a compute node: only the shared filesystem's refs and store.toml, no workspace, no objects yet
     shutil.rmtree(shared / "objects")
