@@ -11,9 +11,9 @@ Layout under the tier's prefix (beside objects/ and refs/):
 
 A chunk object is created with IfNoneMatch='*', so a second publisher of the same bytes loses the
 race harmlessly; only a repair of one found missing or failing its id overwrites it, with bytes
-checked against the id first (`ChunkStore.replace`, store/health.py). Every chunk is checked against its id after decompression,
-whether it came from S3 or from a seed, and the assembled file against the index's digest, so
-neither a damaged object nor a damaged seed can reach a job.
+checked against the id first (`ChunkStore.replace`, store/health.py). Every chunk is checked
+against its id after decompression, whether it came from S3 or from a seed, and the assembled
+file against the index's digest, so neither a damaged object nor a damaged seed can reach a job.
 """
 
 from __future__ import annotations
