@@ -183,7 +183,7 @@ def run_gc(args: argparse.Namespace) -> int:
     problems = _chunk_problems(store, args.deep) if not args.no_s3 else []
     if args.json:
         print_json("gc", {**_gc_json(report, debris, busy), "s3_chunk_problems": [
-            {"chunk": p.cid, "problem": p.problem, "artifacts": list(p.keys)} for p in problems]})
+            {"chunk": p.cid, "problem": p.problem, "artifacts": list(p.keys)} for p, _ in problems]})
         return 0
     verb = "would delete" if report.dry_run else "deleted"
     for r in report.removals:
@@ -199,8 +199,8 @@ def run_gc(args: argparse.Namespace) -> int:
         print(f"{verb} {report.chunks.deleted} s3 chunks no artifact uses ({human_bytes(report.chunks.deleted_bytes)})"
               + (f"; {report.chunks.marked} unused chunks marked, deleted by a gc after the grace period"
                  if report.chunks.marked and not report.dry_run else ""))
-    for p in problems:  # gc cannot fix them: a make of one of those keys stores the chunk again
-        print(f"s3 chunk {p.cid} ({p.users}): {p.problem}; `efabuild make` of it stores it again")
+    for p, users in problems:  # gc cannot fix them: a make of one of those keys stores the chunk again
+        print(f"s3 chunk {p.cid} ({users}): {p.problem}; `efabuild make` of it stores it again")
     freed = sum(r.record.size for r in report.removals if (r.tier, r.record.key) not in busy)
     summary = (f"{len(report.removals) - len(busy)} objects, {human_bytes(freed)}; "
                f"kept {len(report.kept)} keys (newest {report.keep} per name, current refs, pins)")
@@ -214,10 +214,8 @@ def run_gc(args: argparse.Namespace) -> int:
 
 
 def _chunk_problems(store, deep: bool) -> list:  # noqa: ANN001 - a Store
-    """The S3 chunks indexes name that are missing (or with `deep` fail their id), each with the
-    artifacts it breaks ('KEY NAME, ...' in `users`)."""
-    from types import SimpleNamespace
-
+    """[(health.ChunkProblem, 'KEY NAME, ...' of the artifacts it breaks)] of the S3 chunks an
+    index names that are missing (with `deep`: or fail their id)."""
     from efabuild.errors import EfabuildError
     from efabuild.refs import short
     from efabuild.store.health import chunk_problems
@@ -232,8 +230,7 @@ def _chunk_problems(store, deep: bool) -> list:  # noqa: ANN001 - a Store
         except EfabuildError:
             record = None
         names[key] = record.name if record is not None else "?"
-    return [SimpleNamespace(cid=p.cid, problem=p.problem, keys=p.keys,
-                            users=", ".join(f"{short(k)} {names[k]}" for k in p.keys)) for p in found]
+    return [(p, ", ".join(f"{short(k)} {names[k]}" for k in p.keys)) for p in found]
 
 
 def _gc_json(report, debris: list[tuple[str, str]], busy: set) -> dict:  # noqa: ANN001 - GcReport
