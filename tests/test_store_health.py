@@ -204,6 +204,23 @@ def test_a_warm_make_repairs_a_missing_or_poisoned_chunk_from_the_local_copy(tmp
     assert builder(tmp_path, settings).where(key, checked=True) == ("local", "s3")  # and no read the next time
 
 
+def test_the_check_of_an_intact_artifact_reads_no_chunk(tmp_path, s3_bucket, image, fault_proxy) -> None:
+    """What a warm make's plan asks S3 of an intact chunked artifact, counted at a proxy: its
+    record and index, one LIST per first hex digit of its chunk ids (or a HEAD each when few),
+    never a chunk's bytes."""
+    settings = S3Config(bucket=s3_bucket, prefix="images/", region="us-east-1", endpoint_url=fault_proxy.endpoint)
+    key = publish(builder(tmp_path, settings), image)
+    chunks = len(S3Tier(settings).chunk_index(key).unique())
+    before = len(fault_proxy.requests)
+    assert builder(tmp_path, settings).where(key, checked=True) == ("local", "s3")
+    asked = [(method, path.split("?")[0]) for method, path, _ in fault_proxy.requests[before:]]
+    assert not [request for request in asked if request[0] == "GET" and "/chunks/" in request[1]], asked
+    looks = [request for request in asked if "/chunks/" in request[1] or request[1].endswith(f"/{s3_bucket}")]
+    assert 0 < len(looks) <= min(chunks, 16 + 7 * 16)  # a LIST per digit, or a HEAD each under LIST_FROM
+    assert sorted(path.rsplit("/", 1)[-1] for method, path in asked if key in path) == [
+        f"{key}.chunks.json", f"{key}.json", f"{key}.json"]  # the record's HEAD and GET, the index
+
+
 def test_a_warm_make_repairs_a_truncated_shared_copy_found_by_a_stat(tmp_path, settings, image, monkeypatch) -> None:
     tiers = [FilesystemTier(tmp_path / "fsx", "shared"), FilesystemTier(tmp_path / "cache", "local")]
     key = publish(Store(tiers, settings, show_progress=False, s3_options=CHUNKED), image)
