@@ -185,8 +185,9 @@ def test_a_chunk_planted_before_the_publish_that_needs_it_is_stored_again(tmp_pa
 
 
 @pytest.mark.parametrize("damage", ["delete", "poison"])
-def test_a_warm_make_repairs_a_missing_or_poisoned_chunk_from_the_local_copy(tmp_path, settings, image, s3_client,
-                                                                            monkeypatch, damage) -> None:
+def test_a_warm_make_repairs_a_missing_or_poisoned_chunk_from_the_local_copy(tmp_path, s3_bucket, image, s3_client,
+                                                                            monkeypatch, damage, fault_proxy) -> None:
+    settings = S3Config(bucket=s3_bucket, prefix="images/", region="us-east-1", endpoint_url=fault_proxy.endpoint)
     key = publish(builder(tmp_path, settings), image)
     victim = chunk_ids(settings, key)[1]
     if damage == "delete":
@@ -199,7 +200,12 @@ def test_a_warm_make_repairs_a_missing_or_poisoned_chunk_from_the_local_copy(tmp
     warnings = collect_warnings(monkeypatch)
     assert store.where(key, checked=True) == ("local",)  # S3's copy is not counted as held
     assert any(f"chunk {victim}: " in w for w in warnings), warnings
+    before = len(fault_proxy.requests)
     assert store.complete(key) == {"local": "reused", "s3": "repaired"}
+    # only the chunk is stored again, and the index noting its ETag: the record and the rest stand
+    changed = sorted({(method, path.split("?")[0].split("/", 2)[2]) for method, path, _ in fault_proxy.requests[before:]
+                      if method in ("PUT", "POST", "DELETE")})
+    assert changed == [("PUT", chunk_key(settings, victim)), ("PUT", store.s3.index_object(key))]
     assert file_digest(fetch_anew(tmp_path, settings, key, **CHUNKED)) == file_digest(image)
     assert builder(tmp_path, settings).where(key, checked=True) == ("local", "s3")  # and no read the next time
 
