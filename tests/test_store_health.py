@@ -227,6 +227,30 @@ def test_the_check_of_an_intact_artifact_reads_no_chunk(tmp_path, s3_bucket, ima
         f"{key}.chunks.json", f"{key}.json", f"{key}.json"]  # the record's HEAD and GET, the index
 
 
+def test_a_make_that_meets_a_poisoned_chunk_the_quick_check_missed_stores_it_again(tmp_path, settings, image,
+                                                                                     s3_client, monkeypatch) -> None:
+    """A chunk planted under the ETag the index noted (as if before the publish that reused it):
+    a make on a builder holding nothing copies from S3, meets it, reads every chunk, and the
+    export it falls back to stores that chunk again."""
+    key = publish(builder(tmp_path / "first", settings), image)
+    victim = chunk_ids(settings, key)[1]
+    poison(s3_client, settings, victim)
+    tier = S3Tier(settings)
+    path = tier.index_object(key)
+    doc = json.loads(s3_client.get_object(Bucket=settings.bucket, Key=path)["Body"].read())
+    doc["etags"][victim] = s3_client.head_object(Bucket=settings.bucket, Key=chunk_key(settings, victim))[
+        "ETag"].strip('"')
+    s3_client.put_object(Bucket=settings.bucket, Key=path, Body=json.dumps(doc).encode())
+    store = builder(tmp_path / "second", settings)
+    warnings = collect_warnings(monkeypatch)
+    assert store.where(key, checked=True) == ("s3",)  # the quick check cannot tell
+    assert store.complete(key) is None  # no good copy: the make exports
+    assert any(victim in w and w.endswith("; not copied from there") for w in warnings), warnings
+    assert store.publish(key, image, record_for(key, "demo:user", image)) == {"local": "published",
+                                                                              "s3": "repaired"}
+    assert file_digest(fetch_anew(tmp_path, settings, key, **CHUNKED)) == file_digest(image)
+
+
 def test_a_warm_make_repairs_a_truncated_shared_copy_found_by_a_stat(tmp_path, settings, image, monkeypatch) -> None:
     tiers = [FilesystemTier(tmp_path / "fsx", "shared"), FilesystemTier(tmp_path / "cache", "local")]
     key = publish(Store(tiers, settings, show_progress=False, s3_options=CHUNKED), image)

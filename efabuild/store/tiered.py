@@ -32,6 +32,7 @@ from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.lookup import local_key
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.chunks import ChunkIndex
+from efabuild.store.s3chunks import ChunkError
 from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
 from efabuild.store.tierhealth import Checks
 from efabuild.store.transfer import DamagedCopy, send, transfer, verified_copy
@@ -176,17 +177,19 @@ class Store(Checks):
         lacking = [tier for tier in self._tiers(remote=True) if tier not in holders]
         known_bad = self._damaged.get(key, set())
         for source in [t for t in holders if t.name not in known_bad]:  # a stat or S3's check found the others bad
+            reached = False
             try:
                 with verified_copy(key, source, self.local_tier) as copy:
-                    damaged = self._damaged.get(key, set())
+                    reached, damaged = True, self._damaged.get(key, set())
                     results = {t.name: REUSED for t in holders if t.name not in damaged}
                     for target in lacking + [t for t in holders if t.name in damaged]:
                         results[target.name] = self._send(copy, target)
                     self._record_names(copy.record.name, key, self._tiers(remote=True))  # as publish does
                     return results
-            except DamagedCopy as exc:
-                notices.warn(f"{exc}; not copied from there")
-                self._damaged.setdefault(key, set()).add(source.name)
+            except (DamagedCopy, ChunkError) as exc:
+                if not isinstance(exc, DamagedCopy) and (reached or source is not self.s3):
+                    raise  # a chunk failing on its way out, not in the source
+                self._source_failed(key, source.name, exc)
         return None
 
     def _send(self, copy, target) -> str:  # noqa: ANN001 - a transfer.Copy, a tier

@@ -49,6 +49,15 @@ class Checks:
         self._s3_health[key] = found
         return found
 
+    def _source_failed(self, key: str, tier: str, problem: Exception) -> None:
+        """`complete` found `tier`'s copy of `key` bad as it copied it. A chunk of S3 failing its id
+        (or gone) although the quick check passed: every chunk is read (a deep check) so that the
+        repair stores again each one that fails, not just the first the fetch met."""
+        notices.warn(f"{problem}; not copied from there")
+        self._damaged.setdefault(key, set()).add(tier)
+        if tier == S3_TIER and not isinstance(problem, DamagedCopy):
+            self.s3_health(key, deep=True)
+
     def _mark_damaged(self, key: str, tier: str, problem: str) -> bool:
         """Warn of `problem` with `key`'s copy on `tier`, left for `complete` to repair: False."""
         notices.warn(f"{problem}; a make repairs it from a good copy")
