@@ -85,8 +85,12 @@ def host_problem(value: str) -> str | None:
         return f"must be a URL with one of the schemes {', '.join(s + '://' for s in HOST_SCHEMES)}"
     if not rest or any(c.isspace() or ord(c) < 32 for c in rest):
         return "must name an address after the scheme, without spaces"
-    if ":" in rest.partition("/")[0].rpartition("@")[0]:  # it reaches `ps`, records and messages
+    authority = rest.partition("/")[0]
+    if ":" in authority.rpartition("@")[0]:  # it reaches `ps`, records and messages
         return "must not hold a password (user:password@): ssh and TLS keys authenticate"
+    # docker's ssh helper hands the user and host to ssh as arguments: `-oProxyCommand=…` runs a command
+    if any(part.startswith("-") for part in authority.split("@")):
+        return "must not have a user or host starting with '-'"
     return None
 
 
@@ -109,6 +113,8 @@ def endpoint_url_problem(url: str) -> str | None:
         return "must be an http:// or https:// URL with a host, like https://s3.us-east-1.amazonaws.com"
     if "@" in parts.netloc:  # it is written into store.toml and shown in messages: never a password
         return "must not hold credentials (user:password@): boto3's chain supplies them (environment, ~/.aws)"
+    if parts.hostname.startswith("-"):  # no host name starts with '-' (RFC 1123)
+        return "must be an http:// or https:// URL with a host, like https://s3.us-east-1.amazonaws.com"
     return None
 
 # --- mksquashfs options. Which mksquashfs options `[export] extra_options` may add: those that only shape the filesystem.

@@ -15,6 +15,15 @@ SHORT_KEY_LENGTH = 12
 MIN_PREFIX_LENGTH = 8
 IMAGE_REPO = "efabuild"
 KEY_LABEL = "org.efabuild.key"  # on every layer image: the key it was built for
+GRAPH_LABEL = "org.efabuild.graph"
+LAYER_LABEL = "org.efabuild.layer"
+TITLE_LABEL = "org.opencontainers.image.title"  # the layer's graph:layer
+SOURCE_LABEL = "org.opencontainers.image.source"  # the workspace's git remote
+REVISION_LABEL = "org.opencontainers.image.revision"  # the workspace's git HEAD
+# Labels a build sets from what is no input of the key (the layer's name, the workspace's git
+# state): on the engine's image for `docker inspect` and registries, but never in a .sqsh, whose
+# bytes the key alone decides (the revision goes to the provenance manifest instead).
+UNKEYED_LABELS = frozenset((GRAPH_LABEL, LAYER_LABEL, TITLE_LABEL, SOURCE_LABEL, REVISION_LABEL))
 KEY_TAG = re.compile(r"^[0-9a-f]{64}$")
 
 _HEX = frozenset("0123456789abcdef")

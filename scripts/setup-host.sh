@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install and start everything efabuild and its tests need on a fresh Debian bookworm host (as root):
 #   dockerd (bookworm docker.io), the buildx plugin (trixie docker-buildx), squashfs-tools 4.6
-#   (trixie: the first with tar input), squashfs-tools-ng, docker-registry, graphviz, cosign (trixie),
-#   and the Python package.
+#   (trixie: the first with tar input), squashfs-tools-ng, squashfuse and fuse3, docker-registry, graphviz,
+#   cosign (trixie), and the Python package.
 # Idempotent: what is installed or running already is left alone.
 set -euo pipefail
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -46,6 +46,9 @@ install_packages() {
   command -v busybox >/dev/null && busybox --list 2>/dev/null | grep -qx sh && [ -x /bin/busybox ] || missing+=(busybox-static)
   command -v dot >/dev/null || missing+=(graphviz)  # efabuild graph --format svg|png, make --graph
   command -v mkfs.xfs >/dev/null || missing+=(xfsprogs)  # tests and bench: seeded fetches cloned on a loop-mounted XFS
+  # tests: every exported .sqsh mounted as Pyxis's use_squashfuse=1 mounts it, and unmounted with fusermount3
+  command -v squashfuse >/dev/null || missing+=(squashfuse)
+  command -v fusermount3 >/dev/null || missing+=(fuse3)
   # the fixture base's CPython (efabuild/fixtures.py): Debian's, whatever python runs efabuild
   [ -x /usr/bin/python3.11 ] && [ -f /usr/lib/python3.11/compileall.py ] || missing+=(python3.11)
   if [ ${#missing[@]} -gt 0 ]; then log "installing ${missing[*]}"; apt_install "${missing[@]}"; fi

@@ -55,6 +55,46 @@ def test_the_plan_copies_runs_of_chunks_that_follow_each_other_in_the_seed_and_d
     assert len(runs) < len(b.chunks) / 2  # back-to-back chunks are copied together
 
 
+def reordered(tmp_path: Path):  # noqa: ANN201
+    """A target and a seed holding the same eight chunks, the seed in pairs swapped (1 0 3 2 …):
+    each chunk is in the seed, but no two that follow each other in the target do there."""
+    import blake3
+
+    from efabuild.store.chunks import ChunkIndex, chunk_id
+
+    rng = random.Random(11)
+    pieces = [rng.randbytes(rng.randrange(8 * KiB, 24 * KiB)) for _ in range(8)]
+    order = [1, 0, 3, 2, 5, 4, 7, 6]
+
+    def written(name: str, parts: list[bytes]):  # noqa: ANN202
+        path = tmp_path / name
+        path.write_bytes(b"".join(parts))
+        return path, ChunkIndex(size=path.stat().st_size, digest="blake3:" + blake3.blake3(path.read_bytes()).hexdigest(),
+                                chunks=tuple((chunk_id(p), len(p)) for p in parts), chunking=SMALL)
+
+    return written("target.bin", pieces), written("seed.bin", [pieces[i] for i in order])
+
+
+def test_the_plan_never_joins_chunks_that_do_not_follow_each_other_in_the_seed(tmp_path):
+    """Slip: runs are joined where the chunks follow each other in the target only: the wrong bytes
+    are copied, found wrong by the digest, and downloaded after all."""
+    (target, index), (seed, seed_index) = reordered(tmp_path)
+    runs, download = plan(index, [Seed(seed, seed_index)])
+    assert download == {}
+    seed_bytes, target_bytes = seed.read_bytes(), target.read_bytes()
+    for run in runs:  # each run copies the bytes the target has there
+        assert seed_bytes[run.source:run.source + run.length] == target_bytes[run.dest:run.dest + run.length]
+
+
+@pytest.mark.s3
+def test_a_seed_holding_every_chunk_in_another_order_costs_no_download(tmp_path, chunk_store):
+    (target, index), (seed, seed_index) = reordered(tmp_path)
+    upload(chunk_store, index, target, set(index.unique()))
+    got = fill(chunk_store, index, tmp_path / "fetched.bin", [Seed(seed, seed_index)])
+    assert got.digest == index.digest == file_digest(tmp_path / "fetched.bin")
+    assert (got.transfer.chunks, got.transfer.bytes, got.transfer.reused) == (0, 0, 8)
+
+
 @pytest.mark.s3
 def test_a_seeded_assembly_downloads_only_what_the_seed_lacks(tmp_path, chunk_store):
     one, two = shifted_versions(tmp_path)

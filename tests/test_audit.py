@@ -7,6 +7,7 @@ command line use real .sqsh files (mksquashfs) in a real store directory.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -227,6 +228,61 @@ def test_host_efa_comes_from_flag_then_host_file_then_policy(tmp_path: Path) -> 
     assert host_facts(None, AuditPolicy(), tmp_path / "absent") == HostFacts()
 
 
+# ---- the artifact's machine -------------------------------------------------------------------
+ARM64_OFI = "/opt/amazon/ofi-nccl/lib/aarch64-linux-gnu/libnccl-net-ofi.so"
+
+
+def arm64_tree(tree: Path) -> None:
+    ngc.full_image(tree, machine="aarch64", triplet_dir=True)
+
+
+def test_clean_arm64_artifact_passes_every_check(tree: Path) -> None:
+    arm64_tree(tree)
+    checks = audit_tree(tree, chain=ngc.chain_for(KEY, platform="linux/arm64"))
+    # the base's plugin in /opt/amazon/ofi-nccl/lib stays beside the installer's per-triplet one
+    assert {name: c.status for name, c in checks.items() if c.status != PASS} == {
+        "library-shadowing:aws-ofi-nccl": WARN}
+    assert checks["elf-machine"].message.endswith("programs, libraries and plugins are aarch64")
+    assert checks["ld-library-path"].message == "led by /opt/amazon/ofi-nccl/lib/aarch64-linux-gnu:/opt/amazon/efa/lib"
+
+
+@pytest.mark.parametrize("foreign", [
+    ARM64_OFI,  # the network plugin NCCL loads
+    "/opt/amazon/ofi-nccl/lib/aarch64-linux-gnu/libnccl-tuner-ofi.so",  # a tuner plugin on the path
+    "/opt/amazon/efa/lib/libfabric/libefa-fi.so",  # a libfabric provider
+    "/usr/lib/aarch64-linux-gnu/libnccl.so.2.30.7",  # NCCL itself
+])
+def test_arm64_image_carrying_an_x86_64_file_fails_naming_it(tree: Path, foreign: str) -> None:
+    arm64_tree(tree)
+    ngc.write(tree, foreign, ngc.fake_elf("aws-ofi-nccl 1.21.1", machine=ngc.EM_X86_64))
+    bad = failures(audit_tree(tree, chain=ngc.chain_for(KEY, platform="linux/arm64")))
+    assert bad["elf-machine"].startswith(f"{foreign} is x86_64: not aarch64 as the artifact's platform linux/arm64")
+    assert "1 x86_64" in bad["elf-machine"]
+
+
+def test_x86_64_image_published_as_arm64_fails_and_mixed_image_without_platform_fails(tree: Path) -> None:
+    ngc.full_image(tree)
+    bad = failures(audit_tree(tree, chain=ngc.chain_for(KEY, platform="linux/arm64")))
+    assert "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so is x86_64" in bad["elf-machine"]
+    assert "not aarch64 as the artifact's platform linux/arm64" in bad["elf-machine"]
+    # no platform in the chain (made by hand): the image's majority is the reference
+    ngc.write(tree, "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", ngc.fake_elf(machine=ngc.EM_AARCH64))
+    chain = ngc.chain_for(KEY)
+    del chain[-1]["inputs"]["platform"]
+    bad = failures(audit_tree(tree, chain=chain))
+    assert bad["elf-machine"].startswith("/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so is aarch64: not x86_64 as "
+                                         "most of the image's files (ELF headers)")
+
+
+def test_x86_64_only_plugin_directory_first_in_an_arm64_image_fails_ld_library_path(tree: Path) -> None:
+    arm64_tree(tree)
+    env = ngc.parse_env(tree)
+    env["LD_LIBRARY_PATH"] = env["LD_LIBRARY_PATH"].replace("aarch64-linux-gnu", "x86_64-linux-gnu")
+    ngc.write_config(tree, env)
+    bad = failures(audit_tree(tree, chain=ngc.chain_for(KEY, platform="linux/arm64")))
+    assert "is not led by /opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib" in bad["ld-library-path"]
+
+
 # ---- real .sqsh files in a real store ----------------------------------------------------------
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
@@ -251,6 +307,23 @@ def test_stored_clean_artifact_passes_from_a_bare_store(store: Path, capsys) -> 
     assert set(statuses(report).values()) == {PASS}
 
 
+def test_stored_arm64_artifact_with_an_x86_64_plugin_fails_audit_naming_it(tmp_path: Path, capsys) -> None:
+    root = tmp_path / "arm64"
+    arm64_tree(root)
+    ngc.write(root, ARM64_OFI, ngc.fake_elf("aws-ofi-nccl 1.21.1", machine=ngc.EM_X86_64))
+    ngc.publish(tmp_path / "store", root, tmp_path / "work", KEY, chain=ngc.chain_for(KEY, platform="linux/arm64"))
+    code, report = run_audit(capsys, KEY[:12], "--store", str(tmp_path / "store"), "--host-efa", "1.50.0")
+    checks = {c["check"]: c for c in report[0]["checks"]}
+    assert code == 1 and checks["elf-machine"]["status"] == FAIL
+    assert checks["elf-machine"]["message"].startswith(f"{ARM64_OFI} is x86_64: not aarch64")
+    # measured again as make measured it: the manifest describes the image
+    assert checks["manifest-vs-image"]["status"] == PASS
+    manifest = json.loads((tmp_path / "store" / "objects" / KEY[:2] / f"{KEY}.manifest.json").read_text())
+    assert manifest["measured"]["machine"] == {"name": "aarch64", "architecture": "arm64",
+                                               "source": "platform linux/arm64"}
+    assert manifest["measured"]["elf"][ARM64_OFI] == "x86_64"
+
+
 def test_flipped_byte_in_the_sqsh_is_caught(store: Path, capsys) -> None:
     sqsh = store / "objects" / KEY[:2] / f"{KEY}.sqsh"
     data = bytearray(sqsh.read_bytes())
@@ -262,6 +335,18 @@ def test_flipped_byte_in_the_sqsh_is_caught(store: Path, capsys) -> None:
     message = next(c["message"] for c in report[0]["checks"] if c["check"] == "sqsh-integrity")
     assert message.startswith(f"store tier: the .sqsh was altered or damaged: digest blake3:")
     assert "but the record says" in message
+
+
+def test_a_truncated_sqsh_is_audited_as_it_stands_and_named(store: Path, capsys) -> None:
+    """The copy a lookup refuses to hand out (its size is not its record's) is still audited."""
+    sqsh = store / "objects" / KEY[:2] / f"{KEY}.sqsh"
+    size = sqsh.stat().st_size
+    sqsh.chmod(0o644)
+    os.truncate(sqsh, size // 2)
+    code, report = run_audit(capsys, KEY[:12], "--store", str(store))
+    integrity = next(c for c in report[0]["checks"] if c["check"] == "sqsh-integrity")
+    assert code == 1 and integrity["status"] == FAIL
+    assert integrity["message"].startswith("store tier: ") and str(size // 2) in integrity["message"], integrity
 
 
 def test_every_tier_holding_the_artifact_is_checked_and_the_damaged_one_named(
@@ -341,7 +426,7 @@ def test_table_output_and_exit_status(store: Path, tmp_path: Path, capsys, monke
     out = capsys.readouterr().out
     assert out.splitlines()[0] == f"ngc-efa:deepep {KEY[:12]}"
     assert "host-efa" in out and "image has EFA installer 1.50.0, host has 1.49.0 (--host-efa)" in out
-    assert out.rstrip().endswith("1 failed, 0 warnings, 11 checks")
+    assert out.rstrip().endswith("1 failed, 0 warnings, 12 checks")
 
 
 def test_policy_comes_from_the_workspace(store: Path, tmp_path: Path, capsys, monkeypatch) -> None:
@@ -568,3 +653,19 @@ def test_demo_variants_are_caught(demo: DemoBuilds, capsys, variant: str, check:
     key = demo.publish(tag, "demo:variant", demo.chain + [("demo:variant", variant, {})])
     checks = audit_demo(demo, capsys, key)
     assert checks[check]["status"] == FAIL and words in checks[check]["message"]
+
+
+def test_elf_machine_skips_an_image_without_elf_files(tree: Path) -> None:
+    ngc.write(tree, "/usr/lib/x86_64-linux-gnu/libnccl.so.2.30.7", "fixture shared library stand-in\n")
+    checks = audit_tree(tree)
+    assert checks["elf-machine"].status == "skip"
+    assert checks["elf-machine"].message.startswith("no ELF program, library or plugin read")
+
+
+def test_elf_machine_names_the_first_foreign_files_and_counts_the_rest(tree: Path) -> None:
+    arm64_tree(tree)
+    for number in range(12):
+        ngc.write(tree, f"/opt/amazon/efa/lib/libfabric/libprov{number:02}-fi.so", ngc.fake_elf(machine=ngc.EM_X86_64))
+    message = failures(audit_tree(tree, chain=ngc.chain_for(KEY, platform="linux/arm64")))["elf-machine"]
+    assert message.count(" is x86_64") == 8 and "; and 4 more: not aarch64" in message
+    assert "files read: " in message and "12 x86_64" in message

@@ -16,7 +16,8 @@ import pytest
 from efabuild.export.sqshdiff import FileFacts, compare
 from tests.wsfactory import TOOLS_LAYER
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+# make --check rebuilds without the cache
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(600)]
 
 GRAPH = TOOLS_LAYER + """
 [layers.stamp]
@@ -138,3 +139,89 @@ def test_check_finds_a_time_stamp_and_passes_a_reproducible_layer(pinned_fixture
         tags = [f"efabuild/{name.split(':')[1]}:{key}" for name, key in keys.items()]
         tags += [tag for name, key in keys.items() for tag in _check_images(name.split(":")[1], key)]
         subprocess.run(["docker", "image", "rm", "--force", *tags], capture_output=True)
+
+
+def test_check_fails_on_a_damaged_stored_artifact_and_names_it(pinned_fixture_base, tmp_path):
+    root = workspace(tmp_path / "ws", pinned_fixture_base)
+    made = efabuild(root, "make", "g:tools")
+    assert made.returncode == 0, made.stderr
+    [key] = [layer["key"] for layer in json.loads(efabuild(root, "plan", "--json").stdout)["layers"]
+             if layer["name"] == "g:tools"]
+    stored = Path(efabuild(root, "lookup", "g:tools").stdout.strip())
+    try:
+        # 4 bytes changed in place: same size, same record; only the bytes say it is not the artifact
+        stored.chmod(0o644)
+        with open(stored, "r+b") as f:
+            f.seek(stored.stat().st_size // 2)
+            old = f.read(4)
+            f.seek(-4, 1)
+            f.write(bytes(b ^ 0xFF for b in old))
+        checked = efabuild(root, "make", "--check", "g:tools")
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        first = checked.stdout.splitlines()[0]
+        assert first.startswith(f"g:tools ({key[:12]}): the stored artifact is damaged: local tier: {stored}")
+        assert "identical" not in first
+        assert f"delete {stored} and run `efabuild make g:tools`" in checked.stdout
+        as_json = efabuild(root, "make", "--check", "--json", "g:tools")
+        [result] = json.loads(as_json.stdout)["checks"]
+        assert as_json.returncode == 1 and not result["identical"] and str(stored) in result["damaged"]
+        # as it says: deleted and made again, the artifact is whole and checks identical
+        stored.unlink()
+        assert efabuild(root, "make", "g:tools").returncode == 0
+        again = efabuild(root, "make", "--check", "g:tools")
+        assert again.returncode == 0 and "identical to the stored artifact" in again.stdout, again.stdout
+    finally:
+        subprocess.run(["docker", "image", "rm", "--force", f"efabuild/tools:{key}"], capture_output=True)
+
+
+def _with_labels_in_rc(stored: Path, out: Path, labels: dict[str, str], options: list[str]) -> None:
+    """`stored` packed again as an export before labels were keyed wrote it: `labels` among the
+    comment lines of /etc/rc, sorted as Enroot sorts them."""
+    import io
+    import tarfile
+
+    source = subprocess.Popen(["sqfs2tar", "--no-xattr", "--root-becomes", ".", str(stored)], stdout=subprocess.PIPE)
+    sink = subprocess.Popen(["mksquashfs", "-", str(out), *options], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    with tarfile.open(fileobj=source.stdout, mode="r|") as tin, tarfile.open(fileobj=sink.stdin, mode="w|") as tout:
+        for member in tin:
+            body = tin.extractfile(member) if member.isfile() else None
+            if member.name.removeprefix("./") == "etc/rc":
+                head, _, rest = body.read().decode().partition("\n\n")
+                lines = sorted([*head.splitlines(), *(f"# {k} {v}" for k, v in labels.items())])
+                data = ("\n".join(lines) + "\n\n" + rest).encode()
+                member.size, body = len(data), io.BytesIO(data)
+            tout.addfile(member, body)
+    sink.stdin.close()
+    assert source.wait() == 0 and sink.wait() == 0
+
+
+def test_check_of_an_artifact_exported_with_its_labels_in_etc_rc_says_so(pinned_fixture_base, tmp_path):
+    from efabuild.store.digest import file_digest
+
+    root = workspace(tmp_path / "ws", pinned_fixture_base)
+    assert efabuild(root, "make", "g:tools").returncode == 0
+    [key] = [layer["key"] for layer in json.loads(efabuild(root, "plan", "--json").stdout)["layers"]
+             if layer["name"] == "g:tools"]
+    stored = Path(efabuild(root, "lookup", "g:tools").stdout.strip())
+    record_path = stored.with_suffix(".json")
+    record = json.loads(record_path.read_text())
+    assert record["export"]["rc_labels"] == "keyed"
+    try:
+        # the artifact as an efabuild before this export option stored it: title, graph, layer in /etc/rc
+        legacy = tmp_path / "legacy.sqsh"
+        _with_labels_in_rc(stored, legacy, {"org.efabuild.graph": "g", "org.efabuild.layer": "tools",
+                                            "org.opencontainers.image.title": "g:tools"}, record["export"]["mksquashfs"])
+        del record["export"]["rc_labels"]
+        record.update(digest=file_digest(legacy), size=legacy.stat().st_size)
+        for path in (stored, record_path):
+            path.chmod(0o644)
+        stored.write_bytes(legacy.read_bytes())
+        record_path.write_text(json.dumps(record, sort_keys=True, indent=1) + "\n")
+        checked = efabuild(root, "make", "--check", "g:tools")
+        assert checked.returncode == 1, checked.stdout + checked.stderr
+        assert "damaged" not in checked.stdout
+        assert "content  /etc/rc" in checked.stdout
+        assert ("stored with export option rc_labels = absent (exported with the layer's name and git commit "
+                "in /etc/rc), rebuilt with keyed") in checked.stdout, checked.stdout
+    finally:
+        subprocess.run(["docker", "image", "rm", "--force", f"efabuild/tools:{key}"], capture_output=True)

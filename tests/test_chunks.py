@@ -60,6 +60,15 @@ def test_an_index_is_checked_against_the_bytes_it_claims_to_describe(tmp_path):
     ({"chunks": [["a" * 64, 0]]}, "is not [id, length]"),
     ({"chunks": [["a" * 64, True]]}, "is not [id, length]"),
     ({"size": 5}, "add up to 3 bytes, the index says 5"),
+    ({"chunking": {"min": 1, "avg": 2, "max": 4}}, "bad chunking"),  # FastCDC's minimum is 64
+    ({"chunking": {"min": 128, "avg": 64, "max": 256}}, "bad chunking"),
+    ({"chunking": {"min": 64, "avg": 128, "max": 128 << 20}}, "bad chunking"),  # over 64 MiB
+    ({"chunking": [64, 128, 256]}, "bad chunking"),
+    # no chunk longer than the maximum it was cut with, none but the last shorter than the minimum
+    ({"size": 300, "chunking": {"min": 64, "avg": 128, "max": 256}, "chunks": [["a" * 64, 300]]},
+     "chunk 0 has 300 bytes, outside its chunking's 64..256"),
+    ({"size": 300, "chunking": {"min": 64, "avg": 128, "max": 256}, "chunks": [["a" * 64, 10], ["b" * 64, 290]]},
+     "chunk 0 has 10 bytes, outside"),
 ])
 def test_an_index_read_from_a_store_is_checked(doc, problem):
     good = {"format": "efabuild.chunks/v1", "size": 3, "digest": "blake3:" + "0" * 64, "chunks": [["a" * 64, 3]]}
@@ -71,7 +80,20 @@ def test_deeply_nested_or_huge_index_is_refused(tmp_path):
     with pytest.raises(BadChunkIndex, match="not JSON"):
         ChunkIndex.from_json(b"[" * 100_000 + b"]" * 100_000, "x")
     with pytest.raises(BadChunkIndex, match="larger than"):
-        ChunkIndex.from_json(b" " * (65 * MiB), "x")
+        ChunkIndex.from_json(b" " * (25 * MiB), "x")
+
+
+def test_an_index_lists_a_bounded_number_of_chunks_and_is_refused_before_parsing_more():
+    from efabuild.store.chunks import MAX_CHUNKS
+
+    entries = MAX_CHUNKS + 1
+    doc = {"format": "efabuild.chunks/v1", "size": entries, "digest": "blake3:" + "0" * 64,
+           "chunking": {"min": 64, "avg": 128, "max": 256}, "chunks": [["a" * 64, 1]] * entries}
+    with pytest.raises(BadChunkIndex, match=f"chunk index of {entries} chunks, more than {MAX_CHUNKS}"):
+        ChunkIndex.from_json(json.dumps(doc, separators=(",", ":")).encode(), "x")
+    # values no index holds, by the million: refused before json makes them
+    with pytest.raises(BadChunkIndex, match=f"more than {MAX_CHUNKS} chunks"):
+        ChunkIndex.from_json(b'{"chunks":[' + b'"ab",' * (4 * MiB) + b'0]}', "x")
 
 
 def test_an_index_beside_an_artifact_is_never_followed_and_junk_is_ignored(tmp_path, monkeypatch):
@@ -153,6 +175,49 @@ def test_gc_deletes_a_chunk_only_after_a_grace_period_in_which_nothing_used_it(t
     with open(out, "w+b") as handle:
         assemble(chunk_store, b, handle.fileno(), [])
     assert file_digest(out) == b.digest  # b's chunks were never touched
+
+
+@pytest.mark.s3
+def test_gc_run_more_often_than_the_grace_period_still_frees_a_chunk(tmp_path, chunk_store):
+    """Slip: gc deletes every mark, even those younger than the grace period. Run every 30 minutes
+    with an hour's grace, it would then never free a chunk: a mark is kept until it is `grace` old."""
+    import time
+
+    from efabuild.store.s3chunks import collect
+
+    one, _ = shifted_versions(tmp_path, size=256 * KiB)
+    index = chunk_file(one, chunking=SMALL)
+    upload(chunk_store, index, one, set(index.unique()))  # no index names them: unreferenced
+    start = time.time() + 1  # chunk objects' times have whole seconds
+    runs = [collect(chunk_store, grace=3600, dry_run=False, now=start + 1800 * step) for step in range(4)]
+    assert [run.deleted for run in runs] == [0, 0, len(index.unique()), 0]  # the first mark's hour is up
+    assert chunk_store.missing(index.unique()) == set(index.unique())
+
+
+@pytest.mark.s3
+def test_gc_keeps_a_chunk_sent_again_after_its_mark(tmp_path, chunk_store, s3_client):
+    """Slip: gc deletes a chunk written after its mark. A chunk gc marked unreferenced, then gone and
+    sent again by a publish (whose index is not written yet) is not the chunk the mark found unused."""
+    import math
+    import time
+
+    from efabuild.store.s3chunks import collect
+
+    one, _ = shifted_versions(tmp_path, size=256 * KiB)
+    index = chunk_file(one, chunking=SMALL)
+    tier = chunk_store.tier
+    upload(chunk_store, index, one, set(index.unique()))
+    marked_at = time.time()
+    assert collect(chunk_store, grace=3600, dry_run=False, now=marked_at).marked == len(index.unique())
+    resent = sorted(index.unique())[0]
+    s3_client.delete_object(Bucket=tier.bucket, Key=chunk_store.object(resent))
+    time.sleep(math.floor(marked_at) + 1.1 - time.time())  # its LastModified (whole seconds) after the mark
+    upload(chunk_store, index, one, {resent})
+    done = collect(chunk_store, grace=3600, dry_run=False, now=marked_at + 3601)
+    assert done.deleted == len(index.unique()) - 1
+    assert chunk_store.missing(index.unique()) == set(index.unique()) - {resent}
+    data, _ = chunk_store.fetch(resent, index.unique()[resent])  # the publish's index, once written, holds
+    assert len(data) == index.unique()[resent]
 
 
 @pytest.mark.s3

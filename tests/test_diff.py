@@ -42,6 +42,22 @@ def test_differences_name_the_inputs_and_versions_that_changed(store: Path) -> N
     assert diff_manifests(a, a) == []
 
 
+def test_diff_of_an_arm64_and_an_amd64_build_shows_the_machine_and_the_paths(tmp_path: Path) -> None:
+    ngc.full_image(tmp_path / "amd64")
+    ngc.full_image(tmp_path / "arm64", machine="aarch64")
+    ngc.publish(tmp_path / "store", tmp_path / "amd64", tmp_path / "work", KEY_A, chain=ngc.chain_for(KEY_A))
+    ngc.publish(tmp_path / "store", tmp_path / "arm64", tmp_path / "work", KEY_B,
+                chain=ngc.chain_for(KEY_B, platform="linux/arm64"))
+    s = Store.at(tmp_path / "store", show_progress=False)
+    found = {(d.kind, d.what): (d.a, d.b) for d in
+             diff_manifests(load_manifest(s, KEY_A).manifest, load_manifest(s, KEY_B).manifest)}
+    assert found[(MEASURED, "machine")] == ("x86_64", "aarch64")
+    assert found[(INPUTS, "ngc-efa:deepep platform")] == ("linux/amd64", "linux/arm64")
+    assert found[(MEASURED, "nccl loads")] == ("/usr/lib/x86_64-linux-gnu/libnccl.so.2",
+                                               "/usr/lib/aarch64-linux-gnu/libnccl.so.2")
+    assert (MEASURED, "nccl") not in found and (MEASURED, "aws-ofi-nccl") not in found  # same versions
+
+
 def test_diff_command(store: Path, capsys) -> None:
     assert main(["diff", "ngc-efa:deepep", KEY_A[:12], "--store", str(store)]) == 0  # the name is B now
     out = capsys.readouterr().out
@@ -60,6 +76,7 @@ def test_show_table_and_json(store: Path, capsys) -> None:
     lines = out.splitlines()
     assert lines[0].split() == ["name", "ngc-efa:deepep"]
     assert "manifest  verified against the record" in out
+    assert "machine   x86_64 (amd64), from platform linux/amd64" in lines
     component_rows = {line.split()[0]: line.split()[1:] for line in lines if line.split()[:1] and
                       line.split()[0] in ("nccl", "aws-ofi-nccl", "efa-installer", "deepep")}
     assert component_rows["aws-ofi-nccl"] == ["1.21.1", "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"]

@@ -97,6 +97,49 @@ def test_build_log_with_empty_apt_lists():
     assert "same RUN" in report.diagnoses[0].fix
 
 
+def test_dev_fuse_closed_to_the_job_user_when_a_sqsh_is_mounted_per_step():
+    """Pyxis with use_squashfuse=1 runs squashfuse as the job's user; Enroot prints squashfuse's
+    'fuse: failed to open /dev/fuse: Permission denied' as a [WARN] and then 'Failed to mount'."""
+    report = run("fuse-denied.log")
+    assert ids(report, "problem") == {"fuse-permission"}  # the mount failure is its consequence, not another
+    [fuse] = report.diagnoses
+    assert fuse.title == "squashfuse could not open /dev/fuse (Permission denied)"
+    assert [e.line for e in fuse.evidence] == [3, 4]
+    assert "0666" in fuse.fix and "--container-name" in fuse.fix
+
+
+def test_squashfuse_missing_on_the_node():
+    report = run("squashfuse-missing.log")
+    assert ids(report, "problem") == {"squashfs-tool-missing"}
+    assert report.diagnoses[0].title == "Enroot could not find squashfuse on the node"
+    assert "install squashfuse" in report.diagnoses[0].fix
+
+
+def test_an_unpack_that_filled_the_disk_and_one_of_a_file_that_is_no_squashfs():
+    full = run("unpack-no-space.log")
+    assert ids(full, "problem") == {"unpack-failed"}
+    assert full.diagnoses[0].title == "Pyxis could not unpack the image: no space left on the node's disk"
+    assert [e.line for e in full.diagnoses[0].evidence] == [3, 7] and "ENROOT_DATA_PATH" in full.diagnoses[0].fix
+    invalid = run("unpack-invalid.log")
+    assert ids(invalid, "problem") == {"invalid-image"}  # the failed unpack is said with its cause
+    assert "efabuild lookup --verify" in invalid.diagnoses[0].fix
+    assert invalid.diagnoses[0].title == "Enroot cannot read /fsx/efabuild/objects/3f/3f9c.sqsh as a squashfs"
+
+
+def test_an_image_the_efabuild_importer_refused_is_named_with_its_line():
+    report = run("import-refused.log")
+    assert ids(report, "problem") == {"import-failed"}
+    [refused] = report.diagnoses
+    assert refused.title.startswith("Pyxis could not import the image: efabuild's importer said refusing ngc-efa:user: ")
+    assert [e.line for e in refused.evidence] == [3, 5] and "efabuild lookup --require-signature" in refused.fix
+
+
+def test_a_start_that_unpacked_is_a_note_with_what_it_cost():
+    report = run("unpacked-start.log")
+    assert ids(report) == {"unpacked-start"} and ids(report, "info") == {"unpacked-start"}
+    assert "8.45 s" in report.diagnoses[0].explanation and "use_squashfuse=1" in report.diagnoses[0].fix
+
+
 def test_low_bandwidth_on_libfabric_points_at_cores_per_rank():
     report = run("low-bandwidth.log", baseline_gbps=300)
     assert ids(report, "problem") == {"low-bandwidth"}

@@ -81,6 +81,54 @@ def test_a_registered_but_dead_builder_is_one_line_naming_it_and_how_to_start_it
         subprocess.run(["docker", "buildx", "rm", name], capture_output=True)
 
 
+def _started_farm(*entries: str) -> tuple[object, list[str]]:
+    """Farm.start over `entries`: (the farm, or the EngineUnavailable it raised; its warnings)."""
+    from efabuild.engine.farm import Farm
+    from efabuild.model import RegistrySettings
+
+    said: list[str] = []
+    try:
+        started = Farm.start(BuilderSettings(farm=entries), None, RegistrySettings(url="127.0.0.1:5000"), said.append)
+    except EngineUnavailable as exc:
+        started = exc
+    return started, said
+
+
+def test_a_dead_farm_entry_is_named_by_its_entry_in_the_farm_list(tmp_path, monkeypatch):
+    """Not by [builder] host/context, which the user did not set and need not fix."""
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    dead, context = f"unix://{tmp_path}/dead.sock", "efabuild-no-such-context"
+    started, said = _started_farm(dead, context)
+    assert str(started) == f"no builder of [builder] farm answers ({dead}, {context}): start them or fix the list"
+    assert said == [
+        f"builder {dead} skipped: no Docker engine at {dead} ([builder] farm): start it, or fix or remove its "
+        "entry in [builder] farm in BUILD.toml",
+        f"builder {context} skipped: no docker context named {context!r}: create it with `docker context create "
+        f"{context} --docker host=...` or fix its entry {context!r} in [builder] farm in BUILD.toml",
+    ]
+
+
+def test_a_dead_buildx_builder_of_a_farm_is_skipped_naming_its_farm_entry(docker_engine):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    name = f"efabuild-test-dead-{port}"
+    subprocess.run(["docker", "buildx", "create", "--name", name, "--driver", "remote", f"tcp://127.0.0.1:{port}"],
+                   capture_output=True, check=True)
+    try:
+        started, said = _started_farm(f"buildx:{name}", "unix:///var/run/docker.sock", "buildx:efabuild-no-such")
+        assert [node.farm_entry for node in started.nodes] == ["unix:///var/run/docker.sock"]
+        assert len(said) == 2 and all("[builder] buildx_builder" not in line for line in said), said
+        assert said[0].startswith(f"builder buildx:{name} skipped: buildx builder '{name}' (remote) is not running")
+        assert said[0].endswith(f"start the BuildKit daemon it points at, or fix or remove its entry "
+                                f"'buildx:{name}' in [builder] farm")
+        assert said[1].endswith("or fix its entry 'buildx:efabuild-no-such' in [builder] farm in BUILD.toml"), said
+    finally:
+        subprocess.run(["docker", "buildx", "rm", name], capture_output=True)
+
+
 def test_builder_nodes_reads_buildx_inspect():
     from efabuild.engine.client import builder_nodes
 

@@ -13,7 +13,8 @@ from efabuild.engine.client import connect
 from efabuild.engine.images import image_exists, untag_image
 from efabuild.model import BuilderSettings
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+# the first test starts the second engine
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def _request(tag: str, base: str, context_dir) -> BuildRequest:

@@ -54,3 +54,35 @@ def test_a_damaged_or_unsigned_artifact_fails_the_job_at_its_lookup(tmp_path: Pa
     unsigned_store, _ = stored_artifact(tmp_path / "unsigned", None, name=NAME)
     unsigned = _run_job_head(unsigned_store, node)
     assert unsigned.returncode == 1 and "image:" not in unsigned.stdout and unsigned.stderr.count("\n") == 1
+
+
+def _sruns(start: str | None, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
+    """The whole script under bash with `efabuild` and `srun` as stubs: its exit and each srun's words."""
+    calls = tmp_path / "sruns"
+    calls.unlink(missing_ok=True)
+    stubs = (f'efabuild() {{ echo /fsx/efabuild/objects/ab/abc.sqsh; }}\n'
+             f'srun() {{ printf "%s\\0" "$@" >> "{calls}"; printf "\\n" >> "{calls}"; }}\n'
+             'export -f efabuild srun\n')
+    env = {"PATH": os.environ["PATH"], **({"START": start} if start is not None else {})}
+    done = subprocess.run(["bash", "-c", stubs + f'exec bash "{SCRIPT}"'], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=60)
+    words = [line.split("\0")[:-1] for line in calls.read_text().split("\n")[:-1]] if calls.exists() else []
+    return done, words
+
+
+def test_both_start_modes_run_as_described(tmp_path: Path) -> None:
+    """unpack (the default): the first srun creates the named container, later ones reuse the name.
+    mount: every srun is unnamed and unsaved, as Pyxis's use_squashfuse=1 needs to start it from the .sqsh."""
+    image = "--container-image=/fsx/efabuild/objects/ab/abc.sqsh"
+    for start in (None, "unpack"):
+        done, sruns = _sruns(start, tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert [[w for w in s if w.startswith("--container-image") or w.startswith("--container-name")]
+                for s in sruns] == [[image, "--container-name=train"], ["--container-name=train"]]
+    done, sruns = _sruns("mount", tmp_path)
+    assert done.returncode == 0 and len(sruns) == 2, done.stderr
+    assert all(image in s and not any(w.startswith(("--container-name", "--container-save")) for w in s)
+               for s in sruns)
+    assert sruns[-1][-2:] == ["python", "/fsx/train/train.py"]
+    done, sruns = _sruns("squash", tmp_path)
+    assert (done.returncode, sruns) == (2, []) and done.stderr == "START must be unpack or mount, not 'squash'\n"

@@ -24,7 +24,8 @@ from tests.wsfactory import TOOLS_LAYER, demo_on_base
 from efabuild.build.fixtures import MINI_NGC_TAG
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+# each test makes on a farm of engines, several makes in a row
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def docker(host: str | None, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -201,6 +202,12 @@ def test_two_builders_in_a_farm_both_take_work(farm_context, registry, registry_
         first = Path(ws, "cache/logs", graph, layer, f"{key[layer]}.log").read_text().splitlines()[0]
         builders[layer] = first.rsplit(" on ", 1)[1].split(" (")[0]
     assert set(builders.values()) == {farm_context, "unix:///var/run/docker.sock"}, builders
+    # each manifest names the builder that built its layer, not the make's own engine
+    for name, layer in (("demo:efa", "efa"), ("side:side", "side")):
+        sqsh = Path(efabuild(ws, "lookup", name).stdout.strip())
+        builder = json.loads(sqsh.with_suffix(".manifest.json").read_text())["builder"]
+        assert builder["node"] == builders[layer], (name, builder)
+        assert builder["builder"] == (farm_context if builders[layer] == farm_context else "default"), builder
     # each image is in the engine of the builder that built it, and only there
     for layer, builder in builders.items():
         name = f"{registry.url}/efabuild/{layer}:{key[layer]}"

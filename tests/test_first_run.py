@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,9 @@ def test_a_bare_python_imports_the_package_from_the_checkout_root_yet_is_not_rea
 
 
 def test_a_python_with_the_requirements_this_checkout_and_the_console_scripts_is_ready():
-    # this checkout importable from outside it, as an editable install of it makes it
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # this checkout importable from outside it, as an editable install of it makes it; the test's
+    # Python and its console scripts first on PATH, as they are once a venv is activated
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{sysconfig.get_path('scripts')}:{os.environ['PATH']}"}
     python = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"], env=env,
                             capture_output=True, text=True, check=True).stdout.strip()
     assert Path(python).resolve() == Path(sys.executable).resolve(), "python3 on PATH is not the test's Python"

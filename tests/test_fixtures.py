@@ -3,6 +3,7 @@ builds on it with the real outcome and the real failure modes."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 import uuid
 from pathlib import Path
@@ -279,3 +280,43 @@ def test_build_fixtures_json_is_one_efabuild_document(mini_ngc, capsys):
     assert data["format"] == "efabuild.fixtures/v1"
     assert [(image["tag"], image["built"], image["image_id"]) for image in data["images"]] == [
         (MINI_NGC_TAG, False, docker.image.inspect(MINI_NGC_TAG).id)]
+
+
+@pytest.mark.parametrize("with_filters", [True, False], ids=["tar-filter", "python-3.11.2"])
+def test_packed_sources_unpack_with_their_links_and_never_outside(tmp_path, monkeypatch, with_filters):
+    """An installed wheel unpacks fixtures.tar; Pythons before 3.11.4 (Debian bookworm's) have no
+    extraction filters, and the same refusal is made by hand there."""
+    import io
+    import tarfile
+
+    from efabuild.build import fixtures
+    from efabuild.errors import InputError
+
+    if not with_filters:
+        monkeypatch.delattr(tarfile, "tar_filter")
+
+    def packed(*members: tuple[str, str | None]) -> tarfile.TarFile:
+        data = io.BytesIO()
+        with tarfile.open(fileobj=data, mode="w") as tar:
+            for name, link in members:
+                info = tarfile.TarInfo(name)
+                if link is None:
+                    info.size = 2
+                    tar.addfile(info, io.BytesIO(b"ok"))
+                else:
+                    info.type, info.linkname = tarfile.SYMTYPE, link
+                    tar.addfile(info)
+        data.seek(0)
+        return tarfile.open(fileobj=data)
+
+    good = tmp_path / "good"
+    good.mkdir()
+    fixtures._extract_inside(packed(("fixtures/mpi", "/opt/hpcx/ompi"), ("fixtures/f", None)), good)
+    assert os.readlink(good / "fixtures/mpi") == "/opt/hpcx/ompi" and (good / "fixtures/f").read_bytes() == b"ok"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with pytest.raises((InputError, tarfile.FilterError)):
+        fixtures._extract_inside(packed(("fixtures/up", str(outside)), ("fixtures/up/planted", None)), bad)
+    assert not (outside / "planted").exists()

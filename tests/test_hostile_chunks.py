@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 
 from efabuild.errors import EfabuildError
 from efabuild.settings import S3Config
-from efabuild.store.chunks import ChunkIndex
+from efabuild.store.chunks import AVG_SIZE, MIN_SIZE, ChunkIndex
 from efabuild.store.digest import file_digest
 from efabuild.store.fs import FilesystemTier
 from efabuild.store.s3 import S3Tier
@@ -250,6 +251,40 @@ def test_a_chunk_that_inflates_past_its_length_is_refused_without_inflating(tmp_
         tier.chunks.fetch(cid, 32 * KiB)
 
 
+def _bomb(declares_size: bool) -> bytes:
+    """1 GiB of zeros as one zstd frame of ~32 KiB, its header declaring that size or not."""
+    import io
+
+    import zstandard
+
+    compressor = zstandard.ZstdCompressor(level=3, write_content_size=declares_size)
+    with compressor.stream_writer(out := io.BytesIO(), closefd=False,
+                                  size=(1 << 30) if declares_size else -1) as writer:
+        zeros = bytes(1 << 20)
+        for _ in range(1024):
+            writer.write(zeros)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("bomb", ["declares 1 GiB", "declares nothing"])
+def test_a_zstd_bomb_in_the_bucket_is_refused_before_it_takes_memory(tmp_path, settings, bomb):
+    """A chunk object of ~32 KiB (within zstd's bound for a 4 MiB chunk) that inflates to 1 GiB:
+    python-zstandard's one-shot decompress allocates what the frame declares, whatever the
+    output limit says (1.1 GiB per chunk). A fetch allocates at most the index's length."""
+    body = _bomb(bomb == "declares 1 GiB")
+    assert len(body) < 64 * KiB
+    tier = S3Tier(settings, **CHUNKED)
+    cid = "d" * 64
+    tier.client.put_object(Bucket=settings.bucket, Key=tier.chunks.object(cid), Body=body)
+    script = CHILD.replace("tier.chunks.fetch(sys.argv[3], 4096)", "tier.chunks.fetch(sys.argv[3], 4 << 20)")
+    done = subprocess.run([sys.executable, "-c", script, settings.bucket, settings.endpoint_url, cid],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "refused" in done.stderr and ("zstd" in done.stderr or "bytes" in done.stderr), done.stderr
+    grew_mib = int(done.stdout.split()[-1])
+    assert grew_mib < 32, f"a {len(body) // KiB} KiB chunk object grew the fetch by {grew_mib} MiB"
+
+
 def test_a_forged_gc_mark_never_deletes_a_chunk_that_an_index_references(tmp_path, settings, versions):
     import json
     import time
@@ -278,8 +313,9 @@ def test_a_forged_gc_mark_never_deletes_a_chunk_that_an_index_references(tmp_pat
 
 def test_a_forged_artifact_larger_than_the_filesystem_allows_is_one_line(tmp_path, settings, versions, capsys,
                                                                          monkeypatch):
-    """A record and index for 32 TiB (more than ext4 lets one file hold: the fetch's first
-    truncate fails) is one line naming the file, not a traceback, and leaves nothing behind."""
+    """A record and index for 32 TiB (more than ext4 lets one file hold, and an index of more
+    chunks than an index may list) is one line naming the file, not a traceback, and leaves
+    nothing behind."""
     from efabuild.cli import main
     from efabuild.store.chunks import MAX_CHUNK_BYTES
     from efabuild.store.tiered import store_config_text
@@ -301,11 +337,11 @@ def test_a_forged_artifact_larger_than_the_filesystem_allows_is_one_line(tmp_pat
     stderr = capsys.readouterr().err
     assert code == 1 and "Traceback" not in stderr, stderr
     error = stderr.splitlines()[-1]  # after the fetch's progress line
-    assert error.startswith("efabuild: ") and "File too large" in error and key in error, stderr
-    assert os.listdir(node / "tmp") == []
+    assert error.startswith("efabuild: ") and "larger than the" in error and key in error, stderr
+    assert not (node / "tmp").exists() or os.listdir(node / "tmp") == []
 
 
-@pytest.mark.parametrize("planted", ["junk", "other bytes"])
+@pytest.mark.parametrize("planted", ["junk", "other bytes", "more than an index may hold"])
 def test_an_index_planted_beside_a_whole_object_artifact_does_not_make_it_unfetchable(tmp_path, settings,
                                                                                         versions, planted):
     """Creating an object is all it takes: an index where a whole-object artifact (published
@@ -314,7 +350,7 @@ def test_an_index_planted_beside_a_whole_object_artifact_does_not_make_it_unfetc
                   s3_options={**CHUNKED, "chunked": False})
     key = publish(whole, versions[0])
     tier = S3Tier(settings, **CHUNKED)
-    body = b"[" * 5000
+    body = b"[" * 5000 if planted == "junk" else b" " * (25 * MiB)
     if planted == "other bytes":
         other = key_for("other")
         tier.publish(other, versions[1], record_for(other, "demo:other", versions[1]))
@@ -468,3 +504,119 @@ def test_gc_finds_what_every_name_points_at_in_one_listing_of_the_refs(tmp_path,
                      if method == "GET" and "list-type=2" in path and "prefix=images%2Frefs%2F" in path]
     assert len(refs_listings) == 1
     assert old in report.kept and new in report.kept  # a planted name points at it: it stays
+
+
+FETCH = """
+import sys
+from efabuild.cli import main
+code = main(["lookup", "--store", sys.argv[1], sys.argv[2]])
+def field(path, name):
+    return next(int(line.split()[1]) for line in open(path) if line.startswith(name))
+# bytes written by system calls; the peak resident size (KiB), a child's own (ru_maxrss is the
+# largest of all a parent waited for)
+print("measured", code, field("/proc/self/io", "wchar:"), field("/proc/self/status", "VmHWM:"), file=sys.stderr)
+"""
+FETCH_RSS_BOUND = 512 * MiB  # the README's bound on what a fetch holds, whatever the bucket says
+
+
+def _forged(case: str) -> tuple[list[tuple[str, int]], dict[str, bytes], tuple[int, int, int] | None]:
+    """(an index's chunks, the chunk objects to plant {id: body}, the chunking it declares) of one
+    forged artifact; every id is wrong for its bytes unless said."""
+    import zstandard
+
+    ids = [key_for(f"{case}-{number}") for number in range(16)]
+    if case in ("bombs declaring 1 GiB", "bombs declaring nothing"):  # 16 parallel GETs of one each
+        body = _bomb(case == "bombs declaring 1 GiB")
+        return [(cid, 4 * MiB) for cid in ids], {cid: body for cid in ids}, None
+    if case == "16 chunks of 64 MiB":  # each a real frame of its length: 1 GiB at once in 16 GETs
+        body = zstandard.ZstdCompressor(level=1).compress(bytes(64 * MiB))
+        return [(cid, 64 * MiB) for cid in ids], {cid: body for cid in ids}, (MIN_SIZE, AVG_SIZE, 64 * MiB)
+    if case == "one good chunk 8 times":  # every chunk right, the whole wrong: found once all is written
+        raw = random.Random(3).randbytes(16 * MiB)
+        cid = __import__("blake3").blake3(raw).hexdigest()
+        return [(cid, len(raw))] * 8, {cid: zstandard.ZstdCompressor(level=1).compress(raw)}, None
+    if case == "12 TiB":  # chunks of the right bytes, in a record more than the filesystem's free space
+        raw = bytes(64 * MiB)
+        cid = __import__("blake3").blake3(raw).hexdigest()
+        return [(cid, 64 * MiB)] * 200_000, {cid: zstandard.ZstdCompressor(level=1).compress(raw)}, (
+            MIN_SIZE, AVG_SIZE, 64 * MiB)
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["bombs declaring 1 GiB", "bombs declaring nothing", "16 chunks of 64 MiB",
+                                  "one good chunk 8 times", "12 TiB", "a flood of commas"])
+def test_a_fetch_of_a_forged_artifact_stays_within_its_memory_and_the_records_size(tmp_path, settings, versions,
+                                                                                   case):
+    """A bucket writer plants a record and an index that agree (the digest is wrong: nothing else
+    can be right), with chunk objects: the fetch, a process of its own as on a node, fails with
+    one line, its peak RSS under the README's bound, having written no more than the record's
+    size, and leaves nothing behind."""
+    from efabuild.store.tiered import store_config_text
+
+    key = publish(store_at(tmp_path / "cache", settings), versions[0])
+    tier = S3Tier(settings, **CHUNKED)
+    if case == "a flood of commas":  # 60 MiB of tiny strings: parsed, 800 MB of them, not an index
+        size, index = 1 << 30, b'{"format":"efabuild.chunks/v1","chunks":[' + b'"ab",' * (12 * MiB) + b'0]}'
+    else:
+        chunks, bodies, chunking = _forged(case)
+        size = sum(length for _, length in chunks)
+        index = ChunkIndex(size=size, digest="blake3:" + "0" * 64, chunks=tuple(chunks),
+                           chunking=chunking or (MIN_SIZE, AVG_SIZE, 16 * MiB)).to_json()
+        for cid, body in bodies.items():
+            tier.client.put_object(Bucket=settings.bucket, Key=tier.chunks.object(cid), Body=body)
+    tier.client.put_object(Bucket=settings.bucket, Key=tier.index_object(key), Body=index)
+    record = record_for(key, "demo:user", versions[0])._replace(size=size, digest="blake3:" + "0" * 64)
+    tier.client.put_object(Bucket=settings.bucket, Key=tier.record_object(key), Body=record.to_json())
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "store.toml").write_text(store_config_text(settings))
+    done, code, wrote, peak = _measured_fetch(node, key)
+    assert done.stdout == "", done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("efabuild: ") and "warning" not in line]
+    assert code == 1 and len(errors) == 1, done.stderr
+    if case == "12 TiB":  # refused before the first write
+        assert errors[0].endswith(f"bytes free; {tier.url(tier.index_object(key))} not fetched"), errors
+    assert peak < FETCH_RSS_BOUND, f"the fetch's peak RSS was {peak // MiB} MiB"
+    assert wrote <= min(size, 256 * MiB) + MiB, f"wrote {wrote // MiB} MiB of a {size // MiB} MiB record"
+    assert list((node / "tmp").glob("*")) == [] and list(node.rglob("*.sqsh")) == []
+
+
+def _measured_fetch(node: Path, key: str) -> tuple[subprocess.CompletedProcess[str], int, int, int]:
+    """`efabuild lookup --store NODE KEY` in a process of its own: (it, exit status, bytes it
+    wrote, its peak RSS in bytes). No file of it may grow past 1 GiB (a write fails with EFBIG): a
+    fetch that would write a forged record's terabytes fails the test, not the machine."""
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 30, 1 << 30))  # noqa: E731
+    done = subprocess.run([sys.executable, "-c", FETCH, str(node), key], capture_output=True, text=True,
+                          timeout=300, cwd=node.parent, env={**os.environ, "PYTHONPATH": str(REPO)}, preexec_fn=limit)
+    assert "Traceback" not in done.stderr, done.stderr
+    _, code, wrote, peak_kib = done.stderr.splitlines()[-1].split()
+    return done, int(code), int(wrote), int(peak_kib) * KiB
+
+
+def test_seeds_planted_on_the_node_keep_a_fetch_within_its_memory(tmp_path, settings, versions):
+    """A co-tenant of the node's shared tier plants artifacts beside the one fetched, each with a
+    record and a kept index as large as an index may be: choosing seeds holds a bounded part of
+    them, and the fetch, right, stays under the README's bound."""
+    from efabuild.store.tiered import store_config_text
+
+    key = publish(store_at(tmp_path / "cache", settings), versions[0])
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "store.toml").write_text(store_config_text(settings))
+    from efabuild.store.chunks import MAX_CHUNKS
+
+    chunks = tuple((key_for(f"planted-{number}"), MIN_SIZE) for number in range(MAX_CHUNKS))
+    for number in range(8):  # each its own bytes, by its digest: all of them seeds
+        digest = "blake3:" + key_for(f"planted seed {number}")
+        index = ChunkIndex(size=MAX_CHUNKS * MIN_SIZE, digest=digest, chunks=chunks).to_json()
+        planted = key_for(f"planted seed {number}")
+        directory = node / "objects" / planted[:2]
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"{planted}.sqsh").write_bytes(b"")
+        (directory / f"{planted}.json").write_bytes(record_for(planted, "demo:user", versions[0])._replace(
+            size=MAX_CHUNKS * MIN_SIZE, digest=digest).to_json())
+        (directory / f"{planted}.chunks.json").write_bytes(index)
+        FilesystemTier(node, "shared").append_ref("demo:user", planted)
+    done, code, _, peak = _measured_fetch(node, key)
+    assert code == 0 and file_digest(Path(done.stdout.strip())) == file_digest(versions[0]), done.stderr
+    assert peak < FETCH_RSS_BOUND, f"the fetch's peak RSS was {peak // MiB} MiB"

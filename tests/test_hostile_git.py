@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from efabuild.build import gitstate
-from efabuild.build.gitstate import REVISION, SOURCE, git_labels
+from efabuild.build.gitstate import REVISION, SOURCE, git_labels, vcs_of
 
 
 def _repo(path, url):
@@ -80,3 +80,14 @@ def test_a_remote_url_too_long_for_an_argument_is_no_source_label(tmp_path):
         config.write('[remote "origin"]\n\turl = https://git.example.com/' + "a" * 200_000 + "\n")
     labels = git_labels(tmp_path)
     assert REVISION in labels and SOURCE not in labels
+
+
+def test_a_manifest_takes_only_well_formed_git_labels_from_an_image():
+    """An image on a shared engine or from a registry may carry any label: the manifest's vcs keeps
+    a commit id and a printable URL without its credentials, nothing else."""
+    commit = "a" * 40
+    assert vcs_of({REVISION: commit, SOURCE: "https://bot:t0ken@git.example.com/t.git?x=1"}) == {
+        "revision": commit, "source": "https://git.example.com/t.git"}
+    assert vcs_of({REVISION: commit, SOURCE: "https://x/\x1b[2Jy.git"}) == {"revision": commit}
+    assert vcs_of({REVISION: commit + "\n# forged", SOURCE: "https://x/y.git"}) == {}
+    assert vcs_of({REVISION: "", SOURCE: "https://x/y.git"}) == vcs_of({}) == {}

@@ -221,6 +221,25 @@ def test_credentials_in_a_url_are_refused_without_being_shown(tmp_path, monkeypa
     assert "hunter2" not in stderr
 
 
+@pytest.mark.parametrize("build,argv,expected", [
+    ('[builder]\nfarm = ["ssh://a", "ssh://-oProxyCommand=touch${IFS}/tmp/pwned@b"]\n', ["plan", "--offline"],
+     ["BUILD.toml", "builder.farm", "'-'"]),
+    ('[builder]\nhost = "ssh://builder@-oProxyCommand=id"\n', ["plan", "--offline"], ["BUILD.toml", "builder.host", "'-'"]),
+    ("", ["plan", "--offline", "--builder", "ssh://-oProxyCommand=id@b"], ["--builder", "'-'"]),
+    ("", ["plan", "--offline", "--builder", "tcp://-H:2376"], ["--builder", "'-'"]),
+    ('[store.s3]\nbucket = "b"\nendpoint_url = "http://-x.example:9000"\n', ["plan", "--offline"],
+     ["BUILD.toml", "store.s3.endpoint_url"]),
+], ids=["farm-entry", "builder-host", "builder-option", "tcp-host", "s3-endpoint"])
+def test_a_user_or_host_starting_with_a_dash_is_refused(tmp_path, monkeypatch, capsys, build, argv, expected):
+    """docker's ssh helper passes the URL's user and host to ssh, which takes a word starting with '-'
+    as an option (`-oProxyCommand=CMD` runs CMD): no such value gets past the settings."""
+    root = with_build(build)(tmp_path / "ws")
+    monkeypatch.chdir(root)
+    monkeypatch.delenv("EFABUILD_STORE", raising=False)
+    code = main(argv)
+    check_one_line(code, capsys.readouterr().err, expected)
+
+
 # --- cases that could hang or read without end: a subprocess with a timeout and a memory limit ------
 
 

@@ -65,7 +65,10 @@ def test_shipped_graphs_have_no_errors_only_the_base_digest_left_to_the_user():
     assert ("EFA010", "ngc-efa:efa") in noted
     # and a note that the installer's RUN takes curl, ca-certificates and git as the mirror has them
     assert {(f.rule, f.layer) for f in findings if f.severity == "info"} == {("EFA017", "ngc-efa:efa"),
-                                                                             ("EFA017", "demo:efa")}
+                                                                             ("EFA017", "demo:efa"), ("EFA019", None)}
+    # the example job's two start modes, each named
+    assert sorted(f.message.split(":")[1].strip() for f in findings if f.rule == "EFA019") == [
+        "mount per step (unnamed --container-image)", "unpack once per node and reuse by name (train)"]
 
 
 def test_clean_layer_has_no_findings(tmp_path):

@@ -46,14 +46,20 @@ def expected_findings(text: str) -> list[tuple[str, int, str | None]]:
     return out
 
 
+PLATFORM_MARKER = re.compile(r"^# platform: (\S+)$")
+
+
 def lint_fixture(tmp_path: Path, fixture: str, base: str = "nvcr.io/nvidia/pytorch:26.08-py3", source: Path = DATA):
+    """A first line `# platform: linux/arm64` makes it the workspace's [builder] platform."""
     graph = f"""\
 [layers.layer]
 base = "{base}"
 digest = "{DIGEST}"
 dockerfile_file = "docker/{fixture}"
 """
-    root = make_workspace(tmp_path / "ws", graphs={"g": graph}, build=BUILD, files={})
+    marker = PLATFORM_MARKER.match((source / fixture).read_text().split("\n", 1)[0])
+    build = BUILD + (f'\n[builder]\nplatform = "{marker.group(1)}"\n' if marker else "")
+    root = make_workspace(tmp_path / "ws", graphs={"g": graph}, build=build, files={})
     (root / "docker").mkdir()
     shutil.copy(source / fixture, root / "docker" / fixture)
     findings = lint_workspace(load_workspace(root))
@@ -180,3 +186,40 @@ def test_the_plugin_library_path_counts_as_ofi(tmp_path):
     (tmp_path / "d" / "p.Dockerfile").write_text("ENV NCCL_NET_PLUGIN=/opt/other/libnccl-net.so\n")
     found, _ = lint_fixture(tmp_path / "again", "p.Dockerfile", source=tmp_path / "d")
     assert [f.rule for f in found if f.rule == "EFA006"] == ["EFA006"]
+
+
+@pytest.mark.parametrize("fixture", ["EFA021-bad.Dockerfile", "EFA022-bad.Dockerfile"])
+def test_platform_rules_judge_by_the_workspace_platform(tmp_path, fixture):
+    """The x86_64 names of the arm64 fixtures are the platform's own on amd64; the same text with
+    the machines swapped is found on amd64 (the rules are symmetric)."""
+    text = (DATA / fixture).read_text().replace("# platform: linux/arm64", "# platform: linux/amd64")
+    (tmp_path / "amd64").mkdir()
+    (tmp_path / "amd64" / fixture).write_text(text)
+    found, _ = lint_fixture(tmp_path / "a", fixture, source=tmp_path / "amd64")
+    assert [f for f in found if f.rule in ("EFA021", "EFA022")] == []
+    swapped = text.replace("x86_64", "aarch64").replace("amd64.Ubuntu", "arm64.Ubuntu")
+    (tmp_path / "amd64" / fixture).write_text(swapped)
+    found, _ = lint_fixture(tmp_path / "b", fixture, source=tmp_path / "amd64")
+    rule = fixture.split("-")[0]
+    assert [f.line for f in found if f.rule == rule] == [r[1] for r in expected_findings(text)]
+
+
+@pytest.mark.parametrize("platform, rules", [("linux/arm64", set()), ("linux/amd64", {"EFA004", "EFA021"})])
+def test_the_plugin_directory_of_the_layers_triplet_leads_the_library_path(tmp_path, platform, rules):
+    text = (DATA / "EFA004-good.Dockerfile").read_text().replace(
+        "ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:",
+        "ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib/aarch64-linux-gnu:")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "layer.Dockerfile").write_text(f"# platform: {platform}\n{text}")
+    found, _ = lint_fixture(tmp_path, "layer.Dockerfile", source=tmp_path / "src")
+    assert {f.rule for f in found if f.severity != "info"} == rules
+
+
+def test_a_foreign_machine_url_with_credentials_is_named_without_them(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "layer.Dockerfile").write_text(
+        "# platform: linux/arm64\nRUN curl -fsSLO https://deploy:s3cr3tpass@artifacts.example/x86_64/tool.tar.gz\n")
+    found, _ = lint_fixture(tmp_path, "layer.Dockerfile", source=tmp_path / "src")
+    (finding,) = [f for f in found if f.rule == "EFA022"]
+    assert finding.message.startswith("a URL with credentials (not shown) names x86_64")
+    assert "s3cr3tpass" not in finding.message + finding.fix

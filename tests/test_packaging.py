@@ -1,15 +1,18 @@
 """The wheel works outside the repository: built from the sources, installed into a fresh venv,
 run from a directory that is not the checkout against a copied workspace.
 
-The venv sees this machine's site-packages (`--system-site-packages`) for efabuild's dependencies,
-since the tests install nothing from an index; efabuild itself comes from the wheel alone, which
-the test checks (no PYTHONPATH, no checkout on the path).
+The venv sees the site-packages of the Python running the tests for efabuild's dependencies, since
+the tests install nothing from an index: a `.pth` file adds them, so they are found whether that
+Python is the system's or a virtual environment's (`--system-site-packages` would give a venv made
+from a venv its base interpreter's, where the dependencies are not). efabuild itself comes from the
+wheel alone, which the test checks (no PYTHONPATH, no checkout on the path).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -23,7 +26,8 @@ from tests.storekit import key_for, make_sqsh, record_for
 REPO = Path(__file__).resolve().parents[1]
 ORIGIN = "git.example.org/hpc/efabuild.git"
 TOKEN = "ghp_notarealtoken0123456789"
-pytestmark = [pytest.mark.slow]
+# the first test builds the wheel and installs it into a venv (each step up to 300 s)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def run(*argv: str | Path, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess[str]:
@@ -51,11 +55,16 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
                 "-w", tmp / "dist", cwd=sources, env=env)
     assert built.returncode == 0, built.stdout + built.stderr
     [wheel] = (tmp / "dist").glob("efabuild-*.whl")
-    # --without-pip: the venv runs the system site-packages' pip (ensurepip would take seconds)
-    made = run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", tmp / "venv", cwd=tmp)
+    # --without-pip: the venv runs the test Python's pip (ensurepip would take seconds)
+    made = run(sys.executable, "-m", "venv", "--without-pip", tmp / "venv", cwd=tmp)
     assert made.returncode == 0, made.stderr
     bin_dir = tmp / "venv" / "bin"
-    # --force-reinstall: the shared development install of efabuild is visible through the system
+    [own] = (tmp / "venv" / "lib").glob("python3*/site-packages")
+    # addsitedir, not a bare path line: those directories' own .pth files count, as in their Python
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    (own / "zz-test-dependencies.pth").write_text(
+        "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in dirs) + "\n")
+    # --force-reinstall: the shared development install of efabuild is visible through those
     # site-packages; the venv must get its own copy from the wheel
     installed = run(bin_dir / "python", "-m", "pip", "install", "--no-index", "--no-deps", "--force-reinstall",
                     wheel, cwd=tmp, env=env)

@@ -186,3 +186,127 @@ def test_damaged_sqsh_is_one_clear_error(tmp_path: Path) -> None:
     bad.write_bytes(b"not a squashfs" * 100)
     with pytest.raises(EfabuildError, match="bad.sqsh: unsquashfs failed"):
         probe_tree(SqshView(bad))
+
+
+# ---- the image's machine: arm64 (Grace) layouts ---------------------------------------------------
+AARCH64_NCCL = f"/usr/lib/aarch64-linux-gnu/libnccl.so.{ngc.NCCL}"
+AARCH64_OFI = "/opt/amazon/ofi-nccl/lib/aarch64-linux-gnu/libnccl-net-ofi.so"
+
+
+def arm64_image(root: Path) -> dict[str, str]:
+    """An arm64 NGC image with a newer installer's layout, whose only pointer to the aarch64
+    directories is the loader's own default (no ld.so.conf.d/aarch64-linux-gnu.conf)."""
+    env = ngc.full_image(root, machine="aarch64", triplet_dir=True)
+    (root / "etc/ld.so.conf.d/aarch64-linux-gnu.conf").unlink()
+    return env
+
+
+@pytest.mark.parametrize("platform", ["linux/arm64", None])
+def test_arm64_libraries_are_found_in_the_aarch64_paths(tmp_path: Path, platform: str | None) -> None:
+    root = tmp_path / "root"
+    arm64_image(root)
+    measured = probe_tree(DirView(root), platform=platform)
+    assert versions(measured) == {
+        "ngc-release": "26.08", "cuda": "13.4.1", "nccl": "2.30.7", "cudnn": "9.14.0", "pytorch": ngc.TORCH,
+        "libfabric": "2.6.0", "aws-ofi-nccl": "1.21.1", "efa-installer": "1.50.0",
+        "deepep": f"1.1.0+{ngc.DEEPEP_COMMIT[:7]}",
+    }
+    nccl, ofi = measured.component("nccl"), measured.component("aws-ofi-nccl")
+    assert (nccl.loads, nccl.source) == ("/usr/lib/aarch64-linux-gnu/libnccl.so.2", AARCH64_NCCL)
+    assert measured.component("cudnn").source == "/usr/include/aarch64-linux-gnu/cudnn_version.h"
+    assert (ofi.loads, ofi.source) == (AARCH64_OFI, AARCH64_OFI)
+    assert measured.component("libfabric").loads == "/opt/amazon/efa/lib/libfabric.so.1"
+    # the arm64 loader's defaults, not x86_64's
+    defaults = [d.dir for d in measured.library_path if d.source == "default"]
+    assert defaults[:2] == ["/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu"]
+    assert "/usr/lib/x86_64-linux-gnu" not in defaults
+    assert measured.machine == "aarch64"
+    assert measured.machine_source == ("platform linux/arm64" if platform else "ELF headers")
+    assert dict(measured.elf)[AARCH64_OFI] == "aarch64"
+    assert measured.to_dict()["machine"] == {"name": "aarch64", "architecture": "arm64",
+                                             "source": measured.machine_source}
+
+
+def test_x86_64_image_keeps_its_search_order_and_records_its_machine(image: Path) -> None:
+    measured = probe_tree(DirView(image), platform="linux/amd64")
+    searched = [d.dir for d in measured.library_path]
+    assert searched == [d.dir for d in probe_tree(DirView(image)).library_path]
+    assert "/usr/lib/x86_64-linux-gnu" in searched and not any("aarch64" in d for d in searched)
+    assert measured.to_dict()["components"] == probe_tree(DirView(image)).to_dict()["components"]
+    assert (measured.machine, measured.machine_source) == ("x86_64", "platform linux/amd64")
+    assert set(dict(measured.elf).values()) == {"x86_64"}
+
+
+def test_machine_record_round_trips_and_old_manifests_read_as_unknown(image: Path) -> None:
+    from efabuild.provenance.measured import Measured
+
+    measured = probe_tree(DirView(image))
+    assert Measured.from_dict(measured.to_dict()) == measured
+    old = {k: v for k, v in measured.to_dict().items() if k not in ("machine", "elf")}
+    assert (Measured.from_dict(old).machine, Measured.from_dict(old).elf) == (None, ())
+
+
+def test_elf_headers_are_read_bounded_from_a_sqsh_as_from_a_directory(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    arm64_image(root)
+    # a big library: only its head is read (one unsquashfs per big file, its stream cut)
+    ngc.write(root, AARCH64_NCCL, ngc.fake_elf("NCCL", machine=ngc.EM_AARCH64) + b"\x00" * (3 << 20))
+    ngc.link(root, "/opt/amazon/efa/lib/libfabric/libhost-fi.so", "/../../../../../etc/hostname")
+    ngc.write(root, "/etc/hostname", "not an ELF file")
+    sqsh = ngc.make_sqsh(root, tmp_path / "arm64.sqsh")
+    in_sqsh, in_dir = probe_tree(SqshView(sqsh)), probe_tree(DirView(root))
+    assert in_sqsh.to_dict() == in_dir.to_dict()
+    assert dict(in_sqsh.elf)[AARCH64_NCCL] == "aarch64"
+    heads = SqshView(sqsh).read_heads([AARCH64_NCCL, "/etc/hostname", "/missing"], 20)
+    assert heads == {AARCH64_NCCL: (root / AARCH64_NCCL.lstrip("/")).read_bytes()[:20],
+                     "/etc/hostname": b"not an ELF file"}
+
+
+def test_the_image_s_programs_choose_the_search_order_so_the_libraries_are_measured_once(
+        tmp_path: Path, monkeypatch) -> None:
+    from efabuild.provenance import ldpath
+
+    root = tmp_path / "root"
+    arm64_image(root)
+    calls = []
+    search_path = ldpath.search_path
+    monkeypatch.setattr(ldpath, "search_path", lambda *a: calls.append(a[-1]) or search_path(*a))
+    measured = probe_tree(DirView(root))
+    assert calls == ["x86_64", "aarch64"]  # no program to tell: x86_64's order, then again
+    ngc.write(root, "/bin/sh", ngc.fake_elf(machine=ngc.EM_AARCH64))
+    calls.clear()
+    again = probe_tree(DirView(root))
+    assert calls == ["aarch64"]
+    assert again.components == measured.components and again.machine == "aarch64"
+
+
+def test_the_loader_passes_over_a_library_of_another_machine(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    env = arm64_image(root)
+    # an x86_64 build of the newer plugin first on the path: ld.so on arm64 skips it and goes on
+    ngc.ofi_plugin(root, "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", "1.22.0", ngc.EM_X86_64)
+    env["LD_LIBRARY_PATH"] = "/opt/amazon/ofi-nccl/lib:" + env["LD_LIBRARY_PATH"]
+    measured = probe_tree(DirView(root), env, platform="linux/arm64")
+    ofi = measured.component("aws-ofi-nccl")
+    assert (ofi.loads, ofi.version) == (AARCH64_OFI, ngc.OFI)
+    assert [h.path for h in ofi.on_path] == [AARCH64_OFI]  # the x86_64 copy is reachable by no name
+    assert ("/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", "1.22.0") in [(c.path, c.version) for c in ofi.copies]
+    assert dict(measured.elf)["/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"] == "x86_64"
+    # on x86_64 the same image would load the x86_64 copy
+    assert probe_tree(DirView(root), env, platform="linux/amd64").component("aws-ofi-nccl").version == "1.22.0"
+
+
+def test_the_files_whose_machine_is_read_are_bounded(tmp_path: Path, monkeypatch) -> None:
+    from efabuild.provenance import libraries
+
+    root = tmp_path / "root"
+    ngc.full_image(root)
+    for number in range(40):  # a provider directory of many libraries
+        ngc.write(root, f"/opt/amazon/efa/lib/libfabric/libprov{number:02}-fi.so", ngc.fake_elf())
+    assert len(probe_tree(DirView(root)).elf) > 40
+    monkeypatch.setattr(libraries, "MAX_MACHINE_FILES", 12)
+    measured = probe_tree(DirView(root))
+    assert len(measured.elf) == 12
+    # the libraries and plugins come before the providers' long tail
+    assert {f"/usr/lib/x86_64-linux-gnu/libnccl.so.{ngc.NCCL}",
+            "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"} <= set(dict(measured.elf))

@@ -112,6 +112,54 @@ def test_store_from_the_importer_config_file(store_dir, job_env, tmp_path):
 
 
 
+def test_a_verifying_get_reads_a_copy_verified_before_and_unchanged_since_no_more(store_dir, job_env, tmp_path,
+                                                                                  monkeypatch):
+    """Slip: `verify = true` re-hashes the whole .sqsh on every step start (4.7 s for a 1.4 GB image,
+    against 1.2 s for the whole start with squashfuse). A second start of the same unchanged copy
+    must cost stats only; a copy changed since (same size, mtime put back: ctime still moves) is
+    read again and refused."""
+    import time
+
+    from efabuild.signing import verifycache
+    from efabuild.store import transfer
+
+    hashed = []
+    real_digest = transfer.file_digest
+    monkeypatch.setattr(transfer, "file_digest", lambda path: hashed.append(Path(path)) or real_digest(path))
+    # the store's files are older than the racy window: the clock is moved on rather than waited for
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + verifycache.RACY_SECONDS + 0.1)
+    config = tmp_path / "pyxis.toml"
+    config.write_text(f'store = "{store_dir}"\nverify = true\n')
+    cache = tmp_path / "verified"
+    env = {**job_env, "EFABUILD_PYXIS_CONFIG": str(config), verifycache.CACHE_ENV: str(cache)}
+    uri = "docker://efabuild://ngc-efa:user"
+
+    first = importer("get", uri, env=env, cwd=tmp_path)
+    sqsh = Path(first.stdout.strip())
+    assert first.returncode == 0 and hashed == [sqsh], first.stderr
+    assert oct(cache.stat().st_mode & 0o777) == "0o700"
+    assert [oct(entry.stat().st_mode & 0o777) for entry in cache.iterdir()] == ["0o600"]
+    second = importer("get", uri, env=env, cwd=tmp_path)
+    assert (second.returncode, second.stdout) == (0, first.stdout) and hashed == [sqsh], second.stderr
+
+    os.chown(cache, 65534, 65534)  # a cache directory someone else owns is neither believed nor written
+    assert importer("get", uri, env=env, cwd=tmp_path).returncode == 0 and hashed == [sqsh] * 2
+    os.chown(cache, os.geteuid(), os.getegid())
+
+    before = sqsh.stat()
+    sqsh.chmod(0o644)
+    with open(sqsh, "r+b") as handle:  # changed in place by someone who can write the shared store
+        handle.seek(1000)
+        handle.write(b"rot")
+    sqsh.chmod(before.st_mode & 0o777)
+    os.utime(sqsh, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (sqsh.stat().st_size, sqsh.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    changed = importer("get", uri, env=env, cwd=tmp_path)
+    assert changed.returncode == 1 and changed.stdout == "" and hashed == [sqsh] * 3
+    assert "corrupt artifact: digest" in changed.stderr and changed.stderr.count("\n") == 1
+
+
 def test_the_jobs_efabuild_store_comes_before_the_config_files_store(store_dir, job_env, tmp_path):
     """Slip: the config file's store is read first. A job that sets $EFABUILD_STORE (a test store,
     another cluster's) would silently start the node-wide store's artifact of the same name."""
@@ -320,3 +368,46 @@ def test_a_job_users_store_or_image_string_is_one_line_and_no_path(store_dir, jo
                             timeout=20)
     assert (result.returncode, result.stdout) == (2, ""), result
     assert problem in _one_line(result.stderr), result.stderr
+
+
+@pytest.mark.s3
+def test_a_verifying_get_of_a_name_fetched_from_s3_reads_the_copy_once(tmp_path, job_env, settings, monkeypatch):
+    """Slip: the cache kept only on the path of a local name. A name the node's store copied from S3
+    is resolved through S3 at every start, and the copy it finds was re-hashed each time."""
+    import time
+
+    from efabuild.signing import verifycache
+    from efabuild.store import transfer
+    from tests.plugins.s3server import DUMMY_CREDENTIALS
+
+    builder = Store([FilesystemTier(tmp_path / "builder", "local")], settings, show_progress=False)
+    sqsh = make_sqsh(tmp_path, os.urandom(200_000))
+    key = key_for("fetched")
+    builder.publish(key, sqsh, record_for(key, "ngc-efa:user", sqsh))
+    shared = tmp_path / "fsx"
+    shared.mkdir()
+    (shared / "store.toml").write_text((tmp_path / "builder" / "store.toml").read_text())
+    hashed = []
+    real_digest = transfer.file_digest
+    monkeypatch.setattr(transfer, "file_digest", lambda path: hashed.append(path) or real_digest(path))
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + verifycache.RACY_SECONDS + 0.1)
+    config = tmp_path / "pyxis.toml"
+    config.write_text("verify = true\n")
+    env = {**job_env, **DUMMY_CREDENTIALS, "EFABUILD_STORE": str(shared), "EFABUILD_PYXIS_CONFIG": str(config),
+           verifycache.CACHE_ENV: str(tmp_path / "verified")}
+    first = importer("get", "docker://efabuild://ngc-efa:user", env=env, cwd=tmp_path)
+    assert (first.returncode, first.stdout) == (0, f"{shared / 'objects' / key[:2] / key}.sqsh\n"), first.stderr
+    fetched = len(hashed)  # the fetch's own check, and the first verification
+    for _ in range(2):
+        again = importer("get", "docker://efabuild://ngc-efa:user", env=env, cwd=tmp_path)
+        assert (again.returncode, again.stdout) == (0, first.stdout), again.stderr
+    assert len(hashed) == fetched
+    copy = Path(first.stdout.strip())
+    before = copy.stat()
+    copy.chmod(0o644)
+    with open(copy, "r+b") as handle:
+        handle.write(b"rot")
+    os.utime(copy, ns=(before.st_atime_ns, before.st_mtime_ns))
+    damaged = importer("get", "docker://efabuild://ngc-efa:user", env=env, cwd=tmp_path)
+    assert damaged.returncode == 1 and damaged.stdout == "" and "corrupt artifact: digest" in damaged.stderr

@@ -19,7 +19,8 @@ import pytest
 
 from tests.wsfactory import demo_on_base
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+# the same layers built on two engines, compared byte for byte
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def docker(host: str | None, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -133,3 +134,104 @@ def test_same_key_gives_the_same_sqsh_on_two_engines(registry_base, second_engin
         for host in (None, second_engine):
             tags = [f"efabuild/{layer.split(':')[1]}:{key}" for layer, key in keys.items()]
             docker(host, "image", "rm", "--force", *tags, check=False)
+
+
+ONE_LAYER = """
+[layers.tools]
+base = "{base}"
+digest = "{digest}"
+dockerfile = '''
+ARG TEST_RUN
+COPY app/ /opt/app/
+RUN echo "$TEST_RUN" > /opt/app/run
+'''
+args = {{ TEST_RUN = "{run}" }}
+context = ["app"]
+artifact = true
+"""
+
+
+def test_same_key_gives_the_same_sqsh_from_two_commits_and_a_renamed_copy_without_git(pinned_fixture_base, tmp_path):
+    """The git commit and remote are labels of the engine's image and fields of the manifest, never
+    bytes of the .sqsh: two CI runners on different commits publish one file under one key. So are
+    the layer's graph and name, which the key does not hold either."""
+    ref, digest = pinned_fixture_base.split("@")
+    ws = tmp_path / "ws"
+    (ws / "graphs").mkdir(parents=True)
+    (ws / "app").mkdir()
+    (ws / "app" / "main.py").write_text("print('train')\n")
+    (ws / "graphs" / "g.toml").write_text(ONE_LAYER.format(base=f"{ref}:26.08-py3", digest=digest,
+                                                           run=uuid.uuid4().hex))
+    (ws / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
+    (ws / ".gitignore").write_text("cache/\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(ws), "-c", "user.name=t", "-c", "user.email=t@example.com", *args],
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    git("remote", "add", "origin", "https://git.example.com/team/training.git")
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    [key] = _keys(ws).values()
+    built: list[tuple[bytes, dict, dict]] = []  # (.sqsh bytes, manifest, image labels) of each build
+    shown: list[tuple[str, dict]] = []  # what show and show --intoto print of each
+    statuses: list[str] = []
+
+    def build(root: Path, name: str = "g:tools", keep_image: bool = False) -> None:
+        tag = f"efabuild/{name.split(':')[1]}:{key}"
+        statuses.append(json.loads(efabuild(root, "make", "--json", name).stdout)["layers"][0]["status"])
+        labels = json.loads(docker(None, "image", "inspect", "--format", "{{json .Config.Labels}}", tag).stdout)
+        sqsh = Path(efabuild(root, "lookup", name).stdout.strip())
+        built.append((sqsh.read_bytes(), json.loads(sqsh.with_suffix(".manifest.json").read_text()), labels))
+        shown.append((efabuild(root, "show", name).stdout,
+                      json.loads(efabuild(root, "show", "--intoto", name).stdout)))
+        # the next make builds the key again (labels and all), or only exports it, into a store of its own
+        if not keep_image:
+            docker(None, "image", "rm", tag)
+        subprocess.run(["rm", "-rf", str(root / "cache")], check=True)
+
+    try:
+        build(ws, keep_image=True)
+        first = git("rev-parse", "HEAD")
+        (ws / "NOTES.md").write_text("no input of the layer\n")
+        git("add", "-A")
+        git("commit", "-qm", "two")
+        second = git("rev-parse", "HEAD")
+        build(ws)  # exported from the image built at the first commit
+        build(ws)
+        copy = tmp_path / "copy"
+        subprocess.run(["cp", "-a", str(ws), str(copy)], check=True)
+        subprocess.run(["rm", "-rf", str(copy / ".git")], check=True)
+        # and under another graph and layer name: the same inputs, so the same key
+        (copy / "graphs" / "g.toml").rename(copy / "graphs" / "other.toml")
+        graph = copy / "graphs" / "other.toml"
+        graph.write_text(graph.read_text().replace("[layers.tools]", "[layers.kit]"))
+        assert _keys(copy) == {"other:kit": key}
+        build(copy, "other:kit")
+    finally:
+        docker(None, "image", "rm", "--force", f"efabuild/tools:{key}", f"efabuild/kit:{key}", check=False)
+
+    assert statuses == ["built", "exported", "built", "built"]
+    assert len({b[0] for b in built}) == 1, "the same key gave different .sqsh bytes"
+    # the commit is on each image and in each manifest, which is what show and the statement read:
+    # the image's own, where an export from an image built before was made at a later commit
+    assert [b[2]["org.opencontainers.image.revision"] for b in built] == [first, first, second, ""]
+    assert [b[1].get("vcs") for b in built] == [
+        {"revision": commit, "source": "https://git.example.com/team/training.git"}
+        for commit in (first, first, second)] + [None]
+    assert not any(b"org.opencontainers.image" in line for line in _cat_rc(built[0][0], tmp_path))
+    rows = [next(line for line in text.splitlines() if line.startswith("revision")) for text, _ in shown]
+    assert rows[0].split()[1:] == [first, "https://git.example.com/team/training.git"]
+    assert rows[3].split()[1] == "-"
+    workspace = [[d for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+                  if d["name"] == "workspace"] for _, statement in shown]
+    assert workspace[:3] == [[{"name": "workspace", "uri": "git+https://git.example.com/team/training.git",
+                               "digest": {"gitCommit": commit}}] for commit in (first, first, second)]
+    assert workspace[3] == []
+
+
+def _cat_rc(sqsh: bytes, tmp_path: Path) -> list[bytes]:
+    path = tmp_path / "rc-of.sqsh"
+    path.write_bytes(sqsh)
+    return _cat(path, "/etc/rc").splitlines()

@@ -155,6 +155,19 @@ def _unsigned_files_with_another_sha256(store: Path, key: str, other: Path) -> N
     _manifest_with_another_sha256(store, key, other)
 
 
+def _second_subject(store: Path, key: str, other: Path) -> None:
+    """Slip: several subjects accepted. The trusted key's signature on a statement naming this file
+    and another one: a statement vouches for exactly one artifact, or one signed for a set could
+    be replayed for any of them."""
+    path = object_path(store, key, ".intoto.jsonl")
+    envelope = dsse.decode(path.read_bytes())
+    statement = json.loads(envelope.payload)
+    statement["subject"].append({"name": f"{key_for('another')}.sqsh", "digest": {"blake3": "0" * 64}})
+    bare = dsse.Envelope(json.dumps(statement).encode(), envelope.payload_type)
+    os.chmod(path, 0o644)
+    path.write_bytes(dsse.encode(bare.with_signature(PemSigner(other.parent / "keys-ec.pem").sign(bare.pae()))))
+
+
 TAMPERING = {
     "flipped byte": (_flip_byte, "digest blake3:"),
     "swapped statement": (_swap_statement, "the statement is for"),
@@ -166,6 +179,7 @@ TAMPERING = {
     "manifest with another sha256": (_manifest_with_another_sha256, "the manifest's digests differ"),
     "unsigned files with another sha256": (_unsigned_files_with_another_sha256,
                                            "the statement's subject has sha256 "),
+    "second subject": (_second_subject, "the statement must name exactly one subject"),
 }
 
 
@@ -317,6 +331,8 @@ def test_an_entry_planted_by_another_user_is_ignored(tmp_path, keys):
     assert cached_lookup(key, env)[2] != [], "an entry owned by someone else was believed"
     # the full verification replaced it with the user's own
     assert next(cache.iterdir()).stat().st_uid == os.geteuid()
+    os.chmod(next(cache.iterdir()), 0o620)  # writable by the group: not believed (slip: others' bit only)
+    assert "cryptography" in cached_lookup(key, env)[2]
     os.chmod(next(cache.iterdir()), 0o666)  # writable by others: not believed either
     assert "cryptography" in cached_lookup(key, env)[2]
     os.chown(cache, nobody, nobody)  # someone else's directory: neither read nor written
@@ -494,6 +510,41 @@ def test_an_artifact_only_s3_holds_is_verified_once_fetched(tmp_path, keys, moto
     assert (refused.returncode, refused.stdout) == (1, ""), refused.stderr
     assert refused.stderr.startswith(f"efabuild: refusing {key}: ") and "unsigned (no " in refused.stderr
     assert efabuild("lookup", key, env=env).returncode == 0  # fetched: only the signature was missing
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("size", ["as published", "forged"])
+@pytest.mark.parametrize("how", ["lookup", "importer"])
+def test_a_refused_fetch_leaves_no_unsigned_bytes_on_the_node(tmp_path, keys, moto_server, s3_bucket, how, size):
+    """A fetch that --require-signature refuses writes nothing a plain lookup could serve: the
+    statement (signed by a key the node does not trust) is checked against S3's record before a
+    byte is fetched, so a record forged to 1 TiB costs no write either."""
+    from efabuild.settings import S3Config
+    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiered import Store
+
+    builder_store, key = stored_artifact(tmp_path / "builder", PemSigner(keys["other"][0]))
+    settings = S3Config(bucket=s3_bucket, prefix="signed/", region="us-east-1", endpoint_url=moto_server)
+    builder = Store([FilesystemTier(builder_store, "local")], settings, show_progress=False)
+    builder.complete(key)
+    record = json.loads(object_path(builder_store, key, ".json").read_text())
+    if size == "forged":
+        builder.s3.client.put_object(Bucket=s3_bucket, Key=builder.s3.record_object(key),
+                                     Body=json.dumps({**record, "size": 1 << 40}).encode())
+    node = tmp_path / "fsx"
+    node.mkdir()
+    shutil.copy(builder_store / "store.toml", node / "store.toml")
+    env = node_env(tmp_path, node, keys["ec"][1])
+    args = ("lookup", "--require-signature", key) if how == "lookup" else (
+        "pyxis-importer", "get", f"docker://efabuild://{key}")
+    refused = efabuild(*args, env=env)
+    assert (refused.returncode, refused.stdout) == (1, ""), refused.stderr
+    assert refused.stderr.startswith(f"efabuild: refusing {key}: s3://{s3_bucket}/signed/objects/") \
+        and "none by a key trusted by" in refused.stderr, refused.stderr
+    assert not object_path(node, key, ".sqsh").exists()
+    assert [path for path in (node / "tmp").rglob("*")] == [] and list(node.rglob("*.sqsh")) == []
+    plain = efabuild("lookup", "--no-fetch", key, env=env)
+    assert (plain.returncode, plain.stdout) == (1, "") and "--no-fetch: S3 not asked" in plain.stderr
 
 
 @pytest.mark.parametrize("planted", ["directory", "link"])

@@ -260,3 +260,34 @@ def test_an_export_for_a_chunked_tier_cuts_its_chunks_in_the_digest_pass(tmp_pat
     assert chunked.index == chunk_file(chunked.path, chunking=chunking) and len(chunked.index.chunks) > 4
     assert chunked.digest == chunked.index.digest == plain.digest == file_digest(chunked.path)
     assert chunked.sha256 == plain.sha256 == sha256_file(chunked.path)
+
+
+@pytest.mark.parametrize("killed", ["the tar source", "mksquashfs"])
+def test_a_side_killed_by_a_signal_after_a_complete_stream_keeps_no_sqsh(tmp_path, monkeypatch, killed):
+    """Slip: only a positive exit status fails the export. Killed (OOM killer, an operator) after
+    its last byte, a side exits by a signal, not with a status: nothing says its work was complete (mksquashfs may not have written its tables), so
+    the export fails and nothing is kept under the artifact's name."""
+    import shutil
+
+    from efabuild.errors import EfabuildError
+    from efabuild.export.enroot import ImageConfig
+    from efabuild.export.squash import export_tar_stream
+
+    source = tmp_path / "rootfs.tar"
+    with tarfile.open(source, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("opt/tool")
+        info.size, info.mtime = 5, T0
+        tar.addfile(info, io.BytesIO(b"tool\n"))
+    command = ["cat", str(source)]
+    if killed == "the tar source":
+        command = ["sh", "-c", 'cat "$1" && kill -9 $$', "sh", str(source)]
+    else:  # mksquashfs writes the whole file, then dies
+        wrapper = tmp_path / "bin" / "mksquashfs"
+        wrapper.parent.mkdir()
+        wrapper.write_text(f'#!/bin/sh\n{shutil.which("mksquashfs")} "$@" && kill -9 $$\n')
+        wrapper.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{wrapper.parent}:{os.environ['PATH']}")
+    out = tmp_path / "out" / "artifact.sqsh"
+    with pytest.raises(EfabuildError, match="^export test: interrupted$"):
+        export_tar_stream(command, out, what="test", config=ImageConfig(), created=[], options=ExportSettings())
+    assert list(out.parent.iterdir()) == []

@@ -207,6 +207,206 @@ def test_one_gc_sweeps_a_bucket_at_a_time_and_a_killed_ones_lock_is_taken_over_o
     assert settings_objects(settings, "gc/lock") == []
 
 
+def test_two_gcs_finding_the_same_stale_lock_take_it_one_at_most(settings, monkeypatch):
+    """Slip: a stale lock is taken over without IfMatch on its version. Both gcs read the killed
+    one's lock before either writes: only one overwrite of that version may succeed, or two sweeps
+    run at once (the documented way to lose a chunk)."""
+    from efabuild.store import gclock
+
+    tier = S3Tier(settings)
+    tier._put_new(tier._path(gclock.LOCK_OBJECT), b'{"pid": 1}')  # left by a killed gc
+    time.sleep(5.5)
+    monkeypatch.setattr(gclock, "STALE_AFTER_S", 4.0)  # that one is stale now, a lock just taken is not
+    both_looked = threading.Barrier(2, timeout=20)
+    looked: set[int] = set()
+    real_head = S3Tier._head
+
+    def head(self, path):  # noqa: ANN001, ANN202
+        found = real_head(self, path)
+        if path.endswith(gclock.LOCK_OBJECT) and threading.get_ident() not in looked:
+            looked.add(threading.get_ident())
+            both_looked.wait()
+        return found
+
+    monkeypatch.setattr(S3Tier, "_head", head)
+    busy, entered = [], []
+
+    def sweep() -> None:
+        try:
+            with gclock.sweeping_alone(S3Tier(settings)):
+                entered.append(1)
+                deadline = time.monotonic() + 20
+                while len(entered) + len(busy) < 2 and time.monotonic() < deadline:
+                    time.sleep(0.05)  # holds the lock until the other's attempt has ended
+        except gclock.GcBusy as exc:
+            busy.append(str(exc))
+
+    sweeps = [threading.Thread(target=sweep) for _ in range(2)]
+    for thread in sweeps:
+        thread.start()
+    for thread in sweeps:
+        thread.join(30)
+    assert (len(entered), len(busy)) == (1, 1), busy
+    assert settings_objects(settings, "gc/lock") == []  # given up by its holder
+
+
+def test_a_gc_whose_lock_was_taken_over_leaves_the_new_holders_lock(settings, monkeypatch):
+    """Slip: the lock is released without checking its ETag is still its own. A gc that ran past
+    STALE_AFTER_S lost its lock to another: deleting that one's lock lets a third gc sweep beside it."""
+    from efabuild.store import gclock
+
+    with gclock.sweeping_alone(S3Tier(settings)):
+        monkeypatch.setattr(gclock, "STALE_AFTER_S", -60.0)  # the first one's lock looks a day old
+        taken_over = gclock.sweeping_alone(S3Tier(settings))
+        taken_over.__enter__()
+        monkeypatch.setattr(gclock, "STALE_AFTER_S", 24 * 3600.0)
+    try:
+        assert settings_objects(settings, "gc/lock") != []
+        with pytest.raises(gclock.GcBusy, match="holds it since"):
+            with gclock.sweeping_alone(S3Tier(settings)):
+                pass
+    finally:
+        taken_over.__exit__(None, None, None)
+    assert settings_objects(settings, "gc/lock") == []
+
+
+def test_a_sqsh_changed_after_the_export_cut_it_stores_no_chunk_under_a_wrong_name(tmp_path, settings, versions):
+    """Slip: chunks are sent without checking the bytes read back against their ids. The export's
+    index names each chunk by its bytes at the cut; a file changed after (a disk fault, a writer)
+    would store new bytes under old names, and every artifact sharing one would fail to fetch."""
+    import shutil
+
+    from efabuild.store.chunks import chunk_file
+
+    store = builder(tmp_path, settings)
+    sqsh = tmp_path / "changed.sqsh"
+    shutil.copy(versions[0], sqsh)
+    key = key_for("changed after its cut")
+    index = chunk_file(sqsh, chunking=CHUNKED["chunking"])
+    record = record_for(key, "demo:changed", sqsh)
+    with open(sqsh, "r+b") as handle:  # one byte in the middle, after the export's digest pass
+        handle.seek(index.size // 2)
+        byte = handle.read(1)
+        handle.seek(index.size // 2)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(EfabuildError, match="no longer hash"):
+        store.publish(key, sqsh, record, b'{"m": 1}', index=index)
+    chunks = store.s3.chunks
+    stored = set(index.unique()) - chunks.missing(index.unique())
+    assert stored  # the unchanged ones may have gone up: each holds the bytes its name says
+    for cid in stored:
+        chunks.fetch(cid, index.unique()[cid])
+    assert store.s3.record(key) is None
+
+
+def test_a_sqsh_cut_afresh_whose_digest_is_not_the_records_is_not_published(tmp_path, settings, versions):
+    """Slip: publish does not compare a fresh cut's digest with the record. Without the export's
+    index the S3 tier cuts the file itself: other bytes than the record's must not go up under it
+    (every node would fetch them, then refuse them)."""
+    import shutil
+
+    store = builder(tmp_path, settings)
+    sqsh = tmp_path / "changed.sqsh"
+    shutil.copy(versions[0], sqsh)
+    key = key_for("changed before its cut")
+    record = record_for(key, "demo:changed", sqsh)
+    with open(sqsh, "r+b") as handle:
+        handle.seek(record.size // 2)
+        byte = handle.read(1)
+        handle.seek(record.size // 2)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(EfabuildError, match=f"its record says {record.digest}; not published"):
+        store.publish(key, sqsh, record, b'{"m": 1}')
+    assert store.s3.record(key) is None
+    assert settings_objects(settings, f"objects/{key[:2]}/{key}") == []  # no index either
+class SkewedClock:
+    """The `time` module as a gc host whose clock is `by` seconds off sees it."""
+
+    def __init__(self, by: float) -> None:
+        self.by = by
+
+    def time(self) -> float:
+        return time.time() + self.by
+
+    def __getattr__(self, name: str):  # noqa: ANN204 - strftime, gmtime... as they are
+        return getattr(time, name)
+
+
+def skew_gc_hosts_clock(monkeypatch, by: float) -> None:  # noqa: ANN001
+    """This process's gc, publish-leftover and trash code reads a clock `by` seconds off (the
+    loopback S3 server, in this process too, keeps the true one)."""
+    from datetime import datetime, timezone
+
+    from efabuild.store import chunksweep, gclock, s3, s3chunks
+
+    class SkewedDatetime(datetime):
+        @classmethod
+        def now(cls, tz=None):  # noqa: ANN001, ANN206
+            return datetime.fromtimestamp(time.time() + by, tz or timezone.utc)
+
+    for module in (gclock, s3chunks, chunksweep):
+        monkeypatch.setattr(module, "time", SkewedClock(by), raising=False)
+    monkeypatch.setattr(s3, "datetime", SkewedDatetime)
+
+
+def test_a_gc_host_a_day_ahead_does_not_take_a_live_lock(tmp_path, settings, versions, monkeypatch):
+    from efabuild.store import gclock
+
+    chunk_store, _ = orphaned_chunks(tmp_path, settings, versions[0])
+    S3Tier(settings)._put_new(S3Tier(settings)._path("gc/lock"), b'{"pid": 1}')  # another gc's, just taken
+    skew_gc_hosts_clock(monkeypatch, 25 * 3600)
+    with pytest.raises(gclock.GcBusy, match="another gc of this bucket's chunks holds it since"):
+        collect(chunk_store, grace=3600, dry_run=False)
+    assert settings_objects(settings, "gc/lock") == [S3Tier(settings)._path("gc/lock")]
+
+
+def test_a_gc_host_a_day_behind_takes_over_a_stale_lock(tmp_path, settings, versions, monkeypatch):
+    from efabuild.store import gclock
+
+    chunk_store, _ = orphaned_chunks(tmp_path, settings, versions[0])
+    S3Tier(settings)._put_new(S3Tier(settings)._path("gc/lock"), b'{"pid": 1}')  # a killed gc's
+    monkeypatch.setattr(gclock, "STALE_AFTER_S", 2.0)  # instead of a day
+    time.sleep(3)
+    skew_gc_hosts_clock(monkeypatch, -25 * 3600)
+    collect(chunk_store, grace=3600, dry_run=False)
+    assert settings_objects(settings, "gc/lock") == []
+
+
+def test_a_gc_host_an_hour_ahead_leaves_a_running_gcs_trash(tmp_path, settings, versions, monkeypatch):
+    """Chunks another gc has just moved to its trash (it puts back those an index names): a gc
+    whose clock is ahead must not take that trash for a killed gc's and empty it."""
+    from efabuild.store import chunksweep
+
+    store = builder(tmp_path, settings)
+    key = publish(store, versions[0])
+    chunk_store = store.s3.chunks
+    moved = sorted(store.s3.chunk_index(key).unique())[:3]
+    for cid in moved:
+        assert chunksweep._move(store.s3, chunk_store.object(cid), chunksweep.trash_object(store.s3._path, cid))
+    skew_gc_hosts_clock(monkeypatch, 2 * 3600)
+    collect(chunk_store, grace=3600, dry_run=False)
+    assert sorted(path.rsplit("/", 1)[-1] for path in settings_objects(settings, "gc/trash/")) == moved
+
+
+def test_gc_dates_its_marks_and_judges_leftovers_by_the_buckets_clock(tmp_path, settings, versions,
+                                                                       monkeypatch, s3_client):
+    """A gc host a day ahead: its mark is dated by S3's clock (compared with the chunks'
+    LastModified), and the .sqsh a whole-object publish has just uploaded (its record comes next)
+    is no leftover to delete. (moto dates every multipart upload 2010: those are not tried here.)"""
+    import json
+
+    chunk_store, _ = orphaned_chunks(tmp_path, settings, versions[1])
+    tier = S3Tier(settings)
+    s3_client.put_object(Bucket=settings.bucket, Key=tier.sqsh_object(key_for("live")), Body=b"uploading")
+    skew_gc_hosts_clock(monkeypatch, 25 * 3600)
+    assert tier.debris() == []
+    before = time.time()
+    collect(chunk_store, grace=3600, dry_run=False)
+    newest = max(settings_objects(settings, "gc/marks/"))
+    mark = json.loads(s3_client.get_object(Bucket=settings.bucket, Key=newest)["Body"].read())
+    assert before - 2 <= mark["time"] <= time.time() + 1
+
+
 def orphaned_chunks(base: Path, settings: S3Config, sqsh: Path) -> tuple[ChunkStore, int]:
     """A bucket holding `sqsh`'s chunks with the artifact that used them deleted, and how many of
     them a gc has just marked as unreferenced (a gc past the grace period sweeps them)."""

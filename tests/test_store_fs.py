@@ -252,3 +252,36 @@ def test_a_write_that_fails_names_the_file_it_was_writing_not_its_temp_file(tmp_
         replace_owned(target, b"data", below=tmp_path)
     assert failed.value.filename == str(target)
     assert sorted(p.name for p in target.parent.iterdir()) == ["hashes"]  # the temp file is gone
+
+
+def test_an_atomic_write_reaches_the_disk_before_its_rename(tmp_path, monkeypatch):
+    """Slip: atomic_write_bytes without its fsync before the rename. A record, ref or index must be
+    on disk before its name points at it: after a power cut
+    the rename may have reached the disk and the data not, and a reader gets an empty or partial
+    file under the final name. No crash of the kernel can be staged in a test, so the order of
+    the calls is what is checked: fsync of the new file, then the rename, then fsync of the
+    directory that holds the name."""
+    import stat
+
+    from efabuild.store import fsutil
+
+    calls: list[tuple[str, object]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        info = os.fstat(fd)
+        # the file is open for writing only: its bytes are read through its name
+        kind = "dir" if stat.S_ISDIR(info.st_mode) else Path(f"/proc/self/fd/{fd}").read_bytes()
+        calls.append(("fsync", kind))
+        real_fsync(fd)
+
+    def replace(*args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        calls.append(("rename", None))
+        real_replace(*args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    target = tmp_path / "store" / "refs" / "demo" / "user.json"
+    fsutil.atomic_write_bytes(target, b'{"key": "new"}', tmp_path / "store" / "tmp")
+    assert target.read_bytes() == b'{"key": "new"}'
+    assert calls == [("fsync", b'{"key": "new"}'), ("rename", None), ("fsync", "dir")]

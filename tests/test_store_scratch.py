@@ -62,3 +62,24 @@ def test_a_tmpdir_that_is_no_writable_directory_is_one_line_before_any_build(tmp
             assert result.stderr.splitlines() == [f"efabuild: TMPDIR: {shown}: {problem}"]
             assert not (root / "cache" / "logs").exists()
     assert efabuild("-C", str(root), "make", "--dry-run", env={"TMPDIR": str(tmp_path / "missing")}).returncode == 0
+
+
+def test_a_make_leaves_nothing_of_buildx_in_tmpdir(tmp_path, busybox_image):
+    """buildx copies the Dockerfile it reads from stdin (`--file -`) into $TMPDIR/dockerfileNNN and
+    never removes it: one directory per build, for ever, in a shared /tmp."""
+    import uuid
+
+    from tests.storekit import efabuild_process
+
+    root = tmp_path / "ws"
+    (root / "graphs").mkdir(parents=True)
+    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
+    (root / "graphs" / "g.toml").write_text(
+        f'[layers.one]\nbase = "{busybox_image}"\ndockerfile = "RUN echo {uuid.uuid4().hex} > /run-id"\n'
+        'artifact = true\nignore = [{ rule = "EFA010", reason = "a local test image" }]\n')
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    made = efabuild_process("-C", str(root), "make", "--no-lint", env={"TMPDIR": str(tmp)})
+    assert made.returncode == 0, made.stderr
+    assert "built" in made.stdout + made.stderr
+    assert sorted(os.listdir(tmp)) == []

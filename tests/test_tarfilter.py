@@ -58,6 +58,21 @@ PLAN = RewritePlan.for_config(
 )
 
 
+def test_etc_rc_keeps_the_labels_the_key_decides_and_no_other():
+    """The base's and the Dockerfile's labels and the key are the key's; the layer's name and the
+    workspace's git state are not, and would give one key two .sqsh files."""
+    def rc(**labels: str) -> str:
+        cfg = ImageConfig.from_docker({"Labels": {"com.nvidia.nccl.version": "2.30.7", "org.efabuild.key": "k" * 64,
+                                                  **labels}, "Cmd": ["bash"]})
+        return dict(RewritePlan.for_config(cfg).files)["etc/rc"]
+
+    here = rc(**{"org.opencontainers.image.revision": "a" * 40, "org.opencontainers.image.source": "https://x/y.git",
+                 "org.opencontainers.image.title": "g:tools", "org.efabuild.graph": "g", "org.efabuild.layer": "tools"})
+    assert here == rc(**{"org.opencontainers.image.revision": "b" * 40, "org.opencontainers.image.title": "other:kit",
+                         "org.efabuild.graph": "other", "org.efabuild.layer": "kit"}) == rc()
+    assert here.startswith(f"# com.nvidia.nccl.version 2.30.7\n# org.efabuild.key {'k' * 64}\n\n")
+
+
 def test_filter_drops_dev_contents_and_dockerenv_and_replaces_config_files(tmp_path: Path) -> None:
     out = _filter(tmp_path, _tar([
         (".dockerenv", "f", 0o755, b""),
@@ -269,3 +284,57 @@ def test_a_builds_own_tar_gets_docker_creates_entries_where_docker_export_has_th
     # without init_layer (docker export's own stream) nothing is added
     plain = _order(tmp_path, _tar(image), RewritePlan.for_config(cfg, epoch=42, clamp=T0))
     assert "etc/hosts" not in [entry[0] for entry in plain]
+
+
+@pytest.mark.parametrize("size", [3 * 2**20 + 5, 8 * 2**30 + 5], ids=["3MiB", "8GiB"])
+def test_a_file_whose_size_only_a_pax_record_gives_is_passed_whole(size: int) -> None:
+    """Slip: the filter ignores a pax `size`. Go's archive/tar (docker export) gives a file of 8 GiB
+    or more its size in a pax record,
+    the ustar field (11 octal digits) left 0: read by that field, its body would be taken for
+    headers and every file after it lost from the image. The stream goes through pipes, generated
+    as it is read: none of it is written to disk."""
+    import os
+    import threading
+
+    from efabuild.export.tarheader import header_block, padded, pax_block
+
+    head = pax_block({"size": str(size)}) + header_block("big.bin", typeflag=b"0", mode=0o644, size=0, mtime=T0)
+    after = header_block("after.txt", typeflag=b"0", mode=0o644, size=5, mtime=T0) + b"after".ljust(512, b"\0")
+    total_in = len(head) + padded(size) + len(after) + 1024
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+
+    def produce() -> None:
+        zeros = memoryview(bytes(4 << 20))
+        with os.fdopen(in_w, "wb", buffering=0) as sink:
+            sink.write(head)
+            left = padded(size)
+            while left:
+                left -= sink.write(zeros[:min(left, len(zeros))])
+            sink.write(after + bytes(1024))
+
+    read: list[int] = []
+
+    def run_filter() -> None:
+        try:
+            read.append(rewrite_tar(in_r, out_w, PLAN))
+        finally:
+            os.close(out_w)
+            os.close(in_r)
+
+    threads = [threading.Thread(target=produce, daemon=True), threading.Thread(target=run_filter, daemon=True)]
+    for thread in threads:
+        thread.start()
+    first, last, block, total_out = b"", b"", b"", 0
+    with os.fdopen(out_r, "rb", buffering=0) as source:
+        while chunk := source.read(4 << 20):
+            total_out += len(chunk)
+            first = first or chunk[:4096]
+            last, block = block, chunk  # only the end is kept: the files after the big one
+    tail = last + block
+    for thread in threads:
+        thread.join(60)
+    assert read == [total_in]
+    assert f"size={size}\n".encode() in first and b"big.bin" in first
+    assert total_out > size
+    assert b"after.txt" in tail and b"after\0" in tail[tail.index(b"after.txt") + 512:][:512]

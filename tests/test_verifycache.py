@@ -32,3 +32,25 @@ def test_a_verification_begun_within_the_racy_window_of_a_change_is_not_remember
     # begun well after the change: remembered, and found again
     assert verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + 2.5, environ=environ)
     assert verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)
+
+
+def test_a_digest_check_and_a_signature_check_of_one_file_keep_their_own_entries(tmp_path, monkeypatch):
+    """Slip: both kinds under the file's one entry name. An importer with `verify = true` and
+    `require_signature = true` would replace one entry with the other on every start, and so
+    re-read the whole file every time."""
+    key = key_for("kinds")
+    sqsh = tmp_path / f"{key}.sqsh"
+    sqsh.write_bytes(b"squashfs bytes")
+    paths = {"sqsh": sqsh}
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + verifycache.RACY_SECONDS + 0.1)
+    stamps = verifycache.take_stamps(paths)
+    environ = {verifycache.CACHE_ENV: str(tmp_path / "verified")}
+    started = time.time()
+    assert verifycache.remember(sqsh, key, paths, stamps, "policy", started, environ=environ)
+    assert verifycache.remember(sqsh, key, paths, stamps, "blake3:00", started, environ=environ, kind="digest")
+    assert verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)
+    assert verifycache.is_verified(sqsh, key, stamps, "blake3:00", environ=environ, kind="digest")
+    # neither answers for the other
+    assert not verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ, kind="digest")
+    assert not verifycache.is_verified(sqsh, key, stamps, "blake3:00", environ=environ)

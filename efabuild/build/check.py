@@ -1,7 +1,8 @@
 """`efabuild make --check`: is a stored artifact reproducible? (the spirit of `nix build --check`)
 
 The layer is built again without BuildKit's cache, on its parent's image (parents are not
-rebuilt), exported the way `make` exports, and compared with the stored `.sqsh` file by file.
+rebuilt), exported the way `make` exports, and compared with the stored `.sqsh`, whose bytes are
+first checked against its record (a damaged copy fails the check, named), file by file.
 In the engine, the rebuilt image gets a tag of its own, naming this process, and is removed after
 the export (by the next make or gc when this one is killed first). On builders that cannot see
 the engine's images (a farm), it is built FROM the parent by digest in [registry], pushed under
@@ -26,7 +27,10 @@ from efabuild.store.owner import owned_name
 from efabuild.build.reporter import Reporter
 
 # export options that decide the bytes of a .sqsh, as recorded with an artifact
-_PACKING = ("mksquashfs", "time_clamp")
+_PACKING = ("mksquashfs", "time_clamp", "rc_labels")
+# what an option recorded as absent meant, for artifacts exported before it was recorded
+_ABSENT = {"time_clamp": "absent (exported before times were clamped)",
+           "rc_labels": "absent (exported with the layer's name and git commit in /etc/rc)"}
 
 
 @attrs.frozen
@@ -40,15 +44,17 @@ class CheckResult:
     # recorded export options of the stored artifact that differ from this export's
     packing: tuple[tuple[str, object, object], ...] = ()
     log: str = ""
+    damaged: str = ""  # what is wrong with the stored copy's bytes, when they are not its record's
 
     @property
     def identical(self) -> bool:
-        return self.stored_digest == self.rebuilt_digest
+        return not self.damaged and self.stored_digest == self.rebuilt_digest
 
 
 def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckResult:
     from efabuild.build import run as make
     from efabuild.export.sqshdiff import compare, read_sqsh
+    from efabuild.export.tarfilter import RC_LABELS
 
     runner = make._Runner(prepared, reporter)
     lp = prepared.plan.by_name()[qualname]
@@ -59,8 +65,8 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
     if record is None or not runner.store.has(lp.key):
         raise EfabuildError(f"{qualname}: no stored artifact for key {short(lp.key)}: "
                             f"build it first (efabuild make {qualname})")
-    stored = runner.store.lookup(lp.key)
-    runner.oci_labels = _stored_oci_labels(stored)  # a later commit alone must not make it differ
+    stored = runner.store.lookup(lp.key)  # a fetch from S3 verifies what it writes
+    record, damaged = _verified_record(runner.store, lp.key, record)
     runner.farm = _farm(runner, layer, qualname)
     if runner.farm is None and layer.parent and prepared.plan.by_name()[layer.parent].key not in runner.tags:
         raise EfabuildError(f"{qualname}: its parent {layer.parent} is not in the engine and --check does not "
@@ -74,15 +80,38 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
         rebuild = _rebuild_here if runner.farm is None else _rebuild_on_farm
         rebuilt = rebuild(runner, layer, lp, work / "rebuilt.sqsh", log_path)
         differences: tuple[Difference, ...] = ()
-        if rebuilt.digest != record.digest:
-            differences = tuple(compare(read_sqsh(stored), read_sqsh(rebuilt.path)))
-        now = {"mksquashfs": list(rebuilt.options), "time_clamp": rebuilt.time_clamp}
+        if damaged or rebuilt.digest != record.digest:
+            try:
+                differences = tuple(compare(read_sqsh(stored), read_sqsh(rebuilt.path)))
+            except EfabuildError:
+                if not damaged:
+                    raise
+                # a damaged file may not even read as a squashfs: the damage is what the check reports
+        now = {"mksquashfs": list(rebuilt.options), "time_clamp": rebuilt.time_clamp, "rc_labels": RC_LABELS}
         packing = tuple((name, record.export.get(name), now[name]) for name in _PACKING
                         if record.export.get(name) != now[name])
         return CheckResult(qualname, lp.key, stored, record.digest, rebuilt.digest, differences, packing,
-                           str(log_path))
+                           str(log_path), damaged)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _verified_record(store, key: str, record):  # noqa: ANN001, ANN202 - a Store, an ArtifactRecord
+    """(the record of the copy compared, '' or what is wrong with its bytes): the stored file is
+    re-hashed against the record of its own tier, so a rebuild equal to the record is never called
+    identical to a file that is no longer those bytes."""
+    from efabuild.store.transfer import DamagedCopy, check_file
+
+    hit = store.local_hit(key)
+    if hit is None:  # lookup just found or fetched it; gone meanwhile (gc, another user)
+        raise EfabuildError(f"stored artifact {short(key)} vanished while being checked: check again")
+    tier, path = hit
+    record = tier.record(key) or record
+    try:
+        check_file(tier.name, path, record)
+    except DamagedCopy as exc:
+        return record, str(exc)
+    return record, ""
 
 
 def _farm(runner, layer: Layer, qualname: str):  # noqa: ANN001, ANN202 - a make _Runner; a Farm or None
@@ -161,24 +190,28 @@ def _tmp(store_root: Path) -> Path:
 
 
 def render(result: CheckResult, limit: int = 50) -> str:
-    """What the user reads: identical, or which files differ and how, and the likely causes."""
-    from efabuild.export.sqshdiff import summary
-
+    """What the user reads: identical, damaged, or which files differ and how, and the likely causes."""
     if result.identical:
         return (f"{result.qualname} ({short(result.key)}): rebuilt without the build cache, identical to "
                 f"the stored artifact ({result.stored_digest})")
-    lines = [f"{result.qualname} ({short(result.key)}): the rebuild differs from the stored artifact "
-             f"{result.stored}"]
-    counts = summary(result.differences)
-    if counts:
-        lines.append("  " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
-        lines.extend("  " + d.render() for d in result.differences[:limit])
-        if len(result.differences) > limit:
-            lines.append(f"  … and {len(result.differences) - limit} more")
+    if result.damaged:
+        lines = [f"{result.qualname} ({short(result.key)}): the stored artifact is damaged: {result.damaged}"]
+        if result.rebuilt_digest == result.stored_digest:
+            lines.append(f"  the rebuild is identical to the bytes its record names ({result.stored_digest}): "
+                         f"delete {result.stored} and run `efabuild make {result.qualname}` to restore it")
+            lines.extend(_difference_lines(result.differences, limit))
+            return "\n".join(lines)
+        lines.append(f"  the rebuild differs from the bytes its record names ({result.stored_digest}) too")
     else:
+        lines = [f"{result.qualname} ({short(result.key)}): the rebuild differs from the stored artifact "
+                 f"{result.stored}"]
+    listed = _difference_lines(result.differences, limit)
+    if listed:
+        lines.extend(listed)
+    elif not result.damaged:
         lines.append("  every file is the same: the difference is in how the .sqsh was packed")
     for name, before, after in result.packing:
-        shown = "absent (exported before times were clamped)" if before is None and name == "time_clamp" else before
+        shown = _ABSENT.get(name, "absent") if before is None else before
         lines.append(f"  stored with export option {name} = {shown}, rebuilt with {after}")
     lines.append("  usual cause: network fetches at build time (apt-get, pip, curl) get whatever the "
                  "server has that day: pin versions and digests (lint's EFA017 lists unpinned apt-get "
@@ -188,12 +221,14 @@ def render(result: CheckResult, limit: int = 50) -> str:
     return "\n".join(lines)
 
 
-def _stored_oci_labels(sqsh) -> dict[str, str]:  # noqa: ANN001 - a Path
-    """The title, source and revision labels the stored artifact was built with (Enroot keeps the
-    labels in /etc/rc)."""
-    from efabuild.build.gitstate import GIT_LABELS, TITLE
-    from efabuild.provenance.fsview import SqshView
-    from efabuild.provenance.imageenv import RC_FILE, parse_rc_labels
+def _difference_lines(differences: tuple[Difference, ...], limit: int) -> list[str]:
+    from efabuild.export.sqshdiff import summary
 
-    labels = parse_rc_labels(SqshView(sqsh).read_text(RC_FILE) or "")
-    return {name: labels[name] for name in (TITLE, *GIT_LABELS) if name in labels}
+    counts = summary(differences)
+    if not counts:
+        return []
+    lines = ["  " + ", ".join(f"{n} {kind}" for kind, n in counts.items())]
+    lines.extend("  " + d.render() for d in differences[:limit])
+    if len(differences) > limit:
+        lines.append(f"  … and {len(differences) - limit} more")
+    return lines

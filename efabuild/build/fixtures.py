@@ -93,8 +93,22 @@ def fixture_sources(source: Path | None = None) -> Iterator[Path]:
                          "fixtures.tar (reinstall efabuild, or pass --source)", str(source_dir()))
     with scratch_dir("fixture-sources") as tmp:
         with tarfile.open(PACKED_SOURCES) as tar:
-            tar.extractall(tmp, filter="tar")  # keeps the symlinks, refuses paths leaving tmp
+            _extract_inside(tar, Path(tmp))
         yield Path(tmp) / "fixtures"
+
+
+def _extract_inside(tar: tarfile.TarFile, dest: Path) -> None:
+    """Extract keeping the symlinks (absolute ones too), refusing a member whose path leaves `dest`."""
+    if hasattr(tarfile, "tar_filter"):
+        tar.extractall(dest, filter="tar")
+        return
+    # CPython before 3.11.4 (Debian bookworm's 3.11.2) has no extraction filters: the tar filter's
+    # check by hand, member by member so that a link extracted earlier is followed
+    root = os.path.realpath(dest)
+    for member in tar.getmembers():
+        if os.path.commonpath([root, os.path.realpath(os.path.join(root, member.name))]) != root:
+            raise InputError(f"{member.name}: leaves the directory it is unpacked into", str(PACKED_SOURCES))
+        tar.extract(member, dest)
 
 
 def is_static_elf(path: Path) -> bool:

@@ -2,18 +2,21 @@
 commit. Nothing when the workspace is no git checkout (or git is missing); a remote URL's user and
 password or token (in its user part, query or fragment) are never kept, and a URL holding spaces or
 control characters, or too long to pass as an argument, is left out. A git that hangs (a FIFO named by an include.path) costs one timeout.
+An artifact's manifest reads them back from the image it was exported from (`vcs_of`), checked again.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
-SOURCE = "org.opencontainers.image.source"
-REVISION = "org.opencontainers.image.revision"
-TITLE = "org.opencontainers.image.title"
+from efabuild.refs import REVISION_LABEL as REVISION
+from efabuild.refs import SOURCE_LABEL as SOURCE
+
 GIT_LABELS = (SOURCE, REVISION)
+_COMMIT = re.compile(r"[0-9a-f]{40,64}")
 _TIMEOUT_S = 10
 # a label is one argument of `docker buildx build`: the kernel refuses one over 128 KiB, and no
 # repository URL is anywhere near this long
@@ -44,15 +47,32 @@ def git_labels(root: Path) -> dict[str, str]:
         url = _git(root, "config", "--get", "remote.origin.url") if revision else ""
     except _GitHung:  # the second call would read the same config and hang as long
         return {}
-    if re.fullmatch(r"[0-9a-f]{40,64}", revision):
+    if _COMMIT.fullmatch(revision):
         labels[REVISION] = revision
-    # one printable word: a line break or terminal escape would reach /etc/rc and `docker inspect`
-    # (checked before parsing, which drops some of them silently)
-    fits = len(url) <= MAX_SOURCE_CHARS and url.isprintable() and not any(c.isspace() for c in url)
-    source = without_credentials(url) if fits else ""
+    source = _source(url)
     if source and revision:
         labels[SOURCE] = source
     return labels
+
+
+def vcs_of(labels: Mapping[str, str]) -> dict[str, str]:
+    """{revision, source} as an image's labels say it was built (from the git state of the
+    workspace that built it, maybe another machine's), for its manifest: each only when well
+    formed, since an image from a shared engine or a registry may carry any label."""
+    revision = labels.get(REVISION, "")
+    if not isinstance(revision, str) or not _COMMIT.fullmatch(revision):
+        return {}
+    source = labels.get(SOURCE, "")
+    source = _source(source) if isinstance(source, str) else ""
+    return {"revision": revision, **({"source": source} if source else {})}
+
+
+def _source(url: str) -> str:
+    """`url` without credentials when it is one printable word that fits as an argument, else ''."""
+    # a line break or terminal escape would reach `docker inspect` and manifests (checked before
+    # parsing, which drops some of them silently)
+    fits = len(url) <= MAX_SOURCE_CHARS and url.isprintable() and not any(c.isspace() for c in url)
+    return without_credentials(url) if fits else ""
 
 
 def without_credentials(url: str) -> str:

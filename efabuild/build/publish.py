@@ -13,16 +13,26 @@ from efabuild.build.prepare import Prepared
 from efabuild.build.reporter import Reporter
 
 
+def export_progress(qualname: str, expected: int | None):  # noqa: ANN201 - a Progress
+    """The export's progress line: its total is the image's size, an estimate the tar outgrows."""
+    from efabuild.store.progress import Progress
+
+    return Progress(f"export {qualname}", expected, estimate=True)
+
+
 def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
                        tag: str, reporter: Reporter, epoch: int, builder_versions: dict, signer=None,
                        cancel=None, exporter=None) -> Path:
     """`exporter(out, progress=, sha256=, cancel=, chunking=)` exports from elsewhere than `engine` (a
-    farm). The export cuts the .sqsh into the S3 tier's chunks in its digest pass (see _chunking)."""
+    farm). The export cuts the .sqsh into the S3 tier's chunks in its digest pass (see _chunking).
+    The manifest's `vcs` is the git revision and source of the image's labels: where the image
+    was built from, on this machine or the one it was pulled from (never in the .sqsh)."""
     from efabuild.signing.attest import signed
     from efabuild.store.digest import Sha256Pass
     from efabuild.store.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
-    from efabuild.export.squash import ENROOT_FORMAT, ExportCancelled
+    from efabuild.export.squash import ExportCancelled
+    from efabuild.build.gitstate import vcs_of
     from efabuild.build.stops import step_boundary
     from efabuild.store.fsutil import temp_name
     from efabuild.store.record import ArtifactRecord
@@ -37,7 +47,7 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
 
     def progress(streamed: int, expected: int | None) -> None:
         if not bar:  # the total is known once the export has started
-            bar.append(Progress(f"export {layer.qualname}", expected))
+            bar.append(export_progress(layer.qualname, expected))
         bar[0].update(streamed - bar[0].done)
 
     try:
@@ -47,17 +57,14 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
         finally:
             for shown in bar:
                 shown.close()
-        export_info = {"mksquashfs": list(result.options), "compression": ws.settings.export.compression,
-                       "compress_data": ws.settings.export.compress_data, "epoch": epoch,
-                       "enroot_format": ENROOT_FORMAT,
-                       # absent in artifacts exported before times were clamped
-                       "time_clamp": result.time_clamp}
+        export_info = _export_info(ws, result, epoch)
         sha256 = Sha256Pass(result.path)
         manifest = describe_sqsh(
             result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest, sqsh_sha256=sha256.result,
             export_options=export_info, base=_base(prepared.plan, layer.qualname),
             chain=_chain(prepared.plan, layer.qualname),
             builder=builder_versions, times={"started": started, "exported": _now()},
+            vcs=vcs_of(dict(result.labels)), platform=plan.inputs.platform,
         )
         record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info,
                                          sha256=sha256.result())
@@ -71,6 +78,18 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     finally:
         out.unlink(missing_ok=True)  # published copies are links or copies of their own
     return store.lookup(plan.key, fetch=False)
+
+
+def _export_info(ws: Workspace, result, epoch: int) -> dict:  # noqa: ANN001 - an ExportResult
+    """The export options recorded with an artifact: what decides its bytes besides its key."""
+    from efabuild.export.squash import ENROOT_FORMAT
+    from efabuild.export.tarfilter import RC_LABELS
+
+    return {"mksquashfs": list(result.options), "compression": ws.settings.export.compression,
+            "compress_data": ws.settings.export.compress_data, "epoch": epoch,
+            "enroot_format": ENROOT_FORMAT, "rc_labels": RC_LABELS,
+            # absent in artifacts exported before times were clamped
+            "time_clamp": result.time_clamp}
 
 
 def _engine_exporter(ws: Workspace, engine, tag: str, key: str, name: str, epoch: int):  # noqa: ANN001, ANN202

@@ -21,7 +21,7 @@ from efabuild.errors import EfabuildError, InputError
 from efabuild.model import Layer, Workspace
 from efabuild.plan import BUILD, NOTHING, PULL, LayerPlan
 from efabuild.redact import Redactor, dockerfile_secret_values, is_secret_arg
-from efabuild.refs import image_tag, short
+from efabuild.refs import GRAPH_LABEL, KEY_LABEL, LAYER_LABEL, TITLE_LABEL, image_tag, short
 from efabuild.build.context import SOURCE_DATE_EPOCH, context_dir
 from efabuild.build.leftovers import LeftoverSearch, sweep
 from efabuild.build.prepare import Prepared, prepare
@@ -92,6 +92,9 @@ class _Runner:
         # every secret of this make is hidden in every build's output, whichever layer it belongs to
         self.redact = output_redactor(prepared)
         self.farm = None  # efabuild.engine.farm.Farm: builders that cannot see this engine's images
+        self._node_versions: dict[int, dict] = {}  # id(farm node) -> its tool versions
+        self._pulled: set[str] = set()  # keys whose image this make pulled: built by another machine
+        self._versions_lock = threading.Lock()
 
     @functools.cached_property
     def steps(self) -> EngineSteps:
@@ -198,6 +201,7 @@ class _Runner:
         if not self.steps.pull(tag, self.ws.settings.registry):
             raise EfabuildError(f"{lp.qualname}: {tag} vanished from the registry {self.ws.settings.registry.url}")
         self.tags[lp.key] = tag
+        self._pulled.add(lp.key)
 
     def _ensure_own_tag(self, layer: Layer, lp: LayerPlan) -> None:
         """A layer whose image exists under another layer's name gets its own tag too."""
@@ -227,7 +231,7 @@ class _Runner:
         return f"FROM {layer.base.ref}"
 
     def build_request(self, layer: Layer, lp: LayerPlan, context_dir: Path, tag: str, *, no_cache: bool = False):
-        from efabuild.build.gitstate import TITLE
+        from efabuild.build.gitstate import GIT_LABELS
         from efabuild.engine.build import BuildRequest
 
         return BuildRequest(
@@ -236,9 +240,11 @@ class _Runner:
             context_dir=context_dir,
             build_args=dict(layer.args),
             secrets=layer.secrets,
-            # the layer's own title (not the base's) and where its sources are, when in git
-            labels={TITLE: layer.qualname, **self.oci_labels, "org.efabuild.key": lp.key,
-                    "org.efabuild.graph": layer.graph, "org.efabuild.layer": layer.name},
+            # the layer's own title (not the base's) and where its sources are, when in git; empty
+            # outside git, so that an image never shows its parent's commit as its own. None of
+            # these but the key reaches the .sqsh (refs.UNKEYED_LABELS)
+            labels={TITLE_LABEL: layer.qualname, **dict.fromkeys(GIT_LABELS, ""), **self.oci_labels,
+                    KEY_LABEL: lp.key, GRAPH_LABEL: layer.graph, LAYER_LABEL: layer.name},
             platform=self.ws.settings.builder.platform,
             source_date_epoch=SOURCE_DATE_EPOCH,
             no_cache=no_cache,
@@ -267,8 +273,8 @@ class _Runner:
 
     @functools.cached_property
     def oci_labels(self) -> dict[str, str]:
-        """OCI source and revision labels from the workspace's git state, read once per make
-        (make --check puts the stored artifact's in their place)."""
+        """OCI source and revision labels from the workspace's git state, read once per make: on
+        the images, whence each manifest's `vcs`."""
         from efabuild.build.gitstate import git_labels
 
         return git_labels(self.ws.root)
@@ -279,6 +285,27 @@ class _Runner:
         from efabuild.build.publish import engine_versions
 
         return engine_versions(self.engine)
+
+    def built_by(self, key: str) -> dict:
+        """The tool versions of the builder that built `key`, for its manifest: the engine's, or on
+        a farm the node's that built it in this make (asked once per node, `node` naming its
+        [builder] farm entry). A layer pulled from the registry, or one the farm did not build in
+        this make, was built elsewhere or before, by a builder no record names: its manifest names
+        none rather than the wrong one."""
+        if key in self._pulled:
+            return {}
+        if self.farm is None:
+            return self.builder_versions
+        from efabuild.build.publish import engine_versions
+        from efabuild.engine.build import builder_name
+
+        node = self.farm.builder_of(key)
+        if node is None:
+            return {}
+        with self._versions_lock:
+            if id(node) not in self._node_versions:
+                self._node_versions[id(node)] = {**engine_versions(node), "node": builder_name(node)}
+            return self._node_versions[id(node)]
 
     @functools.cached_property
     def signer(self):  # noqa: ANN201 - a signing.Signer, or None without [sign]
@@ -299,7 +326,7 @@ class _Runner:
         path = export_and_publish(
             ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
             tag=self.tags.get(lp.key, ""), reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
-            builder_versions=self.builder_versions, signer=self.signer, cancel=self.cancel, exporter=exporter,
+            builder_versions=self.built_by(lp.key), signer=self.signer, cancel=self.cancel, exporter=exporter,
         )
         return str(path)
 

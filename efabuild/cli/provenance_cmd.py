@@ -160,6 +160,7 @@ def _summary_rows(m: dict, verified: bool) -> list[tuple[str, str]]:
     base = m.get("base") or {}
     times = m.get("times") or {}
     builder = m.get("builder") or {}
+    vcs = m.get("vcs") if isinstance(m.get("vcs"), dict) else {}
     return [
         ("name", m.get("name", "")),
         ("key", m.get("key", "")),
@@ -167,10 +168,23 @@ def _summary_rows(m: dict, verified: bool) -> list[tuple[str, str]]:
         ("sha256", artifact.get("sha256") or "- (exported before efabuild recorded it)"),
         ("export", " ".join(f"{k}={_text(v)}" for k, v in sorted(export.items())) or "-"),
         ("base", f"{base.get('ref') or '-'}" + (f" @ {base['digest']}" if base.get("digest") else " (not pinned)")),
+        ("machine", _machine(m.get("measured") or {})),
         ("built", "  ".join(f"{k} {v}" for k, v in sorted(times.items())) or "-"),
         ("tools", "  ".join(f"{k} {v}" for k, v in sorted(builder.items())) or "-"),
+        ("revision", " ".join(_text(vcs[k]) for k in ("revision", "source") if vcs.get(k))
+         or "- (not built from a git checkout)"),
         ("manifest", "verified against the record" if verified else "NOT VERIFIED: differs from the record"),
     ]
+
+
+def _machine(measured: dict) -> str:
+    machine = measured.get("machine") if isinstance(measured.get("machine"), dict) else None
+    if machine is None:
+        return "- (measured before efabuild recorded it)"
+    if not machine.get("name"):
+        return "unknown (no ELF file read)"
+    arch = f" ({_text(machine.get('architecture'))})" if machine.get("architecture") else ""
+    return f"{_text(machine['name'])}{arch}, from {_text(machine.get('source'))}"
 
 
 def _chain_rows(chain: list) -> list[tuple[str, ...]]:

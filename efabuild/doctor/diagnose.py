@@ -371,3 +371,7 @@ def bootstrap_socket(seen: Seen) -> Iterator[Diagnosis]:
             "bootstrap-socket", "harmless", "'Bootstrap : Using eth0': harmless",
             "NCCL always bootstraps over a TCP socket; that is not the data path and not a TCP fallback.",
             "nothing to do", seen.facts.evidence("bootstrap"))
+
+
+# the container start's rules (Pyxis and Enroot), registered after these: a module of their own
+from efabuild.doctor import start as _start  # noqa: E402,F401

@@ -1,5 +1,5 @@
 """Recognise the lines of NCCL (`NCCL_DEBUG=INFO`), aws-ofi-nccl, libfabric, Open MPI, apt,
-nccl-tests and srun output that tell how a job or build went.
+nccl-tests, srun, Pyxis and Enroot output that tell how a job or build went.
 
 Pure: lines in, observations out. The formats mirror real output of NCCL 2.4-2.2x, aws-ofi-nccl
 1.6 (`NET/OFI Using aws-ofi-nccl 1.6.0`), 1.7-1.13 (`Selected Provider is efa (found 4 nics)`,
@@ -93,6 +93,23 @@ _PATTERNS: tuple[tuple[str, str, re.Pattern[str], int | None, int | None], ...] 
         ("apt-lists-empty", "Unable to locate package", r"E: Unable to locate package (environment-modules|\S+)", 1,
          None),
         ("apt-lists-empty", "third-party dependencies", r"failed to install third-party dependencies", None, None),
+        # container start (Pyxis and Enroot): mounting the .sqsh with squashfuse, or unpacking it.
+        # Enroot passes squashfuse's stderr on as [WARN] lines before its own [ERROR]; Pyxis prefixes
+        # each line of Enroot's log it prints with "pyxis:" and spaces.
+        ("fuse-open-failed", "fuse: ", r"fuse: failed to open /dev/fuse: (.+?)\s*$", 1, None),
+        ("fuse-open-failed", "fuse: ", r"fuse: (device not found), try 'modprobe fuse' first", 1, None),
+        ("squashfs-mount-failed", "Failed to mount: ", r"\[ERROR\] Failed to mount: (\S+)", 1, None),
+        ("squashfs-tool-missing", "Command not found: ",
+         r"\[ERROR\] Command not found: (squashfuse|fuse-overlayfs|mountpoint|unsquashfs)\b", 1, None),
+        ("invalid-image", "Invalid image format: ", r"\[ERROR\] Invalid image format: (\S+)", 1, None),
+        ("unpack-failed", "failed to create container filesystem", r"pyxis: failed to create container filesystem",
+         None, None),
+        ("import-failed", "failed to import docker image", r"pyxis: failed to import docker image", None, None),
+        # what efabuild's importer said (one line, on stderr, which Pyxis prints with Enroot's log)
+        ("importer-said", "efabuild: ", r"efabuild: ((?:refusing |no artifact |\S+ tier: ).*?)\s*$", 1, None),
+        ("unpacked", "creating container filesystem", r"pyxis: creating container filesystem", None, None),
+        ("unpacked", "Extracting squashfs filesystem", r"\[INFO\] Extracting squashfs filesystem", None, None),
+        ("no-space", "No space left on device", r"No space left on device", None, None),
         # host vs container CUDA
         ("cuda-forward-compat", "Forward Compatibility", r"CUDA Forward Compatibility mode ENABLED", None, None),
         # bandwidth: nccl-tests rows (size count type redop root time algbw busbw #wrong ...) and summaries

@@ -145,9 +145,11 @@ def buildx_command(engine: Engine, req: BuildRequest, iidfile: Path, metadata_fi
     return engine.command(*args)
 
 
-def buildx_environment(req: BuildRequest) -> dict[str, str]:
-    """What buildx's environment adds to ours: the values of the args passed by name."""
-    env = {"SOURCE_DATE_EPOCH": str(req.source_date_epoch)}
+def buildx_environment(req: BuildRequest, tmpdir: str) -> dict[str, str]:
+    """What buildx's environment adds to ours: the values of the args passed by name, and `tmpdir`
+    (the build's scratch directory) as TMPDIR: buildx copies a Dockerfile read from stdin into
+    $TMPDIR/dockerfileNNN and never removes it, so there it goes with the scratch directory."""
+    env = {"SOURCE_DATE_EPOCH": str(req.source_date_epoch), "TMPDIR": tmpdir}
     env.update({key: value for key, value in req.build_args.items() if is_secret_arg(key, value)})
     return env
 
@@ -187,7 +189,7 @@ def build_layer(
         # BuildKit expands ARG values into step names, and a RUN may print a secret: every line
         # is redacted before it is logged, parsed for failures or shown
         redact = redact or Redactor.for_build(req.build_args, req.secrets, os.environ)
-        returncode = _run_buildx(command, req.dockerfile, buildx_environment(req), log, reader,
+        returncode = _run_buildx(command, req.dockerfile, buildx_environment(req, scratch), log, reader,
                                  on_line, cancel, redact)
         if cancel is not None and cancel.is_set():
             raise BuildInterrupted(f"build of {req.tag} was cancelled; nothing was tagged")

@@ -29,6 +29,8 @@ DEFAULT_HOST = "unix:///var/run/docker.sock"
 CHECK_TIMEOUT_S = 20.0
 NO_DOCKER_CLI = "docker CLI not found on PATH: install it with `bash scripts/setup-host.sh`"
 HOW_TO_START = "start one with `bash scripts/setup-host.sh` or set [builder] host/context in BUILD.toml"
+# a builder of a farm is named by its entry in [builder] farm, never by host/context/buildx_builder
+HOW_TO_START_NODE = "start it, or fix or remove its entry in [builder] farm in BUILD.toml"
 
 
 class EngineUnavailable(EfabuildError):
@@ -54,8 +56,9 @@ class Engine:
     to import) is made only when a build, pull, push or export needs it.
     """
 
-    def __init__(self, settings: BuilderSettings) -> None:
+    def __init__(self, settings: BuilderSettings, farm_entry: str | None = None) -> None:
         self.settings = settings
+        self.farm_entry = farm_entry  # the [builder] farm entry that named it, when one did
 
     def __repr__(self) -> str:
         return f"Engine(settings={self.settings!r})"
@@ -118,9 +121,10 @@ class Engine:
     def where(self) -> str:
         """Where this client looks for an engine, and which setting said so."""
         if self.settings.host:
-            return f"{self.settings.host} ([builder] host or --builder)"
+            return f"{self.settings.host} ({'[builder] farm' if self.farm_entry else '[builder] host or --builder'})"
         if self.settings.context:
-            return f"{self._context_endpoint(self.settings.context)} (docker context {self.settings.context})"
+            named = ", [builder] farm" if self.farm_entry else ""
+            return f"{self._context_endpoint(self.settings.context)} (docker context {self.settings.context}{named})"
         if os.environ.get("DOCKER_HOST"):
             return f"{os.environ['DOCKER_HOST']} (DOCKER_HOST)"
         context = os.environ.get("DOCKER_CONTEXT") or self._current_context()
@@ -140,7 +144,7 @@ class Engine:
                 raise EngineUnavailable(
                     f"no docker context named {self.settings.context!r}: create it with "
                     f"`docker context create {self.settings.context} --docker host=...` "
-                    "or fix [builder] context in BUILD.toml"
+                    f"or fix {self._setting('context')} in BUILD.toml"
                 )
         self._check_answers()
         if need_buildx:
@@ -151,7 +155,7 @@ class Engine:
                 raise EngineUnavailable(
                     f"no buildx builder named {self.buildx_builder!r} at {self.where()} "
                     f"({first_line(found.stderr)}): create it with `docker buildx create --name "
-                    f"{self.buildx_builder} ...` or fix [builder] buildx_builder in BUILD.toml"
+                    f"{self.buildx_builder} ...` or fix {self._setting('buildx_builder')} in BUILD.toml"
                 )
             self._check_builder_runs(found.stdout)
 
@@ -182,16 +186,17 @@ class Engine:
             else:
                 failure = ("" if answer.returncode == 0 and answer.stdout.strip() else
                            "denied" if "permission denied" in answer.stderr.lower() else "absent")
+        how = HOW_TO_START_NODE if self.farm_entry else HOW_TO_START
         if failure == "timeout":
             raise EngineUnavailable(
-                f"no Docker engine answered within {CHECK_TIMEOUT_S:g}s at {self.where()}: {HOW_TO_START}")
+                f"no Docker engine answered within {CHECK_TIMEOUT_S:g}s at {self.where()}: {how}")
         if failure == "denied":
             raise EngineUnavailable(
                 f"no access to the Docker engine at {self.where()} (permission denied): "
                 "run as root or as a member of the docker group"
             )
         if failure:
-            raise EngineUnavailable(f"no Docker engine at {self.where()}: {HOW_TO_START}")
+            raise EngineUnavailable(f"no Docker engine at {self.where()}: {how}")
 
     def _check_builder_runs(self, inspected: str) -> None:
         """`buildx inspect` exits 0 for a builder none of whose nodes answers (`Status: inactive`):
@@ -214,8 +219,12 @@ class Engine:
                else f"start it with `docker buildx inspect --bootstrap {name}`")
         raise EngineUnavailable(
             f"buildx builder {name!r} ({driver or 'unknown driver'}) is not running ({shown or 'no nodes'}): "
-            f"{how}, or pick another in [builder] buildx_builder"
+            f"{how}, or {'fix or remove ' if self.farm_entry else 'pick another in '}{self._setting('buildx_builder')}"
         )
+
+    def _setting(self, name: str) -> str:
+        """The BUILD.toml setting that named this builder, for a message saying what to fix."""
+        return f"its entry {self.farm_entry!r} in [builder] farm" if self.farm_entry else f"[builder] {name}"
 
     def versions(self) -> dict[str, str | None]:
         """Versions of the client, engine, buildx and BuildKit, for build manifests."""
@@ -258,14 +267,15 @@ class Engine:
         return found.stdout.strip() if found.returncode == 0 else None
 
 
-def connect(builder: BuilderSettings) -> Engine:
-    """A client for the engine `builder` names. Cheap: nothing is contacted until `check()`."""
+def connect(builder: BuilderSettings, farm_entry: str | None = None) -> Engine:
+    """A client for the engine `builder` names (`farm_entry`: the [builder] farm entry that did,
+    which its messages then name). Cheap: nothing is contacted until `check()`."""
     if builder.host and builder.context:
         raise InputError(
             "set either host or context, not both (a context already names its host)",
             where="BUILD.toml [builder]",
         )
-    return Engine(settings=builder)
+    return Engine(settings=builder, farm_entry=farm_entry)
 
 
 def output_text(value: str | bytes | None) -> str:

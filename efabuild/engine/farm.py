@@ -93,7 +93,7 @@ class Farm:
         Raises InputError without [registry], EngineUnavailable when no builder answers; a
         builder that does not answer is reported through `say` and left out."""
         if settings.farm:
-            nodes = [connect(node_settings(entry, settings)) for entry in settings.farm]
+            nodes = [connect(node_settings(entry, settings), farm_entry=entry) for entry in settings.farm]
         elif engine is not None and not sees_local_images(engine):
             nodes = [engine]
         else:
@@ -180,6 +180,11 @@ class Farm:
         ref = self._build_pushed(self.push_name(layer_name, key), request, log_path, how)
         self.refs[key] = ref
         return ref
+
+    def builder_of(self, key: str) -> Engine | None:
+        """The builder that built `key` in this make; None for a layer found in the registry."""
+        index = self.built_on.get(self.refs.get(key, ""))
+        return self.nodes[index] if index is not None else None
 
     def check_name(self, layer_name: str, key: str) -> str:
         """Where make --check pushes its rebuild of a layer: REGISTRY/efabuild/<layer>:check-<key12>,

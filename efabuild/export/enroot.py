@@ -66,6 +66,11 @@ class ImageConfig:
             volumes=tuple(sorted(str(v) for v in volumes)),
         )
 
+    def without_labels(self, names: Iterable[str]) -> ImageConfig:
+        """The same config without the labels `names`."""
+        names = frozenset(names)
+        return attrs.evolve(self, labels=tuple(item for item in self.labels if item[0] not in names))
+
     @property
     def workdir(self) -> str:
         """The directory /etc/rc changes to; Enroot creates it in the rootfs."""

@@ -2,7 +2,8 @@
 
     docker create + docker export ──tar──► tarfilter ──tar──► mksquashfs - OUT -tar
 
-The result matches `enroot import dockerd://IMAGE` (what the filter does: see `tarfilter`), with
+The result matches `enroot import dockerd://IMAGE` (what the filter does: see `tarfilter`; the
+labels a build sets from outside the key are left out of /etc/rc), with
 everything owned by root and Enroot's compression options (`-comp lzo -noD` unless BUILD.toml
 says otherwise). Deterministic: the superblock and the root directory get the export's fixed time
 too, so the same image gives a byte-identical `.sqsh`.
@@ -67,6 +68,8 @@ class ExportResult:
     sha256: str | None = None  # hex sha256 of the .sqsh file, for in-toto/cosign verifiers
     time_clamp: int | None = None  # file times later than this were set to it; None: times kept
     index: ChunkIndex | None = None  # its chunks (with `chunking`), cut in the blake3 pass
+    # the image config's labels, those /etc/rc leaves out included: the manifest's `vcs` is read from them
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 class ExportCancelled(EfabuildError):
@@ -104,6 +107,7 @@ class _Job:
     expected: int | None
     started: float
     chunking: tuple[int, int, int] | None = None  # cut the file into chunks in its blake3 pass
+    labels: tuple[tuple[str, str], ...] = ()  # the image config's
 
 
 def export_image(
@@ -137,7 +141,7 @@ def export_image(
     out = Path(out).absolute()
     cfg, expected, clamp = _image_facts(engine, image, options.clamp_times)
     job = _Job(image, out, mksquashfs_options(options, epoch=epoch),
-               RewritePlan.for_config(cfg, epoch=epoch, clamp=clamp), expected, started, chunking)
+               RewritePlan.for_config(cfg, epoch=epoch, clamp=clamp), expected, started, chunking, cfg.labels)
     try:
         # the label names the export, so a leftover (the process was killed) can be found
         container = containers.create_for_export(engine, image, out)
@@ -197,7 +201,7 @@ def export_tar_stream(
     clamp = time_clamp(created) if options.clamp_times else None
     job = _Job(what, Path(out).absolute(), mksquashfs_options(options, epoch=epoch),
                RewritePlan.for_config(config, epoch=epoch, clamp=clamp, init_layer=True), None, time.monotonic(),
-               chunking)
+               chunking, config.labels)
 
     def start(stderr: IO[bytes]) -> subprocess.Popen:
         return children.popen(source, stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL,
@@ -301,7 +305,7 @@ def _keep(tmp: Path, job: _Job, with_sha256: bool) -> ExportResult:
         raise EfabuildError(f"export {job.image}: cannot write {job.out}: {exc.strerror}") from None
     fsync_dir(job.out.parent)
     return ExportResult(job.out, size, digest, job.opts, time.monotonic() - job.started, sha256,
-                        time_clamp=job.plan.clamp, index=index)
+                        time_clamp=job.plan.clamp, index=index, labels=job.labels)
 
 
 def _digests(path: Path, with_sha256: bool,

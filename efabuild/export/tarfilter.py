@@ -4,7 +4,9 @@ Pure stream code over two file descriptors (no engine, no mksquashfs), so it is 
 hand-made archives. What it does, as Enroot does it: drops `dev/*` contents and `.dockerenv`,
 fixes permissions (u+rX everywhere, u+w on directories up to depth 15), writes `/etc/environment`,
 `/etc/rc`, `/etc/rc.local` and `/etc/fstab` from the image config (see `enroot`) and creates the
-working directory. Ownership is left to mksquashfs (`-all-root`).
+working directory. Unlike Enroot, it leaves the labels a build sets from outside the key (the
+layer's name, the git commit: refs.UNKEYED_LABELS) out of `/etc/rc`: the bytes follow from the
+key alone. Ownership is left to mksquashfs (`-all-root`).
 
 It parses each 512-byte header, drops or patches it, and moves file bodies from one pipe to the
 other with splice(2), so the 25 GB of file data never passes through Python. Deterministic: the
@@ -25,6 +27,11 @@ from collections.abc import Callable, Iterable
 import attrs
 
 from efabuild.export.enroot import ImageConfig, enroot_files
+from efabuild.refs import UNKEYED_LABELS
+
+# recorded with every artifact as its export option `rc_labels`: /etc/rc holds only the labels the
+# key decides (absent: exported before, with the layer's name and git commit there too)
+RC_LABELS = "keyed"
 from efabuild.export.tarheader import (
     BLOCK, TarFormatError, checksum, has_body, header_block, number, padded, parse_pax, pax_block, seal,
     set_number, ustar_linkname, ustar_name,
@@ -83,7 +90,7 @@ class RewritePlan:
         pinned = set(_INIT_LAYER_PATHS) | set(_ancestors(workdir))
         for volume in cfg.volumes:  # docker create makes volume mount points too
             pinned.update(_ancestors(_norm(volume)))
-        files = tuple(enroot_files(cfg).items())
+        files = tuple(enroot_files(cfg.without_labels(UNKEYED_LABELS)).items())
         return cls(
             files=files,
             workdir=workdir,

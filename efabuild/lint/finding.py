@@ -41,7 +41,7 @@ RULES: dict[str, Rule] = {rule.id: rule for rule in (
                             "--no-verify)"),
     Rule("EFA003", "warning", "efa_installer.sh --disable-ngc on an NGC base"),
     Rule("EFA004", "error", "LD_LIBRARY_PATH not led by /opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib after "
-                            "the installer"),
+                            "the installer (or the plugin's directory of the layer's triplet)"),
     Rule("EFA005", "error", "a second Open MPI on an NGC base (installed, or put on PATH/LD_LIBRARY_PATH)"),
     Rule("EFA006", "error", "NCCL_NET_PLUGIN removed or set to something other than ofi"),
     Rule("EFA007", "error", "NCCL settings that push NCCL off EFA (InfiniBand NCCL_IB_*, NCCL_NET=IB/Socket, "
@@ -59,6 +59,14 @@ RULES: dict[str, Rule] = {rule.id: rule for rule in (
     Rule("EFA017", "info", "apt-get install without pinned versions: a rebuild may fetch other packages"),
     Rule("EFA018", "warning", "an ARG default differs from the layer's args: the Dockerfile alone builds "
                               "something else"),
+    Rule("EFA019", "info", "job script's container start mode: unpacked once per node and reused by name, or "
+                           "mounted per step with squashfuse"),
+    Rule("EFA020", "warning", "a container start that unpacks where an unnamed one would mount (--container-save, "
+                              "or a name no later srun reuses)"),
+    Rule("EFA021", "error", "ENV names another machine's triplet directory (…/x86_64-linux-gnu in an arm64 "
+                            "layer) without the platform's own"),
+    Rule("EFA022", "warning", "a RUN downloads or uses a file of another machine (x86_64/amd64 in an arm64 "
+                              "layer's URL or path)"),
 )}
 
 

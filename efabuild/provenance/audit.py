@@ -23,6 +23,8 @@ Integrity is checked here; the other checks live by concern in `declared`, `pitf
 | openmpi            | two Open MPIs in use (loader path, OPAL_PREFIX); one merely present only warns     |
 | infiniband-env     | InfiniBand NCCL_* settings (NCCL_IB_*, NCCL_NET=IB...)                             |
 | ofi-plugin         | no aws-ofi-nccl plugin on the loader's path                                         |
+| elf-machine        | a program, library or plugin (libnccl-net*.so...) of another machine than the       |
+|                    | artifact's platform (an amd64 plugin in an arm64 image), or a mixed image           |
 | policy-min:NAME    | a component below its minimum version (or unknown)                                 |
 | policy-pin:PIN     | a required pin missing (base-digest, deepep-commit, efa-installer, arg:NAME)        |
 | policy-known-bad   | a known-bad combination of versions                                                |
@@ -37,6 +39,7 @@ from efabuild.model import COMPONENTS, AuditPolicy
 from efabuild.provenance import manifest as manifests
 from efabuild.provenance.checks import FAIL, PASS, SKIP, WARN, Check, FileFacts, HostFacts, failed
 from efabuild.provenance.declared import DECLARING_ARGS, DECLARING_BASE, declared_vs_image
+from efabuild.provenance.machines import elf_machine
 from efabuild.provenance.measured import Component, Measured
 from efabuild.provenance.pitfalls import host_efa, pitfalls, shadowing
 from efabuild.provenance.policy import policy_checks
@@ -84,6 +87,7 @@ def audit(
     checks += shadowing(image)
     checks.append(host_efa(image, host))
     checks += pitfalls(image)
+    checks.append(elf_machine(image, manifests.platform_of(manifest) if manifest is not None else None))
     checks += policy_checks(policy, image, manifest or {}, args)
     return checks
 
@@ -142,6 +146,10 @@ def manifest_vs_image(stored: Measured, image: Measured) -> Check:
     b_mpi = sorted((m.real_path, m.version) for m in image.openmpi)
     if a_mpi != b_mpi:
         differences.append(f"Open MPI: manifest {a_mpi}, image {b_mpi}")
+    if stored.elf and stored.elf != image.elf:  # manifests made before the machine was read lack it
+        changed = sorted({p for p, _ in set(stored.elf) ^ set(image.elf)})
+        differences.append(f"machine of {', '.join(changed[:4])}{' ...' if len(changed) > 4 else ''}: "
+                           "manifest and image differ")
     if image.env_source is not None and stored.env_dict != image.env_dict:
         changed = sorted(set(stored.env_dict.items()) ^ set(image.env_dict.items()))
         names = sorted({k for k, _ in changed})

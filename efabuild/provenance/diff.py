@@ -66,6 +66,8 @@ def flatten(manifest: Mapping[str, Any]) -> dict[tuple[str, str], str | None]:
                 path, mode, digest = item
                 flat[(INPUTS, f"{layer} file {path}")] = f"{mode} {str(digest)[:12]}"
     measured = manifest.get("measured") or {}
+    if isinstance(measured.get("machine"), dict):  # manifests made before it was recorded lack it
+        flat[(MEASURED, "machine")] = _text(measured["machine"].get("name"))
     components = measured.get("components") or {}
     for name in list(COMPONENTS) + sorted(set(components) - set(COMPONENTS)):
         component = components.get(name) or {}

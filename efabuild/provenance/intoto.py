@@ -70,6 +70,12 @@ def to_intoto(manifest: Mapping[str, Any]) -> dict[str, Any]:
 
 def _dependencies(manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
     deps: list[dict[str, Any]] = []
+    vcs = manifest.get("vcs")
+    if isinstance(vcs, dict) and vcs.get("revision"):  # the workspace's commit the layers were built from
+        source: dict[str, Any] = {"name": "workspace", "digest": {"gitCommit": vcs["revision"]}}
+        if vcs.get("source"):
+            source["uri"] = f"git+{vcs['source']}"
+        deps.append(source)
     base = manifest.get("base")
     if base and base.get("ref"):
         entry: dict[str, Any] = {"name": "base-image", "uri": f"docker://{base['ref']}"}

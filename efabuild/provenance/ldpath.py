@@ -2,22 +2,31 @@
 
 Order as glibc's ld.so searches for a library without a path: LD_LIBRARY_PATH, then the
 directories of /etc/ld.so.conf (and the files it includes, in sorted order) as cached by ldconfig,
-then the default directories. RUNPATHs of the loading binary are not known here and are ignored.
+then the default directories (the image's own machine's: an arm64 loader never looks in
+/usr/lib/x86_64-linux-gnu). RUNPATHs of the loading binary are not known here and are ignored.
 """
 
 from __future__ import annotations
 
 import posixpath
 
+from efabuild.provenance import elf
 from efabuild.provenance.fsview import FsView
 from efabuild.provenance.measured import LibDir
 
 LD_SO_CONF = "/etc/ld.so.conf"
-DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+_GENERIC_DIRS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib")
+DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", *_GENERIC_DIRS)
 _MAX_INCLUDE_DEPTH = 8
 
 
-def search_path(fs: FsView, env: dict[str, str]) -> tuple[LibDir, ...]:
+def default_dirs(machine: str | None) -> tuple[str, ...]:
+    """The loader's built-in directories on `machine` (x86_64's when it is not known)."""
+    triplet = elf.triplet(machine) or elf.triplet("x86_64")
+    return (f"/lib/{triplet}", f"/usr/lib/{triplet}", *_GENERIC_DIRS)
+
+
+def search_path(fs: FsView, env: dict[str, str], machine: str | None = None) -> tuple[LibDir, ...]:
     found: list[LibDir] = []
     seen: set[str] = set()
 
@@ -32,7 +41,7 @@ def search_path(fs: FsView, env: dict[str, str]) -> tuple[LibDir, ...]:
             add(directory, "env:LD_LIBRARY_PATH")
     for directory, source in _conf_dirs(fs, LD_SO_CONF, 0):
         add(directory, source)
-    for directory in DEFAULT_DIRS:
+    for directory in default_dirs(machine):
         add(directory, "default")
     return tuple(found)
 
@@ -58,22 +67,32 @@ def _conf_dirs(fs: FsView, conf: str, depth: int) -> list[tuple[str, str]]:
     return dirs
 
 
-def find_library(fs: FsView, dirs: tuple[LibDir, ...], name: str) -> str | None:
-    """The path the loader would open for `name` (e.g. "libnccl.so.2"), or None."""
-    if "/" in name:
-        return name if fs.is_file(name) else None
-    for libdir in dirs:
-        candidate = posixpath.join(libdir.dir, name)
-        if fs.is_file(candidate):
-            return candidate
-    return None
+def find_library(fs: FsView, dirs: tuple[LibDir, ...], name: str, machine: str | None = None) -> str | None:
+    """The path the loader would open for `name` (e.g. "libnccl.so.2"), or None. On `machine`, an
+    ELF file of another machine is passed over, as ld.so does, and the search goes on."""
+    found = find_all(fs, dirs, name, machine, first=True)
+    return found[0] if found else None
 
 
-def find_all(fs: FsView, dirs: tuple[LibDir, ...], name: str) -> list[str]:
-    """Every `<dir>/<name>` that exists, in search order: the first is the one that loads."""
-    if "/" in name:
-        return [name] if fs.is_file(name) else []
-    return [p for p in (posixpath.join(d.dir, name) for d in dirs) if fs.is_file(p)]
+def find_all(fs: FsView, dirs: tuple[LibDir, ...], name: str, machine: str | None = None,
+             first: bool = False) -> list[str]:
+    """Every `<dir>/<name>` that exists and `machine`'s loader would open, in search order: the
+    first is the one that loads."""
+    candidates = [name] if "/" in name else [posixpath.join(d.dir, name) for d in dirs]
+    found = []
+    for path in candidates:
+        if fs.is_file(path) and _loadable(fs, path, machine):
+            found.append(path)
+            if first:
+                break
+    return found
+
+
+def _loadable(fs: FsView, path: str, machine: str | None) -> bool:
+    if machine is None:
+        return True
+    found = elf.machine(fs.read_heads([path], elf.HEAD_BYTES).get(path, b""))
+    return found is None or found == machine  # not ELF (a stand-in, a script): not judged here
 
 
 def position(dirs: tuple[LibDir, ...], path: str) -> int | None:

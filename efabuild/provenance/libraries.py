@@ -8,29 +8,43 @@ import posixpath
 import re
 from collections.abc import Iterable
 
-from efabuild.provenance import dpkg, ldpath, versions
+from efabuild.provenance import dpkg, elf, ldpath, versions
 from efabuild.provenance.fsread import MAX_LIB_SCAN, defines, dist_info_dirs, first_existing, metadata_version
 from efabuild.provenance.fsview import FsView
 from efabuild.provenance.measured import Component, Copy, Hit, LibDir
 
-NCCL_HEADERS = ("/usr/include/nccl.h", "/usr/include/x86_64-linux-gnu/nccl.h", "/usr/local/cuda/include/nccl.h")
-CUDNN_HEADERS = (
-    "/usr/include/cudnn_version.h",
-    "/usr/include/x86_64-linux-gnu/cudnn_version.h",
-    "/usr/local/cuda/include/cudnn_version.h",
-)
-# Where libraries live besides the loader's search path (so copies off the path are seen too).
-EXTRA_LIB_DIRS = (
-    "/opt/amazon/efa/lib",
-    "/opt/amazon/efa/lib64",
-    "/opt/amazon/ofi-nccl/lib",
-    "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu",
-    "/opt/amazon/aws-ofi-nccl/lib",
-    "/opt/aws-ofi-nccl/lib",
-    "/usr/local/lib",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/local/cuda/lib64",
-)
+
+def nccl_headers(machine: str | None = None) -> tuple[str, ...]:
+    return ("/usr/include/nccl.h", *(f"/usr/include/{t}/nccl.h" for t in elf.triplets_for(machine)),
+            "/usr/local/cuda/include/nccl.h")
+
+
+def cudnn_headers(machine: str | None = None) -> tuple[str, ...]:
+    return ("/usr/include/cudnn_version.h", *(f"/usr/include/{t}/cudnn_version.h" for t in elf.triplets_for(machine)),
+            "/usr/local/cuda/include/cudnn_version.h")
+
+
+def extra_lib_dirs(machine: str | None = None) -> tuple[str, ...]:
+    """Where libraries live besides the loader's search path (so copies off the path are seen too),
+    for every triplet, the image's own first: newer EFA installers put aws-ofi-nccl in
+    /opt/amazon/ofi-nccl/lib/<triplet>."""
+    triplets = elf.triplets_for(machine)
+    return (
+        "/opt/amazon/efa/lib",
+        "/opt/amazon/efa/lib64",
+        "/opt/amazon/ofi-nccl/lib",
+        *(f"/opt/amazon/ofi-nccl/lib/{t}" for t in triplets),
+        "/opt/amazon/aws-ofi-nccl/lib",
+        "/opt/aws-ofi-nccl/lib",
+        "/usr/local/lib",
+        *(f"/usr/lib/{t}" for t in triplets),
+        "/usr/local/cuda/lib64",
+    )
+
+
+NCCL_HEADERS = nccl_headers()
+CUDNN_HEADERS = cudnn_headers()
+EXTRA_LIB_DIRS = extra_lib_dirs()
 OFI_PACKAGES = ("libnccl-ofi-ngc-v3", "libnccl-ofi-ngc-v2", "libnccl-ofi")
 LIBFABRIC_PACKAGES = ("libfabric1-aws", "libfabric-aws", "libfabric1")
 _MAX_PLUGIN_BYTES = 256 << 20
@@ -69,10 +83,11 @@ def _dpkg_source(package: dpkg.Package) -> str:
     return f"{dpkg.STATUS_FILE} ({package.name} {package.version})"
 
 
-def _on_path(fs: FsView, search: tuple[LibDir, ...], name: str, copies: list[Copy]) -> tuple[Hit, ...]:
+def _on_path(fs: FsView, search: tuple[LibDir, ...], name: str, copies: list[Copy],
+             machine: str | None) -> tuple[Hit, ...]:
     versions_by_path = {c.path: c.version for c in copies}
     hits = []
-    for path in ldpath.find_all(fs, search, name):
+    for path in ldpath.find_all(fs, search, name, machine):
         real = fs.resolve(path) or path
         hits.append(Hit(path, real, versions_by_path.get(real)))
     return tuple(hits)
@@ -92,9 +107,9 @@ def _effective(copies: list[Copy], loads: str | None, fs: FsView) -> tuple[str |
     return None, None
 
 
-def nccl(fs: FsView, search: tuple[LibDir, ...], sites: list[str]) -> Component:
+def nccl(fs: FsView, search: tuple[LibDir, ...], sites: list[str], machine: str | None = None) -> Component:
     copies = []
-    for real in _library_copies(fs, search, "libnccl.so*"):
+    for real in _library_copies(fs, search, "libnccl.so*", extra_lib_dirs(machine)):
         match = _NCCL_FILE.match(posixpath.basename(real))
         if match:
             copies.append(Copy(real, match.group(1), real))
@@ -103,45 +118,47 @@ def nccl(fs: FsView, search: tuple[LibDir, ...], sites: list[str]) -> Component:
         lib = fs.resolve(f"{posixpath.dirname(dist_info)}/nvidia/nccl/lib/libnccl.so.2")
         if lib is not None and all(c.path != lib for c in copies):
             copies.append(Copy(lib, metadata_version(fs, dist_info), f"{dist_info}/METADATA"))
-    header = first_existing(fs, NCCL_HEADERS)
+    header = first_existing(fs, nccl_headers(machine))
     header_version = None
     if header is not None:
         found = defines(fs.read_text(header) or "", ["NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH", "NCCL_SUFFIX"])
         if all(found.get(k, "").isdigit() for k in ("NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH")):
             header_version = f"{found['NCCL_MAJOR']}.{found['NCCL_MINOR']}.{found['NCCL_PATCH']}"
             header_version += found.get("NCCL_SUFFIX", "")
-    loads = ldpath.find_library(fs, search, "libnccl.so.2")
+    loads = ldpath.find_library(fs, search, "libnccl.so.2", machine)
     version, source = _effective(copies, loads, fs)
     if version is None and header_version is not None:
         version, source = header_version, header
-    return Component("nccl", version, source, loads, tuple(copies), _on_path(fs, search, "libnccl.so.2", copies))
+    return Component("nccl", version, source, loads, tuple(copies), _on_path(fs, search, "libnccl.so.2", copies, machine))
 
 
-def cudnn(fs: FsView, search: tuple[LibDir, ...]) -> Component:
-    header = first_existing(fs, CUDNN_HEADERS)
+def cudnn(fs: FsView, search: tuple[LibDir, ...], machine: str | None = None) -> Component:
+    header = first_existing(fs, cudnn_headers(machine))
     if header is not None:
         found = defines(fs.read_text(header) or "", ["CUDNN_MAJOR", "CUDNN_MINOR", "CUDNN_PATCHLEVEL"])
         if all(v.isdigit() for v in found.values()) and len(found) == 3:
             return Component(
                 "cudnn", f"{found['CUDNN_MAJOR']}.{found['CUDNN_MINOR']}.{found['CUDNN_PATCHLEVEL']}", header
             )
-    for real in _library_copies(fs, search, "libcudnn.so.*"):
+    for real in _library_copies(fs, search, "libcudnn.so.*", extra_lib_dirs(machine)):
         match = _CUDNN_FILE.match(posixpath.basename(real))
         if match:
             return Component("cudnn", match.group(1), real)
     return Component("cudnn")
 
 
-def libfabric(fs: FsView, search: tuple[LibDir, ...], packages: dict[str, dpkg.Package]) -> Component:
+def libfabric(fs: FsView, search: tuple[LibDir, ...], packages: dict[str, dpkg.Package],
+              machine: str | None = None) -> Component:
     owners = _owner_versions(fs, packages, LIBFABRIC_PACKAGES)
     copies = []
-    for real in _library_copies(fs, search, "libfabric.so.1*"):
+    for real in _library_copies(fs, search, "libfabric.so.1*", extra_lib_dirs(machine)):
         version, source = _libfabric_version(fs, real, owners)
         copies.append(Copy(real, version, source))
-    loads = ldpath.find_library(fs, search, "libfabric.so.1")
+    loads = ldpath.find_library(fs, search, "libfabric.so.1", machine)
     # no fallback to the package database alone: a package whose files are gone is not installed
     version, source = _effective(copies, loads, fs)
-    return Component("libfabric", version, source, loads, tuple(copies), _on_path(fs, search, "libfabric.so.1", copies))
+    hits = _on_path(fs, search, "libfabric.so.1", copies, machine)
+    return Component("libfabric", version, source, loads, tuple(copies), hits)
 
 
 def _libfabric_version(fs: FsView, real: str, owners: dict[str, dpkg.Package]) -> tuple[str | None, str | None]:
@@ -175,10 +192,11 @@ def plugin_file_name(env: dict[str, str]) -> str:
 
 
 def aws_ofi_nccl(
-    fs: FsView, search: tuple[LibDir, ...], env: dict[str, str], packages: dict[str, dpkg.Package]
+    fs: FsView, search: tuple[LibDir, ...], env: dict[str, str], packages: dict[str, dpkg.Package],
+    machine: str | None = None,
 ) -> Component:
     owners = _owner_versions(fs, packages, OFI_PACKAGES)
-    candidates = _library_copies(fs, search, "libnccl-net*.so")
+    candidates = _library_copies(fs, search, "libnccl-net*.so", extra_lib_dirs(machine))
     contents = fs.read_many(candidates, max_size=_MAX_PLUGIN_BYTES)
     copies = []
     for real in candidates:
@@ -189,9 +207,66 @@ def aws_ofi_nccl(
             copies.append(Copy(real, versions.upstream(owners[real].version), _dpkg_source(owners[real])))
         elif posixpath.basename(real) == "libnccl-net-ofi.so":
             copies.append(Copy(real, None, None))
-    plugin = ldpath.find_library(fs, search, plugin_file_name(env))
+    plugin = ldpath.find_library(fs, search, plugin_file_name(env), machine)
     is_ofi = plugin is not None and any(c.path == fs.resolve(plugin) for c in copies)
     loads = plugin if is_ofi else None
     version, source = _effective(copies, loads, fs)
-    hits = _on_path(fs, search, "libnccl-net-ofi.so", copies)
+    hits = _on_path(fs, search, "libnccl-net-ofi.so", copies, machine)
     return Component("aws-ofi-nccl", version, source, loads, tuple(copies), hits)
+
+
+# The programs whose machine is read besides the libraries: the loaders, the shell, Python, the
+# EFA and CUDA tools. A sample, not every file: a 25 GB image holds hundreds of thousands.
+PROGRAMS = (
+    "/lib64/ld-linux-x86-64.so.2",
+    "/lib/ld-linux-aarch64.so.1",
+    "/bin/sh",
+    "/usr/bin/env",
+    "/usr/bin/python3",
+    "/usr/local/bin/python3",
+    "/opt/amazon/efa/bin/fi_info",
+    "/usr/local/cuda/bin/nvcc",
+)
+# NCCL's plugins (net, tuner, profiler), found by name on the loader's path as NCCL dlopens them
+NCCL_PLUGIN_PATTERNS = ("libnccl-net*.so*", "libnccl-tuner*.so*", "libnccl-profiler*.so*")
+PLUGIN_ENV = ("NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN", "NCCL_PROFILER_PLUGIN")
+MAX_MACHINE_FILES = 1024  # bound on the files whose ELF header is read
+
+
+def machine_files(fs: FsView, search: tuple[LibDir, ...], env: dict[str, str], components: Iterable[Component],
+                  machine: str | None = None) -> list[str]:
+    """The image's files whose machine decides whether it runs on its platform: the sample of
+    programs, libc, every copy of the probed libraries, NCCL's plugins and libfabric's providers.
+    Real paths, in a stable order, at most MAX_MACHINE_FILES."""
+    found: dict[str, None] = {}  # ordered, and a set: a provider directory may hold thousands
+
+    def add(path: str | None) -> None:
+        if len(found) >= MAX_MACHINE_FILES:
+            return
+        real = fs.resolve(path) if path else None
+        if real is not None and real not in found and fs.is_file(real):
+            found[real] = None
+
+    for path in PROGRAMS:
+        add(path)
+    add(ldpath.find_library(fs, search, "libc.so.6"))  # whichever machine: a foreign one is the finding
+    dirs = extra_lib_dirs(machine)
+    for component in components:
+        add(component.loads)
+        for copy in component.copies:
+            add(copy.path)
+    for pattern in ("libcudnn.so.*", *NCCL_PLUGIN_PATTERNS):
+        for real in _library_copies(fs, search, pattern, dirs):
+            add(real)
+    for name in PLUGIN_ENV:
+        value = env.get(name, "")
+        if "/" in value:  # a path NCCL opens as given
+            add(value)
+    # libfabric loads its providers from <libdir>/libfabric/ unless FI_PROVIDER_PATH says otherwise
+    fabric_dirs = [posixpath.join(posixpath.dirname(p), "libfabric") for p in list(found) if
+                   posixpath.basename(p).startswith("libfabric.so")]
+    fabric_dirs += [d for d in env.get("FI_PROVIDER_PATH", "").split(":") if d.startswith("/")]
+    for directory in fabric_dirs:
+        for path in fs.glob(f"{directory}/*.so"):
+            add(path)
+    return list(found)

@@ -2,7 +2,8 @@
 
 It pins what a `.sqsh` is (key, name, digest, size, export options), what was asked for (the base
 and every layer's declared inputs, from the base up to this layer) and what is really inside
-(the measured versions), with the tool versions and times of the build. `encode` gives the
+(the measured versions), with the tool versions and times of the build and the workspace's git
+commit and remote (`vcs`, when it was a checkout: not in the .sqsh, which the key alone decides). `encode` gives the
 canonical bytes whose blake3 the store records as `manifest_digest`.
 """
 
@@ -40,6 +41,7 @@ def build_manifest(
     builder: Mapping[str, Any],
     times: Mapping[str, Any],
     sqsh_sha256: str | None = None,
+    vcs: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The manifest of one artifact.
 
@@ -48,6 +50,7 @@ def build_manifest(
     Dockerfile text is replaced by its digest). builder: tool versions, e.g. {"buildkit": "v0.13.2"}
     (efabuild's own version is added). times: datetimes or ISO strings, e.g. started/finished.
     sqsh_sha256: hex sha256 of the .sqsh when the exporter computed it (for in-toto consumers).
+    vcs: {"revision": HEAD's commit, "source": the remote's URL} of the workspace, what it has of them.
     """
     if not _KEY.match(key):
         raise EfabuildError(f"manifest: key {key!r} is not 64 lowercase hex characters")
@@ -69,6 +72,8 @@ def build_manifest(
         "builder": {"efabuild": __version__, **_plain(builder)},
         "times": {k: _utc(v) for k, v in sorted(times.items())},
     }
+    if vcs:  # absent outside a git checkout, as in manifests made before it was recorded
+        manifest["vcs"] = {k: str(v) for k, v in sorted(vcs.items())}
     _check_no_floats(manifest, "manifest")
     return _utf8(manifest)
 
@@ -135,6 +140,14 @@ def _check_shape(manifest: Mapping[str, Any], where: str) -> None:
 
 def measured_of(manifest: Mapping[str, Any]) -> Measured:
     return Measured.from_dict(manifest.get("measured") or {})
+
+
+def platform_of(manifest: Mapping[str, Any]) -> str | None:
+    """The platform the artifact's own layer was built for (its key's input), None when unknown."""
+    chain = manifest.get("chain") or []
+    inputs = (chain[-1].get("inputs") if isinstance(chain[-1], dict) else None) if chain else None
+    platform = inputs.get("platform") if isinstance(inputs, dict) else None
+    return platform if isinstance(platform, str) else None
 
 
 def declared_args(manifest: Mapping[str, Any]) -> dict[str, tuple[str, str]]:

@@ -10,6 +10,8 @@ from typing import Any
 
 import attrs
 
+from efabuild.provenance import elf
+
 
 @attrs.frozen
 class Copy:
@@ -120,6 +122,9 @@ class Measured:
     declared_by_base: tuple[Declared, ...] = ()
     library_path: tuple[LibDir, ...] = ()
     packages: tuple[tuple[str, str], ...] = ()  # relevant Debian packages: name, version
+    machine: str | None = None  # x86_64, aarch64: the image's machine (None: no ELF file found)
+    machine_source: str | None = None  # "platform linux/arm64" or "ELF headers"
+    elf: tuple[tuple[str, str], ...] = ()  # path -> machine of the programs, libraries and plugins read
 
     def component(self, name: str) -> Component:
         for component in self.components:
@@ -139,11 +144,17 @@ class Measured:
             "declared_by_base": {d.name: d.to_dict() for d in self.declared_by_base},
             "library_path": [d.to_dict() for d in self.library_path],
             "packages": dict(self.packages),
+            # added within v1: absent from manifests made before, read as unknown
+            "machine": {"name": self.machine, "architecture": elf.architecture(self.machine),
+                        "source": self.machine_source},
+            "elf": dict(self.elf),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Measured:
         env = data.get("env") or {}
+        machine = data.get("machine") if isinstance(data.get("machine"), dict) else {}
+        elf_files = data.get("elf") if isinstance(data.get("elf"), dict) else {}
         return cls(
             components=tuple(
                 Component.from_dict(name, value) for name, value in (data.get("components") or {}).items()
@@ -160,4 +171,11 @@ class Measured:
             ),
             library_path=tuple(LibDir(d.get("dir"), d.get("source")) for d in data.get("library_path", [])),
             packages=tuple(sorted((data.get("packages") or {}).items())),
+            machine=_text(machine.get("name")),
+            machine_source=_text(machine.get("source")),
+            elf=tuple(sorted((str(k), str(v)) for k, v in elf_files.items())),
         )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None

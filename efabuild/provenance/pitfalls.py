@@ -6,8 +6,8 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 
-from efabuild.nccl import forces_other_network, is_infiniband_setting, is_ofi_plugin
-from efabuild.provenance import versions
+from efabuild.nccl import efa_lead, forces_other_network, is_infiniband_setting, is_ofi_plugin
+from efabuild.provenance import elf, versions
 from efabuild.provenance.checks import FAIL, PASS, SKIP, WARN, Check, HostFacts
 from efabuild.provenance.measured import Measured
 
@@ -94,9 +94,9 @@ def _ld_library_path(env: Mapping[str, str], image: Measured) -> Check:
     if image.component("efa-installer").version is None:
         return Check("ld-library-path", SKIP, "no EFA installer in the image: the base's ld.so.conf entries apply")
     value = env.get("LD_LIBRARY_PATH", "")
-    lead = [p.rstrip("/") for p in value.split(":")][:2]
-    if tuple(lead) == EFA_LD_PREFIX:
-        return Check("ld-library-path", PASS, f"led by {':'.join(EFA_LD_PREFIX)}")
+    lead = efa_lead(value, elf.triplet(image.machine))
+    if lead is not None:
+        return Check("ld-library-path", PASS, f"led by {lead}")
     return Check("ld-library-path", FAIL, f"LD_LIBRARY_PATH={value or '(unset)'} is not led by "
                                           f"{':'.join(EFA_LD_PREFIX)}: the base's older EFA libraries may win")
 

@@ -24,15 +24,22 @@ Where each version is read:
 | openmpi       | each installation's include/mpi.h, lib/pkgconfig/ompi.pc, or "Open MPI X.Y.Z" in libmpi |
 | deepep        | deep_ep-*.dist-info: Version; commit from direct_url.json vcs_info.commit_id, else    |
 |               | the .git/HEAD of the source directory pip recorded (`url: file://...`)                |
+| machine       | the layer's platform; else the ELF headers (e_machine) of the programs, libraries and  |
+|               | plugins read (`libraries.machine_files`): most of them decide                         |
+
+Libraries and headers are looked for in every supported triplet's directories (x86_64-linux-gnu,
+aarch64-linux-gnu), the image's machine first; the loader's own default directories are its
+machine's only, and a library of another machine on the path is passed over, as ld.so does.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from efabuild.provenance import dpkg, ldpath
+from efabuild.provenance import dpkg, elf, ldpath
 from efabuild.provenance.fsread import MAX_LIB_SCAN, defines, dist_info_dirs, metadata_version, site_dirs
 from efabuild.provenance.fsview import FsView
 from efabuild.provenance.imageenv import (
@@ -45,7 +52,7 @@ from efabuild.provenance.imageenv import (
     parse_rc_labels,
     shown_value,
 )
-from efabuild.provenance.libraries import aws_ofi_nccl, cudnn, libfabric, nccl
+from efabuild.provenance.libraries import PROGRAMS, aws_ofi_nccl, cudnn, libfabric, machine_files, nccl
 from efabuild.provenance.measured import Component, Copy, Measured, MpiInstall
 
 EFA_PACKAGES_FILE = "/opt/amazon/efa_installed_packages"
@@ -54,7 +61,6 @@ OPENMPI_PLACES = (
     "/usr/local/mpi",
     "/opt/amazon/openmpi*",
     "/opt/hpcx/ompi*",
-    "/usr/lib/x86_64-linux-gnu/openmpi",
 )
 _RELEVANT_PACKAGE_PREFIXES = (
     "libfabric", "libnccl", "efa", "openmpi", "libcudnn", "rdma-core", "ibverbs", "libibverbs",
@@ -67,9 +73,12 @@ def probe_tree(
     fs: FsView,
     image_env: Mapping[str, str] | Iterable[str] | None = None,
     image_labels: Mapping[str, str] | None = None,
+    platform: str | None = None,
 ) -> Measured:
     """Measure an image. `image_env` is the image config's Env (dict or "K=V" list); without it
-    the env is read from /etc/environment as Enroot wrote it. Labels likewise from /etc/rc."""
+    the env is read from /etc/environment as Enroot wrote it. Labels likewise from /etc/rc.
+    `platform` ("linux/arm64", or the config's architecture "arm64") is the machine whose
+    directories are searched first; without it the ELF headers of the files found decide."""
     if image_env is not None:
         env, env_source = env_dict(image_env), "image config"
     else:
@@ -77,23 +86,35 @@ def probe_tree(
         env, env_source = (parse_environment(text), ENVIRONMENT_FILE) if text is not None else ({}, None)
     labels = dict(image_labels) if image_labels is not None else parse_rc_labels(fs.read_text(RC_FILE) or "")
 
-    search = ldpath.search_path(fs, env)
     packages = dpkg.installed_packages(fs)
     sites = site_dirs(fs)
+    given = elf.machine_of_platform(platform)
+    # without the platform: the ELF headers of the files found decide, searched first as the
+    # image's programs (/bin/sh, the loader...) say, else as on x86_64; libraries of another
+    # machine found there are measured again under their own
+    machine = given or _programs_machine(fs) or "x86_64"
+    search, libraries, machines = _libraries(fs, env, packages, sites, machine)
+    if given is None:
+        found = _majority(machines)
+        if found in elf.SUPPORTED and found != machine:
+            machine = found
+            search, libraries, machines = _libraries(fs, env, packages, sites, machine)
+        machine = _majority(machines)
+    nccl_, cudnn_, libfabric_, ofi = libraries
     components = (
         _ngc_release(env),
         _cuda(fs),
-        nccl(fs, search, sites),
-        cudnn(fs, search),
+        nccl_,
+        cudnn_,
         _pytorch(fs, sites),
-        libfabric(fs, search, packages),
-        aws_ofi_nccl(fs, search, env, packages),
+        libfabric_,
+        ofi,
         _efa_installer(fs),
         _deepep(fs, sites),
     )
     return Measured(
         components=components,
-        openmpi=_openmpi(fs),
+        openmpi=_openmpi(fs, machine),
         env=tuple(sorted((k, shown_value(k, v)) for k, v in env.items() if efa_relevant(k))),
         env_source=env_source,
         declared_by_base=declared_by_base(env, labels),
@@ -101,7 +122,36 @@ def probe_tree(
         packages=tuple(
             sorted((p.name, p.version) for p in packages.values() if p.name.startswith(_RELEVANT_PACKAGE_PREFIXES))
         ),
+        machine=machine,
+        machine_source=(f"platform {platform}" if given else "ELF headers") if machine else None,
+        elf=tuple(sorted(machines.items())),
     )
+
+
+def _libraries(fs: FsView, env: dict[str, str], packages: dict, sites: list[str], machine: str):  # noqa: ANN202
+    """The loader's search order on `machine`, the libraries it finds and the machine of each
+    file that decides whether the image runs (path -> machine; files that are not ELF left out)."""
+    search = ldpath.search_path(fs, env, machine)
+    found = (nccl(fs, search, sites, machine), cudnn(fs, search, machine),
+             libfabric(fs, search, packages, machine), aws_ofi_nccl(fs, search, env, packages, machine))
+    files = machine_files(fs, search, env, (found[0], found[2], found[3]), machine)
+    heads = fs.read_heads(files, elf.HEAD_BYTES)
+    machines = {path: m for path in files if (m := elf.machine(heads.get(path, b""))) is not None}
+    return search, found, machines
+
+
+def _programs_machine(fs: FsView) -> str | None:
+    heads = fs.read_heads(PROGRAMS, elf.HEAD_BYTES)
+    found = _majority({path: m for path, head in heads.items() if (m := elf.machine(head)) is not None})
+    return found if found in elf.SUPPORTED else None
+
+
+def _majority(machines: Mapping[str, str]) -> str | None:
+    """The machine most of the files are built for (x86_64 on a tie, then by name)."""
+    counts = Counter(machines.values())
+    if not counts:
+        return None
+    return min(counts, key=lambda m: (-counts[m], m != "x86_64", m))
 
 
 # ---- components read from their own files ----------------------------------------------------
@@ -221,9 +271,9 @@ def _git_head(fs: FsView, checkout: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _openmpi(fs: FsView) -> tuple[MpiInstall, ...]:
+def _openmpi(fs: FsView, machine: str | None = None) -> tuple[MpiInstall, ...]:
     found: list[MpiInstall] = []
-    for pattern in OPENMPI_PLACES:
+    for pattern in (*OPENMPI_PLACES, *(f"/usr/lib/{t}/openmpi" for t in elf.triplets_for(machine))):
         for path in fs.glob(pattern):
             real = fs.resolve(path)
             if real is None or not fs.is_dir(real) or any(m.real_path == real for m in found):

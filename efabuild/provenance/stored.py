@@ -39,19 +39,22 @@ def describe_sqsh(
     image_env: Mapping[str, str] | Iterable[str] | None = None,
     image_labels: Mapping[str, str] | None = None,
     sqsh_sha256: str | Callable[[], str] | None = None,
+    platform: str | None = None,
+    vcs: Mapping[str, str] | None = None,
 ) -> bytes:
     """Probe an exported .sqsh and return its canonical manifest bytes, ready for store.publish.
 
     Without `image_env`/`image_labels` the env and labels are read from the .sqsh's /etc/environment
     and /etc/rc: what Enroot and Pyxis will use when the container starts. `sqsh_sha256` may be a
-    callable, asked once the probe is done."""
-    measured = probe_tree(SqshView(sqsh), image_env, image_labels)
+    callable, asked once the probe is done. `platform` is the layer's (linux/arm64): its machine's
+    directories are searched first and it is the machine the manifest records."""
+    measured = probe_tree(SqshView(sqsh), image_env, image_labels, platform)
     if callable(sqsh_sha256):  # computed while the probe ran (see digest.Sha256Pass)
         sqsh_sha256 = sqsh_sha256()
     return manifests.encode(manifests.build_manifest(
         key=key, name=name, sqsh_digest=sqsh_digest, sqsh_size=Path(sqsh).stat().st_size,
         export_options=export_options, base=base, chain=chain, measured=measured, builder=builder,
-        times=times, sqsh_sha256=sqsh_sha256,
+        times=times, sqsh_sha256=sqsh_sha256, vcs=vcs,
     ))
 
 
@@ -95,20 +98,24 @@ def audit_stored(store: Any, ref: str, policy: AuditPolicy, host: checks_.HostFa
     record = store.record(key)
     if record is None:
         raise NotFound(f"no record for artifact {key[:12]} ({ref})")
+    damaged = [tier.sqsh_path(key) for tier in store.fs_tiers if tier.has(key)] if store.local_hit(key) is None else []
     try:
-        path: Path | None = store.lookup(key, fetch=True, verify=False)
+        # a copy of the wrong size is audited as it stands (the integrity check names it), not
+        # fetched over as a lookup would
+        path: Path | None = damaged[0] if damaged else store.lookup(key, fetch=True, verify=False)
     except NotFound:
         path = None
     copies = _copies(store, key, deep)
     sqsh = measured = None
     probe_error = None
+    manifest_bytes = store.manifest(key)
     if path is not None:
         sqsh = next((facts for _, where, facts, _ in copies if where == path), None)
         try:
-            measured = probe_tree(SqshView(path))
+            # measured again the way make measured it: on the platform its key was built for
+            measured = probe_tree(SqshView(path), platform=_platform(manifest_bytes))
         except EfabuildError as exc:
             probe_error = str(exc)
-    manifest_bytes = store.manifest(key)
     results = checks_.audit(
         record=record, manifest_bytes=manifest_bytes, sqsh=sqsh, measured=measured,
         policy=policy, host=host, probe_error=probe_error,
@@ -116,6 +123,13 @@ def audit_stored(store: Any, ref: str, policy: AuditPolicy, host: checks_.HostFa
     if path is not None:
         results[0] = _integrity_of_every_copy(record, manifest_bytes, copies)
     return AuditResult(ref, key, record.name, tuple(results))
+
+
+def _platform(manifest_bytes: bytes | None) -> str | None:
+    try:
+        return manifests.platform_of(manifests.decode(manifest_bytes)) if manifest_bytes is not None else None
+    except EfabuildError:
+        return None  # manifest-integrity says what is wrong with it
 
 
 def _copies(store: Any, key: str, deep: bool = False) -> list[tuple[str, Any, checks_.FileFacts | None, str | None]]:

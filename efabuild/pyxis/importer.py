@@ -11,7 +11,8 @@ again on release. efabuild artifacts are handed out in place, from the store.
 
 The store is `$EFABUILD_STORE`, else `store = "..."` in the importer's config file
 (`$EFABUILD_PYXIS_CONFIG`, default /etc/efabuild/pyxis.toml), else the workspace around the
-job's working directory. The config may also say `verify = true` to re-hash before every start, and
+job's working directory. The config may also say `verify = true` to re-hash before every start (a
+copy this user verified before, unchanged since, costs a few stats: signing/verifycache.py), and
 `require_signature = true` to start only artifacts signed by a key of the node's trust policy
 (/etc/efabuild/trust.toml; a cached verification costs a few stats).
 """
@@ -97,8 +98,9 @@ def get(uri: str, environ: dict[str, str] | None = None) -> Path:
     ref = parse_image_uri(uri)
     config = read_config(environ)
     store = environ.get(STORE_ENV) or config.get("store")
+    # verify = true on every step start: a copy verified before and unchanged since is not read again
     path, _ = lookup_path(ref, store, fetch=True, verify=bool(config.get("verify", False)),
-                          require_signature=bool(config.get("require_signature", False)))
+                          require_signature=bool(config.get("require_signature", False)), verify_cache=True)
     return path
 
 

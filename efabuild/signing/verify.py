@@ -118,25 +118,37 @@ def _check_file(sqsh: Path, size: int, record, sha256: bool) -> tuple[list[str],
 def _check_signed(layout: Layout, key: str, record, policy, blake3: str,  # noqa: ANN001
                   sha256: str | None) -> list[str]:
     """The signed statement: a trusted signature, on a statement whose subject is this file."""
-    from efabuild.signing import dsse
-
     envelope_path = layout.envelope_path(key)
     try:
         envelope_bytes = _read(layout, envelope_path)
-        if envelope_bytes is None:
-            return [f"{layout.sqsh_path(key)}: unsigned (no {envelope_path.name})"]
-        envelope = dsse.decode(envelope_bytes, str(envelope_path))
+    except EfabuildError as exc:
+        return [str(exc)]
+    return signed_problems(envelope_bytes, key, record, policy, blake3, sha256,
+                           sqsh=str(layout.sqsh_path(key)), where=str(envelope_path))
+
+
+def signed_problems(envelope_bytes: bytes | None, key: str, record, policy, blake3: str,  # noqa: ANN001
+                    sha256: str | None, *, sqsh: str, where: str) -> list[str]:
+    """A signed statement's bytes (None: unsigned) checked against the record it is to vouch
+    for: a trusted signature, on a statement whose subject is `key`.sqsh with `blake3` (and
+    `sha256`). A fetch calls it before it writes a byte; `sqsh` and `where` name the files."""
+    from efabuild.signing import dsse
+
+    if envelope_bytes is None:
+        return [f"{sqsh}: unsigned (no {key}.intoto.jsonl)"]
+    try:
+        envelope = dsse.decode(envelope_bytes, where)
     except EfabuildError as exc:
         return [str(exc)]
     if trusted_signer(envelope, policy) is None:
         count = len(envelope.signatures)
-        return [f"{envelope_path}: {'no signatures' if not count else f'{count} signature(s), none'} "
+        return [f"{where}: {'no signatures' if not count else f'{count} signature(s), none'} "
                 f"by a key trusted by {policy.source}"]
     try:
-        statement = envelope.statement(str(envelope_path))
+        statement = envelope.statement(where)
     except EfabuildError as exc:
         return [str(exc)]
-    return _check_subject(statement, key, record, str(envelope_path), blake3, sha256)
+    return _check_subject(statement, key, record, where, blake3, sha256)
 
 
 def trusted_signer(envelope, policy) -> str | None:  # noqa: ANN001

@@ -12,7 +12,8 @@ Entries live per user (`$XDG_CACHE_HOME/efabuild/verified`, 0700) or root's
 (`/var/cache/efabuild/verified`, readable by all, written by root only); `$EFABUILD_VERIFY_CACHE`
 overrides the user's own directory. An entry is believed only in a directory owned by the
 reader (or root's), owned by the same user and writable by nobody else: one planted by another
-user is ignored. Stdlib only, no hashing: this is the fast path of `lookup --require-signature`.
+user is ignored. Stdlib only, no hashing: this is the fast path of `lookup --require-signature`
+and of the Pyxis importer's `verify = true` (kind "digest": the `.sqsh` against its record's blake3).
 """
 
 from __future__ import annotations
@@ -56,8 +57,10 @@ def own_dir(environ: dict[str, str] | None = None) -> Path:
     return Path(base) / "efabuild" / "verified"
 
 
-def _entry_name(sqsh: Path) -> str:
-    return hashlib.sha256(os.fsencode(os.path.abspath(sqsh))).hexdigest()[:40] + ".json"
+def _entry_name(sqsh: Path, kind: str = "") -> str:
+    # a digest check and a signature check of one file are entries of their own: neither evicts the other
+    name = os.fsencode(os.path.abspath(sqsh)) + (b"\0" + kind.encode() if kind else b"")
+    return hashlib.sha256(name).hexdigest()[:40] + ".json"
 
 
 def _trusted_dir(directory: Path, owner: int) -> bool:
@@ -97,12 +100,15 @@ def _expected(key: str, stamps: dict[str, list[int] | None], policy_digest: str)
 
 
 def is_verified(sqsh: Path, key: str, stamps: dict[str, list[int] | None], policy_digest: str,
-                environ: dict[str, str] | None = None) -> bool:
-    """True when this user's (or root's) cache holds a verification of exactly these stamps."""
+                environ: dict[str, str] | None = None, *, kind: str = "") -> bool:
+    """True when this user's (or root's) cache holds a verification of exactly these stamps.
+
+    `kind` names what was verified when it is not the signature ("digest": the record's blake3);
+    `policy_digest` is then what the check was against (the digest itself)."""
     if any(value is None for value in stamps.values()):
         return False
     expected = _expected(key, stamps, policy_digest)
-    name = _entry_name(sqsh)
+    name = _entry_name(sqsh, kind)
     mine = own_dir(environ)
     candidates = [(mine, os.geteuid())]
     if mine != ROOT_CACHE and os.geteuid() != 0:
@@ -115,7 +121,8 @@ def is_verified(sqsh: Path, key: str, stamps: dict[str, list[int] | None], polic
 
 
 def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, list[int] | None],
-             policy_digest: str, started: float, environ: dict[str, str] | None = None) -> bool:
+             policy_digest: str, started: float, environ: dict[str, str] | None = None, *,
+             kind: str = "") -> bool:
     """Record a full verification that began at `started` (time.time()); False when not cached.
 
     `stamps` were taken before the verification read the files; they are taken again here, and
@@ -140,7 +147,7 @@ def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, lis
     from efabuild.store.owner import replace_owned
 
     try:
-        replace_owned(directory / _entry_name(sqsh), data, 0o644 if directory == ROOT_CACHE else 0o600,
+        replace_owned(directory / _entry_name(sqsh, kind), data, 0o644 if directory == ROOT_CACHE else 0o600,
                       temp_prefix=".entry")
     except OSError:
         return False

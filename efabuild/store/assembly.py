@@ -97,13 +97,15 @@ def assemble(store: ChunkStore, index: ChunkIndex, dest_fd: int, seeds: Sequence
 
     def fetch(item: tuple[str, list[int]]) -> None:
         cid, offsets = item
-        data, wire = store.fetch(cid, lengths[cid])
-        for offset in offsets:
-            os.pwrite(dest_fd, data, offset)
+        with store.room_for(lengths[cid]):  # held until written: what the parallel GETs hold is bounded
+            data, wire = store.fetch(cid, lengths[cid])
+            for offset in offsets:
+                os.pwrite(dest_fd, data, offset)
+            del data
         with lock:
             fetched[cid] = fetched.get(cid, 0) + wire
         if progress is not None:
-            progress(len(data) * len(offsets))
+            progress(lengths[cid] * len(offsets))
 
     failed: list[Run] = []
     with _opened({run.seed for run in runs}) as fds:

@@ -34,10 +34,15 @@ MiB = 1024 * 1024
 # and the changed file's chunk), both far under 1 %, while a cold transfer of 4 MiB chunks makes a
 # quarter of the requests: a 25 GB image is ~6,000 S3 objects, not 25,000.
 MIN_SIZE, AVG_SIZE, MAX_SIZE = 1 * MiB, 4 * MiB, 16 * MiB
-MAX_INDEX_BYTES = 64 * MiB  # a 25 GB image cut at the minimum chunk size needs ~2 MiB
+# Bounds of an index read from a store: what a fetch parses and plans holds ~300 bytes a chunk.
+# 262,144 chunks are 256 GiB cut at the 1 MiB minimum, 1 TiB at the 4 MiB average; an entry
+# takes at most 78 bytes of JSON
+MAX_CHUNKS = 1 << 18
+MAX_INDEX_BYTES = 24 * MiB  # a 25 GB image cut at the minimum chunk size needs ~2 MiB
 # no chunker efabuild configures cuts more; an index naming a longer chunk is forged, and a fetch
 # would size its buffers by it
 MAX_CHUNK_BYTES = 64 * MiB
+MIN_CHUNK_BYTES = 64  # FastCDC's smallest minimum
 MAX_MARK_BYTES = 256 * MiB  # a gc mark of ~3.5 million unreferenced chunk ids
 _HEX = frozenset("0123456789abcdef")
 
@@ -87,6 +92,9 @@ class ChunkIndex(NamedTuple):
         """Parse and check an index read from a store; BadChunkIndex naming `where` if it is not valid."""
         if len(data) > MAX_INDEX_BYTES:
             raise BadChunkIndex(f"{where}: chunk index larger than {MAX_INDEX_BYTES // MiB} MiB")
+        # every JSON value past the first follows a comma: this bounds what parsing it makes
+        if data.count(b",") > 2 * MAX_CHUNKS + 16:
+            raise BadChunkIndex(f"{where}: chunk index of more than {MAX_CHUNKS} chunks")
         try:
             doc = json.loads(data)
         except (ValueError, RecursionError):
@@ -96,19 +104,30 @@ class ChunkIndex(NamedTuple):
         size, digest, chunks, chunking = doc.get("size"), doc.get("digest"), doc.get("chunks"), doc.get("chunking")
         if not _is_count(size) or not is_digest(digest) or not isinstance(chunks, list):
             raise BadChunkIndex(f"{where}: chunk index has a bad size, digest or chunk list")
+        if len(chunks) > MAX_CHUNKS:
+            raise BadChunkIndex(f"{where}: chunk index of {len(chunks)} chunks, more than {MAX_CHUNKS}")
+        limits = (MIN_SIZE, AVG_SIZE, MAX_SIZE)
+        if chunking is not None:
+            values = tuple(chunking.get(k) for k in ("min", "avg", "max")) if isinstance(chunking, dict) else ()
+            if not (len(values) == 3 and all(_is_count(v) for v in values)
+                    and MIN_CHUNK_BYTES <= values[0] <= values[1] <= values[2] <= MAX_CHUNK_BYTES):
+                raise BadChunkIndex(f"{where}: chunk index has a bad chunking {str(chunking)[:80]!r}")
+            limits = values
+        low, _, high = limits
         parsed = []
         total = 0
-        for entry in chunks:
+        for number, entry in enumerate(chunks):
             if not (isinstance(entry, list) and len(entry) == 2 and is_chunk_id(entry[0])
                     and _is_count(entry[1]) and 0 < entry[1] <= MAX_CHUNK_BYTES):
                 raise BadChunkIndex(f"{where}: chunk index entry {str(entry)[:80]!r} is not [id, length]")
+            # FastCDC cuts no chunk longer than its maximum, nor shorter than its minimum but the last
+            if entry[1] > high or (entry[1] < low and number < len(chunks) - 1):
+                raise BadChunkIndex(f"{where}: chunk {number} has {entry[1]} bytes, outside its chunking's "
+                                    f"{low}..{high}")
             parsed.append((entry[0], entry[1]))
             total += entry[1]
         if total != size:
             raise BadChunkIndex(f"{where}: chunk lengths add up to {total} bytes, the index says {size}")
-        limits = (MIN_SIZE, AVG_SIZE, MAX_SIZE)
-        if isinstance(chunking, dict) and all(_is_count(chunking.get(k)) for k in ("min", "avg", "max")):
-            limits = (chunking["min"], chunking["avg"], chunking["max"])
         return cls(size=size, digest=digest, chunks=tuple(parsed), chunking=limits)
 
 

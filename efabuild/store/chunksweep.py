@@ -18,7 +18,6 @@ what indexes name and empties the rest.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from botocore.exceptions import ClientError
@@ -40,7 +39,7 @@ def delete_chunks(store, doomed: set[str], referenced_now: Callable[[], set[str]
     """Delete the chunks `doomed` of `store` (a ChunkStore), and an abandoned trash; the ids
     deleted. `referenced_now` lists the indexes again and gives the chunks they name."""
     tier = store.tier
-    left = _abandoned(store, time.time() - ABANDONED_AFTER_S)
+    left = _abandoned(store, tier.server_time() - ABANDONED_AFTER_S)  # by S3's clock, as LastModified
     moved = {cid for cid, ok in zip(sorted(doomed), run_parallel(
         lambda cid: _move(tier, store.object(cid), trash_object(tier._path, cid)), sorted(doomed), tier.workers))
         if ok}

@@ -4,8 +4,8 @@ Two gcs sweeping the same chunks at once could lose one (one gc's delete of a ch
 half of its move to the trash, landing after the other put it back for an index written
 meanwhile). gc takes the lock by creating the object (IfNoneMatch='*'), and gives it up by
 deleting it while it is still its own. A gc killed meanwhile leaves the lock; once it is older
-than STALE_AFTER_S, the next gc takes it over by a conditional overwrite of that very version
-(IfMatch on its ETag), so two gcs finding the same stale lock cannot both win.
+than STALE_AFTER_S by S3's own clock, the next gc takes it over by a conditional overwrite of that
+very version (IfMatch on its ETag), so two gcs finding the same stale lock cannot both win.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from botocore.exceptions import ClientError
 
 from efabuild.errors import EfabuildError
-from efabuild.store.s3client import _missing, already_exists
+from efabuild.store.s3client import _missing, already_exists, response_time
 
 LOCK_OBJECT = "gc/lock"
 STALE_AFTER_S = 24 * 3600.0  # no gc of a bucket runs this long; a lock this old was left by a killed one
@@ -53,7 +53,8 @@ def _take(tier, path: str) -> str:  # noqa: ANN001 - S3Tier
         if head is None:
             continue
         since = head["LastModified"]
-        if since.timestamp() > time.time() - STALE_AFTER_S:
+        # both times by S3's clock (the HEAD's own Date): a gc host a day ahead took a live lock
+        if since.timestamp() > response_time(head) - STALE_AFTER_S:
             raise GcBusy(f"{tier.url(path)}: another gc of this bucket's chunks holds it since "
                          f"{since:%Y-%m-%d %H:%M:%S} UTC; if none runs, delete that object")
         etag = _put(tier, path, body, IfMatch=head["ETag"])  # take over that stale version only

@@ -44,6 +44,17 @@ def find_local(table: StoreConfig, ref: str, ask_s3: bool = False) -> tuple[str,
     key, via_s3 = local_key(layouts, ref)
     if key is None or (ask_s3 and via_s3):
         return None
+    hit, problems = first_intact(layouts, key)
+    if hit is not None:
+        return key, *hit
+    if problems and not ask_s3:
+        raise problems[0]
+    return None
+
+
+def first_intact(layouts: list[Layout], key: str) -> tuple[tuple[Layout, dict] | None, list[EfabuildError]]:
+    """((the first of these directories whose copy of `key` is intact, its record) or None; what
+    is wrong with each copy passed over): the one check of every route that hands out a path."""
     problems = []
     for layout in layouts:
         try:
@@ -52,10 +63,8 @@ def find_local(table: StoreConfig, ref: str, ask_s3: bool = False) -> tuple[str,
             problems.append(exc)
             continue
         if record is not None:
-            return key, layout, record
-    if problems and not ask_s3:
-        raise problems[0]
-    return None
+            return (layout, record), problems
+    return None, problems
 
 
 def intact_record(layout: Layout, key: str) -> dict | None:
@@ -79,12 +88,12 @@ def intact_record(layout: Layout, key: str) -> dict | None:
     return record
 
 
-def verify_tiers(table: StoreConfig, key: str) -> None:
+def verify_tiers(table: StoreConfig, key: str, *, cache: bool = False) -> None:
     """Re-hash every filesystem tier's copy of `key` against its record (blake3 imported only
-    here); one EfabuildError naming each tier whose copy is damaged."""
-    from efabuild.store.record import ArtifactRecord
-    from efabuild.store.transfer import DamagedCopy, check_file
+    here); one EfabuildError naming each tier whose copy is damaged.
 
+    With `cache`, a copy this user verified before and unchanged since (signing/verifycache.py:
+    the same stat stamps of the .sqsh and its record, against the same digest) is not read again."""
     problems = []
     for name, root in table.roots():
         layout = Layout(root)
@@ -92,19 +101,54 @@ def verify_tiers(table: StoreConfig, key: str) -> None:
             record = intact_record(layout, key)
             if record is None:
                 continue
-            check_file(name, layout.sqsh_path(key).absolute(), ArtifactRecord.from_dict(record))
-        except DamagedCopy as exc:
-            problems.append(str(exc))
+            if cache:
+                _check_cached(name, layout, key, record)
+            else:
+                _check_copy(name, layout.sqsh_path(key).absolute(), record)
         except EfabuildError as exc:
-            problems.append(f"{name} tier: {exc}")
+            problems.append(_tier_problem(name, exc))
     if problems:
         raise EfabuildError("; ".join(problems))
 
 
+def _check_copy(tier: str, sqsh: Path, record: dict) -> None:
+    from efabuild.store.record import ArtifactRecord
+    from efabuild.store.transfer import check_file
+
+    check_file(tier, sqsh, ArtifactRecord.from_dict(record))
+
+
+def _tier_problem(tier: str, exc: EfabuildError) -> str:
+    from efabuild.store.transfer import DamagedCopy  # only when a copy failed
+
+    return str(exc) if isinstance(exc, DamagedCopy) else f"{tier} tier: {exc}"
+
+
+def _check_cached(tier: str, layout: Layout, key: str, record: dict) -> None:
+    """_check_copy, answered from the verification cache when it holds this copy as it is now."""
+    import time
+
+    from efabuild.signing import verifycache
+
+    sqsh = layout.sqsh_path(key).absolute()
+    paths = {"sqsh": sqsh, "record": layout.record_path(key)}
+    stamps = verifycache.take_stamps(paths)
+    # bound to the digest read here: a record replaced after it was read is another entry
+    against = f"blake3:{record['digest']}"
+    if verifycache.is_verified(sqsh, key, stamps, against, kind="digest"):
+        return
+    started = time.time()
+    _check_copy(tier, sqsh, record)
+    verifycache.remember(sqsh, key, paths, stamps, against, started, kind="digest")
+
+
 def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verify: bool = False,
-                cwd: Path | None = None, require_signature: bool = False, check_s3: bool = False,
-                deep: bool = False) -> tuple[Path, dict]:
+                cwd: Path | None = None, require_signature: bool = False,
+                verify_cache: bool = False, check_s3: bool = False, deep: bool = False) -> tuple[Path, dict]:
     """(absolute .sqsh path, its record as a dict) for `ref`.
+
+    `verify` re-hashes every filesystem tier's copy on a hit; with `verify_cache`, not those this
+    user verified before and unchanged since (the importer's `verify = true`).
 
     Raises NotFound (absent), AmbiguousRef (prefix matches several), InputError (bad REF or
     store settings) or EfabuildError (the stored copy is damaged or not a file); with
@@ -124,7 +168,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         key, layout, record = hit
         path = layout.sqsh_path(key).absolute()
         if verify:
-            verify_tiers(table, key)
+            verify_tiers(table, key, cache=verify_cache)
             if check_s3 and fetch and table.s3 is not None:  # can S3 still deliver it? (store/health.py)
                 from efabuild.store.tiered import Store
 
@@ -132,16 +176,53 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         if policy is not None:
             _require_signed(layout, key, policy, ref)
         return path, record
-    # A miss: the full store resolves remotely, fetches, and words the failure.
+    # A miss, or no intact copy here: the full store resolves remotely, fetches (replacing a
+    # damaged copy), and words the failure. An unsigned fetch is refused before it writes a byte.
+    from efabuild.signing.verify import VerificationFailed
     from efabuild.store.tiered import Store
 
     full = Store.from_config(table)
-    path = full.lookup(ref, fetch=fetch, verify=verify, deep=deep, check_s3=check_s3)
+    vet = None if policy is None else _signed_in_s3(full, policy)
+    try:
+        # a name copied from S3 comes here at every start: its copy is checked against the cache too
+        # (a fetched copy, verified by the fetch, is hashed once more and then remembered)
+        path = full.lookup(ref, fetch=fetch, verify=verify and not verify_cache, vet=vet,
+                           deep=deep, check_s3=check_s3)
+    except VerificationFailed as exc:
+        raise _refusal(exc, ref) from None
     key = path.name[: -len(SQSH_SUFFIX)]
-    record = full.record(key)
+    if verify and verify_cache:
+        verify_tiers(table, key, cache=True)
+    layout = Layout(path.parent.parent.parent)
+    record = layout.read_record_dict(key)  # the record of the copy handed out
     if policy is not None:
-        _require_signed(Layout(path.parent.parent.parent), key, policy, ref)
-    return path, record.to_dict() if record is not None else {}
+        _require_signed(layout, key, policy, ref)
+    return path, record or {}
+
+
+def _signed_in_s3(full, policy):  # noqa: ANN001, ANN202 - a Store, a TrustPolicy; a Store.lookup vet
+    """Refuses (VerificationFailed) an artifact S3 holds without a statement signed by a key of
+    `policy` for its record, before a fetch writes any of it: a refused fetch leaves nothing a
+    plain lookup would then serve. The copy fetched is verified in full once it is stored."""
+    from efabuild.signing.verify import VerificationFailed, signed_problems
+    from efabuild.store.layout import ENVELOPE_SUFFIX
+
+    def vet(record, sidecars: dict[str, bytes]) -> None:  # noqa: ANN001 - an ArtifactRecord
+        s3 = full.s3
+        problems = signed_problems(sidecars.get(ENVELOPE_SUFFIX), record.key, record, policy, record.digest,
+                                   None, sqsh=s3.describe(record.key), where=s3.url(s3.envelope_object(record.key)))
+        if problems:
+            raise VerificationFailed(problems)
+
+    return vet
+
+
+def _refusal(exc, ref: str):  # noqa: ANN001, ANN202 - VerificationFailed in, VerificationFailed out
+    from efabuild.signing.verify import VerificationFailed
+
+    # one line for Pyxis to show: the first problem says enough to act on
+    more = f" (and {len(exc.problems) - 1} more: efabuild verify {ref})" if len(exc.problems) > 1 else ""
+    return VerificationFailed([f"refusing {ref}: {exc.problems[0]}{more}"])
 
 
 def _require_signed(layout: Layout, key: str, policy, ref: str) -> None:  # noqa: ANN001
@@ -150,6 +231,4 @@ def _require_signed(layout: Layout, key: str, policy, ref: str) -> None:  # noqa
     try:
         require_signed(layout, key, policy)
     except VerificationFailed as exc:
-        # one line for Pyxis to show: the first problem says enough to act on
-        more = f" (and {len(exc.problems) - 1} more: efabuild verify {ref})" if len(exc.problems) > 1 else ""
-        raise VerificationFailed([f"refusing {ref}: {exc.problems[0]}{more}"]) from None
+        raise _refusal(exc, ref) from None

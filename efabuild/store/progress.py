@@ -46,15 +46,28 @@ def human_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
-def status_text(label: str, done: int, total: int | None, elapsed: float) -> str:
-    """'fetch 0123abcd: 6.2 GiB / 25.0 GiB (25%), 310.0 MiB/s, ETA 1m03s'."""
-    rate = done / elapsed if elapsed > 0 else 0.0
+# a rate over less time than this says nothing (a first read of a full pipe in microseconds: TiB/s)
+MIN_RATE_S = 0.5
+
+
+def rate_of(done: int, elapsed: float) -> float | None:
+    return done / elapsed if elapsed >= MIN_RATE_S else None
+
+
+def status_text(label: str, done: int, total: int | None, elapsed: float, *, estimate: bool = False) -> str:
+    """'fetch 0123abcd: 6.2 GiB / 25.0 GiB (25%), 310.0 MiB/s, ETA 1m03s'. An `estimate` total (an
+    export's image size: the tar stream is larger) is shown as '~', grows with what is done and
+    stays below 100% until the end."""
+    rate = rate_of(done, elapsed)
     parts = [f"{label}: {human_bytes(done)}"]
     if total:
-        parts[0] += f" / {human_bytes(total)} ({100 * done // total}%)"
-    parts.append(f"{human_bytes(rate)}/s")
-    if total and rate > 0 and done < total:
-        parts.append(f"ETA {human_duration((total - done) / rate)}")
+        shown_total = max(total, done) if estimate else total
+        percent = min(99 if estimate else 100, 100 * done // shown_total)
+        parts[0] += f" / {'~' if estimate else ''}{human_bytes(shown_total)} ({percent}%)"
+    if rate is not None:
+        parts.append(f"{human_bytes(rate)}/s")
+        if total and rate > 0 and done < total:
+            parts.append(f"ETA {human_duration((total - done) / rate)}")
     return ", ".join(parts)
 
 
@@ -71,9 +84,11 @@ class Progress:
         min_total: int = 32 * 1024 * 1024,
         interval: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
+        estimate: bool = False,
     ) -> None:
         self.label = label
         self.total = total
+        self.estimate = estimate
         self.stream = stream if stream is not None else (_sink() if _sink is not None else None)
         # Small transfers finish before anyone reads a progress line.
         self.enabled = enabled and self.stream is not None and (total is None or total >= min_total)
@@ -96,12 +111,12 @@ class Progress:
             if self.tty:
                 if now - self._last_draw >= self.interval:
                     self._last_draw = now
-                    self._write("\r" + status_text(self.label, self.done, self.total, now - self._start) + "\x1b[K")
+                    self._write("\r" + status_text(self.label, self.done, self.total, now - self._start, estimate=self.estimate) + "\x1b[K")
             elif self.total:
                 quarter = min(3, 4 * self.done // self.total)
                 if quarter > self._quarter:
                     self._quarter = quarter
-                    self._write(status_text(self.label, self.done, self.total, now - self._start) + "\n")
+                    self._write(status_text(self.label, self.done, self.total, now - self._start, estimate=self.estimate) + "\n")
 
     def close(self, ok: bool = True) -> None:
         with self._lock:
@@ -111,10 +126,10 @@ class Progress:
             if not self.enabled:
                 return
             elapsed = self.clock() - self._start
-            rate = self.done / elapsed if elapsed > 0 else 0.0
+            rate = rate_of(self.done, elapsed)
             end = "done" if ok else "failed"
             line = (f"{self.label}: {end}, {human_bytes(self.done)} in {human_duration(elapsed)}"
-                    f" ({human_bytes(rate)}/s)")
+                    + (f" ({human_bytes(rate)}/s)" if rate is not None else ""))
             self._write(("\r" + line + "\x1b[K\n") if self.tty else line + "\n")
 
     def _write(self, text: str) -> None:

@@ -127,9 +127,14 @@ class S3Tier(S3Refs, S3Bucket):
 
     def sidecar(self, key: str, suffix: str) -> bytes | None:
         """An object stored beside the .sqsh (e.g. its manifest), None when absent."""
-        data = self._get_bytes(self._path("objects", key[:2], check_key(key) + suffix))
-        if suffix == INDEX_SUFFIX:
-            self._index_bytes[key] = data  # the fetch that follows needs it too: one GET
+        path = self._path("objects", key[:2], check_key(key) + suffix)
+        if suffix != INDEX_SUFFIX:
+            return self._get_bytes(path)
+        try:  # no more than an index may hold is read
+            data = self._get_bytes(path, MAX_INDEX_BYTES, BadChunkIndex)
+        except BadChunkIndex:
+            return None  # no index to carry; a fetch finds it again, refuses it and takes a whole object
+        self._index_bytes[key] = data  # the fetch that follows needs it too: one GET
         return data
 
     def describe(self, key: str) -> str:
@@ -353,7 +358,7 @@ class S3Tier(S3Refs, S3Bucket):
 
     def debris(self, now: datetime | None = None) -> list[str]:
         """s3:// URLs of leftovers older than a day: .sqsh without a record, unfinished uploads."""
-        now = now or datetime.now(timezone.utc)
+        now = now or datetime.fromtimestamp(self.server_time(), timezone.utc)  # S3's clock, as LastModified
         records, _, sqsh_objects = self._object_keys("")
         found = []
         for path, written in sqsh_objects.items():

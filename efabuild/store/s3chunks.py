@@ -18,11 +18,12 @@ file against the index's digest, so neither a damaged object nor a damaged seed 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 
@@ -48,6 +49,9 @@ MARKS_DIR = "gc/marks"
 DEFAULT_GRACE = 24 * 3600.0
 MAX_MARKS = 1_000  # gc writes one a run and deletes it after the grace period: more were planted
 LIST_FROM = 8  # ids under one chunks/<d> from which one LIST (a page per 1,000 keys) beats a HEAD each
+# bytes the chunk downloads of one fetch hold at once (each its object and its raw bytes), whatever
+# lengths an index names: 16 parallel GETs of 4 MiB chunks take ~130 MiB, of forged 64 MiB ones 2 GiB
+FETCH_MEMORY = 160 * 1024 * 1024
 
 
 class ChunkError(EfabuildError):
@@ -90,16 +94,31 @@ def compress(data: bytes) -> bytes:
     return _compressor().c.compress(data)
 
 
-def decompress(data: bytes, length: int, what: str) -> bytes:
-    """Decompress a chunk object, reading no more than the index's length for it."""
+def decompress(data: bytes, length: int, what: str) -> bytearray:
+    """A chunk object's bytes, which must be the index's `length` for it; never more than
+    length + 1 bytes are allocated or decompressed. (python-zstandard's one-shot decompress sizes
+    its output by the size a frame declares, whatever max_output_size says: a 32 KiB object
+    declaring 1 GiB took 1 GiB.) A frame declaring another size is refused unread; one declaring
+    none is streamed into a buffer of length + 1 bytes."""
     import zstandard
 
     try:
-        raw = _compressor().d.decompress(data, max_output_size=length)
+        declared = zstandard.frame_content_size(data)  # -1: the frame does not say
+        if declared not in (-1, length):
+            raise ChunkError(f"{what}: its zstd frame declares {declared} bytes, the index says {length}")
+        raw = bytearray(length + 1)
+        with _compressor().d.stream_reader(data) as reader, memoryview(raw) as view:
+            got = 0
+            while got <= length and (n := reader.readinto(view[got:])):
+                got += n
     except zstandard.ZstdError as exc:
+        raw = None  # not kept with the failure's traceback
         raise ChunkError(f"{what}: not a zstd frame ({exc})") from None
-    if len(raw) != length:
-        raise ChunkError(f"{what}: {len(raw)} bytes, the index says {length}")
+    if got != length:
+        raw = None
+        raise ChunkError(f"{what}: {'more than ' if got > length else ''}{got - (got > length)} bytes, "
+                         f"the index says {length}")
+    del raw[length:]
     return raw
 
 
@@ -109,6 +128,12 @@ class ChunkStore:
 
     def __init__(self, tier) -> None:  # noqa: ANN001 - S3Tier
         self.tier = tier
+        self._room = _Budget(FETCH_MEMORY)
+
+    def room_for(self, length: int) -> contextlib.AbstractContextManager[None]:
+        """Hold the memory a fetch of a chunk of `length` bytes takes (its object, at most zstd's
+        bound, and its raw bytes) for the block, waiting while other fetches hold the rest."""
+        return self._room.held(2 * _bound(length) + 1)
 
     def object(self, cid: str) -> str:
         return chunk_object(self.tier._path, cid)
@@ -219,13 +244,13 @@ class ChunkStore:
             self.tier._call(self.tier.url(batch[0]), "delete_objects",
                             Delete={"Objects": [{"Key": p} for p in batch], "Quiet": True})
 
-    def fetch(self, cid: str, length: int) -> tuple[bytes, int]:
+    def fetch(self, cid: str, length: int) -> tuple[bytearray, int]:
         """One chunk's raw bytes, verified against its id; and the bytes it took on the wire."""
         path = self.object(cid)
         what = self.tier.url(path)
         from efabuild.store.s3client import retried  # boto3: only once S3 is used
 
-        bound = length + (length >> 7) + 4096  # zstd's bound for `length` bytes: more is no chunk of them
+        bound = _bound(length)
         body = retried(what, lambda: self.tier._get_bytes(path, bound, ChunkError), error=ChunkError)
         if body is None:  # a gc may have it in its trash this instant (store/chunksweep.py)
             from efabuild.store.chunksweep import trash_object
@@ -234,10 +259,42 @@ class ChunkStore:
             body = retried(what, lambda: self.tier._get_bytes(trashed, bound, ChunkError), error=ChunkError)
         if body is None:
             raise ChunkError(f"{what}: missing (deleted by gc while in use, or never uploaded)")
-        raw = decompress(body, length, what)
+        # A failure is kept with its traceback, and so are the locals of its frames, by every
+        # parallel fetch that fails: none may keep megabytes with it
+        wire = len(body)
+        try:
+            raw = decompress(body, length, what)
+        finally:
+            body = None
         if chunk_id(raw) != cid:
+            raw = None
             raise ChunkError(f"{what}: corrupt: its bytes do not hash to its name")
-        return raw, len(body)
+        return raw, wire
+
+
+def _bound(length: int) -> int:
+    return length + (length >> 7) + 4096  # zstd's bound for `length` bytes: more is no chunk of them
+
+
+class _Budget:
+    """Bytes some threads hold at once, at most `total` (one asking more waits for all of it)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = self.free = total
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def held(self, amount: int) -> Iterator[None]:
+        amount = min(amount, self.total)
+        with self._changed:
+            self._changed.wait_for(lambda: self.free >= amount)
+            self.free -= amount
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.free += amount
+                self._changed.notify_all()
 
     def problem(self, cid: str, length: int) -> str | None:
         """None when the chunk `cid` (of `length` raw bytes) is in the bucket and hashes to its
@@ -262,7 +319,8 @@ def collect(store: ChunkStore, *, grace: float = DEFAULT_GRACE, dry_run: bool = 
             now: float | None = None) -> ChunkGc:
     """One mark-and-sweep pass over the tier's chunks (see chunks.chunks_to_delete); one that
     deletes holds the bucket's gc lock (store/gclock.py), and fails with GcBusy when another does."""
-    now = time.time() if now is None else now
+    # S3's clock: marks are compared with the chunks' LastModified, set by it
+    now = store.tier.server_time() if now is None else now
     if dry_run:
         return _collect(store, grace, dry_run, now)
     from efabuild.store.gclock import sweeping_alone

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from email.utils import parsedate_to_datetime
 from typing import TypeVar
 
 import boto3
@@ -72,6 +73,16 @@ def already_exists(exc: ClientError) -> bool:
 
 def _missing(exc: ClientError) -> bool:
     return _code(exc) in _MISSING or _status(exc) == 404
+
+
+def response_time(response: dict) -> float:
+    """When the server answered `response` by its own clock (its Date header, to the second),
+    in seconds since the epoch; this host's clock only when a server sends no Date."""
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    try:
+        return parsedate_to_datetime(date).timestamp()
+    except (TypeError, ValueError):
+        return time.time()
 
 
 def part_size_for(size: int, preferred: int = DEFAULT_PART_SIZE) -> int:
@@ -183,6 +194,17 @@ class S3Bucket:
             raise error(f"{self.url(path)}: larger than the {limit} bytes it may hold "
                         f"(not written by efabuild?); not read")
         return data
+
+    def server_time(self) -> float:
+        """The bucket's own clock now (seconds since the epoch), from the Date of a response: what
+        S3's LastModified times are compared with, never this host's clock, which may be off by
+        a day."""
+        what = self.url(self._path("gc") + "/")
+        try:
+            response = self._call(what, "list_objects_v2", Prefix=self._path("gc") + "/", MaxKeys=1)
+        except ClientError as exc:
+            raise self._error(what, exc) from None
+        return response_time(response)
 
     def _head(self, path: str) -> dict | None:
         try:

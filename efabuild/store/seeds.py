@@ -23,10 +23,11 @@ from efabuild.store.layout import INDEX_SUFFIX
 if TYPE_CHECKING:  # the S3 chunk store loads only when a chunked artifact is touched
     from efabuild.store.assembly import Seed
 
-# kept index bytes one fetch reads to choose its seeds: eight indexes of 200 GB images cut at the
-# smallest chunks (1 MiB), where a planted history of 1,000 keys with 64 MiB indexes beside them
-# would have made it read 64 GB
-SEED_INDEX_BUDGET = 256 * 1024 * 1024
+# kept index bytes one fetch reads to choose its seeds, and so what the seeds it keeps hold in
+# memory (about 4 times their JSON): eight indexes of 100 GB images cut at the average chunk size
+# (4 MiB), where a planted history of 1,000 keys with large indexes beside them made it read 24 GB,
+# and eight planted indexes of the largest size held 600 MiB
+SEED_INDEX_BUDGET = 32 * 1024 * 1024
 
 
 def index_path(tier, key: str) -> Path:  # noqa: ANN001 - a FilesystemTier

@@ -4,8 +4,8 @@
   filesystem), then shared, then S3; later tiers copy what the first one holds, so all tiers
   hold the same bytes and record.
 - lookup looks at the filesystem tiers without locks (shared first: every node sees that path),
-  and only when they miss asks S3 and fetches into the shared tier (else local) under the key's
-  lock, verified before it becomes visible.
+  and only when none holds a copy of the recorded size asks S3 and fetches into the shared tier
+  (else local, over a damaged copy) under the key's lock, verified before it becomes visible.
 - names ("graph:layer") resolve through the filesystem tiers' refs (lookup.local_key, the
   resolver `efabuild lookup`'s fast path uses too); S3's refs are asked only when no filesystem
   tier knows the name, or knows it only as copied from S3 (configure a shared tier so that
@@ -29,13 +29,13 @@ from efabuild.store.config import bare_store, locate, store_config_text
 from efabuild.store.digest import bytes_digest
 from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.layout import INDEX_SUFFIX
-from efabuild.store.lookup import local_key
+from efabuild.store.lookup import first_intact, local_key
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.chunks import ChunkIndex
 from efabuild.store.s3chunks import ChunkError
 from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
 from efabuild.store.tierhealth import Checks
-from efabuild.store.transfer import DamagedCopy, send, transfer, verified_copy
+from efabuild.store.transfer import DamagedCopy, Vet, send, transfer, verified_copy
 
 
 class Listing(NamedTuple):
@@ -276,22 +276,25 @@ class Store(Checks):
             raise NotFound(f"no artifact {what} in {asked}")
         return key
 
-    def lookup(self, ref: str, fetch: bool = True, verify: bool = False, deep: bool = False,
-               check_s3: bool = False) -> Path:
-        """Absolute path of the .sqsh on a filesystem tier; fetched from S3 when only S3 has it.
+    def lookup(self, ref: str, fetch: bool = True, verify: bool = False, vet: Vet | None = None,
+               deep: bool = False, check_s3: bool = False) -> Path:
+        """The .sqsh's path on a tier whose copy is intact (by a stat), else fetched from S3 over a damaged one.
         `verify`: every filesystem tier's copy re-hashed, and with `check_s3` S3's (see `verify`)."""
         key = self.resolve(ref, remote=fetch)
-        hit = self.local_hit(key)
+        hit, damaged = first_intact([tier.layout for tier in self.fs_tiers], key)
         if hit is not None:
             if verify:
                 self.check_copies(key, remote=fetch and check_s3, deep=deep)
-            return hit[1]
-        if self.s3_settings is None:
-            raise NotFound(f"artifact {short(key)} ({ref}) is in no tier of {self.describe()}")
-        if not fetch:
-            raise NotFound(f"artifact {short(key)} ({ref}) is not on {', '.join(t.name for t in self.fs_tiers)}"
-                           f" (--no-fetch: S3 not asked)")
-        path = self.fetch(key)  # a fetch always verifies
+            return hit[0].sqsh_path(key)
+        try:
+            if self.s3_settings is None:
+                raise NotFound(f"artifact {short(key)} ({ref}) is in no tier of {self.describe()}")
+            if not fetch:
+                raise NotFound(f"artifact {short(key)} ({ref}) is not on {', '.join(t.name for t in self.fs_tiers)}"
+                               f" (--no-fetch: S3 not asked)")
+            path = self.fetch(key, vet=vet)  # a fetch always verifies
+        except NotFound as exc:  # what is wrong with a copy here says more than where it is not
+            raise (damaged[0] if damaged else exc) from None
         if verify:  # its chunks taken from seeds say nothing of the bucket's
             self.check_copies(key, remote=check_s3, deep=deep)
         kind, value = classify_ref(ref)
@@ -302,20 +305,19 @@ class Store(Checks):
         return path
 
     def local_hit(self, key: str) -> tuple[FilesystemTier, Path] | None:
-        for tier in self.fs_tiers:
-            if tier.has(key):
-                return tier, tier.sqsh_path(key)
-        return None
+        """The first filesystem tier whose copy of `key` is intact by a stat, and its path."""
+        hit, _ = first_intact([tier.layout for tier in self.fs_tiers], key)
+        return next(((t, t.sqsh_path(key)) for t in self.fs_tiers if hit is not None and t.layout is hit[0]), None)
 
-    def fetch(self, key: str) -> Path:
-        """Copy an artifact from S3 into the shared (else local) tier, once, under its key lock."""
+    def fetch(self, key: str, vet: Vet | None = None) -> Path:
+        """Copy an artifact from S3 into the shared (else local) tier, once, under its key lock,
+        over a damaged copy there; `vet` may refuse it before a byte is written (transfer.Vet)."""
         if self.s3 is None:
             raise NotFound(f"artifact {short(key)}: no S3 tier to fetch from")
         target = self.fetch_tier
         with target.key_lock(key):
-            if target.has(key):  # fetched by someone else while we waited
-                return target.sqsh_path(key)
-            transfer(key, self.s3, [target], target, locked=True, show_progress=self.show_progress)
+            if first_intact([target.layout], key)[0] is None:  # else fetched meanwhile (the caller vets it)
+                transfer(key, self.s3, [target], target, locked=True, show_progress=self.show_progress, vet=vet)
         return target.sqsh_path(key)
 
     def seeds(self, name: str) -> tuple[seeds.Seed, ...]:

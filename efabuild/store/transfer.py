@@ -33,6 +33,10 @@ from efabuild.store.record import ArtifactRecord
 SIDECARS: dict[str, str | None] = {MANIFEST_SUFFIX: "manifest_digest", ENVELOPE_SUFFIX: None, INDEX_SUFFIX: None}
 
 
+# refuses an artifact (raises) from its record and sidecars, before any byte of it is copied
+Vet = Callable[[ArtifactRecord, dict[str, bytes]], None]
+
+
 class DamagedCopy(EfabuildError):
     """A tier's copy of an artifact does not match its record."""
 
@@ -100,7 +104,18 @@ def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord) -> None:
 def fetch_into(tier: str, dest: Path, record: ArtifactRecord, what: str, fill: Callable[[int], str | None]) -> None:
     """Create `dest`, let `fill` write it (from `what`, on `tier`), and check the whole file against
     its record before anyone may see it; on any failure (or a digest that differs) `dest` is
-    removed. `fill` returns the digest of what it wrote when it hashed the file itself."""
+    removed. `fill` returns the digest of what it wrote when it hashed the file itself.
+
+    The record's size is all a fetch may write (no more is asked of `fill`), and it must fit in
+    the filesystem's free space: a record in a bucket others write may claim any size, and only
+    the digest at the end tells its bytes are wrong."""
+    try:
+        info = os.statvfs(dest.parent)
+    except OSError as exc:
+        raise EfabuildError(f"{dest.parent}: {exc.strerror}; {what} not fetched") from None
+    free = info.f_bavail * info.f_frsize
+    if record.size > free:
+        raise EfabuildError(f"{dest.parent}: {record.size} bytes needed, {free} bytes free; {what} not fetched")
     fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         actual = fill(fd)
@@ -138,17 +153,21 @@ def _sidecars(tier: Any, key: str, record: ArtifactRecord) -> tuple[ArtifactReco
 
 @contextlib.contextmanager
 def verified_copy(key: str, source: Any, staging: Any, *, trusted: bool = False,
-                  index: ChunkIndex | None = None) -> Iterator[Copy]:
+                  index: ChunkIndex | None = None,
+                  vet: Vet | None = None) -> Iterator[Copy]:
     """The artifact as `source` holds it, verified. A filesystem tier's own file is used in place;
     an S3 object is downloaded into `staging` (a filesystem tier) and removed afterwards.
     `trusted` skips re-hashing a filesystem copy this process has just written and hashed, and
-    `index` is the chunk index it computed from those bytes."""
+    `index` is the chunk index it computed from those bytes. `vet(record, sidecars)` may refuse
+    the artifact (raise) from its record and sidecars, before any byte of it is read or written."""
     record = source.record(key)
     if record is None:
         raise NotFound(f"artifact {short(key)} is not in the {source.name} tier ({source.describe(key)})")
     if record.key != key:
         raise DamagedCopy(source.name, source.describe(key), f"its record is for {short(record.key)}")
     record, sidecars = _sidecars(source, key, record)
+    if vet is not None:  # the very record the bytes are then checked against
+        vet(record, sidecars)
     if hasattr(source, "sqsh_path"):  # a filesystem tier
         # checked and copied on through one descriptor: in a shared tier another user may rename
         # a file over the name once it is checked, and its bytes must not be what is copied
@@ -180,8 +199,10 @@ def send(copy: Copy, target: Any, *, locked: bool = False, show_progress: bool =
 
 
 def transfer(key: str, source: Any, targets: list, staging: Any, *, trusted: bool = False,
-             locked: bool = False, show_progress: bool = True) -> dict[str, str]:
-    """Copy `key` from `source` to every tier of `targets`, verifying the source first.
+             locked: bool = False, show_progress: bool = True,
+             vet: Vet | None = None) -> dict[str, str]:
+    """Copy `key` from `source` to every tier of `targets`, verifying the source first (and
+    letting `vet` refuse it: see verified_copy).
 
     Returns {target tier name: outcome}. Raises DamagedCopy, naming the source tier and file,
     when the source does not match its record; nothing is copied then.
@@ -189,7 +210,7 @@ def transfer(key: str, source: Any, targets: list, staging: Any, *, trusted: boo
     results: dict[str, str] = {}
     if not targets:
         return results
-    with verified_copy(key, source, staging, trusted=trusted) as copy:
+    with verified_copy(key, source, staging, trusted=trusted, vet=vet) as copy:
         for target in targets:
             results[target.name] = send(copy, target, locked=locked, show_progress=show_progress)
     return results

@@ -20,6 +20,8 @@ from efabuild.lint.dockerfile import RunCommand
 from efabuild.lint.finding import Finding
 from efabuild.lint.rules.registry import UNRESOLVED, arg_names, at, at_key, installer_commands, rule
 from efabuild.lint.shell import Command
+from efabuild.nccl import efa_lead
+from efabuild.provenance import elf
 
 EFA_LIB_LEAD = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
 INSTALLER_TARBALL = re.compile(r"aws-efa-installer-([^/\s]+?)\.tar\.gz")
@@ -102,16 +104,13 @@ def installer_disable_ngc(facts: LayerFacts) -> Iterator[Finding]:
 # --- EFA004: LD_LIBRARY_PATH after the installer ------------------------------------------------
 
 
-def _led_by_efa(value: str | None) -> bool:
-    return value is not None and (value == EFA_LIB_LEAD or value.startswith(EFA_LIB_LEAD + ":"))
-
-
 @rule("EFA004")
 def ld_library_path_after_installer(facts: LayerFacts) -> Iterator[Finding]:
     if not (facts.installer_before or facts.installer_here):
         return
     final = facts.evaluated.env_after.get("LD_LIBRARY_PATH")
-    if _led_by_efa(final):
+    # the plugin's directory of the layer's own triplet (newer installers) leads as well
+    if efa_lead(final, elf.triplet(elf.machine_of_platform(facts.settings.builder.platform))) is not None:
         return
     fix = f"add `ENV LD_LIBRARY_PATH={EFA_LIB_LEAD}:${{LD_LIBRARY_PATH}}` after the installer's RUN"
     own = [env for env in facts.evaluated.envs if env.name == "LD_LIBRARY_PATH"]

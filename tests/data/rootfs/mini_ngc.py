@@ -23,7 +23,6 @@ LIBFABRIC = "2.6.0"
 OFI = "1.21.1"
 HPCX_OMPI = "5.0.7"
 DEEPEP_COMMIT = "94a9f8f6b146c07d97ec58f67cd6d303296d6098"
-EFA_LD_PATH = "/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib"
 BASE_LD_PATH = "/usr/local/cuda/compat/lib.real:/usr/local/lib/python3.12/dist-packages/torch/lib:/usr/local/cuda/lib64"
 SITE = "/usr/local/lib/python3.12/dist-packages"
 
@@ -43,25 +42,32 @@ def link(root: Path, path: str, target: str) -> None:
     where.symlink_to(target)
 
 
-def fake_elf(*strings: str) -> bytes:
-    """Bytes that look enough like a shared library: an ELF magic, padding and C strings."""
-    return b"\x7fELF\x02\x01\x01" + b"\x00" * 57 + b"".join(s.encode() + b"\x00" for s in strings) + b"\x00" * 64
+EM_X86_64, EM_AARCH64 = 62, 183
+EM = {"x86_64": EM_X86_64, "aarch64": EM_AARCH64}
+DEB_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
-def libfabric_files(root: Path, prefix: str, version: str, abi: str = "1.26.0") -> None:
-    write(root, f"{prefix}/lib/libfabric.so.1.{abi.split('.', 1)[1]}", fake_elf("libfabric"))
+def fake_elf(*strings: str, machine: int = EM_X86_64) -> bytes:
+    """Bytes that look enough like a shared library: an ELF64 little-endian header of `machine`
+    (e_ident, e_type ET_DYN, e_machine), padding and C strings."""
+    header = b"\x7fELF\x02\x01\x01" + b"\x00" * 9 + (3).to_bytes(2, "little") + machine.to_bytes(2, "little")
+    return header + b"\x00" * 44 + b"".join(s.encode() + b"\x00" for s in strings) + b"\x00" * 64
+
+
+def libfabric_files(root: Path, prefix: str, version: str, abi: str = "1.26.0", machine: int = EM_X86_64) -> None:
+    write(root, f"{prefix}/lib/libfabric.so.1.{abi.split('.', 1)[1]}", fake_elf("libfabric", machine=machine))
     link(root, f"{prefix}/lib/libfabric.so.1", f"libfabric.so.1.{abi.split('.', 1)[1]}")
     write(root, f"{prefix}/lib/pkgconfig/libfabric.pc",
           f"prefix={prefix}\nName: libfabric\nVersion: {version}amzn1.0\n")
 
 
-def ofi_plugin(root: Path, path: str, version: str) -> None:
-    write(root, path, fake_elf("NET/OFI Initializing %s", f"aws-ofi-nccl {version}", "Libfabric"))
+def ofi_plugin(root: Path, path: str, version: str, machine: int = EM_X86_64) -> None:
+    write(root, path, fake_elf("NET/OFI Initializing %s", f"aws-ofi-nccl {version}", "Libfabric", machine=machine))
 
 
-def dpkg_status(root: Path, packages: dict[str, str]) -> None:
+def dpkg_status(root: Path, packages: dict[str, str], arch: str = "amd64") -> None:
     paragraphs = [
-        f"Package: {name}\nStatus: install ok installed\nArchitecture: amd64\nVersion: {version}\n"
+        f"Package: {name}\nStatus: install ok installed\nArchitecture: {arch}\nVersion: {version}\n"
         "Description: test package\n long description line\n"
         for name, version in sorted(packages.items())
     ]
@@ -87,28 +93,29 @@ def base_labels() -> dict[str, str]:
     return {"com.nvidia.nccl.version": NCCL, "com.nvidia.cudnn.version": CUDNN, "com.nvidia.build.id": "123"}
 
 
-def write_base(root: Path) -> dict[str, str]:
-    """The NGC PyTorch base: returns its config Env."""
+def write_base(root: Path, machine: str = "x86_64") -> dict[str, str]:
+    """The NGC PyTorch base for `machine` (x86_64 or aarch64, in its triplet's directories):
+    returns its config Env."""
+    em, tri = EM[machine], f"{machine}-linux-gnu"
     write(root, "/usr/include/nccl.h",
           f"#define NCCL_MAJOR {NCCL.split('.')[0]}\n#define NCCL_MINOR {NCCL.split('.')[1]}\n"
           f"#define NCCL_PATCH {NCCL.split('.')[2]}\n#define NCCL_SUFFIX \"\"\n")
-    write(root, f"/usr/lib/x86_64-linux-gnu/libnccl.so.{NCCL}", fake_elf("NCCL"))
-    link(root, "/usr/lib/x86_64-linux-gnu/libnccl.so.2", f"libnccl.so.{NCCL}")
-    link(root, "/usr/lib/x86_64-linux-gnu/libnccl.so", "libnccl.so.2")
-    write(root, "/usr/lib/x86_64-linux-gnu/libnccl-net.so", fake_elf("NET/IB plugin"))
+    write(root, f"/usr/lib/{tri}/libnccl.so.{NCCL}", fake_elf("NCCL", machine=em))
+    link(root, f"/usr/lib/{tri}/libnccl.so.2", f"libnccl.so.{NCCL}")
+    link(root, f"/usr/lib/{tri}/libnccl.so", "libnccl.so.2")
+    write(root, f"/usr/lib/{tri}/libnccl-net.so", fake_elf("NET/IB plugin", machine=em))
     write(root, "/usr/local/cuda-13.4/version.json",
           json.dumps({"cuda": {"name": "CUDA SDK", "version": CUDA}, "nvcc": {"version": CUDA}}))
     link(root, "/usr/local/cuda", "cuda-13.4")
     major, minor, patch = CUDNN.split(".")
-    write(root, "/usr/include/x86_64-linux-gnu/cudnn_version.h",
+    write(root, f"/usr/include/{tri}/cudnn_version.h",
           f"#define CUDNN_MAJOR {major}\n#define CUDNN_MINOR {minor}\n#define CUDNN_PATCHLEVEL {patch}\n")
     write(root, f"{SITE}/torch/version.py",
           f"__version__ = '{TORCH}'\ndebug = False\ncuda = '13.4'\ngit_version = '3f1c0ea'\n")
-    libfabric_files(root, "/opt/amazon/efa", BASE_LIBFABRIC, "1.26.0")
-    ofi_plugin(root, "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", BASE_OFI)
+    libfabric_files(root, "/opt/amazon/efa", BASE_LIBFABRIC, "1.26.0", em)
+    ofi_plugin(root, "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", BASE_OFI, em)
     write(root, "/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
-    write(root, "/etc/ld.so.conf.d/x86_64-linux-gnu.conf",
-          "/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n/usr/lib/x86_64-linux-gnu\n")
+    write(root, f"/etc/ld.so.conf.d/{tri}.conf", f"/usr/local/lib/{tri}\n/lib/{tri}\n/usr/lib/{tri}\n")
     write(root, "/etc/ld.so.conf.d/efa.conf", "/opt/amazon/efa/lib\n")
     write(root, "/etc/ld.so.conf.d/aws-ofi-nccl.conf", "/opt/amazon/ofi-nccl/lib\n")
     ompi_major, ompi_minor, ompi_release = HPCX_OMPI.split(".")
@@ -117,31 +124,35 @@ def write_base(root: Path) -> dict[str, str]:
           f"#define OMPI_RELEASE_VERSION {ompi_release}\n")
     write(root, "/opt/hpcx/ompi/bin/mpirun", "#!/bin/sh\n")
     link(root, "/usr/local/mpi", "/opt/hpcx/ompi")
-    dpkg_status(root, {"libnccl2": f"{NCCL}-1+cuda13.4", "libc6": "2.39-0ubuntu8"})
+    dpkg_status(root, {"libnccl2": f"{NCCL}-1+cuda13.4", "libc6": "2.39-0ubuntu8"}, DEB_ARCH[machine])
     return base_env()
 
 
 def add_efa_installer(root: Path, env: dict[str, str], version: str = INSTALLER, libfabric: str = LIBFABRIC,
-                      ofi: str = OFI, ld_path: bool = True) -> dict[str, str]:
-    """What efa_installer.sh -y -g --skip-kmod ... leaves in an NGC image (NGC flavour of the plugin)."""
+                      ofi: str = OFI, ld_path: bool = True, machine: str = "x86_64",
+                      triplet_dir: bool = False) -> dict[str, str]:
+    """What efa_installer.sh -y -g --skip-kmod ... leaves in an NGC image (NGC flavour of the plugin).
+    `triplet_dir`: the plugin in /opt/amazon/ofi-nccl/lib/<triplet>, as newer installers lay it out."""
+    em, arch = EM[machine], DEB_ARCH[machine]
+    ofi_dir = f"/opt/amazon/ofi-nccl/lib/{machine}-linux-gnu" if triplet_dir else "/opt/amazon/ofi-nccl/lib"
     for stale in (root / "opt/amazon/efa/lib").glob("libfabric.so.1.*"):
         stale.unlink()
-    libfabric_files(root, "/opt/amazon/efa", libfabric, "1.28.0")
-    ofi_plugin(root, "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so", ofi)
-    packages = [f"libfabric1-aws_{libfabric}amzn1.0_amd64", f"libnccl-ofi-ngc-v3_{ofi}-1_amd64",
-                "efa-config_1.18-1_all", "efa-profile_1.7-1_all", "ibverbs-providers_58.0-1_amd64"]
+    libfabric_files(root, "/opt/amazon/efa", libfabric, "1.28.0", em)
+    ofi_plugin(root, f"{ofi_dir}/libnccl-net-ofi.so", ofi, em)
+    packages = [f"libfabric1-aws_{libfabric}amzn1.0_{arch}", f"libnccl-ofi-ngc-v3_{ofi}-1_{arch}",
+                "efa-config_1.18-1_all", "efa-profile_1.7-1_all", f"ibverbs-providers_58.0-1_{arch}"]
     write(root, "/opt/amazon/efa_installed_packages",
           f"# EFA installer version: {version}\n# Debug packages installed: no\n# Packages installed:\n"
           + " ".join(packages) + "\n")
     status = (root / "var/lib/dpkg/status").read_text()
     dpkg_status(root, {**_packages(status), "libfabric1-aws": f"{libfabric}amzn1.0",
-                       "libnccl-ofi-ngc-v3": f"{ofi}-1", "efa-config": "1.18-1"})
+                       "libnccl-ofi-ngc-v3": f"{ofi}-1", "efa-config": "1.18-1"}, arch)
     write(root, "/var/lib/dpkg/info/libfabric1-aws.list",
           "/.\n/opt\n/opt/amazon/efa/lib\n/opt/amazon/efa/lib/libfabric.so.1.28.0\n")
-    write(root, "/var/lib/dpkg/info/libnccl-ofi-ngc-v3.list", "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so\n")
+    write(root, "/var/lib/dpkg/info/libnccl-ofi-ngc-v3.list", f"{ofi_dir}/libnccl-net-ofi.so\n")
     env = dict(env)
     if ld_path:
-        env["LD_LIBRARY_PATH"] = f"{EFA_LD_PATH}:{env['LD_LIBRARY_PATH']}"
+        env["LD_LIBRARY_PATH"] = f"{ofi_dir}:/opt/amazon/efa/lib:{env['LD_LIBRARY_PATH']}"
     return env
 
 
@@ -163,9 +174,9 @@ def write_config(root: Path, env: dict[str, str], labels: dict[str, str] | None 
     write(root, "/etc/rc", rc + ("\n" if rc else "") + "cd / && unset OLDPWD || exit 1\nexec /bin/sh\n")
 
 
-def full_image(root: Path, **installer: object) -> dict[str, str]:
+def full_image(root: Path, machine: str = "x86_64", **installer: object) -> dict[str, str]:
     """Base + EFA installer + DeepEP with /etc/environment and /etc/rc: the clean demo artifact."""
-    env = add_deepep(root, add_efa_installer(root, write_base(root), **installer))
+    env = add_deepep(root, add_efa_installer(root, write_base(root, machine), machine=machine, **installer))
     write_config(root, env, base_labels())
     return env
 
@@ -193,17 +204,18 @@ BASE_REF = "nvcr.io/nvidia/pytorch:26.08-py3"
 BASE_DIGEST = "sha256:" + "5e" * 32
 
 
-def chain_for(key: str, installer: str = INSTALLER, commit: str = DEEPEP_COMMIT) -> list[dict]:
+def chain_for(key: str, installer: str = INSTALLER, commit: str = DEEPEP_COMMIT,
+              platform: str = "linux/amd64") -> list[dict]:
     """Declared inputs of ngc-efa:efa -> ngc-efa:deepep, as LayerInputs.to_dict() gives them."""
     efa_key = "e" * 63 + "0"
     return [
         {"layer": "ngc-efa:efa", "key": efa_key, "inputs": {
-            "schema": "efabuild.layer/v1", "parent_key": None, "platform": "linux/amd64",
+            "schema": "efabuild.layer/v1", "parent_key": None, "platform": platform,
             "base": {"ref": BASE_REF, "digest": BASE_DIGEST},
             "dockerfile": "ARG EFA_INSTALLER_VERSION\nRUN ./efa_installer.sh -y -g --skip-kmod\n",
             "args": {"EFA_INSTALLER_VERSION": installer}, "context": []}},
         {"layer": "ngc-efa:deepep", "key": key, "inputs": {
-            "schema": "efabuild.layer/v1", "parent_key": efa_key, "platform": "linux/amd64", "base": None,
+            "schema": "efabuild.layer/v1", "parent_key": efa_key, "platform": platform, "base": None,
             "dockerfile": "ARG HYBRID_EP_COMMIT\nRUN pip install --no-build-isolation --no-deps .\n",
             "args": {"HYBRID_EP_COMMIT": commit}, "context": [["app/train.py", "644", "a1" * 32]]}},
     ]
@@ -222,10 +234,11 @@ def publish(store_root: Path, tree: Path, work: Path, key: str, name: str = "ngc
     sqsh = make_sqsh(tree, work / f"{key}.sqsh")
     digest = file_digest(sqsh)
     export = {"mksquashfs": ["-comp", "lzo", "-noD"]}
+    chain = chain if chain is not None else chain_for(key)
     manifest = describe_sqsh(
         sqsh, key=key, name=name, sqsh_digest=digest, export_options=export,
         base=base if base is not None else {"ref": BASE_REF, "digest": BASE_DIGEST},
-        chain=chain if chain is not None else chain_for(key), builder={"buildkit": "v0.13.2"},
+        chain=chain, builder={"buildkit": "v0.13.2"}, platform=chain[-1]["inputs"]["platform"] if chain else None,
         times={"started": datetime(2026, 11, 30, 4, 0, 0, tzinfo=timezone.utc),
                "finished": datetime(2026, 11, 30, 4, 7, 30, tzinfo=timezone.utc)},
     )
