@@ -271,6 +271,15 @@ class ChunkStore:
             raise ChunkError(f"{what}: corrupt: its bytes do not hash to its name")
         return raw, wire
 
+    def problem(self, cid: str, length: int) -> str | None:
+        """None when the chunk `cid` (of `length` raw bytes) is in the bucket and hashes to its
+        id; else what is wrong with it, naming its object (one GET, as a fetch makes)."""
+        try:
+            self.fetch(cid, length)
+        except ChunkError as exc:
+            return str(exc)
+        return None
+
 
 def _bound(length: int) -> int:
     return length + (length >> 7) + 4096  # zstd's bound for `length` bytes: more is no chunk of them
@@ -295,15 +304,6 @@ class _Budget:
             with self._changed:
                 self.free += amount
                 self._changed.notify_all()
-
-    def problem(self, cid: str, length: int) -> str | None:
-        """None when the chunk `cid` (of `length` raw bytes) is in the bucket and hashes to its
-        id; else what is wrong with it, naming its object (one GET, as a fetch makes)."""
-        try:
-            self.fetch(cid, length)
-        except ChunkError as exc:
-            return str(exc)
-        return None
 
 
 @attrs.frozen

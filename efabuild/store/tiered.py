@@ -45,10 +45,7 @@ class Listing(NamedTuple):
 
 class Store(Checks):
     def __init__(
-        self,
-        fs_tiers: list[FilesystemTier],
-        s3: S3Config | None = None,
-        *,
+        self, fs_tiers: list[FilesystemTier], s3: S3Config | None = None, *,
         keep: int = DEFAULT_KEEP,
         pins: tuple[str, ...] = (),
         show_progress: bool = True,
@@ -278,8 +275,7 @@ class Store(Checks):
 
     def lookup(self, ref: str, fetch: bool = True, verify: bool = False, vet: Vet | None = None,
                deep: bool = False, check_s3: bool = False) -> Path:
-        """The .sqsh's path on a tier whose copy is intact (by a stat), else fetched from S3 over a damaged one.
-        `verify`: every filesystem tier's copy re-hashed, and with `check_s3` S3's (see `verify`)."""
+        """The .sqsh on a tier whose copy is intact by a stat, else fetched from S3 (`verify`: see verify)."""
         key = self.resolve(ref, remote=fetch)
         hit, damaged = first_intact([tier.layout for tier in self.fs_tiers], key)
         if hit is not None:
