@@ -310,3 +310,30 @@ def test_the_files_whose_machine_is_read_are_bounded(tmp_path: Path, monkeypatch
     # the libraries and plugins come before the providers' long tail
     assert {f"/usr/lib/x86_64-linux-gnu/libnccl.so.{ngc.NCCL}",
             "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"} <= set(dict(measured.elf))
+
+
+def test_a_library_path_of_a_thousand_directories_reads_a_bounded_number_of_headers(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """A hostile image's LD_LIBRARY_PATH of 1000 directories, each holding a big libnccl.so.2 (hard
+    links of one file: a .sqsh of a few KB): each copy's machine cost an `unsquashfs`, 35 s of
+    `make`'s probe; past the first copies the loader's search takes them as they are."""
+    from efabuild.engine import children
+    from efabuild.provenance import ldpath
+
+    root = tmp_path / "root"
+    env = arm64_image(root)
+    big = ngc.write(root, "/opt/big/libnccl.so.2", ngc.fake_elf(machine=ngc.EM_X86_64) + b"\x00" * (1 << 17))
+    dirs = [f"/opt/d{number}" for number in range(1000)]
+    for directory in dirs:
+        (root / directory.lstrip("/")).mkdir(parents=True)
+        (root / directory.lstrip("/") / "libnccl.so.2").hardlink_to(big)
+    env["LD_LIBRARY_PATH"] = ":".join(dirs) + ":" + env["LD_LIBRARY_PATH"]
+    sqsh = ngc.make_sqsh(root, tmp_path / "paths.sqsh")
+    runs = []
+    popen = children.popen
+    monkeypatch.setattr(children, "popen", lambda *a, **k: runs.append(a[0][0]) or popen(*a, **k))
+    measured = probe_tree(SqshView(sqsh), env, platform="linux/arm64")
+    assert runs.count("unsquashfs") < 150  # 2000 before: two searches of 1000 copies
+    # the x86_64 copies judged are passed over; the one taken unjudged is named foreign by audit
+    assert measured.component("nccl").loads == f"/opt/d{ldpath.MAX_JUDGED}/libnccl.so.2"
+    assert dict(measured.elf)[f"/opt/d{ldpath.MAX_JUDGED}/libnccl.so.2"] == "x86_64"

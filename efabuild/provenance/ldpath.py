@@ -18,6 +18,9 @@ LD_SO_CONF = "/etc/ld.so.conf"
 _GENERIC_DIRS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib")
 DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", *_GENERIC_DIRS)
 _MAX_INCLUDE_DEPTH = 8
+# copies of one name whose ELF header is read (each may cost an `unsquashfs`): an image's path
+# of a thousand directories holding it took 35 s; past these, a copy is taken as the loader's
+MAX_JUDGED = 32
 
 
 def default_dirs(machine: str | None) -> tuple[str, ...]:
@@ -80,11 +83,17 @@ def find_all(fs: FsView, dirs: tuple[LibDir, ...], name: str, machine: str | Non
     first is the one that loads."""
     candidates = [name] if "/" in name else [posixpath.join(d.dir, name) for d in dirs]
     found = []
+    judged = 0
     for path in candidates:
-        if fs.is_file(path) and _loadable(fs, path, machine):
-            found.append(path)
-            if first:
-                break
+        if not fs.is_file(path):
+            continue
+        if machine is not None and judged < MAX_JUDGED:
+            judged += 1
+            if not _loadable(fs, path, machine):
+                continue
+        found.append(path)
+        if first:
+            break
     return found
 
 
