@@ -337,3 +337,21 @@ def test_a_library_path_of_a_thousand_directories_reads_a_bounded_number_of_head
     # the x86_64 copies judged are passed over; the one taken unjudged is named foreign by audit
     assert measured.component("nccl").loads == f"/opt/d{ldpath.MAX_JUDGED}/libnccl.so.2"
     assert dict(measured.elf)[f"/opt/d{ldpath.MAX_JUDGED}/libnccl.so.2"] == "x86_64"
+
+
+def test_a_thousand_providers_at_deep_real_paths_are_read_without_overflowing_the_command_line(
+        tmp_path: Path) -> None:
+    """1024 providers linked to files 3.8 KB deep (names an image may hold): their heads were asked
+    of one `unsquashfs -cat` whose arguments passed ARG_MAX, and the probe ended in a traceback
+    (OSError: Argument list too long); they are read in batches."""
+    root = tmp_path / "root"
+    ngc.full_image(root)
+    deep = "/" + "/".join(["d" * 250] * 15)
+    for number in range(1100):
+        real = f"{deep}/{'f' * 200}{number}.so"
+        ngc.write(root, real, ngc.fake_elf(machine=ngc.EM_AARCH64))
+        ngc.link(root, f"/opt/amazon/efa/lib/libfabric/libprov{number}-fi.so", real)
+    measured = probe_tree(SqshView(ngc.make_sqsh(root, tmp_path / "deep.sqsh")))
+    providers = {path: machine for path, machine in measured.elf if path.startswith(deep)}
+    assert len(providers) > 900 and set(providers.values()) == {"aarch64"}
+    assert measured.machine == "aarch64"  # most of the files read
