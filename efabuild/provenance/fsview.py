@@ -388,8 +388,7 @@ def _cat(paths: list[str], image: Path) -> bytes:
 def _batches(paths: list[str]) -> Iterator[list[str]]:
     """`paths` cut into command lines the kernel accepts: an image's 1024 real paths of 3 KB each
     (deep directories, links to them) are over ARG_MAX, which fails the whole command."""
-    batch: list[str] = []
-    size = 0
+    batch, size = [], 0
     for path in paths:
         cost = len(os.fsencode(path)) + 9  # the string, its NUL and its pointer
         if batch and size + cost > _MAX_ARG_BYTES:
@@ -397,5 +396,4 @@ def _batches(paths: list[str]) -> Iterator[list[str]]:
             batch, size = [], 0
         batch.append(path)
         size += cost
-    if batch:
-        yield batch
+    yield from [batch] if batch else []
