@@ -355,3 +355,23 @@ def test_a_thousand_providers_at_deep_real_paths_are_read_without_overflowing_th
     providers = {path: machine for path, machine in measured.elf if path.startswith(deep)}
     assert len(providers) > 900 and set(providers.values()) == {"aarch64"}
     assert measured.machine == "aarch64"  # most of the files read
+
+
+def test_ld_so_conf_files_that_include_each_other_are_read_once(tmp_path: Path) -> None:
+    """An image's four ld.so.conf.d files that each include the glob of all four: followed to the
+    include depth limit, 4^9 reads (43 s from a directory, an unsquashfs each from a .sqsh: about
+    an hour of make's probe). Each file is read once and its directories kept."""
+    import time
+
+    from efabuild.provenance import ldpath
+
+    root = tmp_path / "root"
+    ngc.write(root, "/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+    for number in range(1, 5):
+        ngc.write(root, f"/etc/ld.so.conf.d/c{number}.conf", f"include /etc/ld.so.conf.d/*.conf\n/opt/d{number}\n")
+    sqsh = ngc.make_sqsh(root, tmp_path / "loop.sqsh")
+    for view in (DirView(root), SqshView(sqsh)):
+        started = time.monotonic()
+        dirs = ldpath.search_path(view, {})
+        assert time.monotonic() - started < 5
+        assert {d.dir for d in dirs} >= {"/opt/d1", "/opt/d2", "/opt/d3", "/opt/d4"}
