@@ -375,3 +375,28 @@ def test_ld_so_conf_files_that_include_each_other_are_read_once(tmp_path: Path) 
         dirs = ldpath.search_path(view, {})
         assert time.monotonic() - started < 5
         assert {d.dir for d in dirs} >= {"/opt/d1", "/opt/d2", "/opt/d3", "/opt/d4"}
+
+
+def test_many_hard_links_of_a_big_plugin_are_read_one_at_a_time(tmp_path: Path) -> None:
+    """Eleven hard links of one 50 MiB libnccl-net*.so (a .sqsh of 4 KB) were read into memory in one
+    piece: 1.7 GB of resident memory, and a hundred links of a 256 MiB one exhaust a build host.
+    Each is read alone; every copy still has its version."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "root"
+    lib = "/usr/lib/x86_64-linux-gnu"
+    big = ngc.write(root, f"{lib}/libnccl-net-ofi.so", ngc.fake_elf("aws-ofi-nccl 1.21.1") + b"\x00" * (50 << 20))
+    for number in range(10):
+        (root / lib.lstrip("/") / f"libnccl-net-{number}.so").hardlink_to(big)
+    sqsh = ngc.make_sqsh(root, tmp_path / "links.sqsh")
+    code = ("import json, resource, sys\nfrom pathlib import Path\nfrom efabuild.provenance.fsview import SqshView\n"
+            "from efabuild.provenance.probe import probe_tree\n"
+            "ofi = probe_tree(SqshView(Path(sys.argv[1])), platform='linux/amd64').component('aws-ofi-nccl')\n"
+            "print(json.dumps([[c.version for c in ofi.copies], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))")
+    done = subprocess.run([sys.executable, "-c", code, str(sqsh)], capture_output=True, text=True, timeout=240,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr
+    versions_read, peak_kib = json.loads(done.stdout)
+    assert versions_read == ["1.21.1"] * 11
+    assert peak_kib < 500 << 10, f"{peak_kib >> 10} MiB resident"

@@ -197,10 +197,10 @@ def aws_ofi_nccl(
 ) -> Component:
     owners = _owner_versions(fs, packages, OFI_PACKAGES)
     candidates = _library_copies(fs, search, "libnccl-net*.so", extra_lib_dirs(machine))
-    contents = fs.read_many(candidates, max_size=_MAX_PLUGIN_BYTES)
     copies = []
     for real in candidates:
-        match = _OFI_VERSION.search(contents.get(real, b""))
+        # one at a time: a few KB of .sqsh can hold a hundred hard links of one 256 MiB plugin
+        match = _OFI_VERSION.search(fs.read_bytes(real, max_size=_MAX_PLUGIN_BYTES) or b"")
         if match:
             copies.append(Copy(real, match.group(1).decode(), real))
         elif real in owners:
