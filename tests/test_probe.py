@@ -400,3 +400,20 @@ def test_many_hard_links_of_a_big_plugin_are_read_one_at_a_time(tmp_path: Path) 
     versions_read, peak_kib = json.loads(done.stdout)
     assert versions_read == ["1.21.1"] * 11
     assert peak_kib < 500 << 10, f"{peak_kib >> 10} MiB resident"
+
+
+def test_thousands_of_small_plugins_are_read_by_a_few_unsquashfs_runs(tmp_path: Path, monkeypatch) -> None:
+    """Read one at a time, 2000 small libnccl-net-N.so cost 2000 unsquashfs runs; they are read in
+    groups, each copy with its version."""
+    from efabuild.engine import children
+
+    root = tmp_path / "root"
+    for number in range(2000):
+        ngc.write(root, f"/usr/lib/x86_64-linux-gnu/libnccl-net-{number}.so", ngc.fake_elf("aws-ofi-nccl 1.21.1"))
+    sqsh = ngc.make_sqsh(root, tmp_path / "many.sqsh")
+    runs = []
+    popen = children.popen
+    monkeypatch.setattr(children, "popen", lambda *a, **k: runs.append(a[0][0]) or popen(*a, **k))
+    ofi = probe_tree(SqshView(sqsh), platform="linux/amd64").component("aws-ofi-nccl")
+    assert [c.version for c in ofi.copies] == ["1.21.1"] * 2000
+    assert runs.count("unsquashfs") < 100
