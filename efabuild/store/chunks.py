@@ -59,6 +59,11 @@ def is_chunk_id(text: object) -> bool:
     return isinstance(text, str) and len(text) == 64 and _HEX.issuperset(text)
 
 
+class ChunkError(EfabuildError):
+    """A chunk that is missing or does not hash to its id (raised by store/s3chunks.py; here so the
+    store facade can catch it without loading the S3 chunk store, and attrs, on a plan's path)."""
+
+
 class ChunkIndex(NamedTuple):
     size: int  # bytes of the whole file
     digest: str  # "blake3:<hex>" of the whole file

@@ -29,8 +29,9 @@ import attrs
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
-from efabuild.store.chunks import (
+from efabuild.store.chunks import (  # ChunkError: this module's, defined there for the facade
     BadChunkIndex,
+    ChunkError,
     ChunkIndex,
     Mark,
     Usage,
@@ -52,10 +53,6 @@ LIST_FROM = 8  # ids under one chunks/<d> from which one LIST (a page per 1,000 
 # bytes the chunk downloads of one fetch hold at once (each its object and its raw bytes), whatever
 # lengths an index names: 16 parallel GETs of 4 MiB chunks take ~130 MiB, of forged 64 MiB ones 2 GiB
 FETCH_MEMORY = 160 * 1024 * 1024
-
-
-class ChunkError(EfabuildError):
-    """A chunk that is missing or does not hash to its id."""
 
 
 @attrs.frozen

@@ -31,8 +31,7 @@ from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.lookup import first_intact, local_key
 from efabuild.store.record import ArtifactRecord
-from efabuild.store.chunks import ChunkIndex
-from efabuild.store.s3chunks import ChunkError
+from efabuild.store.chunks import ChunkError, ChunkIndex
 from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
 from efabuild.store.tierhealth import Checks
 from efabuild.store.transfer import DamagedCopy, Vet, send, transfer, verified_copy
