@@ -1,4 +1,4 @@
-"""The shape of the code, as README "Code layout" describes it: a pure core at the top of the
+"""The shape of the code, as docs/CONTRIBUTING.md "Code layout" describes it: a pure core at the top of the
 package, effects in the packages at the edge, and modules and functions short enough to read.
 
 These read the source (ast), they run nothing of it.
