@@ -323,3 +323,29 @@ def test_the_readme_is_short_and_keeps_its_two_commands():
     assert len(text.splitlines()) < 200
     for command in ("bash scripts/run-demo.sh", "bash scripts/run-tests.sh"):
         assert f"\n{command} " in text, command
+
+
+# ---------------------------------------------------------------- hand-written lists that follow the code
+
+
+def test_the_lint_guide_lists_every_rule_with_its_severity():
+    from efabuild.lint.finding import RULES
+
+    table = dict(re.findall(r"^\| (EFA\d{3}) \| (\w+) \|", (DOCS / "guides" / "lint.md").read_text(), flags=re.M))
+    assert table == {rule.id: rule.severity for rule in RULES.values()}
+
+
+def test_the_json_page_names_every_command_that_takes_json():
+    takes_json = {name for name, parser in _command_parsers().items()
+                  if any("--json" in action.option_strings for action in parser._actions)}
+    listed = re.search(r"Every `--json` \(([^)]*)\)", (DOCS / "reference" / "json.md").read_text()).group(1)
+    named = {word.split()[0] for word in re.split(r",\s*", " ".join(listed.split()))}
+    assert named == takes_json
+
+
+def test_the_environment_page_names_every_efabuild_variable_the_code_reads():
+    read = set()
+    for source in (REPO / "efabuild").rglob("*.py"):
+        read |= set(re.findall(r"\b(EFABUILD_[A-Z_]+)\b", source.read_text()))
+    page = (DOCS / "reference" / "environment.md").read_text()
+    assert read and not {name for name in read if f"`{name}`" not in page}
