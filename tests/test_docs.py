@@ -335,6 +335,13 @@ def test_the_lint_guide_lists_every_rule_with_its_severity():
     assert table == {rule.id: rule.severity for rule in RULES.values()}
 
 
+def test_lint_help_names_the_range_of_rules_there_are():
+    from efabuild.lint.finding import RULES
+
+    help_text = " ".join(_command_parsers()["lint"].format_help().split())
+    assert f"rules {min(RULES)}-{max(RULES)}," in help_text
+
+
 def test_the_json_page_names_every_command_that_takes_json():
     takes_json = {name for name, parser in _command_parsers().items()
                   if any("--json" in action.option_strings for action in parser._actions)}
