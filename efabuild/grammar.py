@@ -15,7 +15,7 @@ So no value accepted here starts with `-`: none can be taken for an option by a 
 from __future__ import annotations
 
 import re
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
@@ -88,8 +88,9 @@ def host_problem(value: str) -> str | None:
     authority = rest.partition("/")[0]
     if ":" in authority.rpartition("@")[0]:  # it reaches `ps`, records and messages
         return "must not hold a password (user:password@): ssh and TLS keys authenticate"
-    # docker's ssh helper hands the user and host to ssh as arguments: `-oProxyCommand=…` runs a command
-    if any(part.startswith("-") for part in authority.split("@")):
+    # docker's ssh helper hands the user and host to ssh as arguments: `-oProxyCommand=…` runs a command;
+    # docker's URL parser decodes %2D and takes the host out of [brackets] before it does
+    if any(unquote(part).lstrip("[").startswith("-") for part in authority.split("@")):
         return "must not have a user or host starting with '-'"
     return None
 

@@ -86,7 +86,7 @@ def _with_seconds(result: Result, seconds: float) -> Result:
     return attrs.evolve(result, seconds=seconds)
 
 
-def render(results: list[Result]) -> str:
+def render(results: list[Result], quick: bool = False) -> str:
     header = ["scenario", "measure", "efabuild", "baseline", "figure", "target", "met"]
     rows = []
     for result in results:
@@ -95,7 +95,7 @@ def render(results: list[Result]) -> str:
             continue
         for check in result.checks:
             rows.append([result.id, check.name, check.efabuild, check.baseline, check.shown(check.value),
-                         check.target_text, "yes" if check.met else "NO"])
+                         check.target_text, check.verdict(quick)])
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -162,14 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep_work:
             shutil.rmtree(work, ignore_errors=True)
     total = time.perf_counter() - started
-    print(render(results))
+    print(render(results, ctx.quick))
     data = {
         "mode": "quick" if args.quick else "full",
         "repeats": args.repeats,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - total)),
         "seconds": round(total, 1),
         "machine": machine(),
-        "scenarios": [r.to_json() for r in results],
+        "scenarios": [r.to_json(ctx.quick) for r in results],
     }
     out = Path(args.json_out)
     out.parent.mkdir(parents=True, exist_ok=True)

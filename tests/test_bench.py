@@ -56,6 +56,8 @@ def test_every_figure_has_its_target_and_repeats(quick_run):
                 assert math.isfinite(check["value"]) and check["value"] >= 0, (scenario["id"], check)
             assert check["better"] in ("higher", "lower") and check["target"] > 0
             assert isinstance(check["met"], bool)
+            # a target that holds only at full size does not apply to a --quick run
+            assert check["applies"] is not check["full_size_only"], (scenario["id"], check)
         for timing in scenario["timings"]:
             assert timing["seconds"] and all(s > 0 for s in timing["seconds"]), (scenario["id"], timing)
             assert min(timing["seconds"]) <= timing["median"] <= max(timing["seconds"])

@@ -1,6 +1,6 @@
-"""The shape of the code, as README "Code layout" describes it: a pure core at the top of the
-package, effects in the packages at the edge, floors that import only downwards and in no circle,
-and modules and functions short enough to read.
+"""The shape of the code, as docs/CONTRIBUTING.md "Code layout" describes it: a pure core at the top
+of the package, effects in the packages at the edge, floors that import only downwards and in no
+circle, and modules and functions short enough to read.
 
 These read the source (ast), they run nothing of it.
 """
@@ -159,7 +159,7 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.cli.common", "efabuild.cli.output", "efabuild.display", "efabuild.engine.client",
         "efabuild.engine.leftovers", "efabuild.errors", "efabuild.host.scratch", "efabuild.make.oldimages",
         "efabuild.make.prepare", "efabuild.notices", "efabuild.refs", "efabuild.store.config",
-        "efabuild.store.progress", "efabuild.store.tiered"},
+        "efabuild.store.health", "efabuild.store.progress", "efabuild.store.tiered"},
     "efabuild.engine.build": {"efabuild.host.fsutil"},
     "efabuild.engine.client": {"efabuild.engine.api", "efabuild.host.children"},
     "efabuild.engine.containers": {"efabuild.host.children"},
@@ -212,6 +212,8 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.store.seeds": {"efabuild.store.assembly"},
     "efabuild.store.sweep": {"efabuild.store.s3chunks"},
     "efabuild.store.tiered": {"efabuild.store.s3", "efabuild.store.s3chunks"},
+    # the S3 health check loads the S3 chunk store (attrs): a plan or lookup without S3 runs none
+    "efabuild.store.tierhealth": {"efabuild.store.health"},
 }
 
 

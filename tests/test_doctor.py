@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import blake3
@@ -282,3 +283,22 @@ def test_plugin_file_name_is_cut_where_nccl_ends_it(capsys):
     assert "Using internal" not in why
     report = run("plugin-not-found.log")
     assert "tuner-missing" in ids(report, "info")
+
+
+@pytest.mark.parametrize("line, kind, value", [
+    ("pyxis:     [WARN] fuse: failed to open /dev/fuse: Permission denied{}  ", "fuse-open-failed",
+     "Permission denied{}"),
+    ("pyxis:     efabuild: refusing ngc-efa:user: unsigned{}\t", "importer-said", "refusing ngc-efa:user: unsigned{}"),
+    ("NCCL INFO NCCL_IB_HCA set by environment to mlx5{}. ", "env", "mlx5{}"),
+], ids=["fuse", "importer", "nccl-env"])
+def test_a_line_with_a_long_run_of_spaces_is_read_in_linear_time(line, kind, value):
+    """A job's line of 200k spaces inside a value (a progress bar redrawn with blanks) cost minutes
+    per line (hours at doctor's 1 MiB cap) while a lazy group retried its `\\s*$` tail at every
+    space; it is read at once, the value running to its last non-space character."""
+    from efabuild.doctor.scan import scan_lines
+
+    blanks = " " * 200_000 + "x"
+    started = time.monotonic()
+    found = [o for o in scan_lines("job.out", [line.format(blanks)]) if o.kind == kind]
+    assert time.monotonic() - started < 5
+    assert [o.value if kind != "env" else o.extra for o in found] == [value.format(blanks)]

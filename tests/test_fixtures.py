@@ -268,7 +268,7 @@ def test_build_fixtures_says_up_to_date_once_with_the_image_id(mini_ngc):
 
 
 def test_build_fixtures_json_is_one_efabuild_document(mini_ngc, capsys):
-    """--json follows the convention every other --json does (README, "JSON output")."""
+    """--json follows the convention every other --json does (docs/reference/json.md)."""
     import json
 
     from python_on_whales import docker

@@ -182,7 +182,7 @@ def test_make_never_writes_a_build_context_into_a_tmp_directory_replaced_by_a_li
 
 def test_a_push_killed_outright_takes_its_docker_push_with_it(tmp_path, busybox_image, local_registry):
     """A `docker image push` of gigabytes must not run on after `scancel` or the OOM killer took
-    efabuild: every program it starts dies with it (the README's promise)."""
+    efabuild: every program it starts dies with it (the promise of docs/guides/building.md)."""
     import os
     import signal
     import sys

@@ -227,9 +227,13 @@ def test_credentials_in_a_url_are_refused_without_being_shown(tmp_path, monkeypa
     ('[builder]\nhost = "ssh://builder@-oProxyCommand=id"\n', ["plan", "--offline"], ["BUILD.toml", "builder.host", "'-'"]),
     ("", ["plan", "--offline", "--builder", "ssh://-oProxyCommand=id@b"], ["--builder", "'-'"]),
     ("", ["plan", "--offline", "--builder", "tcp://-H:2376"], ["--builder", "'-'"]),
+    # docker's URL parser gives ssh these as -oProxyCommand=id: decoded, and out of the brackets
+    ("", ["plan", "--offline", "--builder", "ssh://%2DoProxyCommand=id@b"], ["--builder", "'-'"]),
+    ("", ["plan", "--offline", "--builder", "ssh://[-oProxyCommand=id]"], ["--builder", "'-'"]),
     ('[store.s3]\nbucket = "b"\nendpoint_url = "http://-x.example:9000"\n', ["plan", "--offline"],
      ["BUILD.toml", "store.s3.endpoint_url"]),
-], ids=["farm-entry", "builder-host", "builder-option", "tcp-host", "s3-endpoint"])
+], ids=["farm-entry", "builder-host", "builder-option", "tcp-host", "percent-encoded", "bracketed",
+        "s3-endpoint"])
 def test_a_user_or_host_starting_with_a_dash_is_refused(tmp_path, monkeypatch, capsys, build, argv, expected):
     """docker's ssh helper passes the URL's user and host to ssh, which takes a word starting with '-'
     as an option (`-oProxyCommand=CMD` runs CMD): no such value gets past the settings."""

@@ -1,4 +1,4 @@
-"""Every --json output follows one convention (README, "JSON output"), checked on a store a real
+"""Every --json output follows one convention (docs/reference/json.md), checked on a store a real
 make built: one object naming its format and version, null (never "") for a missing value, and
 the same field names for the same things (name, key, path)."""
 

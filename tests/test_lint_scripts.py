@@ -103,3 +103,19 @@ def test_the_start_mode_a_script_chose_and_starts_that_unpack_where_one_would_mo
     assert [(f.rule, f.severity, f.line) for f in warnings] == [("EFA020", "warning", 3), ("EFA020", "warning", 4)]
     assert "names its container (once) but no other srun uses the name" in warnings[0].message
     assert warnings[1].message.startswith("--container-save: Pyxis unpacks the image for this step")
+
+
+def test_a_name_given_once_in_a_loop_is_reused_by_its_later_rounds(tmp_path):
+    """EFA020 counted the srun's text, not its runs: a loop over steps with one named srun was
+    warned that no other srun uses the name, though every round after the first reuses it."""
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\n#SBATCH -c 24\n"
+                      "for step in 1 2 3; do\n"
+                      "  srun --container-image=/fsx/a.sqsh --container-name=train python train.py --step $step\n"
+                      "done\n"
+                      "while read -r cfg; do srun --container-image=/fsx/a.sqsh --container-name=ev eval \"$cfg\"\n"
+                      "done <configs\n"
+                      "echo all done; srun --container-image=/fsx/a.sqsh --container-name=once python report.py\n")
+    findings = lint_script(script, "run.sh")
+    assert [(f.rule, f.line) for f in findings] == [("EFA019", 4), ("EFA020", 8)]
+    assert "names its container (once)" in findings[1].message

@@ -382,13 +382,16 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
     stored = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="images/")["Contents"]]
     assert sum(key.endswith(".chunks.json") for key in stored) == 2  # chunked: an index per artifact
     assert any("/chunks/" in key for key in stored)
-    # each S3 index is the one kept beside the local and shared copies, and describes the stored .sqsh
+    # each S3 index is the one kept beside the local and shared copies (S3's also notes its chunks'
+    # ETags), and describes the stored .sqsh
     from efabuild.store.chunks import ChunkIndex, mismatch
 
     for key in (k for k in stored if k.endswith(".chunks.json")):
         kept = demo_ws / "cache" / "objects" / key.split("/")[-2] / key.split("/")[-1]
         sent = s3_client.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
-        assert kept.read_bytes() == sent == (shared / "objects" / key.split("/")[-2] / key.split("/")[-1]).read_bytes()
+        assert kept.read_bytes() == (shared / "objects" / key.split("/")[-2] / key.split("/")[-1]).read_bytes()
+        assert ChunkIndex.from_json(kept.read_bytes(), str(kept)) == ChunkIndex.from_json(sent, key)
+        assert set(json.loads(sent)["etags"]) == set(ChunkIndex.from_json(sent, key).unique())
         assert mismatch(ChunkIndex.from_json(sent, key), Path(str(kept).replace(".chunks.json", ".sqsh"))) is None
     # a compute node: only the shared filesystem's refs and store.toml, no workspace, no objects yet
     shutil.rmtree(shared / "objects")
@@ -465,6 +468,47 @@ def test_a_damaged_local_artifact_is_not_spread_to_new_tiers_but_repaired(demo_w
     fetched = tmp_path / "from-s3.sqsh"
     tier.download(key, fetched, tier.record(key))
     assert file_digest(fetched) == good
+
+
+@pytest.mark.s3
+def test_a_warm_make_repairs_a_poisoned_s3_chunk_and_a_truncated_shared_copy(demo_ws, tmp_path, moto_server,
+                                                                           s3_bucket, s3_client):
+    """A co-tenant overwrites a chunk of the artifact in the bucket with other bytes and cuts the
+    shared tier's copy to half: the next make says so, repairs both from the local copy, and a
+    node that holds nothing fetches the artifact again."""
+    from efabuild.settings import S3Config
+    from efabuild.host.digest import file_digest
+    from efabuild.store.s3 import S3Tier
+    from efabuild.store.s3chunks import compress
+
+    shared = tmp_path / "fsx"
+    with (demo_ws / "BUILD.toml").open("a") as f:
+        f.write(f'[store]\nshared = "{shared}"\n[store.s3]\nbucket = "{s3_bucket}"\n'
+                f'endpoint_url = "{moto_server}"\n')
+    efabuild(demo_ws, "make", "demo", check=True)
+    user = Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip())
+    assert user.is_relative_to(shared)
+    good, key = file_digest(user), user.name.removesuffix(".sqsh")
+    tier = S3Tier(S3Config(bucket=s3_bucket, endpoint_url=moto_server), show_progress=False)
+    cid, length = tier.chunk_index(key).chunks[0]
+    s3_client.put_object(Bucket=s3_bucket, Key=tier.chunks.object(cid), Body=compress(os.urandom(length)))
+    half = user.read_bytes()[: user.stat().st_size // 2]
+    user.unlink()
+    user.write_bytes(half)
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "store.toml").write_text((shared / "store.toml").read_text())
+    assert efabuild(demo_ws, "lookup", "--store", str(node), key).returncode == 1  # unfetchable
+
+    proc = efabuild(demo_ws, "make", "demo", check=True)
+    assert f"s3 tier: {key[:12]} (demo:user): chunk {cid}: " in proc.stderr
+    assert f"shared tier: {user}: corrupt artifact: {len(half)} bytes" in proc.stderr
+    assert outcomes(proc)["demo:user"] == "reused"  # copied from the local tier, not built or exported
+    assert file_digest(user) == good
+    fetched = Path(efabuild(demo_ws, "lookup", "--store", str(node), key, check=True).stdout.strip())
+    assert file_digest(fetched) == good
+    again = efabuild(demo_ws, "make", "demo", check=True)
+    assert set(outcomes(again).values()) == {"reused"} and "warning" not in again.stderr
 
 
 def test_built_context_files_are_normalised_like_the_key(demo_ws):

@@ -478,8 +478,9 @@ def test_a_chunked_artifact_only_on_s3_is_to_copy_and_a_make_copies_it(tmp_path,
 
 def test_the_plan_asks_s3_once_whether_it_holds_an_artifact_only_s3_holds(tmp_path, s3_bucket, fault_proxy):
     """Whether every tier holds an artifact and whether a copy can complete the tiers lacking it
-    come from one question to S3 per artifact (a HEAD of its record), and one GET of its chunk
-    index for an artifact that only S3 holds: counted at a proxy in front of the S3 server."""
+    come from one question to S3 per artifact (a HEAD of its record), and for an artifact S3
+    holds one GET of its record and of its chunk index and a look at its chunks (that S3 can still
+    deliver it): counted at a proxy in front of the S3 server."""
     from efabuild.settings import S3Config
     from efabuild.store.fs import FilesystemTier
     from efabuild.store.tiered import Store
@@ -502,4 +503,5 @@ def test_the_plan_asks_s3_once_whether_it_holds_an_artifact_only_s3_holds(tmp_pa
     asked = [(method, path.split("?")[0].rsplit("/", 1)[-1]) for method, path, _ in fault_proxy.requests[before:]]
     only_s3, nowhere = keys["stack:efa"], keys["stack:user"]
     assert asked.count(("HEAD", f"{only_s3}.json")) == 1 and asked.count(("GET", f"{only_s3}.chunks.json")) == 1
+    assert asked.count(("GET", f"{only_s3}.json")) == 1
     assert [request for request in asked if nowhere in request[1]] == [("HEAD", f"{nowhere}.json")]

@@ -310,3 +310,110 @@ def test_the_files_whose_machine_is_read_are_bounded(tmp_path: Path, monkeypatch
     # the libraries and plugins come before the providers' long tail
     assert {f"/usr/lib/x86_64-linux-gnu/libnccl.so.{ngc.NCCL}",
             "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"} <= set(dict(measured.elf))
+
+
+def test_a_library_path_of_a_thousand_directories_reads_a_bounded_number_of_headers(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """A hostile image's LD_LIBRARY_PATH of 1000 directories, each holding a big libnccl.so.2 (hard
+    links of one file: a .sqsh of a few KB): each copy's machine cost an `unsquashfs`, 35 s of
+    `make`'s probe; past the first copies the loader's search takes them as they are."""
+    from efabuild.host import children
+    from efabuild.provenance import ldpath
+
+    root = tmp_path / "root"
+    env = arm64_image(root)
+    big = ngc.write(root, "/opt/big/libnccl.so.2", ngc.fake_elf(machine=ngc.EM_X86_64) + b"\x00" * (1 << 17))
+    dirs = [f"/opt/d{number}" for number in range(1000)]
+    for directory in dirs:
+        (root / directory.lstrip("/")).mkdir(parents=True)
+        (root / directory.lstrip("/") / "libnccl.so.2").hardlink_to(big)
+    env["LD_LIBRARY_PATH"] = ":".join(dirs) + ":" + env["LD_LIBRARY_PATH"]
+    sqsh = ngc.make_sqsh(root, tmp_path / "paths.sqsh")
+    runs = []
+    popen = children.popen
+    monkeypatch.setattr(children, "popen", lambda *a, **k: runs.append(a[0][0]) or popen(*a, **k))
+    measured = probe_tree(SqshView(sqsh), env, platform="linux/arm64")
+    assert runs.count("unsquashfs") < 150  # 2000 before: two searches of 1000 copies
+    # the x86_64 copies judged are passed over; the one taken unjudged is named foreign by audit
+    assert measured.component("nccl").loads == f"/opt/d{ldpath.MAX_JUDGED}/libnccl.so.2"
+    assert dict(measured.elf)[f"/opt/d{ldpath.MAX_JUDGED}/libnccl.so.2"] == "x86_64"
+
+
+def test_a_thousand_providers_at_deep_real_paths_are_read_without_overflowing_the_command_line(
+        tmp_path: Path) -> None:
+    """1024 providers linked to files 3.8 KB deep (names an image may hold): their heads were asked
+    of one `unsquashfs -cat` whose arguments passed ARG_MAX, and the probe ended in a traceback
+    (OSError: Argument list too long); they are read in batches."""
+    root = tmp_path / "root"
+    ngc.full_image(root)
+    deep = "/" + "/".join(["d" * 250] * 15)
+    for number in range(1100):
+        real = f"{deep}/{'f' * 200}{number}.so"
+        ngc.write(root, real, ngc.fake_elf(machine=ngc.EM_AARCH64))
+        ngc.link(root, f"/opt/amazon/efa/lib/libfabric/libprov{number}-fi.so", real)
+    measured = probe_tree(SqshView(ngc.make_sqsh(root, tmp_path / "deep.sqsh")))
+    providers = {path: machine for path, machine in measured.elf if path.startswith(deep)}
+    assert len(providers) > 900 and set(providers.values()) == {"aarch64"}
+    assert measured.machine == "aarch64"  # most of the files read
+
+
+def test_ld_so_conf_files_that_include_each_other_are_read_once(tmp_path: Path) -> None:
+    """An image's four ld.so.conf.d files that each include the glob of all four: followed to the
+    include depth limit, 4^9 reads (43 s from a directory, an unsquashfs each from a .sqsh: about
+    an hour of make's probe). Each file is read once and its directories kept."""
+    import time
+
+    from efabuild.provenance import ldpath
+
+    root = tmp_path / "root"
+    ngc.write(root, "/etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+    for number in range(1, 5):
+        ngc.write(root, f"/etc/ld.so.conf.d/c{number}.conf", f"include /etc/ld.so.conf.d/*.conf\n/opt/d{number}\n")
+    sqsh = ngc.make_sqsh(root, tmp_path / "loop.sqsh")
+    for view in (DirView(root), SqshView(sqsh)):
+        started = time.monotonic()
+        dirs = ldpath.search_path(view, {})
+        assert time.monotonic() - started < 5
+        assert {d.dir for d in dirs} >= {"/opt/d1", "/opt/d2", "/opt/d3", "/opt/d4"}
+
+
+def test_many_hard_links_of_a_big_plugin_are_read_one_at_a_time(tmp_path: Path) -> None:
+    """Eleven hard links of one 50 MiB libnccl-net*.so (a .sqsh of 4 KB) were read into memory in one
+    piece: 1.7 GB of resident memory, and a hundred links of a 256 MiB one exhaust a build host.
+    Each is read alone; every copy still has its version."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "root"
+    lib = "/usr/lib/x86_64-linux-gnu"
+    big = ngc.write(root, f"{lib}/libnccl-net-ofi.so", ngc.fake_elf("aws-ofi-nccl 1.21.1") + b"\x00" * (50 << 20))
+    for number in range(10):
+        (root / lib.lstrip("/") / f"libnccl-net-{number}.so").hardlink_to(big)
+    sqsh = ngc.make_sqsh(root, tmp_path / "links.sqsh")
+    code = ("import json, resource, sys\nfrom pathlib import Path\nfrom efabuild.provenance.fsview import SqshView\n"
+            "from efabuild.provenance.probe import probe_tree\n"
+            "ofi = probe_tree(SqshView(Path(sys.argv[1])), platform='linux/amd64').component('aws-ofi-nccl')\n"
+            "print(json.dumps([[c.version for c in ofi.copies], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))")
+    done = subprocess.run([sys.executable, "-c", code, str(sqsh)], capture_output=True, text=True, timeout=240,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0, done.stderr
+    versions_read, peak_kib = json.loads(done.stdout)
+    assert versions_read == ["1.21.1"] * 11
+    assert peak_kib < 500 << 10, f"{peak_kib >> 10} MiB resident"
+
+
+def test_thousands_of_small_plugins_are_read_by_a_few_unsquashfs_runs(tmp_path: Path, monkeypatch) -> None:
+    """Read one at a time, 2000 small libnccl-net-N.so cost 2000 unsquashfs runs; they are read in
+    groups, each copy with its version."""
+    from efabuild.host import children
+
+    root = tmp_path / "root"
+    for number in range(2000):
+        ngc.write(root, f"/usr/lib/x86_64-linux-gnu/libnccl-net-{number}.so", ngc.fake_elf("aws-ofi-nccl 1.21.1"))
+    sqsh = ngc.make_sqsh(root, tmp_path / "many.sqsh")
+    runs = []
+    popen = children.popen
+    monkeypatch.setattr(children, "popen", lambda *a, **k: runs.append(a[0][0]) or popen(*a, **k))
+    ofi = probe_tree(SqshView(sqsh), platform="linux/amd64").component("aws-ofi-nccl")
+    assert [c.version for c in ofi.copies] == ["1.21.1"] * 2000
+    assert runs.count("unsquashfs") < 100

@@ -32,7 +32,7 @@ def test_no_tables_give_the_defaults(tmp_path):
     assert (settings.registry, settings.sign, settings.trust_keys) == (None, None, ())
     assert settings.audit == AuditPolicy()
     assert settings.store == StoreConfig(tmp_path / "cache", source="BUILD.toml")
-    assert settings.store.keep == 3  # as README's [store] says
+    assert settings.store.keep == 3  # as docs/reference/build-toml.md's [store] says
 
 
 def test_a_farm_names_its_builders_as_builder_does(tmp_path):

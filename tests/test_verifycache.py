@@ -54,3 +54,24 @@ def test_a_digest_check_and_a_signature_check_of_one_file_keep_their_own_entries
     # neither answers for the other
     assert not verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ, kind="digest")
     assert not verifycache.is_verified(sqsh, key, stamps, "blake3:00", environ=environ)
+
+
+def test_an_entry_that_is_a_fifo_is_a_miss_not_a_hang(tmp_path, monkeypatch):
+    """A FIFO at an entry's name (made by hand, or left by a tool run as this user) held every job
+    start of that image in open() until someone wrote to it; it is passed over and replaced."""
+    import os
+
+    key = key_for("fifo")
+    sqsh = tmp_path / f"{key}.sqsh"
+    sqsh.write_bytes(b"squashfs bytes")
+    paths = {"sqsh": sqsh}
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + verifycache.RACY_SECONDS + 0.1)
+    stamps = verifycache.take_stamps(paths)
+    cache = tmp_path / "verified"
+    cache.mkdir(mode=0o700)
+    os.mkfifo(cache / verifycache._entry_name(sqsh, "digest"), 0o600)
+    environ = {verifycache.CACHE_ENV: str(cache)}
+    assert not verifycache.is_verified(sqsh, key, stamps, "blake3:00", environ=environ, kind="digest")
+    assert verifycache.remember(sqsh, key, paths, stamps, "blake3:00", time.time(), environ=environ, kind="digest")
+    assert verifycache.is_verified(sqsh, key, stamps, "blake3:00", environ=environ, kind="digest")

@@ -23,7 +23,11 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     p.add_argument("--store", metavar="PATH",
                    help="a store directory (default: $EFABUILD_STORE, else the workspace's [store])")
     p.add_argument("--no-fetch", action="store_true", help="only look on the filesystem tiers; never fetch from S3")
-    p.add_argument("--verify", action="store_true", help="re-hash the .sqsh and compare it with its record")
+    p.add_argument("--verify", action="store_true",
+                   help="re-hash the .sqsh and compare it with its record; with an S3 tier also check that S3 "
+                        "holds its chunk index and every chunk (a look at each)")
+    p.add_argument("--deep", action="store_true",
+                   help="with --verify: also read every S3 chunk and check it against its id")
     p.add_argument("--require-signature", action="store_true",
                    help="refuse an artifact not signed by a key of the trust policy ([trust] in BUILD.toml, "
                         "else /etc/efabuild/trust.toml); a cached verification costs a few stats")
@@ -38,8 +42,13 @@ def run(args: argparse.Namespace) -> int:
     from efabuild.pyxis.lookup import lookup_path
 
     try:
+        if args.deep and not args.verify:
+            from efabuild.errors import InputError
+
+            raise InputError("--deep goes with --verify")
         path, record = lookup_path(args.ref, args.store, fetch=not args.no_fetch, verify=args.verify,
-                                   require_signature=args.require_signature)
+                                   require_signature=args.require_signature, check_s3=args.verify,
+                                   deep=args.deep)
     except NotFound as exc:
         # only on a miss: is REF a layer that is never exported, or a typo? (reads the workspace's graphs)
         reason = _why_missing(args.ref, str(exc))

@@ -1,7 +1,7 @@
 """How commands write what they found: aligned tables for a person, JSON for a program.
 
 Every command renders through these two, so all tables look alike and all JSON follows one
-convention (README, "JSON output"): one object whose `format` names what it is and its version
+convention (docs/reference/json.md): one object whose `format` names what it is and its version
 (`efabuild.<what>/v1`), keys sorted, two-space indent, `null` for a missing value (never ""),
 the same names for the same things: `name` (GRAPH:LAYER), `key`, `path` (a .sqsh); and ASCII
 only (other characters as \\u escapes), so no terminal's or pipe's encoding can fail on a path

@@ -51,6 +51,9 @@ def _configure_audit(name: str, sub: argparse._SubParsersAction, common: argpars
     )
     p.add_argument("refs", nargs="*", metavar="REF", help="graph:layer, key or key prefix")
     p.add_argument("--all", action="store_true", help="audit every artifact in the store")
+    p.add_argument("--deep", action="store_true",
+                   help="read every S3 chunk (or whole object) and check it against its id (default: S3's "
+                        "copy is judged by its chunk index and a look at each chunk)")
     p.add_argument("--junit", metavar="FILE",
                    help="also write a JUnit XML report for CI: one testsuite per artifact, one testcase "
                         "per check, a failed check a <failure>")
@@ -277,7 +280,7 @@ def run_audit(args: argparse.Namespace) -> int:
     host = host_facts(args.host_efa, policy)
     for ref in refs:
         try:
-            results.append(audit_stored(store, ref, policy, host))
+            results.append(audit_stored(store, ref, policy, host, deep=args.deep))
         except NotFound as exc:
             results.append(AuditResult(ref, "", ref, (Check("artifact", FAIL, str(exc)),)))
     _junit(args.junit, results)

@@ -48,6 +48,9 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
         p.add_argument("--s3", action="store_true",
                        help="also delete from the S3 tier of a bare store (--store, EFABUILD_STORE): "
                             "without it a compute node's gc only says what S3 would lose")
+        p.add_argument("--deep", action="store_true",
+                       help="also read every S3 chunk an index names and report those that fail their id "
+                            "(missing ones are reported always)")
         p.set_defaults(run=run_gc)
     p.add_argument("--store", metavar="PATH",
                    help="a store directory (default: $EFABUILD_STORE, else the workspace's [store])")
@@ -177,8 +180,10 @@ def run_gc(args: argparse.Namespace) -> int:
     if args.images:
         debris += _old_images(args, remove=args.yes)
     busy = set(report.busy)
+    problems = _chunk_problems(store, args.deep) if not args.no_s3 else []
     if args.json:
-        print_json("gc", _gc_json(report, debris, busy))
+        print_json("gc", {**_gc_json(report, debris, busy), "s3_chunk_problems": [
+            {"chunk": p.cid, "problem": p.problem, "artifacts": list(p.keys)} for p, _ in problems]})
         return 0
     verb = "would delete" if report.dry_run else "deleted"
     for r in report.removals:
@@ -194,6 +199,8 @@ def run_gc(args: argparse.Namespace) -> int:
         print(f"{verb} {report.chunks.deleted} s3 chunks no artifact uses ({human_bytes(report.chunks.deleted_bytes)})"
               + (f"; {report.chunks.marked} unused chunks marked, deleted by a gc after the grace period"
                  if report.chunks.marked and not report.dry_run else ""))
+    for p, users in problems:  # gc cannot fix them: a make of one of those keys stores the chunk again
+        print(f"s3 chunk {p.cid} ({users}): {p.problem}; `efabuild make` of it stores it again")
     freed = sum(r.record.size for r in report.removals if (r.tier, r.record.key) not in busy)
     summary = (f"{len(report.removals) - len(busy)} objects, {human_bytes(freed)}; "
                f"kept {len(report.kept)} keys (newest {report.keep} per name, current refs, pins)")
@@ -204,6 +211,26 @@ def run_gc(args: argparse.Namespace) -> int:
     else:
         print(f"gc: deleted {summary}")
     return 0
+
+
+def _chunk_problems(store, deep: bool) -> list:  # noqa: ANN001 - a Store
+    """[(health.ChunkProblem, 'KEY NAME, ...' of the artifacts it breaks)] of the S3 chunks an
+    index names that are missing (with `deep`: or fail their id)."""
+    from efabuild.errors import EfabuildError
+    from efabuild.refs import short
+    from efabuild.store.health import chunk_problems
+
+    if store.s3 is None:
+        return []
+    found = chunk_problems(store.s3, deep=deep)
+    names: dict[str, str] = {}
+    for key in {key for p in found for key in p.keys}:
+        try:
+            record = store.s3.record(key)
+        except EfabuildError:
+            record = None
+        names[key] = record.name if record is not None else "?"
+    return [(p, ", ".join(f"{short(k)} {names[k]}" for k in p.keys)) for p in found]
 
 
 def _gc_json(report, debris: list[tuple[str, str]], busy: set) -> dict:  # noqa: ANN001 - GcReport

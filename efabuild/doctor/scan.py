@@ -38,6 +38,9 @@ _COULD_NOT_FIND = r"{}/Plugin: Could not find:\s*(\S+?)\.?(?:\s|$)"
 # (kind, text the line must contain, pattern, group for value, group for extra). The literal text
 # lets most lines skip most patterns. First match per kind and line wins; a line may give several
 # kinds (a provider line gives the nic count too).
+# A value that runs to the end of its line ends at its last non-space character, matched greedily
+# (`(.*\S)`): a lazy group before `\s*$` retries that tail at every character, hours for one line
+# of a million spaces.
 _PATTERNS: tuple[tuple[str, str, re.Pattern[str], int | None, int | None], ...] = tuple(
     (kind, needle, re.compile(pattern), value, extra) for kind, needle, pattern, value, extra in (
         # versions
@@ -82,7 +85,7 @@ _PATTERNS: tuple[tuple[str, str, re.Pattern[str], int | None, int | None], ...] 
         ("libfabric-too-old", "requires at least libfabric",
          r"EFA provider requires at least libfabric version (\S+?)\.?$", 1, None),
         # environment NCCL reports
-        ("env", "set by environment", r"(NCCL_[A-Z0-9_]+) set by environment to (.*?)\.?\s*$", 1, 2),
+        ("env", "set by environment", r"(NCCL_[A-Z0-9_]+) set by environment to ((?:.*[^\s.])?)", 1, 2),
         # two Open MPIs
         ("mpi-clash", "opal_shmem", r"opal_shmem_base_select failed", None, None),
         ("mpi-clash", "MPI_INIT", r"MPI_INIT (?:has )?failed", None, None),
@@ -96,7 +99,7 @@ _PATTERNS: tuple[tuple[str, str, re.Pattern[str], int | None, int | None], ...] 
         # container start (Pyxis and Enroot): mounting the .sqsh with squashfuse, or unpacking it.
         # Enroot passes squashfuse's stderr on as [WARN] lines before its own [ERROR]; Pyxis prefixes
         # each line of Enroot's log it prints with "pyxis:" and spaces.
-        ("fuse-open-failed", "fuse: ", r"fuse: failed to open /dev/fuse: (.+?)\s*$", 1, None),
+        ("fuse-open-failed", "fuse: ", r"fuse: failed to open /dev/fuse: (.*\S)", 1, None),
         ("fuse-open-failed", "fuse: ", r"fuse: (device not found), try 'modprobe fuse' first", 1, None),
         ("squashfs-mount-failed", "Failed to mount: ", r"\[ERROR\] Failed to mount: (\S+)", 1, None),
         ("squashfs-tool-missing", "Command not found: ",
@@ -106,7 +109,7 @@ _PATTERNS: tuple[tuple[str, str, re.Pattern[str], int | None, int | None], ...] 
          None, None),
         ("import-failed", "failed to import docker image", r"pyxis: failed to import docker image", None, None),
         # what efabuild's importer said (one line, on stderr, which Pyxis prints with Enroot's log)
-        ("importer-said", "efabuild: ", r"efabuild: ((?:refusing |no artifact |\S+ tier: ).*?)\s*$", 1, None),
+        ("importer-said", "efabuild: ", r"efabuild: ((?:refusing |no artifact |\S+ tier: )(?:.*\S)?)", 1, None),
         ("unpacked", "creating container filesystem", r"pyxis: creating container filesystem", None, None),
         ("unpacked", "Extracting squashfs filesystem", r"\[INFO\] Extracting squashfs filesystem", None, None),
         ("no-space", "No space left on device", r"No space left on device", None, None),

@@ -79,6 +79,8 @@ def lint_script(path: Path, display: str) -> list[Finding]:
     def line_of(offset: int) -> int:
         return bisect.bisect_right(starts, offset)
 
+    loops = _loop_bodies(text)
+
     findings: list[Finding] = []
     containers: list[int] = []  # lines of srun/salloc with a container
     launches: list[_Start] = []  # their container options
@@ -94,7 +96,7 @@ def lint_script(path: Path, display: str) -> list[Finding]:
             has_cpus = True
         if any(name in ("--container-image", "--container-name") for name, _ in options):
             containers.append(line)
-            launches.append(_Start.of(options, line))
+            launches.append(_Start.of(options, line, looped=_inside(loops, command.offset)))
         for name, value in options:
             if name == "--container-mounts" and value:
                 findings.extend(_mounts(value, display, line))
@@ -117,14 +119,39 @@ class _Start(NamedTuple):
     image: bool  # --container-image: this step creates the container (unless its name exists)
     name: str | None
     save: bool
+    looped: bool = False  # in a for/while/until body: run again, reusing its name
 
     @classmethod
-    def of(cls, options: list[tuple[str, str | None]], line: int) -> _Start:
+    def of(cls, options: list[tuple[str, str | None]], line: int, looped: bool = False) -> _Start:
         given = dict(options)
         name = given.get("--container-name")
         # NAME:FLAG (create, exec, no_create, ...) names the same container as NAME
         return cls(line, "--container-image" in given, name.split(":", 1)[0] if name else name,
-                   "--container-save" in given)
+                   "--container-save" in given, looped)
+
+
+# `do` and `done` where a command starts (a line's start or after ; & | ( ), not an argument or a comment
+_LOOP_WORD = re.compile(r"(?:^|[;&|()])[ \t]*(do|done)(?=[ \t;&|()<>]|$)", re.MULTILINE)
+
+
+def _loop_bodies(text: str) -> list[tuple[int, int]]:
+    """(start, end) offsets of the loops' bodies, outermost ones: a command there runs repeatedly."""
+    bodies, depth, start = [], 0, 0
+    for match in _LOOP_WORD.finditer(text):
+        if match.group(1) == "do":
+            depth += 1
+            start = match.start(1) if depth == 1 else start  # `do srun ...` starts at its `do`
+        elif depth:
+            depth -= 1
+            if depth == 0:
+                bodies.append((start, match.start(1)))
+    if depth:
+        bodies.append((start, len(text)))
+    return bodies
+
+
+def _inside(bodies: list[tuple[int, int]], offset: int) -> bool:
+    return any(start <= offset < end for start, end in bodies)
 
 
 # Measured with the bench's 1.44 GB image (Slurm 22.05, Pyxis 0.24, Enroot 4.1.2; medians of 5)
@@ -146,7 +173,7 @@ def _start_modes(starts: list[_Start], display: str) -> Iterator[Finding]:
                           "--container-save: Pyxis unpacks the image for this step even with use_squashfuse=1 "
                           f"({_UNPACK_COST}; an unnamed, unsaved container starts from the .sqsh: {_MOUNT_COST})",
                           "save only from the step that must keep its changes; start the others unnamed")
-        elif start.name is not None and reused[start.name] == 1:
+        elif start.name is not None and reused[start.name] == 1 and not start.looped:
             yield finding("EFA020", display, start.line, None,
                           f"names its container ({start.name}) but no other srun uses the name: the name makes "
                           f"Pyxis unpack the image ({_UNPACK_COST}) where, with use_squashfuse=1, {_MOUNT_COST}",

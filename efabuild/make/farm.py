@@ -34,7 +34,7 @@ _WAIT_POLL_S = 0.25
 # The buildx client of a streamed export receives the tar in BuildKit's 32 KiB messages, a fresh
 # buffer each: with Go's default GC it spends half its CPU collecting them, CPU that mksquashfs,
 # squashing on the same cores, then lacks. Collected when its heap reaches 128 MiB instead (the
-# stream holds little live data), it needs about half the CPU (README Performance); GOGC=1000,
+# stream holds little live data), it needs about half the CPU (docs/performance-notes.md, "Farm export"); GOGC=1000,
 # not off, bounds the heap where a Go before 1.19 ignores GOMEMLIMIT. A user's own setting wins.
 _STREAM_GO_ENV = {"GOGC": "1000", "GOMEMLIMIT": "128MiB"}
 

@@ -235,9 +235,9 @@ def _holders(store: Store, graph, order, inputs, remote: bool) -> tuple[dict[str
     if remote and artifact_keys and store.s3_settings is not None:
         try:
             with store.s3.asking_quickly():
-                return {key: store.where(key) for key in artifact_keys}, True
+                return {key: store.where(key, checked=True) for key in artifact_keys}, True
         except NoCredentials as exc:  # a make still builds and publishes to the other tiers
             store.skip_s3(exc.reason)
         except EfabuildError as exc:
             notices.warn(f"S3 tier not consulted: {exc}")
-    return {key: store.where(key, remote=False) for key in artifact_keys}, False
+    return {key: store.where(key, remote=False, checked=True) for key in artifact_keys}, False

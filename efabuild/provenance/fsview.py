@@ -8,13 +8,14 @@ extracted to disk, which matters for 25 GB images.
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import re
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -29,6 +30,7 @@ _MAX_LINKS = 40  # like the kernel's limit: a loop gives up instead of spinning
 MAX_ENTRIES = 2_000_000
 MAX_LISTING_BYTES = 256 << 20
 _WHOLE_READ = 64 << 10  # a head of a file up to this size comes from one `-cat` of all such files
+_MAX_ARG_BYTES = 96 << 10  # paths per `unsquashfs -cat`: ARG_MAX is 2 MiB, the environment counts too
 
 
 @attrs.frozen
@@ -348,6 +350,10 @@ def _cat_head(path: str, image: Path, size: int) -> bytes | None:
                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env={**os.environ, "LC_ALL": "C"})
     except FileNotFoundError:
         raise EfabuildError("unsquashfs not found: install squashfs-tools (4.5 or newer)") from None
+    except OSError as exc:
+        if exc.errno != errno.E2BIG:
+            raise
+        return None  # a path longer than the kernel takes as one argument: not read
     try:
         head = b""
         while len(head) < size:
@@ -364,9 +370,30 @@ def _cat_head(path: str, image: Path, size: int) -> bytes | None:
 
 def _cat(paths: list[str], image: Path) -> bytes:
     """The files at `paths`, one after the other (a short stream when one cannot be read)."""
-    try:
-        proc = children.run(["unsquashfs", "-no-wildcards", "-cat", str(image), *paths], capture_output=True,
-                            env={**os.environ, "LC_ALL": "C"})
-    except FileNotFoundError:
-        raise EfabuildError("unsquashfs not found: install squashfs-tools (4.5 or newer)") from None
-    return proc.stdout
+    out = []
+    for batch in _batches(paths):
+        try:
+            proc = children.run(["unsquashfs", "-no-wildcards", "-cat", str(image), *batch], capture_output=True,
+                                env={**os.environ, "LC_ALL": "C"})
+        except FileNotFoundError:
+            raise EfabuildError("unsquashfs not found: install squashfs-tools (4.5 or newer)") from None
+        except OSError as exc:
+            if exc.errno != errno.E2BIG:
+                raise
+            return b"".join(out)  # one path longer than the kernel takes: short, read one by one
+        out.append(proc.stdout)
+    return b"".join(out)
+
+
+def _batches(paths: list[str]) -> Iterator[list[str]]:
+    """`paths` cut into command lines the kernel accepts: an image's 1024 real paths of 3 KB each
+    (deep directories, links to them) are over ARG_MAX, which fails the whole command."""
+    batch, size = [], 0
+    for path in paths:
+        cost = len(os.fsencode(path)) + 9  # the string, its NUL and its pointer
+        if batch and size + cost > _MAX_ARG_BYTES:
+            yield batch
+            batch, size = [], 0
+        batch.append(path)
+        size += cost
+    yield from [batch] if batch else []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from efabuild.provenance import dpkg, elf, ldpath, versions
 from efabuild.provenance.fsread import MAX_LIB_SCAN, defines, dist_info_dirs, first_existing, metadata_version
@@ -48,6 +48,7 @@ EXTRA_LIB_DIRS = extra_lib_dirs()
 OFI_PACKAGES = ("libnccl-ofi-ngc-v3", "libnccl-ofi-ngc-v2", "libnccl-ofi")
 LIBFABRIC_PACKAGES = ("libfabric1-aws", "libfabric-aws", "libfabric1")
 _MAX_PLUGIN_BYTES = 256 << 20
+_GROUP_BYTES = 32 << 20  # plugins read by one unsquashfs: the small ones together, a big one alone
 
 _LIBFABRIC_VERSION = re.compile(rb"libfabric:? v?(\d+\.\d+\.\d+)")  # as `fi_info --version` prints it
 _OFI_VERSION = re.compile(rb"aws-ofi-nccl ((?:\d+\.\d+(?:\.\d+)*|git-[0-9a-f]{6,40})[A-Za-z0-9.+_-]*)")
@@ -59,13 +60,27 @@ def _library_copies(
     fs: FsView, search: tuple[LibDir, ...], pattern: str, extra_dirs: Iterable[str] = EXTRA_LIB_DIRS
 ) -> list[str]:
     """Real paths of the files matching `pattern` in the searched and the usual directories."""
-    seen: list[str] = []
+    seen: dict[str, None] = {}  # ordered, and a set: a directory may hold thousands
     for directory in [d.dir for d in search] + list(extra_dirs):
         for path in fs.glob(f"{directory}/{pattern}"):
             real = fs.resolve(path)
-            if real is not None and fs.is_file(real) and real not in seen:
-                seen.append(real)
-    return seen
+            if real is not None and real not in seen and fs.is_file(real):
+                seen[real] = None
+    return list(seen)
+
+
+def _by_size(fs: FsView, paths: list[str], budget: int) -> Iterator[list[str]]:
+    """`paths` in groups of at most `budget` bytes together (a bigger file alone), in order."""
+    group, size = [], 0
+    for path in paths:
+        found = fs.entry(path)
+        cost = found.size if found is not None else 0
+        if group and size + cost > budget:
+            yield group
+            group, size = [], 0
+        group.append(path)
+        size += cost
+    yield from [group] if group else []
 
 
 def _owner_versions(fs: FsView, packages: dict[str, dpkg.Package], names: Iterable[str]) -> dict[str, dpkg.Package]:
@@ -197,12 +212,17 @@ def aws_ofi_nccl(
 ) -> Component:
     owners = _owner_versions(fs, packages, OFI_PACKAGES)
     candidates = _library_copies(fs, search, "libnccl-net*.so", extra_lib_dirs(machine))
-    contents = fs.read_many(candidates, max_size=_MAX_PLUGIN_BYTES)
+    found = {}
+    for group in _by_size(fs, candidates, _GROUP_BYTES):
+        contents = fs.read_many(group, max_size=_MAX_PLUGIN_BYTES)
+        # only this group's held: a few KB of .sqsh can hold a hundred hard links of one 256 MiB plugin
+        for real in group:  # the version, not the match: a match keeps the whole file it searched
+            match = _OFI_VERSION.search(contents.get(real, b""))
+            found[real] = match.group(1).decode() if match else None
     copies = []
     for real in candidates:
-        match = _OFI_VERSION.search(contents.get(real, b""))
-        if match:
-            copies.append(Copy(real, match.group(1).decode(), real))
+        if found[real]:
+            copies.append(Copy(real, found[real], real))
         elif real in owners:
             copies.append(Copy(real, versions.upstream(owners[real].version), _dpkg_source(owners[real])))
         elif posixpath.basename(real) == "libnccl-net-ofi.so":

@@ -93,7 +93,8 @@ class AuditResult:
         return checks_.failed(list(self.checks))
 
 
-def audit_stored(store: Any, ref: str, policy: AuditPolicy, host: checks_.HostFacts) -> AuditResult:
+def audit_stored(store: Any, ref: str, policy: AuditPolicy, host: checks_.HostFacts, *,
+                 deep: bool = False) -> AuditResult:
     key = store.resolve(ref)
     record = store.record(key)
     if record is None:
@@ -105,7 +106,7 @@ def audit_stored(store: Any, ref: str, policy: AuditPolicy, host: checks_.HostFa
         path: Path | None = damaged[0] if damaged else store.lookup(key, fetch=True, verify=False)
     except NotFound:
         path = None
-    copies = _copies(store, key)
+    copies = _copies(store, key, deep)
     sqsh = measured = None
     probe_error = None
     manifest_bytes = store.manifest(key)
@@ -132,10 +133,11 @@ def _platform(manifest_bytes: bytes | None) -> str | None:
         return None  # manifest-integrity says what is wrong with it
 
 
-def _copies(store: Any, key: str) -> list[tuple[str, Any, checks_.FileFacts | None, str | None]]:
+def _copies(store: Any, key: str, deep: bool = False) -> list[tuple[str, Any, checks_.FileFacts | None, str | None]]:
     """(tier, path or URL, facts, why unreadable) for every tier holding `key`. A filesystem copy
-    is hashed; an S3 copy is judged by its size and the digest stored with it (S3 checked the
-    bytes' CRC32 checksums when they were uploaded)."""
+    is hashed; an S3 copy is judged by store/health.py: its chunk index against the record and
+    every chunk there as written (`deep`: every chunk read and checked against its id), or a whole
+    object by its size and the digest stored with it (`deep`: its bytes hashed)."""
     found = []
     for tier in store.fs_tiers:
         if not tier.has(key):
@@ -145,9 +147,11 @@ def _copies(store: Any, key: str) -> list[tuple[str, Any, checks_.FileFacts | No
             found.append((tier.name, where, checks_.FileFacts(where.stat().st_size, file_digest(where)), None))
         except OSError as exc:
             found.append((tier.name, where, None, f"{where}: cannot read: {exc.strerror}"))
-    if store.s3 is not None and store.s3.has(key):
-        size, digest = store.s3.stored_facts(key)
-        found.append(("s3", store.s3.describe(key), checks_.FileFacts(size, digest or "none recorded"), None))
+    health = store.s3_health(key, deep=deep) if store.s3 is not None else None
+    if health is not None:
+        facts = checks_.FileFacts(health.size, health.digest or "none recorded")
+        problems = "; ".join(problem.removeprefix("s3 tier: ") for problem in health.problems)
+        found.append(("s3", store.s3.describe(key), facts if health.ok else None, problems or None))
     return found
 
 

@@ -73,7 +73,7 @@ def _check_cached(tier: str, layout: Layout, key: str, record: dict) -> None:
 
 def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verify: bool = False,
                 cwd: Path | None = None, require_signature: bool = False,
-                verify_cache: bool = False) -> tuple[Path, dict]:
+                verify_cache: bool = False, check_s3: bool = False, deep: bool = False) -> tuple[Path, dict]:
     """(absolute .sqsh path, its record as a dict) for `ref`.
 
     `verify` re-hashes every filesystem tier's copy on a hit; with `verify_cache`, not those this
@@ -82,7 +82,9 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     Raises NotFound (absent), AmbiguousRef (prefix matches several), InputError (bad REF or
     store settings) or EfabuildError (the stored copy is damaged or not a file); with
     `require_signature`, VerificationFailed unless the artifact is signed by a key of the trust
-    policy (a cached verification costs stats only).
+    policy (a cached verification costs stats only). `check_s3` (`lookup --verify`, not a job's
+    start: a good file on the node is not refused for the bucket's damage): `verify` also asks
+    whether S3 can still deliver the artifact (`deep`: reading every chunk).
     """
     table = locate(store, cwd)
     policy = None
@@ -96,6 +98,10 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         path = layout.sqsh_path(key).absolute()
         if verify:
             verify_tiers(table, key, cache=verify_cache)
+            if check_s3 and fetch and table.s3 is not None:  # can S3 still deliver it? (store/health.py)
+                from efabuild.store.tiered import Store
+
+                Store.from_config(table).check_s3(key, deep=deep)
         if policy is not None:
             _require_signed(layout, key, policy, ref)
         return path, record
@@ -109,7 +115,8 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     try:
         # a name copied from S3 comes here at every start: its copy is checked against the cache too
         # (a fetched copy, verified by the fetch, is hashed once more and then remembered)
-        path = full.lookup(ref, fetch=fetch, verify=verify and not verify_cache, vet=vet)
+        path = full.lookup(ref, fetch=fetch, verify=verify and not verify_cache, vet=vet,
+                           deep=deep, check_s3=check_s3)
     except VerificationFailed as exc:
         raise _refusal(exc, ref) from None
     key = path.name[: -len(SQSH_SUFFIX)]

@@ -78,7 +78,8 @@ def _read_entry(directory: Path, owner: int, name: str) -> dict | None:
     if not _trusted_dir(directory, owner):
         return None
     try:
-        fd = os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW)
+        # a FIFO at the name is not waited on: the fstat below passes it over
+        fd = os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:

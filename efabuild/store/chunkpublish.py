@@ -16,6 +16,8 @@ index and keeps them). See chunks.chunks_to_delete.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -61,12 +63,48 @@ def publish(store: ChunkStore, key: str, sqsh: Path, record, *, index: ChunkInde
                   sum(unique[c] for c in to_send), enabled=show and bool(to_send)) as bar:
         rest = upload(store, index, sqsh, to_send, progress=bar.update)
     sent = rest if cut is None else transfer_of(index, cut, rest)
-    store.tier._put_new(index_path, index.to_json(), ContentType="application/json")
+    etags = _checked_etags(store, index, sqsh, dict(sent.refused))
+    store.tier._put_new(index_path, stored_index_json(index, etags), ContentType="application/json")
     # the second: gc may have swept a chunk found present before the index referenced it
     gone = store.missing(set(unique) - sent.created)
     if gone:
         upload(store, index, sqsh, gone)
     return index, sent
+
+
+def stored_index_json(index: ChunkIndex, etags: dict[str, str]) -> bytes:
+    """The index as the bucket keeps it: with the ETag each chunk object had when it was written
+    (or checked), so that a later look at the chunks (a warm make, audit, verify) sees one
+    rewritten since without reading it (see store/health.py)."""
+    doc = json.loads(index.to_json())
+    doc["etags"] = {cid: etags[cid] for cid in sorted(etags) if cid in index.unique()}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _checked_etags(store: ChunkStore, index: ChunkIndex, sqsh: Path, refused: dict[str, str]) -> dict[str, str]:
+    """{id: ETag} of the file's chunks in the bucket, after a chunk found there with other bytes
+    than this upload's (its ETag is not our body's MD5) was read and, failing its id, replaced
+    by the file's bytes: a co-tenant may plant junk under an id a future artifact needs."""
+    unique = index.unique()
+    etags = store.etags(unique)
+    for cid, md5 in sorted(refused.items()):
+        if etags.get(cid, md5) == md5:
+            continue
+        problem = store.problem(cid, unique[cid])  # another compressor's bytes are as good
+        if problem is not None:
+            notices.warn(f"{problem}; storing it again")
+            etags[cid] = store.replace(cid, read_chunk(index, sqsh, cid))
+    return etags
+
+
+def read_chunk(index: ChunkIndex, sqsh: Path, cid: str) -> bytes:
+    """The bytes of chunk `cid` as `sqsh` holds them (the caller checks them against the id)."""
+    offset, length = next((offset, length) for c, offset, length in index.spans() if c == cid)
+    fd = os.open(sqsh, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
 
 
 def _matching(index: ChunkIndex | None, record, chunking: tuple[int, int, int]) -> ChunkIndex | None:  # noqa: ANN001
@@ -112,7 +150,9 @@ def _chunk_and_send(store: ChunkStore, key: str, sqsh: Path, record, skip: set[s
 def transfer_of(index: ChunkIndex, *senders: ChunkSender | Transfer) -> Transfer:
     """What `senders` sent for the file of `index`: every other distinct chunk was reused."""
     created = frozenset().union(*(s.created for s in senders))
+    refused = tuple(item for s in senders for item in dict(s.refused).items())
     sent = sum(s.bytes for s in senders)
     wire = sum(s.wire if isinstance(s, ChunkSender) else s.wire_bytes for s in senders)
     return Transfer(chunks=len(created), bytes=sent, wire_bytes=wire, reused=len(index.unique()) - len(created),
-                    reused_bytes=index.size_unique() - sent, created=created)
+                    reused_bytes=index.size_unique() - sent, created=created,
+                    refused=refused)

@@ -29,7 +29,7 @@ from efabuild.errors import EfabuildError
 
 FORMAT = "efabuild.chunks/v1"
 MiB = 1024 * 1024
-# Chosen by measurement (README "Chunked S3 tier"): on a one-file change of a 1.4 GB image, 1 MiB
+# Chosen by measurement (docs/guides/store.md, "Chunk size"): on a one-file change of a 1.4 GB image, 1 MiB
 # average chunks left 0.08 % of its bytes new and 4 MiB ones 0.21 % (SquashFS's rewritten tables
 # and the changed file's chunk), both far under 1 %, while a cold transfer of 4 MiB chunks makes a
 # quarter of the requests: a 25 GB image is ~6,000 S3 objects, not 25,000.
@@ -57,6 +57,11 @@ def chunk_id(data: bytes | memoryview) -> str:
 
 def is_chunk_id(text: object) -> bool:
     return isinstance(text, str) and len(text) == 64 and _HEX.issuperset(text)
+
+
+class ChunkError(EfabuildError):
+    """A chunk that is missing or does not hash to its id (raised by store/s3chunks.py; here so the
+    store facade can catch it without loading the S3 chunk store, and attrs, on a plan's path)."""
 
 
 class ChunkIndex(NamedTuple):

@@ -4,6 +4,7 @@ upload) or afterwards, read back from the file by its index."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Callable
@@ -28,6 +29,7 @@ class ChunkSender:
         self.created: set[str] = set()  # chunk ids this sender created
         self.bytes = 0  # raw bytes of those
         self.wire = 0  # their compressed bytes
+        self.refused: dict[str, str] = {}  # id -> MD5 of our body, for chunks the bucket held already
         self._failure: BaseException | None = None
 
     def submit(self, cid: str, read: Callable[[], bytes]) -> None:
@@ -56,6 +58,9 @@ class ChunkSender:
                     self.created.add(cid)
                     self.bytes += len(raw)
                     self.wire += len(body)
+            else:  # its ETag (S3's MD5 of a one-part object) tells whether what is there is these bytes
+                with self._lock:
+                    self.refused[cid] = hashlib.md5(body, usedforsecurity=False).hexdigest()
             if self.progress is not None:
                 self.progress(len(raw))
         except BaseException as exc:  # noqa: BLE001 - handed to the submitting thread

@@ -137,12 +137,6 @@ class S3Tier(S3Refs, S3Bucket):
         self._index_bytes[key] = data  # the fetch that follows needs it too: one GET
         return data
 
-    def stored_facts(self, key: str) -> tuple[int, str | None]:
-        """(size, blake3 digest stored with it) of the .sqsh object, from a HEAD."""
-        head = self._head(self.sqsh_object(check_key(key))) or {}
-        stored = head.get("Metadata", {}).get(DIGEST_METADATA)
-        return head.get("ContentLength", -1), f"blake3:{stored}" if stored else None
-
     def describe(self, key: str) -> str:
         return self.url(self.sqsh_object(key))
 

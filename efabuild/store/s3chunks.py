@@ -9,10 +9,11 @@ Layout under the tier's prefix (beside objects/ and refs/):
     gc/trash/<id>                        a chunk gc is deleting (store/chunksweep.py)
     gc/lock                              held by the gc that sweeps (store/gclock.py)
 
-A chunk object is immutable: created with IfNoneMatch='*', so a second publisher of the same
-bytes loses the race harmlessly. Every chunk is checked against its id after decompression,
-whether it came from S3 or from a seed, and the assembled file against the index's digest, so
-neither a damaged object nor a damaged seed can reach a job.
+A chunk object is created with IfNoneMatch='*', so a second publisher of the same bytes loses the
+race harmlessly; only a repair of one found missing or failing its id overwrites it, with bytes
+checked against the id first (`ChunkStore.replace`, store/health.py). Every chunk is checked
+against its id after decompression, whether it came from S3 or from a seed, and the assembled
+file against the index's digest, so neither a damaged object nor a damaged seed can reach a job.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ import attrs
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
-from efabuild.store.chunks import (
+from efabuild.store.chunks import (  # ChunkError: this module's, defined there for the facade
     BadChunkIndex,
+    ChunkError,
     ChunkIndex,
     Mark,
     Usage,
@@ -53,10 +55,6 @@ LIST_FROM = 8  # ids under one chunks/<d> from which one LIST (a page per 1,000 
 FETCH_MEMORY = 160 * 1024 * 1024
 
 
-class ChunkError(EfabuildError):
-    """A chunk that is missing or does not hash to its id."""
-
-
 @attrs.frozen
 class Transfer:
     chunks: int = 0  # chunk objects sent or fetched
@@ -66,6 +64,13 @@ class Transfer:
     reused_bytes: int = 0
     cloned_bytes: int = 0  # of the reused ones, bytes that share a seed's blocks (fetch, reflink filesystems)
     created: frozenset[str] = attrs.field(default=frozenset(), repr=False)  # chunk ids this upload created
+    # (id, MD5 of the body this upload would have stored) of chunks the bucket held already
+    refused: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
+
+
+def _etag(response: dict) -> str:
+    """An ETag as HEAD, LIST and PUT give it, without its quotes."""
+    return str(response.get("ETag", "")).strip('"')
 
 
 def chunk_object(prefix_path: Callable[..., str], cid: str) -> str:
@@ -137,21 +142,47 @@ class ChunkStore:
         looked up with one LIST over its key range (1,000 keys a page), a smaller one with a HEAD
         per id. A publish after a one-file change of a 1.5 GB image checks the ~320 chunks it
         reuses twice; 16 LISTs answer each time where as many HEADs took seconds."""
+        ids = set(ids)
+        return ids - set(self.etags(ids))
+
+    def etags(self, ids: Iterable[str]) -> dict[str, str]:
+        """{id: the ETag of its object} for the ids among `ids` that the bucket holds, looked up
+        as `missing` says. An object rewritten since an index noted its ETag has another one."""
         groups: dict[str, list[str]] = {}
         for cid in sorted(set(ids)):
             groups.setdefault(cid[0], []).append(cid)
         tasks = [group for group in groups.values() if len(group) >= LIST_FROM]
         tasks += [[cid] for group in groups.values() if len(group) < LIST_FROM for cid in group]
-        present = run_parallel(self._present, tasks, self.tier.workers)
-        return set().union(*tasks) - set().union(*present)
+        found: dict[str, str] = {}
+        for present in run_parallel(self._present, tasks, self.tier.workers):
+            found.update(present)
+        return found
 
-    def _present(self, group: list[str]) -> set[str]:
-        """Which of `group` (sorted ids sharing their first digit) the bucket holds."""
+    def _present(self, group: list[str]) -> dict[str, str]:
+        """{id: ETag} of those of `group` (sorted ids sharing their first digit) the bucket holds."""
         if len(group) < LIST_FROM:
-            return {cid for cid in group if self.tier._head(self.object(cid)) is not None}
+            heads = {cid: self.tier._head(self.object(cid)) for cid in group}
+            return {cid: _etag(head) for cid, head in heads.items() if head is not None}
         first, last = self.object(group[0]), self.object(group[-1])
         listed = self.tier._walk(self.tier._path(CHUNKS_DIR, group[0][0]), after=first[:-1], through=last)
-        return set(group) & {item["Key"].rsplit("/", 1)[-1] for item in listed}
+        wanted = set(group)
+        return {cid: _etag(item) for item in listed if (cid := item["Key"].rsplit("/", 1)[-1]) in wanted}
+
+    def replace(self, cid: str, raw: bytes) -> str:
+        """Overwrite the chunk object of `cid` with `raw` (checked against the id first): the
+        repair of one found missing or damaged, where a conditional PUT would keep what is there.
+        Its new ETag."""
+        if chunk_id(raw) != cid:
+            raise ChunkError(f"{self.tier.url(self.object(cid))}: the bytes to store do not hash to its name")
+        path = self.object(cid)
+        from botocore.exceptions import ClientError
+
+        try:
+            response = self.tier._call(self.tier.url(path), "put_object", Key=path, Body=compress(raw),
+                                       ChecksumAlgorithm="CRC32", ContentType="application/zstd")
+        except ClientError as exc:
+            raise self.tier._error(self.tier.url(path), exc) from None
+        return _etag(response)
 
     def index_objects(self) -> list[str]:
         """Every artifact's chunk index object in the tier."""
@@ -236,6 +267,15 @@ class ChunkStore:
             raw = None
             raise ChunkError(f"{what}: corrupt: its bytes do not hash to its name")
         return raw, wire
+
+    def problem(self, cid: str, length: int) -> str | None:
+        """None when the chunk `cid` (of `length` raw bytes) is in the bucket and hashes to its
+        id; else what is wrong with it, naming its object (one GET, as a fetch makes)."""
+        try:
+            self.fetch(cid, length)
+        except ChunkError as exc:
+            return str(exc)
+        return None
 
 
 def _bound(length: int) -> int:

@@ -31,8 +31,9 @@ from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.lookup import first_intact, local_key
 from efabuild.store.record import ArtifactRecord
-from efabuild.store.chunks import ChunkIndex
+from efabuild.store.chunks import ChunkError, ChunkIndex
 from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
+from efabuild.store.tierhealth import Checks
 from efabuild.store.transfer import DamagedCopy, Vet, send, transfer, verified_copy
 
 
@@ -41,12 +42,9 @@ class Listing(NamedTuple):
     tiers: tuple[str, ...]  # tier names holding it, in store order
 
 
-class Store:
+class Store(Checks):
     def __init__(
-        self,
-        fs_tiers: list[FilesystemTier],
-        s3: S3Config | None = None,
-        *,
+        self, fs_tiers: list[FilesystemTier], s3: S3Config | None = None, *,
         keep: int = DEFAULT_KEEP,
         pins: tuple[str, ...] = (),
         show_progress: bool = True,
@@ -65,6 +63,7 @@ class Store:
         self._chunk_grace = self._s3_options.pop("chunk_grace", None)
         self._s3 = None
         self._damaged: dict[str, set[str]] = {}  # key -> tiers whose copy failed verification
+        self._s3_health: dict = {}  # key -> health.S3Health of its last check
         self.skipped: dict[str, str] = {}  # tier name -> why this store leaves it out
 
     # ---- construction
@@ -133,11 +132,14 @@ class Store:
         return ", ".join(parts)
 
     # ---- presence
-    def where(self, key: str, *, remote: bool = True) -> tuple[str, ...]:
-        """Names of the tiers holding `key` committed (S3 asked only when `remote`)."""
+    def where(self, key: str, *, remote: bool = True, checked: bool = False) -> tuple[str, ...]:
+        """Names of the tiers holding `key` committed (S3 asked only when `remote`). `checked`
+        (a make's plan): a filesystem copy must also have its record's size (a stat), and S3's
+        chunks must all be there as written (store/health.py's quick check); a copy that fails is
+        named in a warning and left for `complete` to repair."""
         check_key(key)
-        names = tuple(tier.name for tier in self.fs_tiers if tier.has(key))
-        if remote and self.s3 is not None and self.s3.has(key):
+        names = tuple(tier.name for tier in self.fs_tiers if tier.has(key) and (not checked or self._sized(tier, key)))
+        if remote and self.s3 is not None and self.s3.has(key) and (not checked or self._s3_sound(key)):
             names += (S3_TIER,)
         return names
 
@@ -152,6 +154,9 @@ class Store:
         return any(name != S3_TIER for name in where) or (S3_TIER in where and self._chunked_on_s3(key))
 
     def _chunked_on_s3(self, key: str) -> bool:  # a GET: a fetch that follows finds the index in memo
+        checked = self._s3_health.get(key)
+        if checked is not None and checked.index is not None:
+            return True  # the plan's check read the index just now
         return self.s3.sidecar(key, INDEX_SUFFIX) is not None
 
     def complete(self, key: str) -> dict[str, str] | None:
@@ -166,24 +171,29 @@ class Store:
                 holders and self._chunked_on_s3(key)):
             return None  # only S3 has it, whole: exporting again costs no more than the download
         lacking = [tier for tier in self._tiers(remote=True) if tier not in holders]
-        for source in holders:
+        known_bad = self._damaged.get(key, set())
+        for source in [t for t in holders if t.name not in known_bad]:  # a stat or S3's check found the others bad
+            reached = False
             try:
                 with verified_copy(key, source, self.local_tier) as copy:
-                    damaged = self._damaged.get(key, set())
+                    reached, damaged = True, self._damaged.get(key, set())
                     results = {t.name: REUSED for t in holders if t.name not in damaged}
                     for target in lacking + [t for t in holders if t.name in damaged]:
                         results[target.name] = self._send(copy, target)
                     self._record_names(copy.record.name, key, self._tiers(remote=True))  # as publish does
                     return results
-            except DamagedCopy as exc:
-                notices.warn(f"{exc}; not copied from there")
-                self._damaged.setdefault(key, set()).add(source.name)
+            except (DamagedCopy, ChunkError) as exc:
+                if not isinstance(exc, DamagedCopy) and (reached or source is not self.s3):
+                    raise  # a chunk failing on its way out, not in the source
+                self._source_failed(key, source.name, exc)
         return None
 
     def _send(self, copy, target) -> str:  # noqa: ANN001 - a transfer.Copy, a tier
         """One verified copy onto one tier, replacing a copy found damaged there."""
         damaged = self._damaged.get(copy.key, set())
         repairing = target.name in damaged
+        if repairing and target.name == S3_TIER and self._repaired_chunks(copy, target):
+            return REPAIRED
         if repairing and target.name == S3_TIER:
             target.delete(copy.key)  # S3 keeps the first object written under a key: make room
         outcome = send(copy, target, show_progress=self.show_progress)
@@ -262,15 +272,14 @@ class Store:
             raise NotFound(f"no artifact {what} in {asked}")
         return key
 
-    def lookup(self, ref: str, fetch: bool = True, verify: bool = False, vet: Vet | None = None) -> Path:
-        """The .sqsh's path on a tier whose copy is intact (by a stat), else fetched from S3 over a damaged one."""
+    def lookup(self, ref: str, fetch: bool = True, verify: bool = False, vet: Vet | None = None,
+               deep: bool = False, check_s3: bool = False) -> Path:
+        """The .sqsh on a tier whose copy is intact by a stat, else fetched from S3 (`verify`: see verify)."""
         key = self.resolve(ref, remote=fetch)
         hit, damaged = first_intact([tier.layout for tier in self.fs_tiers], key)
         if hit is not None:
             if verify:
-                problems = [str(exc) for tier, exc in self.verify(key, remote=False) if exc is not None]
-                if problems:
-                    raise EfabuildError("; ".join(problems))
+                self.check_copies(key, remote=fetch and check_s3, deep=deep)
             return hit[0].sqsh_path(key)
         try:
             if self.s3_settings is None:
@@ -281,26 +290,14 @@ class Store:
             path = self.fetch(key, vet=vet)  # a fetch always verifies
         except NotFound as exc:  # what is wrong with a copy here says more than where it is not
             raise (damaged[0] if damaged else exc) from None
+        if verify:  # its chunks taken from seeds say nothing of the bucket's
+            self.check_copies(key, remote=check_s3, deep=deep)
         kind, value = classify_ref(ref)
         if kind == "name":  # the next lookup finds the object here; S3 still says which key
             s3_history = self.s3.read_refs(value)
             when = s3_history[-1]["time"] if s3_history and s3_history[-1]["key"] == key else None
             self.fetch_tier.append_ref(value, key, when=when, via=S3_TIER)
         return path
-
-    def verify(self, key: str, *, remote: bool = True) -> list[tuple[str, DamagedCopy | None]]:
-        """Every tier's copy of `key` re-hashed against its record: [(tier, None or what is wrong)].
-        An S3 copy is verified by downloading it into the local tier's tmp/ (removed after)."""
-        found = []
-        for tier in self._tiers(remote):
-            if not tier.has(key):
-                continue
-            try:
-                with verified_copy(key, tier, self.local_tier):
-                    found.append((tier.name, None))
-            except DamagedCopy as exc:
-                found.append((tier.name, exc))
-        return found
 
     def local_hit(self, key: str) -> tuple[FilesystemTier, Path] | None:
         """The first filesystem tier whose copy of `key` is intact by a stat, and its path."""

@@ -156,17 +156,18 @@ def scenario(ctx: Context) -> Result:
         what=f"user layer, one file changed, {human_bytes(size)} image (S3 loopback)",
         checks=(
             Check("publish: bytes sent", 100 * sent.bytes / size, 1.0, "lower", unit="%",
-                  efabuild=human_bytes(sent.bytes), baseline=human_bytes(size)),
+                  efabuild=human_bytes(sent.bytes), baseline=human_bytes(size), full_size_only=True),
             Check("publish: time vs whole object", median(ours_publish) / median(whole_publish), 0.1, "lower",
-                  efabuild=f"{median(ours_publish):.2f} s", baseline=f"{median(whole_publish):.2f} s (whole object)"),
+                  efabuild=f"{median(ours_publish):.2f} s", baseline=f"{median(whole_publish):.2f} s (whole object)",
+                  full_size_only=True),
             Check("fetch: bytes downloaded", 100 * got.bytes / size, 1.0, "lower", unit="%",
-                  efabuild=human_bytes(got.bytes), baseline=human_bytes(size)),
+                  efabuild=human_bytes(got.bytes), baseline=human_bytes(size), full_size_only=True),
             Check("fetch: time vs whole object", ours_fetch / whole_fetch, 0.2, "lower",
-                  efabuild=f"{ours_fetch:.2f} s", baseline=f"{whole_fetch:.2f} s (whole object)"),
+                  efabuild=f"{ours_fetch:.2f} s", baseline=f"{whole_fetch:.2f} s (whole object)", full_size_only=True),
             *_xfs_checks(on_xfs),
-            Check("user bytes in EFA's chunks", 100 * shared_with_efa, 95.0, "higher", unit="%"),
+            Check("user bytes in EFA's chunks", 100 * shared_with_efa, 95.0, "higher", unit="%", full_size_only=True),
             Check(f"S3 bytes for {VERSIONS} versions ÷ one", five / size, 1.2, "lower", unit="×",
-                  efabuild=human_bytes(five), baseline=human_bytes(size)),
+                  efabuild=human_bytes(five), baseline=human_bytes(size), full_size_only=True),
             Check("ls: time vs listing the records", median(listed.ls) / median(listed.records), 3.0, "lower",
                   efabuild=f"{median(listed.ls):.2f} s, {listed.ls_requests} requests",
                   baseline=f"{median(listed.records):.2f} s, {listed.records_requests} requests (records alone)"),
@@ -246,7 +247,8 @@ def _xfs_checks(on_xfs) -> list[Check]:  # noqa: ANN001
         return []
     seeded, whole, cloned = on_xfs
     return [Check("fetch onto XFS (reflink): time vs whole object", seeded / whole, 0.2, "lower",
-                  efabuild=f"{seeded:.2f} s ({human_bytes(cloned)} cloned)", baseline=f"{whole:.2f} s (whole object)")]
+                  efabuild=f"{seeded:.2f} s ({human_bytes(cloned)} cloned)", baseline=f"{whole:.2f} s (whole object)",
+                  full_size_only=True)]
 
 
 @dataclass(frozen=True)

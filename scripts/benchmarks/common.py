@@ -19,6 +19,7 @@ import attrs
 MiB = 1 << 20
 GiB = 1 << 30
 REPO_ROOT = Path(__file__).resolve().parents[2]
+NOT_AT_THIS_SIZE = "n/a at this size"  # a full-size target measured with --quick
 
 
 @attrs.frozen
@@ -117,10 +118,22 @@ class Check:
     unit: str = "×"  # how value and target print: "×" (ratio), "%" or "" (a plain number)
     efabuild: str = ""  # what efabuild measured, printed
     baseline: str = ""  # what the baseline measured, printed
+    # the target holds only on full-size data: a --quick image is so small that one changed chunk
+    # is percents of it, and fixed costs outweigh the transfer
+    full_size_only: bool = False
 
     @property
     def met(self) -> bool:
         return self.value >= self.target if self.better == "higher" else self.value <= self.target
+
+    def applies(self, quick: bool) -> bool:
+        return not (quick and self.full_size_only)
+
+    def verdict(self, quick: bool) -> str:
+        """What the table's "met" column says."""
+        if not self.applies(quick):
+            return NOT_AT_THIS_SIZE
+        return "yes" if self.met else "NO"
 
     def shown(self, number: float) -> str:
         if math.isnan(number):
@@ -135,10 +148,11 @@ class Check:
     def target_text(self) -> str:
         return ("≥ " if self.better == "higher" else "≤ ") + self.shown(self.target)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, quick: bool = False) -> dict[str, Any]:
         value = None if math.isnan(self.value) else round(self.value, 4)  # JSON has no NaN
         return {"name": self.name, "value": value, "target": self.target,
                 "better": self.better, "unit": self.unit, "met": self.met,
+                "full_size_only": self.full_size_only, "applies": self.applies(quick),
                 "efabuild": self.efabuild, "baseline": self.baseline}
 
 
@@ -153,11 +167,11 @@ class Result:
     error: str | None = None
     seconds: float = 0.0  # wall time of the whole scenario, set-up included
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, quick: bool = False) -> dict[str, Any]:
         return {
             "id": self.id, "what": self.what, "error": self.error, "seconds": round(self.seconds, 2),
-            "met": None if self.error else all(c.met for c in self.checks),
-            "checks": [c.to_json() for c in self.checks],
+            "met": None if self.error else all(c.met for c in self.checks if c.applies(quick)),
+            "checks": [c.to_json(quick) for c in self.checks],
             "timings": [t.to_json() for t in self.timings],
             "figures": self.figures, "notes": list(self.notes),
         }

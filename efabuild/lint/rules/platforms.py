@@ -52,6 +52,7 @@ def foreign_triplet_directory(facts: LayerFacts) -> Iterator[Finding]:
     foreign = [t for t in elf.TRIPLETS if t != own]
     for env in facts.evaluated.envs:
         entries = [e.rstrip("/") for e in env.value.split(":")]
+        present = set(entries)  # a value of thousands of entries: each twin looked up at once
         inherited = set(facts.env_before.get(env.name, "").split(":"))
         for entry in entries:
             if entry in inherited or not entry.startswith("/"):
@@ -61,7 +62,7 @@ def foreign_triplet_directory(facts: LayerFacts) -> Iterator[Finding]:
                 if other not in parts:
                     continue
                 twin = "/".join(own if p == other else p for p in parts)
-                if twin in entries:
+                if twin in present:
                     continue  # both machines' directories: the portable form
                 yield at(facts, "EFA021", env.line,
                          f"{env.name} names {entry} ({other}) but not {twin}: this layer builds "
