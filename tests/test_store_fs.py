@@ -285,3 +285,23 @@ def test_an_atomic_write_reaches_the_disk_before_its_rename(tmp_path, monkeypatc
     fsutil.atomic_write_bytes(target, b'{"key": "new"}', tmp_path / "store" / "tmp")
     assert target.read_bytes() == b'{"key": "new"}'
     assert calls == [("fsync", b'{"key": "new"}'), ("rename", None), ("fsync", "dir")]
+
+
+def test_a_copy_swapped_for_a_fifo_after_its_stat_is_damaged_not_a_hang(tmp_path, monkeypatch):
+    """The check stats the file, then reads it: a co-tenant who swaps the .sqsh for a FIFO in
+    between held the hash (and with it a lookup --verify or a job's start) until someone wrote to
+    the FIFO. The swap is staged by answering the stat for the file that was there."""
+    from efabuild.store import transfer
+    from efabuild.store.record import ArtifactRecord
+    from tests.fifos import without_blocking_on
+
+    real = tmp_path / "real.sqsh"
+    real.write_bytes(b"squashfs bytes")
+    record = ArtifactRecord.for_file("a" * 64, "demo:user", real, file_digest(real))
+    planted = tmp_path / "planted.sqsh"
+    os.mkfifo(planted)
+    real_lstat = Path.lstat
+    monkeypatch.setattr(Path, "lstat", lambda self: real_lstat(real) if self == planted else real_lstat(self))
+    with pytest.raises(transfer.DamagedCopy, match="not a regular file"):
+        without_blocking_on(planted, lambda: transfer.check_file("shared", planted, record))
+    transfer.check_file("shared", real, record)  # the file itself is intact

@@ -73,22 +73,30 @@ def pinned_path(fd: int) -> Path:
 
 
 def check_file(tier: str, path: Path, record: ArtifactRecord) -> None:
-    """DamagedCopy unless `path` has the size and blake3 digest its record says (size first)."""
+    """DamagedCopy unless `path` has the size and blake3 digest its record says (size first). The
+    file is opened once, never through a link nor waiting on a FIFO, and that open file is hashed:
+    one swapped for a FIFO between the stat and the read would hold the check (and a job's start)."""
     try:
         info = path.lstat()  # a link planted in a store is not an artifact, whatever it points at
     except OSError as exc:
         raise DamagedCopy(tier, str(path), f"cannot read it ({exc.strerror})") from None
     if not stat.S_ISREG(info.st_mode):
         raise DamagedCopy(tier, str(path), "not a regular file")
-    size = info.st_size
-    if size != record.size:
-        raise DamagedCopy(tier, str(path), f"{size} bytes, its record says {record.size}")
+    if info.st_size != record.size:
+        raise DamagedCopy(tier, str(path), f"{info.st_size} bytes, its record says {record.size}")
     try:
-        actual = file_digest(path)
-    except OSError as exc:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:  # ELOOP: a link put there since the stat
         raise DamagedCopy(tier, str(path), f"cannot read it ({exc.strerror})") from None
-    if actual != record.digest:
-        raise DamagedCopy(tier, str(path), f"digest {actual}, its record says {record.digest}")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DamagedCopy(tier, str(path), "not a regular file")
+        try:
+            _check_open(tier, path, fd, record)
+        except OSError as exc:
+            raise DamagedCopy(tier, str(path), f"cannot read it ({exc.strerror})") from None
+    finally:
+        os.close(fd)
 
 
 def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord) -> None:
