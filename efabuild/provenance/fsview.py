@@ -15,7 +15,7 @@ import re
 import stat
 import subprocess
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from fnmatch import fnmatchcase
 from pathlib import Path
 
@@ -371,7 +371,9 @@ def _cat_head(path: str, image: Path, size: int) -> bytes | None:
 def _cat(paths: list[str], image: Path) -> bytes:
     """The files at `paths`, one after the other (a short stream when one cannot be read)."""
     out = []
-    for batch in _batches(paths):
+    # command lines the kernel accepts (1024 real paths of 3 KB are over ARG_MAX, failing the whole
+    # command): a path costs its bytes, its NUL and its pointer
+    for batch in grouped(paths, lambda path: len(os.fsencode(path)) + 9, _MAX_ARG_BYTES):
         try:
             proc = children.run(["unsquashfs", "-no-wildcards", "-cat", str(image), *batch], capture_output=True,
                                 env={**os.environ, "LC_ALL": "C"})
@@ -385,15 +387,14 @@ def _cat(paths: list[str], image: Path) -> bytes:
     return b"".join(out)
 
 
-def _batches(paths: list[str]) -> Iterator[list[str]]:
-    """`paths` cut into command lines the kernel accepts: an image's 1024 real paths of 3 KB each
-    (deep directories, links to them) are over ARG_MAX, which fails the whole command."""
-    batch, size = [], 0
-    for path in paths:
-        cost = len(os.fsencode(path)) + 9  # the string, its NUL and its pointer
-        if batch and size + cost > _MAX_ARG_BYTES:
-            yield batch
-            batch, size = [], 0
-        batch.append(path)
-        size += cost
-    yield from [batch] if batch else []
+def grouped(items: list[str], cost: Callable[[str], int], budget: int) -> Iterator[list[str]]:
+    """`items` in order, in groups whose costs add up to at most `budget` (a costlier item alone)."""
+    group, size = [], 0
+    for item in items:
+        spent = cost(item)
+        if group and size + spent > budget:
+            yield group
+            group, size = [], 0
+        group.append(item)
+        size += spent
+    yield from [group] if group else []

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 
 from efabuild.provenance import dpkg, elf, ldpath, versions
 from efabuild.provenance.fsread import MAX_LIB_SCAN, defines, dist_info_dirs, first_existing, metadata_version
-from efabuild.provenance.fsview import FsView
+from efabuild.provenance.fsview import FsView, grouped
 from efabuild.provenance.measured import Component, Copy, Hit, LibDir
 
 
@@ -71,16 +71,11 @@ def _library_copies(
 
 def _by_size(fs: FsView, paths: list[str], budget: int) -> Iterator[list[str]]:
     """`paths` in groups of at most `budget` bytes together (a bigger file alone), in order."""
-    group, size = [], 0
-    for path in paths:
+    def size(path: str) -> int:
         found = fs.entry(path)
-        cost = found.size if found is not None else 0
-        if group and size + cost > budget:
-            yield group
-            group, size = [], 0
-        group.append(path)
-        size += cost
-    yield from [group] if group else []
+        return found.size if found is not None else 0
+
+    return grouped(paths, size, budget)
 
 
 def _owner_versions(fs: FsView, packages: dict[str, dpkg.Package], names: Iterable[str]) -> dict[str, dpkg.Package]:
