@@ -225,6 +225,7 @@ def test_streamed_export_is_byte_identical_to_docker_export(farm_context, regist
     and with docker create | docker export from an engine that has it."""
     from efabuild.engine.build import BuildRequest, build_layer
     from efabuild.engine.client import connect
+    from efabuild.export.remote import export_remote
     from efabuild.make.farm import Farm
     from efabuild.export.squash import export_image
     from efabuild.settings import BuilderSettings, ExportSettings, RegistrySettings
@@ -249,8 +250,8 @@ def test_streamed_export_is_byte_identical_to_docker_export(farm_context, regist
     try:
         options = ExportSettings()
         chunking = (64 * 1024, 256 * 1024, 1024 * 1024)  # a chunked S3 tier's: the digest pass cuts the index too
-        streamed = farm.export(node, ref, tmp_path / "streamed.sqsh", options=options, epoch=315532800,
-                               platform="linux/amd64", chunking=chunking)
+        streamed = export_remote(node, ref, tmp_path / "streamed.sqsh", options=options, epoch=315532800,
+                                 platform="linux/amd64", chunking=chunking)
         exported = export_image(name, tmp_path / "exported.sqsh", options=options, epoch=315532800,
                                 engine=connect(BuilderSettings(host=second_engine)))
         assert streamed.time_clamp == exported.time_clamp is not None

@@ -1,0 +1,214 @@
+"""Incremental export in `make`: the ancestor rule, where the layer diffs come from (the engine's
+overlay2 directories), and the full export's reasons, shown and recorded."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from efabuild.export import incremental
+from efabuild.export.layerdiff import LayerSourceUnavailable, layer_tar, overlay_dirs, stream_layers
+from tests.test_make import demo_ws, efabuild, mini_ngc, plan  # noqa: F401 - the demo fixtures, shared
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _entries(data: bytes) -> dict[str, tuple]:
+    """name -> (type, mode, uid, gid, size, link, sha256 of the body) of an uncompressed tar."""
+    found = {}
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for m in tar:
+            body = tar.extractfile(m).read() if m.isreg() else b""
+            found[m.name.lstrip("./").rstrip("/")] = (m.type, m.mode & 0o7777, m.uid, m.gid, m.size, m.linkname,
+                                                   hashlib.sha256(body).hexdigest())
+    return found
+
+
+# ---- the overlay2 directory as a layer tar (no engine) -------------------------------------------
+
+@pytest.fixture
+def diff_dir(tmp_path: Path) -> Path:
+    """A layer directory as overlay2 keeps one: a whiteout, an opaque directory, links out."""
+    if os.geteuid() != 0:
+        pytest.skip("overlay whiteouts (char devices 0:0) and trusted.* xattrs need root, as dockerd does")
+    root = tmp_path / "diff"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "conf").write_text("new\n")
+    os.link(root / "etc" / "conf", root / "etc" / "conf.hard")
+    os.mknod(root / "etc" / "gone", 0o600 | 0o020000, os.makedev(0, 0))  # overlay's whiteout
+    (root / "opt" / "fresh").mkdir(parents=True)
+    (root / "opt" / "fresh" / "only").write_text("x")
+    os.setxattr(root / "opt" / "fresh", "trusted.overlay.opaque", b"y")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("never in a layer")
+    (root / "escape").symlink_to(outside)  # a directory link: an entry, never walked into
+    (root / "passwd").symlink_to("/etc/passwd")
+    os.mkfifo(root / "pipe")  # listed, never opened: a FIFO would hang a reader
+    return root
+
+
+def test_an_overlay_dir_becomes_an_oci_layer_tar_with_whiteouts_and_links_as_entries(diff_dir: Path):
+    out = io.BytesIO()
+    written = layer_tar(str(diff_dir), out)
+    entries = _entries(out.getvalue())
+    assert written == len(out.getvalue())
+    assert entries["etc/.wh.gone"][0] == tarfile.REGTYPE and "etc/gone" not in entries
+    assert entries["opt/fresh/.wh..wh..opq"][0] == tarfile.REGTYPE and "opt/.wh..wh..opq" not in entries
+    assert entries["opt/fresh/only"][4] == 1
+    assert entries["etc/conf.hard"][:1] == (tarfile.LNKTYPE,) and entries["etc/conf.hard"][5] == "etc/conf"
+    assert entries["escape"][0] == tarfile.SYMTYPE and entries["escape"][5] == str(diff_dir.parent / "outside")
+    assert entries["passwd"][5] == "/etc/passwd"
+    assert not any(name.startswith("escape/") for name in entries)  # the link's target was not read
+    assert entries["pipe"][0] == tarfile.FIFOTYPE
+    # names sorted: the same directory gives the same bytes
+    again = io.BytesIO()
+    layer_tar(str(diff_dir), again)
+    assert again.getvalue() == out.getvalue()
+
+
+def test_layer_streams_fill_through_pipes_and_name_a_directory_that_vanished(diff_dir: Path, tmp_path: Path):
+    good, gone = stream_layers([str(diff_dir), str(tmp_path / "no-such-layer")])
+    assert "etc/conf" in _entries(good.read())
+    assert gone.read() == b"" and "no-such-layer" in gone.errors_seen[0]
+    good.close(), gone.close()
+
+
+def test_a_file_shorter_than_its_stat_fails_the_layer_rather_than_padding_it():
+    from efabuild.errors import EfabuildError
+    from efabuild.export.layerdiff import _Bounded
+
+    header = tarfile.TarInfo("etc/conf")
+    header.size = 10  # what the stat said; the file now holds 3 bytes
+    with tarfile.open(fileobj=io.BytesIO(), mode="w|") as tar:
+        with pytest.raises(EfabuildError, match="etc/conf: shorter than its size"):
+            tar.addfile(header, _Bounded(io.BytesIO(b"abc"), 10, "etc/conf"))
+    grown = _Bounded(io.BytesIO(b"abcdef"), 3, "etc/conf")  # one that grew is cut at the stat's size
+    assert grown.read(100) == b"abc" and grown.read(100) == b""
+
+
+def test_another_storage_driver_or_too_few_directories_is_a_reason_not_a_guess():
+    with pytest.raises(LayerSourceUnavailable, match="storage driver is vfs, not overlay2"):
+        overlay_dirs({"Name": "vfs", "Data": {}}, 1)
+    with pytest.raises(LayerSourceUnavailable, match="lists 3 layer directories, 4 needed"):
+        overlay_dirs({"Name": "overlay2", "Data": {"UpperDir": "/u", "LowerDir": "/l1:/l2"}}, 4)
+    assert overlay_dirs({"Name": "overlay2", "Data": {"UpperDir": "/u", "LowerDir": "/l1:/l2"}}, 2) == ["/l1", "/u"]
+
+
+# ---- on the engine: the demo graph, made, then a one-file change in the user layer ---------------
+
+needs_writer = pytest.mark.skipif(incremental.write_incremental is None,
+                                  reason="this efabuild has no incremental writer (efabuild/export/squashfs)")
+
+
+def _record(root: Path, name: str) -> dict:
+    sqsh = Path(efabuild(root, "lookup", name, check=True).stdout.strip())
+    return json.loads(sqsh.with_suffix(".json").read_text())
+
+
+def _change_one_file(root: Path) -> None:
+    with (root / "app" / "train.py").open("a") as f:
+        f.write(f"\n# {uuid.uuid4().hex}\n")
+
+
+def _export_line(proc: subprocess.CompletedProcess, name: str) -> str:
+    return next((line for line in (proc.stdout + proc.stderr).splitlines() if name in line and "export: " in line),
+                "")
+
+
+def test_the_layer_diffs_read_from_overlay2_are_the_engines_own_layer_tars(demo_ws, tmp_path):
+    """The user image's layers above the efa image's, read from the engine's directories, hold
+    exactly the entries `docker save` gives for the same layers."""
+    from efabuild.engine.client import connect
+    from efabuild.engine.images import layer_facts
+    from efabuild.settings import BuilderSettings
+
+    efabuild(demo_ws, "make", "demo", check=True)
+    keys = {name: entry["key"] for name, entry in plan(demo_ws).items()}
+    user, efa = f"efabuild/user:{keys['demo:user']}", f"efabuild/efa:{keys['demo:efa']}"
+    engine = connect(BuilderSettings())
+    (driver, layers), (_, below) = layer_facts(engine, user), layer_facts(engine, efa)
+    assert layers[:len(below)] == below and len(layers) > len(below)
+    ours = [_entries(stream.read()) for stream in stream_layers(overlay_dirs(driver, len(layers) - len(below)))]
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    subprocess.run(["docker", "save", "-o", str(saved / "image.tar"), user], check=True)
+    with tarfile.open(saved / "image.tar") as tar:
+        manifest = json.loads(tar.extractfile("manifest.json").read())
+        theirs = [_entries(tar.extractfile(name).read()) for name in manifest[0]["Layers"][len(below):]]
+    assert ours == theirs
+    assert any("workspace/app/train.py" in entries for entries in ours)
+
+
+def test_a_one_file_change_is_exported_from_the_ancestor_artifact_or_says_why_not(demo_ws, tmp_path):
+    efabuild(demo_ws, "make", "demo", check=True)
+    efa = _record(demo_ws, "demo:efa")
+    assert efa["export"]["incremental"] == {"full": "no artifact layer below it"}
+    _change_one_file(demo_ws)
+    again = efabuild(demo_ws, "make", "demo", check=True)
+    made = _record(demo_ws, "demo:user")["export"]["incremental"]
+    shown = efabuild(demo_ws, "show", "demo:user", check=True).stdout
+    if incremental.write_incremental is None:
+        assert made == {"full": "this efabuild has no incremental writer"}
+        assert "export: full (this efabuild has no incremental writer)" in _export_line(again, "demo:user")
+        assert "whole: this efabuild has no incremental writer" in shown
+        return
+    assert made["ancestor"] == efa["key"] and made["ancestor_digest"] == efa["digest"]
+    assert f"export: incremental from {efa['key'][:12]}" in _export_line(again, "demo:user")
+    assert f"from ancestor {efa['key']}" in shown
+    _same_as_a_full_export(demo_ws, tmp_path)
+    efabuild(demo_ws, "make", "--check", "demo:user", check=True)
+
+
+def _same_as_a_full_export(root: Path, tmp_path: Path) -> None:
+    from efabuild.engine.client import connect
+    from efabuild.export.squash import export_image
+    from efabuild.make.run import SOURCE_DATE_EPOCH
+    from efabuild.settings import BuilderSettings, ExportSettings
+
+    key = plan(root)["demo:user"]["key"]
+    child = Path(efabuild(root, "lookup", "demo:user", check=True).stdout.strip())
+    whole = export_image(f"efabuild/user:{key}", tmp_path / "whole.sqsh", options=ExportSettings(),
+                         engine=connect(BuilderSettings()), epoch=SOURCE_DATE_EPOCH).path
+    listings = [subprocess.run(["unsquashfs", "-lln", "-d", "", str(p)], capture_output=True, text=True,
+                               check=True).stdout for p in (child, whole)]
+    assert listings[0] == listings[1]
+    trees = []
+    for n, sqsh in enumerate((child, whole)):
+        subprocess.run(["unsquashfs", "-q", "-n", "-d", str(tmp_path / f"tree{n}"), str(sqsh)], check=True)
+        trees.append({str(p.relative_to(tmp_path / f"tree{n}")): p.read_bytes()
+                      for p in (tmp_path / f"tree{n}").rglob("*") if p.is_file() and not p.is_symlink()})
+    assert trees[0] == trees[1]
+
+
+def test_a_damaged_ancestor_copy_is_never_built_on(demo_ws):
+    efabuild(demo_ws, "make", "demo", check=True)
+    efa = Path(efabuild(demo_ws, "lookup", "demo:efa", check=True).stdout.strip())
+    with efa.open("r+b") as f:  # same size, other bytes: only the digest tells
+        f.seek(efa.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    _change_one_file(demo_ws)
+    again = efabuild(demo_ws, "make", "demo:user", check=True)
+    made = _record(demo_ws, "demo:user")["export"]["incremental"]
+    assert made["full"].startswith("ancestor copy damaged:") and str(efa) in made["full"]
+    assert "export: full (ancestor copy damaged:" in _export_line(again, "demo:user")
+
+
+def test_a_workdir_that_re_dates_a_path_the_ancestor_has_is_a_full_export_with_the_reason(demo_ws):
+    efabuild(demo_ws, "make", "demo", check=True)
+    graph = demo_ws / "graphs" / "demo.toml"
+    graph.write_text(graph.read_text().replace("WORKDIR /workspace", "WORKDIR /opt"))
+    again = efabuild(demo_ws, "make", "demo", check=True)
+    reason = "WORKDIR or VOLUME re-date /opt, which the ancestor has"
+    assert _record(demo_ws, "demo:user")["export"]["incremental"] == {"full": reason}
+    assert f"export: full ({reason})" in _export_line(again, "demo:user")
