@@ -212,3 +212,30 @@ def test_a_workdir_that_re_dates_a_path_the_ancestor_has_is_a_full_export_with_t
     reason = "WORKDIR or VOLUME re-date /opt, which the ancestor has"
     assert _record(demo_ws, "demo:user")["export"]["incremental"] == {"full": reason}
     assert f"export: full ({reason})" in _export_line(again, "demo:user")
+
+
+def test_publishing_the_changed_child_to_the_chunked_tier_sends_a_small_share_of_it(demo_ws, moto_server, s3_bucket,
+                                                                                  s3_client):
+    """An image of the size chunks are made for: the fixture's efa layer with 64 MiB of libraries."""
+    with (demo_ws / "BUILD.toml").open("a") as f:
+        f.write(f'[store.s3]\nbucket = "{s3_bucket}"\nprefix = "images/"\nendpoint_url = "{moto_server}"\n')
+    graph = demo_ws / "graphs" / "demo.toml"
+    anchor = "ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:${LD_LIBRARY_PATH}\n"
+    graph.write_text(graph.read_text().replace(
+        anchor, anchor + "RUN dd if=/dev/urandom of=/opt/amazon/libpayload.so bs=1M count=64 2>/dev/null\n", 1))
+    efabuild(demo_ws, "make", "demo", check=True)
+
+    def stored() -> dict[str, int]:
+        pages = s3_client.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket, Prefix="images/")
+        return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", [])}
+
+    before = stored()
+    _change_one_file(demo_ws)
+    efabuild(demo_ws, "make", "demo", check=True)
+    child = _record(demo_ws, "demo:user")
+    sent = {key: size for key, size in stored().items() if key not in before}
+    chunks = sum(size for key, size in sent.items() if "/chunks/" in key)
+    assert any(key.endswith(f"{child['key']}.chunks.json") for key in sent)
+    assert 0 < chunks < 0.10 * child["size"], (chunks, child["size"])
+    if incremental.write_incremental is not None:
+        assert "ancestor" in child["export"]["incremental"], child["export"]["incremental"]
