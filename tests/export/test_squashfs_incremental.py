@@ -270,3 +270,111 @@ def test_random_layers_give_what_a_full_export_of_the_merged_tree_gives(seed: in
     incremental(base, layers, tmp_path / "all.sqsh", max_dead_share=1.0)
     assert_same(tmp_path / "all.sqsh", full, tmp_path, f"seed {seed}: all layers at once")
     assert_same(chain, full, tmp_path, f"seed {seed}: one child per layer")
+
+
+# ---------------------------------------------------------------- chains, options, readers
+
+
+def chain_case(tmp_path: Path, options: ExportSettings = ExportSettings(), extra: tuple[str, ...] = (),
+               seed: int = 7) -> tuple[Path, Path, Path]:
+    """ancestor (full) → child (incremental) → grandchild (incremental), and the grandchild's full export."""
+    trees = Trees(seed, 131072)
+    tree = trees.base()
+    for _ in range(40):
+        trees.add(tree)
+    base = full_export(tree_tar(tree), tmp_path / "base.sqsh", PLAN_A, options, extra)
+    child_tree, opaque = trees.change(tree)
+    child = tmp_path / "child.sqsh"
+    write_incremental(base, [io.BytesIO(layer_between(tree, child_tree, opaque))], child, plan=PLAN_B,
+                      max_dead_share=1.0)
+    grand_tree, opaque = trees.change(child_tree)
+    grand = tmp_path / "grandchild.sqsh"
+    result = write_incremental(child, [io.BytesIO(layer_between(child_tree, grand_tree, opaque))], grand,
+                               plan=PLAN_B, max_dead_share=1.0)
+    assert not result.full_needed, result.reason
+    return base, grand, full_export(tree_tar(grand_tree), tmp_path / "full.sqsh", PLAN_B, options, extra)
+
+
+@pytest.mark.parametrize(("options", "extra"), [
+    (ExportSettings(), ()),
+    (ExportSettings(compression="gzip", compress_data=True), ()),
+    (ExportSettings(compression="xz", compress_data=True), ()),
+    (ExportSettings(compression="zstd", compress_data=True), ()),
+    (ExportSettings(), ("-no-fragments",)),
+    (ExportSettings(), ("-always-use-fragments", "-noF")),
+    (ExportSettings(compression="gzip"), ("-noI", "-no-exports")),
+], ids=["lzo-noD", "gzip", "xz", "zstd", "no-fragments", "always-fragments-noF", "noI-no-exports"])
+def test_a_grandchild_of_an_incremental_child_equals_its_full_export(options, extra, tmp_path: Path) -> None:
+    base, grand, full = chain_case(tmp_path, options, extra)
+    assert_same(grand, full, tmp_path)
+    info = subprocess.run(["unsquashfs", "-s", str(grand)], capture_output=True, text=True, check=True).stdout
+    assert f"Compression {options.compression}" in info
+    assert info.splitlines()[1:4] != []
+
+
+def test_the_child_starts_with_the_ancestors_blocks_byte_for_byte(tmp_path: Path) -> None:
+    base, grand, _full = chain_case(tmp_path)
+    start = int.from_bytes(base.read_bytes()[64:72], "little")  # the ancestor's inode table start
+    assert grand.read_bytes()[96:start] == base.read_bytes()[96:start]
+
+
+def test_a_directory_of_thousands_of_entries_lists_as_in_a_full_export(tmp_path: Path) -> None:
+    """Over 64 KiB of listing: an extended directory inode, several directory headers."""
+    tree = {"etc": Item("d"), "big": Item("d", 0o755)}
+    tree.update({f"big/{'n' * 40}{i:05d}": Item("f", data=b"%d" % i, inode=i) for i in range(2500)})
+    base = full_export(tree_tar(tree), tmp_path / "base.sqsh", PLAN_A)
+    new = dict(tree)
+    new.update({f"big/{'m' * 60}{i:05d}": Item("f", data=b"new %d" % i, inode=10**6 + i) for i in range(1500)})
+    del new[f"big/{'n' * 40}00007"]
+    incremental(base, [layer_between(tree, new)], tmp_path / "inc.sqsh")
+    assert_same(tmp_path / "inc.sqsh", full_export(tree_tar(new), tmp_path / "full.sqsh", PLAN_B), tmp_path)
+
+
+def test_two_runs_write_the_same_bytes(tmp_path: Path) -> None:
+    trees = Trees(3, 4096)
+    tree = trees.base()
+    base = full_export(tree_tar(tree), tmp_path / "base.sqsh", PLAN_A, extra=("-b", "4096"))
+    new, opaque = trees.change(tree)
+    layer = layer_between(tree, new, opaque)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    first = incremental(base, [layer], tmp_path / "one" / "child.sqsh")
+    second = incremental(base, [layer], tmp_path / "two" / "other-name.sqsh")
+    assert (tmp_path / "one" / "child.sqsh").read_bytes() == (tmp_path / "two" / "other-name.sqsh").read_bytes()
+    assert first.size == second.size == (tmp_path / "one" / "child.sqsh").stat().st_size
+    assert first.reused_bytes + first.new_bytes == first.size
+    assert sorted(os.listdir(tmp_path / "one")) == ["child.sqsh"]  # no temp file left
+
+
+def test_squashfuse_and_the_kernel_read_an_incremental_child(tmp_path: Path) -> None:
+    from tests.test_squashfuse import _fuse_missing, hard_links, squashfuse_mounted, tree
+
+    _base, grand, full = chain_case(tmp_path)
+    if _fuse_missing() is None:  # as a job starts from it: squashfuse, and squashfuse_ll for inode numbers
+        views = []
+        for sqsh in (grand, full):
+            with squashfuse_mounted(sqsh, tmp_path / "fuse") as point:
+                seen = tree(point)
+            with squashfuse_mounted(sqsh, tmp_path / "fuse_ll", "squashfuse_ll") as point:
+                views.append((seen, hard_links(point)))
+        assert views[0] == views[1]
+        assert views[0][1]  # the case has hard links
+    point = tmp_path / "mnt"
+    point.mkdir()
+    mounted = subprocess.run(["mount", "-o", "loop,ro", "-t", "squashfs", str(grand), str(point)],
+                             capture_output=True, text=True, timeout=60)
+    if mounted.returncode != 0:
+        pytest.skip(f"no kernel loop mount here: {mounted.stderr.strip()}")
+    try:
+        seen = sorted(os.path.relpath(os.path.join(top, name), point)
+                      for top, dirs, files in os.walk(point) for name in dirs + files)
+        for rel in seen:
+            full_path = point / rel
+            if full_path.is_file() and not full_path.is_symlink():
+                full_path.read_bytes()  # every block and fragment decodes in the kernel
+    finally:
+        subprocess.run(["umount", str(point)], check=True, timeout=60)
+    listed = [line.split(" squashfs-root/", 1)[1].partition(" -> ")[0] for line in lln(full).splitlines()[1:]]
+    assert seen == sorted(listed)
+    if _fuse_missing() is not None:
+        pytest.skip(f"squashfuse: {_fuse_missing()}")

@@ -3,8 +3,7 @@
 Every inode type mksquashfs writes, basic and extended. The child's inodes are written anew
 (only their blocks are the ancestor's), the basic form wherever it can hold the inode, as
 mksquashfs chooses: an extended file for more than 4 GiB, a start past 4 GiB, sparse blocks or
-hard links; an extended directory for a listing over 64 KiB (without a name index: readers then
-scan it, which they must do for a directory of less than one metadata block anyway).
+hard links; an extended directory, with its name index, for a listing over 8 KiB or 64 KiB.
 """
 
 from __future__ import annotations
@@ -96,17 +95,19 @@ def _decode_file(region: Region, pos: int, node: Node, number: int, extended: bo
     return Decoded(node, number, nlink)
 
 
-def encode(node: Node, number: int, nlink: int, parent: int = 0,
-           listing: tuple[int, int, int] = (0, 0, 3)) -> bytes:
-    """The inode of `node` as inode `number`, owned by id 0 (root, `-all-root`)."""
+def encode(node: Node, number: int, nlink: int, parent: int = 0, listing: tuple[int, int, int] = (0, 0, 3),
+           index: list[tuple[int, int, bytes]] = ()) -> bytes:  # type: ignore[assignment]
+    """The inode of `node` as inode `number`, owned by id 0 (root, `-all-root`); a directory's
+    `index`: (offset in its listing, directory table block, first name) of each indexed header."""
     kind = node.kind
     if kind == DIR:
         start, offset, size = listing
-        if size <= 0xFFFF:
+        if size <= 0xFFFF and not index:
             return _HEADER.pack(DIR, node.mode, 0, 0, node.mtime, number) + \
                 _BASIC_DIR.pack(start, nlink, size, offset, parent)
+        entries = b"".join(struct.pack("<III", pos, block, len(name) - 1) + name for pos, block, name in index)
         return _HEADER.pack(DIR + 7, node.mode, 0, 0, node.mtime, number) + \
-            _EXT_DIR.pack(nlink, size, start, parent, 0, offset, NO_XATTR)
+            _EXT_DIR.pack(nlink, size, start, parent, len(index), offset, NO_XATTR) + entries
     if kind == FILE:
         if node.blocks_start < 1 << 32 and node.size < 1 << 32 and nlink == 1 and not node.sparse:
             body = _BASIC_FILE.pack(node.blocks_start, node.fragment, node.fragment_offset, node.size)

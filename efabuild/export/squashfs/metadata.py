@@ -105,18 +105,27 @@ class Writer:
         self.codec = codec
         self.out = bytearray()  # the finished blocks, on-disk form
         self.pending = bytearray()
+        self.starts: list[int] = []  # where each finished block begins in `out`
+        self.written = 0  # bytes written, uncompressed
 
     def ref(self) -> tuple[int, int]:
         """(block offset from the table's start, offset in that block) of the next byte."""
         return len(self.out), len(self.pending)
 
+    def block_of(self, position: int) -> int:
+        """The block offset (from the table's start) of uncompressed byte `position` so far."""
+        k = position // BLOCK
+        return self.starts[k] if k < len(self.starts) else len(self.out)
+
     def write(self, data: bytes) -> None:
+        self.written += len(data)
         self.pending += data
         while len(self.pending) >= BLOCK:
             self._emit(bytes(self.pending[:BLOCK]))
             del self.pending[:BLOCK]
 
     def _emit(self, block: bytes) -> None:
+        self.starts.append(len(self.out))
         packed = self.codec.compress(block) if self.codec is not None else None
         if packed is None:
             self.out += struct.pack("<H", len(block) | UNCOMPRESSED) + block

@@ -52,30 +52,31 @@ def _order(root: Node) -> tuple[list[Node], dict[int, int], dict[int, int], dict
     return order, numbers, links, parents
 
 
-def _listing(directory: Node, refs: dict[int, int], numbers: dict[int, int]) -> bytes:
-    """The directory's entries: runs of at most 256 whose inodes share a metadata block."""
+def _listing(directory: Node, refs: dict[int, int], numbers: dict[int, int]) -> tuple[bytes, list[tuple[int, bytes]]]:
+    """The directory's entries and its name index, split as mksquashfs splits them: a new header
+    for every 256 entries, a change of inode block or an inode number out of 16-bit reach, and
+    where the listing passes 8 KiB since the last index point (which is then indexed)."""
     out = bytearray()
-    run: list[tuple[bytes, Node]] = []
-    base = block = 0
-
-    def close() -> None:
-        if run:
-            out.extend(_DIR_HEADER.pack(len(run) - 1, block, base))
-            for name, node in run:
-                ref = refs[id(node)]
-                out.extend(_DIR_ENTRY.pack(ref & 0xFFFF, numbers[id(node)] - base, node.kind, len(name) - 1))
-                out.extend(name)
-            run.clear()
-
+    index: list[tuple[int, bytes]] = []  # (offset of the header in the listing, its first name)
+    header_at: int | None = None
+    count, base, block, indexed = 256, 0, 0, 0
     for name in sorted(directory.children or {}):
         node = directory.children[name]  # type: ignore[index]
         ref, number = refs[id(node)], numbers[id(node)]
-        if not run or len(run) == 256 or ref >> 16 != block or not -32768 <= number - base <= 32767:
-            close()
-            base, block = number, ref >> 16
-        run.append((name, node))
-    close()
-    return bytes(out)
+        passes = header_at is not None and len(out) + 8 + len(name) - indexed > metadata.BLOCK
+        if count == 256 or ref >> 16 != block or passes or not -32768 <= number - base <= 32767:
+            if header_at is not None:
+                if passes:
+                    index.append((len(out), name))
+                    indexed = len(out)
+                out[header_at : header_at + 12] = _DIR_HEADER.pack(count - 1, block, base)
+            header_at, count, base, block = len(out), 0, number, ref >> 16
+            out += bytes(12)
+        out += _DIR_ENTRY.pack(ref & 0xFFFF, number - base, node.kind, len(name) - 1) + name
+        count += 1
+    if header_at is not None:
+        out[header_at : header_at + 12] = _DIR_HEADER.pack(count - 1, block, base)
+    return bytes(out), index
 
 
 @attrs.frozen
@@ -97,11 +98,14 @@ def write_tables(f: BinaryIO, at: int, root: Node, ancestor: Superblock, codec: 
     count = len(order)
     for node in order:
         if node.kind == DIR:
-            listing = _listing(node, refs, numbers)
+            listing, names = _listing(node, refs, numbers)
             block, offset = dirs.ref()
+            listed_at = dirs.written
             dirs.write(listing)
+            index = [(pos, dirs.block_of(listed_at + pos), name) for pos, name in names]
             parent = numbers[parents[id(node)]] if id(node) in parents else count + 1
-            raw = encode(node, numbers[id(node)], links.get(id(node), 2), parent, (block, offset, len(listing) + 3))
+            raw = encode(node, numbers[id(node)], links.get(id(node), 2), parent, (block, offset, len(listing) + 3),
+                         index)
         else:
             raw = encode(node, numbers[id(node)], links[id(node)])
         block, offset = inodes.ref()
