@@ -104,8 +104,11 @@ def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path
     streams = stream_layers(dirs)
     tmp = out.parent / f"{out.name}.{os.urandom(4).hex()}.tmp"
     try:
-        written = write_incremental(ancestor.sqsh, streams, tmp, plan=plan,
-                                    progress=(lambda n: progress(n, None)) if progress else None)
+        try:
+            written = write_incremental(ancestor.sqsh, streams, tmp, plan=plan,
+                                        progress=(lambda n: progress(n, None)) if progress else None)
+        except EfabuildError as exc:  # a layer it refuses: a full export reads the image afresh
+            return f"the incremental writer refused it: {exc}"
         problems = [p for s in streams for p in s.errors_seen]
         if problems:
             return f"a layer directory could not be read: {problems[0]}"

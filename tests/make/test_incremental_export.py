@@ -17,6 +17,7 @@ import pytest
 from efabuild.export import incremental
 from efabuild.export.layerdiff import LayerSourceUnavailable, layer_tar, overlay_dirs, stream_layers
 from tests.test_make import demo_ws, efabuild, mini_ngc, plan  # noqa: F401 - the demo fixtures, shared
+from tests.test_reproducible import registry_base  # noqa: F401 - the fixture base both engines pull
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -239,3 +240,32 @@ def test_publishing_the_changed_child_to_the_chunked_tier_sends_a_small_share_of
     assert 0 < chunks < 0.10 * child["size"], (chunks, child["size"])
     if incremental.write_incremental is not None:
         assert "ancestor" in child["export"]["incremental"], child["export"]["incremental"]
+
+
+@needs_writer
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_engines_write_byte_identical_incremental_children(registry_base, second_engine, tmp_path):
+    from tests.test_reproducible import demo_workspace
+
+    run_id = uuid.uuid4().hex[:12]
+    sides = {"here": (), "there": ("--builder", second_engine)}
+    roots = {side: demo_workspace(tmp_path / side, registry_base, run_id) for side in sides}
+    line = f"\n# the same change on both sides {run_id}\n"
+    keys = set()
+    try:
+        for side, builder in sides.items():
+            efabuild(roots[side], "make", *builder, "demo", check=True)
+            with (roots[side] / "app" / "train.py").open("a") as f:
+                f.write(line)
+            efabuild(roots[side], "make", *builder, "demo", check=True)
+            keys |= {(name, entry["key"]) for name, entry in plan(roots[side], *builder).items()}
+        children = [Path(efabuild(roots[side], "lookup", "demo:user", check=True).stdout.strip()) for side in sides]
+        made = [json.loads(child.with_suffix(".json").read_text())["export"]["incremental"] for child in children]
+        assert made[0] == made[1] and "ancestor" in made[0], made
+        assert children[0].read_bytes() == children[1].read_bytes()
+    finally:
+        tags = [f"efabuild/{name.split(':')[1]}:{key}" for name, key in keys]
+        for host in (None, second_engine):
+            subprocess.run(["docker", *(["--host", host] if host else []), "image", "rm", "-f", *tags],
+                           capture_output=True)
