@@ -178,7 +178,11 @@ def _image_to_mounted(ctx: Context, scratch: Path, engine, tags: dict, keys: dic
         client.create_bucket(Bucket=bucket)
         settings = S3Config(bucket=bucket, prefix="incr/", endpoint_url=server.endpoint, region="us-east-1")
         builder = Store([FilesystemTier(scratch / "builder", "local")], settings, show_progress=False)
-        previous = export_image(tags["user1"], scratch / "user1.sqsh", options=options, engine=engine)
+        # the previous version as make left it: written from the same ancestor when it can be
+        previous = export_incremental(engine, tags["user1"], ancestor, scratch / "user1.sqsh", options=options,
+                                      epoch=0, recorded=export_record(efa, options, 0))
+        if isinstance(previous, str):
+            previous = export_image(tags["user1"], scratch / "user1.sqsh", options=options, engine=engine)
         for key, path in ((keys["efa"], efa.path), (keys["user1"], previous.path)):
             builder.publish(key, path, record(key, path), index=chunk_file(path))
         node = Store([FilesystemTier(scratch / "node", "shared")], settings, show_progress=False)
