@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import sys
 import tarfile
 import threading
 from collections.abc import Sequence
@@ -85,6 +86,8 @@ def _fill(diff_dir: str, write_fd: int, errors: list[str]) -> None:
             pass  # the reader stopped: it knows why
         except (OSError, EfabuildError) as exc:
             errors.append(f"{diff_dir}: {exc}")
+        except RecursionError:  # a build may nest directories deeper than the walk goes
+            errors.append(f"{diff_dir}: directories nested deeper than {sys.getrecursionlimit()} levels")
 
 
 class _Counting(io.RawIOBase):

@@ -83,6 +83,22 @@ def test_layer_streams_fill_through_pipes_and_name_a_directory_that_vanished(dif
     good.close(), gone.close()
 
 
+def test_directories_nested_past_the_walks_depth_end_the_stream_with_a_reason_not_a_traceback(tmp_path, capfd):
+    root = tmp_path / "deep"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1500):  # deeper than PATH_MAX allows by name: made one openat at a time
+        os.mkdir("d", dir_fd=fd)
+        fd, parent = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+        os.close(parent)
+    os.close(fd)
+    (stream,) = stream_layers([str(root)])
+    stream.read()
+    stream.close()
+    assert "nested deeper than" in stream.errors_seen[0] or "Too many open files" in stream.errors_seen[0]
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_a_file_shorter_than_its_stat_fails_the_layer_rather_than_padding_it():
     from efabuild.errors import EfabuildError
     from efabuild.export.layerdiff import _Bounded
