@@ -108,10 +108,12 @@ def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path
             written = write_incremental(ancestor.sqsh, streams, tmp, plan=plan,
                                         progress=(lambda n: progress(n, None)) if progress else None)
         except EfabuildError as exc:  # a layer it refuses: a full export reads the image afresh
-            return f"the incremental writer refused it: {exc}"
-        problems = [p for s in streams for p in s.errors_seen]
+            written = exc
+        problems = [p for s in streams for p in s.errors_seen]  # a cut stream is what the writer saw
         if problems:
             return f"a layer directory could not be read: {problems[0]}"
+        if isinstance(written, EfabuildError):
+            return f"the incremental writer refused it: {written}"
         if written.full_needed:
             return written.reason
         job = ExportJob(image, out, opts, plan, None, started, chunking, cfg.labels)
