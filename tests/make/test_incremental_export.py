@@ -7,7 +7,9 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
+import sys
 import tarfile
 import uuid
 from pathlib import Path
@@ -16,8 +18,8 @@ import pytest
 
 from efabuild.export import incremental
 from efabuild.export.layerdiff import LayerSourceUnavailable, layer_tar, overlay_dirs, stream_layers
-from tests.test_make import demo_ws, efabuild, mini_ngc, plan  # noqa: F401 - the demo fixtures, shared
-from tests.test_reproducible import registry_base  # noqa: F401 - the fixture base both engines pull
+from efabuild.make.fixtures import build_fixtures
+from tests.wsfactory import demo_on_base
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -120,7 +122,76 @@ def test_another_storage_driver_or_too_few_directories_is_a_reason_not_a_guess()
     assert overlay_dirs({"Name": "overlay2", "Data": {"UpperDir": "/u", "LowerDir": "/l1:/l2"}}, 2) == ["/l1", "/u"]
 
 
+# ---- the rules that decide a full export (no engine) ---------------------------------------------
+
+def test_only_a_re_dated_path_the_ancestor_has_or_another_recorded_option_stops_an_incremental_export(tmp_path):
+    from efabuild.export.incremental import _present, packing_difference
+
+    tree = tmp_path / "tree"
+    (tree / "opt" / "x").mkdir(parents=True)
+    (tree / "opt" / "x" / "f").write_text("a")
+    sqsh = tmp_path / "ancestor.sqsh"
+    subprocess.run(["mksquashfs", str(tree), str(sqsh), "-noappend", "-quiet", "-no-progress"], check=True)
+    # a WORKDIR the child's layer makes is no reason; one the ancestor has is, at any depth
+    assert _present(sqsh, {"workspace", "op", "opt/x/g"}) == []
+    assert _present(sqsh, {"workspace", "opt", "opt/x"}) == ["opt", "opt/x"]
+    recorded = {"mksquashfs": ["-tar"], "compression": "lzo", "compress_data": False, "epoch": 315532800,
+                "enroot_format": "4.1.2", "rc_labels": "keyed", "time_clamp": 1}
+    assert packing_difference(recorded, {**recorded, "incremental": {"full": "x"}}) is None
+    assert packing_difference(recorded, {**recorded, "time_clamp": None}) == "time_clamp"
+    assert packing_difference({k: v for k, v in recorded.items() if k != "rc_labels"}, recorded) == "rc_labels"
+
+
 # ---- on the engine: the demo graph, made, then a one-file change in the user layer ---------------
+
+@pytest.fixture(scope="module")
+def mini_ngc(docker_engine) -> None:
+    build_fixtures()
+
+
+@pytest.fixture
+def demo_ws(tmp_path, mini_ngc):
+    """The shipped demo graph with a run-unique build arg, so its keys are new to the engine."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    shutil.copytree(REPO / "app", root / "app")
+    (root / "graphs").mkdir()
+    text = (REPO / "graphs" / "demo.toml").read_text().replace(
+        'args = { EFA_INSTALLER_VERSION = "1.50.0" }',
+        f'args = {{ EFA_INSTALLER_VERSION = "1.50.0", TEST_RUN = "{uuid.uuid4().hex[:12]}" }}')
+    (root / "graphs" / "demo.toml").write_text(text)
+    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
+    yield root
+    keys = set()  # every key this workspace built, as its build records list them
+    for path in (root / "cache" / "builds" / "layers").rglob("*.json") if (root / "cache").exists() else []:
+        keys |= {entry["key"] for entry in json.loads(path.read_text())["builds"]}
+    tags = subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "efabuild/*"],
+                          capture_output=True, text=True).stdout.split()
+    doomed = [t for t in tags if t.rsplit(":", 1)[-1] in keys]
+    if doomed:
+        subprocess.run(["docker", "image", "rm", "-f", *doomed], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def registry_base(pinned_fixture_base, second_engine) -> str:
+    """The fixture base from the loopback registry, pulled by both engines: the same keys on each."""
+    for host in (None, second_engine):
+        subprocess.run(["docker", *(["--host", host] if host else []), "image", "pull", pinned_fixture_base],
+                       capture_output=True, check=True)
+    return pinned_fixture_base
+
+
+def efabuild(root: Path, *args: str, check: bool = False) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), *args], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
+    if check:
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+    return proc
+
+
+def plan(root: Path, *args: str) -> dict[str, dict]:
+    data = json.loads(efabuild(root, "plan", "--json", *args, check=True).stdout)
+    return {layer["name"]: layer for layer in data["layers"]}
 
 needs_writer = pytest.mark.skipif(incremental.write_incremental is None,
                                   reason="this efabuild has no incremental writer (efabuild/export/squashfs)")
@@ -262,11 +333,11 @@ def test_publishing_the_changed_child_to_the_chunked_tier_sends_a_small_share_of
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_engines_write_byte_identical_incremental_children(registry_base, second_engine, tmp_path):
-    from tests.test_reproducible import demo_workspace
-
     run_id = uuid.uuid4().hex[:12]
     sides = {"here": (), "there": ("--builder", second_engine)}
-    roots = {side: demo_workspace(tmp_path / side, registry_base, run_id) for side in sides}
+    ref, digest = registry_base.split("@")
+    roots = {side: demo_on_base(tmp_path / side, f"{ref}:26.08-py3", digest, run_id,
+                                '[workspace]\ngraphs = ["graphs/*.toml"]\n') for side in sides}
     line = f"\n# the same change on both sides {run_id}\n"
     keys = set()
     try:
