@@ -102,7 +102,7 @@ def _write(parent: Ancestor, layers: Sequence[BinaryIO], f: BinaryIO, out: Path,
         applier.finish()
     except Unsupported as exc:
         return IncrementalResult(out, full_needed=True, reason=str(exc))
-    tables = write_tables(f, data.pos, parent.root, parent.sb, parent.codec, fragments)
+    write_tables(f, data.pos, parent.root, parent.sb, parent.codec, fragments)
     size = f.seek(0, os.SEEK_END)
     return IncrementalResult(out, size=size, reused_bytes=prefix, new_bytes=size - prefix,
                              dead_bytes=dead_bytes(parent, parent.root), files_written=data.files)
