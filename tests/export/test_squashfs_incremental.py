@@ -413,6 +413,18 @@ def test_a_small_change_keeps_the_ancestors_bytes_and_counts_no_dead_ones(tmp_pa
     assert result.new_bytes < 16384
 
 
+def test_an_ancestor_exported_with_other_times_is_left_to_a_full_export(tmp_path: Path) -> None:
+    """Its unchanged files carry the old plan's clamp and pinned times, which a layer diff does not redo."""
+    _tree, base = small_base(tmp_path)
+    layer = tar_entries([("etc/x", "f", 0o644, T0, b"x")])
+    other_clamp = RewritePlan.for_config(ImageConfig(working_dir="/workspace"), epoch=T0, clamp=CLAMP + 1)
+    other_workdir = RewritePlan.for_config(ImageConfig(working_dir="/srv/app"), epoch=T0, clamp=CLAMP)
+    for plan, why in ((other_clamp, "clamped"), (other_workdir, "pinned")):
+        result = write_incremental(base, [io.BytesIO(layer)], tmp_path / "c.sqsh", plan=plan, ancestor_plan=PLAN_A)
+        assert result.full_needed and why in result.reason and not (tmp_path / "c.sqsh").exists()
+    assert not incremental(base, [layer], tmp_path / "c.sqsh", ancestor_plan=PLAN_A).full_needed
+
+
 @pytest.mark.parametrize("case", ["xattrs", "owners", "epoch", "lz4", "sparse"])
 def test_inputs_it_does_not_handle_are_left_to_a_full_export(case: str, tmp_path: Path) -> None:
     tree = {"etc": Item("d"), "etc/passwd": Item("f", data=b"root\n", inode=1)}
