@@ -20,6 +20,7 @@ from typing import BinaryIO
 import attrs
 
 from efabuild.errors import InputError
+from efabuild.export.squashfs.aliases import stale_alias
 from efabuild.export.squashfs.apply import Applier
 from efabuild.export.squashfs.data import DataWriter
 from efabuild.export.squashfs.layertar import LayerReader
@@ -120,6 +121,9 @@ def _write(parent: Ancestor, layers: Sequence[BinaryIO], f: BinaryIO, out: Path,
         applier.finish()
     except Unsupported as exc:
         return IncrementalResult(out, full_needed=True, reason=str(exc))
+    alias = stale_alias(parent, parent.root, applier.before, applier.written)
+    if alias:
+        return IncrementalResult(out, full_needed=True, reason=alias)
     write_tables(f, data.pos, parent.root, parent.sb, parent.codec, fragments)
     size = f.seek(0, os.SEEK_END)
     return IncrementalResult(out, size=size, reused_bytes=prefix, new_bytes=size - prefix,
