@@ -145,7 +145,10 @@ class Trees:
     def data(self) -> bytes:
         b = self.block
         size = self.rng.choice([0, 1, 100, 3000, b - 1, b, b + 1, 2 * b + 7, 3 * b, self.rng.randrange(1, 3 * b)])
-        return self.rng.randbytes(size) if self.rng.random() < 0.7 else bytes([self.rng.randrange(256)]) * size
+        roll = self.rng.random()
+        if roll < 0.1:
+            return bytes(size)  # zero blocks: mksquashfs stores them as sparse blocks
+        return self.rng.randbytes(size) if roll < 0.7 else bytes([self.rng.randrange(256)]) * size
 
     def file(self, **kw) -> Item:
         self.inode += 1
@@ -354,6 +357,34 @@ def test_a_directory_of_thousands_of_entries_lists_as_in_a_full_export(tmp_path:
     del new[f"big/{'n' * 40}00007"]
     incremental(base, [layer_between(tree, new)], tmp_path / "inc.sqsh")
     assert_same(tmp_path / "inc.sqsh", full_export(tree_tar(new), tmp_path / "full.sqsh", PLAN_B), tmp_path)
+    # a lookup by name goes through the directory's index in the kernel
+    point = tmp_path / "mnt"
+    point.mkdir()
+    mounted = subprocess.run(["mount", "-o", "loop,ro", "-t", "squashfs", str(tmp_path / "inc.sqsh"), str(point)],
+                             capture_output=True, text=True, timeout=60)
+    if mounted.returncode != 0:
+        pytest.skip(f"no kernel loop mount here: {mounted.stderr.strip()}")
+    try:
+        for name, item in sorted(new.items())[::97] + sorted(new.items())[-3:]:
+            if name.startswith("big/"):
+                assert (point / name).read_bytes() == item.data, name
+        assert not (point / "big" / f"{'n' * 40}00007").exists()
+        assert not (point / "big" / f"{'m' * 60}99999").exists()
+    finally:
+        subprocess.run(["umount", str(point)], check=True, timeout=60)
+
+
+def test_with_the_init_layer_a_layers_etc_hosts_stays_the_containers(tmp_path: Path) -> None:
+    """A build's rootfs (init_layer): the filter puts the container's /etc/hosts & co. over the image's."""
+    plan_a = RewritePlan.for_config(ImageConfig(env=("A=1",)), epoch=T0, init_layer=True)
+    plan_b = RewritePlan.for_config(ImageConfig(env=("A=2",)), epoch=T0, init_layer=True)
+    tree = {"etc": Item("d", 0o755), "etc/hosts": Item("f", data=b"image's\n", inode=1), "opt": Item("d", 0o755)}
+    base = full_export(tree_tar(tree), tmp_path / "base.sqsh", plan_a)
+    new = dict(tree, **{"etc/hosts": Item("f", data=b"a layer's\n", inode=2), "opt/x": Item("f", data=b"x", inode=3),
+                        "etc/hostname": Item("f", data=b"node\n", inode=4)})
+    incremental(base, [layer_between(tree, new)], tmp_path / "inc.sqsh", plan=plan_b)
+    assert_same(tmp_path / "inc.sqsh", full_export(tree_tar(new), tmp_path / "full.sqsh", plan_b), tmp_path)
+    assert "squashfs-root/dev\n" in lln(tmp_path / "inc.sqsh")
 
 
 def test_hard_links_to_symlinks_fifos_and_devices_and_symlink_modes_as_in_a_full_export(tmp_path: Path) -> None:
@@ -678,8 +709,11 @@ class Layer(io.RawIOBase):
         if self.tail is None:
             self.tail = bytes(-SIZE % 512 + 1024)
         n = min(len(buf), len(self.tail)); buf[:n] = self.tail[:n]; self.tail = self.tail[n:]; return n
-r = write_incremental(Path({str(base)!r}), [io.BufferedReader(Layer())], Path({str(out)!r}), plan=PLAN_B)
+seen = []
+r = write_incremental(Path({str(base)!r}), [io.BufferedReader(Layer())], Path({str(out)!r}), plan=PLAN_B,
+                      progress=seen.append)
 assert not r.full_needed, r
+assert len(seen) >= 15 and seen == sorted(seen) and seen[-1] >= 1 << 30, seen
 peak = [l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]
 print(int(peak) // 1024)
 """
