@@ -89,8 +89,10 @@ def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path
         ancestor_cfg, _, _ = export_facts(engine, ancestor.tag, False)
     except NotFound:
         return f"the engine has no ancestor image {ancestor.tag}"
+    # as the ancestor was exported (its clamp is the child's, checked above with the options)
+    ancestor_plan = RewritePlan.for_config(ancestor_cfg, epoch=epoch, clamp=clamp)
     try:
-        redated = _present(ancestor.sqsh, RewritePlan.for_config(ancestor_cfg, epoch=epoch).pinned ^ plan.pinned)
+        redated = _present(ancestor.sqsh, ancestor_plan.pinned ^ plan.pinned)
     except (EfabuildError, subprocess.TimeoutExpired) as exc:
         return f"cannot list the ancestor's entries: {exc}"
     if redated:
@@ -105,7 +107,7 @@ def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path
     tmp = out.parent / f"{out.name}.{os.urandom(4).hex()}.tmp"
     try:
         try:
-            written = write_incremental(ancestor.sqsh, streams, tmp, plan=plan,
+            written = write_incremental(ancestor.sqsh, streams, tmp, plan=plan, ancestor_plan=ancestor_plan,
                                         progress=(lambda n: progress(n, None)) if progress else None)
         except EfabuildError as exc:  # a layer it refuses: a full export reads the image afresh
             written = exc

@@ -30,6 +30,10 @@ class Applier:
     def __init__(self, root: Node, plan: RewritePlan, data: DataWriter) -> None:
         self.root, self.plan, self.data = root, plan, data
         self.aliases: dict[str, tuple[Node, str]] = {}  # hard links to a written file: its text goes there too
+        # the ancestor's written files, and the child's (text, mode) of each: see aliases.py
+        self.before = {path: node for path, _ in plan.files for node in [self.lookup(tuple(path.split("/")))]
+                       if node is not None and node.kind == FILE}
+        self.written: dict[str, tuple[bytes, int]] = {}
         self.touched: set[tuple[str, ...]] = set()
 
     # -- the tree
@@ -97,8 +101,8 @@ class Applier:
         mtime = int(plan.mtime(path, entry.mtime))
         if not 0 <= mtime <= MAX_TIME:
             raise InputError(f"entry {path!r} has a time squashfs cannot hold ({mtime})", where)
-        if entry.typeflag == b"2":
-            self._put(parts, Node(SYMLINK, entry.mode, mtime, target=_enc(entry.link)), where)
+        if entry.typeflag == b"2":  # mksquashfs gives every symlink 0777, whatever the tar says
+            self._put(parts, Node(SYMLINK, 0o777, mtime, target=_enc(entry.link)), where)
             return
         mode = fixed_mode(entry.mode, is_dir=entry.typeflag == b"5", depth=len(parts))
         if entry.typeflag == b"0":
@@ -173,6 +177,7 @@ class Applier:
             old = self.lookup(parts)
             mode = old.mode if old is not None and old.kind == FILE else WRITTEN_MODE
             data = text.encode("utf-8", "surrogateescape")
+            self.written[path] = (data, mode)
             self._put(parts, self.data.add_bytes(data, mode, plan.epoch), path)
             for alias, (placeholder, target) in sorted(self.aliases.items()):
                 if target == path and self.lookup(tuple(alias.split("/"))) is placeholder:

@@ -15,7 +15,7 @@ from typing import BinaryIO
 from efabuild.export.squashfs import superblock as sb
 from efabuild.export.squashfs.codec import Codec
 from efabuild.export.squashfs.reader import UNCOMPRESSED_BLOCK
-from efabuild.export.squashfs.tree import FILE, NO_FRAGMENT, Node
+from efabuild.export.squashfs.tree import FILE, Node
 
 
 class DataWriter:

@@ -20,6 +20,7 @@ from typing import BinaryIO
 import attrs
 
 from efabuild.errors import InputError
+from efabuild.export.squashfs.aliases import stale_alias
 from efabuild.export.squashfs.apply import Applier
 from efabuild.export.squashfs.data import DataWriter
 from efabuild.export.squashfs.layertar import LayerReader
@@ -51,10 +52,14 @@ class IncrementalResult:
 
 def write_incremental(ancestor: Path, layers: Sequence[BinaryIO], out: Path, *, plan: RewritePlan,
                       max_dead_share: float = DEFAULT_MAX_DEAD_SHARE,
-                      progress: Callable[[int], None] | None = None) -> IncrementalResult:
+                      progress: Callable[[int], None] | None = None,
+                      ancestor_plan: RewritePlan | None = None) -> IncrementalResult:
     """Write `out` from `ancestor` (a `.sqsh` the export wrote, in full or by this function) and
     the uncompressed layer tar streams `layers` (oldest first) as a full export of the child with
     `plan` would, reusing the ancestor's blocks; `progress(layer bytes read)` now and then.
+    `ancestor_plan`, the plan the ancestor was exported with, lets it check that the ancestor's
+    unchanged entries got the times the child's would (the same clamp, no path pinned that the
+    child does not pin); without it they are taken as the same.
 
     Returns `full_needed` (and writes nothing) for inputs this writer does not handle and when the
     dead share would pass `max_dead_share`; raises InputError for a corrupt ancestor or layer."""
@@ -63,9 +68,9 @@ def write_incremental(ancestor: Path, layers: Sequence[BinaryIO], out: Path, *, 
         parent = read_ancestor(Path(ancestor))
     except Unsupported as exc:
         return IncrementalResult(out, full_needed=True, reason=f"the ancestor {ancestor}: {exc}")
-    if parent.sb.mkfs_time != plan.epoch:
-        return IncrementalResult(out, full_needed=True, reason=f"the ancestor was exported with epoch "
-                                 f"{parent.sb.mkfs_time}, the child's is {plan.epoch}")
+    problem = _other_times(parent.sb.mkfs_time, plan, ancestor_plan)
+    if problem:
+        return IncrementalResult(out, full_needed=True, reason=problem)
     tmp = out.parent / f"{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         with open(tmp, "w+b") as f:
@@ -85,6 +90,20 @@ def write_incremental(ancestor: Path, layers: Sequence[BinaryIO], out: Path, *, 
         tmp.unlink(missing_ok=True)
 
 
+def _other_times(mkfs_time: int, plan: RewritePlan, ancestor_plan: RewritePlan | None) -> str:
+    """Why the ancestor's entries may carry other times than the child's export gives them."""
+    if mkfs_time != plan.epoch:
+        return f"the ancestor was exported with epoch {mkfs_time}, the child's is {plan.epoch}"
+    if ancestor_plan is None:
+        return ""
+    if ancestor_plan.clamp != plan.clamp:
+        return f"the ancestor's times were clamped to {ancestor_plan.clamp}, the child's are to {plan.clamp}"
+    unpinned = sorted(ancestor_plan.pinned - plan.pinned)
+    if unpinned:
+        return f"the ancestor pinned the time of {unpinned[0]!r}, the child does not (another working directory?)"
+    return ""
+
+
 def _write(parent: Ancestor, layers: Sequence[BinaryIO], f: BinaryIO, out: Path, plan: RewritePlan,
            progress: Callable[[int], None] | None) -> IncrementalResult:
     prefix = parent.data_end
@@ -102,7 +121,10 @@ def _write(parent: Ancestor, layers: Sequence[BinaryIO], f: BinaryIO, out: Path,
         applier.finish()
     except Unsupported as exc:
         return IncrementalResult(out, full_needed=True, reason=str(exc))
-    tables = write_tables(f, data.pos, parent.root, parent.sb, parent.codec, fragments)
+    alias = stale_alias(parent, parent.root, applier.before, applier.written)
+    if alias:
+        return IncrementalResult(out, full_needed=True, reason=alias)
+    write_tables(f, data.pos, parent.root, parent.sb, parent.codec, fragments)
     size = f.seek(0, os.SEEK_END)
     return IncrementalResult(out, size=size, reused_bytes=prefix, new_bytes=size - prefix,
                              dead_bytes=dead_bytes(parent, parent.root), files_written=data.files)

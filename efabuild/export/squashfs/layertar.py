@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 import attrs
 
-from efabuild.errors import InputError
+from efabuild.errors import EfabuildError, InputError
 from efabuild.export.squashfs.tree import Unsupported
 from efabuild.export.tarfilter import norm_path
 from efabuild.export.tarheader import BLOCK, checksum, has_body, number, padded, parse_pax, ustar_linkname, ustar_name
@@ -23,6 +23,10 @@ MAX_LONG_NAME = 64 << 10
 MAX_NAME = 256  # squashfs' longest name, as mksquashfs refuses longer ones
 _KNOWN = frozenset(bytes([c]) for c in b"01234567")
 _PROGRESS_EVERY = 64 << 20
+
+
+class LayerReadError(EfabuildError):
+    """A layer's stream failed while being read."""
 
 
 @attrs.frozen
@@ -63,10 +67,16 @@ class LayerReader:
         self.consumed = consumed  # over all layers, for `progress`
         self._progress, self._next = progress, consumed + _PROGRESS_EVERY
 
+    def _read(self, n: int) -> bytes:
+        try:
+            return self.f.read(n)
+        except OSError as exc:  # the stream's source broke (a registry, a pipe)
+            raise LayerReadError(f"{self.where}: cannot read it: {exc.strerror or exc}") from None
+
     def _exact(self, n: int) -> bytes:
         parts, want = [], n
         while want:
-            chunk = self.f.read(min(want, 1 << 20))
+            chunk = self._read(min(want, 1 << 20))
             if not chunk:
                 raise InputError(f"the layer's tar stream ended {want} bytes early", self.where)
             parts.append(chunk)
@@ -93,7 +103,7 @@ class LayerReader:
         long_name = long_link = None
         while True:
             self._skip_rest()
-            header = self.f.read(BLOCK)
+            header = self._read(BLOCK)
             if len(header) < BLOCK and not header:
                 return  # no end-of-archive blocks: the stream just ends
             if len(header) < BLOCK:

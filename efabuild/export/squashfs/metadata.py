@@ -126,7 +126,7 @@ class Writer:
 
     def _emit(self, block: bytes) -> None:
         self.starts.append(len(self.out))
-        packed = self.codec.compress(block) if self.codec is not None else None
+        packed = self.codec.compress_metadata(block) if self.codec is not None else None
         if packed is None:
             self.out += struct.pack("<H", len(block) | UNCOMPRESSED) + block
         else:
