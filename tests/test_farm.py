@@ -155,6 +155,10 @@ def test_parents_reach_children_through_the_registry(registry, registry_base, fa
         assert states(ws) == {"efa": "none", "deepep": "none", "user": "export"}
         made = json.loads(efabuild(ws, "make", "--json", "demo").stdout)
         assert {o["name"]: o["status"] for o in made["layers"]}["demo:user"] == "exported", made
+        # a builder streams the whole image: no layer diffs to write from the efa artifact, and it says so
+        record = Path(efabuild(ws, "lookup", "demo:user").stdout.strip()).with_suffix(".json")
+        reason = "a remote builder streams the whole image (no layer source)"
+        assert json.loads(record.read_text())["export"]["incremental"] == {"full": reason}
         graph = ws / "graphs/demo.toml"
         graph.write_text(graph.read_text().replace("COPY app/ /workspace/app/\n",
                                                    "COPY app/ /workspace/app/\nRUN echo changed > /changed\n"))
