@@ -24,7 +24,7 @@ from statistics import median
 
 from benchmarks import fixtures
 from benchmarks.chunked import USER_FILE_BYTES, USER_FILES
-from benchmarks.common import BenchError, Check, Context, Result, Timing, human_bytes, run, warm
+from benchmarks.common import Check, Context, Result, Timing, human_bytes, run, warm
 from benchmarks.s3 import S3Server
 
 KEY_LABEL = "org.efabuild.key"
