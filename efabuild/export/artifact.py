@@ -18,7 +18,7 @@ import attrs
 from efabuild.engine.client import Engine
 from efabuild.engine.images import built_for_key
 from efabuild.errors import EfabuildError
-from efabuild.export.incremental import Ancestor, export_incremental, full
+from efabuild.export.incremental import REMOTE_BUILDER, Ancestor, export_incremental, full
 from efabuild.export.remote import export_remote
 from efabuild.export.squash import ENROOT_FORMAT, ExportResult, Progress, export_image
 from efabuild.export.tarfilter import RC_LABELS
@@ -60,7 +60,7 @@ def export_artifact(request: ExportRequest, out: Path, *, progress: Progress | N
     if request.remote is not None:
         with request.remote.take(cancel) as node:
             result = export_remote(node, request.remote.ref, out, platform=request.remote.platform, **how)
-        reason = request.no_ancestor or "a remote builder streams the whole image (no layer source)"
+        reason = request.no_ancestor or REMOTE_BUILDER
         return attrs.evolve(result, incremental=full(reason) if request.ancestor or request.no_ancestor else None)
     if not built_for_key(request.engine, request.tag, request.key):
         raise EfabuildError(f"{request.name}: the engine's {request.tag} does not carry key {short(request.key)} in its "

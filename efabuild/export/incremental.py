@@ -39,6 +39,9 @@ try:
 except ImportError:  # a version without the writer exports every artifact whole
     write_incremental = None
 
+# why a make's export has no layer diffs to write from, whatever the ancestor
+REMOTE_BUILDER = "a remote builder streams the whole image (no layer source)"
+NOT_ON_THIS_HOST = "the engine is not reached through a local socket: its layer directories cannot be read here"
 # the recorded export options that decide a .sqsh's bytes: an ancestor's must be the child's
 _LIST_TIMEOUT_S = 120.0
 PACKING = ("mksquashfs", "compression", "compress_data", "epoch", "enroot_format", "rc_labels", "time_clamp")
@@ -132,7 +135,7 @@ def _diff_dirs(engine: Engine, image: str, ancestor_tag: str) -> list[str]:
     """The layer directories `image` adds over the ancestor's image, oldest first."""
     child, ancestor = layer_facts(engine, image), layer_facts(engine, ancestor_tag)
     if child is None or ancestor is None:
-        raise LayerSourceUnavailable("the engine is not on this host: its layer directories cannot be read")
+        raise LayerSourceUnavailable(NOT_ON_THIS_HOST)
     (driver, layers), (_, below) = child, ancestor
     if layers[:len(below)] != below:
         raise LayerSourceUnavailable("the image's layers do not start with the ancestor image's")

@@ -11,10 +11,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from efabuild.errors import EfabuildError
-from efabuild.export.incremental import Ancestor, ancestor_layer
+from efabuild.export.incremental import NOT_ON_THIS_HOST, REMOTE_BUILDER, Ancestor, ancestor_layer
 from efabuild.make.prepare import Prepared
 from efabuild.refs import image_tag, short
 from efabuild.store.transfer import DamagedCopy, open_checked
+
+
+@contextlib.contextmanager
+def export_ancestor(prepared: Prepared, qualname: str, *, remote: bool) -> Iterator[tuple[Ancestor | None, str]]:
+    """ancestor_copy() for a make's export, unless it can read no layer diffs (`remote`: a farm
+    builder streams it; an engine on another host): then the ancestor is neither fetched nor
+    re-hashed for nothing."""
+    if remote:
+        yield None, REMOTE_BUILDER
+    elif prepared.engine is None or prepared.engine.api is None:
+        yield None, NOT_ON_THIS_HOST
+    else:
+        with ancestor_copy(prepared, qualname) as found:
+            yield found
 
 
 @contextlib.contextmanager

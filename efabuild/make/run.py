@@ -318,11 +318,11 @@ class _Runner:
         return signer_for(sign.key, root=self.ws.root, region=sign.region, endpoint_url=sign.endpoint_url)
 
     def _export_and_publish(self, layer: Layer, lp: LayerPlan) -> str:
-        from efabuild.make.ancestry import ancestor_copy
+        from efabuild.make.ancestry import export_ancestor
         from efabuild.make.publish import export_and_publish
 
-        with ancestor_copy(self.p, lp.qualname) as (ancestor, no_ancestor):
-            request = self.export_request(layer, lp, ancestor, no_ancestor)
+        with export_ancestor(self.p, lp.qualname, remote=self.farm is not None) as found:
+            request = self.export_request(layer, lp, *found)
             path = export_and_publish(self.p, request, reporter=self.reporter, builder_versions=self.built_by(lp.key),
                                       signer=self.signer, cancel=self.cancel)
         return str(path)

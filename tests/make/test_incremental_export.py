@@ -142,6 +142,19 @@ def test_only_a_re_dated_path_the_ancestor_has_or_another_recorded_option_stops_
     assert packing_difference({k: v for k, v in recorded.items() if k != "rc_labels"}, recorded) == "rc_labels"
 
 
+def test_without_layer_diffs_to_read_the_ancestor_is_neither_fetched_nor_re_hashed():
+    from types import SimpleNamespace
+
+    from efabuild.make.ancestry import export_ancestor
+
+    # no plan and no store to reach: either would be an AttributeError
+    for prepared, remote, reason in ((SimpleNamespace(engine=None), True, incremental.REMOTE_BUILDER),
+                                     (SimpleNamespace(engine=SimpleNamespace(api=None)), False,
+                                      incremental.NOT_ON_THIS_HOST)):
+        with export_ancestor(prepared, "demo:user", remote=remote) as found:
+            assert found == (None, reason)
+
+
 # ---- on the engine: the demo graph, made, then a one-file change in the user layer ---------------
 
 @pytest.fixture(scope="module")
