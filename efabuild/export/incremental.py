@@ -39,6 +39,8 @@ try:
 except ImportError:  # a version without the writer exports every artifact whole
     write_incremental = None
 
+# a root artifact's reason: recorded, not shown (there is nothing to explain)
+NO_ANCESTOR = "no artifact layer below it"
 # why a make's export has no layer diffs to write from, whatever the ancestor
 REMOTE_BUILDER = "a remote builder streams the whole image (no layer source)"
 NOT_ON_THIS_HOST = "the engine is not reached through a local socket: its layer directories cannot be read here"

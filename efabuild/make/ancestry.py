@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from efabuild.errors import EfabuildError
-from efabuild.export.incremental import NOT_ON_THIS_HOST, REMOTE_BUILDER, Ancestor, ancestor_layer
+from efabuild.export.incremental import NO_ANCESTOR, NOT_ON_THIS_HOST, REMOTE_BUILDER, Ancestor, ancestor_layer
 from efabuild.make.prepare import Prepared
 from efabuild.refs import image_tag, short
 from efabuild.store.transfer import DamagedCopy, open_checked
@@ -37,7 +37,7 @@ def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None) -> 
     `key`: this ancestor key (make --check: the one the stored artifact was written from)."""
     below = ancestor_layer(prepared.plan, qualname)
     if below is None:
-        yield None, "no artifact layer below it"
+        yield None, NO_ANCESTOR
         return
     if key is not None and key != below.key:
         yield None, f"its ancestor is now {short(below.key)}, it was written from {short(key)}"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from efabuild import notices
 from efabuild.export.artifact import export_artifact, export_record
+from efabuild.export.incremental import NO_ANCESTOR
 from efabuild.plan import Plan
 from efabuild.make.prepare import Prepared
 from efabuild.make.reporter import Reporter
@@ -59,7 +60,8 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
         finally:
             for shown in bar:
                 shown.close()
-        if result.incremental is not None:  # one line in make's output: which ancestor, or why whole
+        # one line in make's output: which ancestor, or why whole when there was one to write from
+        if result.incremental is not None and result.incremental.get("full") != NO_ANCESTOR:
             notices.note(f"{name}: {how_exported(result.incremental)}")
         export_info = export_record(result, request.options, request.epoch)
         sha256 = Sha256Pass(result.path)
