@@ -746,3 +746,27 @@ def test_inodes_past_4_gib_and_hard_linked_ones_take_the_extended_form() -> None
     assert raw_big[0] == raw_linked[0] == 9  # the extended file inode
     assert (got_big.node.size, got_big.node.blocks_start, got_big.node.blocks) == (5 << 30, 6 << 30, big.blocks)
     assert got_big.node.fragment == NO_FRAGMENT and got_linked.nlink == 3 and got_linked.node.fragment_offset == 7
+
+
+def test_sub_second_pax_times_are_cut_and_clamped_as_in_a_full_export(tmp_path: Path) -> None:
+    import tarfile
+
+    tree = {"etc": Item("d", 0o755), "opt": Item("d", 0o755)}
+    base = full_export(tree_tar(tree), tmp_path / "base.sqsh", PLAN_A)
+
+    def stream(with_tree: bool) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name in ("etc", "opt") if with_tree else ():
+                info = tarfile.TarInfo(name)
+                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, T0
+                tar.addfile(info)
+            for name, mtime in (("opt/a", T0 + 0.7), ("opt/b", T0 - 0.3), ("opt/c", CLAMP + 0.5), ("etc/d", 2**33)):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = 1, mtime
+                tar.addfile(info, io.BytesIO(b"x"))
+        return buf.getvalue()
+
+    incremental(base, [stream(False)], tmp_path / "inc.sqsh")
+    full = full_export(stream(True), tmp_path / "full.sqsh", PLAN_B)
+    assert_same(tmp_path / "inc.sqsh", full, tmp_path)
