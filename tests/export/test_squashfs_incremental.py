@@ -770,3 +770,14 @@ def test_sub_second_pax_times_are_cut_and_clamped_as_in_a_full_export(tmp_path: 
     incremental(base, [stream(False)], tmp_path / "inc.sqsh")
     full = full_export(stream(True), tmp_path / "full.sqsh", PLAN_B)
     assert_same(tmp_path / "inc.sqsh", full, tmp_path)
+
+
+def test_a_child_that_cannot_be_written_is_one_line_naming_it(tmp_path: Path) -> None:
+    from efabuild.errors import EfabuildError, InputError
+
+    _tree, base = small_base(tmp_path)
+    out = tmp_path / "missing-dir" / "child.sqsh"
+    with pytest.raises(EfabuildError) as caught:
+        write_incremental(base, [io.BytesIO(tar_entries([("etc/x", "f", 0o644, T0, b"x")]))], out, plan=PLAN_B)
+    assert not isinstance(caught.value, InputError)  # exit 1: the disk, not the input
+    assert str(caught.value) == f"{out}: cannot write it: No such file or directory"

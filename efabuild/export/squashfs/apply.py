@@ -50,7 +50,8 @@ class Applier:
         return node
 
     def _parent(self, parts: tuple[str, ...], where: str) -> Node:
-        """The directory `parts` goes in; missing ones are made as mksquashfs makes them."""
+        """The directory `parts` goes in; a missing one is made 0755 as mksquashfs makes it, dated the
+        epoch (mksquashfs dates it now, which no two exports would share)."""
         node = self.root
         for part in parts[:-1]:
             assert node.children is not None

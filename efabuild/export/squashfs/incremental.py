@@ -19,7 +19,7 @@ from typing import BinaryIO
 
 import attrs
 
-from efabuild.errors import InputError
+from efabuild.errors import EfabuildError
 from efabuild.export.squashfs.aliases import stale_alias
 from efabuild.export.squashfs.apply import Applier
 from efabuild.export.squashfs.data import DataWriter
@@ -84,8 +84,8 @@ def write_incremental(ancestor: Path, layers: Sequence[BinaryIO], out: Path, *, 
         os.replace(tmp, out)
         fsync_dir(out.parent)
         return result
-    except OSError as exc:
-        raise InputError(f"cannot write it: {exc.strerror}", str(out)) from None
+    except OSError as exc:  # the disk, not the input: no space, a read-only or missing directory
+        raise EfabuildError(f"{out}: cannot write it: {exc.strerror or exc}") from None
     finally:
         tmp.unlink(missing_ok=True)
 
