@@ -574,6 +574,14 @@ def test_a_truncated_or_forged_ancestor_is_one_line(tmp_path: Path) -> None:
         one_line_error(forged(base, tmp_path, offset, value), [layer], tmp_path)
 
 
+def test_a_table_larger_than_any_image_has_is_refused_unread(tmp_path: Path, monkeypatch) -> None:
+    from efabuild.export.squashfs import metadata
+
+    _tree, base = small_base(tmp_path)
+    monkeypatch.setattr(metadata, "MAX_TABLE", 64)  # as a forged table offset would make one span GBs
+    assert "more than 64 bytes" in one_line_error(base, [tar_entries([("etc/x", "f", 0o644, T0, b"x")])], tmp_path)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_a_damaged_ancestor_gives_a_child_a_full_export_or_one_line(seed: int, tmp_path: Path) -> None:
     """Random bytes over its tables: never another exception, never a hang."""
