@@ -827,3 +827,13 @@ def test_a_child_that_cannot_be_written_is_one_line_naming_it(tmp_path: Path) ->
         write_incremental(base, [io.BytesIO(tar_entries([("etc/x", "f", 0o644, T0, b"x")]))], out, plan=PLAN_B)
     assert not isinstance(caught.value, InputError)  # exit 1: the disk, not the input
     assert str(caught.value) == f"{out}: cannot write it: No such file or directory"
+
+
+def test_without_liblzo2_an_lzo_ancestor_is_left_to_a_full_export(tmp_path: Path, monkeypatch) -> None:
+    from efabuild.export.squashfs import codec
+
+    _tree, base = small_base(tmp_path)
+    monkeypatch.setattr(codec, "_liblzo", lambda: None)
+    result = write_incremental(base, [io.BytesIO(tar_entries([("etc/x", "f", 0o644, T0, b"x")]))],
+                               tmp_path / "c.sqsh", plan=PLAN_B)
+    assert result.full_needed and result.reason.endswith("compressor lzo: liblzo2 is not installed")
