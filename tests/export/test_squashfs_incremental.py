@@ -516,7 +516,8 @@ def test_a_small_change_keeps_the_ancestors_bytes_and_counts_no_dead_ones(tmp_pa
     tree, base = small_base(tmp_path)
     new = dict(tree, **{"opt/added": Item("f", data=b"new", inode=9)})
     result = incremental(base, [layer_between(tree, new)], tmp_path / "child.sqsh")
-    assert result.dead_bytes == 0 and result.reused_bytes > 1 << 20 and result.files_written == 5  # + etc/*
+    # written: opt/added and /etc/environment, whose text changes; rc, rc.local, fstab stay the ancestor's
+    assert result.dead_bytes == 0 and result.reused_bytes > 1 << 20 and result.files_written == 2
     assert result.new_bytes < 16384
 
 
@@ -837,3 +838,25 @@ def test_without_liblzo2_an_lzo_ancestor_is_left_to_a_full_export(tmp_path: Path
     result = write_incremental(base, [io.BytesIO(tar_entries([("etc/x", "f", 0o644, T0, b"x")]))],
                                tmp_path / "c.sqsh", plan=PLAN_B)
     assert result.full_needed and result.reason.endswith("compressor lzo: liblzo2 is not installed")
+
+
+def test_dead_bytes_add_up_along_a_chain_until_a_full_export_is_due(tmp_path: Path) -> None:
+    """Each generation replaces one 256 KiB file: its blocks stay in the prefix, dead."""
+    tree = {"etc": Item("d", 0o755), "opt": Item("d", 0o755), "opt/keep": Item("f", data=os.urandom(4 << 20), inode=1),
+            "opt/hot": Item("f", data=os.urandom(1 << 18), inode=2)}
+    ancestor = full_export(tree_tar(tree), tmp_path / "gen0.sqsh", PLAN_A)
+    dead = []
+    for gen in range(1, 10):
+        new = dict(tree, **{"opt/hot": Item("f", data=os.urandom(1 << 18), inode=10 + gen)})
+        out = tmp_path / f"gen{gen}.sqsh"
+        result = write_incremental(ancestor, [io.BytesIO(layer_between(tree, new))], out, plan=PLAN_B)
+        if result.full_needed:
+            assert result.dead_bytes > 0.25 * result.size and not out.exists()
+            break
+        dead.append(result.dead_bytes)
+        assert_same(out, full_export(tree_tar(new), tmp_path / "full.sqsh", PLAN_B), tmp_path)
+        tree, ancestor = new, out
+    # -noD: blocks stored as they are; the config files that stay are not written again, so their
+    # fragment (shared with the unchanged rc.local and fstab) stays live
+    assert dead == [gen << 18 for gen in range(1, len(dead) + 1)]
+    assert len(dead) == 5  # 5 × 256 KiB dead of 5.6 MB; a sixth would pass a quarter

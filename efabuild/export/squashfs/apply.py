@@ -10,6 +10,8 @@ the files Enroot writes from the child's config, the working directory, and pinn
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from efabuild.errors import InputError
 from efabuild.export.squashfs.data import DataWriter
 from efabuild.export.squashfs.layertar import Entry, LayerReader, split_path
@@ -27,8 +29,10 @@ def _enc(part: str) -> bytes:
 
 
 class Applier:
-    def __init__(self, root: Node, plan: RewritePlan, data: DataWriter) -> None:
+    def __init__(self, root: Node, plan: RewritePlan, data: DataWriter,
+                 read_old: Callable[[Node], bytes] | None = None) -> None:
         self.root, self.plan, self.data = root, plan, data
+        self.read_old = read_old  # an ancestor file's bytes: a written file that stays is not written again
         self.aliases: dict[str, tuple[Node, str]] = {}  # hard links to a written file: its text goes there too
         # the ancestor's written files, and the child's (text, mode) of each: see aliases.py
         self.before = {path: node for path, _ in plan.files for node in [self.lookup(tuple(path.split("/")))]
@@ -179,7 +183,9 @@ class Applier:
             mode = old.mode if old is not None and old.kind == FILE else WRITTEN_MODE
             data = text.encode("utf-8", "surrogateescape")
             self.written[path] = (data, mode)
-            self._put(parts, self.data.add_bytes(data, mode, plan.epoch), path)
+            if not (old is not None and old is self.before.get(path) and (old.mode, old.mtime, old.size) ==
+                    (mode, plan.epoch, len(data)) and self.read_old is not None and self.read_old(old) == data):
+                self._put(parts, self.data.add_bytes(data, mode, plan.epoch), path)
             for alias, (placeholder, target) in sorted(self.aliases.items()):
                 if target == path and self.lookup(tuple(alias.split("/"))) is placeholder:
                     self._put(tuple(alias.split("/")), self.data.add_bytes(data, mode, plan.epoch), alias)

@@ -10,6 +10,7 @@ is one this writer does not handle, nothing is written and the result says `full
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import uuid
@@ -20,7 +21,7 @@ from typing import BinaryIO
 import attrs
 
 from efabuild.errors import EfabuildError
-from efabuild.export.squashfs.aliases import stale_alias
+from efabuild.export.squashfs.aliases import read_file, stale_alias
 from efabuild.export.squashfs.apply import Applier
 from efabuild.export.squashfs.data import DataWriter
 from efabuild.export.squashfs.layertar import LayerReader
@@ -111,7 +112,7 @@ def _write(parent: Ancestor, layers: Sequence[BinaryIO], f: BinaryIO, out: Path,
         RangeCopier(f.fileno()).copy(src.fileno(), 0, 0, prefix)
     fragments = list(parent.fragments)
     data = DataWriter(f, prefix, parent.sb, parent.codec, fragments)
-    applier = Applier(parent.root, plan, data)
+    applier = Applier(parent.root, plan, data, functools.partial(read_file, parent))
     consumed = 0
     try:
         for number, layer in enumerate(layers, 1):
