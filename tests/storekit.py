@@ -164,7 +164,7 @@ def _pause(point: str) -> None:
 def _install_pause(point: str) -> None:
     """Stop this process at `point` of a publish: the test then kills it with SIGKILL."""
     from efabuild.host import fsutil
-    from efabuild.store import fs
+    from efabuild.store.tiers import fs
     from efabuild.store.layout import MANIFEST_SUFFIX, RECORD_SUFFIX, SQSH_SUFFIX
 
     real_atomic = fsutil.atomic_write_bytes
@@ -205,7 +205,7 @@ def _install_pause(point: str) -> None:
     fsutil.copy_file = copy
 
     if point.startswith("s3-"):
-        from efabuild.store import s3
+        from efabuild.store.tiers import s3
 
         real_call = s3.S3Tier._call
         lock = threading.Lock()
@@ -228,7 +228,7 @@ def _main(plan_path: str) -> int:
     plan = json.loads(Path(plan_path).read_text())
     from efabuild.settings import S3Config
     from efabuild.store.tiered import Store
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
 
     if plan.get("pause"):
         _install_pause(plan["pause"])

@@ -1,4 +1,4 @@
-"""Assembling a chunked artifact from seeds and downloads (store/assembly.py, store/rangecopy.py):
+"""Assembling a chunked artifact from seeds and downloads (store/chunked/assembly.py, store/chunked/rangecopy.py):
 only missing chunks are downloaded, every chunk taken from a seed is checked in the result, a
 damaged, shortened or vanished seed only costs downloads, and on XFS with reflink the seed's
 blocks are shared rather than written (on a loop-mounted XFS made here)."""
@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from efabuild.settings import S3Config
-from efabuild.store.assembly import Seed, assemble, plan
-from efabuild.store.chunkpublish import upload
-from efabuild.store.chunks import chunk_file
+from efabuild.store.chunked.assembly import Seed, assemble, plan
+from efabuild.store.chunked.publish import upload
+from efabuild.store.chunked.chunks import chunk_file
 from efabuild.host.digest import file_digest
-from efabuild.store.rangecopy import RangeCopier
-from efabuild.store.s3 import S3Tier
+from efabuild.store.chunked.rangecopy import RangeCopier
+from efabuild.store.tiers.s3 import S3Tier
 from tests.storekit import shifted_versions
-from efabuild.store.s3chunks import ChunkError, ChunkStore, compress
+from efabuild.store.chunked.s3 import ChunkError, ChunkStore, compress
 
 KiB, MiB = 1024, 1024 * 1024
 SMALL = (4 * KiB, 16 * KiB, 64 * KiB)  # small chunks, so a few MiB make many of them
@@ -60,7 +60,7 @@ def reordered(tmp_path: Path):  # noqa: ANN201
     each chunk is in the seed, but no two that follow each other in the target do there."""
     import blake3
 
-    from efabuild.store.chunks import ChunkIndex, chunk_id
+    from efabuild.store.chunked.chunks import ChunkIndex, chunk_id
 
     rng = random.Random(11)
     pieces = [rng.randbytes(rng.randrange(8 * KiB, 24 * KiB)) for _ in range(8)]

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from efabuild.settings import S3Config
-from efabuild.store import chunkpublish
-from efabuild.store.chunks import chunk_file
+from efabuild.store.chunked import publish as chunkpublish
+from efabuild.store.chunked.chunks import chunk_file
 from efabuild.host.digest import file_digest
-from efabuild.store.fs import FilesystemTier
-from efabuild.store.s3chunks import ChunkStore
+from efabuild.store.tiers.fs import FilesystemTier
+from efabuild.store.chunked.s3 import ChunkStore
 from efabuild.store.tiered import Store
 from tests.storekit import collect_warnings, key_for, make_sqsh, record_for
 

@@ -8,13 +8,13 @@ import pytest
 
 from efabuild.host.digest import file_digest
 from efabuild.settings import S3Config
-from efabuild.store.chunks import BadChunkIndex, ChunkIndex, chunk_file, mismatch
-from efabuild.store.s3 import S3Tier
-from efabuild.store.chunkpublish import upload
-from efabuild.store.assembly import assemble
-from efabuild.store.s3chunks import ChunkStore
+from efabuild.store.chunked.chunks import BadChunkIndex, ChunkIndex, chunk_file, mismatch
+from efabuild.store.tiers.s3 import S3Tier
+from efabuild.store.chunked.publish import upload
+from efabuild.store.chunked.assembly import assemble
+from efabuild.store.chunked.s3 import ChunkStore
 from tests.storekit import shifted_versions
-from efabuild.store import seeds
+from efabuild.store.chunked import seeds
 
 KiB, MiB = 1024, 1024 * 1024
 SMALL = (4 * KiB, 16 * KiB, 64 * KiB)  # small chunks, so a few MiB make many of them
@@ -84,7 +84,7 @@ def test_deeply_nested_or_huge_index_is_refused(tmp_path):
 
 
 def test_an_index_lists_a_bounded_number_of_chunks_and_is_refused_before_parsing_more():
-    from efabuild.store.chunks import MAX_CHUNKS
+    from efabuild.store.chunked.chunks import MAX_CHUNKS
 
     entries = MAX_CHUNKS + 1
     doc = {"format": "efabuild.chunks/v1", "size": entries, "digest": "blake3:" + "0" * 64,
@@ -100,7 +100,7 @@ def test_an_index_beside_an_artifact_is_never_followed_and_junk_is_ignored(tmp_p
     """What a store writer plants in place of an index costs that artifact its use as a seed,
     nothing else: no link followed, no FIFO opened (it would block), no junk trusted."""
     from efabuild import notices
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from tests.storekit import key_for, make_sqsh, record_for
 
     said: list[str] = []
@@ -144,7 +144,7 @@ def chunk_store(moto_server: str, s3_bucket: str) -> ChunkStore:
 def test_gc_deletes_a_chunk_only_after_a_grace_period_in_which_nothing_used_it(tmp_path, chunk_store, s3_client):
     import time
 
-    from efabuild.store.s3chunks import collect
+    from efabuild.store.chunked.s3 import collect
 
     one, two = shifted_versions(tmp_path)
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
@@ -183,7 +183,7 @@ def test_gc_run_more_often_than_the_grace_period_still_frees_a_chunk(tmp_path, c
     with an hour's grace, it would then never free a chunk: a mark is kept until it is `grace` old."""
     import time
 
-    from efabuild.store.s3chunks import collect
+    from efabuild.store.chunked.s3 import collect
 
     one, _ = shifted_versions(tmp_path, size=256 * KiB)
     index = chunk_file(one, chunking=SMALL)
@@ -201,7 +201,7 @@ def test_gc_keeps_a_chunk_sent_again_after_its_mark(tmp_path, chunk_store, s3_cl
     import math
     import time
 
-    from efabuild.store.s3chunks import collect
+    from efabuild.store.chunked.s3 import collect
 
     one, _ = shifted_versions(tmp_path, size=256 * KiB)
     index = chunk_file(one, chunking=SMALL)
@@ -223,7 +223,7 @@ def test_gc_keeps_a_chunk_sent_again_after_its_mark(tmp_path, chunk_store, s3_cl
 @pytest.mark.s3
 def test_gc_skips_a_junk_index_with_a_warning(tmp_path, chunk_store, monkeypatch):
     from efabuild import notices
-    from efabuild.store.s3chunks import collect
+    from efabuild.store.chunked.s3 import collect
 
     said = []
     monkeypatch.setattr(notices, "_printer", lambda kind, message: said.append((kind, message)))
@@ -246,7 +246,7 @@ def test_gc_holds_the_indexes_of_a_batch_at_once_not_every_artifacts(tmp_path, c
     together. Counted: indexes parsed and not yet taken in (two workers: batches of 4; 40 here)."""
     import threading
 
-    from efabuild.store import s3chunks
+    from efabuild.store.chunked import s3 as s3chunks
 
     one, _ = shifted_versions(tmp_path)
     a = chunk_file(one, chunking=SMALL)

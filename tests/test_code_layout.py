@@ -159,7 +159,7 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.cli.common", "efabuild.cli.output", "efabuild.display", "efabuild.engine.client",
         "efabuild.engine.leftovers", "efabuild.errors", "efabuild.host.scratch", "efabuild.make.oldimages",
         "efabuild.make.prepare", "efabuild.notices", "efabuild.refs", "efabuild.store.config",
-        "efabuild.store.health", "efabuild.store.progress", "efabuild.store.tiered"},
+        "efabuild.store.chunked.health", "efabuild.store.progress", "efabuild.store.tiered"},
     "efabuild.engine.build": {"efabuild.host.fsutil"},
     "efabuild.engine.client": {"efabuild.engine.api", "efabuild.host.children"},
     "efabuild.engine.containers": {"efabuild.host.children"},
@@ -172,7 +172,7 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.engine.build", "efabuild.engine.images", "efabuild.engine.leftovers",
         "efabuild.engine.registry", "efabuild.export.squash", "efabuild.export.tarfilter",
         "efabuild.make.farm", "efabuild.make.run"},
-    "efabuild.make.context": {"efabuild.display", "efabuild.host.owner", "efabuild.store.leftovers"},
+    "efabuild.make.context": {"efabuild.display", "efabuild.host.owner", "efabuild.store.gc.leftovers"},
     "efabuild.make.engine_steps": {
         "efabuild.engine.build", "efabuild.engine.images", "efabuild.engine.leftovers",
         "efabuild.engine.registry"},
@@ -205,15 +205,15 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.signing.keys", "efabuild.store.record"},
     "efabuild.signing.verifycache": {"efabuild.host.fsutil"},
     "efabuild.store": {"efabuild.store.record", "efabuild.store.tiered"},
-    "efabuild.store.chunksend": {"efabuild.store.s3chunks"},
+    "efabuild.store.chunked.send": {"efabuild.store.chunked.s3"},
     "efabuild.store.layout": {"efabuild.configfile"},
-    "efabuild.store.s3chunks": {
-        "efabuild.store.chunksweep", "efabuild.store.gclock", "efabuild.store.s3client"},
-    "efabuild.store.seeds": {"efabuild.store.assembly"},
-    "efabuild.store.sweep": {"efabuild.store.s3chunks"},
-    "efabuild.store.tiered": {"efabuild.store.s3", "efabuild.store.s3chunks"},
+    "efabuild.store.chunked.s3": {
+        "efabuild.store.gc.chunks", "efabuild.store.gc.lock", "efabuild.store.tiers.s3client"},
+    "efabuild.store.chunked.seeds": {"efabuild.store.chunked.assembly"},
+    "efabuild.store.gc.sweep": {"efabuild.store.chunked.s3"},
+    "efabuild.store.tiered": {"efabuild.store.tiers.s3", "efabuild.store.chunked.s3"},
     # the S3 health check loads the S3 chunk store (attrs): a plan or lookup without S3 runs none
-    "efabuild.store.tierhealth": {"efabuild.store.health"},
+    "efabuild.store.tierhealth": {"efabuild.store.chunked.health"},
 }
 
 

@@ -20,11 +20,11 @@ import pytest
 
 from efabuild.errors import EfabuildError
 from efabuild.settings import S3Config
-from efabuild.store.chunks import AVG_SIZE, MIN_SIZE, ChunkIndex
+from efabuild.store.chunked.chunks import AVG_SIZE, MIN_SIZE, ChunkIndex
 from efabuild.host.digest import file_digest
-from efabuild.store.fs import FilesystemTier
-from efabuild.store.s3 import S3Tier
-from efabuild.store.s3chunks import compress
+from efabuild.store.tiers.fs import FilesystemTier
+from efabuild.store.tiers.s3 import S3Tier
+from efabuild.store.chunked.s3 import compress
 from efabuild.store.tiered import Store
 from tests.storekit import CHUNKED, REPO, efabuild, key_for, make_sqsh, publish, record_for
 
@@ -117,7 +117,7 @@ def test_a_file_renamed_over_a_checked_copy_is_never_copied_on(tmp_path, setting
     forged[len(forged) // 2] ^= 0xFF
     forged_file = tmp_path / "forged.sqsh"
     forged_file.write_bytes(bytes(forged))
-    from efabuild.store.chunks import chunk_file
+    from efabuild.store.chunked.chunks import chunk_file
 
     real = chunk_file(forged_file, chunking=CHUNKED["chunking"])
     hint = ChunkIndex(size=real.size, digest=good, chunks=real.chunks, chunking=real.chunking)
@@ -160,7 +160,7 @@ def test_a_forged_s3_index_with_a_huge_chunk_is_refused_before_any_allocation(tm
 CHILD = """
 import sys
 from efabuild.settings import S3Config
-from efabuild.store.s3 import S3Tier
+from efabuild.store.tiers.s3 import S3Tier
 from efabuild.errors import EfabuildError
 settings = S3Config(bucket=sys.argv[1], prefix="images/", region="us-east-1", endpoint_url=sys.argv[2])
 tier = S3Tier(settings, chunking=(8 * 1024, 32 * 1024, 128 * 1024))
@@ -289,7 +289,7 @@ def test_a_forged_gc_mark_never_deletes_a_chunk_that_an_index_references(tmp_pat
     import json
     import time
 
-    from efabuild.store.s3chunks import collect
+    from efabuild.store.chunked.s3 import collect
 
     store = store_at(tmp_path / "cache", settings, "local")
     key = publish(store, versions[0])
@@ -317,7 +317,7 @@ def test_a_forged_artifact_larger_than_the_filesystem_allows_is_one_line(tmp_pat
     chunks than an index may list) is one line naming the file, not a traceback, and leaves
     nothing behind."""
     from efabuild.cli import main
-    from efabuild.store.chunks import MAX_CHUNK_BYTES
+    from efabuild.store.chunked.chunks import MAX_CHUNK_BYTES
     from efabuild.store.tiered import store_config_text
 
     key = publish(store_at(tmp_path / "cache", settings), versions[0])
@@ -395,7 +395,7 @@ def test_a_name_whose_s3_history_is_flooded_is_one_error_not_an_endless_listing(
     """Creating objects is all it takes to flood refs/<graph>/<layer>/: a lookup of the name
     stops listing at a bound. (The bound is lowered here so that the test creates 60 objects,
     not 100,000.)"""
-    from efabuild.store import s3refs
+    from efabuild.store.tiers import s3refs
 
     monkeypatch.setattr(s3refs, "MAX_ENTRIES", 50)
     key = publish(store_at(tmp_path / "cache", settings), versions[0])
@@ -415,8 +415,8 @@ def test_names_planted_in_the_gc_trash_never_remove_a_running_gc_s_entry(tmp_pat
     what they are: never taken for another gc's entry of that id and deleted in its place."""
     import time
 
-    from efabuild.store import chunksweep
-    from efabuild.store.s3chunks import collect
+    from efabuild.store.gc import chunks as chunksweep
+    from efabuild.store.chunked.s3 import collect
 
     store = store_at(tmp_path / "cache", settings, "local")
     publish(store, versions[0])
@@ -469,7 +469,7 @@ def test_a_flooded_objects_prefix_is_one_line_naming_it_and_the_bound(tmp_path, 
     """Objects planted under objects/ stop gc, ls and a lookup by key prefix (which the plan asks
     too) at a bound, with one line naming the bucket, the prefix and the bound, and gc deletes
     nothing. (The bound is lowered here so that the test plants 250 objects, not millions.)"""
-    from efabuild.store import s3client
+    from efabuild.store.tiers import s3client
 
     builder = store_at(tmp_path / "cache", settings, "local")
     old, new = publish(builder, versions[0]), publish(builder, versions[1])
@@ -603,7 +603,7 @@ def test_seeds_planted_on_the_node_keep_a_fetch_within_its_memory(tmp_path, sett
     node = tmp_path / "node"
     node.mkdir()
     (node / "store.toml").write_text(store_config_text(settings))
-    from efabuild.store.chunks import MAX_CHUNKS
+    from efabuild.store.chunked.chunks import MAX_CHUNKS
 
     chunks = tuple((key_for(f"planted-{number}"), MIN_SIZE) for number in range(MAX_CHUNKS))
     for number in range(8):  # each its own bytes, by its digest: all of them seeds

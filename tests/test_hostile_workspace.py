@@ -98,7 +98,7 @@ def test_gc_never_prints_a_planted_leftover_s_name_raw(tmp_path, capsys):
     anything. gc (run by an admin, as root) prints what it removes: a terminal escape in it must
     not reach the terminal, nor a line break forge a line of gc's own output."""
     from efabuild.cli import main
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.host.owner import this_host
     from efabuild.store.tiered import Store
     from tests.storekit import key_for, make_sqsh, record_for

@@ -113,7 +113,7 @@ def test_gc_keeps_a_pin_in_every_form(tmp_path, capsys, monkeypatch, form):
     """Slip: gc matches pins as prefixes or names and drops a pin written as a whole key."""
     from efabuild.host.digest import file_digest
     from efabuild.store.tiered import Store
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
     from tests.storekit import key_for
 
@@ -189,13 +189,13 @@ def test_four_nodes_looking_up_one_cold_key_download_it_once(tmp_path, moto_serv
     import sys
 
     from efabuild.settings import S3Config
-    from efabuild.store.s3 import S3Tier
+    from efabuild.store.tiers.s3 import S3Tier
     from tests.plugins.faultproxy import FaultProxy
     from tests.storekit import REPO, make_sqsh
 
     settings = S3Config(bucket=s3_bucket, prefix="efabuild/", region="us-east-1", endpoint_url=moto_server)
     from efabuild.store.tiered import Store
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from tests.storekit import key_for, record_for
 
     sqsh = make_sqsh(tmp_path, os.urandom(8 << 20), "cold")

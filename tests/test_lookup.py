@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from efabuild.store.tiered import Store
-from efabuild.store.fs import FilesystemTier
+from efabuild.store.tiers.fs import FilesystemTier
 from tests.storekit import efabuild, efabuild_process, key_for, make_sqsh, record_for
 
 # two keys sharing their first 10 hex characters, and one apart

@@ -15,7 +15,7 @@ import pytest
 from efabuild.settings import S3Config
 from efabuild.signing.keys import PemSigner
 from efabuild.host.digest import file_digest
-from efabuild.store.fs import FilesystemTier
+from efabuild.store.tiers.fs import FilesystemTier
 from efabuild.store.tiered import Store
 from tests.signkit import NAME, make_key, object_path, stored_artifact, trust_config
 from tests.storekit import efabuild

@@ -384,7 +384,7 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
     assert any("/chunks/" in key for key in stored)
     # each S3 index is the one kept beside the local and shared copies (S3's also notes its chunks'
     # ETags), and describes the stored .sqsh
-    from efabuild.store.chunks import ChunkIndex, mismatch
+    from efabuild.store.chunked.chunks import ChunkIndex, mismatch
 
     for key in (k for k in stored if k.endswith(".chunks.json")):
         kept = demo_ws / "cache" / "objects" / key.split("/")[-2] / key.split("/")[-1]
@@ -461,7 +461,7 @@ def test_a_damaged_local_artifact_is_not_spread_to_new_tiers_but_repaired(demo_w
     key = user.name.removesuffix(".sqsh")
     # S3 holds the good bytes: its chunks assemble into them (checked against the record as well)
     from efabuild.settings import S3Config
-    from efabuild.store.s3 import S3Tier
+    from efabuild.store.tiers.s3 import S3Tier
 
     tier = S3Tier(S3Config(bucket=s3_bucket, endpoint_url=moto_server), show_progress=False)
     assert tier.chunk_index(key).digest == good
@@ -478,8 +478,8 @@ def test_a_warm_make_repairs_a_poisoned_s3_chunk_and_a_truncated_shared_copy(dem
     node that holds nothing fetches the artifact again."""
     from efabuild.settings import S3Config
     from efabuild.host.digest import file_digest
-    from efabuild.store.s3 import S3Tier
-    from efabuild.store.s3chunks import compress
+    from efabuild.store.tiers.s3 import S3Tier
+    from efabuild.store.chunked.s3 import compress
 
     shared = tmp_path / "fsx"
     with (demo_ws / "BUILD.toml").open("a") as f:

@@ -122,7 +122,7 @@ def test_the_fixture_sources_are_package_data_identical_to_the_checkouts(install
 
 
 def test_the_pyxis_importer_console_script_from_the_wheel(installed, tmp_path):
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.tiered import Store
 
     bin_dir, env = installed

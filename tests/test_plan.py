@@ -442,7 +442,7 @@ def test_a_chunked_artifact_only_on_s3_is_to_copy_and_a_make_copies_it(tmp_path,
     (downloading it costs as much). Offline, S3 is not asked: both are to export."""
     from efabuild.settings import S3Config
     from efabuild.host.digest import file_digest
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.tiered import Store
     from tests.storekit import make_sqsh, record_for
 
@@ -482,7 +482,7 @@ def test_the_plan_asks_s3_once_whether_it_holds_an_artifact_only_s3_holds(tmp_pa
     holds one GET of its record and of its chunk index and a look at its chunks (that S3 can still
     deliver it): counted at a proxy in front of the S3 server."""
     from efabuild.settings import S3Config
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.tiered import Store
     from tests.storekit import make_sqsh, record_for
 

@@ -17,7 +17,7 @@ import pytest
 from efabuild.pyxis.importer import parse_image_uri
 from efabuild.errors import InputError
 from efabuild.store.tiered import Store
-from efabuild.store.fs import FilesystemTier
+from efabuild.store.tiers.fs import FilesystemTier
 from tests.inprocess import run_efabuild
 from tests.storekit import REPO, key_for, make_sqsh, record_for
 

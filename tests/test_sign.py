@@ -430,7 +430,7 @@ def test_cosign_accepts_the_envelope(tmp_path, keys, kind):
 def test_the_signed_statement_travels_through_s3_to_a_node_that_fetches(tmp_path, keys, moto_server, s3_bucket):
     from efabuild.settings import S3Config
     from efabuild.store.tiered import Store
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
 
     builder_store, key = stored_artifact(tmp_path / "builder", PemSigner(keys["ec"][0]))
     s3 = S3Config(bucket=s3_bucket, prefix="efabuild", region="us-east-1", endpoint_url=moto_server)
@@ -493,7 +493,7 @@ def test_an_artifact_only_s3_holds_is_verified_once_fetched(tmp_path, keys, moto
     """Slip: the signature is checked on a local hit only. A node that requires signatures would
     then fetch an unsigned artifact that only S3 holds, and start it."""
     from efabuild.settings import S3Config
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.tiered import Store
     from tests.storekit import make_sqsh, record_for
 
@@ -520,7 +520,7 @@ def test_a_refused_fetch_leaves_no_unsigned_bytes_on_the_node(tmp_path, keys, mo
     statement (signed by a key the node does not trust) is checked against S3's record before a
     byte is fetched, so a record forged to 1 TiB costs no write either."""
     from efabuild.settings import S3Config
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.tiered import Store
 
     builder_store, key = stored_artifact(tmp_path / "builder", PemSigner(keys["other"][0]))

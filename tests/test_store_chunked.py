@@ -18,9 +18,9 @@ from efabuild.host.digest import file_digest
 from efabuild.errors import EfabuildError
 from efabuild.settings import S3Config
 from efabuild.store.tiered import Store
-from efabuild.store.fs import FilesystemTier
-from efabuild.store.s3 import S3Tier
-from efabuild.store.s3chunks import ChunkStore, collect
+from efabuild.store.tiers.fs import FilesystemTier
+from efabuild.store.tiers.s3 import S3Tier
+from efabuild.store.chunked.s3 import ChunkStore, collect
 from tests.storekit import CHUNKED, key_for, kill_publisher_at, make_sqsh, publish, record_for
 
 pytestmark = pytest.mark.s3
@@ -89,8 +89,8 @@ def test_a_damaged_chunk_index_or_chunk_is_refused_and_nothing_becomes_visible(t
         cluster.lookup(key)
     # the right index, but one chunk's bytes replaced
     s3_client.put_object(Bucket=settings.bucket, Key=index_object, Body=good)
-    from efabuild.store.chunks import ChunkIndex
-    from efabuild.store.s3chunks import compress
+    from efabuild.store.chunked.chunks import ChunkIndex
+    from efabuild.store.chunked.s3 import compress
 
     cid, length = ChunkIndex.from_json(good, "x").chunks[3]
     s3_client.put_object(Bucket=settings.bucket, Key=tier.chunks.object(cid), Body=compress(b"\0" * length))
@@ -167,7 +167,7 @@ def test_gc_that_listed_the_indexes_before_a_publishers_index_and_deletes_after_
 
 def test_a_gc_killed_with_chunks_in_its_trash_costs_no_fetch_and_the_next_gc_puts_them_back(
         tmp_path, settings, versions, monkeypatch):
-    from efabuild.store import chunksweep
+    from efabuild.store.gc import chunks as chunksweep
 
     store = builder(tmp_path, settings)
     key = publish(store, versions[0])
@@ -189,7 +189,7 @@ def test_one_gc_sweeps_a_bucket_at_a_time_and_a_killed_ones_lock_is_taken_over_o
         tmp_path, settings, versions, monkeypatch):
     """Two gcs sweeping at once could lose a chunk (one's delete landing after the other put it
     back): the second fails in one line and deletes nothing; a dry run still answers."""
-    from efabuild.store import gclock
+    from efabuild.store.gc import lock as gclock
 
     chunk_store, _ = orphaned_chunks(tmp_path, settings, versions[0])
     with gc_paused_after_its_listing(chunk_store) as result:
@@ -211,7 +211,7 @@ def test_two_gcs_finding_the_same_stale_lock_take_it_one_at_most(settings, monke
     """Slip: a stale lock is taken over without IfMatch on its version. Both gcs read the killed
     one's lock before either writes: only one overwrite of that version may succeed, or two sweeps
     run at once (the documented way to lose a chunk)."""
-    from efabuild.store import gclock
+    from efabuild.store.gc import lock as gclock
 
     tier = S3Tier(settings)
     tier._put_new(tier._path(gclock.LOCK_OBJECT), b'{"pid": 1}')  # left by a killed gc
@@ -253,7 +253,7 @@ def test_two_gcs_finding_the_same_stale_lock_take_it_one_at_most(settings, monke
 def test_a_gc_whose_lock_was_taken_over_leaves_the_new_holders_lock(settings, monkeypatch):
     """Slip: the lock is released without checking its ETag is still its own. A gc that ran past
     STALE_AFTER_S lost its lock to another: deleting that one's lock lets a third gc sweep beside it."""
-    from efabuild.store import gclock
+    from efabuild.store.gc import lock as gclock
 
     with gclock.sweeping_alone(S3Tier(settings)):
         monkeypatch.setattr(gclock, "STALE_AFTER_S", -60.0)  # the first one's lock looks a day old
@@ -276,7 +276,7 @@ def test_a_sqsh_changed_after_the_export_cut_it_stores_no_chunk_under_a_wrong_na
     would store new bytes under old names, and every artifact sharing one would fail to fetch."""
     import shutil
 
-    from efabuild.store.chunks import chunk_file
+    from efabuild.store.chunked.chunks import chunk_file
 
     store = builder(tmp_path, settings)
     sqsh = tmp_path / "changed.sqsh"
@@ -337,7 +337,13 @@ def skew_gc_hosts_clock(monkeypatch, by: float) -> None:  # noqa: ANN001
     loopback S3 server, in this process too, keeps the true one)."""
     from datetime import datetime, timezone
 
-    from efabuild.store import chunksweep, gclock, s3, s3chunks
+    from efabuild.store.gc import chunks as chunksweep
+
+    from efabuild.store.gc import lock as gclock
+
+    from efabuild.store.tiers import s3
+
+    from efabuild.store.chunked import s3 as s3chunks
 
     class SkewedDatetime(datetime):
         @classmethod
@@ -350,7 +356,7 @@ def skew_gc_hosts_clock(monkeypatch, by: float) -> None:  # noqa: ANN001
 
 
 def test_a_gc_host_a_day_ahead_does_not_take_a_live_lock(tmp_path, settings, versions, monkeypatch):
-    from efabuild.store import gclock
+    from efabuild.store.gc import lock as gclock
 
     chunk_store, _ = orphaned_chunks(tmp_path, settings, versions[0])
     S3Tier(settings)._put_new(S3Tier(settings)._path("gc/lock"), b'{"pid": 1}')  # another gc's, just taken
@@ -361,7 +367,7 @@ def test_a_gc_host_a_day_ahead_does_not_take_a_live_lock(tmp_path, settings, ver
 
 
 def test_a_gc_host_a_day_behind_takes_over_a_stale_lock(tmp_path, settings, versions, monkeypatch):
-    from efabuild.store import gclock
+    from efabuild.store.gc import lock as gclock
 
     chunk_store, _ = orphaned_chunks(tmp_path, settings, versions[0])
     S3Tier(settings)._put_new(S3Tier(settings)._path("gc/lock"), b'{"pid": 1}')  # a killed gc's
@@ -375,7 +381,7 @@ def test_a_gc_host_a_day_behind_takes_over_a_stale_lock(tmp_path, settings, vers
 def test_a_gc_host_an_hour_ahead_leaves_a_running_gcs_trash(tmp_path, settings, versions, monkeypatch):
     """Chunks another gc has just moved to its trash (it puts back those an index names): a gc
     whose clock is ahead must not take that trash for a killed gc's and empty it."""
-    from efabuild.store import chunksweep
+    from efabuild.store.gc import chunks as chunksweep
 
     store = builder(tmp_path, settings)
     key = publish(store, versions[0])

@@ -15,7 +15,7 @@ import pytest
 from efabuild.host.digest import file_digest
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.store.tiered import Store
-from efabuild.store.fs import PUBLISHED, REUSED, FilesystemTier
+from efabuild.store.tiers.fs import PUBLISHED, REUSED, FilesystemTier
 from efabuild.refs import AmbiguousRef
 from tests.storekit import (
     collect_warnings,
@@ -230,7 +230,7 @@ def test_concurrent_ref_appends_lose_no_entry(tmp_path):
     tier = FilesystemTier(tmp_path / "cache", "local")
     keys = [key_for(f"ref{i}") for i in range(24)]
     script = (
-        "import sys\nfrom efabuild.store.fs import FilesystemTier\n"
+        "import sys\nfrom efabuild.store.tiers.fs import FilesystemTier\n"
         "tier = FilesystemTier(sys.argv[1], 'local')\n"
         "for key in sys.argv[2:]:\n    tier.append_ref('g:l', key)\n"
     )

@@ -15,10 +15,10 @@ import pytest
 
 from efabuild.host.digest import file_digest
 from efabuild.store.tiered import Store
-from efabuild.store.fs import FilesystemTier
+from efabuild.store.tiers.fs import FilesystemTier
 from efabuild.host.owner import Owner, owned_name
 from efabuild.store.record import ArtifactRecord
-from efabuild.store.sweep import remove
+from efabuild.store.gc.sweep import remove
 from tests.storekit import REPO, efabuild, key_for
 
 # name -> keys in the order they were built (oldest first)
@@ -133,7 +133,7 @@ def test_gc_removes_leftovers_of_dead_writers_and_skips_objects_in_use(workspace
     user1 = BUILDS["ngc-efa:user"][1]
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time\nfrom efabuild.store.fs import FilesystemTier\n"
+         "import sys, time\nfrom efabuild.store.tiers.fs import FilesystemTier\n"
          "lock = FilesystemTier(sys.argv[1], 'local').key_lock(sys.argv[2]); lock.acquire()\n"
          "print('held', flush=True); time.sleep(600)\n", str(cache.root), user1],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -309,7 +309,7 @@ def test_gc_keep_zero_is_refused_and_deletes_nothing(workspace):
     assert done.stderr == "efabuild: --keep must be at least 1, not 0\n"
     assert listed(workspace) == before
 
-# ---- the keep-set, from hand-made records (store/gc.py: no store, no files) ---------------------
+# ---- the keep-set, from hand-made records (store/gc/collect.py: no store, no files) ---------------------
 
 def _held(name: str, key: str, day: int) -> ArtifactRecord:
     return ArtifactRecord(key=key, name=name, size=1, digest="blake3:" + "0" * 64,
@@ -320,7 +320,7 @@ def test_a_key_counts_as_new_as_its_newest_copy_in_any_tier():
     """Slip: a key's age is taken from whichever tier was listed last. A copy repaired in the local
     tier (a new record) while the shared tier keeps the old one would then count as old there,
     and `--keep 1` would delete the version just made in favour of an older one."""
-    from efabuild.store.gc import keys_to_keep
+    from efabuild.store.gc.collect import keys_to_keep
 
     repaired, older = key_for("repaired"), key_for("older")
     held = {"local": [_held("demo:user", repaired, 3), _held("demo:user", older, 2)],

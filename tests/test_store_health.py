@@ -14,9 +14,9 @@ from efabuild.cli import main
 from efabuild.host.digest import file_digest
 from efabuild.settings import S3Config
 from efabuild.store.config import store_config_text
-from efabuild.store.fs import FilesystemTier
-from efabuild.store.s3 import S3Tier
-from efabuild.store.s3chunks import compress
+from efabuild.store.tiers.fs import FilesystemTier
+from efabuild.store.tiers.s3 import S3Tier
+from efabuild.store.chunked.s3 import compress
 from efabuild.store.tiered import Store
 from tests.data.rootfs import mini_ngc as ngc
 from tests.storekit import CHUNKED, collect_warnings, key_for, make_sqsh, publish, record_for
@@ -170,7 +170,7 @@ def builder(base: Path, settings: S3Config) -> Store:
 
 def test_a_chunk_planted_before_the_publish_that_needs_it_is_stored_again(tmp_path, settings, image, s3_client,
                                                                           monkeypatch) -> None:
-    from efabuild.store.chunks import chunk_file
+    from efabuild.store.chunked.chunks import chunk_file
 
     ids = list(chunk_file(image, chunking=CHUNKED["chunking"]).unique())
     planted = ids[len(ids) // 2]
@@ -307,7 +307,7 @@ def test_gc_names_missing_chunks_and_with_deep_poisoned_ones(tmp_path, settings,
 def test_a_deep_check_holds_a_bounded_window_of_chunk_bytes_whatever_the_index_names() -> None:
     """An index naming 64 MiB chunks (what the index format allows) must not make `--deep` hold
     `workers` of them, a gigabyte, at once."""
-    from efabuild.store.health import WINDOW_BYTES, _windows
+    from efabuild.store.chunked.health import WINDOW_BYTES, _windows
 
     big = tuple((f"{n:064x}", 64 * MiB) for n in range(40))
     groups = _windows(big, 16)

@@ -28,7 +28,7 @@ from efabuild.cli import main
 from efabuild.errors import EfabuildError
 from efabuild.provenance.audit import PASS
 from efabuild.store.tiered import Store
-from efabuild.store.fs import FilesystemTier
+from efabuild.store.tiers.fs import FilesystemTier
 from tests.storekit import key_for, make_sqsh, record_for
 
 GOOD = {key_for("hostile-a"): "g:a", key_for("hostile-b"): "g:b"}

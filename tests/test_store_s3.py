@@ -13,9 +13,9 @@ from efabuild.host.digest import file_digest
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.settings import S3Config
 from efabuild.store.tiered import Store
-from efabuild.store.fs import PUBLISHED, REUSED, FilesystemTier
-from efabuild.store.s3 import S3Tier
-from efabuild.store.s3client import part_size_for
+from efabuild.store.tiers.fs import PUBLISHED, REUSED, FilesystemTier
+from efabuild.store.tiers.s3 import S3Tier
+from efabuild.store.tiers.s3client import part_size_for
 from tests.plugins.s3server import DUMMY_CREDENTIALS
 from tests.storekit import (
     collect_warnings,

@@ -11,7 +11,7 @@ import pytest
 from efabuild.host.digest import file_digest
 from efabuild.settings import S3Config
 from efabuild.store.tiered import Store
-from efabuild.store.fs import PUBLISHED, FilesystemTier
+from efabuild.store.tiers.fs import PUBLISHED, FilesystemTier
 from tests.storekit import efabuild, key_for, make_sqsh, record_for
 
 pytestmark = pytest.mark.s3

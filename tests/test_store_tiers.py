@@ -10,7 +10,7 @@ import pytest
 
 from efabuild.host.digest import file_digest
 from efabuild.store.tiered import Store
-from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED
+from efabuild.store.tiers.fs import PUBLISHED, REPAIRED, REUSED
 from tests.storekit import collect_warnings, efabuild, key_for, make_sqsh, record_for
 
 
@@ -146,7 +146,7 @@ def test_every_file_of_an_artifact_travels_with_it(tmp_path, export, monkeypatch
 def test_metadata_comes_from_the_first_tier_that_has_it_but_a_statement_from_the_first_holder(tmp_path, export):
     """A record or manifest missing on one tier is read from the next; a signed statement only from
     the first tier holding the artifact (unsigned there means unsigned, not another tier's)."""
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
 
     key = key_for("user")
     local, shared = FilesystemTier(tmp_path / "cache", "local"), FilesystemTier(tmp_path / "fsx", "shared")

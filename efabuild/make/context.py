@@ -345,7 +345,7 @@ def _same_as_hashed(entry: ContextEntry, digest: str) -> None:
 def context_dir(ws_root: Path, tmp_root: Path, layer_name: str, entries: Iterable[ContextEntry]) -> Iterator[Path]:
     """A build context holding exactly `entries`, removed afterwards. Named by its owner: a make
     killed meanwhile leaves it to the next make or gc."""
-    from efabuild.store.leftovers import CONTEXT_PREFIX  # a build's, not a plan's: loaded here
+    from efabuild.store.gc.leftovers import CONTEXT_PREFIX  # a build's, not a plan's: loaded here
     from efabuild.host.owner import owned_name
 
     tmp_root.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,11 @@
 """Assemble a chunked artifact from seeds on this node and downloads of the chunks they lack.
 
-A seed is a file here whose chunk index is known (store/seeds.py). The file is put together in
+A seed is a file here whose chunk index is known (store/chunked/seeds.py). The file is put together in
 two steps:
 
 1. place: the target's chunks found in seeds are copied from them in runs (chunks that follow each
    other in both files), in the kernel and, where the filesystem can (XFS with reflink, btrfs),
-   by sharing the seed's blocks rather than writing them (store/rangecopy.py); the other chunks are
+   by sharing the seed's blocks rather than writing them (store/chunked/rangecopy.py); the other chunks are
    downloaded, verified against their ids, and written;
 2. check: one read of the result hashes the whole file, on both cores, while it is flushed to
    disk. A digest that matches the index's proves every chunk; one that does not makes a second
@@ -27,12 +27,12 @@ from pathlib import Path
 import attrs
 import blake3
 
-from efabuild.store.chunks import ChunkIndex, chunk_id
+from efabuild.store.chunked.chunks import ChunkIndex, chunk_id
 from efabuild.host.digest import PREFIX
 from efabuild.host.fsutil import open_regular
 from efabuild.store.parallel import run_parallel
-from efabuild.store.rangecopy import RangeCopier
-from efabuild.store.s3chunks import ChunkStore, Transfer
+from efabuild.store.chunked.rangecopy import RangeCopier
+from efabuild.store.chunked.s3 import ChunkStore, Transfer
 
 RUN_BYTES = 64 * 1024 * 1024  # a run is cut at this size, so both cores copy and clone
 

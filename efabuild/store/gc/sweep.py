@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from efabuild.errors import EfabuildError, InputError
-from efabuild.store.fs import FilesystemTier
-from efabuild.store.gc import keys_to_keep
+from efabuild.store.tiers.fs import FilesystemTier
+from efabuild.store.gc.collect import keys_to_keep
 from efabuild.store.lock import LockBusy
 from efabuild.store.record import ArtifactRecord
 
@@ -65,7 +65,7 @@ def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: b
         report = report._replace(busy=remove(tiers, removals, debris))
     s3 = next((tier for tier in deleting if tier.name == S3_TIER), None)
     if s3 is not None:
-        from efabuild.store.s3chunks import collect
+        from efabuild.store.chunked.s3 import collect
 
         # after the artifacts: the chunks only they used are marked now, swept by a later gc
         report = report._replace(chunks=collect(s3.chunks, dry_run=dry_run, grace=chunk_grace))

@@ -25,8 +25,9 @@ from efabuild import notices
 from efabuild.errors import EfabuildError
 from efabuild.refs import check_key, short
 from efabuild.host import fsutil
-from efabuild.store import leftovers, seeds
-from efabuild.store.chunks import ChunkIndex
+from efabuild.store.gc import leftovers
+from efabuild.store.chunked import seeds
+from efabuild.store.chunked.chunks import ChunkIndex
 from efabuild.display import shown
 from efabuild.host.fsutil import UnsafeEntry
 from efabuild.store.layout import (ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_LIMIT, MANIFEST_SUFFIX, RECORD_SUFFIX,
@@ -144,7 +145,7 @@ class FilesystemTier:
             raise EfabuildError(f"{self.name} tier has no artifact {short(key)}")
         check_file(self.name, self.sqsh_path(key), record)
 
-    # ---- chunk indexes kept beside artifacts, to seed fetches from S3 (store/seeds.py)
+    # ---- chunk indexes kept beside artifacts, to seed fetches from S3 (store/chunked/seeds.py)
     def chunk_index(self, key: str) -> ChunkIndex | None:
         return seeds.kept_index(self, key)
 
@@ -362,7 +363,7 @@ class FilesystemTier:
             pass
 
     def debris(self, now: float | None = None) -> list[Path]:
-        """Leftovers of interrupted writers (see store/leftovers.py)."""
+        """Leftovers of interrupted writers (see store/gc/leftovers.py)."""
         return leftovers.find(self, now)
 
     def remove_debris(self, path: Path) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from efabuild.store.chunks import ChunkIndex, chunk_id
+from efabuild.store.chunked.chunks import ChunkIndex, chunk_id
 
 
 class ChunkSender:
@@ -46,7 +46,7 @@ class ChunkSender:
             raise
 
     def _send(self, cid: str, read: Callable[[], bytes]) -> None:
-        from efabuild.store.s3chunks import compress
+        from efabuild.store.chunked.s3 import compress
 
         try:
             if self._failure is not None:
@@ -81,7 +81,7 @@ def send_from_file(store, index: ChunkIndex, source: Path, ids: set[str],  # noq
                    sender: ChunkSender) -> None:
     """Send the chunks `ids` of `source` (described by `index`), each read back and checked
     against its id first: a file changed since it was cut must never store a misnamed chunk."""
-    from efabuild.store.s3chunks import ChunkError
+    from efabuild.store.chunked.s3 import ChunkError
 
     spans: dict[str, tuple[int, int]] = {}
     for cid, offset, length in index.spans():

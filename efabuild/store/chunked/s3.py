@@ -1,17 +1,17 @@
 """Chunks in S3: which ones the bucket lacks, one fetched and verified, gc (a file is assembled
-from seeds and downloads in store/assembly.py).
+from seeds and downloads in store/chunked/assembly.py).
 
 Layout under the tier's prefix (beside objects/ and refs/):
 
     chunks/<id[:2]>/<id>                 one chunk, zstd-compressed; id = blake3 of its raw bytes
-    objects/<k[:2]>/<key>.chunks.json    the artifact's chunk index (efabuild.store.chunks)
+    objects/<k[:2]>/<key>.chunks.json    the artifact's chunk index (efabuild.store.chunked.chunks)
     gc/marks/<time>.json                 chunks that were unreferenced at that time (gc)
-    gc/trash/<id>                        a chunk gc is deleting (store/chunksweep.py)
-    gc/lock                              held by the gc that sweeps (store/gclock.py)
+    gc/trash/<id>                        a chunk gc is deleting (store/gc/chunks.py)
+    gc/lock                              held by the gc that sweeps (store/gc/lock.py)
 
 A chunk object is created with IfNoneMatch='*', so a second publisher of the same bytes loses the
 race harmlessly; only a repair of one found missing or failing its id overwrites it, with bytes
-checked against the id first (`ChunkStore.replace`, store/health.py). Every chunk is checked
+checked against the id first (`ChunkStore.replace`, store/chunked/health.py). Every chunk is checked
 against its id after decompression, whether it came from S3 or from a seed, and the assembled
 file against the index's digest, so neither a damaged object nor a damaged seed can reach a job.
 """
@@ -29,7 +29,7 @@ import attrs
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
-from efabuild.store.chunks import (  # ChunkError: this module's, defined there for the facade
+from efabuild.store.chunked.chunks import (  # ChunkError: this module's, defined there for the facade
     BadChunkIndex,
     ChunkError,
     ChunkIndex,
@@ -40,7 +40,7 @@ from efabuild.store.chunks import (  # ChunkError: this module's, defined there 
     is_chunk_id,
     usage,
 )
-from efabuild.store.chunks import MAX_INDEX_BYTES, MAX_MARK_BYTES
+from efabuild.store.chunked.chunks import MAX_INDEX_BYTES, MAX_MARK_BYTES
 from efabuild.store.layout import INDEX_SUFFIX, SQSH_SUFFIX
 from efabuild.store.parallel import run_parallel
 
@@ -245,12 +245,12 @@ class ChunkStore:
         """One chunk's raw bytes, verified against its id; and the bytes it took on the wire."""
         path = self.object(cid)
         what = self.tier.url(path)
-        from efabuild.store.s3client import retried  # boto3: only once S3 is used
+        from efabuild.store.tiers.s3client import retried  # boto3: only once S3 is used
 
         bound = _bound(length)
         body = retried(what, lambda: self.tier._get_bytes(path, bound, ChunkError), error=ChunkError)
-        if body is None:  # a gc may have it in its trash this instant (store/chunksweep.py)
-            from efabuild.store.chunksweep import trash_object
+        if body is None:  # a gc may have it in its trash this instant (store/gc/chunks.py)
+            from efabuild.store.gc.chunks import trash_object
 
             trashed = trash_object(self.tier._path, cid)
             body = retried(what, lambda: self.tier._get_bytes(trashed, bound, ChunkError), error=ChunkError)
@@ -315,12 +315,12 @@ class ChunkGc:
 def collect(store: ChunkStore, *, grace: float = DEFAULT_GRACE, dry_run: bool = True,
             now: float | None = None) -> ChunkGc:
     """One mark-and-sweep pass over the tier's chunks (see chunks.chunks_to_delete); one that
-    deletes holds the bucket's gc lock (store/gclock.py), and fails with GcBusy when another does."""
+    deletes holds the bucket's gc lock (store/gc/lock.py), and fails with GcBusy when another does."""
     # S3's clock: marks are compared with the chunks' LastModified, set by it
     now = store.tier.server_time() if now is None else now
     if dry_run:
         return _collect(store, grace, dry_run, now)
-    from efabuild.store.gclock import sweeping_alone
+    from efabuild.store.gc.lock import sweeping_alone
 
     with sweeping_alone(store.tier):
         return _collect(store, grace, dry_run, now)
@@ -339,7 +339,7 @@ def _collect(store: ChunkStore, grace: float, dry_run: bool, now: float) -> Chun
                               [mark for _, mark in marks], now, grace)
     unreferenced = set(stored) - referenced - doomed
     if not dry_run:
-        from efabuild.store.chunksweep import delete_chunks
+        from efabuild.store.gc.chunks import delete_chunks
 
         doomed = delete_chunks(store, doomed, lambda: store.referenced()[0])
         store.delete_objects([path for path, mark in marks if mark.time <= now - grace])

@@ -32,7 +32,7 @@ from botocore.exceptions import ClientError
 from efabuild import notices
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.refs import check_key, is_key, short
-from efabuild.store.chunks import (
+from efabuild.store.chunked.chunks import (
     AVG_SIZE,
     MAX_SIZE,
     MIN_SIZE,
@@ -43,7 +43,7 @@ from efabuild.store.chunks import (
 )
 from efabuild.settings import S3Config
 from efabuild.host.digest import is_digest
-from efabuild.store.fs import PUBLISHED, REUSED, check_publish_input
+from efabuild.store.tiers.fs import PUBLISHED, REUSED, check_publish_input
 from efabuild.store.layout import (
     ENVELOPE_LIMIT,
     ENVELOPE_SUFFIX,
@@ -56,11 +56,11 @@ from efabuild.store.layout import (
 from efabuild.store.parallel import run_parallel
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
-from efabuild.store.chunkpublish import publish as publish_chunks
-from efabuild.store.assembly import Seed, assemble
-from efabuild.store.s3chunks import ChunkError, ChunkStore, Transfer, bucket_usage
-from efabuild.store.s3client import DEFAULT_PART_SIZE, DEFAULT_WORKERS, S3Bucket, already_exists
-from efabuild.store.s3refs import S3Refs
+from efabuild.store.chunked.publish import publish as publish_chunks
+from efabuild.store.chunked.assembly import Seed, assemble
+from efabuild.store.chunked.s3 import ChunkError, ChunkStore, Transfer, bucket_usage
+from efabuild.store.tiers.s3client import DEFAULT_PART_SIZE, DEFAULT_WORKERS, S3Bucket, already_exists
+from efabuild.store.tiers.s3refs import S3Refs
 from efabuild.store.transfer import SIDECARS, DamagedCopy, fetch_into
 
 DIGEST_METADATA = "blake3"  # x-amz-meta-blake3 on every .sqsh
@@ -215,7 +215,7 @@ class S3Tier(S3Refs, S3Bucket):
         then the record as the commit point. `index` is the file's chunk index when this process
         computed it from these bytes (the export's); one a filesystem tier keeps beside the
         artifact comes in `sidecars` and is checked against the bytes before it is used (see
-        store/chunkpublish.py); `likely_present` are chunk ids this node has seen elsewhere."""
+        store/chunked/publish.py); `likely_present` are chunk ids this node has seen elsewhere."""
         sqsh = Path(sqsh)
         check_publish_input(key, sqsh, record)
         show = self.show_progress if show_progress is None else show_progress

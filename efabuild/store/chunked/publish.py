@@ -24,11 +24,11 @@ from pathlib import Path
 from efabuild import notices
 from efabuild.errors import EfabuildError
 from efabuild.refs import short
-from efabuild.store.chunks import BadChunkIndex, ChunkIndex, chunk_file, mismatch
-from efabuild.store.chunksend import ChunkSender, send_from_file
+from efabuild.store.chunked.chunks import BadChunkIndex, ChunkIndex, chunk_file, mismatch
+from efabuild.store.chunked.send import ChunkSender, send_from_file
 from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.progress import Progress
-from efabuild.store.s3chunks import ChunkStore, Transfer
+from efabuild.store.chunked.s3 import ChunkStore, Transfer
 
 
 def upload(store: ChunkStore, index: ChunkIndex, source: Path, ids: set[str],
@@ -75,7 +75,7 @@ def publish(store: ChunkStore, key: str, sqsh: Path, record, *, index: ChunkInde
 def stored_index_json(index: ChunkIndex, etags: dict[str, str]) -> bytes:
     """The index as the bucket keeps it: with the ETag each chunk object had when it was written
     (or checked), so that a later look at the chunks (a warm make, audit, verify) sees one
-    rewritten since without reading it (see store/health.py)."""
+    rewritten since without reading it (see store/chunked/health.py)."""
     doc = json.loads(index.to_json())
     doc["etags"] = {cid: etags[cid] for cid in sorted(etags) if cid in index.unique()}
     return json.dumps(doc, separators=(",", ":")).encode()

@@ -22,11 +22,11 @@ import blake3
 from efabuild.errors import EfabuildError
 from efabuild.host.digest import PREFIX
 from efabuild.refs import is_key, short
-from efabuild.store.chunkpublish import read_chunk, stored_index_json
-from efabuild.store.chunks import MAX_INDEX_BYTES, BadChunkIndex, ChunkIndex, is_chunk_id
+from efabuild.store.chunked.publish import read_chunk, stored_index_json
+from efabuild.store.chunked.chunks import MAX_INDEX_BYTES, BadChunkIndex, ChunkIndex, is_chunk_id
 from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.parallel import run_parallel
-from efabuild.store.s3chunks import CHUNKS_DIR
+from efabuild.store.chunked.s3 import CHUNKS_DIR
 from efabuild.store.transfer import DamagedCopy
 
 READ_PIECE = 8 * 1024 * 1024  # a whole object is hashed a piece at a time, never held

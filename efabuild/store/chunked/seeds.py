@@ -18,11 +18,11 @@ from efabuild.display import shown
 from efabuild.errors import EfabuildError
 from efabuild.refs import check_key, is_key
 from efabuild.host import fsutil
-from efabuild.store.chunks import MAX_INDEX_BYTES, ChunkIndex
+from efabuild.store.chunked.chunks import MAX_INDEX_BYTES, ChunkIndex
 from efabuild.store.layout import INDEX_SUFFIX
 
 if TYPE_CHECKING:  # the S3 chunk store loads only when a chunked artifact is touched
-    from efabuild.store.assembly import Seed
+    from efabuild.store.chunked.assembly import Seed
 
 # kept index bytes one fetch reads to choose its seeds, and so what the seeds it keeps hold in
 # memory (about 4 times their JSON): eight indexes of 100 GB images cut at the average chunk size
@@ -86,7 +86,7 @@ def seeds(fs_tiers: list, name: str, limit: int = 8) -> tuple[Seed, ...]:
     `name` first (they share the most), then the most recently indexed others (a parent layer's
     artifact holds most of its children's bytes). Each index is read once, and all of them at
     most SEED_INDEX_BUDGET bytes, whatever history and indexes others planted."""
-    from efabuild.store.assembly import Seed
+    from efabuild.store.chunked.assembly import Seed
 
     found: dict[str, Seed] = {}
     tried: set[tuple[str, str]] = set()

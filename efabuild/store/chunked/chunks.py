@@ -60,7 +60,7 @@ def is_chunk_id(text: object) -> bool:
 
 
 class ChunkError(EfabuildError):
-    """A chunk that is missing or does not hash to its id (raised by store/s3chunks.py; here so the
+    """A chunk that is missing or does not hash to its id (raised by store/chunked/s3.py; here so the
     store facade can catch it without loading the S3 chunk store, and attrs, on a plan's path)."""
 
 
@@ -211,7 +211,7 @@ def chunks_to_delete(stored: dict[str, float], referenced: set[str], marks: list
     `stored` maps each chunk in the bucket to its last-modified time. A chunk is deleted only if
     a mark at least `grace` old already found it unreferenced, it has not been written since that
     mark, and no index references it now. How a doomed chunk is then deleted without losing one
-    that a publish started meanwhile references: efabuild.store.chunksweep.
+    that a publish started meanwhile references: efabuild.store.gc.chunks.
     """
     doomed: set[str] = set()
     for mark in marks:
