@@ -160,3 +160,26 @@ def test_metadata_comes_from_the_first_tier_that_has_it_but_a_statement_from_the
     local.delete(key)
     assert store.envelope(key) == b'{"signed": 1}\n'  # the shared tier holds it first now
     assert Store([local], show_progress=False).record(key) is None
+
+
+def test_both_tiers_implement_the_one_tier_interface_with_its_parameters_and_defaults():
+    """Store, transfers and gc call tiers through `Tier`: a tier whose method takes other
+    parameters, or the same ones with another default, would behave differently per tier."""
+    import inspect
+
+    from efabuild.store.tiers.base import Tier
+    from efabuild.store.tiers.fs import FilesystemTier
+    from efabuild.store.tiers.s3 import S3Tier
+
+    for tier in (FilesystemTier, S3Tier):
+        assert issubclass(tier, Tier) and not tier.__abstractmethods__, tier
+        for name in sorted(Tier.__abstractmethods__):
+            wanted = inspect.signature(getattr(Tier, name)).parameters
+            got = inspect.signature(getattr(tier, name)).parameters
+            for param, spec in wanted.items():
+                assert param in got, f"{tier.__name__}.{name} lacks {param}"
+                assert (got[param].kind, got[param].default) == (spec.kind, spec.default), \
+                    f"{tier.__name__}.{name}({param}): {got[param]} against the interface's {spec}"
+            extra = [p for p in got.values() if p.name not in wanted]
+            assert all(p.kind is p.KEYWORD_ONLY and p.default is not p.empty for p in extra), \
+                f"{tier.__name__}.{name}: extra parameters must be optional keywords: {extra}"

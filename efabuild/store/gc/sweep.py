@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from pathlib import Path
 from typing import NamedTuple
 
 from efabuild.errors import EfabuildError, InputError
@@ -109,7 +108,7 @@ def remove(tiers: list, removals: tuple[Removal, ...], debris: tuple) -> tuple:
             by_name[tier_name].drop_ref_entries(name, keys)
     for tier_name, item in debris:
         tier = by_name[tier_name]
-        tier.remove_debris(Path(item) if isinstance(tier, FilesystemTier) else item)
+        tier.remove_debris(item)
     return tuple(busy)
 
 

@@ -36,12 +36,10 @@ from efabuild.store.lock import FileLock
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord, utc_now
 from efabuild.store.transfer import SIDECARS, DamagedCopy, check_file
+from efabuild.store.tiers.base import PUBLISHED, REPAIRED, REUSED, Tier, check_publish_input  # noqa: F401 - PUBLISHED & co. are the tier's words
 
 MAX_REF_HISTORY = 1000
 
-PUBLISHED = "published"
-REUSED = "reused"
-REPAIRED = "repaired"
 
 
 def _warn(message: str) -> None:
@@ -52,7 +50,7 @@ def _on_wait(what: str) -> None:
     notices.note(f"waiting for another process holding {what}")
 
 
-class FilesystemTier:
+class FilesystemTier(Tier):
     def __init__(self, root: str | os.PathLike[str], name: str) -> None:
         self.root = Path(root).absolute()
         self.name = name
@@ -171,7 +169,7 @@ class FilesystemTier:
         record: ArtifactRecord,
         manifest: bytes | None = None,
         *,
-        show_progress: bool = True,
+        show_progress: bool | None = None,
         envelope: bytes | None = None,
         sidecars: Mapping[str, bytes] | None = None,
         index: ChunkIndex | None = None,
@@ -224,7 +222,7 @@ class FilesystemTier:
         return existing
 
     def _commit(self, key: str, sqsh: Path, record: ArtifactRecord, manifest: bytes | None,
-                envelope: bytes | None, sidecars: Mapping[str, bytes], show_progress: bool) -> None:
+                envelope: bytes | None, sidecars: Mapping[str, bytes], show_progress: bool | None) -> None:
         """Write the object's files in publishing order; linking the .sqsh last commits it."""
         with contextlib.ExitStack() as stack:
             tmp_fd = stack.enter_context(fsutil.store_dir(self.root, "tmp", create=True))
@@ -258,7 +256,7 @@ class FilesystemTier:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(staged, dir_fd=tmp_fd)  # the object keeps its own link
 
-    def _stage(self, key: str, sqsh: Path, tmp_fd: int, show_progress: bool) -> str:
+    def _stage(self, key: str, sqsh: Path, tmp_fd: int, show_progress: bool | None) -> str:
         """The name of a read-only file in tmp/ with the .sqsh bytes: a link when possible."""
         tmp_dir = self.layout.tmp_dir
         staged = fsutil.temp_name(tmp_dir, key, SQSH_SUFFIX)
@@ -275,7 +273,7 @@ class FilesystemTier:
         if not linked:
             size = sqsh.stat().st_size
             try:
-                with Progress(f"copy {short(key)} to {self.name}", size, enabled=show_progress) as bar:
+                with Progress(f"copy {short(key)} to {self.name}", size, enabled=show_progress is not False) as bar:
                     fsutil.copy_file(sqsh, staged, bar)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
@@ -362,12 +360,12 @@ class FilesystemTier:
         except FileNotFoundError:
             pass
 
-    def debris(self, now: float | None = None) -> list[Path]:
-        """Leftovers of interrupted writers (see store/gc/leftovers.py)."""
-        return leftovers.find(self, now)
+    def debris(self, now: float | None = None) -> list[str]:
+        """Leftovers of interrupted writers, as paths (see store/gc/leftovers.py)."""
+        return [str(path) for path in leftovers.find(self, now)]
 
-    def remove_debris(self, path: Path) -> None:
-        leftovers.remove(self, Path(path))
+    def remove_debris(self, item: str) -> None:
+        leftovers.remove(self, Path(item))
 
     # ---- store.toml (where the S3 tier is, for bare-path users on compute nodes)
     def write_config(self, text: str) -> None:
@@ -378,16 +376,3 @@ class FilesystemTier:
         except UnsafeEntry:
             pass  # replaced below
         fsutil.atomic_write_bytes(path, text.encode(), self.layout.tmp_dir)
-
-
-def check_publish_input(key: str, sqsh: Path, record: ArtifactRecord) -> None:
-    check_key(key)
-    record.check()
-    if record.key != key:
-        raise EfabuildError(f"publish: record is for {short(record.key)}, not {short(key)}")
-    try:
-        size = sqsh.stat().st_size
-    except FileNotFoundError:
-        raise EfabuildError(f"publish: {sqsh}: no such file") from None
-    if size != record.size:
-        raise EfabuildError(f"publish: {sqsh} has {size} bytes, its record says {record.size}")

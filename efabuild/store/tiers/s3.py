@@ -43,7 +43,7 @@ from efabuild.store.chunked.chunks import (
 )
 from efabuild.settings import S3Config
 from efabuild.host.digest import is_digest
-from efabuild.store.tiers.fs import PUBLISHED, REUSED, check_publish_input
+from efabuild.store.tiers.base import PUBLISHED, REUSED, Tier, check_publish_input
 from efabuild.store.layout import (
     ENVELOPE_LIMIT,
     ENVELOPE_SUFFIX,
@@ -68,7 +68,7 @@ SHA256_METADATA = "sha256"  # x-amz-meta-sha256 on .sqsh files exported since re
 STALE_UPLOAD = timedelta(days=1)
 
 
-class S3Tier(S3Refs, S3Bucket):
+class S3Tier(S3Refs, S3Bucket, Tier):
     name = "s3"
 
     def __init__(
@@ -356,9 +356,10 @@ class S3Tier(S3Refs, S3Bucket):
         """What each artifact (of `records`, default all) costs in the bucket (see s3chunks.bucket_usage)."""
         return bucket_usage(self, records)
 
-    def debris(self, now: datetime | None = None) -> list[str]:
+    def debris(self, now: float | None = None) -> list[str]:
         """s3:// URLs of leftovers older than a day: .sqsh without a record, unfinished uploads."""
-        now = now or datetime.fromtimestamp(self.server_time(), timezone.utc)  # S3's clock, as LastModified
+        # S3's clock, as LastModified is
+        now = datetime.fromtimestamp(self.server_time() if now is None else now, timezone.utc)
         records, _, sqsh_objects = self._object_keys("")
         found = []
         for path, written in sqsh_objects.items():
@@ -369,8 +370,8 @@ class S3Tier(S3Refs, S3Bucket):
             found.append(self.url(upload["Key"]) + f"?uploadId={upload['UploadId']}")
         return found
 
-    def remove_debris(self, url: str) -> None:
-        path = url[len(self.url("")):]
+    def remove_debris(self, item: str) -> None:
+        path = item[len(self.url("")):]
         if "?uploadId=" in path:
             self.abort_upload(*path.split("?uploadId=", 1))
         else:

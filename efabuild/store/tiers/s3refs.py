@@ -29,7 +29,8 @@ class S3Refs:
                 entries.append({"key": key, "time": when})
         return sorted(entries, key=lambda e: e["time"])
 
-    def append_ref(self, name: str, key: str, when: str | None = None) -> bool:
+    def append_ref(self, name: str, key: str, when: str | None = None, via: str | None = None) -> bool:  # noqa: ARG002
+        # `via` is for copies of S3's entries on the other tiers; S3 is the authority of its own
         check_key(key)
         history = self.read_refs(name)
         if history and history[-1]["key"] == key:
