@@ -39,7 +39,7 @@ def test_a_file_hashed_just_after_it_was_written_is_hashed_again(tmp_path, capsy
     assert after["stack:user"]["reasons"] == ["context app/train.py changed"]
 
 
-def test_the_cache_is_never_written_through_a_state_directory_replaced_by_a_link(tmp_path, capsys, monkeypatch):
+def test_the_cache_is_never_written_through_a_state_directory_replaced_by_a_link(tmp_path, capsys, monkeypatch, settled_clock):
     """The local store may sit on a shared path: a co-tenant who replaces its state/ with a link
     to another directory must not have a plan (run as root) replace a file there, nor leave one."""
     root = make_workspace(tmp_path / "ws")
@@ -57,3 +57,23 @@ def test_the_cache_is_never_written_through_a_state_directory_replaced_by_a_link
     (root / "cache" / "state").unlink()  # the store as efabuild made it: the cache is kept there
     plan(root, capsys, monkeypatch)
     assert (root / "cache" / "state" / "hashes").stat().st_size > len("a file of the directory's owner\n")
+
+
+def test_a_same_size_edit_whose_mtime_was_put_back_is_hashed_again(tmp_path, capsys, monkeypatch, settled_clock):
+    """`touch -r`, `rsync -t`, an editor or a checkout tool that restores a file's mtime after a
+    same-size edit: the cached stamp must still see it. Slip: a stamp of size, mtime and inode
+    alone kept the old digest, and the layer its old key (ctime moves on every change)."""
+    root = make_workspace(tmp_path / "ws")
+    record_all(root)
+    train = root / "app" / "train.py"
+    plan(root, capsys, monkeypatch)
+    before = plan(root, capsys, monkeypatch)  # the stamps are cached by now
+    stamp = train.stat()
+    with open(train, "r+") as handle:
+        handle.write(train.read_text().replace("train", "TRAIN"))
+    os.utime(train, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert (train.stat().st_ino, train.stat().st_size, train.stat().st_mtime_ns) == \
+        (stamp.st_ino, stamp.st_size, stamp.st_mtime_ns)
+    after = plan(root, capsys, monkeypatch)
+    assert after["stack:user"]["key"] != before["stack:user"]["key"]
+    assert after["stack:user"]["reasons"] == ["context app/train.py changed"]

@@ -202,7 +202,7 @@ def by_name(data: dict) -> dict[str, dict]:
 
 
 def age_files(root: Path) -> None:
-    """Make context files older than the racy-mtime window, so the hash cache trusts them."""
+    """Make context files older than the racy window (with `settled_clock`: their ctime is now)."""
     past = time.time() - 60
     for path in (root / "app").rglob("*"):
         os.utime(path, (past, past))
@@ -288,7 +288,7 @@ def test_only_a_user_file_change_rebuilds_only_the_user_layer(tmp_path):
     assert layers["stack:user"]["reasons"] == ["context app/train.py changed"]
 
 
-def test_unchanged_plan_reads_no_file_contents(tmp_path):
+def test_unchanged_plan_reads_no_file_contents(tmp_path, settled_clock):
     files = {f"app/f{i:03d}.py": f"x = {i}\n" for i in range(300)}
     root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH}, files=files)
     age_files(root)
@@ -306,7 +306,7 @@ def test_unchanged_plan_reads_no_file_contents(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "fifo", "directory"])
-def test_a_damaged_or_planted_hash_cache_only_costs_hashing_again(tmp_path, damage):
+def test_a_damaged_or_planted_hash_cache_only_costs_hashing_again(tmp_path, damage, settled_clock):
     """The cache is read whole on every plan: a cut or foreign file, or a FIFO or directory in its
     place, is ignored (no hang, no traceback) and the keys stay; a file is written back after."""
     files = {f"app/f{i:03d}.py": f"x = {i}\n" for i in range(20)}
@@ -331,7 +331,7 @@ def test_a_damaged_or_planted_hash_cache_only_costs_hashing_again(tmp_path, dama
         assert plan_json(root)["context_files_read"] == 0
 
 
-def test_a_hash_cache_save_killed_before_its_rename_leaves_a_temp_the_next_save_removes(tmp_path):
+def test_a_hash_cache_save_killed_before_its_rename_leaves_a_temp_the_next_save_removes(tmp_path, settled_clock):
     root = make_workspace(tmp_path / "ws", {"stack": SIMPLE_GRAPH})
     age_files(root)
     plan_json(root)
