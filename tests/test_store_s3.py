@@ -193,7 +193,7 @@ def test_kill_9_during_an_s3_publish_leaves_nothing_visible(tmp_path, settings, 
         other.lookup(key)
     if point == "s3-mid-upload":  # an open multipart upload, never visible; gc aborts it a day later
         later = datetime.now(timezone.utc) + timedelta(days=2)
-        debris = tier.debris(now=later)
+        debris = tier.debris(now=later.timestamp())
         assert len(debris) == 1 and "?uploadId=" in debris[0]
         tier.remove_debris(debris[0])
         assert not s3_client.list_multipart_uploads(Bucket=settings.bucket).get("Uploads")
