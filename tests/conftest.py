@@ -17,7 +17,7 @@ pytest_plugins = [
     "tests.plugins.engine",
     "tests.plugins.s3server",
     "tests.plugins.faultproxy",
-    "pytester",  # tests/test_conftest.py runs small suites against this file
+    "pytester",  # tests/project/test_conftest.py runs small suites against this file
 ]
 
 # the fixtures that start or reach a service; whatever depends on them inherits the marker
