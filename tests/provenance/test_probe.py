@@ -419,3 +419,26 @@ def test_thousands_of_small_plugins_are_read_by_a_few_unsquashfs_runs(tmp_path: 
     ofi = probe_tree(SqshView(sqsh), platform="linux/amd64").component("aws-ofi-nccl")
     assert [c.version for c in ofi.copies] == ["1.21.1"] * 2000
     assert runs.count("unsquashfs") < 100
+
+
+def test_an_image_with_hundreds_of_libfabric_copies_has_a_bounded_number_of_them_read_whole(
+        tmp_path: Path, monkeypatch) -> None:
+    """A hostile image with 400 libfabric.so.1.x files of 8 MiB (hard links of one: a small .sqsh)
+    and no pkgconfig or package to name them: each copy was read whole for its version string at
+    every export's probe (3.2 GB here, 64 MiB a copy at most); past the first copies they are
+    listed without a version."""
+
+    root = tmp_path / "root"
+    env = ngc.full_image(root)
+    big = ngc.write(root, "/opt/many/big", ngc.fake_elf() + b"\x00" * (8 << 20))
+    for number in range(400):
+        (root / f"opt/many/libfabric.so.1.{number}").hardlink_to(big)
+    env["LD_LIBRARY_PATH"] = "/opt/many:" + env.get("LD_LIBRARY_PATH", "")
+    view = DirView(root)
+    read = []
+    real_read = view.read_bytes
+    monkeypatch.setattr(view, "read_bytes", lambda path, *a, **k: read.append(path) or real_read(path, *a, **k))
+    copies = probe_tree(view, env).component("libfabric").copies
+    assert len([c for c in copies if c.path.startswith("/opt/many/")]) == 400  # every copy still listed
+    scanned = [path for path in read if path.startswith("/opt/many/libfabric")]
+    assert len(scanned) <= 16, len(scanned)  # 400 before
