@@ -40,6 +40,7 @@ from efabuild.export.tarheader import (
 _READ_CHUNK = 1 << 20
 _SPLICE_MIN = 128 << 10  # bodies this large bypass Python: splice(2) pipe to pipe
 _PROGRESS_EVERY = 64 << 20
+WRITTEN_MODE = 0o644  # the files written from the config, unless the image had its own copy (its mode)
 ENROOT_FIXPERMS_DEPTH = 15  # Enroot ≥ 4.0: find rootfs -maxdepth 15 -type d ! -perm -u=w -exec chmod u+w
 # paths `docker create` adds to the rootfs (its init layer) when the image lacks them; their
 # mtimes are the container's creation time, so they are pinned to the export's epoch
@@ -54,16 +55,16 @@ _INIT_LAYER_ENTRIES = (
     ("etc/hostname", b"0", 0o755, ""), ("etc/hosts", b"0", 0o755, ""),
     ("etc/mtab", b"2", 0o777, "/proc/mounts"), ("etc/resolv.conf", b"0", 0o755, ""),
 )
-_INIT_LAYER_FILES = frozenset(path for path, kind, _, _ in _INIT_LAYER_ENTRIES if kind != b"5")
+INIT_LAYER_FILES = frozenset(path for path, kind, _, _ in _INIT_LAYER_ENTRIES if kind != b"5")
 
 
-def _ancestors(path: str) -> list[str]:
+def ancestors(path: str) -> list[str]:
     """'a/b/c' → ['a', 'a/b', 'a/b/c']."""
     parts = [p for p in path.split("/") if p]
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _norm(name: str) -> str:
+def norm_path(name: str) -> str:
     while name.startswith("./"):
         name = name[2:]
     return name.strip("/") if name not in ("", ".", "./") else ""
@@ -86,10 +87,10 @@ class RewritePlan:
     @classmethod
     def for_config(cls, cfg: ImageConfig, *, epoch: int = 0, clamp: int | None = None,
                    init_layer: bool = False) -> RewritePlan:
-        workdir = _norm(cfg.workdir)
-        pinned = set(_INIT_LAYER_PATHS) | set(_ancestors(workdir))
+        workdir = norm_path(cfg.workdir)
+        pinned = set(_INIT_LAYER_PATHS) | set(ancestors(workdir))
         for volume in cfg.volumes:  # docker create makes volume mount points too
-            pinned.update(_ancestors(_norm(volume)))
+            pinned.update(ancestors(norm_path(volume)))
         files = tuple(enroot_files(cfg.without_labels(UNKEYED_LABELS)).items())
         return cls(
             files=files,
@@ -108,6 +109,9 @@ class RewritePlan:
         if self.clamp is not None and mtime > self.clamp:
             return self.clamp
         return mtime
+
+    def wanted_dirs(self) -> list[str]:
+        return list(dict.fromkeys(ancestors(self.workdir) + [p for f, _ in self.files for p in ancestors(f)[:-1]]))
 
     def drops(self, path: str) -> bool:
         return path == ".dockerenv" or path.startswith("dev/") or path in self.replaced
@@ -282,8 +286,8 @@ class _Filter:
 
     def _entry(self, header: bytearray, typeflag: bytes, size: int) -> None:
         plan, pax = self.plan, self.pax
-        path = _norm(pax.get("path") or self.long_name or ustar_name(header))
-        link_target = (_norm(pax.get("linkpath") or self.long_link or ustar_linkname(header))
+        path = norm_path(pax.get("path") or self.long_name or ustar_name(header))
+        link_target = (norm_path(pax.get("linkpath") or self.long_link or ustar_linkname(header))
                        if typeflag == b"1" else "")
         body = padded(size if has_body(typeflag) else 0)
         if self.init_layer is not None and not plan.drops(path):
@@ -291,7 +295,7 @@ class _Filter:
                 self.pipe.emit(block)
         if link_target in plan.replaced and not plan.drops(path):
             self.aliases[path] = link_target
-        elif plan.drops(path) or (self.init_layer is not None and path in _INIT_LAYER_FILES):
+        elif plan.drops(path) or (self.init_layer is not None and path in INIT_LAYER_FILES):
             if path in plan.replaced and typeflag in (b"0", b"\0"):
                 self.replaced_modes[path] = fixed_mode(number(header[100:108]) & 0o7777, is_dir=False, depth=0)
             self.pipe.copy(body, keep=False)
@@ -319,7 +323,7 @@ class _Filter:
             set_number(header, 136, 12, int(new_mtime))
             changed = True
             if "mtime" in pax:
-                pax["mtime"] = str(int(new_mtime))
+                pax["mtime"] = f"{int(new_mtime)}.0"  # mksquashfs 4.6 refuses a pax time without a point
                 self.extensions = [b for b in self.extensions if b[156:157] != b"x"] + [pax_block(pax)]
         return changed
 
@@ -358,8 +362,7 @@ def _appended(plan: RewritePlan, seen: dict[str, bytes], modes: dict[str, int],
               aliases: dict[str, str] | None = None) -> Iterable[bytes]:
     """Missing directories (etc, the working directory) and the files written from the config,
     also at the paths that were hard links to them."""
-    wanted_dirs = _ancestors(plan.workdir) + [p for path, _ in plan.files for p in _ancestors(path)[:-1]]
-    for directory in dict.fromkeys(wanted_dirs):
+    for directory in plan.wanted_dirs():
         kind = seen.get(directory)
         if kind is None:
             seen[directory] = b"5"
@@ -369,7 +372,7 @@ def _appended(plan: RewritePlan, seen: dict[str, bytes], modes: dict[str, int],
     for path, text in plan.files:
         data = text.encode("utf-8", "surrogateescape")
         for written in [path] + [alias for alias, target in (aliases or {}).items() if target == path]:
-            yield header_block(written, typeflag=b"0", mode=modes.get(path, 0o644), size=len(data), mtime=plan.epoch)
+            yield header_block(written, typeflag=b"0", mode=modes.get(path, WRITTEN_MODE), size=len(data), mtime=plan.epoch)
             yield data + b"\0" * (padded(len(data)) - len(data))
 
 

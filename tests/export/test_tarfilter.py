@@ -197,6 +197,31 @@ def test_filter_rewrites_a_pax_mtime_of_a_pinned_entry(tmp_path: Path) -> None:
     assert out["etc"].mtime == 42
 
 
+def test_a_rewritten_pax_mtime_is_one_mksquashfs_reads(tmp_path: Path) -> None:
+    """mksquashfs 4.6 refuses a pax mtime without a decimal point ("Failed to parse pax header"),
+    so a pinned or clamped sub-second time failed the whole export."""
+    import subprocess
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, kind, mtime in (("etc", tarfile.DIRTYPE, "1700000000.123456"), ("new.txt", tarfile.REGTYPE,
+                                  f"{T0 + 999}.5"), ("old.txt", tarfile.REGTYPE, f"{T0 - 9}.25")):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.pax_headers = kind, 0o755, {"mtime": mtime}
+            tar.addfile(info)
+    (tmp_path / "in.tar").write_bytes(buf.getvalue())
+    with open(tmp_path / "in.tar", "rb") as fin, open(tmp_path / "out.tar", "wb") as fout:
+        rewrite_tar(fin.fileno(), fout.fileno(), attrs.evolve(PLAN, clamp=T0))
+    with open(tmp_path / "out.tar", "rb") as fin:
+        done = subprocess.run(["mksquashfs", "-", str(tmp_path / "o.sqsh"), "-tar", "-noappend", "-quiet",
+                               "-no-progress"], stdin=fin, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    listed = subprocess.run(["unsquashfs", "-lls", "-full-precision", str(tmp_path / "o.sqsh")], capture_output=True,
+                            text=True, check=True).stdout
+    times = {line.split()[-1][len("squashfs-root/"):]: " ".join(line.split()[3:5]) for line in listed.splitlines()[1:]}
+    assert {name: times[name] for name in ("etc", "new.txt", "old.txt")} == {"etc": "1970-01-01 00:00:42", "new.txt": "2023-11-14 22:13:20", "old.txt": "2023-11-14 22:13:11"}
+
+
 def test_filter_refuses_a_truncated_or_corrupt_stream(tmp_path: Path) -> None:
     data = _tar([("f", "f", 0o644, b"x" * 5000)])
     with pytest.raises(EfabuildError, match="ended early"):

@@ -1,4 +1,4 @@
-"""Assembling a chunked artifact from seeds and downloads (store/chunked/assembly.py, store/chunked/rangecopy.py):
+"""Assembling a chunked artifact from seeds and downloads (store/chunked/assembly.py, host/rangecopy.py):
 only missing chunks are downloaded, every chunk taken from a seed is checked in the result, a
 damaged, shortened or vanished seed only costs downloads, and on XFS with reflink the seed's
 blocks are shared rather than written (on a loop-mounted XFS made here)."""
@@ -19,7 +19,7 @@ from efabuild.store.chunked.assembly import Seed, assemble, plan
 from efabuild.store.chunked.publish import upload
 from efabuild.store.chunked.chunks import chunk_file
 from efabuild.host.digest import file_digest
-from efabuild.store.chunked.rangecopy import RangeCopier
+from efabuild.host.rangecopy import RangeCopier
 from efabuild.store.tiers.s3 import S3Tier
 from tests.kits.storekit import shifted_versions
 from efabuild.store.chunked.s3 import ChunkError, ChunkStore, compress

@@ -5,7 +5,7 @@ two steps:
 
 1. place: the target's chunks found in seeds are copied from them in runs (chunks that follow each
    other in both files), in the kernel and, where the filesystem can (XFS with reflink, btrfs),
-   by sharing the seed's blocks rather than writing them (store/chunked/rangecopy.py); the other chunks are
+   by sharing the seed's blocks rather than writing them (host/rangecopy.py); the other chunks are
    downloaded, verified against their ids, and written;
 2. check: one read of the result hashes the whole file, on both cores, while it is flushed to
    disk. A digest that matches the index's proves every chunk; one that does not makes a second
@@ -31,7 +31,7 @@ from efabuild.store.chunked.chunks import ChunkIndex, chunk_id
 from efabuild.host.digest import PREFIX
 from efabuild.host.fsutil import open_regular
 from efabuild.store.parallel import run_parallel
-from efabuild.store.chunked.rangecopy import RangeCopier
+from efabuild.host.rangecopy import RangeCopier
 from efabuild.store.chunked.s3 import ChunkStore, Transfer
 
 RUN_BYTES = 64 * 1024 * 1024  # a run is cut at this size, so both cores copy and clone
