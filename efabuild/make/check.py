@@ -22,7 +22,7 @@ from efabuild.model import Layer
 from efabuild.make.prepare import Prepared
 from efabuild.export.sqshdiff import Difference, compare, read_sqsh, summary
 from efabuild.refs import short
-from efabuild.store.leftovers import CHECK_PREFIX
+from efabuild.store.gc.leftovers import CHECK_PREFIX
 from efabuild.host.owner import owned_name
 from efabuild.make.reporter import Reporter
 from efabuild import notices

@@ -22,7 +22,7 @@ from efabuild.export.enroot import ImageConfig
 from efabuild.export.squashfs import write_incremental
 from efabuild.export.tarfilter import RewritePlan
 from efabuild.settings import ExportSettings
-from tests.tarkit import T0, Item, full_export, tar_entries, tree_tar, walk_key
+from tests.kits.tarkit import T0, Item, full_export, tar_entries, tree_tar, walk_key
 
 CLAMP = T0 + 5000
 PLAN_A = RewritePlan.for_config(ImageConfig(env=("A=1",), working_dir="/workspace"), epoch=T0, clamp=CLAMP)
@@ -454,7 +454,7 @@ def test_two_runs_write_the_same_bytes(tmp_path: Path) -> None:
 
 
 def test_squashfuse_and_the_kernel_read_an_incremental_child(tmp_path: Path) -> None:
-    from tests.test_squashfuse import _fuse_missing, hard_links, squashfuse_mounted, tree
+    from tests.scenarios.test_squashfuse import _fuse_missing, hard_links, squashfuse_mounted, tree
 
     _base, grand, full = chain_case(tmp_path)
     if _fuse_missing() is None:  # as a job starts from it: squashfuse, and squashfuse_ll for inode numbers
