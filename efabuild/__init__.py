@@ -1,7 +1,7 @@
 """efabuild: NGC + EFA training images as content-addressed Enroot .sqsh artifacts.
 
 The modules at this level are the pure core: they decide and parse, and reach no engine, store,
-network or subprocess (tests/test_code_layout.py holds them to it).
+network or subprocess (tests/project/test_code_layout.py holds them to it).
 
 - `model`, `settings`, `workspace`, `configfile`, `tomlkeys`, `grammar`: BUILD.toml and the graph
   files read into frozen values, each bad input one line naming its file and key;
@@ -17,7 +17,7 @@ facts to a stored .sqsh), `engine/` (every Docker and BuildKit call), `export/` 
 `store/` (local, shared and S3 tiers), `signing/`, `provenance/`, `lint/`, `doctor/`, `pyxis/`
 (lookup and the importer a job runs), and `cli/`, the only place that prints. Each imports only
 its own floor or a lower one: core < host < store, engine, provenance, lint, doctor < export,
-signing, pyxis < make < cli, in no circle (tests/test_code_layout.py).
+signing, pyxis < make < cli, in no circle (tests/project/test_code_layout.py).
 """
 
 __version__ = "0.1.0"

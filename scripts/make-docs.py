@@ -2,7 +2,7 @@
 """Generate the parts of docs/ that must follow the code, so they cannot drift from it.
 
     python3 scripts/make-docs.py                  regenerate into docs/
-    python3 scripts/make-docs.py --out DIR        elsewhere (tests/test_docs.py compares the two)
+    python3 scripts/make-docs.py --out DIR        elsewhere (tests/project/test_docs.py compares the two)
     python3 scripts/make-docs.py --bench bench-results/bench.json
                                                   the performance page from a run of scripts/bench.py
 

@@ -17,7 +17,7 @@ pytest_plugins = [
     "tests.plugins.engine",
     "tests.plugins.s3server",
     "tests.plugins.faultproxy",
-    "pytester",  # tests/test_conftest.py runs small suites against this file
+    "pytester",  # tests/project/test_conftest.py runs small suites against this file
 ]
 
 # the fixtures that start or reach a service; whatever depends on them inherits the marker
@@ -39,3 +39,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _no_engine_unless_asked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if request.node.get_closest_marker("engine") is None:
         monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
+
+
+@pytest.fixture
+def settled_clock(monkeypatch):
+    """The stat-stamp clock (host/statstamp.py) a minute ahead: files a test just wrote count as
+    settled, as they would a few seconds later (no system call sets a ctime back, so aging a file
+    with utime no longer takes it out of the racy window). Only for in-process runs."""
+    import time
+
+    from efabuild.host import statstamp
+
+    monkeypatch.setattr(statstamp, "clock_ns", lambda: time.time_ns() + 60_000_000_000)

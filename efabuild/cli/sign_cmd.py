@@ -117,7 +117,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def _s3_results(store, key: str, deep: bool) -> list[dict]:  # noqa: ANN001 - a Store
     """verify's row for S3's copy of `key` (none when S3 lacks it or is left out): can it still
-    deliver it (store/health.py)? Without credentials S3 is left out with one warning."""
+    deliver it (store/chunked/health.py)? Without credentials S3 is left out with one warning."""
     from efabuild.errors import NoCredentials
 
     if store.s3 is None:

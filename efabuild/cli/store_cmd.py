@@ -218,7 +218,7 @@ def _chunk_problems(store, deep: bool) -> list:  # noqa: ANN001 - a Store
     index names that are missing (with `deep`: or fail their id)."""
     from efabuild.errors import EfabuildError
     from efabuild.refs import short
-    from efabuild.store.health import chunk_problems
+    from efabuild.store.chunked.health import chunk_problems
 
     if store.s3 is None:
         return []

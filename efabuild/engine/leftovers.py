@@ -20,12 +20,12 @@ from efabuild.engine.client import Engine, EngineError
 from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL
 from efabuild.host.owner import Owner
 from efabuild.host.fsutil import parse_temp_owner
-from efabuild.store.leftovers import STALE_TEMP_SECONDS
+from efabuild.store.gc.leftovers import STALE_TEMP_SECONDS
 
 LIST_TIMEOUT_S = 30.0
 CHECK_REPO = "efabuild-check"
 # a check image tagged by an efabuild that did not name the owner: judged by age, as an unowned
-# make --check directory is (efabuild.store.leftovers)
+# make --check directory is (efabuild.store.gc.leftovers)
 _UNOWNED_CHECK_TAG = re.compile(rf"{CHECK_REPO}/[^:]+:[0-9a-f]{{64}}")
 # a tag is [A-Za-z0-9_.-]; a host name with anything else is written with `_` (never judged gone then)
 _NOT_IN_TAG = re.compile(r"[^\w.-]", re.ASCII)

@@ -41,7 +41,7 @@ from efabuild.export.tarfilter import RewritePlan, rewrite_tar, time_clamp
 from efabuild.export.tarheader import TarFormatError
 from efabuild.grammar import extra_options_problem
 from efabuild.settings import BuilderSettings, ExportSettings
-from efabuild.store.chunks import ChunkIndex, chunk_file
+from efabuild.store.chunked.chunks import ChunkIndex, chunk_file
 from efabuild.host.digest import Sha256Pass, file_digest, file_digests
 from efabuild.host.fsutil import fsync_dir
 

@@ -323,7 +323,7 @@ class _Filter:
             set_number(header, 136, 12, int(new_mtime))
             changed = True
             if "mtime" in pax:
-                pax["mtime"] = str(int(new_mtime))
+                pax["mtime"] = f"{int(new_mtime)}.0"  # mksquashfs 4.6 refuses a pax time without a point
                 self.extensions = [b for b in self.extensions if b[156:157] != b"x"] + [pax_block(pax)]
         return changed
 

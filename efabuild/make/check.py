@@ -23,7 +23,7 @@ from efabuild.make.prepare import Prepared
 from efabuild.export.artifact import export_artifact
 from efabuild.export.sqshdiff import Difference, compare, read_sqsh, summary
 from efabuild.refs import short
-from efabuild.store.leftovers import CHECK_PREFIX
+from efabuild.store.gc.leftovers import CHECK_PREFIX
 from efabuild.host.owner import owned_name
 from efabuild.make.ancestry import ancestor_copy
 from efabuild.make.reporter import Reporter

@@ -26,6 +26,7 @@ from efabuild.keys import ContextEntry
 from efabuild.model import Workspace
 from efabuild.make.dockerignore import IGNORE_FILE, BadPattern, Exclusions, leaves_out
 from efabuild.make.hashcache import HashState
+from efabuild.host.statstamp import matches as stamp_matches
 from efabuild.configfile import read_text
 
 if TYPE_CHECKING:
@@ -146,10 +147,9 @@ class ContextHasher:
             if st.st_mode & _FILE_TYPE != stat.S_IFREG:  # symlinks and the rare special file
                 found.extend(self._entry(child_rel, f"{dir_path}/{child.name}", st, where))
                 continue
-            cached = known(child_rel)  # (size, mtime_ns, inode, digest): compared without making anything
-            if (cached is not None and cached[1] == st.st_mtime_ns and cached[0] == st.st_size
-                    and cached[2] == st.st_ino):
-                digest = cached[3]
+            cached = known(child_rel)  # (*stamp, digest)
+            if cached is not None and stamp_matches(cached, st):
+                digest = cached[-1]
             else:
                 digest = self._read_digest(child_rel, f"{dir_path}/{child.name}", st)
             found.append((child_rel, "755" if st.st_mode & 0o111 else "644", digest))
@@ -345,7 +345,7 @@ def _same_as_hashed(entry: ContextEntry, digest: str) -> None:
 def context_dir(ws_root: Path, tmp_root: Path, layer_name: str, entries: Iterable[ContextEntry]) -> Iterator[Path]:
     """A build context holding exactly `entries`, removed afterwards. Named by its owner: a make
     killed meanwhile leaves it to the next make or gc."""
-    from efabuild.store.leftovers import CONTEXT_PREFIX  # a build's, not a plan's: loaded here
+    from efabuild.store.gc.leftovers import CONTEXT_PREFIX  # a build's, not a plan's: loaded here
     from efabuild.host.owner import owned_name
 
     tmp_root.mkdir(parents=True, exist_ok=True)

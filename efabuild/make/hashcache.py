@@ -1,12 +1,12 @@
 """A stat-keyed cache of file content hashes, so an unchanged context is never read again.
 
-Entries are keyed by workspace-relative path and valid while (size, mtime_ns, inode) match. Like git's
-index, an entry whose mtime is too close to the moment it was hashed is not trusted: the file could
-still change within the filesystem's timestamp granularity without its mtime moving.
+Entries are keyed by workspace-relative path and valid while the file's stat stamp (device, inode,
+size, mtime, ctime) is the one it was hashed with, by the rule every cache of efabuild keeps
+(host/statstamp.py): a stamp too close to the moment it was hashed is not kept.
 
 The cache is one file read whole on every plan and laid out so that reading it is C work (10k
 rows read one by one from SQLite cost more than the rest of a no-op plan): the stamps as one array
-of unsigned 64-bit integers (size, mtime_ns, inode of each entry), then the paths and digests as
+of unsigned 64-bit integers (the five stamp fields of each entry), then the paths and digests as
 NUL-separated text (a path cannot hold NUL). A walk compares a file's lstat with the cached
 integers as they are: formatting them as text for every file, as the cache's first layout needed,
 cost more than reading the whole file. It is replaced atomically; two makes saving at once lose
@@ -18,18 +18,17 @@ from __future__ import annotations
 import array
 import os
 import sys
-import time
 from pathlib import Path
 
 from efabuild.errors import EfabuildError
+from efabuild.host import statstamp
 
-RACY_WINDOW_NS = 2_000_000_000
 # a cache of another layout or byte order (a store shared with other machines) reads as none
-HEADER = f"efabuild.hashes/v2 {sys.byteorder}\n".encode()
+HEADER = f"efabuild.hashes/v3 {sys.byteorder}\n".encode()
 END = b"\0end"  # a file cut short lacks its END
 MAX_BYTES = 1 << 30  # about 8M entries: past that the file is not ours
 _COUNT = 8  # bytes of the entry count after the header
-_LIMIT = 1 << 64  # each stamp integer is stored in 64 bits
+_FIELDS = 5  # the stamp's integers per entry
 
 
 class HashState:
@@ -38,22 +37,21 @@ class HashState:
         when saving (by default `path`'s own directory is trusted)."""
         self._path = path
         self._below = below
-        self._entries: dict[str, tuple[int, int, int, str]] = _load(path) if path is not None else {}
+        self._entries: dict[str, tuple[int, int, int, int, int, str]] = _load(path) if path is not None else {}
         self._dirty = False
         # for a walk of many files, which compares in its own loop: `lookup(rel)` is the cached
-        # (size, mtime_ns, inode, digest), valid while the file's lstat has that size, mtime_ns and inode
+        # (*stamp, digest), valid while statstamp.matches(entry, the file's lstat)
         self.lookup = self._entries.get
 
     def get(self, rel: str, st: os.stat_result) -> str | None:
         entry = self._entries.get(rel)
-        if entry is not None and entry[1] == st.st_mtime_ns and entry[0] == st.st_size and entry[2] == st.st_ino:
-            return entry[3]
+        if entry is not None and statstamp.matches(entry, st):
+            return entry[_FIELDS]
         return None
 
     def put(self, rel: str, st: os.stat_result, digest: str) -> None:
-        stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
-        if (time.time_ns() - st.st_mtime_ns < RACY_WINDOW_NS or "\0" in rel
-                or not all(0 <= n < _LIMIT for n in stamp)):  # a file dated before 1970: not kept
+        stamp = statstamp.stamp(st)
+        if "\0" in rel or not statstamp.settled(stamp):
             return
         self._entries[rel] = (*stamp, digest)
         self._dirty = True
@@ -63,9 +61,9 @@ class HashState:
             return
         stamps = array.array("Q")
         text = []
-        for rel, (size, mtime_ns, inode, digest) in self._entries.items():
-            stamps.extend((size, mtime_ns, inode))
-            text += (rel, digest)
+        for rel, entry in self._entries.items():
+            stamps.extend(entry[:_FIELDS])
+            text += (rel, entry[_FIELDS])
         data = b"".join((HEADER, len(self._entries).to_bytes(_COUNT, "little"), stamps.tobytes(),
                          "\0".join(text).encode("utf-8", "surrogateescape"), END))
         try:
@@ -75,7 +73,7 @@ class HashState:
         self._dirty = False
 
 
-def _load(path: Path) -> dict[str, tuple[int, int, int, str]]:
+def _load(path: Path) -> dict[str, tuple[int, int, int, int, int, str]]:
     """The cached entries; none when the file is missing, damaged, not a regular file, or not
     written by this user (a damaged cache only costs re-hashing). The local store may sit on a
     shared path: a cache another user wrote could pair a changed file's stamp with its old digest."""
@@ -97,11 +95,11 @@ def _load(path: Path) -> dict[str, tuple[int, int, int, str]]:
     return _parse(data)
 
 
-def _parse(data: bytes) -> dict[str, tuple[int, int, int, str]]:
+def _parse(data: bytes) -> dict[str, tuple[int, int, int, int, int, str]]:
     if not data.startswith(HEADER) or not data.endswith(END) or len(data) < len(HEADER) + _COUNT + len(END):
         return {}
     count = int.from_bytes(data[len(HEADER):len(HEADER) + _COUNT], "little")
-    stamps_end = len(HEADER) + _COUNT + 24 * count
+    stamps_end = len(HEADER) + _COUNT + 8 * _FIELDS * count
     if stamps_end > len(data) - len(END):
         return {}
     stamps = array.array("Q")
@@ -111,7 +109,7 @@ def _parse(data: bytes) -> dict[str, tuple[int, int, int, str]]:
     if len(fields) != 2 * count:
         return {}
     numbers = stamps.tolist()
-    return dict(zip(fields[0::2], zip(numbers[0::3], numbers[1::3], numbers[2::3], fields[1::2])))
+    return dict(zip(fields[0::2], zip(*(numbers[i::_FIELDS] for i in range(_FIELDS)), fields[1::2])))
 
 
 def _replace(path: Path, data: bytes, below: Path | None) -> None:

@@ -29,7 +29,7 @@ from efabuild.make.reporter import Reporter
 from efabuild.make.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
                                      run_in_order)
 from efabuild.host.stops import step_boundary
-from efabuild.store.fs import REUSED as TIER_REUSED
+from efabuild.store.tiers.fs import REUSED as TIER_REUSED
 
 if TYPE_CHECKING:  # the builder's side is loaded where a layer has work: a no-op make never needs it
     from efabuild.make.engine_steps import EngineSteps

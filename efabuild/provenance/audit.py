@@ -11,7 +11,7 @@ Integrity is checked here; the other checks live by concern in `declared`, `pitf
 | check              | fails when                                                                        |
 |--------------------|-----------------------------------------------------------------------------------|
 | sqsh-integrity     | the stored .sqsh's size or blake3 differs from its record or manifest; S3's index  |
-|                    | differs from the record, or a chunk is missing or fails its id (store/health.py)   |
+|                    | differs from the record, or a chunk is missing or fails its id (store/chunked/health.py)   |
 | manifest-integrity | no manifest, its blake3 differs from the record's manifest_digest, other key       |
 | manifest-vs-image  | the manifest's measured versions differ from the .sqsh measured again              |
 | declared-vs-image  | a build arg (EFA_INSTALLER_VERSION, HYBRID_EP_COMMIT...) differs from the image    |

@@ -48,6 +48,9 @@ EXTRA_LIB_DIRS = extra_lib_dirs()
 OFI_PACKAGES = ("libnccl-ofi-ngc-v3", "libnccl-ofi-ngc-v2", "libnccl-ofi")
 LIBFABRIC_PACKAGES = ("libfabric1-aws", "libfabric-aws", "libfabric1")
 _MAX_PLUGIN_BYTES = 256 << 20
+# libfabric copies whose bytes are searched for a version string (up to MAX_LIB_SCAN each): an image
+# holds one or two; a hostile one with thousands would have the probe read them all at every export
+MAX_SCANNED_COPIES = 16
 _GROUP_BYTES = 32 << 20  # plugins read by one unsquashfs: the small ones together, a big one alone
 
 _LIBFABRIC_VERSION = re.compile(rb"libfabric:? v?(\d+\.\d+\.\d+)")  # as `fi_info --version` prints it
@@ -161,8 +164,9 @@ def libfabric(fs: FsView, search: tuple[LibDir, ...], packages: dict[str, dpkg.P
               machine: str | None = None) -> Component:
     owners = _owner_versions(fs, packages, LIBFABRIC_PACKAGES)
     copies = []
+    scans = [MAX_SCANNED_COPIES]  # what is left of the copies whose bytes may be searched
     for real in _library_copies(fs, search, "libfabric.so.1*", extra_lib_dirs(machine)):
-        version, source = _libfabric_version(fs, real, owners)
+        version, source = _libfabric_version(fs, real, owners, scans)
         copies.append(Copy(real, version, source))
     loads = ldpath.find_library(fs, search, "libfabric.so.1", machine)
     # no fallback to the package database alone: a package whose files are gone is not installed
@@ -171,9 +175,11 @@ def libfabric(fs: FsView, search: tuple[LibDir, ...], packages: dict[str, dpkg.P
     return Component("libfabric", version, source, loads, tuple(copies), hits)
 
 
-def _libfabric_version(fs: FsView, real: str, owners: dict[str, dpkg.Package]) -> tuple[str | None, str | None]:
+def _libfabric_version(fs: FsView, real: str, owners: dict[str, dpkg.Package],
+                       scans: list[int]) -> tuple[str | None, str | None]:
     """A libfabric file's release: its pkgconfig file when it is the one that file describes,
-    else the dpkg package owning it, else the version string inside it."""
+    else the dpkg package owning it, else the version string inside it (searched in the first
+    MAX_SCANNED_COPIES copies only: `scans` counts them down)."""
     directory = posixpath.dirname(real)
     pc = f"{directory}/pkgconfig/libfabric.pc"
     pc_text = fs.read_text(pc) or ""
@@ -185,6 +191,9 @@ def _libfabric_version(fs: FsView, real: str, owners: dict[str, dpkg.Package]) -
         return versions.upstream(match.group(1)), pc
     if real in owners:
         return versions.upstream(owners[real].version), _dpkg_source(owners[real])
+    if scans[0] <= 0:
+        return None, None
+    scans[0] -= 1
     found = _LIBFABRIC_VERSION.search(fs.read_bytes(real, max_size=MAX_LIB_SCAN) or b"")
     if found:
         return found.group(1).decode(), real

@@ -135,7 +135,7 @@ def _platform(manifest_bytes: bytes | None) -> str | None:
 
 def _copies(store: Any, key: str, deep: bool = False) -> list[tuple[str, Any, checks_.FileFacts | None, str | None]]:
     """(tier, path or URL, facts, why unreadable) for every tier holding `key`. A filesystem copy
-    is hashed; an S3 copy is judged by store/health.py: its chunk index against the record and
+    is hashed; an S3 copy is judged by store/chunked/health.py: its chunk index against the record and
     every chunk there as written (`deep`: every chunk read and checked against its id), or a whole
     object by its size and the digest stored with it (`deep`: its bytes hashed)."""
     found = []

@@ -98,7 +98,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         path = layout.sqsh_path(key).absolute()
         if verify:
             verify_tiers(table, key, cache=verify_cache)
-            if check_s3 and fetch and table.s3 is not None:  # can S3 still deliver it? (store/health.py)
+            if check_s3 and fetch and table.s3 is not None:  # can S3 still deliver it? (store/chunked/health.py)
                 from efabuild.store.tiered import Store
 
                 Store.from_config(table).check_s3(key, deep=deep)

@@ -25,9 +25,11 @@ import stat
 import time
 from pathlib import Path
 
+from efabuild.host import statstamp
+
 CACHE_ENV = "EFABUILD_VERIFY_CACHE"
 ROOT_CACHE = Path("/var/cache/efabuild/verified")
-RACY_SECONDS = 2.0
+RACY_SECONDS = statstamp.RACY_WINDOW_NS / 1e9
 FORMAT = "efabuild.verified/v1"
 MAX_ENTRY_BYTES = 64 << 10
 
@@ -40,7 +42,7 @@ def stamp(path: Path) -> list[int] | None:
         return None
     if not stat.S_ISREG(st.st_mode):
         return None
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return list(statstamp.stamp(st))
 
 
 def take_stamps(paths: dict[str, Path]) -> dict[str, list[int] | None]:
@@ -132,8 +134,9 @@ def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, lis
         return False
     if take_stamps(paths) != stamps:
         return False  # changed while it was being verified
-    newest_ctime = max(value[4] for value in stamps.values()) / 1e9
-    if newest_ctime > started - RACY_SECONDS or newest_ctime > time.time() - RACY_SECONDS:
+    # settled when the verification began and now (a clock set back meanwhile must not pass)
+    now_ns = int(min(started, time.time()) * 1e9)
+    if not all(statstamp.settled(value, now_ns) for value in stamps.values()):
         return False
     directory = own_dir(environ)
     owner = os.geteuid()

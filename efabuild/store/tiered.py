@@ -23,16 +23,16 @@ from typing import NamedTuple
 from efabuild import notices
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.refs import check_key, classify_ref, pick_one, short
-from efabuild.store import seeds
+from efabuild.store.chunked import seeds
 from efabuild.settings import DEFAULT_KEEP, S3Config, StoreConfig
 from efabuild.store.config import bare_store, locate, store_config_text
 from efabuild.host.digest import bytes_digest
-from efabuild.store.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
+from efabuild.store.tiers.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.lookup import first_intact, local_key
 from efabuild.store.record import ArtifactRecord
-from efabuild.store.chunks import ChunkError, ChunkIndex
-from efabuild.store.sweep import S3_TIER, GcReport, collect_garbage
+from efabuild.store.chunked.chunks import ChunkError, ChunkIndex
+from efabuild.store.gc.sweep import S3_TIER, GcReport, collect_garbage
 from efabuild.store.tierhealth import Checks
 from efabuild.store.transfer import DamagedCopy, Vet, send, transfer, verified_copy
 
@@ -88,7 +88,7 @@ class Store(Checks):
         if self.s3_settings is None:
             return None
         if self._s3 is None:
-            from efabuild.store.s3 import S3Tier
+            from efabuild.store.tiers.s3 import S3Tier
 
             self._s3 = S3Tier(self.s3_settings, show_progress=self.show_progress, **self._s3_options)
             self._s3.seed_provider = self.seeds  # what this node holds, for chunked transfers
@@ -96,7 +96,7 @@ class Store(Checks):
 
     @property
     def chunk_grace(self) -> float:  # how long gc leaves a chunk it found unreferenced
-        from efabuild.store.s3chunks import DEFAULT_GRACE  # loaded only when gc needs it
+        from efabuild.store.chunked.s3 import DEFAULT_GRACE  # loaded only when gc needs it
 
         return DEFAULT_GRACE if self._chunk_grace is None else float(self._chunk_grace)
 
@@ -135,7 +135,7 @@ class Store(Checks):
     def where(self, key: str, *, remote: bool = True, checked: bool = False) -> tuple[str, ...]:
         """Names of the tiers holding `key` committed (S3 asked only when `remote`). `checked`
         (a make's plan): a filesystem copy must also have its record's size (a stat), and S3's
-        chunks must all be there as written (store/health.py's quick check); a copy that fails is
+        chunks must all be there as written (store/chunked/health.py's quick check); a copy that fails is
         named in a warning and left for `complete` to repair."""
         check_key(key)
         names = tuple(tier.name for tier in self.fs_tiers if tier.has(key) and (not checked or self._sized(tier, key)))
@@ -316,7 +316,7 @@ class Store(Checks):
         return target.sqsh_path(key)
 
     def seeds(self, name: str) -> tuple[seeds.Seed, ...]:
-        """What this node holds that can seed a chunked transfer of `name` (see store/seeds.py)."""
+        """What this node holds that can seed a chunked transfer of `name` (see store/chunked/seeds.py)."""
         return seeds.seeds(self.fs_tiers, name)
 
     # ---- metadata

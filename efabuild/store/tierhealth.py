@@ -1,12 +1,12 @@
 """The checks a Store makes of its tiers' copies beyond presence: a filesystem copy's size by a
-stat, S3's by store/health.py; and the repair of S3 chunks found missing or damaged."""
+stat, S3's by store/chunked/health.py; and the repair of S3 chunks found missing or damaged."""
 
 from __future__ import annotations
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
-from efabuild.store.fs import FilesystemTier
-from efabuild.store.sweep import S3_TIER
+from efabuild.store.tiers.fs import FilesystemTier
+from efabuild.store.gc.sweep import S3_TIER
 from efabuild.store.transfer import DamagedCopy, verified_copy
 
 
@@ -39,8 +39,8 @@ class Checks:
         return self._mark_damaged(key, S3_TIER, found.problems[-1])
 
     def s3_health(self, key: str, *, deep: bool = False):  # noqa: ANN201 - health.S3Health, None when S3 lacks it
-        """How the S3 tier holds `key` (see store/health.py); remembered for a repair."""
-        from efabuild.store import health
+        """How the S3 tier holds `key` (see store/chunked/health.py); remembered for a repair."""
+        from efabuild.store.chunked import health
 
         record = self.s3.record(key)
         if record is None:
@@ -73,7 +73,7 @@ class Checks:
     def check_s3(self, key: str, *, deep: bool = False) -> None:
         """health.S3Damaged (one line naming the artifact and each chunk) unless S3 can deliver
         `key` or does not hold it."""
-        from efabuild.store.health import S3Damaged
+        from efabuild.store.chunked.health import S3Damaged
 
         health = self.s3_health(key, deep=deep) if self.s3 is not None else None
         if health is not None and not health.ok:
@@ -81,7 +81,7 @@ class Checks:
 
     def verify(self, key: str, *, remote: bool = True, deep: bool = False) -> list[tuple[str, DamagedCopy | None]]:
         """Every tier's copy of `key` re-hashed against its record: [(tier, None or what is wrong)].
-        An S3 copy by store/health.py's check: its index and every chunk's presence, and with
+        An S3 copy by store/chunked/health.py's check: its index and every chunk's presence, and with
         `deep` every chunk's bytes (read, never written to disk)."""
         found = []
         for tier in self._tiers(remote):
@@ -99,7 +99,7 @@ class Checks:
 
     def _s3_verdict(self, key: str, deep: bool) -> list:
         """verify's [(tier, None or what is wrong)] for S3's copy of `key` ([] when S3 lacks it)."""
-        from efabuild.store.health import S3Damaged
+        from efabuild.store.chunked.health import S3Damaged
 
         health = self.s3_health(key, deep=deep)
         return [] if health is None else [(S3_TIER, None if health.ok else S3Damaged(health))]
@@ -107,7 +107,7 @@ class Checks:
     def _repaired_chunks(self, copy, target) -> bool:  # noqa: ANN001 - a transfer.Copy, the S3 tier
         """Store again from `copy` the chunks S3's check found missing or damaged, when only they
         are wrong (its index and record stand); False when the artifact must be published anew."""
-        from efabuild.store import health
+        from efabuild.store.chunked import health
 
         found = self._s3_health.get(copy.key)
         if found is None or not found.chunks_only:

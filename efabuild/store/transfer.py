@@ -24,7 +24,7 @@ from efabuild.errors import EfabuildError, NotFound
 from efabuild.host import fsutil
 from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
 from efabuild.refs import short
-from efabuild.store.chunks import ChunkIndex
+from efabuild.store.chunked.chunks import ChunkIndex
 from efabuild.store.record import ArtifactRecord
 
 # Files stored beside each .sqsh and carried with it, in the order tiers write them; and the record

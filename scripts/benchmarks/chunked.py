@@ -73,11 +73,11 @@ def scenario(ctx: Context) -> Result:
     import boto3
 
     from efabuild.settings import S3Config
-    from efabuild.store.chunks import AVG_SIZE, MAX_SIZE, MIN_SIZE, chunk_file
+    from efabuild.store.chunked.chunks import AVG_SIZE, MAX_SIZE, MIN_SIZE, chunk_file
     from efabuild.store.tiered import Store
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
-    from efabuild.store.s3 import S3Tier
+    from efabuild.store.tiers.s3 import S3Tier
 
     sizes = ctx.sizes
     scratch = ctx.scratch("chunked")
@@ -198,7 +198,7 @@ def _digest_passes(path: Path, repeats: int) -> tuple[tuple[float, ...], ...]:
     """Times over `path` (warm), interleaved: the export's digest pass, blake3 alone and blake3 with
     the chunk index (what an export for a chunked S3 tier runs); and the check of a kept index
     against the file (what a copy to S3 from a filesystem tier runs instead of cutting again)."""
-    from efabuild.store.chunks import chunk_file, mismatch
+    from efabuild.store.chunked.chunks import chunk_file, mismatch
     from efabuild.host.digest import file_digest
 
     times: tuple[list[float], ...] = ([], [], [])
@@ -216,7 +216,7 @@ def _digest_passes(path: Path, repeats: int) -> tuple[tuple[float, ...], ...]:
 def _time_fetches(root: Path, settings, whole_settings, keys: dict[str, str]):  # noqa: ANN001, ANN202
     """(seeded fetch of v2, whole-object fetch of v2, what the seeded one moved) onto stores under
     `root`; the node fetches v1 first (written: it is the seed)."""
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.tiered import Store
 
     node = Store([FilesystemTier(root / "node", "shared")], settings, show_progress=False)
@@ -263,7 +263,7 @@ def _time_ls(root: Path, settings, client, repeats: int) -> _Listed:  # noqa: AN
     """What `efabuild ls` asks S3 (every record, and every chunk index for the S3 STORED/UNIQUE
     column) on a node holding nothing, vs the baseline: a boto3 listing of objects/ and a GET of
     each record, the least any listing of names, sizes and dates costs. Interleaved, warm."""
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.tiered import Store
 
     node = Store([FilesystemTier(root / "ls-node", "local")], settings, show_progress=False)

@@ -26,7 +26,7 @@ def make_store(root, size: int) -> str:  # noqa: ANN001
     import secrets
 
     from efabuild.host.digest import file_digest
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
     from efabuild.store.tiered import Store
 

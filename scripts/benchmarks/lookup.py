@@ -21,7 +21,7 @@ def make_store(root) -> str:  # noqa: ANN001
 
     from efabuild.host.digest import file_digest
     from efabuild.store.tiered import Store
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
 
     sqsh = root.parent / "user.sqsh"

@@ -99,11 +99,11 @@ def scenarios(ctx: Context, ids: list[str]) -> list:
     import boto3
 
     from efabuild.settings import S3Config
-    from efabuild.store.chunks import chunk_file
+    from efabuild.store.chunked.chunks import chunk_file
     from efabuild.store.tiered import Store
-    from efabuild.store.fs import FilesystemTier
+    from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
-    from efabuild.store.s3 import S3Tier
+    from efabuild.store.tiers.s3 import S3Tier
 
     size = ctx.sizes.s3_bytes
     scratch = ctx.scratch("s3")

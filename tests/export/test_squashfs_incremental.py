@@ -12,6 +12,7 @@ import io
 import os
 import random
 import stat
+import struct
 import subprocess
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from efabuild.export.enroot import ImageConfig
 from efabuild.export.squashfs import write_incremental
 from efabuild.export.tarfilter import RewritePlan
 from efabuild.settings import ExportSettings
-from tests.tarkit import T0, Item, full_export, tar_entries, tree_tar, walk_key
+from tests.kits.tarkit import T0, Item, full_export, tar_entries, tree_tar, walk_key
 
 CLAMP = T0 + 5000
 PLAN_A = RewritePlan.for_config(ImageConfig(env=("A=1",), working_dir="/workspace"), epoch=T0, clamp=CLAMP)
@@ -336,13 +337,50 @@ def chain_case(tmp_path: Path, options: ExportSettings = ExportSettings(), extra
 def test_a_grandchild_of_an_incremental_child_equals_its_full_export(options, extra, tmp_path: Path) -> None:
     base, grand, full = chain_case(tmp_path, options, extra)
     assert_same(grand, full, tmp_path)
+    in_kernel = kernel_view(grand, tmp_path)  # the kernel decodes every block, fragment and table
+    assert in_kernel is None or in_kernel == kernel_view(full, tmp_path)
     info = subprocess.run(["unsquashfs", "-s", str(grand)], capture_output=True, text=True, check=True).stdout
     assert f"Compression {options.compression}" in info
     assert info.splitlines()[1:4] != []
 
 
+def kernel_view(sqsh: Path, tmp: Path) -> dict[str, object] | None:
+    """path → bytes or link target, read through a kernel loop mount; None where mounting is not allowed."""
+    point = tmp / f"mnt-{sqsh.stem}"
+    point.mkdir()
+    mounted = subprocess.run(["mount", "-o", "loop,ro", "-t", "squashfs", str(sqsh), str(point)],
+                             capture_output=True, text=True, timeout=60)
+    if mounted.returncode != 0:
+        point.rmdir()
+        return None
+    seen: dict[str, object] = {}
+    try:
+        for top, dirs, files in os.walk(point):
+            for name in dirs + files:
+                full = Path(top) / name
+                rel = str(full.relative_to(point))
+                seen[rel] = (os.readlink(full) if full.is_symlink() else full.read_bytes() if full.is_file()
+                             else stat.S_IFMT(full.lstat().st_mode))
+    finally:
+        subprocess.run(["umount", str(point)], check=True, timeout=60)
+        point.rmdir()
+    return seen
+
+
 def test_the_child_starts_with_the_ancestors_blocks_byte_for_byte(tmp_path: Path) -> None:
+    from efabuild.export.squashfs.inodes import decode
+    from efabuild.export.squashfs.metadata import Region, read_table
+    from efabuild.export.squashfs.reader import read_ancestor
+
     base, grand, _full = chain_case(tmp_path)
+    child = read_ancestor(grand)
+    sb = child.sb
+    with open(grand, "rb") as f:  # the export table (NFS) names each inode by its number
+        refs = read_table(f, sb.export_table, sb.inode_count, 8, sb.bytes_used, child.codec, "export table")
+        inodes = Region(f, sb.inode_table, sb.directory_table, child.codec, "inode table")
+    for number, (ref,) in enumerate(struct.iter_unpack("<Q", refs), 1):
+        pos = inodes.offset(ref >> 16, ref & 0xFFFF)
+        assert decode(inodes, pos, block_size=sb.block_size, fragments=sb.fragment_count, id_count=1).number == number
     start = int.from_bytes(base.read_bytes()[64:72], "little")  # the ancestor's inode table start
     assert grand.read_bytes()[96:start] == base.read_bytes()[96:start]
 
@@ -416,7 +454,7 @@ def test_two_runs_write_the_same_bytes(tmp_path: Path) -> None:
 
 
 def test_squashfuse_and_the_kernel_read_an_incremental_child(tmp_path: Path) -> None:
-    from tests.test_squashfuse import _fuse_missing, hard_links, squashfuse_mounted, tree
+    from tests.scenarios.test_squashfuse import _fuse_missing, hard_links, squashfuse_mounted, tree
 
     _base, grand, full = chain_case(tmp_path)
     if _fuse_missing() is None:  # as a job starts from it: squashfuse, and squashfuse_ll for inode numbers
@@ -478,7 +516,8 @@ def test_a_small_change_keeps_the_ancestors_bytes_and_counts_no_dead_ones(tmp_pa
     tree, base = small_base(tmp_path)
     new = dict(tree, **{"opt/added": Item("f", data=b"new", inode=9)})
     result = incremental(base, [layer_between(tree, new)], tmp_path / "child.sqsh")
-    assert result.dead_bytes == 0 and result.reused_bytes > 1 << 20 and result.files_written == 5  # + etc/*
+    # written: opt/added and /etc/environment, whose text changes; rc, rc.local, fstab stay the ancestor's
+    assert result.dead_bytes == 0 and result.reused_bytes > 1 << 20 and result.files_written == 2
     assert result.new_bytes < 16384
 
 
@@ -572,6 +611,14 @@ def test_a_truncated_or_forged_ancestor_is_one_line(tmp_path: Path) -> None:
     }
     for what, (offset, value) in cases.items():
         one_line_error(forged(base, tmp_path, offset, value), [layer], tmp_path)
+
+
+def test_a_table_larger_than_any_image_has_is_refused_unread(tmp_path: Path, monkeypatch) -> None:
+    from efabuild.export.squashfs import metadata
+
+    _tree, base = small_base(tmp_path)
+    monkeypatch.setattr(metadata, "MAX_TABLE", 64)  # as a forged table offset would make one span GBs
+    assert "more than 64 bytes" in one_line_error(base, [tar_entries([("etc/x", "f", 0o644, T0, b"x")])], tmp_path)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -746,3 +793,70 @@ def test_inodes_past_4_gib_and_hard_linked_ones_take_the_extended_form() -> None
     assert raw_big[0] == raw_linked[0] == 9  # the extended file inode
     assert (got_big.node.size, got_big.node.blocks_start, got_big.node.blocks) == (5 << 30, 6 << 30, big.blocks)
     assert got_big.node.fragment == NO_FRAGMENT and got_linked.nlink == 3 and got_linked.node.fragment_offset == 7
+
+
+def test_sub_second_pax_times_are_cut_and_clamped_as_in_a_full_export(tmp_path: Path) -> None:
+    import tarfile
+
+    tree = {"etc": Item("d", 0o755), "opt": Item("d", 0o755)}
+    base = full_export(tree_tar(tree), tmp_path / "base.sqsh", PLAN_A)
+
+    def stream(with_tree: bool) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name in ("etc", "opt") if with_tree else ():
+                info = tarfile.TarInfo(name)
+                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, T0
+                tar.addfile(info)
+            for name, mtime in (("opt/a", T0 + 0.7), ("opt/b", T0 - 0.3), ("opt/c", CLAMP + 0.5), ("etc/d", 2**33)):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = 1, mtime
+                tar.addfile(info, io.BytesIO(b"x"))
+        return buf.getvalue()
+
+    incremental(base, [stream(False)], tmp_path / "inc.sqsh")
+    full = full_export(stream(True), tmp_path / "full.sqsh", PLAN_B)
+    assert_same(tmp_path / "inc.sqsh", full, tmp_path)
+
+
+def test_a_child_that_cannot_be_written_is_one_line_naming_it(tmp_path: Path) -> None:
+    from efabuild.errors import EfabuildError, InputError
+
+    _tree, base = small_base(tmp_path)
+    out = tmp_path / "missing-dir" / "child.sqsh"
+    with pytest.raises(EfabuildError) as caught:
+        write_incremental(base, [io.BytesIO(tar_entries([("etc/x", "f", 0o644, T0, b"x")]))], out, plan=PLAN_B)
+    assert not isinstance(caught.value, InputError)  # exit 1: the disk, not the input
+    assert str(caught.value) == f"{out}: cannot write it: No such file or directory"
+
+
+def test_without_liblzo2_an_lzo_ancestor_is_left_to_a_full_export(tmp_path: Path, monkeypatch) -> None:
+    from efabuild.export.squashfs import codec
+
+    _tree, base = small_base(tmp_path)
+    monkeypatch.setattr(codec, "_liblzo", lambda: None)
+    result = write_incremental(base, [io.BytesIO(tar_entries([("etc/x", "f", 0o644, T0, b"x")]))],
+                               tmp_path / "c.sqsh", plan=PLAN_B)
+    assert result.full_needed and result.reason.endswith("compressor lzo: liblzo2 is not installed")
+
+
+def test_dead_bytes_add_up_along_a_chain_until_a_full_export_is_due(tmp_path: Path) -> None:
+    """Each generation replaces one 256 KiB file: its blocks stay in the prefix, dead."""
+    tree = {"etc": Item("d", 0o755), "opt": Item("d", 0o755), "opt/keep": Item("f", data=os.urandom(4 << 20), inode=1),
+            "opt/hot": Item("f", data=os.urandom(1 << 18), inode=2)}
+    ancestor = full_export(tree_tar(tree), tmp_path / "gen0.sqsh", PLAN_A)
+    dead = []
+    for gen in range(1, 10):
+        new = dict(tree, **{"opt/hot": Item("f", data=os.urandom(1 << 18), inode=10 + gen)})
+        out = tmp_path / f"gen{gen}.sqsh"
+        result = write_incremental(ancestor, [io.BytesIO(layer_between(tree, new))], out, plan=PLAN_B)
+        if result.full_needed:
+            assert result.dead_bytes > 0.25 * result.size and not out.exists()
+            break
+        dead.append(result.dead_bytes)
+        assert_same(out, full_export(tree_tar(new), tmp_path / "full.sqsh", PLAN_B), tmp_path)
+        tree, ancestor = new, out
+    # -noD: blocks stored as they are; the config files that stay are not written again, so their
+    # fragment (shared with the unchanged rc.local and fstab) stays live
+    assert dead == [gen << 18 for gen in range(1, len(dead) + 1)]
+    assert len(dead) == 5  # 5 × 256 KiB dead of 5.6 MB; a sixth would pass a quarter

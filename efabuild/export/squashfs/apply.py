@@ -10,6 +10,8 @@ the files Enroot writes from the child's config, the working directory, and pinn
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from efabuild.errors import InputError
 from efabuild.export.squashfs.data import DataWriter
 from efabuild.export.squashfs.layertar import Entry, LayerReader, split_path
@@ -27,8 +29,10 @@ def _enc(part: str) -> bytes:
 
 
 class Applier:
-    def __init__(self, root: Node, plan: RewritePlan, data: DataWriter) -> None:
+    def __init__(self, root: Node, plan: RewritePlan, data: DataWriter,
+                 read_old: Callable[[Node], bytes] | None = None) -> None:
         self.root, self.plan, self.data = root, plan, data
+        self.read_old = read_old  # an ancestor file's bytes: a written file that stays is not written again
         self.aliases: dict[str, tuple[Node, str]] = {}  # hard links to a written file: its text goes there too
         # the ancestor's written files, and the child's (text, mode) of each: see aliases.py
         self.before = {path: node for path, _ in plan.files for node in [self.lookup(tuple(path.split("/")))]
@@ -50,7 +54,8 @@ class Applier:
         return node
 
     def _parent(self, parts: tuple[str, ...], where: str) -> Node:
-        """The directory `parts` goes in; missing ones are made as mksquashfs makes them."""
+        """The directory `parts` goes in; a missing one is made 0755 as mksquashfs makes it, dated the
+        epoch (mksquashfs dates it now, which no two exports would share)."""
         node = self.root
         for part in parts[:-1]:
             assert node.children is not None
@@ -178,7 +183,9 @@ class Applier:
             mode = old.mode if old is not None and old.kind == FILE else WRITTEN_MODE
             data = text.encode("utf-8", "surrogateescape")
             self.written[path] = (data, mode)
-            self._put(parts, self.data.add_bytes(data, mode, plan.epoch), path)
+            if not (old is not None and old is self.before.get(path) and (old.mode, old.mtime, old.size) ==
+                    (mode, plan.epoch, len(data)) and self.read_old is not None and self.read_old(old) == data):
+                self._put(parts, self.data.add_bytes(data, mode, plan.epoch), path)
             for alias, (placeholder, target) in sorted(self.aliases.items()):
                 if target == path and self.lookup(tuple(alias.split("/"))) is placeholder:
                     self._put(tuple(alias.split("/")), self.data.add_bytes(data, mode, plan.epoch), alias)

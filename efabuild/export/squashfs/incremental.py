@@ -10,6 +10,7 @@ is one this writer does not handle, nothing is written and the result says `full
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import uuid
@@ -19,8 +20,8 @@ from typing import BinaryIO
 
 import attrs
 
-from efabuild.errors import InputError
-from efabuild.export.squashfs.aliases import stale_alias
+from efabuild.errors import EfabuildError
+from efabuild.export.squashfs.aliases import read_file, stale_alias
 from efabuild.export.squashfs.apply import Applier
 from efabuild.export.squashfs.data import DataWriter
 from efabuild.export.squashfs.layertar import LayerReader
@@ -84,8 +85,8 @@ def write_incremental(ancestor: Path, layers: Sequence[BinaryIO], out: Path, *, 
         os.replace(tmp, out)
         fsync_dir(out.parent)
         return result
-    except OSError as exc:
-        raise InputError(f"cannot write it: {exc.strerror}", str(out)) from None
+    except OSError as exc:  # the disk, not the input: no space, a read-only or missing directory
+        raise EfabuildError(f"{out}: cannot write it: {exc.strerror or exc}") from None
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -111,7 +112,7 @@ def _write(parent: Ancestor, layers: Sequence[BinaryIO], f: BinaryIO, out: Path,
         RangeCopier(f.fileno()).copy(src.fileno(), 0, 0, prefix)
     fragments = list(parent.fragments)
     data = DataWriter(f, prefix, parent.sb, parent.codec, fragments)
-    applier = Applier(parent.root, plan, data)
+    applier = Applier(parent.root, plan, data, functools.partial(read_file, parent))
     consumed = 0
     try:
         for number, layer in enumerate(layers, 1):

@@ -16,7 +16,7 @@ from efabuild.export.squashfs.codec import Codec
 
 BLOCK = 8192
 UNCOMPRESSED = 0x8000
-MAX_TABLE = 1 << 30  # a training image's inode table is tens of MiB; more is a bomb
+MAX_TABLE = 512 << 20  # a training image's inode table is tens of MiB; more is forged
 
 
 class Region:
@@ -24,6 +24,8 @@ class Region:
 
     def __init__(self, f: BinaryIO, start: int, end: int, codec: Codec | None, what: str) -> None:
         self.what = what
+        if end - start > MAX_TABLE:
+            raise InputError(f"the {what} spans {end - start} bytes, more than {MAX_TABLE} bytes")
         f.seek(start)
         raw = f.read(end - start)
         if len(raw) != end - start:
@@ -38,7 +40,7 @@ class Region:
                 raise InputError(f"the {what} has a short block before its last")
             total += len(block)
             if total > MAX_TABLE:
-                raise InputError(f"the {what} expands past {MAX_TABLE >> 20} MiB")
+                raise InputError(f"the {what} expands past {MAX_TABLE} bytes")
             parts.append(block)
         self.data = b"".join(parts)
 
@@ -90,6 +92,8 @@ def read_table(f: BinaryIO, start: int, count: int, entry: int, end: int, codec:
 
 def table_index(f: BinaryIO, start: int, count: int, entry: int, end: int, what: str) -> list[int]:
     """The offsets of the blocks of an indexed table of `count` entries."""
+    if count * entry > MAX_TABLE:
+        raise InputError(f"the {what} would hold {count} entries, more than {MAX_TABLE} bytes")
     blocks = -(-count * entry // BLOCK)
     f.seek(start)
     index = f.read(8 * blocks)

@@ -89,9 +89,7 @@ def _tables_end(f: BinaryIO, sb: Superblock) -> int:
                                 (sb.export_table, sb.inode_count, 8)):
         if start != NONE and count:
             firsts.append(table_index(f, start, count, entry, sb.bytes_used, "table")[0])
-    end = min(first for first in firsts if first > sb.directory_table) if any(
-        first > sb.directory_table for first in firsts) else sb.bytes_used
-    return end
+    return min((first for first in firsts if first > sb.directory_table), default=sb.bytes_used)
 
 
 def _fragments(f: BinaryIO, sb: Superblock, codec: Codec, data_start: int) -> tuple[tuple[int, int], ...]:

@@ -15,6 +15,7 @@ from efabuild.errors import InputError
 MAGIC = 0x73717368
 SIZE = 96
 NONE = 0xFFFFFFFFFFFFFFFF  # a table that is absent
+MAX_FRAGMENTS = 1 << 22  # 512 GiB of 128 KiB fragment blocks: more than any image holds
 _FORMAT = struct.Struct("<IIIIIHHHHHHQQQQQQQQ")
 
 UNCOMPRESSED_INODES = 0x0001
@@ -86,7 +87,7 @@ def parse(raw: bytes, file_size: int, where: str) -> Superblock:
     # an inode takes at least 16 bytes, a fragment entry 16: counts the tables cannot hold are forged
     if inodes < 1 or inodes > (dir_table - inode_table) * 8192 // 32 + 1:
         raise InputError(f"the superblock's inode count {inodes} does not fit its inode table", where)
-    if frags > file_size // 2 * 512:
+    if frags > min(file_size // 2 * 512, MAX_FRAGMENTS):
         raise InputError(f"the superblock's fragment count {frags} does not fit the image", where)
     return Superblock(inodes, mtime, block_size, frags, comp, block_log, flags, ids, root, used, id_table,
                       xattr_table, inode_table, dir_table, frag_table, export_table)

@@ -1,0 +1,242 @@
+"""Chunk indexes: a `.sqsh` cut into content-defined chunks, each named by the blake3 of its bytes.
+
+Two versions of one image share most of their bytes, but not at the same offsets: a file added in
+the user layer shifts everything after it. Content-defined chunking (FastCDC) cuts where the
+content says, not where the offset says, so the shared bytes fall into the same chunks in both
+versions. The chunked S3 tier stores each chunk once; a fetch copies the chunks it already has
+from artifacts on the node (seeds) and downloads only the rest.
+
+An index lists the chunks in file order with their lengths, plus the whole file's size and
+digest. It is kept beside every stored artifact (`objects/<k[:2]>/<key>.chunks.json`), so a seed
+needs no re-chunking, and it is the S3 artifact's table of contents. An index read from a store is
+untrusted input: `ChunkIndex.from_json` checks every field, and every chunk is verified against its
+id when it is used.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+import contextlib
+import json
+import mmap
+import os
+from collections.abc import Iterator
+
+import blake3
+
+from efabuild.host.digest import PREFIX, is_digest
+from efabuild.errors import EfabuildError
+
+FORMAT = "efabuild.chunks/v1"
+MiB = 1024 * 1024
+# Chosen by measurement (docs/guides/store.md, "Chunk size"): on a one-file change of a 1.4 GB image, 1 MiB
+# average chunks left 0.08 % of its bytes new and 4 MiB ones 0.21 % (SquashFS's rewritten tables
+# and the changed file's chunk), both far under 1 %, while a cold transfer of 4 MiB chunks makes a
+# quarter of the requests: a 25 GB image is ~6,000 S3 objects, not 25,000.
+MIN_SIZE, AVG_SIZE, MAX_SIZE = 1 * MiB, 4 * MiB, 16 * MiB
+# Bounds of an index read from a store: what a fetch parses and plans holds ~300 bytes a chunk.
+# 262,144 chunks are 256 GiB cut at the 1 MiB minimum, 1 TiB at the 4 MiB average; an entry
+# takes at most 78 bytes of JSON
+MAX_CHUNKS = 1 << 18
+MAX_INDEX_BYTES = 24 * MiB  # a 25 GB image cut at the minimum chunk size needs ~2 MiB
+# no chunker efabuild configures cuts more; an index naming a longer chunk is forged, and a fetch
+# would size its buffers by it
+MAX_CHUNK_BYTES = 64 * MiB
+MIN_CHUNK_BYTES = 64  # FastCDC's smallest minimum
+MAX_MARK_BYTES = 256 * MiB  # a gc mark of ~3.5 million unreferenced chunk ids
+_HEX = frozenset("0123456789abcdef")
+
+
+class BadChunkIndex(EfabuildError):
+    """An index that is not one efabuild wrote: the artifact is not used from it."""
+
+
+def chunk_id(data: bytes | memoryview) -> str:
+    return blake3.blake3(data).hexdigest()
+
+
+def is_chunk_id(text: object) -> bool:
+    return isinstance(text, str) and len(text) == 64 and _HEX.issuperset(text)
+
+
+class ChunkError(EfabuildError):
+    """A chunk that is missing or does not hash to its id (raised by store/chunked/s3.py; here so the
+    store facade can catch it without loading the S3 chunk store, and attrs, on a plan's path)."""
+
+
+class ChunkIndex(NamedTuple):
+    size: int  # bytes of the whole file
+    digest: str  # "blake3:<hex>" of the whole file
+    chunks: tuple[tuple[str, int], ...]  # (chunk id, length) in file order
+    chunking: tuple[int, int, int] = (MIN_SIZE, AVG_SIZE, MAX_SIZE)
+
+    def spans(self) -> Iterator[tuple[str, int, int]]:
+        """(chunk id, offset, length) of every chunk, in file order."""
+        offset = 0
+        for cid, length in self.chunks:
+            yield cid, offset, length
+            offset += length
+
+    def unique(self) -> dict[str, int]:
+        """Each distinct chunk id with its length."""
+        return dict(self.chunks)
+
+    def size_unique(self) -> int:
+        """Bytes of the distinct chunks (what storing this file alone would take)."""
+        return sum(self.unique().values())
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "format": FORMAT, "size": self.size, "digest": self.digest,
+            "chunking": {"min": self.chunking[0], "avg": self.chunking[1], "max": self.chunking[2]},
+            "chunks": [[cid, length] for cid, length in self.chunks],
+        }, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> ChunkIndex:
+        """Parse and check an index read from a store; BadChunkIndex naming `where` if it is not valid."""
+        if len(data) > MAX_INDEX_BYTES:
+            raise BadChunkIndex(f"{where}: chunk index larger than {MAX_INDEX_BYTES // MiB} MiB")
+        # every JSON value past the first follows a comma: this bounds what parsing it makes
+        if data.count(b",") > 2 * MAX_CHUNKS + 16:
+            raise BadChunkIndex(f"{where}: chunk index of more than {MAX_CHUNKS} chunks")
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError):
+            raise BadChunkIndex(f"{where}: chunk index is not JSON") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise BadChunkIndex(f"{where}: not a {FORMAT} chunk index")
+        size, digest, chunks, chunking = doc.get("size"), doc.get("digest"), doc.get("chunks"), doc.get("chunking")
+        if not _is_count(size) or not is_digest(digest) or not isinstance(chunks, list):
+            raise BadChunkIndex(f"{where}: chunk index has a bad size, digest or chunk list")
+        if len(chunks) > MAX_CHUNKS:
+            raise BadChunkIndex(f"{where}: chunk index of {len(chunks)} chunks, more than {MAX_CHUNKS}")
+        limits = (MIN_SIZE, AVG_SIZE, MAX_SIZE)
+        if chunking is not None:
+            values = tuple(chunking.get(k) for k in ("min", "avg", "max")) if isinstance(chunking, dict) else ()
+            if not (len(values) == 3 and all(_is_count(v) for v in values)
+                    and MIN_CHUNK_BYTES <= values[0] <= values[1] <= values[2] <= MAX_CHUNK_BYTES):
+                raise BadChunkIndex(f"{where}: chunk index has a bad chunking {str(chunking)[:80]!r}")
+            limits = values
+        low, _, high = limits
+        parsed = []
+        total = 0
+        for number, entry in enumerate(chunks):
+            if not (isinstance(entry, list) and len(entry) == 2 and is_chunk_id(entry[0])
+                    and _is_count(entry[1]) and 0 < entry[1] <= MAX_CHUNK_BYTES):
+                raise BadChunkIndex(f"{where}: chunk index entry {str(entry)[:80]!r} is not [id, length]")
+            # FastCDC cuts no chunk longer than its maximum, nor shorter than its minimum but the last
+            if entry[1] > high or (entry[1] < low and number < len(chunks) - 1):
+                raise BadChunkIndex(f"{where}: chunk {number} has {entry[1]} bytes, outside its chunking's "
+                                    f"{low}..{high}")
+            parsed.append((entry[0], entry[1]))
+            total += entry[1]
+        if total != size:
+            raise BadChunkIndex(f"{where}: chunk lengths add up to {total} bytes, the index says {size}")
+        return cls(size=size, digest=digest, chunks=tuple(parsed), chunking=limits)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def chunk_file(path: str | os.PathLike[str], *, chunking: tuple[int, int, int] = (MIN_SIZE, AVG_SIZE, MAX_SIZE),
+               progress=None, on_chunk=None) -> ChunkIndex:  # noqa: ANN001 - progress(n), on_chunk(id, bytes)
+    """Cut a file into chunks and digest it whole, in one read (through mmap: the pages of a
+    freshly exported .sqsh are still in the page cache, and memory stays bounded); each chunk is
+    handed to `on_chunk` as soon as it is cut."""
+    from fastcdc import fastcdc  # imported here: only publishing and fetching chunk
+
+    whole = blake3.blake3()
+    chunks: list[tuple[str, int]] = []
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # a verified copy is handed on as /proc/self/fd/N
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return ChunkIndex(size=0, digest=PREFIX + whole.hexdigest(), chunks=(), chunking=chunking)
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as view:
+            low, avg, high = chunking
+            for chunk in fastcdc(view, min_size=low, avg_size=avg, max_size=high, fat=True):
+                whole.update(chunk.data)
+                cid = chunk_id(chunk.data)
+                chunks.append((cid, chunk.length))
+                if on_chunk is not None:
+                    on_chunk(cid, chunk.data)
+                if progress is not None:
+                    progress(chunk.length)
+    finally:
+        os.close(fd)
+    return ChunkIndex(size=size, digest=PREFIX + whole.hexdigest(), chunks=tuple(chunks), chunking=chunking)
+
+
+def mismatch(index: ChunkIndex, path: str | os.PathLike[str]) -> str | None:
+    """None when `path` holds exactly the chunks `index` lists, and their bytes make the digest it
+    claims; else what differs. An index kept beside an artifact in a shared store is checked so
+    before a publish tells S3 the artifact is made of chunks the bucket already holds: its size
+    and digest are copied from the record as easily as the record is read. (No O_NOFOLLOW: a
+    verified copy is handed on as /proc/self/fd/N.)"""
+    whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size != index.size:
+            return f"it describes {index.size} bytes, the file has {size}"
+        mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else contextlib.nullcontext(b"")  # mmap refuses 0 B
+        with mapping as mapped, memoryview(mapped) as view:
+            for number, (cid, offset, length) in enumerate(index.spans()):
+                # one chunk is megabytes: blake3's own threads hash it on every core
+                if blake3.blake3(view[offset:offset + length], max_threads=blake3.blake3.AUTO).hexdigest() != cid:
+                    return f"chunk {number} (at byte {offset}) does not hash to {cid[:12]}"
+            whole.update(view)
+    finally:
+        os.close(fd)
+    if PREFIX + whole.hexdigest() != index.digest:
+        return f"its chunks make {PREFIX + whole.hexdigest()}, it claims {index.digest}"
+    return None
+
+
+# ---- garbage collection of shared chunks (the decision; the S3 chunk store carries it out) -----
+
+class Mark(NamedTuple):
+    """Chunks that no index referenced at `time` (seconds since the epoch)."""
+
+    time: float
+    unreferenced: frozenset[str]
+
+
+def chunks_to_delete(stored: dict[str, float], referenced: set[str], marks: list[Mark], now: float,
+                     grace: float) -> set[str]:
+    """Mark and sweep with a grace period, as restic and borg prune shared chunks.
+
+    `stored` maps each chunk in the bucket to its last-modified time. A chunk is deleted only if
+    a mark at least `grace` old already found it unreferenced, it has not been written since that
+    mark, and no index references it now. How a doomed chunk is then deleted without losing one
+    that a publish started meanwhile references: efabuild.store.gc.chunks.
+    """
+    doomed: set[str] = set()
+    for mark in marks:
+        if mark.time > now - grace:
+            continue
+        doomed |= {cid for cid in mark.unreferenced if cid in stored and stored[cid] <= mark.time}
+    return doomed - referenced
+
+
+class Usage(NamedTuple):
+    """What one chunked artifact costs in the bucket (bytes as stored, compressed)."""
+
+    stored: int  # its distinct chunks
+    unique: int  # the chunks no other artifact references: what deleting it would free
+
+
+def usage(indexes: dict[str, ChunkIndex], stored_sizes: dict[str, int]) -> dict[str, Usage]:
+    """Stored and unique bytes of each artifact, from every index and each chunk's stored size."""
+    users: dict[str, int] = {}
+    for index in indexes.values():
+        for cid in index.unique():
+            users[cid] = users.get(cid, 0) + 1
+    result = {}
+    for key, index in indexes.items():
+        ids = index.unique()
+        result[key] = Usage(stored=sum(stored_sizes.get(cid, 0) for cid in ids),
+                            unique=sum(stored_sizes.get(cid, 0) for cid in ids if users[cid] == 1))
+    return result

@@ -1,0 +1,384 @@
+"""Chunks in S3: which ones the bucket lacks, one fetched and verified, gc (a file is assembled
+from seeds and downloads in store/chunked/assembly.py).
+
+Layout under the tier's prefix (beside objects/ and refs/):
+
+    chunks/<id[:2]>/<id>                 one chunk, zstd-compressed; id = blake3 of its raw bytes
+    objects/<k[:2]>/<key>.chunks.json    the artifact's chunk index (efabuild.store.chunked.chunks)
+    gc/marks/<time>.json                 chunks that were unreferenced at that time (gc)
+    gc/trash/<id>                        a chunk gc is deleting (store/gc/chunks.py)
+    gc/lock                              held by the gc that sweeps (store/gc/lock.py)
+
+A chunk object is created with IfNoneMatch='*', so a second publisher of the same bytes loses the
+race harmlessly; only a repair of one found missing or failing its id overwrites it, with bytes
+checked against the id first (`ChunkStore.replace`, store/chunked/health.py). Every chunk is checked
+against its id after decompression, whether it came from S3 or from a seed, and the assembled
+file against the index's digest, so neither a damaged object nor a damaged seed can reach a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+
+import attrs
+
+from efabuild import notices
+from efabuild.errors import EfabuildError
+from efabuild.store.chunked.chunks import (  # ChunkError: this module's, defined there for the facade
+    BadChunkIndex,
+    ChunkError,
+    ChunkIndex,
+    Mark,
+    Usage,
+    chunk_id,
+    chunks_to_delete,
+    is_chunk_id,
+    usage,
+)
+from efabuild.store.chunked.chunks import MAX_INDEX_BYTES, MAX_MARK_BYTES
+from efabuild.store.layout import INDEX_SUFFIX, SQSH_SUFFIX
+from efabuild.store.parallel import run_parallel
+
+ZSTD_LEVEL = 1  # -noD images compress well even at 1; at 3 a cold publish ran at 2/3 of the rate here
+CHUNKS_DIR = "chunks"
+MARKS_DIR = "gc/marks"
+DEFAULT_GRACE = 24 * 3600.0
+MAX_MARKS = 1_000  # gc writes one a run and deletes it after the grace period: more were planted
+LIST_FROM = 8  # ids under one chunks/<d> from which one LIST (a page per 1,000 keys) beats a HEAD each
+# bytes the chunk downloads of one fetch hold at once (each its object and its raw bytes), whatever
+# lengths an index names: 16 parallel GETs of 4 MiB chunks take ~130 MiB, of forged 64 MiB ones 2 GiB
+FETCH_MEMORY = 160 * 1024 * 1024
+
+
+@attrs.frozen
+class Transfer:
+    chunks: int = 0  # chunk objects sent or fetched
+    bytes: int = 0  # raw bytes they hold
+    wire_bytes: int = 0  # bytes on the wire (compressed)
+    reused: int = 0  # chunks found in the bucket (publish) or in seeds (fetch)
+    reused_bytes: int = 0
+    cloned_bytes: int = 0  # of the reused ones, bytes that share a seed's blocks (fetch, reflink filesystems)
+    created: frozenset[str] = attrs.field(default=frozenset(), repr=False)  # chunk ids this upload created
+    # (id, MD5 of the body this upload would have stored) of chunks the bucket held already
+    refused: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
+
+
+def _etag(response: dict) -> str:
+    """An ETag as HEAD, LIST and PUT give it, without its quotes."""
+    return str(response.get("ETag", "")).strip('"')
+
+
+def chunk_object(prefix_path: Callable[..., str], cid: str) -> str:
+    return prefix_path(CHUNKS_DIR, cid[:2], cid)
+
+
+def _compressor():  # noqa: ANN202 - zstandard.ZstdCompressor, one per thread
+    import zstandard
+
+    local = _compressor.__dict__.setdefault("local", threading.local())
+    if not hasattr(local, "c"):
+        local.c = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        local.d = zstandard.ZstdDecompressor()
+    return local
+
+
+def compress(data: bytes) -> bytes:
+    return _compressor().c.compress(data)
+
+
+def decompress(data: bytes, length: int, what: str) -> bytearray:
+    """A chunk object's bytes, which must be the index's `length` for it; never more than
+    length + 1 bytes are allocated or decompressed. (python-zstandard's one-shot decompress sizes
+    its output by the size a frame declares, whatever max_output_size says: a 32 KiB object
+    declaring 1 GiB took 1 GiB.) A frame declaring another size is refused unread; one declaring
+    none is streamed into a buffer of length + 1 bytes."""
+    import zstandard
+
+    try:
+        declared = zstandard.frame_content_size(data)  # -1: the frame does not say
+        if declared not in (-1, length):
+            raise ChunkError(f"{what}: its zstd frame declares {declared} bytes, the index says {length}")
+        raw = bytearray(length + 1)
+        with _compressor().d.stream_reader(data) as reader, memoryview(raw) as view:
+            got = 0
+            while got <= length and (n := reader.readinto(view[got:])):
+                got += n
+    except zstandard.ZstdError as exc:
+        raw = None  # not kept with the failure's traceback
+        raise ChunkError(f"{what}: not a zstd frame ({exc})") from None
+    if got != length:
+        raw = None
+        raise ChunkError(f"{what}: {'more than ' if got > length else ''}{got - (got > length)} bytes, "
+                         f"the index says {length}")
+    del raw[length:]
+    return raw
+
+
+class ChunkStore:
+    """The chunks of one S3 tier. `tier` gives the client calls: `_call`, `_head`, `_path`,
+    `_put_new`, `url`, `workers`."""
+
+    def __init__(self, tier) -> None:  # noqa: ANN001 - S3Tier
+        self.tier = tier
+        self._room = _Budget(FETCH_MEMORY)
+
+    def room_for(self, length: int) -> contextlib.AbstractContextManager[None]:
+        """Hold the memory a fetch of a chunk of `length` bytes takes (its object, at most zstd's
+        bound, and its raw bytes) for the block, waiting while other fetches hold the rest."""
+        return self._room.held(2 * _bound(length) + 1)
+
+    def object(self, cid: str) -> str:
+        return chunk_object(self.tier._path, cid)
+
+    def missing(self, ids: Iterable[str]) -> set[str]:
+        """The ids among `ids` that the bucket does not hold.
+
+        Ids are grouped by their first hex digit (chunks/<d>...): a group of LIST_FROM or more is
+        looked up with one LIST over its key range (1,000 keys a page), a smaller one with a HEAD
+        per id. A publish after a one-file change of a 1.5 GB image checks the ~320 chunks it
+        reuses twice; 16 LISTs answer each time where as many HEADs took seconds."""
+        ids = set(ids)
+        return ids - set(self.etags(ids))
+
+    def etags(self, ids: Iterable[str]) -> dict[str, str]:
+        """{id: the ETag of its object} for the ids among `ids` that the bucket holds, looked up
+        as `missing` says. An object rewritten since an index noted its ETag has another one."""
+        groups: dict[str, list[str]] = {}
+        for cid in sorted(set(ids)):
+            groups.setdefault(cid[0], []).append(cid)
+        tasks = [group for group in groups.values() if len(group) >= LIST_FROM]
+        tasks += [[cid] for group in groups.values() if len(group) < LIST_FROM for cid in group]
+        found: dict[str, str] = {}
+        for present in run_parallel(self._present, tasks, self.tier.workers):
+            found.update(present)
+        return found
+
+    def _present(self, group: list[str]) -> dict[str, str]:
+        """{id: ETag} of those of `group` (sorted ids sharing their first digit) the bucket holds."""
+        if len(group) < LIST_FROM:
+            heads = {cid: self.tier._head(self.object(cid)) for cid in group}
+            return {cid: _etag(head) for cid, head in heads.items() if head is not None}
+        first, last = self.object(group[0]), self.object(group[-1])
+        listed = self.tier._walk(self.tier._path(CHUNKS_DIR, group[0][0]), after=first[:-1], through=last)
+        wanted = set(group)
+        return {cid: _etag(item) for item in listed if (cid := item["Key"].rsplit("/", 1)[-1]) in wanted}
+
+    def replace(self, cid: str, raw: bytes) -> str:
+        """Overwrite the chunk object of `cid` with `raw` (checked against the id first): the
+        repair of one found missing or damaged, where a conditional PUT would keep what is there.
+        Its new ETag."""
+        if chunk_id(raw) != cid:
+            raise ChunkError(f"{self.tier.url(self.object(cid))}: the bytes to store do not hash to its name")
+        path = self.object(cid)
+        from botocore.exceptions import ClientError
+
+        try:
+            response = self.tier._call(self.tier.url(path), "put_object", Key=path, Body=compress(raw),
+                                       ChecksumAlgorithm="CRC32", ContentType="application/zstd")
+        except ClientError as exc:
+            raise self.tier._error(self.tier.url(path), exc) from None
+        return _etag(response)
+
+    def index_objects(self) -> list[str]:
+        """Every artifact's chunk index object in the tier."""
+        return [item["Key"] for item in self.tier._walk(self.tier._path("objects") + "/")
+                if item["Key"].endswith(INDEX_SUFFIX)]
+
+    def referenced(self) -> tuple[set[str], list[str]]:
+        """The chunk ids that some index references, and the index objects that could not be read
+        (skipped with a warning: a junk object planted in the bucket must not stop gc)."""
+        paths = self.index_objects()
+
+        def read(path: str) -> ChunkIndex | None:
+            try:
+                data = self.tier._get_bytes(path, MAX_INDEX_BYTES, BadChunkIndex)
+                if data is None:
+                    return None  # deleted meanwhile, with its artifact
+                return ChunkIndex.from_json(data, self.tier.url(path))
+            except BadChunkIndex as exc:
+                notices.warn(f"skipping {exc}")
+                return None
+
+        referenced: set[str] = set()
+        skipped = []
+        batch = 2 * self.tier.workers  # indexes held at once: a batch's, never every artifact's
+        for start in range(0, len(paths), batch):
+            group = paths[start:start + batch]
+            for path, index in zip(group, run_parallel(read, group, self.tier.workers)):
+                if index is None:
+                    skipped.append(path)
+                else:
+                    referenced.update(index.unique())
+        return referenced, skipped
+
+    def marks(self) -> list[tuple[str, Mark]]:
+        found = []
+        for item in self.tier._walk(self.tier._path(MARKS_DIR) + "/", most=MAX_MARKS):
+            try:
+                doc = json.loads(self.tier._get_bytes(item["Key"], MAX_MARK_BYTES) or b"")
+                mark = Mark(time=float(doc["time"]),
+                            unreferenced=frozenset(c for c in doc["unreferenced"] if is_chunk_id(c)))
+            except (ValueError, KeyError, TypeError, RecursionError, EfabuildError):
+                notices.warn(f"skipping {self.tier.url(item['Key'])}: not a gc mark")
+                continue
+            found.append((item["Key"], mark))
+        return found
+
+    def write_mark(self, mark: Mark) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(mark.time))
+        path = self.tier._path(MARKS_DIR, f"{stamp}-{uuid.uuid4().hex[:8]}.json")
+        body = json.dumps({"time": mark.time, "unreferenced": sorted(mark.unreferenced)}).encode()
+        self.tier._put_new(path, body, ContentType="application/json")
+
+    def delete_objects(self, paths: list[str]) -> None:
+        for start in range(0, len(paths), 1000):  # S3's limit per DeleteObjects call
+            batch = paths[start:start + 1000]
+            self.tier._call(self.tier.url(batch[0]), "delete_objects",
+                            Delete={"Objects": [{"Key": p} for p in batch], "Quiet": True})
+
+    def fetch(self, cid: str, length: int) -> tuple[bytearray, int]:
+        """One chunk's raw bytes, verified against its id; and the bytes it took on the wire."""
+        path = self.object(cid)
+        what = self.tier.url(path)
+        from efabuild.store.tiers.s3client import retried  # boto3: only once S3 is used
+
+        bound = _bound(length)
+        body = retried(what, lambda: self.tier._get_bytes(path, bound, ChunkError), error=ChunkError)
+        if body is None:  # a gc may have it in its trash this instant (store/gc/chunks.py)
+            from efabuild.store.gc.chunks import trash_object
+
+            trashed = trash_object(self.tier._path, cid)
+            body = retried(what, lambda: self.tier._get_bytes(trashed, bound, ChunkError), error=ChunkError)
+        if body is None:
+            raise ChunkError(f"{what}: missing (deleted by gc while in use, or never uploaded)")
+        # A failure is kept with its traceback, and so are the locals of its frames, by every
+        # parallel fetch that fails: none may keep megabytes with it
+        wire = len(body)
+        try:
+            raw = decompress(body, length, what)
+        finally:
+            body = None
+        if chunk_id(raw) != cid:
+            raw = None
+            raise ChunkError(f"{what}: corrupt: its bytes do not hash to its name")
+        return raw, wire
+
+    def problem(self, cid: str, length: int) -> str | None:
+        """None when the chunk `cid` (of `length` raw bytes) is in the bucket and hashes to its
+        id; else what is wrong with it, naming its object (one GET, as a fetch makes)."""
+        try:
+            self.fetch(cid, length)
+        except ChunkError as exc:
+            return str(exc)
+        return None
+
+
+def _bound(length: int) -> int:
+    return length + (length >> 7) + 4096  # zstd's bound for `length` bytes: more is no chunk of them
+
+
+class _Budget:
+    """Bytes some threads hold at once, at most `total` (one asking more waits for all of it)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = self.free = total
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def held(self, amount: int) -> Iterator[None]:
+        amount = min(amount, self.total)
+        with self._changed:
+            self._changed.wait_for(lambda: self.free >= amount)
+            self.free -= amount
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.free += amount
+                self._changed.notify_all()
+
+
+@attrs.frozen
+class ChunkGc:
+    deleted: int  # chunks deleted (or that would be, in a dry run)
+    deleted_bytes: int  # their stored (compressed) size
+    marked: int  # unreferenced chunks marked now, deleted by a later gc after the grace period
+    referenced: int  # distinct chunks that some index references
+    skipped_indexes: tuple[str, ...] = ()  # index objects that could not be read
+
+
+def collect(store: ChunkStore, *, grace: float = DEFAULT_GRACE, dry_run: bool = True,
+            now: float | None = None) -> ChunkGc:
+    """One mark-and-sweep pass over the tier's chunks (see chunks.chunks_to_delete); one that
+    deletes holds the bucket's gc lock (store/gc/lock.py), and fails with GcBusy when another does."""
+    # S3's clock: marks are compared with the chunks' LastModified, set by it
+    now = store.tier.server_time() if now is None else now
+    if dry_run:
+        return _collect(store, grace, dry_run, now)
+    from efabuild.store.gc.lock import sweeping_alone
+
+    with sweeping_alone(store.tier):
+        return _collect(store, grace, dry_run, now)
+
+
+def _collect(store: ChunkStore, grace: float, dry_run: bool, now: float) -> ChunkGc:
+    tier = store.tier
+    stored = {}
+    for item in tier._walk(tier._path(CHUNKS_DIR) + "/"):
+        cid = item["Key"].rsplit("/", 1)[-1]
+        if is_chunk_id(cid):
+            stored[cid] = (item["LastModified"].timestamp(), item.get("Size", 0))
+    referenced, skipped = store.referenced()
+    marks = store.marks()
+    doomed = chunks_to_delete({cid: t for cid, (t, _) in stored.items()}, referenced,
+                              [mark for _, mark in marks], now, grace)
+    unreferenced = set(stored) - referenced - doomed
+    if not dry_run:
+        from efabuild.store.gc.chunks import delete_chunks
+
+        doomed = delete_chunks(store, doomed, lambda: store.referenced()[0])
+        store.delete_objects([path for path, mark in marks if mark.time <= now - grace])
+        if unreferenced:
+            store.write_mark(Mark(time=now, unreferenced=frozenset(unreferenced)))
+    return ChunkGc(deleted=len(doomed), deleted_bytes=sum(stored[c][1] for c in doomed if c in stored), marked=len(unreferenced),
+                   referenced=len(referenced), skipped_indexes=tuple(skipped))
+
+
+def bucket_usage(tier, records: list | None = None) -> tuple[dict[str, tuple[object, Usage]], int, int]:  # noqa: ANN001
+    """What each artifact costs in the bucket as stored (compressed chunks, or its whole object):
+    {key: (record, usage)}; the bytes all of them take, shared chunks counted once; and the bytes
+    of chunks no index references (gc's to sweep). `records`: the tier's records when the caller
+    has listed them already (a unique size is only right when they are all of them)."""
+    records = {record.key: record for record in (tier.list() if records is None else records)}
+    chunk_sizes = {cid: item.get("Size", 0) for item in tier._walk(tier._path(CHUNKS_DIR) + "/")
+                   if is_chunk_id(cid := item["Key"].rsplit("/", 1)[-1])}
+    whole_sizes, indexed = {}, set()
+    for item in tier._walk(tier._path("objects") + "/"):
+        base = item["Key"].rsplit("/", 1)[-1]
+        if base.endswith(INDEX_SUFFIX):
+            indexed.add(base[: -len(INDEX_SUFFIX)])
+        elif base.endswith(SQSH_SUFFIX):
+            whole_sizes[base[: -len(SQSH_SUFFIX)]] = item.get("Size", 0)
+    keys = sorted(records)
+
+    def index_or_none(key: str) -> ChunkIndex | None:
+        if key not in indexed:  # a whole object: the listing says so, no GET to find none
+            return None
+        try:
+            return tier.chunk_index(key)
+        except EfabuildError:
+            return None
+
+    indexes = dict(zip(keys, run_parallel(index_or_none, keys, tier.workers)))
+    chunked = usage({k: i for k, i in indexes.items() if i is not None}, chunk_sizes)
+    result = {key: (records[key], chunked.get(key, Usage(stored=whole_sizes.get(key, 0),
+                                                         unique=whole_sizes.get(key, 0)))) for key in keys}
+    referenced = {cid for index in indexes.values() if index is not None for cid in index.unique()}
+    stored = sum(chunk_sizes.get(cid, 0) for cid in referenced) + sum(
+        whole_sizes.get(key, 0) for key in keys if indexes[key] is None)
+    return result, stored, sum(size for cid, size in chunk_sizes.items() if cid not in referenced)

@@ -1,0 +1,152 @@
+"""gc's deletion: the facts gathered from every tier, `gc.keys_to_keep` asked, the rest removed.
+
+Everything gc deletes is deleted here: artifacts (under their key lock, re-checking that no name
+has been pointed at them meanwhile), their ref entries, leftovers of interrupted writes, and then
+the S3 tier's chunks (mark and sweep, s3chunks.collect).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from typing import NamedTuple
+
+from efabuild.errors import EfabuildError, InputError
+from efabuild.store.tiers.fs import FilesystemTier
+from efabuild.store.gc.collect import keys_to_keep
+from efabuild.store.lock import LockBusy
+from efabuild.store.record import ArtifactRecord
+
+S3_TIER = "s3"
+
+
+class Removal(NamedTuple):
+    tier: str
+    record: ArtifactRecord
+
+
+class GcReport(NamedTuple):
+    keep: int
+    dry_run: bool
+    removals: tuple[Removal, ...]  # deleted, or to delete on a dry run
+    kept: tuple[str, ...]  # keys kept
+    debris: tuple[tuple[str, str], ...]  # (tier, path or URL) of interrupted writes
+    busy: tuple[tuple[str, str], ...] = ()  # (tier, key) skipped: in use by a publisher or fetcher
+    spared: tuple[Removal, ...] = ()  # what S3 would lose if asked (a bare store's gc without --s3)
+    chunks: object | None = None  # s3chunks.ChunkGc: the S3 tier's shared chunks, swept after a grace period
+
+
+def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: bool, delete_remote: bool,
+                    chunk_grace: float) -> GcReport:
+    """Delete all but the newest `keep` keys of every name, the current ref targets and pins.
+
+    Decided over the union of `tiers` (S3's too when it is among them), so every tier keeps the
+    same keys; S3 is deleted from only with `delete_remote` (else its removals are reported as
+    spared). Objects being published or fetched right now (key lock held) are skipped.
+    Leftovers of interrupted writes are removed too.
+    """
+    if keep < 1:
+        raise InputError(f"--keep must be at least 1, not {keep}")
+    held = {tier.name: tier.list() for tier in tiers}
+    keep_keys = keys_to_keep(held, current_targets(tiers), keep, pins)
+    doomed = tuple(Removal(tier.name, record) for tier in tiers for record in held[tier.name]
+                   if record.key not in keep_keys)
+    deleting = [tier for tier in tiers if delete_remote or tier.name != S3_TIER]
+    removals = tuple(r for r in doomed if r.tier != S3_TIER or delete_remote)
+    spared = tuple(r for r in doomed if r not in removals)
+    debris = tuple((tier.name, str(item)) for tier in deleting for item in tier.debris())
+    report = GcReport(keep, dry_run, removals, tuple(sorted(keep_keys)), debris, spared=spared)
+    if not dry_run:
+        for tier in deleting:
+            if isinstance(tier, FilesystemTier) and (any(r.tier == tier.name for r in removals)
+                                                     or any(t == tier.name for t, _ in debris)):
+                _check_writable(tier)
+        report = report._replace(busy=remove(tiers, removals, debris))
+    s3 = next((tier for tier in deleting if tier.name == S3_TIER), None)
+    if s3 is not None:
+        from efabuild.store.chunked.s3 import collect
+
+        # after the artifacts: the chunks only they used are marked now, swept by a later gc
+        report = report._replace(chunks=collect(s3.chunks, dry_run=dry_run, grace=chunk_grace))
+    return report
+
+
+def current_targets(tiers: list) -> set[str]:
+    """The key every name currently resolves to, in any of these tiers."""
+    return {key for tier in tiers for key in tier.ref_heads().values()}
+
+
+def _check_writable(tier: FilesystemTier) -> None:
+    """One line before anything is deleted, rather than a failure halfway."""
+    try:
+        read_only = bool(os.statvfs(tier.root).f_flag & os.ST_RDONLY)
+    except OSError as exc:
+        raise EfabuildError(f"{tier.name} tier {tier.root}: {exc.strerror}; nothing deleted") from None
+    if read_only:
+        raise EfabuildError(f"{tier.name} tier {tier.root}: read-only file system; nothing deleted "
+                            f"(run gc where the store is mounted writable)")
+    if not os.access(tier.root, os.W_OK):
+        raise EfabuildError(f"{tier.name} tier {tier.root}: permission denied; nothing deleted "
+                            f"(run gc as a user who may write the store)")
+
+
+def remove(tiers: list, removals: tuple[Removal, ...], debris: tuple) -> tuple:
+    """Delete what gc decided; the (tier, key) pairs skipped because a publisher or fetcher holds them."""
+    by_name = {tier.name: tier for tier in tiers}
+    busy = []
+    gone: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for removal in removals:
+        tier, key = by_name[removal.tier], removal.record.key
+        deleted = _remove_fs_object(tiers, tier, key) if isinstance(tier, FilesystemTier) \
+            else _remove_s3_object(tiers, tier, key)
+        if deleted is None:
+            busy.append((tier.name, key))
+        elif deleted:
+            gone[tier.name][removal.record.name].add(key)
+    for tier_name, names in gone.items():
+        for name, keys in names.items():
+            by_name[tier_name].drop_ref_entries(name, keys)
+    for tier_name, item in debris:
+        tier = by_name[tier_name]
+        tier.remove_debris(item)
+    return tuple(busy)
+
+
+def _remove_fs_object(tiers: list, tier: FilesystemTier, key: str) -> bool | None:
+    """Delete `key` from a filesystem tier: True when deleted, False when a name points at it
+    again, None when its lock is held."""
+    lock = tier.key_lock(key)
+    try:
+        lock.acquire(blocking=False)
+    except LockBusy:
+        return None
+    try:
+        # a make may have made this key current again since gc looked: ask afresh
+        if key in current_targets(tiers):
+            return False
+        tier.delete(key)
+        lock.remove()  # while held: see FileLock's inode check
+        _drop_build_lock(tier, key)
+        return True
+    finally:
+        lock.release()
+
+
+def _remove_s3_object(tiers: list, tier, key: str) -> bool:  # noqa: ANN001 - S3Tier
+    if key in current_targets(tiers):
+        return False
+    tier.delete(key)
+    return True
+
+
+def _drop_build_lock(tier: FilesystemTier, key: str) -> None:
+    """A deleted key's build lock file goes too, unless a make holds it (building it again)."""
+    lock = tier.build_lock(key)
+    try:
+        lock.acquire(blocking=False)
+    except LockBusy:
+        return
+    try:
+        lock.remove()
+    finally:
+        lock.release()

@@ -1,0 +1,367 @@
+"""The shape of the code, as docs/CONTRIBUTING.md "Code layout" describes it: a pure core at the top
+of the package, effects in the packages at the edge, floors that import only downwards and in no
+circle, and modules and functions short enough to read.
+
+These read the source (ast), they run nothing of it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import NamedTuple
+
+PACKAGE = Path(__file__).resolve().parents[2] / "efabuild"
+
+# the pure core: decisions and parsing, no engine, store, network or subprocess
+CORE = {"__init__", "__main__", "model", "refs", "keys", "dag", "plan", "redact", "errors", "nccl",
+        "workspace", "settings", "grammar", "configfile", "tomlkeys", "notices", "display"}
+# what no core module may import: the edge packages and the modules that reach the outside world
+EDGE_PACKAGES = {"make", "cli", "doctor", "host", "engine", "export", "lint", "provenance", "pyxis", "signing",
+                 "store"}
+OUTSIDE_WORLD = {"subprocess", "socket", "threading", "boto3", "botocore", "python_on_whales", "docker",
+                 "shutil", "sqlite3", "urllib.request", "http"}
+# only these read files (the workspace, its config files, the store directories they name); the rest
+# of the core touches no filesystem
+READS_FILES = {"workspace", "settings", "configfile"}
+FILESYSTEM = {"os", "stat", "glob", "io", "tempfile"}
+# core modules that import a filesystem module for its names alone -> why
+NAMES_ONLY = {("display", "os"): "os.fspath: a path's text for a message, no file touched"}
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+# (module path, function qualname or None for the module) -> why it stays longer
+EXCEPTIONS: dict[tuple[str, str | None], str] = {
+}
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            if node.module == "efabuild":
+                names.update(f"efabuild.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_the_top_level_holds_only_the_pure_core():
+    top = {p.stem for p in PACKAGE.glob("*.py")}
+    assert top == CORE, f"modules at the top that are not the pure core: {sorted(top - CORE)}"
+
+
+def test_no_core_module_reaches_the_engine_the_store_or_the_outside_world():
+    problems = []
+    for stem in sorted(CORE - {"__main__"}):
+        tree = ast.parse((PACKAGE / f"{stem}.py").read_text())
+        for name in sorted(_imports(tree)):
+            parts = name.split(".")
+            if parts[0] == "efabuild" and len(parts) > 1 and parts[1] in EDGE_PACKAGES:
+                problems.append(f"{stem} imports {name}")
+            elif name in OUTSIDE_WORLD or parts[0] in OUTSIDE_WORLD:
+                problems.append(f"{stem} imports {name}")
+            elif stem not in READS_FILES and parts[0] in FILESYSTEM and (stem, name) not in NAMES_ONLY:
+                problems.append(f"{stem} imports {name}, but only {sorted(READS_FILES)} read files")
+    assert not problems, "\n".join(problems)
+
+
+def _long_functions(path: Path, tree: ast.AST) -> list[tuple[str, int]]:
+    found = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = prefix + child.name
+                length = child.end_lineno - child.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append((name, length))
+                visit(child, name + ".")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+
+    visit(tree, "")
+    return found
+
+
+def test_modules_and_functions_stay_short_with_few_stated_exceptions():
+    assert len(EXCEPTIONS) <= 5 and all(EXCEPTIONS.values())
+    too_long = []
+    for path in _modules():
+        rel = str(path.relative_to(PACKAGE.parent))
+        text = path.read_text()
+        lines = text.count("\n") + (not text.endswith("\n"))
+        if lines > MAX_MODULE_LINES and (rel, None) not in EXCEPTIONS:
+            too_long.append(f"{rel}: {lines} lines")
+        for name, length in _long_functions(path, ast.parse(text)):
+            if (rel, name) not in EXCEPTIONS:
+                too_long.append(f"{rel}:{name}: {length} lines")
+    assert not too_long, "over the limits:\n" + "\n".join(too_long)
+
+
+# -- floors: which package may import which ---------------------------------------------------------
+# A module imports only modules of its own floor or a lower one; `__main__` is the CLI's. The core
+# is the package's top level (the modules in CORE).
+FLOORS = {"core": 0, "host": 1, "store": 2, "engine": 2, "provenance": 2, "lint": 2, "doctor": 2,
+          "export": 3, "signing": 3, "pyxis": 3, "make": 4, "cli": 5}
+
+# Imports inside functions, by module: start-up deferrals. A plan, a lookup and the CLI's argument
+# parsing must not load what they do not run (tests/engine/test_engine_api.py and the start-up figures in
+# README Performance hold them to it), so these modules load their heavier neighbours (the engine
+# steps, boto3, attrs classes, the export) where a command first needs them. Taken as found when
+# the floors were laid; a new one goes here only with the start-up reason beside it.
+DEFERRED: dict[str, set[str]] = {
+    "efabuild.cli": {"efabuild.cli.pyxis_cmd"},
+    "efabuild.cli.build_fixtures": {"efabuild.cli.output", "efabuild.errors", "efabuild.make.fixtures"},
+    "efabuild.cli.common": {
+        "efabuild.errors", "efabuild.grammar", "efabuild.host.fsutil", "efabuild.redact", "efabuild.workspace"},
+    "efabuild.cli.completion_cmd": {"efabuild.cli"},
+    "efabuild.cli.doctor_cmd": {
+        "efabuild.cli.output", "efabuild.configfile", "efabuild.display", "efabuild.doctor",
+        "efabuild.errors", "efabuild.store"},
+    "efabuild.cli.du_cmd": {
+        "efabuild.cli.output", "efabuild.refs", "efabuild.store.progress", "efabuild.store.tiered"},
+    "efabuild.cli.graph_cmd": {
+        "efabuild.cli.graphviz", "efabuild.cli.picture", "efabuild.dag", "efabuild.make.prepare"},
+    "efabuild.cli.lint_cmd": {
+        "efabuild", "efabuild.cli.output", "efabuild.errors", "efabuild.lint", "efabuild.lint.sarif",
+        "efabuild.workspace"},
+    "efabuild.cli.live": {"efabuild.cli.output"},
+    "efabuild.cli.lookup_cmd": {
+        "efabuild.cli.output", "efabuild.errors", "efabuild.pyxis.lookup", "efabuild.workspace"},
+    "efabuild.cli.make_cmd": {
+        "efabuild.cli.colour", "efabuild.cli.graphviz", "efabuild.cli.live", "efabuild.cli.output",
+        "efabuild.cli.picture", "efabuild.cli.plan_cmd", "efabuild.host.scratch", "efabuild.lint",
+        "efabuild.make.check", "efabuild.make.prepare", "efabuild.make.run", "efabuild.refs"},
+    "efabuild.cli.output": {"efabuild.display"},
+    "efabuild.cli.plan_cmd": {
+        "efabuild.cli.colour", "efabuild.cli.live", "efabuild.cli.output", "efabuild.make.prepare",
+        "efabuild.plan"},
+    "efabuild.cli.provenance_cmd": {
+        "efabuild.cli.common", "efabuild.cli.output", "efabuild.display", "efabuild.errors",
+        "efabuild.provenance.audit", "efabuild.provenance.diff", "efabuild.provenance.intoto",
+        "efabuild.provenance.junit", "efabuild.provenance.stored", "efabuild.settings", "efabuild.store",
+        "efabuild.store.progress", "efabuild.workspace"},
+    "efabuild.cli.push_cmd": {
+        "efabuild.cli.output", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.prepare",
+        "efabuild.refs"},
+    "efabuild.cli.pyxis_cmd": {"efabuild.errors", "efabuild.pyxis.importer"},
+    "efabuild.cli.reporting": {"efabuild.store.progress"},
+    "efabuild.cli.sign_cmd": {
+        "efabuild.cli.common", "efabuild.cli.output", "efabuild.errors", "efabuild.grammar", "efabuild.refs",
+        "efabuild.signing.attest", "efabuild.signing.keys", "efabuild.signing.trust",
+        "efabuild.signing.verify", "efabuild.store.config", "efabuild.store.tiered", "efabuild.workspace"},
+    "efabuild.cli.store_cmd": {
+        "efabuild.cli.common", "efabuild.cli.output", "efabuild.display", "efabuild.engine.client",
+        "efabuild.engine.leftovers", "efabuild.errors", "efabuild.host.scratch", "efabuild.make.oldimages",
+        "efabuild.make.prepare", "efabuild.notices", "efabuild.refs", "efabuild.store.config",
+        "efabuild.store.chunked.health", "efabuild.store.progress", "efabuild.store.tiered"},
+    "efabuild.engine.build": {"efabuild.host.fsutil"},
+    "efabuild.engine.client": {"efabuild.engine.api", "efabuild.host.children"},
+    "efabuild.engine.containers": {"efabuild.host.children"},
+    "efabuild.engine.images": {"efabuild.engine.api"},
+    "efabuild.engine.leftovers": {"efabuild.engine.api", "efabuild.engine.images"},
+    "efabuild.engine.registry": {"efabuild.host.stops"},
+    "efabuild.export.squash": {"efabuild.engine.containers", "efabuild.engine.images"},
+    "efabuild.lint": {"efabuild.display"},
+    "efabuild.make.check": {
+        "efabuild.engine.build", "efabuild.engine.images", "efabuild.engine.leftovers",
+        "efabuild.engine.registry", "efabuild.export.tarfilter", "efabuild.make.farm", "efabuild.make.run"},
+    "efabuild.make.context": {"efabuild.display", "efabuild.host.owner", "efabuild.store.gc.leftovers"},
+    "efabuild.make.engine_steps": {
+        "efabuild.engine.build", "efabuild.engine.images", "efabuild.engine.leftovers",
+        "efabuild.engine.registry"},
+    "efabuild.make.farm": {"efabuild.plan"},
+    "efabuild.make.fixtures": {"efabuild.engine.build", "efabuild.engine.client", "efabuild.engine.images"},
+    "efabuild.make.hashcache": {"efabuild.host.fsutil"},
+    "efabuild.make.leftovers": {"efabuild.engine.client", "efabuild.engine.leftovers"},
+    "efabuild.make.oldimages": {"efabuild.engine.images", "efabuild.engine.registry"},
+    "efabuild.make.prepare": {
+        "efabuild.engine.client", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.farm",
+        "efabuild.store"},
+    "efabuild.make.publish": {
+        "efabuild.export.squash", "efabuild.host.digest", "efabuild.host.stops", "efabuild.make.gitstate",
+        "efabuild.provenance.stored", "efabuild.signing.attest", "efabuild.store.progress", "efabuild.store.record"},
+    "efabuild.make.records": {"efabuild.configfile"},
+    "efabuild.make.run": {
+        "efabuild.engine.build", "efabuild.export.artifact", "efabuild.lint", "efabuild.make.ancestry",
+        "efabuild.make.engine_steps", "efabuild.make.farm",
+        "efabuild.make.gitstate", "efabuild.make.publish", "efabuild.signing.keys"},
+    "efabuild.pyxis.importer": {"efabuild.pyxis.lookup"},
+    "efabuild.pyxis.lookup": {
+        "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.signing.verifycache",
+        "efabuild.store.record", "efabuild.store.tiered", "efabuild.store.transfer"},
+    "efabuild.settings": {"efabuild.redact"},
+    "efabuild.signing.attest": {"efabuild.provenance.intoto", "efabuild.provenance.manifest"},
+    "efabuild.signing.keys": {"efabuild.configfile"},
+    "efabuild.signing.trust": {"efabuild.grammar", "efabuild.host.fsutil", "efabuild.signing.keys"},
+    "efabuild.signing.verify": {
+        "efabuild.host.digest", "efabuild.provenance.intoto", "efabuild.signing.dsse",
+        "efabuild.signing.keys", "efabuild.store.record"},
+    "efabuild.signing.verifycache": {"efabuild.host.fsutil"},
+    "efabuild.store": {"efabuild.store.record", "efabuild.store.tiered"},
+    "efabuild.store.chunked.send": {"efabuild.store.chunked.s3"},
+    "efabuild.store.layout": {"efabuild.configfile"},
+    "efabuild.store.chunked.s3": {
+        "efabuild.store.gc.chunks", "efabuild.store.gc.lock", "efabuild.store.tiers.s3client"},
+    "efabuild.store.chunked.seeds": {"efabuild.store.chunked.assembly"},
+    "efabuild.store.gc.sweep": {"efabuild.store.chunked.s3"},
+    "efabuild.store.tiered": {"efabuild.store.tiers.s3", "efabuild.store.chunked.s3"},
+    # the S3 health check loads the S3 chunk store (attrs): a plan or lookup without S3 runs none
+    "efabuild.store.tierhealth": {"efabuild.store.chunked.health"},
+}
+
+
+class Imports(NamedTuple):
+    top: dict[str, set[str]]  # module -> what its header imports
+    deferred: dict[str, set[str]]  # module -> what its functions import
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _targets(name: str, node: ast.Import | ast.ImportFrom, is_package: bool, known: set[str]) -> list[str]:
+    """The efabuild modules an import statement loads (`from efabuild.x import y`: y when y is a
+    module, else x)."""
+    if isinstance(node, ast.Import):
+        found = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            package = name.split(".") if is_package else name.split(".")[:-1]
+            base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+        found = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+    out = []
+    for target in found:
+        if target.split(".")[0] != "efabuild":
+            continue
+        while target not in known and "." in target:
+            target = target.rsplit(".", 1)[0]
+        if target != name:
+            out.append(target)
+    return out
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _import_graph() -> Imports:
+    """Every import of one efabuild module by another, at the header or inside a function
+    (`if TYPE_CHECKING:` blocks load nothing and do not count)."""
+    paths = {_module_name(p): p for p in _modules()}
+    imports = Imports({name: set() for name in paths}, {name: set() for name in paths})
+
+    def visit(name: str, node: ast.AST, in_function: bool, is_package: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                into = imports.deferred if in_function else imports.top
+                into[name].update(_targets(name, child, is_package, set(paths)))
+            elif not _is_type_checking(child):
+                visit(name, child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)),
+                      is_package)
+
+    for name, path in paths.items():
+        visit(name, ast.parse(path.read_text()), False, path.name == "__init__.py")
+    return imports
+
+
+def _package(module: str) -> str:
+    if module == "efabuild.__main__":
+        return "cli"
+    parts = module.split(".")
+    is_package = (PACKAGE.joinpath(*parts[1:]) / "__init__.py").exists()
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and is_package) else "core"
+
+
+def _edges(imports: Imports) -> dict[str, set[str]]:
+    # a module importing its own package (`from efabuild.store import Store`) is no cycle: Python
+    # has run the package's __init__ before any module in it
+    return {name: {t for t in imports.top[name] | imports.deferred[name] if not name.startswith(t + ".")}
+            for name in imports.top}
+
+
+def _cycles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
+    """The strongly connected parts of more than one node (Tarjan's, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = set()
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                part = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    part.append(member)
+                    if member == node:
+                        break
+                if len(part) > 1:
+                    found.add(tuple(sorted(part)))
+    return found
+
+
+def test_no_import_cycle_between_files():
+    assert _cycles(_edges(_import_graph())) == set()
+
+
+def test_no_import_cycle_between_packages():
+    packages: dict[str, set[str]] = {}
+    for name, targets in _edges(_import_graph()).items():
+        packages.setdefault(_package(name), set()).update(_package(t) for t in targets if _package(t) != _package(name))
+    assert _cycles(packages) == set()
+
+
+def test_every_package_has_a_floor_and_imports_only_its_floor_or_lower():
+    imports = _import_graph()
+    assert {_package(name) for name in imports.top} == set(FLOORS), "a package without a floor in FLOORS"
+    upward = sorted(f"{name} -> {target}" for name, targets in _edges(imports).items() for target in targets
+                    if FLOORS[_package(target)] > FLOORS[_package(name)])
+    assert not upward, "imports up a floor:\n" + "\n".join(upward)
+
+
+def test_imports_inside_functions_are_only_the_listed_start_up_deferrals():
+    found = {name: targets for name, targets in _import_graph().deferred.items() if targets}
+    new = {f"{name} -> {t}" for name, targets in found.items() for t in targets - DEFERRED.get(name, set())}
+    gone = {f"{name} -> {t}" for name, targets in DEFERRED.items() for t in targets - found.get(name, set())}
+    assert not new, "imports inside functions not in DEFERRED (import at the header unless the start-up " \
+                    "budget needs it, then list it):\n" + "\n".join(sorted(new))
+    assert not gone, "listed in DEFERRED but no longer inside a function, drop them:\n" + "\n".join(sorted(gone))
+
+
+def test_test_files_sit_in_the_folder_of_what_they_test():
+    """tests/README.md says where a test goes; one left at the top would start the flat tree again."""
+    tests = PACKAGE.parent / "tests"
+    flat = sorted(p.name for p in tests.glob("test_*.py"))
+    assert not flat, f"move {flat} into the folder of the package they test (tests/README.md)"
+    folders = {p.parent.name for p in tests.glob("*/test_*.py")}
+    assert folders <= {d.name for d in tests.iterdir() if (d / "__init__.py").exists()}, \
+        "every test folder is a package (two test files of one name in two folders would clash)"

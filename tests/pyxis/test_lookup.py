@@ -1,0 +1,144 @@
+"""`efabuild lookup` as job scripts use it: one path on stdout, or one line and exit 1."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from efabuild.store.tiered import Store
+from efabuild.store.tiers.fs import FilesystemTier
+from tests.kits.storekit import efabuild, efabuild_process, key_for, make_sqsh, record_for
+
+# two keys sharing their first 10 hex characters, and one apart
+TWINS = ["0123456789" + "a" * 54, "0123456789" + "b" * 54]
+LONER = "fedcba9876" + "c" * 54
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """A workspace whose local store holds three artifacts (two names; one name twice)."""
+    (tmp_path / "BUILD.toml").write_text('[store]\nlocal = "cache"\nkeep = 2\n')
+    (tmp_path / "sub" / "dir").mkdir(parents=True)
+    store = Store([FilesystemTier(tmp_path / "cache", "local")], show_progress=False)
+    for index, (key, name) in enumerate([(TWINS[0], "ngc-efa:user"), (LONER, "ngc-efa:deepep"),
+                                         (TWINS[1], "ngc-efa:user")]):
+        directory = tmp_path / f"export{index}"
+        directory.mkdir()
+        sqsh = make_sqsh(directory, os.urandom(20_000))
+        store.publish(key, sqsh, record_for(key, name, sqsh))
+    return tmp_path
+
+
+def sqsh_of(root: Path, key: str) -> str:
+    return f"{root}/objects/{key[:2]}/{key}.sqsh\n"
+
+
+def test_lookup_by_key_prefix_and_name_from_anywhere_in_the_workspace(workspace):
+    cache = workspace / "cache"
+    for ref, key in [(TWINS[0], TWINS[0]), (LONER[:8], LONER), ("0123456789b", TWINS[1]),
+                     ("ngc-efa:user", TWINS[1]), ("ngc-efa:deepep", LONER), (LONER.upper(), LONER)]:
+        result = efabuild("lookup", ref, cwd=workspace / "sub" / "dir")
+        assert (result.returncode, result.stdout, result.stderr) == (0, sqsh_of(cache, key), ""), ref
+
+
+def test_absent_and_ambiguous_refs_exit_1_with_one_line(workspace):
+    cases = {
+        "ngc-efa:nope": "efabuild: no artifact named ngc-efa:nope in local ",
+        "0123456789": "efabuild: key prefix 0123456789 is ambiguous: 2 artifacts match (012345678",
+        "abababab": "efabuild: no artifact with key prefix abababab in local ",
+        "ab" * 32: "efabuild: artifact abababababab (" + "ab" * 32 + ") is in no tier of local ",
+    }
+    for ref, start in cases.items():
+        result = efabuild("lookup", ref, cwd=workspace)
+        assert result.returncode == 1, ref
+        assert result.stdout == ""
+        assert result.stderr.startswith(start), result.stderr
+        assert result.stderr.count("\n") == 1
+
+
+def test_malformed_refs_are_usage_errors(workspace):
+    for ref, problem in [("0123", "too short: give at least 8 hex"), ("not a ref", "not a key, key prefix"),
+                         ("ngc/efa:user", "not an artifact name")]:
+        result = efabuild("lookup", ref, cwd=workspace)
+        assert result.returncode == 2 and problem in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_store_path_from_option_or_environment_without_a_workspace(workspace, tmp_path_factory):
+    elsewhere = tmp_path_factory.mktemp("compute-node")
+    cache = workspace / "cache"
+    by_option = efabuild("lookup", "--store", str(cache), "ngc-efa:deepep", cwd=elsewhere)
+    by_env = efabuild("lookup", "ngc-efa:deepep", cwd=elsewhere, env={"EFABUILD_STORE": str(cache)})
+    assert by_option.stdout == by_env.stdout == sqsh_of(cache, LONER)
+    # --store wins over the environment
+    empty = tmp_path_factory.mktemp("empty-store")
+    result = efabuild("lookup", "--store", str(empty), "ngc-efa:deepep", cwd=elsewhere,
+                      env={"EFABUILD_STORE": str(cache)})
+    assert result.returncode == 1
+    none = efabuild("lookup", "ngc-efa:deepep", cwd=elsewhere, env={"EFABUILD_STORE": ""})
+    assert none.returncode == 2 and "no store: give --store PATH, set EFABUILD_STORE" in none.stderr
+
+
+def test_json_output_and_verify(workspace):
+    result = efabuild("lookup", "--json", "--verify", "ngc-efa:deepep", cwd=workspace)
+    data = json.loads(result.stdout)
+    assert data["path"] == sqsh_of(workspace / "cache", LONER).strip()
+    assert data["key"] == LONER and data["name"] == "ngc-efa:deepep"
+    assert data["size"] == Path(data["path"]).stat().st_size and data["digest"].startswith("blake3:")
+
+    path = Path(data["path"])
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as handle:
+        handle.seek(4096)
+        handle.write(b"\0rot")
+    assert efabuild("lookup", "ngc-efa:deepep", cwd=workspace).returncode == 0  # cheap: no re-hash
+    result = efabuild("lookup", "--verify", "ngc-efa:deepep", cwd=workspace)
+    assert result.returncode == 1 and result.stdout == ""
+    assert "corrupt artifact: digest blake3:" in result.stderr
+
+
+def test_a_local_hit_imports_neither_boto3_nor_python_on_whales(workspace):
+    result = efabuild_process("lookup", "ngc-efa:user", env={"PYTHONPROFILEIMPORTTIME": "1"}, cwd=workspace)
+    assert result.returncode == 0
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "efabuild" in imported  # the check sees our own imports, so it can see others
+    assert not imported & {"boto3", "botocore", "python_on_whales", "s3transfer"}
+
+
+def test_bad_store_settings_name_file_key_and_problem(workspace):
+    (workspace / "BUILD.toml").write_text('[store]\nlocal = "cache"\nkeep = "three"\n')
+    result = efabuild("lookup", "ngc-efa:user", cwd=workspace)
+    assert result.returncode == 2
+    assert result.stderr == (f"efabuild: {workspace / 'BUILD.toml'}: store.keep: must be a whole number ≥ 1, "
+                             f"not 'three'\n")
+    (workspace / "BUILD.toml").write_text('[store]\nshard = "/fsx"\n')
+    result = efabuild("lookup", "ngc-efa:user", cwd=workspace)
+    assert result.returncode == 2 and "store: unknown key 'shard'" in result.stderr
+
+
+def test_no_fetch_on_a_miss_without_s3(workspace):
+    result = efabuild("lookup", "--no-fetch", key_for("never built"), cwd=workspace)
+    assert result.returncode == 1 and "is in no tier of local" in result.stderr
+
+
+def test_lookup_of_a_layer_that_is_no_artifact_says_so(tmp_path: Path) -> None:
+    from tests.kits.wsfactory import make_workspace
+
+    root = make_workspace(tmp_path / "ws")
+    result = efabuild("lookup", "stack:deepep", cwd=root / "app")
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == ("efabuild: stack:deepep is a layer of graphs/stack.toml but not an artifact layer, "
+                             "so it has no .sqsh (artifact layers of stack: stack:efa, stack:user; "
+                             "`artifact = true` exports one)\n")
+    # an artifact layer not built yet, and an unknown layer: the store's own answer
+    for ref in ("stack:user", "stack:nothing"):
+        result = efabuild("lookup", ref, cwd=root)
+        assert result.returncode == 1 and "no artifact named" in result.stderr and "not an artifact layer" \
+            not in result.stderr
+    assert "did you mean" not in result.stderr
+    typo = efabuild("lookup", "stack:usr", cwd=root)  # a name close to an artifact layer's
+    assert typo.returncode == 1 and typo.stderr.count("\n") == 1
+    assert "no artifact named stack:usr" in typo.stderr and typo.stderr.endswith("(did you mean 'stack:user'?)\n")

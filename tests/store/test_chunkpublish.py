@@ -1,0 +1,137 @@
+"""Publishing to the chunked S3 tier from an index: the export's is used as it is (the file is
+not cut again), one kept in a store only once the file's bytes are its chunks, and the chunks
+the bucket holds are checked twice: before anything is sent and just after the index is written."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+import pytest
+
+from efabuild.settings import S3Config
+from efabuild.store.chunked import publish as chunkpublish
+from efabuild.store.chunked.chunks import chunk_file
+from efabuild.host.digest import file_digest
+from efabuild.store.tiers.fs import FilesystemTier
+from efabuild.store.chunked.s3 import ChunkStore
+from efabuild.store.tiered import Store
+from tests.kits.storekit import collect_warnings, key_for, make_sqsh, record_for
+
+pytestmark = pytest.mark.s3
+KiB, MiB = 1024, 1024 * 1024
+CHUNKING = (8 * KiB, 32 * KiB, 128 * KiB)  # small chunks: a few MiB make many of them
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory) -> tuple[Path, Path]:
+    """Two versions of an image: v2 changes 4 KiB in the middle."""
+    rng = random.Random(12)
+    body = bytearray(rng.randbytes(3 * MiB))
+    base = tmp_path_factory.mktemp("versions")
+    one = make_sqsh(base, bytes(body), "v1")
+    body[MiB:MiB + 4 * KiB] = rng.randbytes(4 * KiB)
+    return one, make_sqsh(base, bytes(body), "v2")
+
+
+def store_at(root: Path, settings: S3Config, name: str = "local") -> Store:
+    return Store([FilesystemTier(root, name)], settings, show_progress=False, s3_options={"chunking": CHUNKING})
+
+
+def watch(monkeypatch, store: Store, events: list[str]) -> None:  # noqa: ANN001
+    """Note in `events` each existence check of chunks (how many ids) and each index written."""
+    real_missing, real_put = ChunkStore.missing, store.s3._put_new
+
+    def missing(self, ids):  # noqa: ANN001, ANN202
+        ids = set(ids)
+        events.append(f"check {len(ids)}")
+        return real_missing(self, ids)
+
+    def put(path: str, body: bytes, **extra):  # noqa: ANN003, ANN202
+        if path.endswith(".chunks.json"):
+            events.append("index")
+        return real_put(path, body, **extra)
+
+    monkeypatch.setattr(ChunkStore, "missing", missing)
+    monkeypatch.setattr(store.s3, "_put_new", put)
+
+
+def test_the_exports_index_is_used_and_reused_chunks_are_checked_once_before_and_once_after_the_index(
+        tmp_path, settings, versions, monkeypatch):
+    one, two = versions
+    store = store_at(tmp_path / "cache", settings)
+    k1, k2 = key_for("v1"), key_for("v2")
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    exported = chunk_file(two, chunking=CHUNKING)  # what the export's digest pass made
+    cuts, events = [], []
+    monkeypatch.setattr(chunkpublish, "chunk_file", lambda *a, **k: cuts.append(a) or chunk_file(*a, **k))
+    watch(monkeypatch, store, events)
+    store.publish(k2, two, record_for(k2, "demo:user", two), index=exported)
+
+    assert cuts == []  # the file was not cut again
+    sent = store.s3.last_transfer
+    assert sent.bytes < 0.1 * two.stat().st_size and sent.reused > 0
+    reused = len(exported.unique()) - sent.chunks
+    # the chunks v1 had are checked before sending, and again right after the index is written
+    assert events == [f"check {reused}", "index", f"check {reused}"]
+    assert store.s3.chunk_index(k2) == exported
+    assert store.fs_tiers[0].chunk_index(k2) == exported  # kept beside the local copy, to seed fetches
+    node = store_at(tmp_path / "node", settings, "shared")
+    assert file_digest(node.lookup(k2)) == file_digest(two)
+
+
+def test_an_index_planted_beside_a_stored_copy_is_checked_against_the_bytes_and_ignored(
+        tmp_path, settings, versions, monkeypatch):
+    """v1 is in the bucket and on the shared tier; v2's kept index has v2's size and digest (both in
+    its record) but lists two of the chunks it shares with v1 in the wrong order. Those chunks
+    are in the bucket, so a publish that trusted it would send neither and commit an artifact no
+    fetch can assemble."""
+    one, two = versions
+    k1, k2 = key_for("seed"), key_for("planted")
+    shared = FilesystemTier(tmp_path / "fsx", "shared")
+    store = Store([shared], settings, show_progress=False, s3_options={"chunking": CHUNKING})
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    Store([shared], None, show_progress=False).publish(k2, two, record_for(k2, "demo:user", two))
+    true = chunk_file(two, chunking=CHUNKING)
+    shared_ids = set(chunk_file(one, chunking=CHUNKING).unique())
+    first, second = next((i, j) for i, (a, _) in enumerate(true.chunks) for j, (b, _) in enumerate(true.chunks)
+                         if i < j and a != b and {a, b} <= shared_ids)
+    order = list(true.chunks)
+    order[first], order[second] = order[second], order[first]
+    planted = true._replace(chunks=tuple(order))
+    (shared.root / "objects" / k2[:2] / f"{k2}.chunks.json").write_bytes(planted.to_json())
+    said = collect_warnings(monkeypatch)
+
+    assert store.complete(k2) == {"shared": "reused", "s3": "published"}
+    assert any("ignoring the chunk index kept with" in line and "does not hash" in line for line in said)
+    assert store.s3.chunk_index(k2) == true
+    assert shared.chunk_index(k2) == true  # the checked index replaced the planted one
+    node = store_at(tmp_path / "node", settings, "shared")
+    assert file_digest(node.lookup(k2)) == file_digest(two)
+
+
+def test_an_index_of_other_bytes_is_ignored_and_the_file_cut_again(tmp_path, settings, versions, monkeypatch):
+    one, two = versions
+    key = key_for("other-bytes")
+    shared = FilesystemTier(tmp_path / "fsx", "shared")
+    Store([shared], None, show_progress=False).publish(key, one, record_for(key, "demo:user", one))
+    (shared.root / "objects" / key[:2] / f"{key}.chunks.json").write_bytes(chunk_file(two, chunking=CHUNKING).to_json())
+    cuts: list = []
+    monkeypatch.setattr(chunkpublish, "chunk_file", lambda *a, **k: cuts.append(a) or chunk_file(*a, **k))
+    store = Store([shared], settings, show_progress=False, s3_options={"chunking": CHUNKING})
+    store.complete(key)
+    assert len(cuts) == 1
+    assert store.s3.chunk_index(key) == chunk_file(one, chunking=CHUNKING)
+
+
+def test_a_kept_index_that_matches_the_bytes_spares_the_cut(tmp_path, settings, versions, monkeypatch):
+    one, _ = versions
+    key = key_for("kept")
+    shared = FilesystemTier(tmp_path / "fsx", "shared")
+    Store([shared], None, show_progress=False).publish(key, one, record_for(key, "demo:user", one),
+                                                       index=chunk_file(one, chunking=CHUNKING))
+    cuts: list = []
+    monkeypatch.setattr(chunkpublish, "chunk_file", lambda *a, **k: cuts.append(a) or chunk_file(*a, **k))
+    store = Store([shared], settings, show_progress=False, s3_options={"chunking": CHUNKING})
+    store.complete(key)
+    assert cuts == [] and store.s3.last_transfer.bytes == one.stat().st_size
+    assert file_digest(store_at(tmp_path / "node", settings, "shared").lookup(key)) == file_digest(one)
