@@ -10,7 +10,7 @@ they are; only the layers the child adds are read, from the engine's layer direc
   are the ancestor's, but for paths the ancestor lacks (a WORKDIR the child's own layer makes):
   a changed WORKDIR re-dates paths the ancestor has, whose entries are reused as they are;
 - the child image's diff IDs start with exactly the ancestor image's;
-- the engine is on this host, with the overlay2 driver, and this version has the writer.
+- the engine is on this host, with the overlay2 driver; and the writer (export/squashfs) takes it.
 """
 
 from __future__ import annotations
@@ -29,15 +29,11 @@ from efabuild.engine.images import built_for_key, layer_facts
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.host import children
 from efabuild.export.layerdiff import LayerSourceUnavailable, overlay_dirs, stream_layers
+from efabuild.export.squashfs import write_incremental
 from efabuild.export.squash import ExportJob, ExportResult, Progress, export_facts, keep_export, mksquashfs_options
 from efabuild.export.tarfilter import RC_LABELS, RewritePlan
 from efabuild.plan import LayerPlan, Plan
 from efabuild.settings import ExportSettings
-
-try:
-    from efabuild.export.squashfs import write_incremental
-except ImportError:  # a version without the writer exports every artifact whole
-    write_incremental = None
 
 # a root artifact's reason: recorded, not shown (there is nothing to explain)
 NO_ANCESTOR = "no artifact layer below it"
@@ -106,8 +102,6 @@ def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path
         dirs = _diff_dirs(engine, image, ancestor.tag)
     except (LayerSourceUnavailable, NotFound) as exc:
         return str(exc)
-    if write_incremental is None:  # checked last: every reason above is shown without it too
-        return "this efabuild has no incremental writer"
     streams = stream_layers(dirs)
     tmp = out.parent / f"{out.name}.{os.urandom(4).hex()}.tmp"
     try:

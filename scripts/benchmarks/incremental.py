@@ -105,7 +105,7 @@ def _chunk_share(child: Path, ancestor: Path) -> float:
 def scenario(ctx: Context) -> Result:
     from efabuild.engine.client import connect
     from efabuild.export.artifact import export_record
-    from efabuild.export.incremental import Ancestor, export_incremental, write_incremental
+    from efabuild.export.incremental import Ancestor, export_incremental
     from efabuild.export.squash import export_image
     from efabuild.settings import BuilderSettings, ExportSettings
 
@@ -145,8 +145,7 @@ def scenario(ctx: Context) -> Result:
         pipeline = _image_to_mounted(ctx, scratch, engine, tags, keys, options, efa, ancestor)
     finally:
         run(["docker", "image", "rm", "-f", *tags.values()])
-    return _result(ctx, times, written, made, full, efa, share, (diff_ours, diff_theirs, diff_bytes), pipeline,
-                   write_incremental is not None)
+    return _result(ctx, times, written, made, full, efa, share, (diff_ours, diff_theirs, diff_bytes), pipeline)
 
 
 def _image_to_mounted(ctx: Context, scratch: Path, engine, tags: dict, keys: dict, options, efa, ancestor) -> dict:  # noqa: ANN001
@@ -242,8 +241,8 @@ def _mount_and_read(sqsh: Path, mount: Path) -> None:
         subprocess.run(["fusermount", "-u", str(mount)], capture_output=True)
 
 
-def _result(ctx: Context, times: dict, written, made, full, efa, share: float, diff: tuple, pipeline: dict,  # noqa: ANN001
-            has_writer: bool) -> Result:
+def _result(ctx: Context, times: dict, written, made, full, efa, share: float, diff: tuple,  # noqa: ANN001
+            pipeline: dict) -> Result:
     incr, whole, copy = (median(times[k]) for k in ("incremental", "full", "copy"))
     if written is None:
         incr = math.nan  # nothing was written incrementally: no figure, the reason is in the notes
@@ -278,6 +277,6 @@ def _result(ctx: Context, times: dict, written, made, full, efa, share: float, d
         figures={"child_bytes": full.size, "ancestor_bytes": efa.size,
                  "dead_bytes": (written.incremental or {}).get("dead_bytes") if written else None,
                  "share_in_ancestor_chunks": round(share, 4), "diff_tar_bytes": diff_bytes,
-                 "pipeline": pipeline, "incremental_writer": has_writer},
+                 "pipeline": pipeline},
         notes=tuple(notes),
     )
