@@ -9,7 +9,7 @@ Prints a table and writes JSON (default bench-results/bench.json). Every figure 
 against a baseline measured in the same run on the same data; each time is the median of a few
 repeats. Needs the Docker engine with buildx, squashfs-tools and busybox-static
 (`bash scripts/setup-host.sh`); the S3 scenarios start their own loopback S3 server.
-Scenarios: plan, hash, export, publish, fetch, chunked, lookup, importer, scale, sign, lint, children.
+Scenarios: plan, hash, export, farm, incremental, publish, fetch, chunked, lookup, importer, scale, sign, lint, children.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks.common import REPO_ROOT, Context, Result, Sizes, human_bytes  # noqa: E402
 
-SCENARIOS = ("plan", "hash", "export", "farm", "publish", "fetch", "chunked", "lookup", "importer", "scale", "sign",
-             "lint", "children")
+SCENARIOS = ("plan", "hash", "export", "farm", "incremental", "publish", "fetch", "chunked", "lookup", "importer",
+             "scale", "sign", "lint", "children")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

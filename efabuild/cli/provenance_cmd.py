@@ -166,7 +166,8 @@ def _summary_rows(m: dict, verified: bool) -> list[tuple[str, str]]:
         ("key", m.get("key", "")),
         ("sqsh", f"{artifact.get('digest', '?')}  {human_bytes(artifact.get('size') or 0)}"),
         ("sha256", artifact.get("sha256") or "- (exported before efabuild recorded it)"),
-        ("export", " ".join(f"{k}={_text(v)}" for k, v in sorted(export.items())) or "-"),
+        ("export", " ".join(f"{k}={_text(v)}" for k, v in sorted(export.items()) if k != "incremental") or "-"),
+        ("written", _written(export.get("incremental"))),
         ("base", f"{base.get('ref') or '-'}" + (f" @ {base['digest']}" if base.get("digest") else " (not pinned)")),
         ("machine", _machine(m.get("measured") or {})),
         ("built", "  ".join(f"{k} {v}" for k, v in sorted(times.items())) or "-"),
@@ -175,6 +176,17 @@ def _summary_rows(m: dict, verified: bool) -> list[tuple[str, str]]:
          or "- (not built from a git checkout)"),
         ("manifest", "verified against the record" if verified else "NOT VERIFIED: differs from the record"),
     ]
+
+
+def _written(incremental: object) -> str:
+    """How the .sqsh was made: from its ancestor's (which, and the ancestor's bytes it left unused),
+    or whole and why."""
+    if not isinstance(incremental, dict):
+        return "whole (exported before efabuild recorded how)"
+    if "ancestor" in incremental:
+        return (f"from ancestor {_text(incremental['ancestor'])} ({_text(incremental.get('ancestor_digest'))}), "
+                f"{_text(incremental.get('dead_bytes'))} dead bytes")
+    return f"whole: {_text(incremental.get('full'))}"
 
 
 def _machine(measured: dict) -> str:

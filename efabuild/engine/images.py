@@ -226,3 +226,18 @@ def _familiar_repository(ref: str) -> str:
             if name.startswith("library/") and name.count("/") == 1:
                 name = name[len("library/"):]
     return name
+
+
+def layer_facts(engine: Engine, ref: str) -> tuple[dict, tuple[str, ...]] | None:
+    """(GraphDriver, diff IDs) of an image in an engine on this host (its local socket): where the
+    engine keeps its layers (driver name and directories) and the image's `RootFS.Layers`, oldest
+    first. None for an engine elsewhere, whose directories this host cannot read."""
+    if engine.api is None:
+        return None
+    inspected = _api_inspect(engine, ref)
+    if not inspected:
+        raise NotFound(f"no image {ref} at {engine.where()}")
+    driver, layers = inspected.get("GraphDriver"), (inspected.get("RootFS") or {}).get("Layers")
+    if not isinstance(driver, dict) or not isinstance(layers, list) or not all(isinstance(x, str) for x in layers):
+        raise EngineError(f"cannot read the layers of {ref} at {engine.where()}")
+    return driver, tuple(layers)

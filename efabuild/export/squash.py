@@ -70,6 +70,9 @@ class ExportResult:
     index: ChunkIndex | None = None  # its chunks (with `chunking`), cut in the blake3 pass
     # the image config's labels, those /etc/rc leaves out included: the manifest's `vcs` is read from them
     labels: tuple[tuple[str, str], ...] = ()
+    # how it was made, for the record: {"ancestor", "ancestor_digest", "dead_bytes"} when written from
+    # an ancestor's .sqsh, {"full": why not} when exported whole for an artifact layer
+    incremental: dict | None = None
 
 
 class ExportCancelled(EfabuildError):
@@ -97,7 +100,7 @@ def mksquashfs_options(options: ExportSettings, *, epoch: int = 0) -> tuple[str,
 
 
 @attrs.frozen
-class _Job:
+class ExportJob:
     """One export's fixed inputs, handed from the engine side to the squashing side."""
 
     image: str
@@ -138,8 +141,8 @@ def export_image(
     engine = engine or connect(BuilderSettings())
     started = time.monotonic()
     out = Path(out).absolute()
-    cfg, expected, clamp = _image_facts(engine, image, options.clamp_times)
-    job = _Job(image, out, mksquashfs_options(options, epoch=epoch),
+    cfg, expected, clamp = export_facts(engine, image, options.clamp_times)
+    job = ExportJob(image, out, mksquashfs_options(options, epoch=epoch),
                RewritePlan.for_config(cfg, epoch=epoch, clamp=clamp), expected, started, chunking, cfg.labels)
     try:
         # the label names the export, so a leftover (the process was killed) can be found
@@ -154,7 +157,7 @@ def export_image(
         containers.remove(engine, container)
 
 
-def _image_facts(engine: Engine, image: str, clamp_times: bool) -> tuple[ImageConfig, int | None, int | None]:
+def export_facts(engine: Engine, image: str, clamp_times: bool) -> tuple[ImageConfig, int | None, int | None]:
     """The image's config, its size, and its time clamp (None unless `clamp_times`)."""
     from efabuild.engine.images import LIST_TIMEOUT_S, history_times, image_facts
 
@@ -197,7 +200,7 @@ def export_tar_stream(
     entries a container's creation adds are added by the filter. `what` names it in messages;
     `env`: variables added to the source's environment."""
     clamp = time_clamp(created) if options.clamp_times else None
-    job = _Job(what, Path(out).absolute(), mksquashfs_options(options, epoch=epoch),
+    job = ExportJob(what, Path(out).absolute(), mksquashfs_options(options, epoch=epoch),
                RewritePlan.for_config(config, epoch=epoch, clamp=clamp, init_layer=True), None, time.monotonic(),
                chunking, config.labels)
 
@@ -208,7 +211,7 @@ def export_tar_stream(
     return _squash(start, source[0], job, progress, sha256, cancel)
 
 
-def _squash(start_source: Callable[[IO[bytes]], subprocess.Popen], source_name: str, job: _Job,
+def _squash(start_source: Callable[[IO[bytes]], subprocess.Popen], source_name: str, job: ExportJob,
             progress: Progress | None, with_sha256: bool, cancel: threading.Event | None) -> ExportResult:
     """Stream the tar that `start_source(stderr)` writes through the filter into mksquashfs."""
     try:
@@ -234,7 +237,7 @@ def _squash(start_source: Callable[[IO[bytes]], subprocess.Popen], source_name: 
             _check_exits(job.image, source_name, exporter, squasher, problem, export_err, squash_log)
             if progress:
                 progress(streamed, job.expected)
-            return _keep(tmp, job, with_sha256)
+            return keep_export(tmp, job, with_sha256)
         finally:
             for proc in procs:
                 if proc.poll() is None:
@@ -254,7 +257,7 @@ def _start_mksquashfs(tmp: Path, opts: tuple[str, ...], log: IO[bytes]) -> subpr
         ) from None
 
 
-def _stream(exporter: subprocess.Popen, squasher: subprocess.Popen, job: _Job,
+def _stream(exporter: subprocess.Popen, squasher: subprocess.Popen, job: ExportJob,
             progress: Progress | None) -> tuple[int, str | None]:
     """Run the tar filter from docker export into mksquashfs until both exit; returns the bytes
     streamed and what broke the stream, if anything (both sides are then stopped)."""
@@ -291,7 +294,7 @@ def _check_exits(image: str, source_name: str, exporter: subprocess.Popen, squas
         raise EfabuildError(f"export {image}: {problem or 'interrupted'}")
 
 
-def _keep(tmp: Path, job: _Job, with_sha256: bool) -> ExportResult:
+def keep_export(tmp: Path, job: ExportJob, with_sha256: bool) -> ExportResult:
     """Make the finished temp file durable, hash it, and move it to its name."""
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())

@@ -20,10 +20,12 @@ import attrs
 from efabuild.errors import EfabuildError, InputError
 from efabuild.model import Layer
 from efabuild.make.prepare import Prepared
+from efabuild.export.artifact import export_artifact
 from efabuild.export.sqshdiff import Difference, compare, read_sqsh, summary
 from efabuild.refs import short
 from efabuild.store.gc.leftovers import CHECK_PREFIX
 from efabuild.host.owner import owned_name
+from efabuild.make.ancestry import ancestor_copy
 from efabuild.make.reporter import Reporter
 from efabuild import notices
 from efabuild.store.transfer import DamagedCopy, check_file
@@ -148,19 +150,16 @@ def _how(runner, qualname: str) -> dict:  # noqa: ANN001 - a make _Runner
 def _rebuild_here(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa: ANN001, ANN202
     """Rebuild in the engine, FROM the parent's image there; export it as make does. The image
     gets a tag naming this process (see leftovers), removed after the export."""
-    from efabuild.make import run as make
     from efabuild.engine.build import build_layer
     from efabuild.engine.images import untag_image
     from efabuild.engine.leftovers import check_image_tag
-    from efabuild.export.squash import export_image
 
     tag = check_image_tag(layer.name, lp.key)
     with runner._context_dir(layer, lp) as context_dir:
         request = runner.build_request(layer, lp, context_dir, tag, no_cache=True)
         build_layer(runner.engine, request, log_path, **_how(runner, lp.qualname))
     try:
-        return export_image(tag, out, options=runner.ws.settings.export, engine=runner.engine,
-                            epoch=make.SOURCE_DATE_EPOCH)
+        return _export_as_stored(runner, layer, lp, out, tag)
     finally:
         untag_image(runner.engine, tag)
 
@@ -168,17 +167,32 @@ def _rebuild_here(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa:
 def _rebuild_on_farm(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa: ANN001, ANN202
     """Rebuild as a farm make builds, FROM the parent by digest in the registry, pushed by BuildKit
     under the layer's check tag; export it as a farm make does, streamed from a builder."""
-    from efabuild.make import run as make
-
     farm = runner.farm
     with runner._context_dir(layer, lp) as context_dir:
         request = runner.build_request(layer, lp, context_dir, farm.check_name(layer.name, lp.key), no_cache=True)
         ref = farm.rebuild(layer.name, lp.key, request, log_path, **_how(runner, lp.qualname))
     try:
-        return farm.export_ref(ref, out, options=runner.ws.settings.export, epoch=make.SOURCE_DATE_EPOCH,
-                               platform=runner.ws.settings.builder.platform, cancel=runner.cancel)
+        return _export_as_stored(runner, layer, lp, out, ref)
     finally:
         farm.forget(ref)
+
+
+def _export_as_stored(runner, layer: Layer, lp, out: Path, tag: str):  # noqa: ANN001, ANN202
+    """Export the rebuild `tag` the way the stored artifact was made: written from the same
+    ancestor when its record says it was (else whole), so the bytes compare like for like."""
+    made = runner.store.record(lp.key).export.get("incremental") or {}
+    if "ancestor" not in made:
+        return export_artifact(runner.export_request(layer, lp, tag=tag), out, cancel=runner.cancel)
+    with ancestor_copy(runner.p, lp.qualname, key=str(made["ancestor"])) as (ancestor, why_not):
+        if ancestor is None:
+            raise EfabuildError(f"{lp.qualname}: stored as written from ancestor {short(str(made['ancestor']))}, "
+                                f"which cannot be used now ({why_not}): restore it and check again")
+        request = runner.export_request(layer, lp, ancestor, tag=tag)
+        result = export_artifact(request, out, cancel=runner.cancel)
+    if "ancestor" not in (result.incremental or {}):
+        raise EfabuildError(f"{lp.qualname}: stored as written from ancestor {short(str(made['ancestor']))}, but "
+                            f"the rebuild could not be: {(result.incremental or {}).get('full', '?')}")
+    return result
 
 
 def _tmp(store_root: Path) -> Path:

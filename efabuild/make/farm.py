@@ -11,8 +11,7 @@ farm is one builder per node, and layers are spread over them, `[builder] jobs` 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,19 +23,13 @@ from efabuild.engine.build import build_layer, builder_name
 from efabuild.engine.images import REMOTE_TIMEOUT_S, remote_digest, untag_image
 from efabuild.engine.registry import RegistryError, push, remote_ref
 from efabuild.errors import EfabuildError, InputError
+from efabuild.export.artifact import RemoteImage
 from efabuild.settings import BuilderSettings, RegistrySettings
 from efabuild.refs import image_tag
-from efabuild.host.scratch import scratch_dir
 
 # drivers whose builds land in the engine that `docker image ls` shows
 _LOCAL_DRIVERS = ("docker",)
 _WAIT_POLL_S = 0.25
-# The buildx client of a streamed export receives the tar in BuildKit's 32 KiB messages, a fresh
-# buffer each: with Go's default GC it spends half its CPU collecting them, CPU that mksquashfs,
-# squashing on the same cores, then lacks. Collected when its heap reaches 128 MiB instead (the
-# stream holds little live data), it needs about half the CPU (docs/performance-notes.md, "Farm export"); GOGC=1000,
-# not off, bounds the heap where a Go before 1.19 ignores GOMEMLIMIT. A user's own setting wins.
-_STREAM_GO_ENV = {"GOGC": "1000", "GOMEMLIMIT": "128MiB"}
 
 
 def node_settings(entry: str, base: BuilderSettings) -> BuilderSettings:
@@ -212,64 +205,10 @@ class Farm:
             with contextlib.suppress(EfabuildError):  # housekeeping: never hides the check's result
                 untag_image(self.nodes[index], ref.split("@", 1)[0])
 
-    def exporter(self, local: Engine | None, layer_name: str, key: str, local_tag: str | None, **how):
-        """An export_and_publish exporter of a layer through the registry (see `export_ref`); `how`:
-        options, epoch, platform."""
-        ref = self.ref(local, layer_name, key, local_tag)
-
-        def export(out: Path, **more):
-            return self.export_ref(ref, out, **how, **more)
-
-        return export
-
-    def export_ref(self, ref: str, out: Path, **how):
-        """`export` on the builder that built `ref` when it has a free slot, else the least busy."""
-        with self.take(how.get("cancel"), prefer=self.built_on.get(ref)) as node:
-            return self.export(node, ref, out, **how)
-
-    def export(self, node: Engine, ref: str, out: Path, *, options, epoch: int, platform: str,
-               progress=None, sha256: bool = True, cancel: threading.Event | None = None, chunking=None):
-        """Export the registry image `ref` to the .sqsh `out` without a local engine: the builder
-        streams its root filesystem (`FROM ref`, `--output type=tar`), its config comes from the
-        registry. Byte-identical to exporting the same image from an engine."""
-        from efabuild.export.squash import export_tar_stream
-
-        config, created = registry_config(node, ref)
-        with scratch_dir("farm-export") as scratch:
-            dockerfile = Path(scratch, "Dockerfile")
-            dockerfile.write_text(f"FROM {ref}\n")
-            args = ["buildx", "build", "--progress", "plain", "--provenance=false", "--sbom=false",
-                    "--platform", platform, "--output", "type=tar,dest=-", "--file", str(dockerfile)]
-            if node.buildx_builder:
-                args += ["--builder", node.buildx_builder]
-            return export_tar_stream(node.command(*args, scratch), out, what=ref, config=config, created=created,
-                                     options=options, progress=progress, epoch=epoch, sha256=sha256,
-                                     cancel=cancel, chunking=chunking, env=_stream_env())
-
-
-def _stream_env() -> dict[str, str]:
-    return {} if any(name in os.environ for name in _STREAM_GO_ENV) else dict(_STREAM_GO_ENV)
-
-
-def registry_config(engine: Engine, ref: str):
-    """(ImageConfig, creation times) of a registry image: what an export needs of its config."""
-    from efabuild.export.enroot import ImageConfig
-
-    try:
-        found = engine.run("buildx", "imagetools", "inspect", ref, "--format", "{{json .Image}}",
-                           timeout=REMOTE_TIMEOUT_S)
-    except EngineTimeout:
-        raise RegistryError(f"the registry did not give the config of {ref} within {REMOTE_TIMEOUT_S:g}s") from None
-    try:
-        image = json.loads(found.stdout) if found.returncode == 0 else None
-    except ValueError:
-        image = None
-    if not isinstance(image, dict) or "config" not in image and "rootfs" not in image:
-        detail = found.stderr.strip().splitlines()[-1:] or ["not a single-platform image"]
-        raise RegistryError(f"cannot read the config of {ref}: {detail[0]}")
-    history = image.get("history") or []
-    created = [image.get("created") or ""] + [h.get("created") or "" for h in history if isinstance(h, dict)]
-    return ImageConfig.from_docker(image.get("config") or {}), created
+    def remote_image(self, ref: str, platform: str) -> RemoteImage:
+        """`ref` as an export takes it: streamed by the builder that built it when that one has a
+        free slot, else by the least busy."""
+        return RemoteImage(ref, platform, functools.partial(self.take, prefer=self.built_on.get(ref)))
 
 
 def farm_for_make(prepared, say: Callable[[str], None]) -> Farm | None:

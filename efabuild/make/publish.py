@@ -7,13 +7,13 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-from efabuild.model import Layer, Workspace
-from efabuild.plan import LayerPlan, Plan
+from efabuild import notices
+from efabuild.export.artifact import export_artifact, export_record
+from efabuild.plan import Plan
 from efabuild.make.prepare import Prepared
 from efabuild.make.reporter import Reporter
-from efabuild.errors import EfabuildError
 from efabuild.host.fsutil import temp_name
-from efabuild.refs import KEY_LABEL, short
+from efabuild.refs import short
 
 
 def export_progress(qualname: str, expected: int | None):  # noqa: ANN201 - a Progress
@@ -23,13 +23,12 @@ def export_progress(qualname: str, expected: int | None):  # noqa: ANN201 - a Pr
     return Progress(f"export {qualname}", expected, estimate=True)
 
 
-def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: LayerPlan, prepared: Prepared,
-                       tag: str, reporter: Reporter, epoch: int, builder_versions: dict, signer=None,
-                       cancel=None, exporter=None) -> Path:
-    """`exporter(out, progress=, sha256=, cancel=, chunking=)` exports from elsewhere than `engine` (a
-    farm). The export cuts the .sqsh into the S3 tier's chunks in its digest pass (see _chunking).
-    The manifest's `vcs` is the git revision and source of the image's labels: where the image
-    was built from, on this machine or the one it was pulled from (never in the .sqsh)."""
+def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, builder_versions: dict,  # noqa: ANN001
+                       signer=None, cancel=None) -> Path:  # noqa: ANN001
+    """Export the artifact layer `request` names (an export.artifact.ExportRequest) and publish it
+    under its key. The export cuts the .sqsh into the S3 tier's chunks in its digest pass (see
+    _chunking). The manifest's `vcs` is the git revision and source of the image's labels: where
+    the image was built from, on this machine or the one it was pulled from (never in the .sqsh)."""
     from efabuild.signing.attest import signed
     from efabuild.host.digest import Sha256Pass
     from efabuild.store.progress import Progress
@@ -39,73 +38,59 @@ def export_and_publish(*, ws: Workspace, store, engine, layer: Layer, plan: Laye
     from efabuild.host.stops import step_boundary
     from efabuild.store.record import ArtifactRecord
 
-    if exporter is None:
-        exporter = _engine_exporter(ws, engine, tag, plan.key, layer.qualname, epoch)
+    store, name, key = prepared.store, request.name, request.key
+    plan = prepared.plan.by_name()[name]
     started = _now()
     staging = store.staging_dir()
     staging.mkdir(parents=True, exist_ok=True)
-    out = temp_name(staging, f"{plan.key}.export", ".sqsh")  # names its owner: gc can tell debris
+    out = temp_name(staging, f"{key}.export", ".sqsh")  # names its owner: gc can tell debris
     bar: list[Progress] = []
 
     def progress(streamed: int, expected: int | None) -> None:
         if not bar:  # the total is known once the export has started
-            bar.append(export_progress(layer.qualname, expected))
+            bar.append(export_progress(name, expected))
         bar[0].update(streamed - bar[0].done)
 
     try:
         try:
             # blake3 right after mksquashfs; sha256 below, in a thread while the probe reads the image
-            result = exporter(out, progress=progress, sha256=False, cancel=cancel, chunking=_chunking(store))
+            result = export_artifact(request, out, progress=progress, sha256=False, cancel=cancel,
+                                     chunking=_chunking(store))
         finally:
             for shown in bar:
                 shown.close()
-        export_info = _export_info(ws, result, epoch)
+        if result.incremental is not None:  # one line in make's output: which ancestor, or why whole
+            notices.note(f"{name}: {how_exported(result.incremental)}")
+        export_info = export_record(result, request.options, request.epoch)
         sha256 = Sha256Pass(result.path)
         manifest = describe_sqsh(
-            result.path, key=plan.key, name=layer.qualname, sqsh_digest=result.digest, sqsh_sha256=sha256.result,
-            export_options=export_info, base=_base(prepared.plan, layer.qualname),
-            chain=_chain(prepared.plan, layer.qualname),
+            result.path, key=key, name=name, sqsh_digest=result.digest, sqsh_sha256=sha256.result,
+            export_options=export_info, base=_base(prepared.plan, name), chain=_chain(prepared.plan, name),
             builder=builder_versions, times={"started": started, "exported": _now()},
             vcs=vcs_of(dict(result.labels)), platform=plan.inputs.platform,
         )
-        record = ArtifactRecord.for_file(plan.key, layer.qualname, result.path, result.digest, export=export_info,
+        record = ArtifactRecord.for_file(key, name, result.path, result.digest, export=export_info,
                                          sha256=sha256.result())
         if cancel is not None and cancel.is_set():
-            raise ExportCancelled(f"{layer.qualname}: interrupted before publishing; nothing was published")
+            raise ExportCancelled(f"{name}: interrupted before publishing; nothing was published")
         # signed here, before publishing: the statement is stored with the artifact on every tier
-        envelope = signed(manifest, signer, f"manifest of {layer.qualname}") if signer is not None else None
+        envelope = signed(manifest, signer, f"manifest of {name}") if signer is not None else None
         step_boundary("publish")
-        outcome = store.publish(plan.key, result.path, record, manifest, envelope=envelope, index=result.index)
-        reporter.line(layer.qualname, f"published: {', '.join(f'{t} {s}' for t, s in outcome.items())}")
+        outcome = store.publish(key, result.path, record, manifest, envelope=envelope, index=result.index)
+        reporter.line(name, f"published: {', '.join(f'{t} {s}' for t, s in outcome.items())}")
     finally:
         out.unlink(missing_ok=True)  # published copies are links or copies of their own
-    return store.lookup(plan.key, fetch=False)
+    return store.lookup(key, fetch=False)
 
 
-def _export_info(ws: Workspace, result, epoch: int) -> dict:  # noqa: ANN001 - an ExportResult
-    """The export options recorded with an artifact: what decides its bytes besides its key."""
-    from efabuild.export.squash import ENROOT_FORMAT
-    from efabuild.export.tarfilter import RC_LABELS
-
-    return {"mksquashfs": list(result.options), "compression": ws.settings.export.compression,
-            "compress_data": ws.settings.export.compress_data, "epoch": epoch,
-            "enroot_format": ENROOT_FORMAT, "rc_labels": RC_LABELS,
-            # absent in artifacts exported before times were clamped
-            "time_clamp": result.time_clamp}
-
-
-def _engine_exporter(ws: Workspace, engine, tag: str, key: str, name: str, epoch: int):  # noqa: ANN001, ANN202
-    """The export of `tag` from `engine`, once it is known to be this key's image (built_for_key):
-    only an image efabuild built for this key becomes the layer's artifact."""
-    import functools
-
-    from efabuild.engine.images import built_for_key
-    from efabuild.export.squash import export_image
-
-    if not built_for_key(engine, tag, key):
-        raise EfabuildError(f"{name}: the engine's {tag} does not carry key {short(key)} in its {KEY_LABEL} "
-                            "label (some other image was given this name): not exported; remove it and make again")
-    return functools.partial(export_image, tag, options=ws.settings.export, engine=engine, epoch=epoch)
+def how_exported(incremental: dict | None) -> str:
+    """One line on how a .sqsh was made: from which ancestor, or whole and why."""
+    if not incremental:
+        return "export: full"
+    if "full" in incremental:
+        return f"export: full ({incremental['full']})"
+    return (f"export: incremental from {short(str(incremental.get('ancestor')))} "
+            f"({incremental.get('dead_bytes', 0)} dead bytes)")
 
 
 def _chunking(store) -> tuple[int, int, int] | None:  # noqa: ANN001 - a Store

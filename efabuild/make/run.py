@@ -318,17 +318,28 @@ class _Runner:
         return signer_for(sign.key, root=self.ws.root, region=sign.region, endpoint_url=sign.endpoint_url)
 
     def _export_and_publish(self, layer: Layer, lp: LayerPlan) -> str:
+        from efabuild.make.ancestry import ancestor_copy
         from efabuild.make.publish import export_and_publish
 
-        exporter = None if self.farm is None else self.farm.exporter(
-            self.engine, layer.name, lp.key, self.tags.get(lp.key), options=self.ws.settings.export,
-            epoch=SOURCE_DATE_EPOCH, platform=self.ws.settings.builder.platform)
-        path = export_and_publish(
-            ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
-            tag=self.tags.get(lp.key, ""), reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
-            builder_versions=self.built_by(lp.key), signer=self.signer, cancel=self.cancel, exporter=exporter,
-        )
+        with ancestor_copy(self.p, lp.qualname) as (ancestor, no_ancestor):
+            request = self.export_request(layer, lp, ancestor, no_ancestor)
+            path = export_and_publish(self.p, request, reporter=self.reporter, builder_versions=self.built_by(lp.key),
+                                      signer=self.signer, cancel=self.cancel)
         return str(path)
+
+    def export_request(self, layer: Layer, lp: LayerPlan, ancestor=None, no_ancestor: str = "",  # noqa: ANN001
+                       tag: str | None = None):  # noqa: ANN201 - an export.artifact.ExportRequest
+        """The export of `lp`'s image (or of `tag`, a check's rebuild): from this engine, or on a
+        farm from the registry through one of its builders."""
+        from efabuild.export.artifact import ExportRequest
+
+        remote = None
+        if self.farm is not None:
+            ref = tag or self.farm.ref(self.engine, layer.name, lp.key, self.tags.get(lp.key))
+            remote = self.farm.remote_image(ref, self.ws.settings.builder.platform)
+        return ExportRequest(key=lp.key, name=lp.qualname, options=self.ws.settings.export, epoch=SOURCE_DATE_EPOCH,
+                             engine=self.engine, tag=tag or self.tags.get(lp.key, ""), remote=remote,
+                             ancestor=ancestor, no_ancestor=no_ancestor)
 
 
 def generated_dockerfile(from_line: str, text: str) -> str:

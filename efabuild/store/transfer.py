@@ -76,6 +76,12 @@ def check_file(tier: str, path: Path, record: ArtifactRecord) -> None:
     """DamagedCopy unless `path` has the size and blake3 digest its record says (size first). The
     file is opened once, never through a link nor waiting on a FIFO, and that open file is hashed:
     one swapped for a FIFO between the stat and the read would hold the check (and a job's start)."""
+    os.close(open_checked(tier, path, record))
+
+
+def open_checked(tier: str, path: Path, record: ArtifactRecord) -> int:
+    """check_file(), returning the checked file open (a descriptor the caller closes): whoever
+    reads it next reads the bytes that were checked, whatever is renamed over `path` since."""
     try:
         info = path.lstat()  # a link planted in a store is not an artifact, whatever it points at
     except OSError as exc:
@@ -95,8 +101,10 @@ def check_file(tier: str, path: Path, record: ArtifactRecord) -> None:
             _check_open(tier, path, fd, record)
         except OSError as exc:
             raise DamagedCopy(tier, str(path), f"cannot read it ({exc.strerror})") from None
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
 def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord) -> None:

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from efabuild.engine.client import connect
-from efabuild.make.farm import registry_config
+from efabuild.export.remote import registry_config
 from efabuild.engine.registry import RegistryError
 from efabuild.settings import BuilderSettings
 from tests.kits.inprocess import run_efabuild
@@ -124,7 +124,7 @@ def test_a_config_the_registry_gets_wrong_is_one_line_naming_the_image(hostile_r
 @pytest.mark.parametrize("hostile_registry", ["drip"], indirect=True)
 def test_a_config_dripped_a_byte_a_second_is_given_up_after_the_timeout(hostile_registry, monkeypatch):
     # the config drips for minutes; a limit shorter than the real one keeps the test short
-    monkeypatch.setattr("efabuild.make.farm.REMOTE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr("efabuild.export.remote.REMOTE_TIMEOUT_S", 1.0)
     started = time.monotonic()
     with pytest.raises(RegistryError, match="did not give the config of .* within 1s"):
         registry_config(connect(BuilderSettings()), f"{hostile_registry}/efabuild/x:k")

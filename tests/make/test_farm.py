@@ -155,6 +155,10 @@ def test_parents_reach_children_through_the_registry(registry, registry_base, fa
         assert states(ws) == {"efa": "none", "deepep": "none", "user": "export"}
         made = json.loads(efabuild(ws, "make", "--json", "demo").stdout)
         assert {o["name"]: o["status"] for o in made["layers"]}["demo:user"] == "exported", made
+        # a builder streams the whole image: no layer diffs to write from the efa artifact, and it says so
+        record = Path(efabuild(ws, "lookup", "demo:user").stdout.strip()).with_suffix(".json")
+        reason = "a remote builder streams the whole image (no layer source)"
+        assert json.loads(record.read_text())["export"]["incremental"] == {"full": reason}
         graph = ws / "graphs/demo.toml"
         graph.write_text(graph.read_text().replace("COPY app/ /workspace/app/\n",
                                                    "COPY app/ /workspace/app/\nRUN echo changed > /changed\n"))
@@ -225,6 +229,7 @@ def test_streamed_export_is_byte_identical_to_docker_export(farm_context, regist
     and with docker create | docker export from an engine that has it."""
     from efabuild.engine.build import BuildRequest, build_layer
     from efabuild.engine.client import connect
+    from efabuild.export.remote import export_remote
     from efabuild.make.farm import Farm
     from efabuild.export.squash import export_image
     from efabuild.settings import BuilderSettings, ExportSettings, RegistrySettings
@@ -249,8 +254,8 @@ def test_streamed_export_is_byte_identical_to_docker_export(farm_context, regist
     try:
         options = ExportSettings()
         chunking = (64 * 1024, 256 * 1024, 1024 * 1024)  # a chunked S3 tier's: the digest pass cuts the index too
-        streamed = farm.export(node, ref, tmp_path / "streamed.sqsh", options=options, epoch=315532800,
-                               platform="linux/amd64", chunking=chunking)
+        streamed = export_remote(node, ref, tmp_path / "streamed.sqsh", options=options, epoch=315532800,
+                                 platform="linux/amd64", chunking=chunking)
         exported = export_image(name, tmp_path / "exported.sqsh", options=options, epoch=315532800,
                                 engine=connect(BuilderSettings(host=second_engine)))
         assert streamed.time_clamp == exported.time_clamp is not None

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = ("plan", "hash", "export", "farm", "publish", "fetch", "chunked", "lookup", "importer", "scale", "sign",
-             "lint", "children")
+SCENARIOS = ("plan", "hash", "export", "farm", "incremental", "publish", "fetch", "chunked", "lookup", "importer",
+             "scale", "sign", "lint", "children")
 
 # the module's first test waits for the whole quick benchmark (up to 900 s)
 pytestmark = [pytest.mark.engine, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -170,13 +170,12 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.lint": {"efabuild.display"},
     "efabuild.make.check": {
         "efabuild.engine.build", "efabuild.engine.images", "efabuild.engine.leftovers",
-        "efabuild.engine.registry", "efabuild.export.squash", "efabuild.export.tarfilter",
-        "efabuild.make.farm", "efabuild.make.run"},
+        "efabuild.engine.registry", "efabuild.export.tarfilter", "efabuild.make.farm", "efabuild.make.run"},
     "efabuild.make.context": {"efabuild.display", "efabuild.host.owner", "efabuild.store.gc.leftovers"},
     "efabuild.make.engine_steps": {
         "efabuild.engine.build", "efabuild.engine.images", "efabuild.engine.leftovers",
         "efabuild.engine.registry"},
-    "efabuild.make.farm": {"efabuild.export.enroot", "efabuild.export.squash", "efabuild.plan"},
+    "efabuild.make.farm": {"efabuild.plan"},
     "efabuild.make.fixtures": {"efabuild.engine.build", "efabuild.engine.client", "efabuild.engine.images"},
     "efabuild.make.hashcache": {"efabuild.host.fsutil"},
     "efabuild.make.leftovers": {"efabuild.engine.client", "efabuild.engine.leftovers"},
@@ -185,12 +184,12 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.engine.client", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.farm",
         "efabuild.store"},
     "efabuild.make.publish": {
-        "efabuild.engine.images", "efabuild.export.squash", "efabuild.export.tarfilter",
-        "efabuild.host.digest", "efabuild.host.stops", "efabuild.make.gitstate", "efabuild.provenance.stored",
-        "efabuild.signing.attest", "efabuild.store.progress", "efabuild.store.record"},
+        "efabuild.export.squash", "efabuild.host.digest", "efabuild.host.stops", "efabuild.make.gitstate",
+        "efabuild.provenance.stored", "efabuild.signing.attest", "efabuild.store.progress", "efabuild.store.record"},
     "efabuild.make.records": {"efabuild.configfile"},
     "efabuild.make.run": {
-        "efabuild.engine.build", "efabuild.lint", "efabuild.make.engine_steps", "efabuild.make.farm",
+        "efabuild.engine.build", "efabuild.export.artifact", "efabuild.lint", "efabuild.make.ancestry",
+        "efabuild.make.engine_steps", "efabuild.make.farm",
         "efabuild.make.gitstate", "efabuild.make.publish", "efabuild.signing.keys"},
     "efabuild.pyxis.importer": {"efabuild.pyxis.lookup"},
     "efabuild.pyxis.lookup": {

@@ -1,0 +1,95 @@
+"""Where an artifact layer's `.sqsh` is made: one call, `export_artifact(request, out)`.
+
+It exports the image of the layer's key from the engine on this host, or from a builder that
+cannot see it (a farm node, streamed from the registry: export.remote), and it writes the file
+from the ancestor's `.sqsh` when the request names a usable one (export.incremental), else the
+whole image. The result says which, and why not incremental, for the artifact's record.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import attrs
+
+from efabuild.engine.client import Engine
+from efabuild.engine.images import built_for_key
+from efabuild.errors import EfabuildError
+from efabuild.export.incremental import Ancestor, export_incremental, full
+from efabuild.export.remote import export_remote
+from efabuild.export.squash import ENROOT_FORMAT, ExportResult, Progress, export_image
+from efabuild.export.tarfilter import RC_LABELS
+from efabuild.refs import KEY_LABEL, short
+from efabuild.settings import ExportSettings
+
+
+@attrs.frozen
+class RemoteImage:
+    """A layer's image in the registry, and how to get a builder that can stream it."""
+
+    ref: str
+    platform: str
+    # a builder, held while the export runs (the farm picks it: the one that built it when free)
+    take: Callable[[threading.Event | None], AbstractContextManager[Engine]]
+
+
+@attrs.frozen
+class ExportRequest:
+    """What one artifact layer's export needs: which image, how it is packed, from what."""
+
+    key: str
+    name: str  # the layer's graph:layer, in messages
+    options: ExportSettings
+    epoch: int
+    engine: Engine | None = None  # the engine holding `tag` (unless `remote`)
+    tag: str = ""
+    remote: RemoteImage | None = None
+    ancestor: Ancestor | None = None  # the checked ancestor copy to write from
+    no_ancestor: str = ""  # else why there is none: the record's reason for a full export
+
+
+def export_artifact(request: ExportRequest, out: Path, *, progress: Progress | None = None, sha256: bool = True,
+                    cancel: threading.Event | None = None,
+                    chunking: tuple[int, int, int] | None = None) -> ExportResult:
+    """The layer's .sqsh at `out` (see ExportRequest); its `incremental` says how it was made."""
+    how = dict(options=request.options, epoch=request.epoch, progress=progress, sha256=sha256, cancel=cancel,
+               chunking=chunking)
+    if request.remote is not None:
+        with request.remote.take(cancel) as node:
+            result = export_remote(node, request.remote.ref, out, platform=request.remote.platform, **how)
+        reason = request.no_ancestor or "a remote builder streams the whole image (no layer source)"
+        return attrs.evolve(result, incremental=full(reason) if request.ancestor or request.no_ancestor else None)
+    if not built_for_key(request.engine, request.tag, request.key):
+        raise EfabuildError(f"{request.name}: the engine's {request.tag} does not carry key {short(request.key)} in its "
+                            f"{KEY_LABEL} label (some other image was given this name): not exported; remove it and "
+                            "make again")
+    reason = request.no_ancestor
+    if request.ancestor is not None:
+        made = export_incremental(request.engine, request.tag, request.ancestor, out, options=request.options,
+                                  epoch=request.epoch, recorded=recorded_options(request.options, request.epoch),
+                                  progress=progress, sha256=sha256, chunking=chunking)
+        if isinstance(made, ExportResult):
+            return made
+        reason = made
+    result = export_image(request.tag, out, engine=request.engine, **how)
+    return attrs.evolve(result, incremental=full(reason) if reason else None)
+
+
+def recorded_options(options: ExportSettings, epoch: int) -> dict:
+    """The export options an artifact's record holds besides those its export reports."""
+    return {"compression": options.compression, "compress_data": options.compress_data, "epoch": epoch,
+            "enroot_format": ENROOT_FORMAT, "rc_labels": RC_LABELS}
+
+
+def export_record(result: ExportResult, options: ExportSettings, epoch: int) -> dict:
+    """The export options recorded with an artifact: what decides its bytes besides its key, and
+    how it was made (from which ancestor, or why whole)."""
+    info = {"mksquashfs": list(result.options), **recorded_options(options, epoch),
+            # absent in artifacts exported before times were clamped
+            "time_clamp": result.time_clamp}
+    if result.incremental is not None:
+        info["incremental"] = result.incremental
+    return info

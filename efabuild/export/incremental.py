@@ -1,0 +1,152 @@
+"""An artifact layer's `.sqsh` written from its ancestor's: the nearest artifact layer below it on
+its chain (a rule of the graph, not of what is stored). The ancestor's data blocks are reused as
+they are; only the layers the child adds are read, from the engine's layer directories
+(layerdiff). Each condition that fails names why, and the export is then a full one:
+
+- the ancestor's copy is in the store and has its record's size and digest (checked, then read
+  through the descriptor that was checked: never a child built on other bytes);
+- its record's export options are the child's (PACKING, compared as recorded);
+- the child's pinned paths (the WORKDIR and VOLUME mount points an export dates to its epoch)
+  are the ancestor's, but for paths the ancestor lacks (a WORKDIR the child's own layer makes):
+  a changed WORKDIR re-dates paths the ancestor has, whose entries are reused as they are;
+- the child image's diff IDs start with exactly the ancestor image's;
+- the engine is on this host, with the overlay2 driver, and this version has the writer.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from efabuild.engine.client import Engine
+from efabuild.engine.images import built_for_key, layer_facts
+from efabuild.errors import EfabuildError, NotFound
+from efabuild.host import children
+from efabuild.export.layerdiff import LayerSourceUnavailable, overlay_dirs, stream_layers
+from efabuild.export.squash import ExportJob, ExportResult, Progress, export_facts, keep_export, mksquashfs_options
+from efabuild.export.tarfilter import RC_LABELS, RewritePlan
+from efabuild.plan import LayerPlan, Plan
+from efabuild.settings import ExportSettings
+
+try:
+    from efabuild.export.squashfs import write_incremental
+except ImportError:  # a version without the writer exports every artifact whole
+    write_incremental = None
+
+# the recorded export options that decide a .sqsh's bytes: an ancestor's must be the child's
+_LIST_TIMEOUT_S = 120.0
+PACKING = ("mksquashfs", "compression", "compress_data", "epoch", "enroot_format", "rc_labels", "time_clamp")
+
+
+@attrs.frozen
+class Ancestor:
+    """The ancestor's artifact as the store holds it, checked against its record."""
+
+    key: str
+    tag: str  # its image in the engine, by its key's tag
+    sqsh: Path  # the checked copy, pinned to its open descriptor
+    digest: str
+    export: Mapping[str, Any]  # its record's export options
+
+
+def ancestor_layer(plan: Plan, qualname: str) -> LayerPlan | None:
+    """The nearest artifact layer below `qualname` on its chain, or None."""
+    below = plan.chain(qualname)[:-1]
+    return next((lp for lp in reversed(below) if lp.artifact), None)
+
+
+def packing_difference(ancestor: Mapping[str, Any], child: Mapping[str, Any]) -> str | None:
+    """The first export option recorded differently for the ancestor than for the child."""
+    return next((name for name in PACKING if ancestor.get(name) != child.get(name)), None)
+
+
+def full(reason: str) -> dict:
+    return {"full": reason}
+
+
+def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path, *, options: ExportSettings,
+                       epoch: int, recorded: Mapping[str, Any], progress: Progress | None = None,
+                       sha256: bool = True, chunking: tuple[int, int, int] | None = None) -> ExportResult | str:
+    """`image`'s .sqsh written from `ancestor`'s at `out`, or why it cannot be (then nothing is
+    written). `recorded`: the export options the child's record will hold, but time_clamp."""
+    started = time.monotonic()
+    cfg, _, clamp = export_facts(engine, image, options.clamp_times)
+    opts = mksquashfs_options(options, epoch=epoch)
+    difference = packing_difference(ancestor.export, {**recorded, "mksquashfs": list(opts), "time_clamp": clamp,
+                                                      "rc_labels": RC_LABELS})
+    if difference:
+        return f"ancestor exported with other options: {difference}"
+    plan = RewritePlan.for_config(cfg, epoch=epoch, clamp=clamp)
+    try:
+        if not built_for_key(engine, ancestor.tag, ancestor.key):
+            return f"the engine's {ancestor.tag} is not the ancestor's image"
+        ancestor_cfg, _, _ = export_facts(engine, ancestor.tag, False)
+    except NotFound:
+        return f"the engine has no ancestor image {ancestor.tag}"
+    # as the ancestor was exported (its clamp is the child's, checked above with the options)
+    ancestor_plan = RewritePlan.for_config(ancestor_cfg, epoch=epoch, clamp=clamp)
+    try:
+        redated = _present(ancestor.sqsh, ancestor_plan.pinned ^ plan.pinned)
+    except (EfabuildError, subprocess.TimeoutExpired) as exc:
+        return f"cannot list the ancestor's entries: {exc}"
+    if redated:
+        return f"WORKDIR or VOLUME re-date /{redated[0]}, which the ancestor has"
+    try:
+        dirs = _diff_dirs(engine, image, ancestor.tag)
+    except (LayerSourceUnavailable, NotFound) as exc:
+        return str(exc)
+    if write_incremental is None:  # checked last: every reason above is shown without it too
+        return "this efabuild has no incremental writer"
+    streams = stream_layers(dirs)
+    tmp = out.parent / f"{out.name}.{os.urandom(4).hex()}.tmp"
+    try:
+        try:
+            written = write_incremental(ancestor.sqsh, streams, tmp, plan=plan, ancestor_plan=ancestor_plan,
+                                        progress=(lambda n: progress(n, None)) if progress else None)
+        except EfabuildError as exc:  # a layer it refuses: a full export reads the image afresh
+            written = exc
+        problems = [p for s in streams for p in s.errors_seen]  # a cut stream is what the writer saw
+        if problems:
+            return f"a layer directory could not be read: {problems[0]}"
+        if isinstance(written, EfabuildError):
+            return f"the incremental writer refused it: {written}"
+        if written.full_needed:
+            return written.reason
+        job = ExportJob(image, out, opts, plan, None, started, chunking, cfg.labels)
+        result = keep_export(tmp, job, sha256)
+    finally:
+        for stream in streams:
+            stream.close()
+        tmp.unlink(missing_ok=True)
+    made = {"ancestor": ancestor.key, "ancestor_digest": ancestor.digest, "dead_bytes": int(written.dead_bytes)}
+    return attrs.evolve(result, incremental=made)
+
+
+def _diff_dirs(engine: Engine, image: str, ancestor_tag: str) -> list[str]:
+    """The layer directories `image` adds over the ancestor's image, oldest first."""
+    child, ancestor = layer_facts(engine, image), layer_facts(engine, ancestor_tag)
+    if child is None or ancestor is None:
+        raise LayerSourceUnavailable("the engine is not on this host: its layer directories cannot be read")
+    (driver, layers), (_, below) = child, ancestor
+    if layers[:len(below)] != below:
+        raise LayerSourceUnavailable("the image's layers do not start with the ancestor image's")
+    return overlay_dirs(driver, len(layers) - len(below))
+
+
+def _present(sqsh: Path, paths: set[str] | frozenset[str]) -> list[str]:
+    """Those of the rootfs-relative `paths` that the .sqsh has (one listing per path, no deeper)."""
+    found = []
+    for path in sorted(paths):
+        listed = children.run(["unsquashfs", "-lls", "-max-depth", str(path.count("/") + 1), "-d", "", str(sqsh),
+                               path], capture_output=True, text=True, timeout=_LIST_TIMEOUT_S)
+        if listed.returncode != 0:
+            raise EfabuildError(f"cannot list the ancestor's {sqsh}: {listed.stderr.strip()[-200:]}")
+        if any(line.endswith(f" /{path}") for line in listed.stdout.splitlines()):
+            found.append(path)
+    return found

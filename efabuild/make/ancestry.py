@@ -1,0 +1,58 @@
+"""The ancestor copy an artifact layer's export may write from (export.incremental): found by the
+graph's rule, taken from the store and checked against its record, held open while the export
+reads it. Every way it is not usable is a reason, which the export records and make shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from efabuild.errors import EfabuildError
+from efabuild.export.incremental import Ancestor, ancestor_layer
+from efabuild.make.prepare import Prepared
+from efabuild.refs import image_tag, short
+from efabuild.store.transfer import DamagedCopy, open_checked
+
+
+@contextlib.contextmanager
+def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None) -> Iterator[tuple[Ancestor | None, str]]:
+    """(the checked ancestor, '') or (None, why there is none) for the artifact layer `qualname`;
+    `key`: this ancestor key (make --check: the one the stored artifact was written from)."""
+    below = ancestor_layer(prepared.plan, qualname)
+    if below is None:
+        yield None, "no artifact layer below it"
+        return
+    if key is not None and key != below.key:
+        yield None, f"its ancestor is now {short(below.key)}, it was written from {short(key)}"
+        return
+    store = prepared.store
+    try:
+        store.lookup(below.key)  # a copy on S3 alone is fetched: the ancestor is in the store
+        hit = store.local_hit(below.key)
+        record = hit[0].record(below.key) if hit is not None else None
+    except EfabuildError as exc:
+        yield None, f"ancestor {short(below.key)} not in the store ({exc})"
+        return
+    if hit is None or record is None:
+        yield None, f"ancestor {short(below.key)} not in the store"
+        return
+    try:
+        fd = open_checked(hit[0].name, hit[1], record)
+    except DamagedCopy:  # the digests are `audit`'s to show: make's line stays short
+        yield None, f"ancestor copy damaged: {hit[1]} is not the bytes its record names"
+        return
+    layer = prepared.graph.nodes[below.qualname]["layer"]
+    try:
+        yield Ancestor(below.key, image_tag(layer.name, below.key), _by_descriptor(fd), record.digest,
+                       dict(record.export)), ""
+    finally:
+        os.close(fd)
+
+
+def _by_descriptor(fd: int) -> Path:
+    """A path to the very file open as `fd` that this process and its children (unsquashfs) can
+    open, whatever is renamed over its store name meanwhile."""
+    return Path(f"/proc/{os.getpid()}/fd/{fd}")

@@ -1,0 +1,358 @@
+"""Incremental export in `make`: the ancestor rule, where the layer diffs come from (the engine's
+overlay2 directories), and the full export's reasons, shown and recorded."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from efabuild.export import incremental
+from efabuild.export.layerdiff import LayerSourceUnavailable, layer_tar, overlay_dirs, stream_layers
+from efabuild.make.fixtures import build_fixtures
+from tests.kits.wsfactory import demo_on_base
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _entries(data: bytes) -> dict[str, tuple]:
+    """name -> (type, mode, uid, gid, size, link, sha256 of the body) of an uncompressed tar."""
+    found = {}
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for m in tar:
+            body = tar.extractfile(m).read() if m.isreg() else b""
+            found[m.name.lstrip("./").rstrip("/")] = (m.type, m.mode & 0o7777, m.uid, m.gid, m.size, m.linkname,
+                                                   hashlib.sha256(body).hexdigest())
+    return found
+
+
+# ---- the overlay2 directory as a layer tar (no engine) -------------------------------------------
+
+@pytest.fixture
+def diff_dir(tmp_path: Path) -> Path:
+    """A layer directory as overlay2 keeps one: a whiteout, an opaque directory, links out."""
+    if os.geteuid() != 0:
+        pytest.skip("overlay whiteouts (char devices 0:0) and trusted.* xattrs need root, as dockerd does")
+    root = tmp_path / "diff"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "conf").write_text("new\n")
+    os.link(root / "etc" / "conf", root / "etc" / "conf.hard")
+    os.mknod(root / "etc" / "gone", 0o600 | 0o020000, os.makedev(0, 0))  # overlay's whiteout
+    (root / "opt" / "fresh").mkdir(parents=True)
+    (root / "opt" / "fresh" / "only").write_text("x")
+    os.setxattr(root / "opt" / "fresh", "trusted.overlay.opaque", b"y")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_text("never in a layer")
+    (root / "escape").symlink_to(outside)  # a directory link: an entry, never walked into
+    (root / "passwd").symlink_to("/etc/passwd")
+    os.mkfifo(root / "pipe")  # listed, never opened: a FIFO would hang a reader
+    return root
+
+
+def test_an_overlay_dir_becomes_an_oci_layer_tar_with_whiteouts_and_links_as_entries(diff_dir: Path):
+    out = io.BytesIO()
+    written = layer_tar(str(diff_dir), out)
+    entries = _entries(out.getvalue())
+    assert written == len(out.getvalue())
+    assert entries["etc/.wh.gone"][0] == tarfile.REGTYPE and "etc/gone" not in entries
+    assert entries["opt/fresh/.wh..wh..opq"][0] == tarfile.REGTYPE and "opt/.wh..wh..opq" not in entries
+    assert entries["opt/fresh/only"][4] == 1
+    assert entries["etc/conf.hard"][:1] == (tarfile.LNKTYPE,) and entries["etc/conf.hard"][5] == "etc/conf"
+    assert entries["escape"][0] == tarfile.SYMTYPE and entries["escape"][5] == str(diff_dir.parent / "outside")
+    assert entries["passwd"][5] == "/etc/passwd"
+    assert not any(name.startswith("escape/") for name in entries)  # the link's target was not read
+    assert entries["pipe"][0] == tarfile.FIFOTYPE
+    # names sorted: the same directory gives the same bytes
+    again = io.BytesIO()
+    layer_tar(str(diff_dir), again)
+    assert again.getvalue() == out.getvalue()
+
+
+def test_layer_streams_fill_through_pipes_and_name_a_directory_that_vanished(diff_dir: Path, tmp_path: Path):
+    good, gone = stream_layers([str(diff_dir), str(tmp_path / "no-such-layer")])
+    assert "etc/conf" in _entries(good.read())
+    assert gone.read() == b"" and "no-such-layer" in gone.errors_seen[0]
+    good.close(), gone.close()
+
+
+def test_directories_nested_past_the_walks_depth_end_the_stream_with_a_reason_not_a_traceback(tmp_path, capfd):
+    root = tmp_path / "deep"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1500):  # deeper than PATH_MAX allows by name: made one openat at a time
+        os.mkdir("d", dir_fd=fd)
+        fd, parent = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+        os.close(parent)
+    os.close(fd)
+    (stream,) = stream_layers([str(root)])
+    stream.read()
+    stream.close()
+    assert "nested deeper than" in stream.errors_seen[0] or "Too many open files" in stream.errors_seen[0]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_file_shorter_than_its_stat_fails_the_layer_rather_than_padding_it():
+    from efabuild.errors import EfabuildError
+    from efabuild.export.layerdiff import _Bounded
+
+    header = tarfile.TarInfo("etc/conf")
+    header.size = 10  # what the stat said; the file now holds 3 bytes
+    with tarfile.open(fileobj=io.BytesIO(), mode="w|") as tar:
+        with pytest.raises(EfabuildError, match="etc/conf: shorter than its size"):
+            tar.addfile(header, _Bounded(io.BytesIO(b"abc"), 10, "etc/conf"))
+    grown = _Bounded(io.BytesIO(b"abcdef"), 3, "etc/conf")  # one that grew is cut at the stat's size
+    assert grown.read(100) == b"abc" and grown.read(100) == b""
+
+
+def test_another_storage_driver_or_too_few_directories_is_a_reason_not_a_guess():
+    with pytest.raises(LayerSourceUnavailable, match="storage driver is vfs, not overlay2"):
+        overlay_dirs({"Name": "vfs", "Data": {}}, 1)
+    with pytest.raises(LayerSourceUnavailable, match="lists 3 layer directories, 4 needed"):
+        overlay_dirs({"Name": "overlay2", "Data": {"UpperDir": "/u", "LowerDir": "/l1:/l2"}}, 4)
+    assert overlay_dirs({"Name": "overlay2", "Data": {"UpperDir": "/u", "LowerDir": "/l1:/l2"}}, 2) == ["/l1", "/u"]
+
+
+# ---- the rules that decide a full export (no engine) ---------------------------------------------
+
+def test_only_a_re_dated_path_the_ancestor_has_or_another_recorded_option_stops_an_incremental_export(tmp_path):
+    from efabuild.export.incremental import _present, packing_difference
+
+    tree = tmp_path / "tree"
+    (tree / "opt" / "x").mkdir(parents=True)
+    (tree / "opt" / "x" / "f").write_text("a")
+    sqsh = tmp_path / "ancestor.sqsh"
+    subprocess.run(["mksquashfs", str(tree), str(sqsh), "-noappend", "-quiet", "-no-progress"], check=True)
+    # a WORKDIR the child's layer makes is no reason; one the ancestor has is, at any depth
+    assert _present(sqsh, {"workspace", "op", "opt/x/g"}) == []
+    assert _present(sqsh, {"workspace", "opt", "opt/x"}) == ["opt", "opt/x"]
+    recorded = {"mksquashfs": ["-tar"], "compression": "lzo", "compress_data": False, "epoch": 315532800,
+                "enroot_format": "4.1.2", "rc_labels": "keyed", "time_clamp": 1}
+    assert packing_difference(recorded, {**recorded, "incremental": {"full": "x"}}) is None
+    assert packing_difference(recorded, {**recorded, "time_clamp": None}) == "time_clamp"
+    assert packing_difference({k: v for k, v in recorded.items() if k != "rc_labels"}, recorded) == "rc_labels"
+
+
+# ---- on the engine: the demo graph, made, then a one-file change in the user layer ---------------
+
+@pytest.fixture(scope="module")
+def mini_ngc(docker_engine) -> None:
+    build_fixtures()
+
+
+@pytest.fixture
+def demo_ws(tmp_path, mini_ngc):
+    """The shipped demo graph with a run-unique build arg, so its keys are new to the engine."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    shutil.copytree(REPO / "app", root / "app")
+    (root / "graphs").mkdir()
+    text = (REPO / "graphs" / "demo.toml").read_text().replace(
+        'args = { EFA_INSTALLER_VERSION = "1.50.0" }',
+        f'args = {{ EFA_INSTALLER_VERSION = "1.50.0", TEST_RUN = "{uuid.uuid4().hex[:12]}" }}')
+    (root / "graphs" / "demo.toml").write_text(text)
+    (root / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n')
+    yield root
+    keys = set()  # every key this workspace built, as its build records list them
+    for path in (root / "cache" / "builds" / "layers").rglob("*.json") if (root / "cache").exists() else []:
+        keys |= {entry["key"] for entry in json.loads(path.read_text())["builds"]}
+    tags = subprocess.run(["docker", "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", "efabuild/*"],
+                          capture_output=True, text=True).stdout.split()
+    doomed = [t for t in tags if t.rsplit(":", 1)[-1] in keys]
+    if doomed:
+        subprocess.run(["docker", "image", "rm", "-f", *doomed], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def registry_base(pinned_fixture_base, second_engine) -> str:
+    """The fixture base from the loopback registry, pulled by both engines: the same keys on each."""
+    for host in (None, second_engine):
+        subprocess.run(["docker", *(["--host", host] if host else []), "image", "pull", pinned_fixture_base],
+                       capture_output=True, check=True)
+    return pinned_fixture_base
+
+
+def efabuild(root: Path, *args: str, check: bool = False) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), *args], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL)
+    if check:
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+    return proc
+
+
+def plan(root: Path, *args: str) -> dict[str, dict]:
+    data = json.loads(efabuild(root, "plan", "--json", *args, check=True).stdout)
+    return {layer["name"]: layer for layer in data["layers"]}
+
+needs_writer = pytest.mark.skipif(incremental.write_incremental is None,
+                                  reason="this efabuild has no incremental writer (efabuild/export/squashfs)")
+
+
+def _record(root: Path, name: str) -> dict:
+    sqsh = Path(efabuild(root, "lookup", name, check=True).stdout.strip())
+    return json.loads(sqsh.with_suffix(".json").read_text())
+
+
+def _change_one_file(root: Path) -> None:
+    with (root / "app" / "train.py").open("a") as f:
+        f.write(f"\n# {uuid.uuid4().hex}\n")
+
+
+def _export_line(proc: subprocess.CompletedProcess, name: str) -> str:
+    return next((line for line in (proc.stdout + proc.stderr).splitlines() if name in line and "export: " in line),
+                "")
+
+
+def test_the_layer_diffs_read_from_overlay2_are_the_engines_own_layer_tars(demo_ws, tmp_path):
+    """The user image's layers above the efa image's, read from the engine's directories, hold
+    exactly the entries `docker save` gives for the same layers."""
+    from efabuild.engine.client import connect
+    from efabuild.engine.images import layer_facts
+    from efabuild.settings import BuilderSettings
+
+    efabuild(demo_ws, "make", "demo", check=True)
+    keys = {name: entry["key"] for name, entry in plan(demo_ws).items()}
+    user, efa = f"efabuild/user:{keys['demo:user']}", f"efabuild/efa:{keys['demo:efa']}"
+    engine = connect(BuilderSettings())
+    (driver, layers), (_, below) = layer_facts(engine, user), layer_facts(engine, efa)
+    assert layers[:len(below)] == below and len(layers) > len(below)
+    ours = [_entries(stream.read()) for stream in stream_layers(overlay_dirs(driver, len(layers) - len(below)))]
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    subprocess.run(["docker", "save", "-o", str(saved / "image.tar"), user], check=True)
+    with tarfile.open(saved / "image.tar") as tar:
+        manifest = json.loads(tar.extractfile("manifest.json").read())
+        theirs = [_entries(tar.extractfile(name).read()) for name in manifest[0]["Layers"][len(below):]]
+    assert ours == theirs
+    assert any("workspace/app/train.py" in entries for entries in ours)
+
+
+def test_a_one_file_change_is_exported_from_the_ancestor_artifact_or_says_why_not(demo_ws, tmp_path):
+    efabuild(demo_ws, "make", "demo", check=True)
+    efa = _record(demo_ws, "demo:efa")
+    assert efa["export"]["incremental"] == {"full": "no artifact layer below it"}
+    _change_one_file(demo_ws)
+    again = efabuild(demo_ws, "make", "demo", check=True)
+    made = _record(demo_ws, "demo:user")["export"]["incremental"]
+    shown = efabuild(demo_ws, "show", "demo:user", check=True).stdout
+    if incremental.write_incremental is None:
+        assert made == {"full": "this efabuild has no incremental writer"}
+        assert "export: full (this efabuild has no incremental writer)" in _export_line(again, "demo:user")
+        assert "whole: this efabuild has no incremental writer" in shown
+        return
+    assert made["ancestor"] == efa["key"] and made["ancestor_digest"] == efa["digest"]
+    assert f"export: incremental from {efa['key'][:12]}" in _export_line(again, "demo:user")
+    assert f"from ancestor {efa['key']}" in shown
+    _same_as_a_full_export(demo_ws, tmp_path)
+    efabuild(demo_ws, "make", "--check", "demo:user", check=True)
+
+
+def _same_as_a_full_export(root: Path, tmp_path: Path) -> None:
+    from efabuild.engine.client import connect
+    from efabuild.export.squash import export_image
+    from efabuild.make.run import SOURCE_DATE_EPOCH
+    from efabuild.settings import BuilderSettings, ExportSettings
+
+    key = plan(root)["demo:user"]["key"]
+    child = Path(efabuild(root, "lookup", "demo:user", check=True).stdout.strip())
+    whole = export_image(f"efabuild/user:{key}", tmp_path / "whole.sqsh", options=ExportSettings(),
+                         engine=connect(BuilderSettings()), epoch=SOURCE_DATE_EPOCH).path
+    listings = [subprocess.run(["unsquashfs", "-lln", "-d", "", str(p)], capture_output=True, text=True,
+                               check=True).stdout for p in (child, whole)]
+    assert listings[0] == listings[1]
+    trees = []
+    for n, sqsh in enumerate((child, whole)):
+        subprocess.run(["unsquashfs", "-q", "-n", "-d", str(tmp_path / f"tree{n}"), str(sqsh)], check=True)
+        trees.append({str(p.relative_to(tmp_path / f"tree{n}")): p.read_bytes()
+                      for p in (tmp_path / f"tree{n}").rglob("*") if p.is_file() and not p.is_symlink()})
+    assert trees[0] == trees[1]
+
+
+def test_a_damaged_ancestor_copy_is_never_built_on(demo_ws):
+    efabuild(demo_ws, "make", "demo", check=True)
+    efa = Path(efabuild(demo_ws, "lookup", "demo:efa", check=True).stdout.strip())
+    with efa.open("r+b") as f:  # same size, other bytes: only the digest tells
+        f.seek(efa.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    _change_one_file(demo_ws)
+    again = efabuild(demo_ws, "make", "demo:user", check=True)
+    made = _record(demo_ws, "demo:user")["export"]["incremental"]
+    assert made["full"] == f"ancestor copy damaged: {efa} is not the bytes its record names"
+    assert "export: full (ancestor copy damaged:" in _export_line(again, "demo:user")
+
+
+def test_a_workdir_that_re_dates_a_path_the_ancestor_has_is_a_full_export_with_the_reason(demo_ws):
+    efabuild(demo_ws, "make", "demo", check=True)
+    graph = demo_ws / "graphs" / "demo.toml"
+    graph.write_text(graph.read_text().replace("WORKDIR /workspace", "WORKDIR /opt"))
+    again = efabuild(demo_ws, "make", "demo", check=True)
+    reason = "WORKDIR or VOLUME re-date /opt, which the ancestor has"
+    assert _record(demo_ws, "demo:user")["export"]["incremental"] == {"full": reason}
+    assert f"export: full ({reason})" in _export_line(again, "demo:user")
+
+
+def test_publishing_the_changed_child_to_the_chunked_tier_sends_a_small_share_of_it(demo_ws, moto_server, s3_bucket,
+                                                                                  s3_client):
+    """An image of the size chunks are made for: the fixture's efa layer with 64 MiB of libraries."""
+    with (demo_ws / "BUILD.toml").open("a") as f:
+        f.write(f'[store.s3]\nbucket = "{s3_bucket}"\nprefix = "images/"\nendpoint_url = "{moto_server}"\n')
+    graph = demo_ws / "graphs" / "demo.toml"
+    anchor = "ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:${LD_LIBRARY_PATH}\n"
+    graph.write_text(graph.read_text().replace(
+        anchor, anchor + "RUN dd if=/dev/urandom of=/opt/amazon/libpayload.so bs=1M count=64 2>/dev/null\n", 1))
+    efabuild(demo_ws, "make", "demo", check=True)
+
+    def stored() -> dict[str, int]:
+        pages = s3_client.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket, Prefix="images/")
+        return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", [])}
+
+    before = stored()
+    _change_one_file(demo_ws)
+    efabuild(demo_ws, "make", "demo", check=True)
+    child = _record(demo_ws, "demo:user")
+    sent = {key: size for key, size in stored().items() if key not in before}
+    chunks = sum(size for key, size in sent.items() if "/chunks/" in key)
+    assert any(key.endswith(f"{child['key']}.chunks.json") for key in sent)
+    assert 0 < chunks < 0.10 * child["size"], (chunks, child["size"])
+    if incremental.write_incremental is not None:
+        assert "ancestor" in child["export"]["incremental"], child["export"]["incremental"]
+
+
+@needs_writer
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_engines_write_byte_identical_incremental_children(registry_base, second_engine, tmp_path):
+    run_id = uuid.uuid4().hex[:12]
+    sides = {"here": (), "there": ("--builder", second_engine)}
+    ref, digest = registry_base.split("@")
+    roots = {side: demo_on_base(tmp_path / side, f"{ref}:26.08-py3", digest, run_id,
+                                '[workspace]\ngraphs = ["graphs/*.toml"]\n') for side in sides}
+    line = f"\n# the same change on both sides {run_id}\n"
+    keys = set()
+    try:
+        for side, builder in sides.items():
+            efabuild(roots[side], "make", *builder, "demo", check=True)
+            with (roots[side] / "app" / "train.py").open("a") as f:
+                f.write(line)
+            efabuild(roots[side], "make", *builder, "demo", check=True)
+            keys |= {(name, entry["key"]) for name, entry in plan(roots[side], *builder).items()}
+        children = [Path(efabuild(roots[side], "lookup", "demo:user", check=True).stdout.strip()) for side in sides]
+        made = [json.loads(child.with_suffix(".json").read_text())["export"]["incremental"] for child in children]
+        assert made[0] == made[1] and "ancestor" in made[0], made
+        assert children[0].read_bytes() == children[1].read_bytes()
+    finally:
+        tags = [f"efabuild/{name.split(':')[1]}:{key}" for name, key in keys]
+        for host in (None, second_engine):
+            subprocess.run(["docker", *(["--host", host] if host else []), "image", "rm", "-f", *tags],
+                           capture_output=True)
