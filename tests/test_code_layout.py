@@ -182,15 +182,16 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.make.leftovers": {"efabuild.engine.client", "efabuild.engine.leftovers"},
     "efabuild.make.oldimages": {"efabuild.engine.images", "efabuild.engine.registry"},
     "efabuild.make.prepare": {
-        "efabuild.engine.client", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.farm",
-        "efabuild.store"},
+        "efabuild.engine.client", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.builders",
+        "efabuild.make.farm", "efabuild.store"},
     "efabuild.make.publish": {
         "efabuild.engine.images", "efabuild.export.squash", "efabuild.export.tarfilter",
         "efabuild.host.digest", "efabuild.host.stops", "efabuild.make.gitstate", "efabuild.provenance.stored",
         "efabuild.signing.attest", "efabuild.store.progress", "efabuild.store.record"},
     "efabuild.make.records": {"efabuild.configfile"},
     "efabuild.make.run": {
-        "efabuild.engine.build", "efabuild.lint", "efabuild.make.engine_steps", "efabuild.make.farm",
+        "efabuild.engine.build", "efabuild.lint", "efabuild.make.builders", "efabuild.make.engine_steps",
+        "efabuild.make.farm",
         "efabuild.make.gitstate", "efabuild.make.publish", "efabuild.signing.keys"},
     "efabuild.pyxis.importer": {"efabuild.pyxis.lookup"},
     "efabuild.pyxis.lookup": {

@@ -126,7 +126,8 @@ def _report(args, prepared, result) -> int:
             print(f"efabuild: warning: --graph {args.graph}: {exc}", file=sys.stderr)
     paths = _artifact_paths(prepared, result)
     if args.json:
-        print_json("make", {"layers": [outcome_json(o, paths.get(o.qualname)) for o in result.outcomes],
+        print_json("make", {"layers": [_with_platform(outcome_json(o, paths.get(o.qualname)), result)
+                                       for o in result.outcomes],
                             "failed": result.failed, "skipped_tiers": result.skipped_tiers})
     else:
         print(summary(result, paths, palette_for(sys.stdout)))
@@ -212,6 +213,13 @@ def _sigterm_interrupts() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def _with_platform(data: dict, result) -> dict:  # noqa: ANN001 - a MakeResult
+    """A layer of make --json with its graph:layer and platform apart: `name` is
+    graph:layer@os/arch in a several-platform workspace."""
+    layer, platform = result.layers.get(data["name"], (data["name"], None))
+    return {**data, "layer": layer, "platform": platform}
 
 
 def _graph_format(name: str) -> str:

@@ -125,6 +125,66 @@ def base_identity(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S) -
     return digest, "registry" if digest else "unresolved"
 
 
+def base_identity_for(engine: Engine, ref: str, platform: str | None,
+                      timeout: float = REMOTE_TIMEOUT_S) -> tuple[str | None, str, str | None]:
+    """base_identity for one platform of a several-platform workspace: (digest, source, index
+    digest). A registry's multi-platform index gives the platform's own manifest digest (what a
+    build for it pulls, so what its key covers) and the index's beside it. A local image counts
+    only when it is of that platform: Docker's image store keeps one platform per tag, so an
+    amd64 image under the tag says nothing of the arm64 one."""
+    if platform is None:
+        return (*base_identity(engine, ref, timeout), None)
+    if "@" in ref:
+        return ref.rsplit("@", 1)[1], "pinned", None
+    local = _local_identity(engine, ref)
+    if local is not None and _local_platform(engine, ref) == platform:
+        digest = _repo_digest(ref, local[1])
+        if digest is None:
+            return local[0], "image-id", None
+    digest, index = platform_digest(engine, ref, platform, timeout=timeout)
+    return digest, "registry" if digest else "unresolved", index
+
+
+def platform_digest(engine: Engine, ref: str, platform: str,
+                    timeout: float = REMOTE_TIMEOUT_S) -> tuple[str | None, str | None]:
+    """(the manifest digest of `platform` in `ref`'s registry, the index digest when `ref` is a
+    multi-platform index); (None, None) when absent, unreachable in time, or lacking the platform."""
+    try:
+        found = engine.run("buildx", "imagetools", "inspect", ref, "--raw", timeout=timeout)
+    except EngineTimeout:
+        return None, None
+    if found.returncode != 0:
+        return None, None
+    top = remote_digest(engine, ref, timeout=timeout)
+    try:
+        data = json.loads(found.stdout)
+    except ValueError:
+        return None, None
+    manifests = data.get("manifests") if isinstance(data, dict) else None
+    if not isinstance(manifests, list):  # a single-platform image: its own digest (its platform unchecked)
+        return top, None
+    os_name, _, rest = platform.partition("/")
+    arch, _, variant = rest.partition("/")
+    for entry in manifests:
+        wanted = entry.get("platform") if isinstance(entry, dict) else None
+        if not isinstance(wanted, dict) or not isinstance(entry.get("digest"), str):
+            continue
+        if (wanted.get("os"), wanted.get("architecture")) == (os_name, arch) and \
+                (not variant or wanted.get("variant") == variant):
+            return entry["digest"], top
+    return None, top
+
+
+def _local_platform(engine: Engine, ref: str) -> str | None:
+    found = engine.run("image", "inspect", "--format", "{{.Os}}/{{.Architecture}}", ref, timeout=INSPECT_TIMEOUT_S)
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def image_platform(engine: Engine, ref: str) -> str | None:
+    """os/arch of an image in the engine (None when it lacks it)."""
+    return _local_platform(engine, ref)
+
+
 def _local_identity(engine: Engine, ref: str) -> tuple[str, list[str]] | None:
     """(image ID, RepoDigests) of `ref` in the engine, in one question; None when it lacks it."""
     if engine.api is not None:

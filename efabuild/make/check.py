@@ -69,7 +69,7 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
     stored = runner.store.lookup(lp.key)  # a fetch from S3 verifies what it writes
     record, damaged = _verified_record(runner.store, lp.key, record)
     runner.farm = _farm(runner, layer, qualname)
-    if runner.farm is None and layer.parent and prepared.plan.by_name()[layer.parent].key not in runner.tags:
+    if runner.farm is None and layer.parent and prepared.plan.by_name()[lp.parent].key not in runner.tags:
         raise EfabuildError(f"{qualname}: its parent {layer.parent} is not in the engine and --check does not "
                             f"rebuild parents: run `efabuild make {layer.parent}` first")
     log_path = runner.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.check.log"
@@ -129,8 +129,8 @@ def _farm(runner, layer: Layer, qualname: str):  # noqa: ANN001, ANN202 - a make
         if problem:
             raise InputError(problem, "BUILD.toml [builder]")
         return farm
-    parent = runner.p.graph.nodes[layer.parent]["layer"]
-    parent_key = runner.plans[layer.parent].key
+    parent = runner.p.graph.nodes[runner.plans[qualname].parent]["layer"]
+    parent_key = runner.plans[runner.plans[qualname].parent].key
     try:
         farm.ref(runner.engine, parent.name, parent_key, runner.tags.get(parent_key))
     except RegistryError:
@@ -176,7 +176,7 @@ def _rebuild_on_farm(runner, layer: Layer, lp, out: Path, log_path: Path):  # no
         ref = farm.rebuild(layer.name, lp.key, request, log_path, **_how(runner, lp.qualname))
     try:
         return farm.export_ref(ref, out, options=runner.ws.settings.export, epoch=make.SOURCE_DATE_EPOCH,
-                               platform=runner.ws.settings.builder.platform, cancel=runner.cancel)
+                               platform=lp.platform, cancel=runner.cancel)
     finally:
         farm.forget(ref)
 

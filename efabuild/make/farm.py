@@ -24,6 +24,7 @@ from efabuild.engine.build import build_layer, builder_name
 from efabuild.engine.images import REMOTE_TIMEOUT_S, remote_digest, untag_image
 from efabuild.engine.registry import RegistryError, push, remote_ref
 from efabuild.errors import EfabuildError, InputError
+from efabuild.grammar import split_farm_entry
 from efabuild.settings import BuilderSettings, RegistrySettings
 from efabuild.refs import image_tag
 from efabuild.host.scratch import scratch_dir
@@ -31,6 +32,7 @@ from efabuild.host.scratch import scratch_dir
 # drivers whose builds land in the engine that `docker image ls` shows
 _LOCAL_DRIVERS = ("docker",)
 _WAIT_POLL_S = 0.25
+VERSION_TIMEOUT_S = 30.0
 # The buildx client of a streamed export receives the tar in BuildKit's 32 KiB messages, a fresh
 # buffer each: with Go's default GC it spends half its CPU collecting them, CPU that mksquashfs,
 # squashing on the same cores, then lacks. Collected when its heap reaches 128 MiB instead (the
@@ -40,13 +42,37 @@ _STREAM_GO_ENV = {"GOGC": "1000", "GOMEMLIMIT": "128MiB"}
 
 
 def node_settings(entry: str, base: BuilderSettings) -> BuilderSettings:
-    """One `[builder] farm` entry as the settings of its own builder (as --builder reads it)."""
+    """One `[builder] farm` entry as the settings of its own builder (as --builder reads it); a
+    declared `@os/arch` is the farm's business, not the builder's address."""
+    entry = split_farm_entry(entry)[0]
     one = base._replace(context=None, host=None, buildx_builder=None, farm=())
     if "://" in entry:
         return one._replace(host=entry)
     if entry.startswith("buildx:"):
         return one._replace(buildx_builder=entry.removeprefix("buildx:"))
     return one._replace(context=entry)
+
+
+def engine_platform(engine) -> str | None:  # noqa: ANN001 - an engine.client.Engine
+    """os/arch of the machine an engine runs on (`docker version`), None when it does not say."""
+    try:
+        found = engine.run("version", "--format", "{{.Server.Os}}/{{.Server.Arch}}", timeout=VERSION_TIMEOUT_S)
+    except EngineTimeout:
+        return None
+    text = found.stdout.strip()
+    return text if found.returncode == 0 and "/" in text and "<" not in text else None
+
+
+def node_platforms(node) -> tuple[str, ...]:  # noqa: ANN001 - an Engine
+    """What one builder builds natively: its farm entry's declaration, else its engine's own."""
+    declared = split_farm_entry(node.farm_entry)[1] if node.farm_entry else ()
+    if declared:
+        return declared
+    cached = getattr(node, "_efabuild_platform", None)
+    if cached is None:
+        cached = engine_platform(node) or ""
+        node._efabuild_platform = cached
+    return (cached,) if cached else ()
 
 
 def sees_local_images(engine: Engine) -> bool:
@@ -123,14 +149,23 @@ class Farm:
     def slots(self) -> int:
         return self.jobs * len(self.nodes)
 
+    def able(self, platform: str | None) -> list[int]:
+        """The builders that build `platform` natively; every builder when none does (the plan
+        said the platform is emulated, see builders.check_platforms) or no platform is asked."""
+        if platform is None:
+            return list(range(len(self.nodes)))
+        native = [i for i, node in enumerate(self.nodes) if platform in node_platforms(node)]
+        return native or list(range(len(self.nodes)))
+
     @contextlib.contextmanager
-    def take(self, cancel: threading.Event | None = None, prefer: int | None = None) -> Iterator[Engine]:
+    def take(self, cancel: threading.Event | None = None, prefer: int | None = None,
+             platform: str | None = None) -> Iterator[Engine]:
         """The builder `prefer` (an index) when it has a free slot, else the least busy one with a
-        free slot (in turn among equals), held while in use."""
+        free slot (in turn among equals) of those that build `platform`, held while in use."""
+        able = self.able(platform)
         with self._cond:
             while True:
-                order = sorted(range(len(self.nodes)),
-                               key=lambda i: (self._busy[i], (i - self._turn) % len(self.nodes)))
+                order = sorted(able, key=lambda i: (self._busy[i], (i - self._turn) % len(self.nodes)))
                 if prefer is not None and self._busy[prefer] < self.jobs:
                     order.insert(0, prefer)
                 chosen = order[0]
@@ -198,7 +233,7 @@ class Farm:
 
     def _build_pushed(self, name: str, request, log_path: Path, how: dict) -> str:
         request = attrs.evolve(request, push=name, insecure=self.registry.insecure)
-        with self.take(how.get("cancel")) as node:
+        with self.take(how.get("cancel"), platform=request.platform) as node:
             result = build_layer(node, request, log_path, **how)
         ref = f"{name}@{result.image_id}"
         self.built_on[ref] = self.nodes.index(node)
@@ -224,7 +259,7 @@ class Farm:
 
     def export_ref(self, ref: str, out: Path, **how):
         """`export` on the builder that built `ref` when it has a free slot, else the least busy."""
-        with self.take(how.get("cancel"), prefer=self.built_on.get(ref)) as node:
+        with self.take(how.get("cancel"), prefer=self.built_on.get(ref), platform=how.get("platform")) as node:
             return self.export(node, ref, out, **how)
 
     def export(self, node: Engine, ref: str, out: Path, *, options, epoch: int, platform: str,

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from efabuild import dag, notices
 from efabuild.errors import EfabuildError, InputError
@@ -26,6 +26,7 @@ from efabuild.make.context import SOURCE_DATE_EPOCH, context_dir
 from efabuild.make.leftovers import LeftoverSearch, sweep
 from efabuild.make.prepare import Prepared, prepare
 from efabuild.make.reporter import Reporter
+from efabuild.make.result import MakeResult, published_platforms
 from efabuild.make.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
                                      run_in_order)
 from efabuild.host.stops import step_boundary
@@ -35,21 +36,7 @@ if TYPE_CHECKING:  # the builder's side is loaded where a layer has work: a no-o
     from efabuild.make.engine_steps import EngineSteps
 
 __all__ = ["BUILT", "EXPORTED", "FAILED", "PULLED", "REUSED", "SKIPPED", "STATUSES", "SOURCE_DATE_EPOCH",
-           "LeftoverSearch", "LintFailed", "MakeResult", "Outcome", "prepare_make", "run"]
-
-
-class MakeResult(NamedTuple):
-    outcomes: tuple[Outcome, ...]
-    skipped_tiers: dict[str, str]  # store tier -> why nothing went there
-
-    @property
-    def failed(self) -> bool:
-        return any(o.status == FAILED for o in self.outcomes)
-
-    def counts(self) -> dict[str, int]:
-        """How many layers ended in each status, in STATUSES order, zeros left out."""
-        counts = {s: sum(o.status == s for o in self.outcomes) for s in STATUSES}
-        return {s: n for s, n in counts.items() if n}
+           "LeftoverSearch", "LintFailed", "MakeResult", "Outcome", "prepare_make", "published_platforms", "run"]
 
 
 class LintFailed(InputError):
@@ -69,7 +56,7 @@ def prepare_make(ws: Workspace, targets: Iterable[str] = (), *, lint: bool = Tru
         from efabuild.lint import errors_only, lint_workspace
 
         # every graph a selected layer comes from, ancestors in other graphs included
-        graphs = sorted({name.split(":", 1)[0] for name in dag.select(ws, dag.layer_graph(ws), targets)})
+        graphs = sorted({name.split(":", 1)[0] for name in dag.select(ws, dag.layer_graph(ws), dag.split_targets(targets)[0])})
         errors = errors_only(lint_workspace(ws, graphs if targets else None))
         if errors:
             raise LintFailed(errors)
@@ -161,11 +148,11 @@ class _Runner:
         """Every tier gets the layer's .sqsh: (its path, the step that did it). What the plan found
         in the store holds unless another make of this key ran meanwhile: only then is it asked again."""
         if lp.stored or (contended and self.store.has(lp.key)):
-            self.store.name(lp.qualname, lp.key)  # no-op unless the artifact came from another name
+            self.store.name(lp.layer, lp.key)  # no-op unless the artifact came from another name
             return "", None
         copied = self.store.complete(lp.key)
         if copied is not None:  # another tier had it: copied across, no export needed
-            self.store.name(lp.qualname, lp.key)
+            self.store.name(lp.layer, lp.key)
             if set(copied.values()) == {TIER_REUSED}:
                 return "", None  # another make published it between the plan and the lock
             return str(self.store.lookup(lp.key, fetch=False)), "copy between tiers"
@@ -191,9 +178,9 @@ class _Runner:
             if lp.key in self.tags and self.farm is None:
                 self._ensure_own_tag(layer, lp)
             if layer.artifact and self.store.has(lp.key):
-                self.store.name(lp.qualname, lp.key)
+                self.store.name(lp.layer, lp.key)
         elif lp.artifact:  # stored under another graph's name: add this one
-            self.store.name(lp.qualname, lp.key)
+            self.store.name(lp.layer, lp.key)
         return Outcome(lp.qualname, lp.key, REUSED)
 
     def _pull(self, layer: Layer, lp: LayerPlan) -> None:
@@ -214,17 +201,17 @@ class _Runner:
 
     def from_line(self, layer: Layer, lp: LayerPlan) -> str:
         if layer.parent and self.farm is not None:  # by digest in the registry
-            parent_key = self.plans[layer.parent].key
-            parent = self.p.graph.nodes[layer.parent]["layer"]
+            parent_key = self.plans[lp.parent].key
+            parent = self.p.graph.nodes[lp.parent]["layer"]
             return f"FROM {self.farm.ref(self.engine, parent.name, parent_key, self.tags.get(parent_key))}"
         if layer.parent:
-            parent_key = self.plans[layer.parent].key
+            parent_key = self.plans[lp.parent].key
             tag = self.tags.get(parent_key)
             if tag is None:
                 raise EfabuildError(f"{lp.qualname}: parent image {short(parent_key)} is not in the engine")
             return f"FROM {tag}"
         digest = lp.inputs.base_digest
-        base = next(b for b in self.p.plan.bases if b.ref == layer.base.ref)
+        base = next(b for b in self.p.plan.bases if b.ref == layer.base.ref and b.platform in (None, lp.platform))
         # only a registry digest can be pinned in FROM; a local image ID is matched by the tag
         if digest and base.source in ("pinned", "registry"):
             return f"FROM {layer.base.ref}@{digest}"
@@ -245,7 +232,7 @@ class _Runner:
             # these but the key reaches the .sqsh (refs.UNKEYED_LABELS)
             labels={TITLE_LABEL: layer.qualname, **dict.fromkeys(GIT_LABELS, ""), **self.oci_labels,
                     KEY_LABEL: lp.key, GRAPH_LABEL: layer.graph, LAYER_LABEL: layer.name},
-            platform=self.ws.settings.builder.platform,
+            platform=lp.platform,  # BuildKit sets TARGETPLATFORM and TARGETARCH from it
             source_date_epoch=SOURCE_DATE_EPOCH,
             no_cache=no_cache,
         )
@@ -262,7 +249,7 @@ class _Runner:
             else:
                 self.steps.build(request, log_path, **how)
                 self.tags[lp.key] = request.tag
-        self.p.records.record(lp.qualname, lp.key, lp.inputs)
+        self.p.records.record(lp.layer, lp.key, lp.inputs)
         return str(log_path)
 
     def _context_dir(self, layer: Layer, lp: LayerPlan):
@@ -322,7 +309,7 @@ class _Runner:
 
         exporter = None if self.farm is None else self.farm.exporter(
             self.engine, layer.name, lp.key, self.tags.get(lp.key), options=self.ws.settings.export,
-            epoch=SOURCE_DATE_EPOCH, platform=self.ws.settings.builder.platform)
+            epoch=SOURCE_DATE_EPOCH, platform=lp.platform)
         path = export_and_publish(
             ws=self.ws, store=self.store, engine=self.engine, layer=layer, plan=lp, prepared=self.p,
             tag=self.tags.get(lp.key, ""), reporter=self.reporter, epoch=SOURCE_DATE_EPOCH,
@@ -368,10 +355,15 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
     check_secrets(prepared)
     runner = _Runner(prepared, reporter or Reporter(), engine_steps)
     if prepared.engine is not None and any(lp.action != NOTHING for lp in prepared.plan.layers):
+        from efabuild.make.builders import check_platforms, native_platforms
         from efabuild.make.farm import farm_for_make  # builders matter only to a make with work
 
         runner.farm = farm_for_make(prepared, notices.warn)
         jobs = runner.farm.slots if runner.farm is not None else jobs  # [builder] jobs on each builder
+        if any(lp.action == BUILD for lp in prepared.plan.layers):
+            # a platform without a builder stops the make here, before its first build
+            check_platforms(prepared, native_platforms(prepared.ws.settings.builder, prepared.engine,
+                                                       runner.farm.nodes if runner.farm is not None else None))
     if any(lp.artifact and not lp.stored for lp in prepared.plan.layers):
         runner.signer  # noqa: B018 - a bad [sign] key stops the make before anything is built
     sweep(prepared.store, prepared.engine, lambda: runner.steps, leftovers)
@@ -381,7 +373,11 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
                             interrupted=runner.cancel.set)
     # every layer now available is the baseline of its next plan, however it got here
     for name, outcome in outcomes.items():
-        if outcome.status not in (FAILED, SKIPPED) and prepared.records.last_key(name) != outcome.key:
-            prepared.records.record(name, outcome.key, plans[name].inputs)
-    return MakeResult(tuple(outcomes[name] for name in prepared.order if name in outcomes),
-                      dict(prepared.store.skipped))
+        lp = plans[name]
+        if outcome.status not in (FAILED, SKIPPED) and prepared.records.last_key(lp.layer, lp.platform) != outcome.key:
+            prepared.records.record(lp.layer, outcome.key, lp.inputs)
+    result = MakeResult(tuple(outcomes[name] for name in prepared.order if name in outcomes),
+                        dict(prepared.store.skipped), {name: (lp.layer, lp.platform) for name, lp in plans.items()},
+                        frozenset(name for name, lp in plans.items() if lp.artifact))
+    # the place to publish each name's {platform: key} index, from published_platforms(result)
+    return result
