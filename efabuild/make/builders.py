@@ -1,4 +1,10 @@
-"""Which builder builds which platform: what each builder runs natively, and the check, before any
+"""The builders of a make, as one interface that make/run.py calls: `LocalBuilders` (the engine
+efabuild inspects builds and holds every image) and `FarmBuilders` (builders that cannot see it,
+reached through [registry]). Each has slots, obtain (a layer the registry has), build, own_tag,
+made_meanwhile, has_image, parent_ref (what a child's FROM names), versions (for the manifest) and
+exporter; run.py chooses one (start_builders) and never asks which it has.
+
+Which builder builds which platform: what each builder runs natively, and the check, before any
 build, that every platform to build has one (or may be emulated).
 
 A builder's native platforms are what it declares (`[builder] farm` entries `NAME@linux/arm64`)
@@ -9,22 +15,15 @@ stack is many times slower; only `[builder] emulate` lets a platform fall back t
 
 from __future__ import annotations
 
-from efabuild.engine.client import connect
-from efabuild.errors import InputError
-from efabuild.make.farm import node_platforms, node_settings
+import threading
+
+from efabuild.engine.build import builder_name
+from efabuild.errors import EfabuildError, InputError
+from efabuild.make.context import SOURCE_DATE_EPOCH
+from efabuild.make.farm import farm_for_make, native_platforms
+from efabuild.make.publish import engine_versions
 from efabuild.plan import BUILD
-from efabuild.settings import BuilderSettings
-
-
-def native_platforms(settings: BuilderSettings, engine, nodes=None) -> set[str]:  # noqa: ANN001
-    """Every platform some builder of this make runs natively: each farm node's (declared, or
-    its engine's when undeclared), else the one engine's. `nodes`: the farm's engines when
-    already connected."""
-    if settings.farm and nodes is None:
-        nodes = [connect(node_settings(entry, settings), farm_entry=entry) for entry in settings.farm]
-    if settings.farm:
-        return {p for node in nodes for p in node_platforms(node)}
-    return set(node_platforms(engine)) if engine is not None else set()
+from efabuild.refs import image_tag, short
 
 
 def check_platforms(prepared, native: set[str]) -> None:  # noqa: ANN001 - a Prepared
@@ -38,3 +37,135 @@ def check_platforms(prepared, native: set[str]) -> None:  # noqa: ANN001 - a Pre
                 f"{lp.qualname}: no builder runs {lp.platform} (native: {shown}); add a builder of it to "
                 f"[builder] farm (e.g. \"buildx:NAME@{lp.platform}\"), or allow QEMU emulation, many times "
                 f"slower: emulate = [\"{lp.platform}\"]", "BUILD.toml: builder")
+
+
+class LocalBuilders:
+    """The engine efabuild inspects builds every layer, and holds its image: a parent is `FROM`
+    its tag there, a pulled layer is pulled into it, an export reads from it, and a build is
+    pushed to [registry] (when set) for other machines."""
+
+    def __init__(self, runner) -> None:  # noqa: ANN001 - a make _Runner
+        self.r = runner
+        self._pulled: set[str] = set()  # keys whose image this make pulled: built by another machine
+
+    def slots(self, jobs: int) -> int:
+        return jobs
+
+    def obtain(self, layer, lp) -> str | None:  # noqa: ANN001
+        """Make a layer the registry has available to builds and exports: pulled here; its step."""
+        self.r.reporter.started(lp.qualname, "pull", short(lp.key))
+        tag = image_tag(layer.name, lp.key)
+        registry = self.r.ws.settings.registry
+        if not self.r.steps.pull(tag, registry):
+            raise EfabuildError(f"{lp.qualname}: {tag} vanished from the registry {registry.url}")
+        self.r.tags[lp.key] = tag
+        self._pulled.add(lp.key)
+        return "pull"
+
+    def build(self, layer, lp, request, log_path, **how) -> list[str]:  # noqa: ANN001
+        """Build `request` in the engine; the steps beyond the build (a push to [registry])."""
+        self.r.steps.build(request, log_path, **how)
+        self.r.tags[lp.key] = request.tag
+        if self.r.ws.settings.registry is None:
+            return []
+        self.r.steps.push(image_tag(layer.name, lp.key), self.r.ws.settings.registry)
+        return ["push"]
+
+    def own_tag(self, layer, lp) -> None:  # noqa: ANN001
+        """A layer whose image exists under another layer's name gets its own tag too."""
+        own = image_tag(layer.name, lp.key)
+        existing = self.r.tags.get(lp.key)
+        if existing and existing != own:
+            self.r.steps.tag(existing, own)
+        if existing:
+            self.r.tags.setdefault(lp.key, own)
+
+    def made_meanwhile(self, layer, lp) -> bool:  # noqa: ANN001
+        """Whether another make built this key while this one planned or waited for its lock."""
+        tag = image_tag(layer.name, lp.key)
+        if not self.r.steps.has_image(tag):
+            return False
+        self.r.tags[lp.key] = tag
+        return True
+
+    def has_image(self, key: str) -> bool:
+        return key in self.r.tags
+
+    def parent_ref(self, lp, parent, parent_key: str) -> str:  # noqa: ANN001
+        tag = self.r.tags.get(parent_key)
+        if tag is None:
+            raise EfabuildError(f"{lp.qualname}: parent image {short(parent_key)} is not in the engine")
+        return tag
+
+    def versions(self, key: str) -> dict:
+        """The engine's tool versions for `key`'s manifest; none for a layer pulled from the
+        registry: another machine built it, and no record names which."""
+        return {} if key in self._pulled else self.r.builder_versions
+
+    def exporter(self, layer, lp):  # noqa: ANN001, ANN201
+        return None  # export_and_publish exports from the engine itself
+
+
+class FarmBuilders:
+    """Builders that cannot see the engine's images (a farm, or a buildx builder of another
+    driver): layers reach each other through [registry] by digest, builds push there, exports
+    stream from a builder, and each layer goes to a builder of its platform (Farm.take)."""
+
+    def __init__(self, runner, farm) -> None:  # noqa: ANN001 - a make _Runner, a make.farm.Farm
+        self.r = runner
+        self.farm = farm
+        self._node_versions: dict[int, dict] = {}  # id(farm node) -> its tool versions
+        self._lock = threading.Lock()
+
+    def slots(self, jobs: int) -> int:
+        return self.farm.slots  # [builder] jobs on each builder
+
+    def obtain(self, layer, lp) -> str | None:  # noqa: ANN001
+        self.farm.ref(self.r.engine, layer.name, lp.key)  # builders and exports take it from there
+        return None
+
+    def build(self, layer, lp, request, log_path, **how) -> list[str]:  # noqa: ANN001
+        self.farm.build(layer.name, lp.key, request, log_path, **how)
+        return []  # BuildKit pushed it
+
+    def own_tag(self, layer, lp) -> None:  # noqa: ANN001
+        pass  # no engine image to name
+
+    def made_meanwhile(self, layer, lp) -> bool:  # noqa: ANN001
+        return False
+
+    def has_image(self, key: str) -> bool:
+        return True  # in the registry, or the export says it is not
+
+    def parent_ref(self, lp, parent, parent_key: str) -> str:  # noqa: ANN001
+        return self.farm.ref(self.r.engine, parent.name, parent_key, self.r.tags.get(parent_key))
+
+    def versions(self, key: str) -> dict:
+        """The tool versions of the node that built `key` in this make (asked once per node,
+        `node` naming its [builder] farm entry); none for a layer it did not build in this make."""
+        node = self.farm.builder_of(key)
+        if node is None:
+            return {}
+        with self._lock:
+            if id(node) not in self._node_versions:
+                self._node_versions[id(node)] = {**engine_versions(node), "node": builder_name(node)}
+            return self._node_versions[id(node)]
+
+    def exporter(self, layer, lp):  # noqa: ANN001, ANN201
+        return self.farm.exporter(self.r.engine, layer.name, lp.key, self.r.tags.get(lp.key),
+                                  options=self.r.ws.settings.export, epoch=SOURCE_DATE_EPOCH, platform=lp.platform)
+
+
+def builders_for(runner, farm) -> LocalBuilders | FarmBuilders:  # noqa: ANN001
+    """The builders of a make: a farm's (make.farm.Farm) when one is set up, else the engine."""
+    return LocalBuilders(runner) if farm is None else FarmBuilders(runner, farm)
+
+
+def start_builders(runner, prepared, say) -> LocalBuilders | FarmBuilders:  # noqa: ANN001
+    """The builders of a make with work, checked before any build: the farm's builders answer and
+    can pull every base; every platform to build has a builder, or may be emulated."""
+    farm = farm_for_make(prepared, say)
+    if any(lp.action == BUILD for lp in prepared.plan.layers):
+        check_platforms(prepared, native_platforms(prepared.ws.settings.builder, prepared.engine,
+                                                   farm.nodes if farm is not None else None))
+    return builders_for(runner, farm)

@@ -75,6 +75,17 @@ def node_platforms(node) -> tuple[str, ...]:  # noqa: ANN001 - an Engine
     return (cached,) if cached else ()
 
 
+def native_platforms(settings: BuilderSettings, engine, nodes=None) -> set[str]:  # noqa: ANN001
+    """Every platform some builder of this make runs natively: each farm node's (declared, or
+    its engine's when undeclared), else the one engine's. `nodes`: the farm's engines when
+    already connected."""
+    if settings.farm and nodes is None:
+        nodes = [connect(node_settings(entry, settings), farm_entry=entry) for entry in settings.farm]
+    if settings.farm:
+        return {p for node in nodes for p in node_platforms(node)}
+    return set(node_platforms(engine)) if engine is not None else set()
+
+
 def sees_local_images(engine: Engine) -> bool:
     """Whether a build's FROM can name an image of the engine efabuild inspects: true for the
     engine's own BuildKit, false for a buildx builder of another driver."""

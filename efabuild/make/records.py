@@ -48,10 +48,11 @@ class BuildRecords:
             if isinstance(builds, list) else []
 
     def last_key(self, qualname: str, platform: str | None = None) -> str | None:
-        """The key of the layer's last build (on `platform`, when given): a plan's baseline."""
+        """The key of the layer's last build on `platform` (any platform's when it has none there,
+        or none is given): a plan's baseline, whose reasons then say the platform changed."""
         history = self.history(qualname)
-        if platform is not None:
-            history = [entry for entry in history if entry.get("platform", self.default_platform) == platform]
+        on = [entry for entry in history if entry.get("platform", self.default_platform) == platform]
+        history = on or history
         return history[-1]["key"] if history else None
 
     def built_keys(self, qualnames) -> set[str]:
