@@ -164,6 +164,7 @@ def _resolve_bases(ws: Workspace, graph: LayerGraph, order: list[str], engine,
     multi-platform base (an index) is resolved to each platform's own manifest."""
     several = ws.settings.builder.several
     bases: dict = {}
+    asked: dict = {}  # ref -> the registry's answer: one question serves every platform
     for name in order:
         layer, platform = graph.nodes[name]["layer"], graph.nodes[name].get("platform")
         slot = (layer.base.ref, platform) if layer.base and several else layer.base.ref if layer.base else None
@@ -178,7 +179,7 @@ def _resolve_bases(ws: Workspace, graph: LayerGraph, order: list[str], engine,
         if engine is not None:
             from efabuild.engine.images import base_identity_for
 
-            digest, source, index = base_identity_for(engine, ref, on)
+            digest, source, index = base_identity_for(engine, ref, on, asked=asked)
         else:
             # offline: the digest this base had at its last build, so recorded keys still match
             roots = [(graph.nodes[n]["layer"].qualname, graph.nodes[n].get("platform")) for n in order
@@ -195,7 +196,7 @@ def _emulated(ws: Workspace, engine, order: list[str], graph: LayerGraph) -> fro
     wanted = {graph.nodes[name]["platform"] for name in order} & allowed
     if not wanted or engine is None:
         return frozenset(wanted)
-    from efabuild.make.builders import native_platforms
+    from efabuild.make.farm import native_platforms
 
     return frozenset(wanted - native_platforms(ws.settings.builder, engine))
 
