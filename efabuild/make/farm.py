@@ -19,6 +19,7 @@ from pathlib import Path
 
 import attrs
 
+from efabuild.engine.api import ApiError
 from efabuild.engine.client import CHECK_TIMEOUT_S, Engine, EngineTimeout, EngineUnavailable, builder_nodes, connect
 from efabuild.engine.build import build_layer, builder_name
 from efabuild.engine.images import REMOTE_TIMEOUT_S, remote_digest, untag_image
@@ -54,7 +55,13 @@ def node_settings(entry: str, base: BuilderSettings) -> BuilderSettings:
 
 
 def engine_platform(engine) -> str | None:  # noqa: ANN001 - an engine.client.Engine
-    """os/arch of the machine an engine runs on (`docker version`), None when it does not say."""
+    """os/arch of the machine an engine runs on (`docker version`; on a local socket its HTTP API,
+    starting no docker process), None when it does not say."""
+    if engine.api is not None:
+        try:
+            return engine.api.server_platform()
+        except ApiError:
+            return None
     try:
         found = engine.run("version", "--format", "{{.Server.Os}}/{{.Server.Arch}}", timeout=VERSION_TIMEOUT_S)
     except EngineTimeout:

@@ -146,12 +146,18 @@ def test_an_arm64_image_with_an_x86_64_ofi_plugin_fails_audit_naming_the_file(mu
     (ws / "graphs" / "bad.toml").write_text(
         f'[layers.plugin]\nbase = "{multiarch_base}"\nartifact = true\ncontext = ["lib"]\n'
         f"dockerfile = '''\nCOPY lib/libnccl-net-ofi.so {ofi}\n"
-        f"RUN echo {ofi.rsplit('/', 1)[0]} > /etc/ld.so.conf.d/100_ofinccl.conf\n'''\n"
+        f"RUN echo {ofi.rsplit('/', 1)[0]} > /etc/ld.so.conf.d/100_ofinccl.conf\n"
+        # BuildKit's own build args of the platform reach the layer's text
+        "ARG TARGETARCH\nARG TARGETPLATFORM\nRUN echo $TARGETARCH $TARGETPLATFORM > /etc/built-for\n'''\n"
         'ignore = [{ rule = "EFA010", reason = "the test registry\'s tag" }]\n')
     (ws / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n'
                                    '[builder]\nplatforms = ["linux/arm64"]\nemulate = ["linux/arm64"]\n')
     efabuild(ws, "make", "bad")
     sqsh = Path(efabuild(ws, "lookup", "bad:plugin").stdout.strip())
+    out = tmp_path / "built-for"
+    subprocess.run(["unsquashfs", "-no-progress", "-d", str(out), str(sqsh), "/etc/built-for"], check=True,
+                   capture_output=True)
+    assert (out / "etc/built-for").read_text() == "arm64 linux/arm64\n"
     audit = efabuild(ws, "audit", "--json", sqsh.stem, ok=False)
     assert audit.returncode == 1, audit.stdout + audit.stderr
     checks = {c["check"]: c for c in json.loads(audit.stdout)["artifacts"][0]["checks"]}
