@@ -315,6 +315,7 @@ def _resolve_platforms(ws: Workspace) -> Workspace:
             layers.append(layer)
         graphs.append((graph, layers))
     declared = {layer.qualname: layer for _, layers in graphs for layer in layers}
+    of_graph = {graph.name: graph.platforms for graph in ws.graphs}
 
     def of(qualname: str) -> tuple[str, ...]:
         # parents first, iteratively: _check_cycles has ruled out a loop
@@ -323,7 +324,7 @@ def _resolve_platforms(ws: Workspace) -> Workspace:
             chain.append(declared[chain[-1]].parent)
         for name in reversed(chain):
             layer = declared[name]
-            own = layer.platforms or next(g.platforms for g in ws.graphs if g.name == layer.graph) or every
+            own = layer.platforms or of_graph[layer.graph] or every
             parent = resolved[layer.parent] if layer.parent else every
             if layer.platforms and not set(own) <= set(parent):
                 missing = [p for p in own if p not in parent]
