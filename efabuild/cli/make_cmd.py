@@ -187,9 +187,12 @@ def _check(ws, args) -> int:
     reporter = reporter_for(sys.stderr, args.progress)
     _sigterm_interrupts()
     results = []
+    plans = prepared.plan.by_name()
+    # GRAPH:LAYER checks it on every platform it is built for; GRAPH:LAYER@os/arch on that one
+    names = [name for target in args.targets for name in plans if name == target or plans[name].layer == target]
     try:
-        for target in args.targets:
-            results.append(check.check_layer(prepared, target, reporter))
+        for name in dict.fromkeys(names):
+            results.append(check.check_layer(prepared, name, reporter))
     finally:
         reporter.close()
     if args.json:

@@ -127,6 +127,11 @@ def test_two_platforms_make_an_artifact_each_and_arm64_holds_aarch64_files(multi
     assert arm.stem[:12] not in gc.stdout and amd.stem[:12] not in gc.stdout, gc.stdout
     listed = efabuild(ws, "ls").stdout
     assert "demo:user@linux/arm64" in listed and "demo:user@linux/amd64" in listed, listed
+    # make --check of a graph:layer rebuilds it on every platform it is built for
+    checked = efabuild(ws, "make", "--check", "--json", "demo:user", ok=False)
+    assert checked.returncode in (0, 1), checked.stderr
+    assert sorted(c["name"] for c in json.loads(checked.stdout)["checks"]) == [
+        "demo:user@linux/amd64", "demo:user@linux/arm64"]
     # make's platforms index for the job side: each name's key per platform
     from efabuild.make.result import MakeResult, published_platforms
     from efabuild.make.schedule import Outcome
