@@ -120,7 +120,8 @@ def run_show(args: argparse.Namespace) -> int:
     if args.intoto:
         print_foreign_json(to_intoto(found.manifest))  # an in-toto Statement, as in-toto defines it
     elif args.json:
-        data = {"key": found.key, "name": found.name, "verified": found.verified, "manifest": found.manifest}
+        data = {"key": found.key, "name": found.name, "platform": found.manifest.get("platform"),
+                "verified": found.verified, "manifest": found.manifest}
         print_json("show", data, verbatim=("manifest",))  # the stored manifest as written (its own format)
     else:
         _show_table(found.manifest, found.verified)
@@ -163,6 +164,7 @@ def _summary_rows(m: dict, verified: bool) -> list[tuple[str, str]]:
     vcs = m.get("vcs") if isinstance(m.get("vcs"), dict) else {}
     return [
         ("name", m.get("name", "")),
+        *([("platform", str(m["platform"]))] if m.get("platform") else []),
         ("key", m.get("key", "")),
         ("sqsh", f"{artifact.get('digest', '?')}  {human_bytes(artifact.get('size') or 0)}"),
         ("sha256", artifact.get("sha256") or "- (exported before efabuild recorded it)"),

@@ -26,6 +26,7 @@ from pathlib import Path
 from efabuild import notices
 from efabuild.display import shown
 from efabuild.errors import EfabuildError, InputError
+from efabuild.grammar import PLATFORM
 from efabuild.refs import NAME_PART, classify_ref, is_key, pick_one, split_name
 from efabuild.host import fsutil
 
@@ -272,6 +273,9 @@ def record_problems(data: dict) -> list[str]:
     sha256 = data.get("sha256")
     if sha256 is not None and not is_key(sha256):  # 64 lowercase hex, as is a key
         problems.append(f"sha256 {_brief_value(sha256)} is not 64 lowercase hex characters")
+    platform = data.get("platform")
+    if platform is not None and not (isinstance(platform, str) and PLATFORM.fullmatch(platform)):
+        problems.append(f"platform {_brief_value(platform)} is not os/arch[/variant]")
     name = data["name"]
     graph, sep, layer = name.partition(":") if isinstance(name, str) else ("", "", "")
     if not (sep and NAME_PART.fullmatch(graph) and NAME_PART.fullmatch(layer)):

@@ -237,3 +237,22 @@ def test_a_library_path_of_forty_thousand_foreign_entries_is_linted_in_seconds(t
     assert time.monotonic() - started < 8
     named = [f for f in found if f.rule == "EFA021"]
     assert len(named) == 40_000 and any("but not /opt/aarch64-linux-gnu/39999:" in f.message for f in named)
+
+
+def test_platform_rules_judge_each_of_the_layers_platforms(tmp_path):
+    """Slip: the rules judged by the workspace's first platform. In a workspace of amd64 and
+    arm64, an ENV naming only the x86_64 plugin directory is wrong for the arm64 build of the
+    layer; narrowed to amd64, the same layer is fine."""
+    dockerfile = ("ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:"
+                  "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH}\n")
+
+    def findings(root: Path, narrow: str) -> list:
+        graph = (f'[layers.layer]\nbase = "nvcr.io/nvidia/pytorch:26.08-py3"\ndigest = "{DIGEST}"\n'
+                 f"dockerfile = '''\n{dockerfile}'''\n{narrow}")
+        build = BUILD + '\n[builder]\nplatforms = ["linux/amd64", "linux/arm64"]\n'
+        ws = load_workspace(make_workspace(root, graphs={"g": graph}, build=build, files={}))
+        return [f for f in lint_workspace(ws) if f.rule == "EFA021"]
+
+    (finding,) = findings(tmp_path / "both", "")
+    assert "this layer builds for linux/arm64" in finding.message
+    assert findings(tmp_path / "amd64", 'platforms = ["linux/amd64"]\n') == []

@@ -116,7 +116,8 @@ FLOORS = {"core": 0, "host": 1, "store": 2, "engine": 2, "provenance": 2, "lint"
 # the floors were laid; a new one goes here only with the start-up reason beside it.
 DEFERRED: dict[str, set[str]] = {
     "efabuild.cli": {"efabuild.cli.pyxis_cmd"},
-    "efabuild.cli.build_fixtures": {"efabuild.cli.output", "efabuild.errors", "efabuild.make.fixtures"},
+    "efabuild.cli.build_fixtures": {"efabuild.cli.output", "efabuild.engine.client", "efabuild.errors",
+                                    "efabuild.make.fixtures", "efabuild.settings"},
     "efabuild.cli.common": {
         "efabuild.errors", "efabuild.grammar", "efabuild.host.fsutil", "efabuild.redact", "efabuild.workspace"},
     "efabuild.cli.completion_cmd": {"efabuild.cli"},
@@ -189,8 +190,7 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.make.records": {"efabuild.configfile"},
     "efabuild.make.run": {
         "efabuild.engine.build", "efabuild.export.artifact", "efabuild.lint", "efabuild.make.ancestry",
-        "efabuild.make.engine_steps", "efabuild.make.farm",
-        "efabuild.make.gitstate", "efabuild.make.publish", "efabuild.signing.keys"},
+        "efabuild.make.builders", "efabuild.make.engine_steps", "efabuild.make.gitstate", "efabuild.make.publish", "efabuild.signing.keys"},
     "efabuild.pyxis.importer": {"efabuild.pyxis.lookup"},
     "efabuild.pyxis.lookup": {
         "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.signing.verifycache",
