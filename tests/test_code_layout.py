@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "efabuild"
 
 # the pure core: decisions and parsing, no engine, store, network or subprocess
 CORE = {"__init__", "__main__", "model", "refs", "keys", "dag", "plan", "redact", "errors", "nccl",
-        "workspace", "settings", "grammar", "configfile", "tomlkeys", "notices", "display"}
+        "workspace", "settings", "grammar", "configfile", "tomlkeys", "notices", "display", "platforms"}
 # what no core module may import: the edge packages and the modules that reach the outside world
 EDGE_PACKAGES = {"make", "cli", "doctor", "host", "engine", "export", "lint", "provenance", "pyxis", "signing",
                  "store"}
@@ -132,7 +132,8 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.workspace"},
     "efabuild.cli.live": {"efabuild.cli.output"},
     "efabuild.cli.lookup_cmd": {
-        "efabuild.cli.output", "efabuild.errors", "efabuild.pyxis.lookup", "efabuild.workspace"},
+        "efabuild.cli.output", "efabuild.errors", "efabuild.platforms", "efabuild.pyxis.lookup",
+        "efabuild.workspace"},
     "efabuild.cli.make_cmd": {
         "efabuild.cli.colour", "efabuild.cli.graphviz", "efabuild.cli.live", "efabuild.cli.output",
         "efabuild.cli.picture", "efabuild.cli.plan_cmd", "efabuild.host.scratch", "efabuild.lint",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from efabuild.errors import EfabuildError, InputError
+from efabuild.platforms import parse_index
 from efabuild.store.tiers.fs import FilesystemTier
 from efabuild.store.gc.collect import keys_to_keep
 from efabuild.store.lock import LockBusy
@@ -73,8 +74,25 @@ def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: b
 
 
 def current_targets(tiers: list) -> set[str]:
-    """The key every name currently resolves to, in any of these tiers."""
-    return {key for tier in tiers for key in tier.ref_heads().values()}
+    """The key every name currently resolves to, in any of these tiers, and every key the platform
+    index of a name's newest entry names (the key of each of its platforms)."""
+    keys = {key for tier in tiers for key in tier.ref_heads().values()}
+    for tier in tiers:
+        keys.update(indexed_keys(tier))
+    return keys
+
+
+def indexed_keys(tier) -> set[str]:  # noqa: ANN001 - a FilesystemTier or the S3Tier
+    """The keys the current platform indexes of this tier name. An index that cannot be read
+    stops gc: without it, gc cannot tell which platforms' artifacts are still current."""
+    keys: set[str] = set()
+    for name, digest in tier.ref_indexes().items():
+        data, _ = tier.read_platform_index(digest)
+        if data is None:
+            raise EfabuildError(f"{tier.name} tier: {name} names platform index {digest[:12]}, which is not at "
+                                f"{tier.platform_url(digest)}: gc cannot tell what it keeps")
+        keys.update(parse_index(data, digest, tier.platform_url(digest))["platforms"].values())
+    return keys
 
 
 def _check_writable(tier: FilesystemTier) -> None:

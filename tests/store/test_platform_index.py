@@ -1,0 +1,173 @@
+"""A name's platform index in the store: published on every tier beside the name's history, read
+back to pick the node's platform, refused when a store writer planted or rewrote it, kept by gc,
+and absent from old stores, whose names resolve as they always did.
+
+This machine has one architecture: "the other" node is this process with os.uname's machine
+replaced (tests/platformkit.py), which is all efabuild reads of the host to pick a platform.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from efabuild.errors import EfabuildError, InputError, NotFound
+from efabuild.platforms import index_bytes, platform_of_machine
+from efabuild.store.tiered import Store
+from efabuild.store.tiers.fs import FilesystemTier
+from tests.platformkit import BOTH, NAME, as_machine, index_of, publish_platforms, rewrite_index
+from tests.storekit import collect_warnings, key_for, make_sqsh, record_for
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store([FilesystemTier(tmp_path / "fsx", "shared"), FilesystemTier(tmp_path / "cache", "local")],
+                 show_progress=False)
+
+
+def test_the_machine_maps_as_enroot_maps_it():
+    assert platform_of_machine("x86_64") == "linux/amd64"
+    assert platform_of_machine("aarch64") == "linux/arm64"
+    with pytest.raises(EfabuildError, match="EFABUILD_PLATFORM"):
+        platform_of_machine("mips")
+
+
+def test_an_index_on_every_tier_names_each_platforms_key_and_the_node_picks_its_own(store, tmp_path, monkeypatch):
+    monkeypatch.delenv("EFABUILD_PLATFORM", raising=False)
+    keys = publish_platforms(store, tmp_path)
+    for root in (tmp_path / "fsx", tmp_path / "cache"):
+        path, entry = index_of(root)
+        assert json.loads(path.read_bytes())["platforms"] == keys
+        assert entry["key"] == keys["linux/amd64"]  # a reader that knows no index gets the first platform
+    as_machine(monkeypatch, "aarch64")
+    assert store.resolve(NAME) == keys["linux/arm64"]
+    assert store.lookup(NAME).name == keys["linux/arm64"] + ".sqsh"
+    as_machine(monkeypatch, "x86_64")
+    assert store.resolve(NAME) == keys["linux/amd64"]
+    monkeypatch.setenv("EFABUILD_PLATFORM", "linux/arm64")
+    assert store.resolve(NAME) == keys["linux/arm64"]
+    assert store.resolve(f"{NAME}@linux/amd64") == keys["linux/amd64"]  # @ over the environment
+
+
+def test_a_name_lacking_the_nodes_platform_is_one_line_naming_those_it_has(store, tmp_path, monkeypatch):
+    monkeypatch.delenv("EFABUILD_PLATFORM", raising=False)
+    publish_platforms(store, tmp_path, platforms=("linux/amd64",))
+    as_machine(monkeypatch, "aarch64")
+    with pytest.raises(NotFound) as raised:
+        store.lookup(NAME)
+    assert str(raised.value) == ("demo:train has no linux/arm64 artifact (it has linux/amd64); build it with "
+                                 "[builder] platforms or set EFABUILD_PLATFORM")
+
+
+def test_a_key_names_its_one_artifact_on_any_node_with_a_warning_on_another_platform(store, tmp_path, monkeypatch):
+    monkeypatch.delenv("EFABUILD_PLATFORM", raising=False)
+    keys = publish_platforms(store, tmp_path)
+    said = collect_warnings(monkeypatch)
+    as_machine(monkeypatch, "x86_64")
+    assert store.lookup(keys["linux/arm64"][:12]).name == keys["linux/arm64"] + ".sqsh"
+    assert said == [f"{keys['linux/arm64'][:12]} is a linux/arm64 artifact, this node is linux/amd64"]
+    with pytest.raises(InputError, match="a key names one artifact"):
+        store.resolve(keys["linux/arm64"] + "@linux/arm64")
+
+
+def test_an_old_store_without_index_resolves_as_before_on_every_node(store, tmp_path, monkeypatch):
+    sqsh = make_sqsh(tmp_path, os.urandom(20_000))
+    key = key_for("old")
+    store.publish(key, sqsh, record_for(key, NAME, sqsh))  # no platform in the record, no index
+    said = collect_warnings(monkeypatch)
+    for machine in ("x86_64", "aarch64"):
+        as_machine(monkeypatch, machine)
+        assert store.lookup(NAME).name == key + ".sqsh"
+    assert said == []
+    entry = json.loads((tmp_path / "fsx" / "refs" / "demo" / "train.json").read_text())["history"][-1]
+    assert "index" not in entry
+
+
+def test_gc_keeps_every_platform_the_current_index_names(store, tmp_path, monkeypatch):
+    old = publish_platforms(store, tmp_path, label="v1")
+    # arm64 published first: by creation time the newest of the name is amd64's
+    new = publish_platforms(store, tmp_path, platforms=("linux/arm64", "linux/amd64"), label="v2")
+    report = store.gc(keep=1, dry_run=False)
+    gone = {removal.record.key for removal in report.removals}
+    assert gone == set(old.values())
+    for key in new.values():
+        assert store.where(key, remote=False) == ("shared", "local")
+
+
+def forged(tmp_path: Path, store: Store, data: bytes) -> None:
+    for root in (tmp_path / "fsx", tmp_path / "cache"):
+        rewrite_index(root, data)
+
+
+def test_a_rewritten_entry_naming_another_platforms_or_names_key_is_refused(store, tmp_path, monkeypatch):
+    keys = publish_platforms(store, tmp_path)
+    other = publish_platforms(store, tmp_path, name="demo:other", label="o")
+    monkeypatch.setenv("EFABUILD_PLATFORM", "linux/arm64")
+    for planted, says in [(keys["linux/amd64"], "is for linux/amd64, not linux/arm64"),
+                          (other["linux/arm64"], "names 'demo:other', not demo:train")]:
+        forged(tmp_path, store, index_bytes(NAME, {**keys, "linux/arm64": planted}, "2030-01-01T00:00:00Z"))
+        with pytest.raises(EfabuildError) as raised:
+            store.lookup(NAME)
+        assert str(raised.value) == (f"refusing demo:train@linux/arm64: its platform index names {planted[:12]}, "
+                                     f"whose record {says} (a rewritten index?)")
+
+
+HOSTILE = {
+    "malformed JSON": (b"{not json", "not a JSON platform index"),
+    "unknown platform": (json.dumps({"version": 1, "name": NAME, "created": "t",
+                                     "platforms": {"Linux/AMD64;x": "a" * 64}}).encode(),
+                         "platform 'Linux/AMD64;x' is not os/arch[/variant]"),
+    "key not hex": (json.dumps({"version": 1, "name": NAME, "created": "t",
+                                "platforms": {"linux/arm64": "../../etc/passwd"}}).encode(),
+                    "the key of linux/arm64 is not 64 lowercase hex characters"),
+    "another name's index": (index_bytes("demo:other", {"linux/arm64": "a" * 64}, "t"),
+                             "the platform index is for demo:other, not demo:train"),
+    "oversized": (b" " * (64 << 10) + b"{}", "more than such a file can be"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_index_is_one_line(store, tmp_path, monkeypatch, case):
+    publish_platforms(store, tmp_path)
+    data, says = HOSTILE[case]
+    forged(tmp_path, store, data)
+    with pytest.raises(EfabuildError) as raised:
+        store.lookup(NAME)
+    assert says in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_symlinked_or_swapped_index_is_never_followed(store, tmp_path, monkeypatch):
+    publish_platforms(store, tmp_path)
+    outside = tmp_path / "outside.json"
+    for root in (tmp_path / "fsx", tmp_path / "cache"):
+        path, _ = index_of(root)
+        outside.write_bytes(path.read_bytes())
+        path.unlink()
+        path.symlink_to(outside)
+    with pytest.raises(EfabuildError, match="a symbolic link, not a file"):
+        store.lookup(NAME)
+    # an index whose bytes are not those its entry names (damaged, or rewritten in place)
+    for root in (tmp_path / "fsx", tmp_path / "cache"):
+        path, _ = index_of(root)
+        path.unlink()
+        path.write_bytes(outside.read_bytes().replace(b"linux/amd64", b"linux/amd65"))
+    with pytest.raises(EfabuildError, match="its sha256 is not the .* its name's history names"):
+        store.lookup(NAME)
+
+
+def test_the_index_is_written_atomically_and_by_its_sha256(store, tmp_path):
+    publish_platforms(store, tmp_path)
+    import hashlib
+
+    path, entry = index_of(tmp_path / "fsx")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["index"] == path.name[:-5]
+    assert os.listdir(tmp_path / "fsx" / "tmp") == []  # no temp file left behind
+
+
+def test_both_platforms_are_listed_for_the_set_published(store, tmp_path):
+    keys = publish_platforms(store, tmp_path)
+    assert {listing.record.platform for listing in store.ls(remote=False)} == set(BOTH)
+    assert {listing.record.key for listing in store.ls(remote=False)} == set(keys.values())
