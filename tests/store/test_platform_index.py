@@ -171,3 +171,49 @@ def test_both_platforms_are_listed_for_the_set_published(store, tmp_path):
     keys = publish_platforms(store, tmp_path)
     assert {listing.record.platform for listing in store.ls(remote=False)} == set(BOTH)
     assert {listing.record.key for listing in store.ls(remote=False)} == set(keys.values())
+
+
+@pytest.mark.s3
+def test_a_cold_node_fetches_its_platforms_artifact_in_chunks_from_s3(tmp_path, settings, monkeypatch, s3_client):
+    from tests.storekit import CHUNKED
+
+    builder = Store([FilesystemTier(tmp_path / "cache", "local")], settings, show_progress=False, s3_options=CHUNKED)
+    keys = publish_platforms(builder, tmp_path / "exports")
+    listed = s3_client.list_objects_v2(Bucket=settings.bucket, Prefix="images/platforms/")["Contents"]
+    assert [item["Key"].rsplit("/", 1)[-1] for item in listed] == [index_of(tmp_path / "cache")[1]["index"] + ".json"]
+    for machine, env, platform in [("aarch64", None, "linux/arm64"), ("x86_64", None, "linux/amd64"),
+                                   ("x86_64", "linux/arm64", "linux/arm64")]:
+        as_machine(monkeypatch, machine)
+        if env:
+            monkeypatch.setenv("EFABUILD_PLATFORM", env)
+        else:
+            monkeypatch.delenv("EFABUILD_PLATFORM", raising=False)
+        node_root = tmp_path / f"node-{machine}-{env is not None}"
+        node = Store([FilesystemTier(node_root, "shared")], settings, show_progress=False, s3_options=CHUNKED)
+        path = node.lookup(NAME)
+        assert path.name == keys[platform] + ".sqsh"
+        assert node.s3.last_transfer.chunks > 0  # fetched through the chunk index, not as a whole object
+        assert node.fs_tiers[0].has(keys[platform]) and not node.fs_tiers[0].has(keys[
+            "linux/amd64" if platform == "linux/arm64" else "linux/arm64"])
+        # the fetch copied the name and its index: --no-fetch on this node resolves the same
+        assert node.lookup(NAME, fetch=False) == path
+        assert index_of(node_root)[1]["via"] == "s3"
+
+
+@pytest.mark.s3
+def test_a_rewritten_s3_index_is_refused_before_a_fetch_writes_a_byte(tmp_path, settings, monkeypatch, s3_client):
+    builder = Store([FilesystemTier(tmp_path / "cache", "local")], settings, show_progress=False)
+    keys = publish_platforms(builder, tmp_path / "exports")
+    from efabuild.platforms import index_digest
+
+    forged = index_bytes(NAME, {**keys, "linux/arm64": keys["linux/amd64"]}, "2030-01-01T00:00:00Z")
+    digest = index_digest(forged)
+    s3_client.put_object(Bucket=settings.bucket, Key=f"images/platforms/{digest[:2]}/{digest}.json", Body=forged)
+    s3_client.put_object(Bucket=settings.bucket, Key=f"images/refs/demo/train/2030-01-01T00:00:00Z.{keys['linux/amd64']}",
+                         Body=digest.encode())
+    monkeypatch.setenv("EFABUILD_PLATFORM", "linux/arm64")
+    node = Store([FilesystemTier(tmp_path / "node", "shared")], settings, show_progress=False)
+    with pytest.raises(EfabuildError, match=r"refusing demo:train@linux/arm64: its platform index names .*, "
+                                            r"whose record is for linux/amd64, not linux/arm64"):
+        node.lookup(NAME)
+    assert not (tmp_path / "node" / "objects").exists() or not any((tmp_path / "node" / "objects").rglob("*.sqsh"))
