@@ -145,7 +145,8 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.cli.provenance_cmd": {
         "efabuild.cli.common", "efabuild.cli.output", "efabuild.display", "efabuild.errors",
         "efabuild.provenance.audit", "efabuild.provenance.diff", "efabuild.provenance.intoto",
-        "efabuild.provenance.junit", "efabuild.provenance.stored", "efabuild.settings", "efabuild.store",
+        "efabuild.provenance.junit", "efabuild.provenance.manifest", "efabuild.provenance.stored",
+        "efabuild.settings", "efabuild.store",
         "efabuild.store.progress", "efabuild.workspace"},
     "efabuild.cli.push_cmd": {
         "efabuild.cli.output", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.prepare",

@@ -11,7 +11,7 @@ from efabuild.platforms import index_bytes, index_digest, parse_index, primary_k
 from efabuild.refs import classify_ref, pick_one
 from efabuild.store.gc.sweep import S3_TIER
 from efabuild.store.lookup import local_choice
-from efabuild.store.platformindex import IndexVet, Resolved, Wanted, choose
+from efabuild.store.platformindex import IndexVet, Resolved, Wanted, check_record, choose
 from efabuild.store.record import utc_now
 
 
@@ -32,7 +32,13 @@ class Names:
     def resolve(self, ref: str, *, remote: bool = True, platform: str | None = None) -> str:
         """A full key for `ref`: a key, a unique prefix of ≥ 8 hex, or graph:layer (its key on
         the node's platform, or `@os/arch`'s)."""
-        return self.resolve_choice(Wanted.of(ref, platform), remote=remote).key
+        wanted = Wanted.of(ref, platform)
+        resolved = self.resolve_choice(wanted, remote=remote)
+        if resolved.platform is not None:  # never the index alone: its key's record must agree
+            record = self.record(resolved.key)
+            if record is not None:
+                check_record(resolved, wanted, record.to_dict())
+        return resolved.key
 
     def resolve_choice(self, wanted: Wanted, *, remote: bool = True, vet_index: IndexVet | None = None) -> Resolved:
         ref = wanted.ref
