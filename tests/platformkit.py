@@ -37,7 +37,7 @@ def publish_platforms(store, directory: Path, name: str = NAME, platforms=BOTH, 
     if signer is not None:
         from efabuild.signing.attest import signed_index
 
-        envelope = signed_index(data, signer)
+        envelope = signed_index(data, signer=signer)
     store.publish_index(name, keys, envelope=envelope, data=data)
     return keys
 

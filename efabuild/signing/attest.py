@@ -26,7 +26,7 @@ def signed(manifest: bytes, signer, where: str = "manifest") -> bytes:  # noqa: 
     return dsse.encode(envelope.with_signature(signer.sign(envelope.pae())))
 
 
-def signed_index(data: bytes, signer) -> bytes:  # noqa: ANN001 - a signing.Signer
+def signed_index(data: bytes, *, signer) -> bytes:  # noqa: ANN001 - a signing.Signer
     """A name's platform index (platforms.index_bytes) in a DSSE envelope of its own payload type,
     signed once: what `lookup --require-signature` checks before it believes a platform's key."""
 

@@ -5,6 +5,8 @@ the fetch tier. A mixin of `Store` (store/tiered.py), over its `fs_tiers`, `s3` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from efabuild import notices
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.platforms import index_bytes, index_digest, parse_index, primary_key
@@ -17,11 +19,12 @@ from efabuild.store.record import utc_now
 
 class Names:
     def publish_index(self, name: str, platforms: dict[str, str], *, envelope: bytes | None = None,
-                      data: bytes | None = None) -> str:
+                      data: bytes | None = None, sign: Callable[[bytes], bytes] | None = None) -> str:
         """Point `name` at its platform index (platform -> key of each platform built from the same
-        inputs), stored on every tier with its envelope (signed by make's [sign] key), before the
-        name's new history entry names it by its sha256. Returns the sha256."""
+        inputs), stored on every tier with its envelope (`sign(data)`: make's [sign] key), before
+        the name's new history entry names it by its sha256. Returns the sha256."""
         data = index_bytes(name, platforms, utc_now()) if data is None else data
+        envelope = sign(data) if sign is not None else envelope
         digest = index_digest(data)
         primary = primary_key(parse_index(data, digest, f"platform index of {name}"))
         for tier in self._tiers(remote=True):

@@ -9,6 +9,7 @@ replaced (tests/platformkit.py), which is all efabuild reads of the host to pick
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -159,8 +160,9 @@ def signed_store(tmp_path: Path, signer, index_signer=None) -> tuple[Path, dict[
         store.publish(key, artifact, record, manifest, envelope=signed(manifest, signer))
         found[platform] = key
     data = index_bytes(NAME, found, utc_now())
+    # as make publishes it: `sign` makes the envelope over the index's bytes
     store.publish_index(NAME, found, data=data,
-                        envelope=None if index_signer is None else signed_index(data, index_signer))
+                        sign=None if index_signer is None else functools.partial(signed_index, signer=index_signer))
     return tmp_path / "store", found
 
 
