@@ -186,6 +186,19 @@ def test_a_signed_index_verifies_under_the_trust_policy_on_both_routes(tmp_path,
             assert (got.returncode, got.stdout) == (0, sqsh(store, found[platform])), got.stderr
 
 
+def test_a_verified_index_costs_the_next_start_no_signature_check(tmp_path, keys):
+    from tests.test_sign import cached_lookup  # the lookup process, its clock past the racy window
+
+    release = PemSigner(keys["release"][0])
+    store, found = signed_store(tmp_path, release, release)
+    env = {**node_env(tmp_path, store, keys["release"][1]), "EFABUILD_PLATFORM": "linux/arm64"}
+    code, _, modules = cached_lookup(NAME, env)
+    assert code == 0 and "cryptography" in modules  # the index and the artifact verified in full
+    code, out, modules = cached_lookup(NAME, env)
+    assert (code, out) == (0, sqsh(store, found["linux/arm64"]))
+    assert modules == []  # the index's answer from the cache too: no cryptography, no blake3
+
+
 @pytest.mark.parametrize("how", ["unsigned", "signed by another key", "rewritten after signing"])
 def test_an_index_not_signed_by_a_trusted_key_is_refused_under_require_signature(tmp_path, keys, monkeypatch, how):
     release, other = PemSigner(keys["release"][0]), PemSigner(keys["other"][0])
