@@ -237,3 +237,55 @@ def test_a_library_path_of_forty_thousand_foreign_entries_is_linted_in_seconds(t
     assert time.monotonic() - started < 8
     named = [f for f in found if f.rule == "EFA021"]
     assert len(named) == 40_000 and any("but not /opt/aarch64-linux-gnu/39999:" in f.message for f in named)
+
+
+def facts_for_platforms(tmp_path: Path, text: str, platforms: tuple[str, ...]):  # noqa: ANN201 - LayerFacts
+    """The facts of a one-layer workspace whose layer is built for `platforms`, as a several-platform
+    workspace resolves its layers' `platforms` ([builder] platforms narrowed by graph and layer)."""
+    from efabuild.lint.chain import layer_facts
+    from efabuild.model import Layer
+
+    (tmp_path / "src").mkdir(parents=True)
+    (tmp_path / "src" / "layer.Dockerfile").write_text(text)
+    lint_fixture(tmp_path, "layer.Dockerfile", source=tmp_path / "src")
+    facts = layer_facts(load_workspace(tmp_path / "ws"))["g:layer"]
+
+    class OnPlatforms(Layer):
+        __slots__ = ()
+
+    OnPlatforms.platforms = platforms
+    return facts._replace(layer=OnPlatforms(*facts.layer))
+
+
+def test_a_layer_for_both_platforms_is_judged_for_each(tmp_path):
+    """One ENV and one RUN serve every platform a layer is built for: an x86_64-only directory or
+    download is wrong for its arm64 build even when the workspace's first platform is amd64."""
+    text = ("ENV FI_PROVIDER_PATH=/usr/lib/x86_64-linux-gnu/libfabric\n"
+            "RUN curl -fsSLO https://example.com/tool-x86_64.tar.gz\n")
+    both = facts_for_platforms(tmp_path, text, ("linux/amd64", "linux/arm64"))
+    (efa021,) = LAYER_RULES["EFA021"](both)
+    assert "this layer builds for linux/arm64" in efa021.message
+    (efa022,) = LAYER_RULES["EFA022"](both)
+    assert "in a layer built for linux/arm64" in efa022.message
+    amd64 = facts_for_platforms(tmp_path / "one", text, ("linux/amd64",))
+    assert list(LAYER_RULES["EFA021"](amd64)) == list(LAYER_RULES["EFA022"](amd64)) == []
+
+
+def test_the_library_path_must_lead_with_each_platforms_plugin_directory(tmp_path):
+    text = ("RUN apt-get update && ./efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify\n"
+            "ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib/aarch64-linux-gnu:/opt/amazon/efa/lib:${LD_LIBRARY_PATH}\n")
+    assert list(LAYER_RULES["EFA004"](facts_for_platforms(tmp_path, text, ("linux/arm64",)))) == []
+    both = facts_for_platforms(tmp_path / "both", text, ("linux/amd64", "linux/arm64"))
+    assert [f.rule for f in LAYER_RULES["EFA004"](both)] == ["EFA004"]
+
+
+def test_torch_arch_list_is_judged_only_where_the_layer_is_arm64_alone(tmp_path):
+    text = 'ENV TORCH_CUDA_ARCH_LIST="8.0;8.6"\n'
+    (found,) = LAYER_RULES["EFA023"](facts_for_platforms(tmp_path, text, ("linux/arm64",)))
+    assert "the GPUs of the linux/arm64 nodes" in found.message
+    both = facts_for_platforms(tmp_path / "both", text, ("linux/amd64", "linux/arm64"))
+    assert list(LAYER_RULES["EFA023"](both)) == []
+    for value in ("10.0", "9.0a", "8.0;9.0+PTX", "8.0 10.0"):
+        grace = facts_for_platforms(tmp_path / value.replace(" ", "_").replace(";", "_"),
+                                    f'ENV TORCH_CUDA_ARCH_LIST="{value}"\n', ("linux/arm64",))
+        assert list(LAYER_RULES["EFA023"](grace)) == [], value
