@@ -182,7 +182,8 @@ class Store(Checks, Names):
                     results = {t.name: REUSED for t in holders if t.name not in damaged}
                     for target in lacking + [t for t in holders if t.name in damaged]:
                         results[target.name] = self._send(copy, target)
-                    self._record_names(copy.record.name, key, self._tiers(remote=True))  # as publish does
+                    self._record_names(copy.record.name, key, self._tiers(remote=True),  # as publish does
+                                       copy.record.platform)
                     return results
             except (DamagedCopy, ChunkError) as exc:
                 if not isinstance(exc, DamagedCopy) and (reached or source is not self.s3):
@@ -206,16 +207,18 @@ class Store(Checks, Names):
             outcome = REPAIRED if outcome == PUBLISHED else outcome
         return outcome
 
-    def _record_names(self, name: str, key: str, tiers: list) -> None:
+    def _record_names(self, name: str, key: str, tiers: list, platform: str | None = None) -> None:
         for tier in tiers:
-            tier.append_ref(name, key)
+            if platform is None or not _indexed(tier, name):  # a name with a platform index moves by its index
+                tier.append_ref(name, key)
             if isinstance(tier, FilesystemTier) and self.s3_settings is not None:
                 tier.write_config(store_config_text(self.s3_settings))
 
     # ---- publish
     def publish(self, key: str, sqsh: str | os.PathLike[str], record: ArtifactRecord, manifest: bytes | None = None,
                 *, envelope: bytes | None = None, index: ChunkIndex | None = None) -> dict[str, str]:
-        """Store an exported .sqsh in every tier and point its name at it.
+        """Store an exported .sqsh in every tier and point its name at it (a name with a platform
+        index moves only when `publish_index` names the new key of each platform).
 
         Returns {tier name: "published" | "reused" | "repaired"}. `record.manifest_digest` is
         set from `manifest` here; `envelope` is the signed statement, stored beside it; `index` the
@@ -238,7 +241,7 @@ class Store(Checks, Names):
             for target in others:
                 results[target.name] = self._send(copy, target)
         # the name asked for: identical inputs in two graphs share one object under two names
-        self._record_names(record.name, key, [first, *others])
+        self._record_names(record.name, key, [first, *others], record.platform)
         return results
 
     def name(self, name: str, key: str) -> None:
@@ -383,3 +386,11 @@ class Store(Checks, Names):
         pins = self.pins if pins is None else tuple(pins)
         return collect_garbage(self._tiers(remote), keep, pins, dry_run=dry_run, delete_remote=delete_remote,
                                chunk_grace=self.chunk_grace)
+
+
+def _indexed(tier, name: str) -> bool:  # noqa: ANN001 - a FilesystemTier or the S3Tier
+    """Whether `name`'s newest entry on `tier` names a platform index: then one platform's artifact
+    published alone leaves the name as it is (an arm64 node must not get it on amd64's behalf, nor
+    the other way round) until the make publishes the index naming it."""
+    history = tier.read_refs(name)
+    return bool(history) and "index" in history[-1]

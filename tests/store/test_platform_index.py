@@ -217,3 +217,20 @@ def test_a_rewritten_s3_index_is_refused_before_a_fetch_writes_a_byte(tmp_path, 
                                             r"whose record is for linux/amd64, not linux/arm64"):
         node.lookup(NAME)
     assert not (tmp_path / "node" / "objects").exists() or not any((tmp_path / "node" / "objects").rglob("*.sqsh"))
+
+
+def test_one_platforms_new_artifact_moves_the_name_only_with_the_index(store, tmp_path, monkeypatch):
+    """A make stores each platform's artifact, then the index: between the two (or when the make
+    fails after arm64's), an amd64 node must still get amd64's artifact, not the newest one stored."""
+    monkeypatch.setenv("EFABUILD_PLATFORM", "linux/amd64")
+    old = publish_platforms(store, tmp_path, label="v1")
+    where = tmp_path / "v2-arm64"
+    where.mkdir()
+    key = key_for("v2 arm64")
+    sqsh = make_sqsh(where, os.urandom(20_000))
+    store.publish(key, sqsh, record_for(key, NAME, sqsh)._replace(platform="linux/arm64"))
+    assert store.lookup(NAME).name == old["linux/amd64"] + ".sqsh"
+    assert store.resolve(f"{NAME}@linux/arm64") == old["linux/arm64"]
+    store.publish_index(NAME, {"linux/amd64": old["linux/amd64"], "linux/arm64": key})
+    assert store.resolve(f"{NAME}@linux/arm64") == key
+    assert store.resolve(NAME) == old["linux/amd64"]
