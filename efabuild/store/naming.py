@@ -32,11 +32,12 @@ class Names:
             tier.append_ref(name, primary, index=digest)
         return digest
 
-    def resolve(self, ref: str, *, remote: bool = True, platform: str | None = None) -> str:
+    def resolve(self, ref: str, *, remote: bool = True, platform: str | None = None,
+                vet_index: IndexVet | None = None) -> str:
         """A full key for `ref`: a key, a unique prefix of ≥ 8 hex, or graph:layer (its key on
-        the node's platform, or `@os/arch`'s)."""
+        the node's platform, or `@os/arch`'s, by its platform index, which `vet_index` may refuse)."""
         wanted = Wanted.of(ref, platform)
-        resolved = self.resolve_choice(wanted, remote=remote)
+        resolved = self.resolve_choice(wanted, remote=remote, vet_index=vet_index)
         if resolved.platform is not None:  # never the index alone: its key's record must agree
             record = self.record(resolved.key)
             if record is not None:

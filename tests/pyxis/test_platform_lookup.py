@@ -150,7 +150,7 @@ def signed_store(tmp_path: Path, signer, index_signer=None) -> tuple[Path, dict[
     found = {}
     for platform in ("linux/amd64", "linux/arm64"):
         where = tmp_path / platform.replace("/", "-")
-        where.mkdir()
+        where.mkdir(parents=True)
         artifact = make_sqsh(where, os.urandom(50_000))
         key = key_for(f"signed {platform}")
         blake3, sha256 = file_digests(artifact)
@@ -274,3 +274,17 @@ def test_diff_of_two_platforms_says_which_components_differ(tmp_path, monkeypatc
     exit_code = run_efabuild(["diff", "--exit-code", "--store", str(tmp_path / "store"), f"{NAME}@linux/amd64",
                               f"{NAME}@linux/arm64"], env=dict(os.environ), cwd=tmp_path)
     assert exit_code.returncode == 1
+
+
+def test_verify_of_a_name_checks_its_platform_index_too(tmp_path, keys, monkeypatch):
+    release, other = PemSigner(keys["release"][0]), PemSigner(keys["other"][0])
+    env = {"EFABUILD_TRUST_CONFIG": str(trust_config(tmp_path / "trust.toml", keys["release"][1])),
+           "EFABUILD_VERIFY_CACHE": str(tmp_path / "verified"), "EFABUILD_PLATFORM": "linux/arm64"}
+    good, found = signed_store(tmp_path / "good", release, release)
+    ok = run_efabuild(["verify", "--store", str(good), NAME], env={**os.environ, **env}, cwd=tmp_path)
+    assert (ok.returncode, ok.stdout) == (0, f"ok    {found['linux/arm64'][:12]} store\n"), ok.stderr
+    bad, found = signed_store(tmp_path / "bad", release, other)
+    failed = run_efabuild(["verify", "--store", str(bad), NAME], env={**os.environ, **env}, cwd=tmp_path)
+    assert failed.returncode == 1
+    assert failed.stdout.startswith(f"FAIL  {found['linux/arm64'][:12]} platform index: ")
+    assert "none by a key trusted by" in failed.stdout and f"ok    {found['linux/arm64'][:12]} store\n" in failed.stdout
