@@ -288,3 +288,28 @@ def test_verify_of_a_name_checks_its_platform_index_too(tmp_path, keys, monkeypa
     assert failed.returncode == 1
     assert failed.stdout.startswith(f"FAIL  {found['linux/arm64'][:12]} platform index: ")
     assert "none by a key trusted by" in failed.stdout and f"ok    {found['linux/arm64'][:12]} store\n" in failed.stdout
+
+
+def test_a_local_hit_of_an_indexed_name_loads_nothing_heavy(store_dir, tmp_path):
+    """lookup's fast path reads the index with stdlib json: no boto3, attrs, blake3 or cryptography."""
+    from tests.storekit import efabuild_process
+
+    keys = publish_platforms(Store([FilesystemTier(store_dir, "shared")], show_progress=False), tmp_path)
+    result = efabuild_process("lookup", "--store", str(store_dir), NAME,
+                              env={"PYTHONPROFILEIMPORTTIME": "1", "EFABUILD_PLATFORM": "linux/arm64"}, cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (0, sqsh(store_dir, keys["linux/arm64"]))
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in result.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "efabuild" in imported
+    assert not imported & {"boto3", "botocore", "python_on_whales", "attrs", "blake3", "cryptography"}
+
+
+def test_a_hostile_history_entry_naming_no_index_is_one_line(store_dir, tmp_path):
+    publish_platforms(Store([FilesystemTier(store_dir, "shared")], show_progress=False), tmp_path)
+    refs = store_dir / "refs" / "demo" / "train.json"
+    for planted in ("../../../etc/passwd", 12, ["a" * 64]):
+        document = json.loads(refs.read_text())
+        document["history"][-1]["index"] = planted
+        refs.write_text(json.dumps(document))
+        code, out, err = lookup("--store", str(store_dir), NAME, cwd=tmp_path)
+        assert (code, out, err.count("\n")) == (1, "", 1) and "not 64 hex characters" in err, err

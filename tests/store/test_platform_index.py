@@ -234,3 +234,17 @@ def test_one_platforms_new_artifact_moves_the_name_only_with_the_index(store, tm
     store.publish_index(NAME, {"linux/amd64": old["linux/amd64"], "linux/arm64": key})
     assert store.resolve(f"{NAME}@linux/arm64") == key
     assert store.resolve(NAME) == old["linux/amd64"]
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("body", [b"not an index digest\n", b"a" * 4096])
+def test_an_s3_history_entry_holding_no_index_digest_is_one_line(tmp_path, settings, s3_client, body):
+    builder = Store([FilesystemTier(tmp_path / "cache", "local")], settings, show_progress=False)
+    keys = publish_platforms(builder, tmp_path / "exports")
+    s3_client.put_object(Bucket=settings.bucket, Key=f"images/refs/demo/train/2030-01-01T00:00:00Z.{keys['linux/amd64']}",
+                         Body=body)
+    node = Store([FilesystemTier(tmp_path / "node", "shared")], settings, show_progress=False)
+    with pytest.raises(EfabuildError) as raised:
+        node.lookup(NAME)
+    assert "\n" not in str(raised.value)
+    assert ("names no platform index" in str(raised.value)) or ("larger than the 128 bytes" in str(raised.value))
