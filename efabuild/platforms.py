@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 
+from efabuild.display import shown
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.grammar import PLATFORM, platform_problem
 from efabuild.refs import NAME_PART, is_key
@@ -74,7 +75,7 @@ def split_platform(ref: str) -> tuple[str, str | None]:
     if ":" not in name:
         raise InputError(f"{_brief(ref)}: a key names one artifact of one platform; @os/arch goes with a "
                          f"graph:layer name")
-    return name, checked_platform(platform, f"{name}{MARK}")
+    return name, checked_platform(platform, shown(ref if len(ref) <= 120 else ref[:117] + "..."))
 
 
 def with_platform(name: str, platform: str) -> str:

@@ -73,7 +73,7 @@ def test_bad_platforms_are_one_line_usage_errors(store_dir, tmp_path, monkeypatc
         ([NAME], {"EFABUILD_PLATFORM": "linux/amd64;$(reboot)"},
          "efabuild: EFABUILD_PLATFORM: must be os/arch[/variant], like linux/amd64 or linux/arm64, not "
          "'linux/amd64;$(reboot)'\n"),
-        ([f"{NAME}@arm64"], {}, "efabuild: demo:train@: must be os/arch[/variant], like linux/amd64 or "
+        ([f"{NAME}@arm64"], {}, "efabuild: demo:train@arm64: must be os/arch[/variant], like linux/amd64 or "
                                 "linux/arm64, not 'arm64'\n"),
         ([f"{keys['linux/arm64']}@linux/arm64"], {}, "a key names one artifact of one platform"),
         (["--platform", "linux/amd64", f"{NAME}@linux/arm64"], {}, "--platform says linux/amd64: give one"),
