@@ -248,3 +248,13 @@ def test_an_s3_history_entry_holding_no_index_digest_is_one_line(tmp_path, setti
         node.lookup(NAME)
     assert "\n" not in str(raised.value)
     assert ("names no platform index" in str(raised.value)) or ("larger than the 128 bytes" in str(raised.value))
+
+
+def test_gc_keeps_every_platform_of_an_entry_it_keeps(store, tmp_path):
+    """A pinned (or otherwise kept) entry's index names the other platforms of that version: a
+    name set back to it must find them all."""
+    old = publish_platforms(store, tmp_path, label="v1")
+    publish_platforms(store, tmp_path, label="v2")
+    publish_platforms(store, tmp_path, label="v3")
+    report = store.gc(keep=2, pins=(old["linux/amd64"],), dry_run=True)
+    assert set(old.values()) <= set(report.kept)

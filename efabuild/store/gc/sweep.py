@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
+from efabuild import notices
 from efabuild.errors import EfabuildError, InputError
 from efabuild.platforms import parse_index
 from efabuild.store.tiers.fs import FilesystemTier
@@ -51,6 +52,7 @@ def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: b
         raise InputError(f"--keep must be at least 1, not {keep}")
     held = {tier.name: tier.list() for tier in tiers}
     keep_keys = keys_to_keep(held, current_targets(tiers), keep, pins)
+    keep_keys |= kept_entries_platforms(tiers, keep_keys)
     doomed = tuple(Removal(tier.name, record) for tier in tiers for record in held[tier.name]
                    if record.key not in keep_keys)
     deleting = [tier for tier in tiers if delete_remote or tier.name != S3_TIER]
@@ -79,6 +81,28 @@ def current_targets(tiers: list) -> set[str]:
     keys = {key for tier in tiers for key in tier.ref_heads().values()}
     for tier in tiers:
         keys.update(indexed_keys(tier))
+    return keys
+
+
+def kept_entries_platforms(tiers: list, kept: set[str]) -> set[str]:
+    """Every key the platform index of a kept history entry names (an entry whose own key, its
+    first platform's, gc keeps), so that a name set back to that entry finds every platform. The
+    filesystem tiers hold each entry's index; one unreadable is passed over with a warning (the
+    current ones are checked by current_targets)."""
+    keys: set[str] = set()
+    for tier in tiers:
+        if not isinstance(tier, FilesystemTier):
+            continue
+        for name in tier.layout.ref_names():
+            for entry in tier.read_refs(name):
+                if entry["key"] not in kept or "index" not in entry:
+                    continue
+                try:
+                    data, _ = tier.read_platform_index(entry["index"])
+                    if data is not None:
+                        keys.update(parse_index(data, entry["index"], tier.platform_url(entry["index"]))["platforms"].values())
+                except EfabuildError as exc:
+                    notices.warn(f"{tier.name} tier: {exc}")
     return keys
 
 
