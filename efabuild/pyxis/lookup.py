@@ -177,6 +177,8 @@ def _refusal(exc, ref: str):  # noqa: ANN001, ANN202 - VerificationFailed in, Ve
     from efabuild.signing.verify import VerificationFailed
 
     # one line for Pyxis to show: the first problem says enough to act on
+    if len(exc.problems) == 1 and exc.problems[0].startswith(f"refusing {ref}: "):
+        return exc  # worded already (a platform index refused on the way)
     more = f" (and {len(exc.problems) - 1} more: efabuild verify {ref})" if len(exc.problems) > 1 else ""
     return VerificationFailed([f"refusing {ref}: {exc.problems[0]}{more}"])
 

@@ -313,3 +313,45 @@ def test_a_hostile_history_entry_naming_no_index_is_one_line(store_dir, tmp_path
         refs.write_text(json.dumps(document))
         code, out, err = lookup("--store", str(store_dir), NAME, cwd=tmp_path)
         assert (code, out, err.count("\n")) == (1, "", 1) and "not 64 hex characters" in err, err
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("index_signed", [True, False])
+def test_a_cold_node_checks_the_s3_index_signature_before_it_fetches(tmp_path, keys, settings, monkeypatch,
+                                                                     index_signed):
+    import shutil
+
+    from efabuild.host.digest import file_digests
+    from efabuild.provenance.stored import describe_sqsh
+    from efabuild.signing.attest import signed, signed_index
+    from efabuild.store.record import ArtifactRecord
+    from tests.storekit import CHUNKED, make_sqsh
+
+    release = PemSigner(keys["release"][0])
+    builder = Store([FilesystemTier(tmp_path / "cache", "local")], settings, show_progress=False, s3_options=CHUNKED)
+    found = {}
+    for platform in ("linux/amd64", "linux/arm64"):
+        where = tmp_path / platform.replace("/", "-")
+        where.mkdir()
+        artifact = make_sqsh(where, os.urandom(60_000))
+        key = key_for(f"s3 signed {platform}")
+        blake3, sha256 = file_digests(artifact)
+        manifest = describe_sqsh(artifact, key=key, name=NAME, sqsh_digest=blake3, sqsh_sha256=sha256,
+                                 export_options={}, base=None, chain=[], builder={}, times={})
+        record = ArtifactRecord.for_file(key, NAME, artifact, blake3, sha256=sha256, platform=platform)
+        builder.publish(key, artifact, record, manifest, envelope=signed(manifest, release))
+        found[platform] = key
+    builder.publish_index(NAME, found, sign=functools.partial(signed_index, signer=release) if index_signed else None)
+    node_store = tmp_path / "fsx"
+    node_store.mkdir()
+    shutil.copy(tmp_path / "cache" / "store.toml", node_store / "store.toml")
+    env = node_env(tmp_path, node_store, keys["release"][1])
+    as_machine(monkeypatch, ARM_NODE)
+    got = importer_get(f"docker://efabuild://{NAME}", env, tmp_path)
+    if index_signed:
+        assert (got.returncode, got.stdout) == (0, sqsh(node_store, found["linux/arm64"])), got.stderr
+        assert not (node_store / "objects" / found["linux/amd64"][:2]).exists()  # only its own platform fetched
+    else:
+        assert (got.returncode, got.stdout, got.stderr.count("\n")) == (1, "", 1)
+        assert got.stderr.startswith(f"efabuild: refusing {NAME}: s3://") and "unsigned platform index" in got.stderr
+        assert not (node_store / "objects").exists() or not list((node_store / "objects").rglob("*.sqsh"))
