@@ -193,7 +193,7 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.make.records": {"efabuild.configfile"},
     "efabuild.make.run": {
         "efabuild.engine.build", "efabuild.lint", "efabuild.make.engine_steps", "efabuild.make.farm",
-        "efabuild.make.gitstate", "efabuild.make.publish", "efabuild.signing.keys"},
+        "efabuild.make.gitstate", "efabuild.make.publish", "efabuild.signing.attest", "efabuild.signing.keys"},
     "efabuild.pyxis.importer": {"efabuild.pyxis.lookup"},
     "efabuild.pyxis.lookup": {
         "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.signing.verifycache",

@@ -29,7 +29,6 @@ from efabuild.make.reporter import Reporter
 from efabuild.make.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
                                      run_in_order)
 from efabuild.host.stops import step_boundary
-from efabuild.signing.attest import signed_index
 from efabuild.store.tiers.fs import REUSED as TIER_REUSED
 
 if TYPE_CHECKING:  # the builder's side is loaded where a layer has work: a no-op make never needs it
@@ -381,6 +380,8 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
                             finished=runner.reporter.finished, redact=runner.redact,
                             interrupted=runner.cancel.set)
     for name, platforms in sorted(published_platforms(outcomes).items()):  # signed as make signs artifacts
+        from efabuild.signing.attest import signed_index  # not for a no-op make: it loads attrs
+
         prepared.store.publish_index(name, platforms, sign=runner.signer and functools.partial(signed_index,
                                                                                               signer=runner.signer))
     # every layer now available is the baseline of its next plan, however it got here
