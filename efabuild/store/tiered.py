@@ -245,12 +245,14 @@ class Store(Checks, Names):
         return results
 
     def name(self, name: str, key: str) -> None:
-        """Point `name` (graph:layer) at an artifact the store already holds, in every tier."""
+        """Point `name` (graph:layer) at an artifact the store already holds, in every tier; one
+        platform's artifact leaves a name that has a platform index as it is (see publish)."""
         check_key(key)
-        for tier in self.fs_tiers:
-            tier.append_ref(name, key)
-        if self.s3 is not None:
-            self.s3.append_ref(name, key)
+        record = self.record(key)
+        platform = record.platform if record is not None else None
+        for tier in self._tiers(remote=True):
+            if platform is None or not _indexed(tier, name):
+                tier.append_ref(name, key)
 
     # ---- resolve and lookup
     def lookup(self, ref: str, fetch: bool = True, verify: bool = False, vet: Vet | None = None,

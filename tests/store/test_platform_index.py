@@ -258,3 +258,13 @@ def test_gc_keeps_every_platform_of_an_entry_it_keeps(store, tmp_path):
     publish_platforms(store, tmp_path, label="v3")
     report = store.gc(keep=2, pins=(old["linux/amd64"],), dry_run=True)
     assert set(old.values()) <= set(report.kept)
+
+
+def test_a_warm_make_naming_a_stored_platforms_key_keeps_the_index(store, tmp_path, monkeypatch):
+    """A make that finds an artifact stored names it again (Store.name): for one platform's key of
+    an indexed name that must not turn the name into a plain entry of that key."""
+    monkeypatch.setenv("EFABUILD_PLATFORM", "linux/amd64")
+    keys = publish_platforms(store, tmp_path)
+    store.name(NAME, keys["linux/arm64"])
+    assert store.resolve(NAME) == keys["linux/amd64"]
+    assert "index" in index_of(tmp_path / "fsx")[1]
