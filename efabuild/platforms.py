@@ -12,7 +12,6 @@ without loading blake3). Pure and stdlib only: `efabuild lookup` imports this on
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 
@@ -94,6 +93,8 @@ def index_bytes(name: str, platforms: Mapping[str, str], created: str) -> bytes:
 
 
 def index_digest(data: bytes) -> str:
+    import hashlib  # only for a name with an index: OpenSSL's is a few ms of a plain lookup's start
+
     return hashlib.sha256(data).hexdigest()
 
 
