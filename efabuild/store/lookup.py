@@ -15,14 +15,6 @@ from efabuild.refs import classify_ref
 from efabuild.settings import StoreConfig
 
 
-def local_key(layouts: list[Layout], ref: str) -> tuple[str | None, bool]:
-    """(the key `ref` names according to these directories alone, or None; whether that answer
-    is a name these directories only copied from S3 at a fetch, so that S3 says which key it
-    names now), on the node's platform."""
-    resolved = local_choice(layouts, Wanted.of(ref))
-    return (None, False) if resolved is None else (resolved.key, resolved.via_s3)
-
-
 def local_choice(layouts: list[Layout], wanted: Wanted, vet: IndexVet | None = None) -> Resolved | None:
     """What `wanted` names according to these directories alone (None: they don't know it). The
     one local resolver: `efabuild lookup`'s fast path and `Store.resolve`. A name whose newest
