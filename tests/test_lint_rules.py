@@ -257,28 +257,6 @@ def facts_for_platforms(tmp_path: Path, text: str, platforms: tuple[str, ...]): 
     return facts._replace(layer=OnPlatforms(*facts.layer))
 
 
-def test_a_layer_for_both_platforms_is_judged_for_each(tmp_path):
-    """One ENV and one RUN serve every platform a layer is built for: an x86_64-only directory or
-    download is wrong for its arm64 build even when the workspace's first platform is amd64."""
-    text = ("ENV FI_PROVIDER_PATH=/usr/lib/x86_64-linux-gnu/libfabric\n"
-            "RUN curl -fsSLO https://example.com/tool-x86_64.tar.gz\n")
-    both = facts_for_platforms(tmp_path, text, ("linux/amd64", "linux/arm64"))
-    (efa021,) = LAYER_RULES["EFA021"](both)
-    assert "this layer builds for linux/arm64" in efa021.message
-    (efa022,) = LAYER_RULES["EFA022"](both)
-    assert "in a layer built for linux/arm64" in efa022.message
-    amd64 = facts_for_platforms(tmp_path / "one", text, ("linux/amd64",))
-    assert list(LAYER_RULES["EFA021"](amd64)) == list(LAYER_RULES["EFA022"](amd64)) == []
-
-
-def test_the_library_path_must_lead_with_each_platforms_plugin_directory(tmp_path):
-    text = ("RUN apt-get update && ./efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify\n"
-            "ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib/aarch64-linux-gnu:/opt/amazon/efa/lib:${LD_LIBRARY_PATH}\n")
-    assert list(LAYER_RULES["EFA004"](facts_for_platforms(tmp_path, text, ("linux/arm64",)))) == []
-    both = facts_for_platforms(tmp_path / "both", text, ("linux/amd64", "linux/arm64"))
-    assert [f.rule for f in LAYER_RULES["EFA004"](both)] == ["EFA004"]
-
-
 def test_torch_arch_list_is_judged_only_where_the_layer_is_arm64_alone(tmp_path):
     text = 'ENV TORCH_CUDA_ARCH_LIST="8.0;8.6"\n'
     (found,) = LAYER_RULES["EFA023"](facts_for_platforms(tmp_path, text, ("linux/arm64",)))

@@ -18,8 +18,7 @@ from collections.abc import Iterator
 from efabuild.lint.chain import LayerFacts, installer_arguments, is_installer
 from efabuild.lint.dockerfile import RunCommand
 from efabuild.lint.finding import Finding
-from efabuild.lint.rules.registry import (UNRESOLVED, arg_names, at, at_key, installer_commands, layer_platforms,
-                                          rule)
+from efabuild.lint.rules.registry import UNRESOLVED, arg_names, at, at_key, installer_commands, rule
 from efabuild.lint.shell import Command
 from efabuild.nccl import efa_lead
 from efabuild.provenance import elf
@@ -110,10 +109,8 @@ def ld_library_path_after_installer(facts: LayerFacts) -> Iterator[Finding]:
     if not (facts.installer_before or facts.installer_here):
         return
     final = facts.evaluated.env_after.get("LD_LIBRARY_PATH")
-    # the plugin's directory of the layer's own triplet (newer installers) leads as well: of each
-    # platform it is built for, since one ENV serves them all
-    if all(efa_lead(final, elf.triplet(elf.machine_of_platform(platform))) is not None
-           for platform in layer_platforms(facts)):
+    # the plugin's directory of the layer's own triplet (newer installers) leads as well
+    if efa_lead(final, elf.triplet(elf.machine_of_platform(facts.settings.builder.platform))) is not None:
         return
     fix = f"add `ENV LD_LIBRARY_PATH={EFA_LIB_LEAD}:${{LD_LIBRARY_PATH}}` after the installer's RUN"
     own = [env for env in facts.evaluated.envs if env.name == "LD_LIBRARY_PATH"]

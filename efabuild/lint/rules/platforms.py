@@ -1,9 +1,6 @@
-"""Another machine's directories and downloads in a layer (EFA021, EFA022), and kernels compiled
-for no Grace GPU in a layer built only for arm64 (EFA023).
+"""Another machine's directories and downloads in a layer built for one platform (EFA021, EFA022).
 
-A layer's platforms are its own resolved `platforms` (a several-platform workspace: `[builder]
-platforms`, narrowed by its graph or itself), else `[builder] platforms`, else `[builder]
-platform`; each rule judges the layer for each of them. An arm64 (Grace) loader skips x86_64
+The platform is the workspace's `[builder] platform`. An arm64 (Grace) loader skips x86_64
 libraries without an error, so an `LD_LIBRARY_PATH` naming only
 /opt/amazon/ofi-nccl/lib/x86_64-linux-gnu leaves NCCL without aws-ofi-nccl on arm64 (it falls
 back to another plugin or TCP sockets); awsome-distributed-training's nccl-tests image names both
@@ -19,7 +16,7 @@ from collections.abc import Iterator
 
 from efabuild.lint.chain import LayerFacts
 from efabuild.lint.finding import Finding
-from efabuild.lint.rules.registry import at, layer_platforms, rule
+from efabuild.lint.rules.registry import at, rule
 from efabuild.provenance import elf
 from efabuild.redact import secret_value
 
@@ -38,19 +35,19 @@ _USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*@")
 _FILE_NAME = re.compile(r"\.(?:deb|rpm|tar|tgz|gz|xz|bz2|zst|zip|sh|run|whl|so|bin|AppImage)\b")
 
 
-def _platform_machines(facts: LayerFacts) -> list[tuple[str, str]]:
-    return [(platform, machine) for platform in layer_platforms(facts)
-            if (machine := elf.machine_of_platform(platform))]
+def _platform_machine(facts: LayerFacts) -> tuple[str, str] | None:
+    platform = facts.settings.builder.platform
+    machine = elf.machine_of_platform(platform)
+    return (platform, machine) if machine else None
 
 
 # --- EFA021: another machine's triplet directory on a search path ---------------------------------
 @rule("EFA021")
 def foreign_triplet_directory(facts: LayerFacts) -> Iterator[Finding]:
-    for platform, machine in _platform_machines(facts):
-        yield from _foreign_triplets(facts, platform, machine)
-
-
-def _foreign_triplets(facts: LayerFacts, platform: str, machine: str) -> Iterator[Finding]:
+    found = _platform_machine(facts)
+    if found is None:
+        return
+    platform, machine = found
     own = elf.triplet(machine)
     foreign = [t for t in elf.TRIPLETS if t != own]
     for env in facts.evaluated.envs:
@@ -79,11 +76,10 @@ def _foreign_triplets(facts: LayerFacts, platform: str, machine: str) -> Iterato
 # --- EFA022: another machine's download or path written into a RUN --------------------------------
 @rule("EFA022")
 def foreign_machine_download(facts: LayerFacts) -> Iterator[Finding]:
-    for platform, machine in _platform_machines(facts):
-        yield from _foreign_downloads(facts, platform, machine)
-
-
-def _foreign_downloads(facts: LayerFacts, platform: str, machine: str) -> Iterator[Finding]:
+    found = _platform_machine(facts)
+    if found is None:
+        return
+    platform, machine = found
     pattern = _FOREIGN[machine]
     for rc in facts.evaluated.runs:
         for word in rc.command.argv:
@@ -98,32 +94,6 @@ def _foreign_downloads(facts: LayerFacts, platform: str, machine: str) -> Iterat
                      "derive the machine from the build: `ARG TARGETARCH` (amd64/arm64) or `$(uname -m)` "
                      "(x86_64/aarch64)")
             break
-
-
-# --- EFA023: TORCH_CUDA_ARCH_LIST without a Grace GPU in a layer only for arm64 -------------------
-# The guide builds DeepEP with TORCH_CUDA_ARCH_LIST=10.0 for the node's own GPU (B200): kernels
-# compiled for a list without it do not run there. NVIDIA's arm64 training nodes are Grace Hopper
-# (GH200: 9.0) and Grace Blackwell (GB200: 10.0).
-GRACE_ARCHS = {"9.0": "GH200", "10.0": "GB200"}
-_ARCH_ENTRY = re.compile(r"^([0-9]+\.[0-9]+)[a-z]?(?:\+PTX)?$")
-
-
-@rule("EFA023")
-def torch_arch_without_grace(facts: LayerFacts) -> Iterator[Finding]:
-    platforms = layer_platforms(facts)
-    if any(elf.machine_of_platform(platform) != "aarch64" for platform in platforms):
-        return  # a layer also built for x86_64 may serve H100 or B200 nodes with either list
-    for env in facts.evaluated.envs:
-        if env.name != "TORCH_CUDA_ARCH_LIST" or "$" in env.value:
-            continue
-        archs = {m.group(1) for entry in re.split(r"[;\s,]+", env.value) if (m := _ARCH_ENTRY.match(entry))}
-        if archs & set(GRACE_ARCHS):
-            continue
-        yield at(facts, "EFA023", env.line,
-                 f"TORCH_CUDA_ARCH_LIST={_shown(env.value)} names neither 9.0 (GH200) nor 10.0 (GB200), the GPUs "
-                 f"of the {', '.join(platforms)} nodes this layer is built only for: kernels compiled here would "
-                 "not run there (no kernel image is available for execution on the device)",
-                 "name the partition's GPU: `ENV TORCH_CUDA_ARCH_LIST=10.0` for GB200, `9.0` for GH200, or both")
 
 
 def _shown(word: str) -> str:
