@@ -10,7 +10,7 @@ from __future__ import annotations
 from efabuild.errors import EfabuildError
 from efabuild.display import shown
 from efabuild.store.layout import Layout, newest_ref, record_problems, resolve_in
-from efabuild.store.platformindex import IndexVet, Resolved, Wanted, check_record, choose
+from efabuild.store.platformindex import IndexVet, Resolved, Wanted, check_record, choose, manifest_platform_of
 from efabuild.refs import classify_ref
 from efabuild.settings import StoreConfig
 
@@ -58,7 +58,7 @@ def find_local(table: StoreConfig, ref: str, ask_s3: bool = False, *, wanted: Wa
     key = resolved.key
     hit, problems = first_intact(layouts, key)
     if hit is not None:
-        check_record(resolved, wanted, hit[1])
+        check_record(resolved, wanted, hit[1], manifest_platform_of(hit[0], key))
         return key, *hit
     if problems and not ask_s3:
         raise problems[0]

@@ -13,14 +13,19 @@ Stdlib only: `efabuild lookup`'s fast path resolves names through it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from efabuild import notices
 from efabuild.errors import EfabuildError, InputError
+from efabuild.grammar import PLATFORM
+from efabuild.host import fsutil
 from efabuild.host.machine import node_platform
-from efabuild.platforms import MissingPlatform, missing_platform, parse_index, pick, record_disagrees, split_platform, with_platform
+from efabuild.platforms import (MissingPlatform, missing_platform, parse_index, pick, record_disagrees, split_platform,
+                                with_platform)
 from efabuild.refs import short
+from efabuild.store.layout import MANIFEST_LIMIT
 
 # (index bytes, envelope bytes or None, where the index was read): raises to refuse the index
 IndexVet = Callable[[bytes, "bytes | None", str], None]
@@ -70,12 +75,16 @@ def choose(entry: dict, name: str, wanted: Wanted, read_index: Callable, where: 
     return Resolved(pick(index, platform), via_s3, platform)
 
 
-def check_record(resolved: Resolved, wanted: Wanted, record: dict) -> None:
+def check_record(resolved: Resolved, wanted: Wanted, record: dict,
+                 manifest_platform: Callable[[], str | None] | None = None) -> None:
     """Refuse the record of the key a name's index picked unless it says that name and platform;
     for a key, a prefix or a name without index, refuse only a platform asked for that the record
-    contradicts, and warn when it is not the node's."""
+    contradicts (a record from before platforms: its manifest's, read only then), and warn when it
+    is not the node's."""
     recorded = record.get("platform")
     name = wanted.ref if ":" in wanted.ref else str(record.get("name"))
+    if recorded is None and wanted.platform and ":" in wanted.ref and manifest_platform is not None:
+        recorded = manifest_platform()  # NAME@os/arch of an old store: the manifest names its platform
     if resolved.platform is not None:
         why = record_disagrees(record, wanted.ref, resolved.platform)
         if why is not None:
@@ -94,3 +103,18 @@ def check_record(resolved: Resolved, wanted: Wanted, record: dict) -> None:
         raise MissingPlatform(missing_platform(name, platform, [recorded]))
     what = f"{wanted.ref} ({short(resolved.key)})" if ":" in wanted.ref else short(resolved.key)
     notices.warn(f"{what} is a {recorded} artifact, this node is {platform}")
+
+
+def manifest_platform_of(layout, key: str) -> Callable[[], str | None]:  # noqa: ANN001 - a store.layout.Layout
+    """The platform the manifest beside `key` names, read when called (bounded, never through a
+    link); None when there is none or it does not say."""
+    def read() -> str | None:
+        try:
+            data = fsutil.read_under(layout.root, layout.manifest_path(key), MANIFEST_LIMIT)
+            manifest = json.loads(data) if data is not None else None
+        except (EfabuildError, ValueError, RecursionError):
+            return None
+        platform = manifest.get("platform") if isinstance(manifest, dict) else None
+        return platform if isinstance(platform, str) and PLATFORM.fullmatch(platform) else None
+
+    return read

@@ -30,7 +30,7 @@ from efabuild.host.digest import bytes_digest
 from efabuild.store.tiers.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.lookup import first_intact
-from efabuild.store.platformindex import IndexVet, Wanted, check_record
+from efabuild.store.platformindex import IndexVet, Wanted, check_record, manifest_platform_of
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.chunked.chunks import ChunkError, ChunkIndex
 from efabuild.store.gc.sweep import S3_TIER, GcReport, collect_garbage
@@ -266,7 +266,7 @@ class Store(Checks, Names):
         key = resolved.key
         hit, damaged = first_intact([tier.layout for tier in self.fs_tiers], key)
         if hit is not None:
-            check_record(resolved, wanted, hit[1])
+            check_record(resolved, wanted, hit[1], manifest_platform_of(hit[0], key))
             if verify:
                 self.check_copies(key, remote=fetch and check_s3, deep=deep)
             return hit[0].sqsh_path(key)

@@ -268,3 +268,20 @@ def test_a_warm_make_naming_a_stored_platforms_key_keeps_the_index(store, tmp_pa
     store.name(NAME, keys["linux/arm64"])
     assert store.resolve(NAME) == keys["linux/amd64"]
     assert "index" in index_of(tmp_path / "fsx")[1]
+
+
+def test_an_old_stores_name_asked_for_another_platform_says_so_by_its_manifest(store, tmp_path, monkeypatch):
+    """A record from before platforms names none; its manifest does (`platform`): NAME@os/arch of
+    another platform is refused, the manifest's own is handed out."""
+    from efabuild.errors import NotFound
+
+    sqsh = make_sqsh(tmp_path, os.urandom(20_000))
+    key = key_for("old amd64")
+    manifest = json.dumps({"key": key, "platform": "linux/amd64"}).encode()
+    store.publish(key, sqsh, record_for(key, NAME, sqsh), manifest)
+    monkeypatch.delenv("EFABUILD_PLATFORM", raising=False)
+    assert store.lookup(f"{NAME}@linux/amd64").name == key + ".sqsh"
+    with pytest.raises(NotFound, match=r"demo:train has no linux/arm64 artifact \(it has linux/amd64\)"):
+        store.lookup(f"{NAME}@linux/arm64")
+    as_machine(monkeypatch, "aarch64")
+    assert store.lookup(NAME).name == key + ".sqsh"  # not asked for: as it always resolved
