@@ -13,7 +13,7 @@ from efabuild.platforms import index_bytes, index_digest, parse_index, primary_k
 from efabuild.refs import classify_ref, pick_one
 from efabuild.store.gc.sweep import S3_TIER
 from efabuild.store.lookup import local_choice
-from efabuild.store.platformindex import IndexVet, Resolved, Wanted, check_record, choose
+from efabuild.store.platformindex import IndexVet, Resolved, Wanted, check_record, choose, platform_in_manifest
 from efabuild.store.record import utc_now
 
 
@@ -38,10 +38,11 @@ class Names:
         the node's platform, or `@os/arch`'s, by its platform index, which `vet_index` may refuse)."""
         wanted = Wanted.of(ref, platform)
         resolved = self.resolve_choice(wanted, remote=remote, vet_index=vet_index)
-        if resolved.platform is not None:  # never the index alone: its key's record must agree
+        if resolved.platform is not None or wanted.platform:  # never the index alone: its key's record must agree
             record = self.record(resolved.key)
             if record is not None:
-                check_record(resolved, wanted, record.to_dict())
+                check_record(resolved, wanted, record.to_dict(),
+                             lambda: platform_in_manifest(self.manifest(resolved.key)))
         return resolved.key
 
     def resolve_choice(self, wanted: Wanted, *, remote: bool = True, vet_index: IndexVet | None = None) -> Resolved:

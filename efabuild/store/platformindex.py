@@ -110,11 +110,18 @@ def manifest_platform_of(layout, key: str) -> Callable[[], str | None]:  # noqa:
     link); None when there is none or it does not say."""
     def read() -> str | None:
         try:
-            data = fsutil.read_under(layout.root, layout.manifest_path(key), MANIFEST_LIMIT)
-            manifest = json.loads(data) if data is not None else None
-        except (EfabuildError, ValueError, RecursionError):
+            return platform_in_manifest(fsutil.read_under(layout.root, layout.manifest_path(key), MANIFEST_LIMIT))
+        except EfabuildError:
             return None
-        platform = manifest.get("platform") if isinstance(manifest, dict) else None
-        return platform if isinstance(platform, str) and PLATFORM.fullmatch(platform) else None
 
     return read
+
+
+def platform_in_manifest(data: bytes | None) -> str | None:
+    """The `platform` a manifest's bytes name, when they are JSON and it is os/arch[/variant]."""
+    try:
+        manifest = json.loads(data) if data is not None else None
+    except (ValueError, RecursionError):
+        return None
+    platform = manifest.get("platform") if isinstance(manifest, dict) else None
+    return platform if isinstance(platform, str) and PLATFORM.fullmatch(platform) else None

@@ -285,3 +285,12 @@ def test_an_old_stores_name_asked_for_another_platform_says_so_by_its_manifest(s
         store.lookup(f"{NAME}@linux/arm64")
     as_machine(monkeypatch, "aarch64")
     assert store.lookup(NAME).name == key + ".sqsh"  # not asked for: as it always resolved
+
+
+def test_diff_and_show_of_an_old_stores_name_at_another_platform_are_refused(store, tmp_path):
+    sqsh = make_sqsh(tmp_path, os.urandom(20_000))
+    key = key_for("old amd64, resolved")
+    store.publish(key, sqsh, record_for(key, NAME, sqsh), json.dumps({"key": key, "platform": "linux/amd64"}).encode())
+    assert store.resolve(f"{NAME}@linux/amd64") == key
+    with pytest.raises(NotFound, match="has no linux/arm64 artifact"):
+        store.resolve(f"{NAME}@linux/arm64")
