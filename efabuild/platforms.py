@@ -110,7 +110,8 @@ def parse_index(data: bytes, digest: str, where: str) -> dict:
     if len(data) > INDEX_LIMIT:
         raise EfabuildError(f"{where}: {len(data)} bytes, larger than any platform index efabuild writes")
     if index_digest(data) != digest:
-        raise EfabuildError(f"{where}: its sha256 is not the {digest[:12]} its name's history names (damaged or rewritten)")
+        raise EfabuildError(f"{where}: its sha256 is not the {digest[:12]} its name's history names "
+                            f"(damaged or rewritten)")
     try:
         index = json.loads(data)
     except (ValueError, RecursionError):

@@ -78,8 +78,10 @@ def _resolve_vetted(store, ref: str, policy, results: list[dict]) -> str:  # noq
     from efabuild.signing.verify import index_problems
 
     found: list[str] = []
-    key = store.resolve(ref, remote=False,
-                        vet_index=lambda data, envelope, where: found.extend(index_problems(data, envelope, policy, where)))
+    def vet(data: bytes, envelope: bytes | None, where: str) -> None:
+        found.extend(index_problems(data, envelope, policy, where))
+
+    key = store.resolve(ref, remote=False, vet_index=vet)
     if found:
         results.append({"key": key, "name": ref, "tier": "platform index", "problems": found})
     return key

@@ -209,8 +209,8 @@ def test_a_rewritten_s3_index_is_refused_before_a_fetch_writes_a_byte(tmp_path, 
     forged = index_bytes(NAME, {**keys, "linux/arm64": keys["linux/amd64"]}, "2030-01-01T00:00:00Z")
     digest = index_digest(forged)
     s3_client.put_object(Bucket=settings.bucket, Key=f"images/platforms/{digest[:2]}/{digest}.json", Body=forged)
-    s3_client.put_object(Bucket=settings.bucket, Key=f"images/refs/demo/train/2030-01-01T00:00:00Z.{keys['linux/amd64']}",
-                         Body=digest.encode())
+    entry = f"images/refs/demo/train/2030-01-01T00:00:00Z.{keys['linux/amd64']}"
+    s3_client.put_object(Bucket=settings.bucket, Key=entry, Body=digest.encode())
     monkeypatch.setenv("EFABUILD_PLATFORM", "linux/arm64")
     node = Store([FilesystemTier(tmp_path / "node", "shared")], settings, show_progress=False)
     with pytest.raises(EfabuildError, match=r"refusing demo:train@linux/arm64: its platform index names .*, "
@@ -241,8 +241,8 @@ def test_one_platforms_new_artifact_moves_the_name_only_with_the_index(store, tm
 def test_an_s3_history_entry_holding_no_index_digest_is_one_line(tmp_path, settings, s3_client, body):
     builder = Store([FilesystemTier(tmp_path / "cache", "local")], settings, show_progress=False)
     keys = publish_platforms(builder, tmp_path / "exports")
-    s3_client.put_object(Bucket=settings.bucket, Key=f"images/refs/demo/train/2030-01-01T00:00:00Z.{keys['linux/amd64']}",
-                         Body=body)
+    entry = f"images/refs/demo/train/2030-01-01T00:00:00Z.{keys['linux/amd64']}"
+    s3_client.put_object(Bucket=settings.bucket, Key=entry, Body=body)
     node = Store([FilesystemTier(tmp_path / "node", "shared")], settings, show_progress=False)
     with pytest.raises(EfabuildError) as raised:
         node.lookup(NAME)

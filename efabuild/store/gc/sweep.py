@@ -100,7 +100,8 @@ def kept_entries_platforms(tiers: list, kept: set[str]) -> set[str]:
                 try:
                     data, _ = tier.read_platform_index(entry["index"])
                     if data is not None:
-                        keys.update(parse_index(data, entry["index"], tier.platform_url(entry["index"]))["platforms"].values())
+                        index = parse_index(data, entry["index"], tier.platform_url(entry["index"]))
+                        keys.update(index["platforms"].values())
                 except EfabuildError as exc:
                     notices.warn(f"{tier.name} tier: {exc}")
     return keys
