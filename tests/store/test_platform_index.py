@@ -294,3 +294,13 @@ def test_diff_and_show_of_an_old_stores_name_at_another_platform_are_refused(sto
     assert store.resolve(f"{NAME}@linux/amd64") == key
     with pytest.raises(NotFound, match="has no linux/arm64 artifact"):
         store.resolve(f"{NAME}@linux/arm64")
+
+
+def test_gc_stops_with_one_line_when_a_current_index_is_missing(store, tmp_path):
+    publish_platforms(store, tmp_path)
+    for root in (tmp_path / "fsx", tmp_path / "cache"):
+        index_of(root)[0].unlink()
+    with pytest.raises(EfabuildError) as raised:
+        store.gc(keep=1, dry_run=False)
+    assert "gc cannot tell what it keeps" in str(raised.value) and "\n" not in str(raised.value)
+    assert len([listing for listing in store.ls(remote=False)]) == 2  # nothing deleted
