@@ -330,5 +330,12 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
     result = MakeResult(tuple(outcomes[name] for name in prepared.order if name in outcomes),
                         dict(prepared.store.skipped), {name: (lp.layer, lp.platform) for name, lp in plans.items()},
                         frozenset(name for name, lp in plans.items() if lp.artifact))
-    # the place to publish each name's {platform: key} index, from published_platforms(result)
+    if prepared.ws.settings.builder.several:  # a one-platform workspace's names keep plain entries
+        sign = None
+        if runner.signer is not None:  # signed as make signs artifacts; not loaded by a no-op make (attrs)
+            from efabuild.signing.attest import signed_index
+
+            sign = functools.partial(signed_index, signer=runner.signer)
+        for name, platforms in sorted(published_platforms(result).items()):
+            prepared.store.publish_index(name, platforms, sign=sign)
     return result
