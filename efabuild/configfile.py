@@ -16,6 +16,7 @@ import tomllib
 from typing import Any
 
 from efabuild.errors import InputError
+from efabuild.grammar import platform_problem
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024  # far above any real graph; small enough to read at once
 # tomllib recurses once per nesting level of arrays and inline tables; real files nest a few deep
@@ -214,3 +215,36 @@ def _kind(mode: int) -> str:
 def _mib(limit: int) -> str:
     return f"{limit // (1024 * 1024)} MiB" if limit % (1024 * 1024) == 0 else f"{limit} bytes"
 
+
+def platform_list(t: Table, key: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """A non-empty list of os/arch[/variant] platforms, no repeats; with `allowed`, a subset of it.
+    Also a graph's and a layer's `platforms` (workspace.py)."""
+    values = t.str_list(key)
+    if not values:
+        raise InputError("an empty list: name at least one platform, like \"linux/amd64\"", t.where(key))
+    for value in values:
+        problem = platform_problem(value)
+        if problem:
+            raise InputError(f"{value!r}: {problem}", t.where(key))
+        if allowed is not None and value not in allowed:
+            raise InputError(f"{value!r} is not one of the workspace's [builder] platforms "
+                             f"({', '.join(allowed)})", t.where(key))
+    if len(set(values)) != len(values):
+        raise InputError("names a platform twice", t.where(key))
+    return tuple(values)
+
+
+def builder_platforms(t: Table, default: str) -> tuple[str, ...]:
+    """[builder] `platforms = [...]`, or the older `platform = "..."` as a list of one; never both."""
+    if "platform" in t.data and "platforms" in t.data:
+        raise InputError("set platform or platforms, not both (platform = \"x\" is platforms = [\"x\"])",
+                         t.where("platforms"))
+    if "platform" in t.data:
+        value = t.get("platform", str)
+        problem = platform_problem(value)
+        if problem:
+            raise InputError(problem, t.where("platform"))
+        return (value,)
+    if "platforms" in t.data:
+        return platform_list(t, "platforms")
+    return (default,)

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 
 from efabuild.errors import InputError
 from efabuild.model import Workspace
+from efabuild.refs import PLATFORM_MARK, layer_of, on_platform
 
 
 class LayerGraph:
@@ -149,3 +150,42 @@ def select(ws: Workspace, graph: LayerGraph, targets: Iterable[str]) -> list[str
 def dependency_order(graph: LayerGraph) -> list[str]:
     """Parents before children; otherwise declaration order (graph by graph, as the files say)."""
     return graph.topological_order()
+
+
+def on_platforms(ws: Workspace, graph: LayerGraph, order: list[str],
+                 only: frozenset[str] = frozenset()) -> tuple[LayerGraph, list[str]]:
+    """One node per selected layer and platform it is built for, parents before children: each
+    (layer, platform) has its own inputs, key, image, artifact and build record. In a
+    one-platform workspace the nodes are the layers themselves, under their own names; with
+    several, `graph:layer@os/arch` (refs.on_platform), a child on the same platform's parent.
+    `only`: the platforms to keep (all when empty). Nodes carry `layer`, `platform`, `parent`."""
+    several = ws.settings.builder.several
+    if not several:
+        platform = ws.settings.builder.platform
+        for name in order:
+            node = graph.nodes[name]
+            node["platform"], node["parent"] = platform, node["layer"].parent
+        return graph, order
+    expanded = LayerGraph()
+    expanded_order: list[str] = []
+    for name in order:
+        layer = graph.nodes[name]["layer"]
+        for platform in layer.platforms:
+            if only and platform not in only:
+                continue
+            node = on_platform(name, platform, True)
+            parent = on_platform(layer.parent, platform, True) if layer.parent else None
+            expanded.add_node(node, layer=layer, platform=platform, parent=parent)
+            if parent is not None:
+                expanded.add_edge(parent, node)
+            expanded_order.append(node)
+    return expanded, expanded_order
+
+
+def split_targets(targets: Iterable[str]) -> tuple[list[str], frozenset[str]]:
+    """`make demo:train@linux/arm64`: (the targets without platforms, the platforms named). A
+    platform narrows the make only when every target names one."""
+    targets = list(targets)
+    plain = [layer_of(t) for t in targets]
+    named = [t.partition(PLATFORM_MARK)[2] for t in targets]
+    return plain, frozenset(named) if targets and all(named) else frozenset()

@@ -186,3 +186,13 @@ def extra_options_problem(options: tuple[str, ...] | list[str]) -> str | None:
             index += 1
         index += 1
     return None
+
+
+def split_farm_entry(entry: str) -> tuple[str, tuple[str, ...]]:
+    """A [builder] farm entry: (the builder, the platforms it declares). `buildx:b@linux/arm64`
+    declares linux/arm64 (several: `@linux/amd64,linux/arm64`); without a suffix, none (the
+    builder is asked). An `@` in a host URL's user part is no declaration: a platform has a '/'."""
+    builder, sep, tail = entry.rpartition("@")
+    if sep and tail and all("/" in part and "://" not in part for part in tail.split(",")):
+        return builder, tuple(tail.split(","))
+    return entry, ()

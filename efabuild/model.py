@@ -46,6 +46,9 @@ class Layer(NamedTuple):
     line: int | None = None  # line of the [layers.NAME] table in `source`
     # line of the Dockerfile text's first line: in `dockerfile_file` when set, else in `source`
     dockerfile_line: int = 1
+    # the platforms it is built for: its own `platforms`, else its graph's, else the workspace's,
+    # narrowed to its parent's (load_workspace resolves it; empty only before that)
+    platforms: tuple[str, ...] = ()
 
     @property
     def qualname(self) -> str:
@@ -61,6 +64,7 @@ class Graph(NamedTuple):
     source: Path
     description: str = ""
     layers: tuple[Layer, ...] = ()
+    platforms: tuple[str, ...] = ()  # the graph's top-level `platforms`, empty when not set
 
 
 class Workspace(NamedTuple):

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple, TYPE_CHECKING
 
 from efabuild.keys import ContextEntry, LayerInputs
-from efabuild.refs import short
+from efabuild.refs import layer_of, short
 from efabuild.model import Layer
 from efabuild.redact import shown_args, shown_dockerfile
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from efabuild.dag import LayerGraph
 
 BUILD, PULL, EXPORT, COPY, NOTHING = "build", "pull", "export", "copy", "none"
+EMULATED = "emulated (QEMU, many times slower)"
 # base sources whose digest may not be the one a make will find: keys over them may change
 UNSURE_BASES = ("recorded", "unresolved")
 
@@ -32,6 +33,14 @@ class BaseResolution(NamedTuple):
     ref: str
     digest: str | None
     source: str  # "pinned", "registry", "image-id", "recorded" (offline) or "unresolved"
+    # in a several-platform workspace: the platform this resolution is for, and (a multi-platform
+    # base) the index's digest; `digest` is then that platform's manifest in it
+    platform: str | None = None
+    index_digest: str | None = None
+
+    def to_json(self) -> dict:
+        return {name: value for name, value in self._asdict().items()
+                if value is not None or name not in ("platform", "index_digest")}
 
 
 class Availability(NamedTuple):
@@ -53,6 +62,13 @@ class LayerPlan(NamedTuple):
     stored: bool = False  # every store tier has the .sqsh
     parent: str | None = None
     provisional: bool = False  # the key may change once its base's digest is known
+    platform: str = ""  # what it is built for (also in `inputs`); `qualname` carries it as @os/arch
+    emulated: bool = False  # built under QEMU: no builder of its platform
+
+    @property
+    def layer(self) -> str:
+        """The layer's own graph:layer, without the platform: its name in the store."""
+        return layer_of(self.qualname)
 
     @property
     def short_key(self) -> str:
@@ -61,6 +77,11 @@ class LayerPlan(NamedTuple):
     @property
     def state(self) -> str:
         return "available" if self.action == NOTHING else "to " + self.action
+
+    @property
+    def why(self) -> tuple[str, ...]:
+        """Its reasons, with emulation said first: the user should know before a long build."""
+        return ((EMULATED,) if self.emulated and self.action == BUILD else ()) + self.reasons
 
 
 class Plan(NamedTuple):
@@ -87,12 +108,13 @@ class Plan(NamedTuple):
         return {
             "engine_checked": self.engine_checked,
             "context_files_read": self.context_files_read,
-            "bases": [b._asdict() for b in self.bases],
+            "bases": [b.to_json() for b in self.bases],
             "layers": [
-                {"name": lp.qualname, "key": lp.key, "state": lp.state, "action": lp.action,
+                {"name": lp.qualname, "layer": lp.layer, "platform": lp.platform, "key": lp.key,
+                 "state": lp.state, "action": lp.action,
                  "artifact": lp.artifact, "image": lp.image, "stored": lp.stored,
-                 "provisional": lp.provisional,
-                 "reasons": list(lp.reasons), "inputs": lp.inputs.to_shown_dict()}
+                 "provisional": lp.provisional, "emulated": lp.emulated,
+                 "reasons": list(lp.why), "inputs": lp.inputs.to_shown_dict()}
                 for lp in self.layers
             ],
         }
@@ -102,27 +124,32 @@ def layer_inputs(
     platform: str, graph: LayerGraph, order: list[str], bases: Mapping[str, BaseResolution],
     contexts: Mapping[str, tuple[ContextEntry, ...]],
 ) -> dict[str, LayerInputs]:
-    """Inputs (and so keys) of the layers in `order`, which lists parents before children;
-    `contexts` holds each layer's hashed context entries."""
+    """Inputs (and so keys) of the nodes in `order`, which lists parents before children;
+    `contexts` holds each layer's hashed context entries, by graph:layer. A node of a
+    several-platform graph (dag.on_platforms) says its platform and parent node; `bases` then
+    holds a resolution per (ref, platform). Otherwise every node is on `platform`."""
     inputs: dict[str, LayerInputs] = {}
-    for qualname in order:
-        layer: Layer = graph.nodes[qualname]["layer"]
-        common = dict(dockerfile=layer.dockerfile, platform=platform, args=layer.args, secrets=layer.secrets,
-                      context=contexts.get(qualname, ()), exclude=layer.exclude)
+    for name in order:
+        node = graph.nodes[name]
+        layer: Layer = node["layer"]
+        on = node.get("platform") or platform
+        common = dict(dockerfile=layer.dockerfile, platform=on, args=layer.args, secrets=layer.secrets,
+                      context=contexts.get(layer.qualname, ()), exclude=layer.exclude)
         if layer.parent:
-            inputs[qualname] = LayerInputs(parent_key=inputs[layer.parent].key(), **common)
+            inputs[name] = LayerInputs(parent_key=inputs[node.get("parent") or layer.parent].key(), **common)
         else:
-            base = bases[layer.base.ref]
-            inputs[qualname] = LayerInputs(base_ref=base.ref, base_digest=base.digest, **common)
+            base = bases.get((layer.base.ref, on)) or bases[layer.base.ref]
+            inputs[name] = LayerInputs(base_ref=base.ref, base_digest=base.digest, **common)
     return inputs
 
 
 def make_plan(
     graph: LayerGraph, order: list[str], inputs: Mapping[str, LayerInputs], availability: Availability,
     previous: Callable[[str], LayerInputs | None], bases: tuple[BaseResolution, ...] = (),
-    context_files_read: int = 0,
+    context_files_read: int = 0, emulated: frozenset[str] = frozenset(),
 ) -> Plan:
-    """Decide each layer's action; `previous(qualname)` gives the inputs of its last recorded build."""
+    """Decide each layer's action; `previous(name)` gives the inputs of its last recorded build;
+    a layer on a platform in `emulated` is built under QEMU, and its reasons say so."""
     keys = {name: inputs[name].key() for name in order}
     selected = set(order)
     actions: dict[str, str] = {}
@@ -150,11 +177,13 @@ def make_plan(
             reasons = ("the .sqsh is in another store tier",)
         elif actions[name] == PULL:
             reasons = ("image in the layer-cache registry",)
-        provisional[name] = provisional[layer.parent] if layer.parent else inputs[name].base_ref in unsure
+        parent = graph.nodes[name].get("parent") or layer.parent
+        provisional[name] = provisional[parent] if parent else inputs[name].base_ref in unsure
         layers.append(LayerPlan(
             qualname=name, key=key, inputs=inputs[name], artifact=layer.artifact, action=actions[name],
             reasons=reasons, image=key in availability.images, stored=key in availability.artifacts,
-            parent=layer.parent, provisional=provisional[name],
+            parent=parent, provisional=provisional[name], platform=inputs[name].platform,
+            emulated=inputs[name].platform in emulated,
         ))
     return Plan(layers=tuple(layers), bases=bases, engine_checked=availability.engine_checked,
                 context_files_read=context_files_read)

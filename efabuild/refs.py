@@ -95,3 +95,17 @@ def pick_one(ref: str, candidates: list[str] | set[str]) -> str | None:
 def image_tag(layer_name: str, key: str) -> str:
     """The engine tag of a finished layer: `efabuild/<layer>:<key>`."""
     return f"{IMAGE_REPO}/{layer_name}:{key}"
+
+
+PLATFORM_MARK = "@"  # `demo:train@linux/arm64`: a layer on one platform of a several-platform workspace
+
+
+def on_platform(qualname: str, platform: str, several: bool) -> str:
+    """The name of `qualname` built for `platform`: itself in a one-platform workspace (its names
+    and records stay as they were), `graph:layer@os/arch` when the workspace has several."""
+    return f"{qualname}{PLATFORM_MARK}{platform}" if several else qualname
+
+
+def layer_of(name: str) -> str:
+    """`demo:train@linux/arm64` → `demo:train` (a name without a platform is itself)."""
+    return name.partition(PLATFORM_MARK)[0]

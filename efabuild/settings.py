@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from efabuild import grammar
-from efabuild.configfile import Table, check_known, type_name
+from efabuild.configfile import Table, builder_platforms, check_known, platform_list, type_name
 from efabuild.errors import InputError
+from efabuild.grammar import split_farm_entry
 from efabuild.refs import classify_ref
 
 BUILD_FILE = "BUILD.toml"
@@ -43,6 +44,7 @@ FORBIDDEN_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
 TABLES = ("workspace", "store", "builder", "registry", "export", "audit", "sign", "trust")
 VERSION = re.compile(r"[0-9][0-9A-Za-z.+-]*")
 VERSION_SPEC = re.compile(r"([a-z0-9-]+)\s*(>=|<=|==|<|>)\s*([0-9][0-9A-Za-z.+-]*)")
+BUILDER_KEYS = ("platform", "platforms", "emulate", "jobs", "context", "host", "buildx_builder", "farm")
 COMPRESSIONS = ("gzip", "lzo", "lz4", "xz", "zstd", "lzma")
 
 
@@ -93,9 +95,10 @@ KNOWN_PINS = ("base-digest", "deepep-commit", "efa-installer")
 
 
 class BuilderSettings(NamedTuple):
-    """Which BuildKit builds: the local engine, a Docker context/host, or a buildx builder."""
+    """Which BuildKit builds: the local engine, a Docker context/host, or a buildx builder; for
+    which platforms, and which of them may be built under QEMU emulation."""
 
-    platform: str = DEFAULT_PLATFORM
+    platforms: tuple[str, ...] = (DEFAULT_PLATFORM,)
     jobs: int = 2
     context: str | None = None  # docker context name
     host: str | None = None  # DOCKER_HOST-style URL, e.g. unix:///run/other.sock, ssh://builder
@@ -103,6 +106,18 @@ class BuilderSettings(NamedTuple):
     # several builders, as --builder names them (context, host URL, buildx:NAME): layers are
     # spread across them and reach each other through [registry]
     farm: tuple[str, ...] = ()
+    # platforms no builder runs natively that may be built under QEMU (binfmt_misc) all the same
+    emulate: tuple[str, ...] = ()
+
+    @property
+    def platform(self) -> str:
+        """The first platform: a one-platform workspace's only one."""
+        return self.platforms[0]
+
+    @property
+    def several(self) -> bool:
+        """More than one platform: names then carry `@platform` (plan, make, ls)."""
+        return len(self.platforms) > 1
 
 
 class RegistrySettings(NamedTuple):
@@ -163,7 +178,7 @@ def parse_settings(data: dict[str, Any], file: str, root: Path) -> Settings:
     return Settings(
         graph_files=ws.str_list("graphs", default_graphs) if ws else default_graphs,
         store=parse_store_table(data.get("store"), root, file),
-        builder=_builder(top.table("builder", ("platform", "jobs", "context", "host", "buildx_builder", "farm"))),
+        builder=_builder(top.table("builder", BUILDER_KEYS)),
         registry=_registry(top.table("registry", ("url", "insecure"))),
         export=_export(top.table("export", ("compression", "compress_data", "extra_options", "clamp_times"))),
         audit=_audit(top.table("audit", ("host_efa_installer", "min_versions", "required_pins", "known_bad"))),
@@ -263,8 +278,7 @@ def _builder(t: Table | None) -> BuilderSettings:
     chosen = [k for k in ("context", "host", "buildx_builder", "farm") if k in t.data]
     if len(chosen) > 1:
         raise InputError(f"set only one of {', '.join(chosen)}", t.where(chosen[1]))
-    checks = {"platform": grammar.platform_problem, "context": grammar.tool_name_problem,
-              "host": grammar.host_problem, "buildx_builder": grammar.tool_name_problem}
+    checks = {"context": grammar.tool_name_problem, "host": grammar.host_problem, "buildx_builder": grammar.tool_name_problem}
     values = {key: t.get(key, str) for key in checks}
     for key, value in values.items():
         problem = value is not None and checks[key](value)
@@ -273,15 +287,20 @@ def _builder(t: Table | None) -> BuilderSettings:
     farm = t.str_list("farm")
     if "farm" in t.data and not farm:
         raise InputError("an empty list: name the builders (contexts, host URLs or buildx:NAME)", t.where("farm"))
+    platforms = builder_platforms(t, DEFAULT_PLATFORM)
     for entry in farm:
-        problem = grammar.builder_problem(entry)
+        builder, declared = split_farm_entry(entry)
+        problem = grammar.builder_problem(builder) or next(
+            (f"{p}: not in [builder] platforms ({', '.join(platforms)})" for p in declared if p not in platforms),
+            None)
         if problem:
             from efabuild.redact import shown_value  # here: lookup's fast path imports no blake3
 
             raise InputError(f"{shown_value('farm', entry)!r}: {problem}", t.where("farm"))
+    emulate = platform_list(t, "emulate", allowed=platforms) if "emulate" in t.data else ()
     return BuilderSettings(
-        platform=values["platform"] or DEFAULT_PLATFORM, jobs=jobs, context=values["context"],
-        host=values["host"], buildx_builder=values["buildx_builder"], farm=tuple(dict.fromkeys(farm)),
+        platforms=platforms, jobs=jobs, context=values["context"], host=values["host"],
+        buildx_builder=values["buildx_builder"], farm=tuple(dict.fromkeys(farm)), emulate=emulate,
     )
 
 

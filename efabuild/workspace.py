@@ -18,6 +18,7 @@ from efabuild.configfile import Table, type_name
 from efabuild.errors import InputError
 from efabuild.grammar import ARG_NAME
 from efabuild.model import BaseImage, Graph, Layer, LintIgnore, Workspace
+from efabuild.configfile import platform_list
 from efabuild.settings import BUILD_FILE, parse_settings
 from efabuild.tomlkeys import key_line
 
@@ -46,7 +47,7 @@ def load_workspace(root: Path) -> Workspace:
     ws = Workspace(root=root, settings=settings, graphs=graphs)
     _check_parents(ws)
     _check_cycles(ws)
-    return ws
+    return _resolve_platforms(ws)
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -62,7 +63,7 @@ def _read_toml(path: Path, root: Path, text: str | None = None) -> dict[str, Any
 # the kernel's MAX_ARG_STRLEN: the longest single argument or environment string, with its NUL
 MAX_ARG_BYTES = 128 << 10
 LAYER_KEYS = ("base", "digest", "parent", "dockerfile", "dockerfile_file", "args", "context",
-              "exclude", "artifact", "ignore", "secrets")
+              "exclude", "artifact", "ignore", "secrets", "platforms")
 
 
 def _graph_paths(patterns: tuple[str, ...], root: Path) -> list[Path]:
@@ -92,7 +93,7 @@ def _graph(path: Path, root: Path) -> Graph:
     name = path.stem
     _check_name(name, f"{file}: graph name (the file name)")
     text = configfile.read_text(path, file)
-    top = Table(_read_toml(path, root, text), file, "", ("graph", "layers"))
+    top = Table(_read_toml(path, root, text), file, "", ("graph", "layers", "platforms"))
     meta = top.table("graph", ("description",))
     layers_data = top.get("layers", dict, {})  # layer names are free-form: each is checked below
     layers: list[Layer] = []
@@ -100,8 +101,9 @@ def _graph(path: Path, root: Path) -> Graph:
         raise InputError("no layers: add a [layers.NAME] table", file)
     for layer_name, data in layers_data.items():
         layers.append(_layer(name, layer_name, data, path, file, text, root))
+    platforms = platform_list(top, "platforms") if "platforms" in top.data else ()
     return Graph(name=name, source=path, description=meta.get("description", str, "") if meta else "",
-                 layers=tuple(layers))
+                 layers=tuple(layers), platforms=platforms)
 
 
 def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, root: Path) -> Layer:
@@ -120,6 +122,7 @@ def _layer(graph: str, name: str, data: Any, path: Path, file: str, text: str, r
         args=tuple(sorted(args.items())), secrets=tuple(sorted(secrets)),
         context=context, exclude=t.str_list("exclude"), artifact=t.get("artifact", bool, False), ignore=ignores,
         line=header.line if header else None, dockerfile_line=dockerfile_line,
+        platforms=platform_list(t, "platforms") if "platforms" in t.data else (),
     )
 
 
@@ -287,6 +290,61 @@ def _check_cycles(ws: Workspace) -> None:
             walk[current] = len(walk)
             current = layers[current].parent
         done.update(walk)
+
+
+def _resolve_platforms(ws: Workspace) -> Workspace:
+    """Each layer's platforms: its own, else its graph's, else the workspace's, in the workspace's
+    order. A graph or layer naming a platform the workspace lacks, or a layer asking for one its
+    parent is not built for, is one line naming the file and key."""
+    every = ws.settings.builder.platforms
+    resolved: dict[str, tuple[str, ...]] = {}
+    graphs = []
+    for graph in ws.graphs:
+        file = ws.relpath(graph.source)
+        for platform in graph.platforms:
+            if platform not in every:
+                raise InputError(f"{platform!r} is not one of the workspace's [builder] platforms "
+                                 f"({', '.join(every)})", f"{file}: platforms")
+        layers = []
+        for layer in graph.layers:
+            where = f"{file}: layers.{layer.name}.platforms"
+            for platform in layer.platforms:
+                if platform not in every:
+                    raise InputError(f"{platform!r} is not one of the workspace's [builder] platforms "
+                                     f"({', '.join(every)})", where)
+            layers.append(layer)
+        graphs.append((graph, layers))
+    declared = {layer.qualname: layer for _, layers in graphs for layer in layers}
+    of_graph = {graph.name: graph.platforms for graph in ws.graphs}
+
+    def of(qualname: str) -> tuple[str, ...]:
+        # parents first, iteratively: _check_cycles has ruled out a loop
+        chain = [qualname]
+        while declared[chain[-1]].parent and declared[chain[-1]].parent not in resolved:
+            chain.append(declared[chain[-1]].parent)
+        for name in reversed(chain):
+            layer = declared[name]
+            own = layer.platforms or of_graph[layer.graph] or every
+            parent = resolved[layer.parent] if layer.parent else every
+            if layer.platforms and not set(own) <= set(parent):
+                missing = [p for p in own if p not in parent]
+                raise InputError(f"{missing[0]} is not built for its parent {layer.parent} "
+                                 f"({', '.join(parent)})",
+                                 f"{ws.relpath(layer.source)}: layers.{layer.name}.platforms")
+            chosen = tuple(p for p in every if p in own and p in parent)
+            if not chosen:
+                raise InputError(f"no platform left: its graph's ({', '.join(own)}) and its parent "
+                                 f"{layer.parent}'s ({', '.join(parent)}) do not meet",
+                                 f"{ws.relpath(layer.source)}: layers.{layer.name}")
+            resolved[name] = chosen
+        return resolved[qualname]
+
+    if len(every) == 1 and not any(g.platforms or any(l.platforms for l in g.layers) for g in ws.graphs):
+        return ws._replace(graphs=tuple(g._replace(layers=tuple(l._replace(platforms=every) for l in g.layers))
+                                        for g in ws.graphs))
+    return ws._replace(graphs=tuple(
+        graph._replace(layers=tuple(layer._replace(platforms=of(layer.qualname)) for layer in layers))
+        for graph, layers in graphs))
 
 
 def _rel(path: Path, root: Path) -> str:

@@ -184,11 +184,12 @@ digraph store {
     intoto [label="<key>.intoto.jsonl\\nsigned in-toto statement (DSSE), when signed"];
     kept [label="<key>.chunks.json\\nchunk index kept beside it (seeds fetches)"];
     refs [label="refs/<graph>/<layer>.json\\nhistory of keys for a name, newest last"];
+    platforms [label="platforms/<d[:2]>/<d>.json, .dsse.json\\na name's platform index (platform -> key),\\nnamed by its sha256 from the newest entry", fillcolor="#bbdefb"];
     toml [label="store.toml\\nwhere the S3 tier is (no credentials)"];
     locks [label="locks/  tmp/\\nper-key locks; temp files on the same filesystem"];
     localonly [label="builds/  logs/  state/\\nlocal store only: build records, build logs, hash cache", fillcolor="#fff3e0"];
     root -> objects; objects -> sqsh; objects -> record; objects -> manifest; objects -> intoto; objects -> kept;
-    root -> refs; root -> toml; root -> locks; root -> localonly;
+    root -> refs; refs -> platforms [style=dashed, label="index", fontsize=9]; root -> toml; root -> locks; root -> localonly;
   }
   subgraph cluster_s3 {
     label="S3 tier: s3://<bucket>/<prefix>"; fontsize=10; style=rounded; color="#999999";
@@ -198,9 +199,10 @@ digraph store {
     index [label="<key>.chunks.json\\nthe .sqsh's chunks in order, its size and digest", fillcolor="#e1bee7"];
     chunks [label="chunks/<id[:2]>/<id>\\none chunk, zstd; id = blake3 of its bytes;\\nshared by every artifact", fillcolor="#e1bee7"];
     s3refs [label="refs/\\nnames' histories"];
+    s3platforms [label="platforms/<d[:2]>/<d>.json, .dsse.json\\nplatform indexes", fillcolor="#bbdefb"];
     gc [label="gc/marks/  gc/trash/  gc/lock\\nchunk gc: mark, sweep through a trash, one at a time"];
     s3root -> s3objects; s3objects -> whole [label="or", fontsize=9]; s3objects -> index; index -> chunks;
-    s3root -> s3refs; s3root -> gc;
+    s3root -> s3refs; s3refs -> s3platforms [style=dashed, label="index", fontsize=9]; s3root -> gc;
   }
   toml -> s3root [style=dashed, label="names", fontsize=9];
 }

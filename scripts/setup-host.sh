@@ -2,7 +2,8 @@
 # Install and start everything efabuild and its tests need on a fresh Debian bookworm host (as root):
 #   dockerd (bookworm docker.io), the buildx plugin (trixie docker-buildx), squashfs-tools 4.6
 #   (trixie: the first with tar input), squashfs-tools-ng, squashfuse and fuse3, docker-registry, graphviz,
-#   cosign (trixie), and the Python package.
+#   cosign (trixie), QEMU for arm64 builds (qemu-user-static, binfmt-support) with Debian's arm64
+#   busybox and CPython for the arm64 fixture, and the Python package.
 # Idempotent: what is installed or running already is left alone.
 set -euo pipefail
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -103,8 +104,51 @@ install_python() {
   python_ready || { log "efabuild is installed but not usable from $(command -v python3); see pip's output above"; exit 1; }
 }
 
+ARM64_ROOT=/var/lib/efabuild/arm64
+ARM64_PACKAGES=(busybox-static python3.11-minimal libc6 zlib1g libexpat1)
+
+setup_qemu() {
+  # linux/arm64 builds under emulation ([builder] emulate): qemu-aarch64 registered in binfmt_misc
+  # with flags F (the interpreter opened once, so it runs inside containers too). Nothing
+  # registers it at boot on a machine without systemd, and binfmt_misc may not be mounted.
+  command -v qemu-aarch64-static >/dev/null && command -v update-binfmts >/dev/null ||
+    { log "installing qemu-user-static binfmt-support"; apt_install qemu-user-static binfmt-support; }
+  [ -e /proc/sys/fs/binfmt_misc/status ] || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+  head -n 1 /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null | grep -qx enabled || update-binfmts --enable qemu-aarch64
+  grep -q '^flags: .*F' /proc/sys/fs/binfmt_misc/qemu-aarch64 ||
+    { log "qemu-aarch64 is registered without flag F: arm64 builds cannot run it"; exit 1; }
+}
+
+unpack_arm64() {
+  # the arm64 fixture's busybox and CPython: Debian's arm64 packages, unpacked, not installed
+  # (busybox-static:arm64 would replace the amd64 one: same paths, not Multi-Arch: same)
+  [ -f "$ARM64_ROOT/.complete" ] && return 0
+  dpkg --print-foreign-architectures | grep -qx arm64 || { dpkg --add-architecture arm64; APT_UPDATED=; }
+  apt_update
+  local tmp; tmp=$(mktemp -d); chown _apt "$tmp" 2>/dev/null || true
+  log "unpacking arm64 ${ARM64_PACKAGES[*]} into $ARM64_ROOT"
+  (cd "$tmp" && apt-get download -qq "${ARM64_PACKAGES[@]/%/:arm64}")
+  rm -rf "$ARM64_ROOT.new"; mkdir -p "$ARM64_ROOT.new"
+  for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$ARM64_ROOT.new"; done
+  touch "$ARM64_ROOT.new/.complete"; rm -rf "$ARM64_ROOT" "$tmp"; mv "$ARM64_ROOT.new" "$ARM64_ROOT"
+}
+
+check_arm64_runs() {
+  # an arm64 image runs here: a FROM scratch image of the arm64 busybox, built and run for linux/arm64
+  local tag=efabuild-fixtures/qemu-check:arm64 tmp
+  if [ "$(docker run --rm --platform linux/arm64 "$tag" /bin/busybox uname -m 2>/dev/null)" = aarch64 ]; then return 0; fi
+  tmp=$(mktemp -d); cp "$ARM64_ROOT/bin/busybox" "$tmp/busybox"
+  printf 'FROM scratch\nCOPY busybox /bin/busybox\n' >"$tmp/Dockerfile"
+  docker buildx build -q --platform linux/arm64 --load -t "$tag" "$tmp" >/dev/null; rm -rf "$tmp"
+  [ "$(docker run --rm --platform linux/arm64 "$tag" /bin/busybox uname -m)" = aarch64 ] ||
+    { log "an arm64 container does not run here (binfmt_misc qemu-aarch64?)"; exit 1; }
+}
+
 need_root
 install_packages
+setup_qemu
+unpack_arm64
 start_dockerd
+check_arm64_runs
 [ -n "${SKIP_PYTHON:-}" ] || install_python
 log "ready: $(docker version --format 'engine {{.Server.Version}}' 2>/dev/null), $(docker buildx version 2>/dev/null | awk '{print "buildx", $2}'), $(mksquashfs -version 2>/dev/null | head -1)"

@@ -42,13 +42,15 @@ def run(args: argparse.Namespace) -> int:
         tiers["s3"] = {"artifacts": len(artifacts), "bytes": logical, "stored_bytes": stored,
                        "unreferenced_bytes": garbage,
                        "dedup_ratio": round(logical / stored, 3) if stored else None}
-    rows = [{"key": key, "name": record.name, "size": record.size, "stored": u.stored, "unique": u.unique}
+    several = len({record.platform for record, _ in artifacts.values()}) > 1
+    rows = [{"key": key, "name": record.name, "platform": record.platform, "size": record.size, "stored": u.stored,
+             "unique": u.unique, "shown": f"{record.name}@{record.platform}" if several and record.platform else record.name}
             for key, (record, u) in sorted(artifacts.items(), key=lambda kv: (kv[1][0].name, kv[1][0].created))]
     if args.json:
-        print_json("du", {"tiers": tiers, "s3_artifacts": rows})
+        print_json("du", {"tiers": tiers, "s3_artifacts": [{k: v for k, v in r.items() if k != "shown"} for r in rows]})
         return 0
     if rows:
-        print_table([(short(r["key"]), r["name"], human_bytes(r["size"]), human_bytes(r["stored"]),
+        print_table([(short(r["key"]), r["shown"], human_bytes(r["size"]), human_bytes(r["stored"]),
                       human_bytes(r["unique"])) for r in rows],
                     ("KEY", "NAME", "SIZE", "S3 STORED", "S3 UNIQUE"))
     for name, t in tiers.items():

@@ -12,14 +12,21 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
         description="""
             Print the absolute path of the .sqsh of REF on the shared or local tier, fetching it
             from S3 when only S3 has it. Exit 1 with one line when REF is absent, an ambiguous
-            prefix, or a layer that is not an artifact layer.""",
+            prefix, or a layer that is not an artifact layer. A name built for several platforms
+            gives the artifact of the platform NAME@os/arch or --platform names, else
+            $EFABUILD_PLATFORM's, else this node's (uname -m: x86_64 is linux/amd64, aarch64
+            linux/arm64); a platform it lacks is one line naming those it has, exit 1.""",
         epilog="""
             examples:
               efabuild lookup demo:user
+              efabuild lookup demo:user@linux/arm64
               efabuild lookup --store /fsx/efabuild --verify 0123abcd
               srun --container-image="$(efabuild lookup --require-signature ngc-efa:user)" ...""",
     )
-    p.add_argument("ref", metavar="REF", help="a key, a unique key prefix (≥ 8 hex) or graph:layer")
+    p.add_argument("ref", metavar="REF",
+                   help="a key, a unique key prefix (≥ 8 hex), graph:layer or graph:layer@os/arch")
+    p.add_argument("--platform", metavar="OS/ARCH",
+                   help="the platform of a name's artifact (default: $EFABUILD_PLATFORM, else this node's)")
     p.add_argument("--store", metavar="PATH",
                    help="a store directory (default: $EFABUILD_STORE, else the workspace's [store])")
     p.add_argument("--no-fetch", action="store_true", help="only look on the filesystem tiers; never fetch from S3")
@@ -31,7 +38,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     p.add_argument("--require-signature", action="store_true",
                    help="refuse an artifact not signed by a key of the trust policy ([trust] in BUILD.toml, "
                         "else /etc/efabuild/trust.toml); a cached verification costs a few stats")
-    p.add_argument("--json", action="store_true", help="print path, key, name, size, digest, created as JSON")
+    p.add_argument("--json", action="store_true", help="print path, key, name, platform, size, digest, created as JSON")
     p.set_defaults(run=run)
 
 
@@ -39,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from efabuild.errors import NotFound
+    from efabuild.platforms import MissingPlatform
     from efabuild.pyxis.lookup import lookup_path
 
     try:
@@ -48,17 +56,19 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--deep goes with --verify")
         path, record = lookup_path(args.ref, args.store, fetch=not args.no_fetch, verify=args.verify,
                                    require_signature=args.require_signature, check_s3=args.verify,
-                                   deep=args.deep)
+                                   deep=args.deep, platform=args.platform)
+    except MissingPlatform:
+        raise  # the name is there, on other platforms: its line says which
     except NotFound as exc:
         # only on a miss: is REF a layer that is never exported, or a typo? (reads the workspace's graphs)
-        reason = _why_missing(args.ref, str(exc))
+        reason = _why_missing(args.ref.partition("@")[0], str(exc))
         if reason is None:
             raise
         raise NotFound(reason) from None
     if args.json:
         from efabuild.cli.output import print_json
 
-        fields = ("key", "name", "size", "digest", "created")
+        fields = ("key", "name", "platform", "size", "digest", "created")
         print_json("lookup", {"path": str(path), **{name: record.get(name) for name in fields}})
     else:
         sys.stdout.write(f"{path}\n")

@@ -126,7 +126,8 @@ def _report(args, prepared, result) -> int:
             print(f"efabuild: warning: --graph {args.graph}: {exc}", file=sys.stderr)
     paths = _artifact_paths(prepared, result)
     if args.json:
-        print_json("make", {"layers": [outcome_json(o, paths.get(o.qualname)) for o in result.outcomes],
+        print_json("make", {"layers": [_with_platform(outcome_json(o, paths.get(o.qualname)), result)
+                                       for o in result.outcomes],
                             "failed": result.failed, "skipped_tiers": result.skipped_tiers})
     else:
         print(summary(result, paths, palette_for(sys.stdout)))
@@ -186,9 +187,12 @@ def _check(ws, args) -> int:
     reporter = reporter_for(sys.stderr, args.progress)
     _sigterm_interrupts()
     results = []
+    plans = prepared.plan.by_name()
+    # GRAPH:LAYER checks it on every platform it is built for; GRAPH:LAYER@os/arch on that one
+    names = [name for target in args.targets for name in plans if name == target or plans[name].layer == target]
     try:
-        for target in args.targets:
-            results.append(check.check_layer(prepared, target, reporter))
+        for name in dict.fromkeys(names):
+            results.append(check.check_layer(prepared, name, reporter))
     finally:
         reporter.close()
     if args.json:
@@ -212,6 +216,13 @@ def _sigterm_interrupts() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+
+
+def _with_platform(data: dict, result) -> dict:  # noqa: ANN001 - a MakeResult
+    """A layer of make --json with its graph:layer and platform apart: `name` is
+    graph:layer@os/arch in a several-platform workspace."""
+    layer, platform = result.layers.get(data["name"], (data["name"], None))
+    return {**data, "layer": layer, "platform": platform}
 
 
 def _graph_format(name: str) -> str:

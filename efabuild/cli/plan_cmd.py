@@ -61,18 +61,20 @@ def render(plan, engine_error: str | None, palette=None) -> str:
 
     rows = []
     for lp in plan.layers:
-        why = "; ".join(lp.reasons)
+        why = "; ".join(lp.why)
         state = lp.state + (" (.sqsh)" if lp.artifact and lp.stored else "")
         rows.append([lp.qualname, lp.short_key + ("*" if lp.provisional else ""), state, why])
     palette = palette or Palette(False)
     lines = [table(rows, ["LAYER", "KEY", "STATE", "WHY"], paint=palette.state, painted=2)]
     for base in plan.bases:
+        ref = base.ref + (f"@{base.platform}" if base.platform else "")
         if base.source == "recorded":
-            lines.append(f"base {base.ref}: {base.digest} (as at its last build; not checked offline)")
+            lines.append(f"base {ref}: {base.digest} (as at its last build; not checked offline)")
         elif base.digest:
-            lines.append(f"base {base.ref}: {base.digest} ({base.source})")
+            index = f", in index {base.index_digest}" if base.index_digest else ""
+            lines.append(f"base {ref}: {base.digest} ({base.source}{index})")
         else:
-            lines.append(f"base {base.ref}: digest unresolved, the key uses the tag only")
+            lines.append(f"base {ref}: digest unresolved, the key uses the tag only")
     if engine_error:
         lines.append(f"engine not consulted ({engine_error}); availability from build records")
     if any(lp.provisional for lp in plan.layers):

@@ -74,13 +74,16 @@ def _configure_diff(name: str, sub: argparse._SubParsersAction, common: argparse
                         Dockerfile digest, platform, build args and context files
               measured  component versions (every copy, which one loads), Open MPI installs,
                         NCCL/FI env, versions the base declares
-              tool      the builder's tool versions (BuildKit, mksquashfs, efabuild)""",
+              tool      the builder's tool versions (BuildKit, mksquashfs, efabuild)
+            Two artifacts of other platforms (NAME@linux/amd64 NAME@linux/arm64) also get a table
+            of whether NCCL, libfabric, aws-ofi-nccl, PyTorch and CUDA agree, and a verdict line.""",
         epilog="""
             examples:
               efabuild diff demo:efa demo:user
+              efabuild diff demo:user@linux/amd64 demo:user@linux/arm64
               efabuild diff 0123abcd demo:user --exit-code   # exit 1 when they differ""",
     )
-    p.add_argument("ref_a", metavar="REF_A", help="the first artifact: graph:layer, key or key prefix")
+    p.add_argument("ref_a", metavar="REF_A", help="the first artifact: graph:layer[@os/arch], key or key prefix")
     p.add_argument("ref_b", metavar="REF_B", help="the second artifact, compared with the first")
     p.add_argument("--exit-code", action="store_true",
                    help="exit 1 when they differ, 0 when they do not (like git diff); without it, 0 either way")
@@ -120,7 +123,8 @@ def run_show(args: argparse.Namespace) -> int:
     if args.intoto:
         print_foreign_json(to_intoto(found.manifest))  # an in-toto Statement, as in-toto defines it
     elif args.json:
-        data = {"key": found.key, "name": found.name, "verified": found.verified, "manifest": found.manifest}
+        data = {"key": found.key, "name": found.name, "platform": found.manifest.get("platform"),
+                "verified": found.verified, "manifest": found.manifest}
         print_json("show", data, verbatim=("manifest",))  # the stored manifest as written (its own format)
     else:
         _show_table(found.manifest, found.verified)
@@ -163,6 +167,7 @@ def _summary_rows(m: dict, verified: bool) -> list[tuple[str, str]]:
     vcs = m.get("vcs") if isinstance(m.get("vcs"), dict) else {}
     return [
         ("name", m.get("name", "")),
+        *([("platform", str(m["platform"]))] if m.get("platform") else []),
         ("key", m.get("key", "")),
         ("sqsh", f"{artifact.get('digest', '?')}  {human_bytes(artifact.get('size') or 0)}"),
         ("sha256", artifact.get("sha256") or "- (exported before efabuild recorded it)"),
@@ -331,7 +336,8 @@ def _audit_table(result) -> None:  # noqa: ANN001 - AuditResult
 # ---- diff ------------------------------------------------------------------------------------
 def run_diff(args: argparse.Namespace) -> int:
     from efabuild.cli.output import print_json, print_table
-    from efabuild.provenance.diff import diff_manifests
+    from efabuild.provenance.diff import agreement_verdict, diff_manifests, platform_agreement
+    from efabuild.provenance.manifest import platform_of
     from efabuild.provenance.stored import load_manifest
 
     store = _store(args)
@@ -341,17 +347,27 @@ def run_diff(args: argparse.Namespace) -> int:
             print(f"efabuild: warning: the manifest of {found.key[:12]} does not match the digest in its record",
                   file=sys.stderr)
     differences = diff_manifests(a.manifest, b.manifest)
+    platforms = (platform_of(a.manifest), platform_of(b.manifest))
+    across = platform_agreement(a.manifest, b.manifest) if None not in platforms and len(set(platforms)) == 2 else None
     if args.json:
-        print_json("diff", {"a": {"ref": args.ref_a, "key": a.key, "name": a.name},
-                            "b": {"ref": args.ref_b, "key": b.key, "name": b.name},
-                            "differences": [d.to_dict() for d in differences]})
+        print_json("diff", {"a": {"ref": args.ref_a, "key": a.key, "name": a.name, "platform": platforms[0]},
+                            "b": {"ref": args.ref_b, "key": b.key, "name": b.name, "platform": platforms[1]},
+                            "differences": [d.to_dict() for d in differences],
+                            "across_platforms": None if across is None else {
+                                "components": [row.to_dict() for row in across],
+                                "agree": all(row.agrees for row in across)}})
     else:
-        print(f"A  {a.name} {a.key[:12]}")
-        print(f"B  {b.name} {b.key[:12]}")
+        print(f"A  {a.name} {a.key[:12]}" + (f" {platforms[0]}" if across is not None else ""))
+        print(f"B  {b.name} {b.key[:12]}" + (f" {platforms[1]}" if across is not None else ""))
         if not differences:
             print("no differences in declared inputs or measured versions")
         else:
             print()
             print_table([(d.kind, d.what, "-" if d.a is None else d.a, "-" if d.b is None else d.b)
                          for d in differences], ("KIND", "WHAT", "A", "B"))
+        if across is not None:
+            print()
+            print_table([(row.component, row.a or "-", row.b or "-", "yes" if row.agrees else "NO") for row in across],
+                        ("ACROSS PLATFORMS", platforms[0], platforms[1], "AGREE"))
+            print(agreement_verdict(across, *platforms))
     return 1 if args.exit_code and differences else 0

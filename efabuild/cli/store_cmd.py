@@ -25,9 +25,10 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     else:
         p = sub.add_parser(
             name, parents=[common],
-            help="delete all but the newest N artifacts of every name (dry run unless --yes)",
+            help="delete all but the newest N artifacts of every name and platform (dry run unless --yes)",
             description="""
-                Keeps the newest --keep keys of every name, what every name currently points at,
+                Keeps the newest --keep keys of every name on every platform (an arm64 build never
+                pushes out the amd64 ones), what every name currently points at,
                 and pinned refs/keys ([store] pins in BUILD.toml, --pin); removes the rest and
                 leftovers of interrupted writes from every tier, and of makes killed on this host
                 (build contexts, export containers, make --check images). Prints what it would
@@ -38,7 +39,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
                   efabuild gc --keep 2 --pin ngc-efa:user --yes
                   efabuild gc --images --yes        # also the engine images of keys no layer has now""",
         )
-        p.add_argument("--keep", type=int, metavar="N", help="keys kept per name (default: [store] keep, else 3)")
+        p.add_argument("--keep", type=int, metavar="N", help="keys kept per name and platform (default: [store] keep, else 3)")
         p.add_argument("--pin", action="append", default=[], metavar="REF",
                        help="also keep this key, key prefix or graph:layer (all its versions); repeatable")
         p.add_argument("--yes", action="store_true", help="really delete")
@@ -150,7 +151,8 @@ def run_ls(args: argparse.Namespace) -> int:
         u = usage.get(key)
         return "-" if u is None else f"{human_bytes(u.stored)}/{human_bytes(u.unique)}"
 
-    print_table([(short(l.record.key), l.record.name, human_bytes(l.record.size), s3_cell(l.record.key),
+    several = len({l.record.platform for l in listings}) > 1
+    print_table([(short(l.record.key), shown_name(l.record, several), human_bytes(l.record.size), s3_cell(l.record.key),
                   _when(l.record.created), ",".join(l.tiers)) for l in listings],
                 ("KEY", "NAME", "SIZE", "S3 STORED/UNIQUE", "CREATED", "TIERS"))
     return 0
@@ -158,6 +160,12 @@ def run_ls(args: argparse.Namespace) -> int:
 
 def _field(usage, name: str) -> int | None:  # noqa: ANN001 - chunks.Usage or None
     return None if usage is None else getattr(usage, name)
+
+
+def shown_name(record, several: bool) -> str:  # noqa: ANN001 - an ArtifactRecord
+    """A record's name as plan and make show it: `demo:user@linux/arm64` when the listing holds
+    several platforms, else `demo:user` (a record made before platforms were recorded has none)."""
+    return f"{record.name}@{record.platform}" if several and record.platform else record.name
 
 
 def run_gc(args: argparse.Namespace) -> int:

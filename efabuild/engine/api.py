@@ -108,6 +108,13 @@ class EngineApi:
             raise ApiError("reply", f"{self.path}: /version answered HTTP {status}")
         return str(data["Version"])
 
+    def server_platform(self) -> str | None:
+        """os/arch of the engine's machine, as /version says (linux/amd64), None when it does not."""
+        status, data = self.get("/version")
+        if status != 200 or not isinstance(data, dict) or not data.get("Os") or not data.get("Arch"):
+            return None
+        return f"{data['Os']}/{data['Arch']}"
+
     def repo_tags(self, reference: str | None = None) -> list[str]:
         """Every `repo:tag` of every image (whose name matches the `reference` pattern, when given),
         as `docker image ls` lists them."""

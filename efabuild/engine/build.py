@@ -326,14 +326,17 @@ def _built_image_id(engine: Engine, iidfile: Path, metadata_file: Path) -> str |
     return None
 
 
-def build_image(engine: Engine, context_dir: Path, tag: str, labels: Mapping[str, str]) -> str:
+def build_image(engine: Engine, context_dir: Path, tag: str, labels: Mapping[str, str],
+                platform: str | None = None) -> str:
     """Build the Dockerfile in `context_dir` into `tag` in one go, through python-on-whales; returns
     the image ID. For images outside the layer graph (the offline fixtures): nothing to cancel or
-    stream, so none of `build_layer`'s reasons to run buildx itself applies."""
+    stream, so none of `build_layer`'s reasons to run buildx itself applies. `platform`: build for
+    it (under QEMU when the engine's machine is another), None for the engine's own."""
     from python_on_whales.exceptions import DockerException
 
+    more = {"platforms": [platform]} if platform else {}
     try:
-        engine.client.buildx.build(context_dir, tags=[tag], labels=dict(labels), load=True, progress=False)
+        engine.client.buildx.build(context_dir, tags=[tag], labels=dict(labels), load=True, progress=False, **more)
     except DockerException as exc:
         lines = [ln for ln in (exc.stderr or "").splitlines() if ln.strip()]
         raise EfabuildError(f"building {tag} failed: {lines[-1] if lines else exc}") from None

@@ -125,6 +125,70 @@ def base_identity(engine: Engine, ref: str, timeout: float = REMOTE_TIMEOUT_S) -
     return digest, "registry" if digest else "unresolved"
 
 
+def base_identity_for(engine: Engine, ref: str, platform: str | None, timeout: float = REMOTE_TIMEOUT_S,
+                      asked: dict | None = None) -> tuple[str | None, str, str | None]:
+    """base_identity for one platform of a several-platform workspace: (digest, source, index
+    digest). A registry's multi-platform index gives the platform's own manifest digest (what a
+    build for it pulls, so what its key covers) and the index's beside it. A local image counts
+    only when it is of that platform: Docker's image store keeps one platform per tag, so an
+    amd64 image under the tag says nothing of the arm64 one. `asked`: the registry's answers by
+    ref, kept by the caller so that one question serves every platform."""
+    if platform is None:
+        return (*base_identity(engine, ref, timeout), None)
+    if "@" in ref:
+        return ref.rsplit("@", 1)[1], "pinned", None
+    local = _local_identity(engine, ref)
+    if local is not None and _repo_digest(ref, local[1]) is None and _local_platform(engine, ref) == platform:
+        return local[0], "image-id", None
+    asked = {} if asked is None else asked
+    if ref not in asked:
+        asked[ref] = platform_digests(engine, ref, timeout=timeout)
+    top, digests = asked[ref]
+    if digests is None:  # a single-platform image: its own digest (its platform unchecked)
+        return top, "registry" if top else "unresolved", None
+    digest = digests.get(platform) or digests.get(platform.rsplit("/", 1)[0] if platform.count("/") == 2 else "")
+    return digest, "registry" if digest else "unresolved", top
+
+
+def platform_digests(engine: Engine, ref: str,
+                     timeout: float = REMOTE_TIMEOUT_S) -> tuple[str | None, dict[str, str] | None]:
+    """(`ref`'s digest in its registry, {os/arch[/variant]: manifest digest} when it is a
+    multi-platform index, else None), in one question; (None, None) when absent or unreachable."""
+    try:
+        found = engine.run("buildx", "imagetools", "inspect", ref, "--format", "{{json .Manifest}}",
+                           timeout=timeout)
+    except EngineTimeout:
+        return None, None
+    try:
+        data = json.loads(found.stdout) if found.returncode == 0 else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("digest"), str):
+        return None, None
+    manifests = data.get("manifests")
+    if not isinstance(manifests, list):
+        return data["digest"], None
+    digests: dict[str, str] = {}
+    for entry in manifests:
+        wanted = entry.get("platform") if isinstance(entry, dict) else None
+        if isinstance(wanted, dict) and isinstance(entry.get("digest"), str):
+            name = "/".join(str(wanted[k]) for k in ("os", "architecture", "variant") if wanted.get(k))
+            digests.setdefault(name, entry["digest"])
+    return data["digest"], digests
+
+
+def _local_platform(engine: Engine, ref: str) -> str | None:
+    """os/arch[/variant] of the image `ref` in the engine (None when it lacks it)."""
+    if engine.api is not None:
+        inspected = _api_inspect(engine, ref) or {}
+        parts = [str(inspected.get(k) or "") for k in ("Os", "Architecture", "Variant")]
+    else:
+        found = engine.run("image", "inspect", "--format", "{{.Os}} {{.Architecture}} {{.Variant}}", ref,
+                           timeout=INSPECT_TIMEOUT_S)
+        parts = found.stdout.split() if found.returncode == 0 else []
+    return "/".join(p for p in parts if p) or None
+
+
 def _local_identity(engine: Engine, ref: str) -> tuple[str, list[str]] | None:
     """(image ID, RepoDigests) of `ref` in the engine, in one question; None when it lacks it."""
     if engine.api is not None:

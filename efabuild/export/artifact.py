@@ -50,6 +50,10 @@ class ExportRequest:
     ancestor: Ancestor | None = None  # the checked ancestor copy to write from
     no_ancestor: str = ""  # else why there is none: the record's reason for a full export
 
+    def written_from(self, ancestor: Ancestor | None, no_ancestor: str = "") -> ExportRequest:
+        """This export, from `ancestor` (or, None, not: `no_ancestor` says why)."""
+        return attrs.evolve(self, ancestor=ancestor, no_ancestor=no_ancestor)
+
 
 def export_artifact(request: ExportRequest, out: Path, *, progress: Progress | None = None, sha256: bool = True,
                     cancel: threading.Event | None = None,

@@ -67,6 +67,8 @@ RULES: dict[str, Rule] = {rule.id: rule for rule in (
                             "layer) without the platform's own"),
     Rule("EFA022", "warning", "a RUN downloads or uses a file of another machine (x86_64/amd64 in an arm64 "
                               "layer's URL or path)"),
+    Rule("EFA023", "warning", "TORCH_CUDA_ARCH_LIST names no Grace GPU (9.0 GH200, 10.0 GB200) in a layer built "
+                              "only for arm64"),
 )}
 
 

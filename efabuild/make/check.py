@@ -21,6 +21,7 @@ from efabuild.errors import EfabuildError, InputError
 from efabuild.model import Layer
 from efabuild.make.prepare import Prepared
 from efabuild.export.artifact import export_artifact
+from efabuild.make.builders import builders_for
 from efabuild.export.sqshdiff import Difference, compare, read_sqsh, summary
 from efabuild.refs import short
 from efabuild.store.gc.leftovers import CHECK_PREFIX
@@ -70,8 +71,9 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
                             f"build it first (efabuild make {qualname})")
     stored = runner.store.lookup(lp.key)  # a fetch from S3 verifies what it writes
     record, damaged = _verified_record(runner.store, lp.key, record)
-    runner.farm = _farm(runner, layer, qualname)
-    if runner.farm is None and layer.parent and prepared.plan.by_name()[layer.parent].key not in runner.tags:
+    farm = _farm(runner, layer, qualname)
+    runner.builders = builders_for(runner, farm)
+    if farm is None and layer.parent and prepared.plan.by_name()[lp.parent].key not in runner.tags:
         raise EfabuildError(f"{qualname}: its parent {layer.parent} is not in the engine and --check does not "
                             f"rebuild parents: run `efabuild make {layer.parent}` first")
     log_path = runner.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.check.log"
@@ -80,7 +82,7 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
     work.mkdir(mode=0o700)
     try:
         reporter.started(qualname, "check", f"rebuilding {short(lp.key)} without the build cache")
-        rebuild = _rebuild_here if runner.farm is None else _rebuild_on_farm
+        rebuild = _rebuild_here if farm is None else _rebuild_on_farm
         rebuilt = rebuild(runner, layer, lp, work / "rebuilt.sqsh", log_path)
         differences: tuple[Difference, ...] = ()
         if damaged or rebuilt.digest != record.digest:
@@ -131,8 +133,8 @@ def _farm(runner, layer: Layer, qualname: str):  # noqa: ANN001, ANN202 - a make
         if problem:
             raise InputError(problem, "BUILD.toml [builder]")
         return farm
-    parent = runner.p.graph.nodes[layer.parent]["layer"]
-    parent_key = runner.plans[layer.parent].key
+    parent = runner.p.graph.nodes[runner.plans[qualname].parent]["layer"]
+    parent_key = runner.plans[runner.plans[qualname].parent].key
     try:
         farm.ref(runner.engine, parent.name, parent_key, runner.tags.get(parent_key))
     except RegistryError:
@@ -167,7 +169,7 @@ def _rebuild_here(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa:
 def _rebuild_on_farm(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa: ANN001, ANN202
     """Rebuild as a farm make builds, FROM the parent by digest in the registry, pushed by BuildKit
     under the layer's check tag; export it as a farm make does, streamed from a builder."""
-    farm = runner.farm
+    farm = runner.builders.farm
     with runner._context_dir(layer, lp) as context_dir:
         request = runner.build_request(layer, lp, context_dir, farm.check_name(layer.name, lp.key), no_cache=True)
         ref = farm.rebuild(layer.name, lp.key, request, log_path, **_how(runner, lp.qualname))

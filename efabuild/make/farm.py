@@ -18,28 +18,72 @@ from pathlib import Path
 
 import attrs
 
+from efabuild.engine.api import ApiError
 from efabuild.engine.client import CHECK_TIMEOUT_S, Engine, EngineTimeout, EngineUnavailable, builder_nodes, connect
 from efabuild.engine.build import build_layer, builder_name
 from efabuild.engine.images import REMOTE_TIMEOUT_S, remote_digest, untag_image
 from efabuild.engine.registry import RegistryError, push, remote_ref
 from efabuild.errors import EfabuildError, InputError
 from efabuild.export.artifact import RemoteImage
+from efabuild.grammar import split_farm_entry
 from efabuild.settings import BuilderSettings, RegistrySettings
 from efabuild.refs import image_tag
 
 # drivers whose builds land in the engine that `docker image ls` shows
 _LOCAL_DRIVERS = ("docker",)
 _WAIT_POLL_S = 0.25
+VERSION_TIMEOUT_S = 30.0
 
 
 def node_settings(entry: str, base: BuilderSettings) -> BuilderSettings:
-    """One `[builder] farm` entry as the settings of its own builder (as --builder reads it)."""
+    """One `[builder] farm` entry as the settings of its own builder (as --builder reads it); a
+    declared `@os/arch` is the farm's business, not the builder's address."""
+    entry = split_farm_entry(entry)[0]
     one = base._replace(context=None, host=None, buildx_builder=None, farm=())
     if "://" in entry:
         return one._replace(host=entry)
     if entry.startswith("buildx:"):
         return one._replace(buildx_builder=entry.removeprefix("buildx:"))
     return one._replace(context=entry)
+
+
+def engine_platform(engine) -> str | None:  # noqa: ANN001 - an engine.client.Engine
+    """os/arch of the machine an engine runs on (`docker version`; on a local socket its HTTP API,
+    starting no docker process), None when it does not say."""
+    if engine.api is not None:
+        try:
+            return engine.api.server_platform()
+        except ApiError:
+            return None
+    try:
+        found = engine.run("version", "--format", "{{.Server.Os}}/{{.Server.Arch}}", timeout=VERSION_TIMEOUT_S)
+    except EngineTimeout:
+        return None
+    text = found.stdout.strip()
+    return text if found.returncode == 0 and "/" in text and "<" not in text else None
+
+
+def node_platforms(node) -> tuple[str, ...]:  # noqa: ANN001 - an Engine
+    """What one builder builds natively: its farm entry's declaration, else its engine's own."""
+    declared = split_farm_entry(node.farm_entry)[1] if node.farm_entry else ()
+    if declared:
+        return declared
+    cached = getattr(node, "_efabuild_platform", None)
+    if cached is None:
+        cached = engine_platform(node) or ""
+        node._efabuild_platform = cached
+    return (cached,) if cached else ()
+
+
+def native_platforms(settings: BuilderSettings, engine, nodes=None) -> set[str]:  # noqa: ANN001
+    """Every platform some builder of this make runs natively: each farm node's (declared, or
+    its engine's when undeclared), else the one engine's. `nodes`: the farm's engines when
+    already connected."""
+    if settings.farm and nodes is None:
+        nodes = [connect(node_settings(entry, settings), farm_entry=entry) for entry in settings.farm]
+    if settings.farm:
+        return {p for node in nodes for p in node_platforms(node)}
+    return set(node_platforms(engine)) if engine is not None else set()
 
 
 def sees_local_images(engine: Engine) -> bool:
@@ -116,14 +160,23 @@ class Farm:
     def slots(self) -> int:
         return self.jobs * len(self.nodes)
 
+    def able(self, platform: str | None) -> list[int]:
+        """The builders that build `platform` natively; every builder when none does (the plan
+        said the platform is emulated, see builders.check_platforms) or no platform is asked."""
+        if platform is None:
+            return list(range(len(self.nodes)))
+        native = [i for i, node in enumerate(self.nodes) if platform in node_platforms(node)]
+        return native or list(range(len(self.nodes)))
+
     @contextlib.contextmanager
-    def take(self, cancel: threading.Event | None = None, prefer: int | None = None) -> Iterator[Engine]:
+    def take(self, cancel: threading.Event | None = None, prefer: int | None = None,
+             platform: str | None = None) -> Iterator[Engine]:
         """The builder `prefer` (an index) when it has a free slot, else the least busy one with a
-        free slot (in turn among equals), held while in use."""
+        free slot (in turn among equals) of those that build `platform`, held while in use."""
+        able = self.able(platform)
         with self._cond:
             while True:
-                order = sorted(range(len(self.nodes)),
-                               key=lambda i: (self._busy[i], (i - self._turn) % len(self.nodes)))
+                order = sorted(able, key=lambda i: (self._busy[i], (i - self._turn) % len(self.nodes)))
                 if prefer is not None and self._busy[prefer] < self.jobs:
                     order.insert(0, prefer)
                 chosen = order[0]
@@ -191,7 +244,7 @@ class Farm:
 
     def _build_pushed(self, name: str, request, log_path: Path, how: dict) -> str:
         request = attrs.evolve(request, push=name, insecure=self.registry.insecure)
-        with self.take(how.get("cancel")) as node:
+        with self.take(how.get("cancel"), platform=request.platform) as node:
             result = build_layer(node, request, log_path, **how)
         ref = f"{name}@{result.image_id}"
         self.built_on[ref] = self.nodes.index(node)
@@ -208,7 +261,7 @@ class Farm:
     def remote_image(self, ref: str, platform: str) -> RemoteImage:
         """`ref` as an export takes it: streamed by the builder that built it when that one has a
         free slot, else by the least busy."""
-        return RemoteImage(ref, platform, functools.partial(self.take, prefer=self.built_on.get(ref)))
+        return RemoteImage(ref, platform, functools.partial(self.take, prefer=self.built_on.get(ref), platform=platform))
 
 
 def farm_for_make(prepared, say: Callable[[str], None]) -> Farm | None:

@@ -33,6 +33,17 @@ if TYPE_CHECKING:
     from efabuild.engine.client import Engine
 
 MINI_NGC_TAG = "efabuild-fixtures/pytorch:26.08-py3"
+HOST_PLATFORM = "linux/amd64"  # the machine the fixtures are built on (Debian's amd64 packages)
+# Debian's arm64 packages, unpacked (not installed: they would replace the amd64 ones) by
+# scripts/setup-host.sh: busybox-static, python3.11-minimal and the libraries it loads
+ARM64_ROOT = Path("/var/lib/efabuild/arm64")
+# the arm64 interpreter's loader and libraries (its DT_NEEDED): rootfs path -> path under ARM64_ROOT
+_ARM64_PYTHON = {
+    "usr/bin/python3.11": "usr/bin/python3.11",
+    "lib/ld-linux-aarch64.so.1": "lib/aarch64-linux-gnu/ld-linux-aarch64.so.1",
+    **{f"usr/lib/aarch64-linux-gnu/{name}": f"lib/aarch64-linux-gnu/{name}"
+       for name in ("libc.so.6", "libm.so.6", "libz.so.1", "libexpat.so.1")},
+}
 CONTENT_LABEL = "org.efabuild.fixture.content"
 # what the fixture offers, for tests and the demo graph
 EFA_INSTALLER_VERSIONS = ("1.49.0", "1.50.0")
@@ -41,7 +52,7 @@ DEEPEP_COMMITS = (
     "2b95b07b437d74a177142f0fdd63980696968ed3",  # fixture default-branch head
     "2b8a11b1f65ce11965e632eebd205138d7c34e6a",  # fixture older commit (version 1.2.0)
 )
-_FORMAT = "2"  # bump when the way the context is assembled changes
+_FORMAT = "3"  # bump when the way the context is assembled changes
 _BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 PYTHON = "/usr/bin/python3.11"  # Debian bookworm's python3.11-minimal and libpython3.11-stdlib
 # what `python3 -m compileall` and `py_compile` import beyond the interpreter's frozen modules;
@@ -128,7 +139,15 @@ def is_static_elf(path: Path) -> bool:
     )
 
 
-def find_busybox() -> Path:
+def platform_tag(platform: str) -> str:
+    """The fixture base's tag for `platform`: Docker's image store keeps one platform per tag, so
+    the host's is MINI_NGC_TAG (as it always was) and another's is MINI_NGC_TAG-<arch>."""
+    return MINI_NGC_TAG if platform == HOST_PLATFORM else f"{MINI_NGC_TAG}-{platform.split('/')[1]}"
+
+
+def find_busybox(platform: str = HOST_PLATFORM) -> Path:
+    if platform != HOST_PLATFORM:
+        return _arm64_file(platform, "bin/busybox", "EFABUILD_BUSYBOX_ARM64")
     for candidate in (os.environ.get("EFABUILD_BUSYBOX"), *_BUSYBOX_CANDIDATES):
         if candidate and Path(candidate).is_file() and is_static_elf(Path(candidate)):
             return Path(candidate)
@@ -138,9 +157,29 @@ def find_busybox() -> Path:
     )
 
 
-def python_files(python: str | None = None) -> dict[str, Path]:
+def _arm64_file(platform: str, rel: str, variable: str | None = None) -> Path:
+    if platform != "linux/arm64":
+        raise InputError(f"no fixture for {platform}: the fixtures are built for {HOST_PLATFORM} and linux/arm64")
+    path = Path(os.environ.get(variable) or ARM64_ROOT / rel) if variable else ARM64_ROOT / rel
+    if not path.is_file():
+        raise EfabuildError(f"no {path}: the arm64 fixture is built from Debian's arm64 packages, which "
+                            f"scripts/setup-host.sh unpacks into {ARM64_ROOT}")
+    return path
+
+
+def python_files(python: str | None = None, platform: str = HOST_PLATFORM) -> dict[str, Path]:
     """rootfs path → host file: the interpreter, the shared libraries it loads (`ldd`), and the
-    standard modules `python3 -m compileall` imports, with the `.pyc` files Debian compiled."""
+    standard modules `python3 -m compileall` imports, with the `.pyc` files Debian compiled. For
+    arm64: the arm64 interpreter and its libraries (Debian's), with the same standard modules (pure
+    Python and bytecode: one copy serves every machine)."""
+    files = _host_python_files(python)
+    if platform == HOST_PLATFORM:
+        return files
+    stdlib = {rel: path for rel, path in files.items() if rel.startswith("usr/lib/python3")}
+    return {**{rel: _arm64_file(platform, src) for rel, src in _ARM64_PYTHON.items()}, **stdlib}
+
+
+def _host_python_files(python: str | None = None) -> dict[str, Path]:
     python = python or os.environ.get("EFABUILD_FIXTURE_PYTHON") or PYTHON
     missing = EfabuildError(f"no {python}: install Debian's python3.11 (scripts/setup-host.sh does)")
     if not Path(python).is_file():
@@ -193,51 +232,79 @@ def content_digest(source: Path, busybox: Path, extra: dict[str, Path] | None = 
 
 def build_mini_ngc(
     *, engine: Engine | None = None, source: Path | None = None, force: bool = False,
-    log: Callable[[str], None] = lambda _: None,
+    log: Callable[[str], None] = lambda _: None, platform: str = HOST_PLATFORM,
 ) -> FixtureImage:
-    """Build `MINI_NGC_TAG` unless an image with the same content label exists."""
+    """Build the base for `platform` (platform_tag) unless an image with the same content label exists."""
     from efabuild.engine.client import connect
 
     engine = engine or connect(BuilderSettings())
     started = time.monotonic()
     with fixture_sources(source) as sources:
-        return _build_mini_ngc(engine, sources / "mini-ngc", force, log, started)
+        return _build_mini_ngc(engine, sources / "mini-ngc", force, log, started, platform)
 
 
 def _build_mini_ngc(engine: Engine, root: Path, force: bool, log: Callable[[str], None],
-                    started: float) -> FixtureImage:
+                    started: float, platform: str = HOST_PLATFORM) -> FixtureImage:
     from efabuild.engine.build import build_image
     from efabuild.engine.images import image_config, image_id
 
     if not (root / "Dockerfile").is_file():
         raise InputError("no Dockerfile: the fixture sources are missing", str(root))
-    busybox = find_busybox()
-    python = python_files()
-    content = content_digest(root, busybox, python)
-    existing = image_id(engine, MINI_NGC_TAG)
-    labels = image_config(engine, MINI_NGC_TAG)["Labels"] if existing is not None else {}
+    tag, arch = platform_tag(platform), platform.split("/")[1]
+    busybox = find_busybox(platform)
+    python = python_files(platform=platform)
+    content = content_digest(root, busybox, {**python, f"platform/{platform}": busybox})
+    existing = image_id(engine, tag)
+    labels = image_config(engine, tag)["Labels"] if existing is not None else {}
     if existing is not None and not force and labels.get(CONTENT_LABEL) == content:
-        return FixtureImage(MINI_NGC_TAG, existing, content, False, time.monotonic() - started)
-    log(f"{MINI_NGC_TAG}: building from {root}")
+        return FixtureImage(tag, existing, content, False, time.monotonic() - started)
+    log(f"{tag}: building for {platform} from {root}")
     with scratch_dir("fixture") as tmp:
         context = Path(tmp) / "context"
         shutil.copytree(root, context, symlinks=True)
-        shutil.copy2(busybox, context / "busybox")
+        shutil.copy2(busybox, context / f"busybox-{arch}")
         for rel, path in python.items():
-            target = context / "python" / rel
+            target = context / f"python-{arch}" / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)  # keeps the mtime each .pyc was compiled against
-        (context / "python/usr/bin/python3").symlink_to(Path(PYTHON).name)
+        (context / f"python-{arch}/usr/bin/python3").symlink_to(Path(PYTHON).name)
         # the landmark of the interpreter's exec_prefix: no compiled modules beyond its own
-        (context / "python/usr/lib/python3.11/lib-dynload").mkdir(parents=True, exist_ok=True)
-        built = build_image(engine, context, MINI_NGC_TAG, {CONTENT_LABEL: content})
-    return FixtureImage(MINI_NGC_TAG, built, content, True, time.monotonic() - started)
+        (context / f"python-{arch}/usr/lib/python3.11/lib-dynload").mkdir(parents=True, exist_ok=True)
+        built = build_image(engine, context, tag, {CONTENT_LABEL: content},
+                            platform=None if platform == HOST_PLATFORM else platform)
+    return FixtureImage(tag, built, content, True, time.monotonic() - started)
 
 
 def build_fixtures(
     *, engine: Engine | None = None, source: Path | None = None, force: bool = False,
-    log: Callable[[str], None] = lambda _: None,
+    log: Callable[[str], None] = lambda _: None, platforms: tuple[str, ...] = (HOST_PLATFORM,),
 ) -> list[FixtureImage]:
-    """Every fixture image (today: the mini NGC base; variants are layers on top of it)."""
-    return [build_mini_ngc(engine=engine, source=source, force=force, log=log)]
+    """Every fixture image (today: the mini NGC base, once per platform; variants are layers on
+    top of it)."""
+    return [build_mini_ngc(engine=engine, source=source, force=force, log=log, platform=platform)
+            for platform in platforms]
 
+
+def publish_index(engine: Engine, images: list[FixtureImage], platforms: tuple[str, ...], registry: str) -> str:
+    """Push each platform's base to `registry` and join them in one multi-platform index, as NGC
+    publishes its tags: REGISTRY/efabuild-fixtures/pytorch:26.08-py3, whose per-platform manifest
+    a build for a platform pulls. Returns the index's reference by digest."""
+    from efabuild.engine.client import EngineError
+    from efabuild.engine.images import remote_digest, tag_image
+
+    name = f"{registry}/{MINI_NGC_TAG}"
+    sources = []
+    for image, platform in zip(images, platforms):
+        pushed = f"{name}-{platform.split('/')[1]}"
+        tag_image(engine, image.tag, pushed)
+        found = engine.run("push", "-q", pushed, timeout=300)
+        if found.returncode != 0:
+            raise EngineError.from_output(f"cannot push {pushed}", found.stderr)
+        sources.append(pushed)
+    made = engine.run("buildx", "imagetools", "create", "-t", name, *sources, timeout=300)
+    if made.returncode != 0:
+        raise EngineError.from_output(f"cannot make the index {name}", made.stderr)
+    digest = remote_digest(engine, name)
+    if digest is None:
+        raise EfabuildError(f"{name}: pushed, but the registry gives no digest for it")
+    return f"{name}@{digest}"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from efabuild import dag, notices
 from efabuild.dag import LayerGraph
-from efabuild.errors import EfabuildError, NoCredentials
+from efabuild.errors import EfabuildError, InputError, NoCredentials
 from efabuild.model import Workspace
 from efabuild.plan import BUILD, Availability, BaseResolution, Plan, layer_inputs, make_plan
 from efabuild.refs import IMAGE_REPO, KEY_TAG, image_tag
@@ -47,14 +47,21 @@ def prepare(ws: Workspace, targets: Iterable[str] = (), *, use_engine: bool = Tr
 
 
 def _prepare(ws: Workspace, targets: Iterable[str], use_engine: bool, require_engine: bool) -> Prepared:
-    graph = dag.layer_graph(ws)
-    order = dag.select(ws, graph, targets)
-    records = BuildRecords(ws.settings.store.local)
+    layers = dag.layer_graph(ws)
+    targets, only = dag.split_targets(targets)
+    unknown = sorted(only - set(ws.settings.builder.platforms))
+    if unknown:
+        raise InputError(f"{unknown[0]} is not one of the workspace's [builder] platforms "
+                         f"({', '.join(ws.settings.builder.platforms)})", "make/plan target")
+    chosen = dag.select(ws, layers, targets)
+    # one node per (layer, platform): each has its own key, image, artifact and build record
+    graph, order = dag.on_platforms(ws, layers, chosen, only)
+    records = BuildRecords(ws.settings.store.local, ws.settings.builder.platform)
     engine_side = _EngineFacts(ws, graph, order, records, use_engine)
     local = ws.settings.store.local
     hasher = ContextHasher(ws.root, HashState(local / "state" / "hashes", below=local), exclude=never_context(ws))
     try:
-        contexts = hash_contexts(ws, graph, order, hasher)
+        contexts = hash_contexts(ws, layers, chosen, hasher)
     except EfabuildError:
         # an engine error still comes before a context error, as when the engine was asked first
         _required(*engine_side.result()[:2], require_engine)
@@ -63,7 +70,7 @@ def _prepare(ws: Workspace, targets: Iterable[str], use_engine: bool, require_en
     _required(engine, engine_error, require_engine)
     inputs = layer_inputs(ws.settings.builder.platform, graph, order, bases, contexts)
     keys = {inputs[name].key() for name in order}
-    images = (set(image_tags) if engine else records.built_keys(order)) & keys
+    images = (set(image_tags) if engine else records.built_keys(chosen)) & keys
     store = _store(ws)
     holders, s3_answered = _holders(store, graph, order, inputs, remote=use_engine)
     every = len(store.tier_names) if s3_answered else len(store.fs_tiers)
@@ -83,11 +90,11 @@ def _prepare(ws: Workspace, targets: Iterable[str], use_engine: bool, require_en
     )
 
     def previous(name: str):
-        last = records.last_key(name)
+        last = records.last_key(graph.nodes[name]["layer"].qualname, graph.nodes[name]["platform"])
         return records.inputs(last) if last else None
 
     plan = make_plan(graph, order, inputs, availability, previous, bases=tuple(bases.values()),
-                     context_files_read=hasher.files_read)
+                     context_files_read=hasher.files_read, emulated=_emulated(ws, engine, order, graph))
     if require_engine and any(lp.action == BUILD for lp in plan.layers):
         engine.check_buildx()  # only a build needs it: a no-op make starts no docker process
     return Prepared(ws=ws, graph=graph, order=order, plan=plan, engine=engine, engine_error=engine_error,
@@ -152,32 +159,51 @@ def _connect(ws: Workspace):
 
 
 def _resolve_bases(ws: Workspace, graph: LayerGraph, order: list[str], engine,
-                   records: BuildRecords) -> dict[str, BaseResolution]:
-    bases: dict[str, BaseResolution] = {}
+                   records: BuildRecords) -> dict:
+    """Each base's digest, by ref; in a several-platform workspace by (ref, platform), where a
+    multi-platform base (an index) is resolved to each platform's own manifest."""
+    several = ws.settings.builder.several
+    bases: dict = {}
+    asked: dict = {}  # ref -> the registry's answer: one question serves every platform
     for name in order:
-        layer = graph.nodes[name]["layer"]
-        if not layer.base or layer.base.ref in bases:
+        layer, platform = graph.nodes[name]["layer"], graph.nodes[name].get("platform")
+        slot = (layer.base.ref, platform) if layer.base and several else layer.base.ref if layer.base else None
+        if slot is None or slot in bases:
             continue
         ref = layer.base.ref
+        on = platform if several else None
         if layer.base.digest:
-            bases[ref] = BaseResolution(ref=ref, digest=layer.base.digest, source="pinned")
+            bases[slot] = BaseResolution(ref=ref, digest=layer.base.digest, source="pinned", platform=on)
             continue
-        digest, source = None, "unresolved"
+        digest, source, index = None, "unresolved", None
         if engine is not None:
-            from efabuild.engine.images import base_identity
+            from efabuild.engine.images import base_identity_for
 
-            digest, source = base_identity(engine, ref)
+            digest, source, index = base_identity_for(engine, ref, on, asked=asked)
         else:
             # offline: the digest this base had at its last build, so recorded keys still match
-            digest = _recorded_digest(records, ref, [n for n in order if graph.nodes[n]["layer"].base])
+            roots = [(graph.nodes[n]["layer"].qualname, graph.nodes[n].get("platform")) for n in order
+                     if graph.nodes[n]["layer"].base and graph.nodes[n].get("platform") == platform]
+            digest = _recorded_digest(records, ref, roots)
             source = "recorded" if digest else "unresolved"
-        bases[ref] = BaseResolution(ref=ref, digest=digest, source=source)
+        bases[slot] = BaseResolution(ref=ref, digest=digest, source=source, platform=on, index_digest=index)
     return bases
 
 
-def _recorded_digest(records: BuildRecords, ref: str, roots: list[str]) -> str | None:
-    for name in roots:
-        last = records.last_key(name)
+def _emulated(ws: Workspace, engine, order: list[str], graph: LayerGraph) -> frozenset[str]:
+    """The platforms of this plan that no builder runs natively and [builder] emulate allows."""
+    allowed = set(ws.settings.builder.emulate)
+    wanted = {graph.nodes[name]["platform"] for name in order} & allowed
+    if not wanted or engine is None:
+        return frozenset(wanted)
+    from efabuild.make.farm import native_platforms
+
+    return frozenset(wanted - native_platforms(ws.settings.builder, engine))
+
+
+def _recorded_digest(records: BuildRecords, ref: str, roots: list[tuple[str, str | None]]) -> str | None:
+    for name, platform in roots:
+        last = records.last_key(name, platform)
         inputs = records.inputs(last) if last else None
         if inputs is not None and inputs.base_ref == ref and inputs.base_digest:
             return inputs.base_digest

@@ -72,7 +72,7 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
             vcs=vcs_of(dict(result.labels)), platform=plan.inputs.platform,
         )
         record = ArtifactRecord.for_file(key, name, result.path, result.digest, export=export_info,
-                                         sha256=sha256.result())
+                                         sha256=sha256.result(), platform=plan.inputs.platform)
         if cancel is not None and cancel.is_set():
             raise ExportCancelled(f"{name}: interrupted before publishing; nothing was published")
         # signed here, before publishing: the statement is stored with the artifact on every tier
@@ -108,8 +108,10 @@ def _chain(plan: Plan, qualname: str) -> list[dict]:
 
 def _base(plan: Plan, qualname: str) -> dict:
     """The base under the chain, as its root layer's key saw it."""
-    root = plan.chain(qualname)[0].inputs
-    return {"ref": root.base_ref, "digest": root.base_digest}
+    root = plan.chain(qualname)[0]
+    base = next((b for b in plan.bases if b.ref == root.inputs.base_ref and b.platform == root.platform), None)
+    index = {"index_digest": base.index_digest} if base is not None and base.index_digest else {}
+    return {"ref": root.inputs.base_ref, "digest": root.inputs.base_digest, **index}
 
 
 def engine_versions(engine) -> dict:

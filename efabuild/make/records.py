@@ -20,7 +20,11 @@ MAX_BYTES = 64 << 20  # a key's inputs list its context files: tens of MiB for t
 
 
 class BuildRecords:
-    def __init__(self, store_root: Path) -> None:
+    """`default_platform`: what an entry without a platform was built for (written before entries
+    named theirs: a one-platform workspace's). A layer's entries of every platform share its file."""
+
+    def __init__(self, store_root: Path, default_platform: str | None = None) -> None:
+        self.default_platform = default_platform
         self.root = store_root / "builds"
         # the store's tmp/: a writer killed mid-write leaves its temp file where gc and make look
         self.tmp_dir = store_root / "tmp"
@@ -43,8 +47,12 @@ class BuildRecords:
         return [entry for entry in builds if isinstance(entry, dict) and isinstance(entry.get("key"), str)] \
             if isinstance(builds, list) else []
 
-    def last_key(self, qualname: str) -> str | None:
+    def last_key(self, qualname: str, platform: str | None = None) -> str | None:
+        """The key of the layer's last build on `platform` (any platform's when it has none there,
+        or none is given): a plan's baseline, whose reasons then say the platform changed."""
         history = self.history(qualname)
+        on = [entry for entry in history if entry.get("platform", self.default_platform) == platform]
+        history = on or history
         return history[-1]["key"] if history else None
 
     def built_keys(self, qualnames) -> set[str]:
@@ -56,7 +64,8 @@ class BuildRecords:
             # what a later plan compares; secrets only as digests (the key itself is already made)
             atomic_write_bytes(key_path, canonical_json(inputs.to_shown_dict()), self.tmp_dir)
         history = [entry for entry in self.history(qualname) if entry["key"] != key]
-        entry: dict[str, Any] = {"key": key, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        entry: dict[str, Any] = {"key": key, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                 "platform": inputs.platform}
         if seconds is not None:
             entry["seconds"] = round(seconds, 3)
         history.append(entry)

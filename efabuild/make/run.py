@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from efabuild import dag, notices
 from efabuild.errors import EfabuildError, InputError
@@ -26,6 +26,7 @@ from efabuild.make.context import SOURCE_DATE_EPOCH, context_dir
 from efabuild.make.leftovers import LeftoverSearch, sweep
 from efabuild.make.prepare import Prepared, prepare
 from efabuild.make.reporter import Reporter
+from efabuild.make.result import MakeResult, published_platforms
 from efabuild.make.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
                                      run_in_order)
 from efabuild.host.stops import step_boundary
@@ -35,21 +36,7 @@ if TYPE_CHECKING:  # the builder's side is loaded where a layer has work: a no-o
     from efabuild.make.engine_steps import EngineSteps
 
 __all__ = ["BUILT", "EXPORTED", "FAILED", "PULLED", "REUSED", "SKIPPED", "STATUSES", "SOURCE_DATE_EPOCH",
-           "LeftoverSearch", "LintFailed", "MakeResult", "Outcome", "prepare_make", "run"]
-
-
-class MakeResult(NamedTuple):
-    outcomes: tuple[Outcome, ...]
-    skipped_tiers: dict[str, str]  # store tier -> why nothing went there
-
-    @property
-    def failed(self) -> bool:
-        return any(o.status == FAILED for o in self.outcomes)
-
-    def counts(self) -> dict[str, int]:
-        """How many layers ended in each status, in STATUSES order, zeros left out."""
-        counts = {s: sum(o.status == s for o in self.outcomes) for s in STATUSES}
-        return {s: n for s, n in counts.items() if n}
+           "LeftoverSearch", "LintFailed", "MakeResult", "Outcome", "prepare_make", "published_platforms", "run"]
 
 
 class LintFailed(InputError):
@@ -69,7 +56,7 @@ def prepare_make(ws: Workspace, targets: Iterable[str] = (), *, lint: bool = Tru
         from efabuild.lint import errors_only, lint_workspace
 
         # every graph a selected layer comes from, ancestors in other graphs included
-        graphs = sorted({name.split(":", 1)[0] for name in dag.select(ws, dag.layer_graph(ws), targets)})
+        graphs = sorted({name.split(":", 1)[0] for name in dag.select(ws, dag.layer_graph(ws), dag.split_targets(targets)[0])})
         errors = errors_only(lint_workspace(ws, graphs if targets else None))
         if errors:
             raise LintFailed(errors)
@@ -91,10 +78,7 @@ class _Runner:
         self.store = prepared.store
         # every secret of this make is hidden in every build's output, whichever layer it belongs to
         self.redact = output_redactor(prepared)
-        self.farm = None  # efabuild.make.farm.Farm: builders that cannot see this engine's images
-        self._node_versions: dict[int, dict] = {}  # id(farm node) -> its tool versions
-        self._pulled: set[str] = set()  # keys whose image this make pulled: built by another machine
-        self._versions_lock = threading.Lock()
+        self.builders = None  # make.builders' LocalBuilders or FarmBuilders, chosen by run()
 
     @functools.cached_property
     def steps(self) -> EngineSteps:
@@ -134,23 +118,16 @@ class _Runner:
         action = lp.action
         if action in (PULL, BUILD) and self._made_meanwhile(layer, lp):
             action, contended = NOTHING, True  # another make built it while this one planned or waited
-        if action == PULL and self.farm is not None:
-            self.farm.ref(self.engine, layer.name, lp.key)  # builders and exports take it from there
-        elif action == PULL:
-            self.reporter.started(lp.qualname, "pull", short(lp.key))
-            self._pull(layer, lp)
-            steps.append("pull")
-            status = PULLED
+        if action == PULL:
+            step = self.builders.obtain(layer, lp)
+            steps += [step] if step else []
+            status = PULLED if step else status
         elif action == BUILD:
-            self.reporter.started(lp.qualname, "build", "; ".join(lp.reasons))
-            log = self._build(layer, lp)
-            steps.append("build")
+            self.reporter.started(lp.qualname, "build", "; ".join(lp.why))
+            log, more = self._build(layer, lp)
+            steps += ["build", *more]
             status = BUILT
-            if self.ws.settings.registry is not None and self.farm is None:  # a farm's builds push
-                self.steps.push(image_tag(layer.name, lp.key), self.ws.settings.registry)
-                steps.append("push")
-        if self.farm is None:
-            self._ensure_own_tag(layer, lp)
+        self.builders.own_tag(layer, lp)
         if layer.artifact:
             artifact, step = self._store_artifact(layer, lp, contended, quiet=bool(steps))
             steps += [step] if step else []
@@ -161,15 +138,15 @@ class _Runner:
         """Every tier gets the layer's .sqsh: (its path, the step that did it). What the plan found
         in the store holds unless another make of this key ran meanwhile: only then is it asked again."""
         if lp.stored or (contended and self.store.has(lp.key)):
-            self.store.name(lp.qualname, lp.key)  # no-op unless the artifact came from another name
+            self.store.name(lp.layer, lp.key)  # no-op unless the artifact came from another name
             return "", None
         copied = self.store.complete(lp.key)
         if copied is not None:  # another tier had it: copied across, no export needed
-            self.store.name(lp.qualname, lp.key)
+            self.store.name(lp.layer, lp.key)
             if set(copied.values()) == {TIER_REUSED}:
                 return "", None  # another make published it between the plan and the lock
             return str(self.store.lookup(lp.key, fetch=False)), "copy between tiers"
-        if self.farm is None and lp.key not in self.tags:  # planned as a copy, but no tier's copy was good
+        if not self.builders.has_image(lp.key):  # planned as a copy, but no tier's copy was good
             raise EfabuildError(f"{lp.qualname}: no store tier holds a good copy of {short(lp.key)} and the "
                                 f"engine lacks its image: make again to build it")
         if not quiet:
@@ -177,54 +154,27 @@ class _Runner:
         return self._export_and_publish(layer, lp), "export"
 
     def _made_meanwhile(self, layer: Layer, lp: LayerPlan) -> bool:
-        tag = image_tag(layer.name, lp.key)
-        if self.farm is not None or not self.steps.has_image(tag):
-            return False
-        self.tags[lp.key] = tag
-        return True
+        return self.builders.made_meanwhile(layer, lp)
 
     def settle(self, lp: LayerPlan, shares_work: bool) -> Outcome:
         """A layer with nothing to do, or whose key an earlier layer just made: it gets its own tag
         and store name."""
         layer: Layer = self.p.graph.nodes[lp.qualname]["layer"]
         if shares_work:
-            if lp.key in self.tags and self.farm is None:
-                self._ensure_own_tag(layer, lp)
+            if self.builders is not None:  # None: no layer of this make had work
+                self.builders.own_tag(layer, lp)
             if layer.artifact and self.store.has(lp.key):
-                self.store.name(lp.qualname, lp.key)
+                self.store.name(lp.layer, lp.key)
         elif lp.artifact:  # stored under another graph's name: add this one
-            self.store.name(lp.qualname, lp.key)
+            self.store.name(lp.layer, lp.key)
         return Outcome(lp.qualname, lp.key, REUSED)
 
-    def _pull(self, layer: Layer, lp: LayerPlan) -> None:
-        tag = image_tag(layer.name, lp.key)
-        if not self.steps.pull(tag, self.ws.settings.registry):
-            raise EfabuildError(f"{lp.qualname}: {tag} vanished from the registry {self.ws.settings.registry.url}")
-        self.tags[lp.key] = tag
-        self._pulled.add(lp.key)
-
-    def _ensure_own_tag(self, layer: Layer, lp: LayerPlan) -> None:
-        """A layer whose image exists under another layer's name gets its own tag too."""
-        own = image_tag(layer.name, lp.key)
-        existing = self.tags.get(lp.key)
-        if existing and existing != own:
-            self.steps.tag(existing, own)
-        if existing:
-            self.tags.setdefault(lp.key, own)
-
     def from_line(self, layer: Layer, lp: LayerPlan) -> str:
-        if layer.parent and self.farm is not None:  # by digest in the registry
-            parent_key = self.plans[layer.parent].key
-            parent = self.p.graph.nodes[layer.parent]["layer"]
-            return f"FROM {self.farm.ref(self.engine, parent.name, parent_key, self.tags.get(parent_key))}"
-        if layer.parent:
-            parent_key = self.plans[layer.parent].key
-            tag = self.tags.get(parent_key)
-            if tag is None:
-                raise EfabuildError(f"{lp.qualname}: parent image {short(parent_key)} is not in the engine")
-            return f"FROM {tag}"
+        if layer.parent:  # its tag in the engine, or by digest in the registry
+            parent = self.p.graph.nodes[lp.parent]["layer"]
+            return f"FROM {self.builders.parent_ref(lp, parent, self.plans[lp.parent].key)}"
         digest = lp.inputs.base_digest
-        base = next(b for b in self.p.plan.bases if b.ref == layer.base.ref)
+        base = next(b for b in self.p.plan.bases if b.ref == layer.base.ref and b.platform in (None, lp.platform))
         # only a registry digest can be pinned in FROM; a local image ID is matched by the tag
         if digest and base.source in ("pinned", "registry"):
             return f"FROM {layer.base.ref}@{digest}"
@@ -245,25 +195,22 @@ class _Runner:
             # these but the key reaches the .sqsh (refs.UNKEYED_LABELS)
             labels={TITLE_LABEL: layer.qualname, **dict.fromkeys(GIT_LABELS, ""), **self.oci_labels,
                     KEY_LABEL: lp.key, GRAPH_LABEL: layer.graph, LAYER_LABEL: layer.name},
-            platform=self.ws.settings.builder.platform,
+            platform=lp.platform,  # BuildKit sets TARGETPLATFORM and TARGETARCH from it
             source_date_epoch=SOURCE_DATE_EPOCH,
             no_cache=no_cache,
         )
 
-    def _build(self, layer: Layer, lp: LayerPlan) -> str:
+    def _build(self, layer: Layer, lp: LayerPlan) -> tuple[str, list[str]]:
+        """(its log, the steps after the build), the build recorded as the layer's baseline."""
         log_path = self.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.log"
         with self._context_dir(layer, lp) as context_dir:
             request = self.build_request(layer, lp, context_dir, image_tag(layer.name, lp.key))
             step_boundary("build")
             how = dict(on_line=lambda text: self.reporter.line(lp.qualname, text), cancel=self.cancel,
                        redact=self.redact, log_root=self.store_root)
-            if self.farm is not None:
-                self.farm.build(layer.name, lp.key, request, log_path, **how)
-            else:
-                self.steps.build(request, log_path, **how)
-                self.tags[lp.key] = request.tag
-        self.p.records.record(lp.qualname, lp.key, lp.inputs)
-        return str(log_path)
+            more = self.builders.build(layer, lp, request, log_path, **how)
+        self.p.records.record(lp.layer, lp.key, lp.inputs)
+        return str(log_path), more
 
     def _context_dir(self, layer: Layer, lp: LayerPlan):
         """A build context holding exactly the files the key was computed from, as the key saw them."""
@@ -287,25 +234,11 @@ class _Runner:
         return engine_versions(self.engine)
 
     def built_by(self, key: str) -> dict:
-        """The tool versions of the builder that built `key`, for its manifest: the engine's, or on
-        a farm the node's that built it in this make (asked once per node, `node` naming its
-        [builder] farm entry). A layer pulled from the registry, or one the farm did not build in
-        this make, was built elsewhere or before, by a builder no record names: its manifest names
-        none rather than the wrong one."""
-        if key in self._pulled:
-            return {}
-        if self.farm is None:
-            return self.builder_versions
-        from efabuild.make.publish import engine_versions
-        from efabuild.engine.build import builder_name
-
-        node = self.farm.builder_of(key)
-        if node is None:
-            return {}
-        with self._versions_lock:
-            if id(node) not in self._node_versions:
-                self._node_versions[id(node)] = {**engine_versions(node), "node": builder_name(node)}
-            return self._node_versions[id(node)]
+        """The tool versions of the builder that built `key`, for its manifest: the engine's, or
+        the builder node's that built it in this make. A layer pulled from the registry, or one no
+        builder built in this make, was built elsewhere or before, by a builder no record names:
+        its manifest names none rather than the wrong one."""
+        return self.builders.versions(key)
 
     @functools.cached_property
     def signer(self):  # noqa: ANN201 - a signing.Signer, or None without [sign]
@@ -321,8 +254,9 @@ class _Runner:
         from efabuild.make.ancestry import export_ancestor
         from efabuild.make.publish import export_and_publish
 
-        with export_ancestor(self.p, lp.qualname, remote=self.farm is not None) as found:
-            request = self.export_request(layer, lp, *found)
+        request = self.export_request(layer, lp)
+        with export_ancestor(self.p, lp.qualname, remote=request.remote is not None) as found:
+            request = request.written_from(*found)
             path = export_and_publish(self.p, request, reporter=self.reporter, builder_versions=self.built_by(lp.key),
                                       signer=self.signer, cancel=self.cancel)
         return str(path)
@@ -333,10 +267,7 @@ class _Runner:
         farm from the registry through one of its builders."""
         from efabuild.export.artifact import ExportRequest
 
-        remote = None
-        if self.farm is not None:
-            ref = tag or self.farm.ref(self.engine, layer.name, lp.key, self.tags.get(lp.key))
-            remote = self.farm.remote_image(ref, self.ws.settings.builder.platform)
+        remote = self.builders.remote_image(layer, lp, tag)
         return ExportRequest(key=lp.key, name=lp.qualname, options=self.ws.settings.export, epoch=SOURCE_DATE_EPOCH,
                              engine=self.engine, tag=tag or self.tags.get(lp.key, ""), remote=remote,
                              ancestor=ancestor, no_ancestor=no_ancestor)
@@ -378,11 +309,13 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
     `leftovers`, started before the plan, has looked for what killed makes left (default: look now)."""
     check_secrets(prepared)
     runner = _Runner(prepared, reporter or Reporter(), engine_steps)
-    if prepared.engine is not None and any(lp.action != NOTHING for lp in prepared.plan.layers):
-        from efabuild.make.farm import farm_for_make  # builders matter only to a make with work
+    if any(lp.action != NOTHING for lp in prepared.plan.layers):
+        from efabuild.make.builders import builders_for, start_builders  # only a make with work needs them
 
-        runner.farm = farm_for_make(prepared, notices.warn)
-        jobs = runner.farm.slots if runner.farm is not None else jobs  # [builder] jobs on each builder
+        # a platform without a builder, or builders that cannot work, stop the make before any build
+        runner.builders = builders_for(runner, None) if prepared.engine is None else \
+            start_builders(runner, prepared, notices.warn)
+        jobs = runner.builders.slots(jobs)
     if any(lp.artifact and not lp.stored for lp in prepared.plan.layers):
         runner.signer  # noqa: B018 - a bad [sign] key stops the make before anything is built
     sweep(prepared.store, prepared.engine, lambda: runner.steps, leftovers)
@@ -392,7 +325,18 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
                             interrupted=runner.cancel.set)
     # every layer now available is the baseline of its next plan, however it got here
     for name, outcome in outcomes.items():
-        if outcome.status not in (FAILED, SKIPPED) and prepared.records.last_key(name) != outcome.key:
-            prepared.records.record(name, outcome.key, plans[name].inputs)
-    return MakeResult(tuple(outcomes[name] for name in prepared.order if name in outcomes),
-                      dict(prepared.store.skipped))
+        lp = plans[name]
+        if outcome.status not in (FAILED, SKIPPED) and prepared.records.last_key(lp.layer, lp.platform) != outcome.key:
+            prepared.records.record(lp.layer, outcome.key, lp.inputs)
+    result = MakeResult(tuple(outcomes[name] for name in prepared.order if name in outcomes),
+                        dict(prepared.store.skipped), {name: (lp.layer, lp.platform) for name, lp in plans.items()},
+                        frozenset(name for name, lp in plans.items() if lp.artifact))
+    if prepared.ws.settings.builder.several:  # a one-platform workspace's names keep plain entries
+        sign = None
+        if runner.signer is not None:  # signed as make signs artifacts; not loaded by a no-op make (attrs)
+            from efabuild.signing.attest import signed_index
+
+            sign = functools.partial(signed_index, signer=runner.signer)
+        for name, platforms in sorted(published_platforms(result).items()):
+            prepared.store.publish_index(name, platforms, sign=sign)
+    return result

@@ -89,6 +89,44 @@ def flatten(manifest: Mapping[str, Any]) -> dict[tuple[str, str], str | None]:
     return flat
 
 
+# what must agree between the platforms of one name: a job on either partition talks to the other
+# through them (NCCL's wire protocol, the EFA provider, the plugin) or runs the same model code
+ACROSS_PLATFORMS = ("nccl", "libfabric", "aws-ofi-nccl", "pytorch", "cuda")
+
+
+@attrs.frozen
+class Agreement:
+    component: str
+    a: str | None
+    b: str | None
+
+    @property
+    def agrees(self) -> bool:
+        return self.a == self.b
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"component": self.component, "a": self.a, "b": self.b, "agree": self.agrees}
+
+
+def platform_agreement(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Agreement]:
+    """Whether the versions of ACROSS_PLATFORMS measured in two artifacts (a name on two
+    platforms) are the same: one row each, absent ones as None."""
+    def version(manifest: Mapping[str, Any], name: str) -> str | None:
+        component = ((manifest.get("measured") or {}).get("components") or {}).get(name) or {}
+        return component.get("version") if isinstance(component, dict) else None
+
+    return [Agreement(name, version(a, name), version(b, name)) for name in ACROSS_PLATFORMS]
+
+
+def agreement_verdict(rows: list[Agreement], platform_a: str, platform_b: str) -> str:
+    differ = [row for row in rows if not row.agrees]
+    if not differ:
+        return f"{', '.join(row.component for row in rows)} agree across {platform_a} and {platform_b}"
+    shown = "; ".join(f"{row.component} {row.a or '-'} on {platform_a}, {row.b or '-'} on {platform_b}"
+                      for row in differ)
+    return f"differ across platforms: {shown}"
+
+
 def _text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value

@@ -42,6 +42,7 @@ def build_manifest(
     times: Mapping[str, Any],
     sqsh_sha256: str | None = None,
     vcs: Mapping[str, str] | None = None,
+    platform: str | None = None,
 ) -> dict[str, Any]:
     """The manifest of one artifact.
 
@@ -51,6 +52,7 @@ def build_manifest(
     (efabuild's own version is added). times: datetimes or ISO strings, e.g. started/finished.
     sqsh_sha256: hex sha256 of the .sqsh when the exporter computed it (for in-toto consumers).
     vcs: {"revision": HEAD's commit, "source": the remote's URL} of the workspace, what it has of them.
+    platform: what the artifact was built for ("linux/arm64"), as its record says it too.
     """
     if not _KEY.match(key):
         raise EfabuildError(f"manifest: key {key!r} is not 64 lowercase hex characters")
@@ -74,6 +76,8 @@ def build_manifest(
     }
     if vcs:  # absent outside a git checkout, as in manifests made before it was recorded
         manifest["vcs"] = {k: str(v) for k, v in sorted(vcs.items())}
+    if platform:  # absent in manifests made before it was recorded (the chain's inputs name it)
+        manifest["platform"] = platform
     _check_no_floats(manifest, "manifest")
     return _utf8(manifest)
 
@@ -144,6 +148,8 @@ def measured_of(manifest: Mapping[str, Any]) -> Measured:
 
 def platform_of(manifest: Mapping[str, Any]) -> str | None:
     """The platform the artifact's own layer was built for (its key's input), None when unknown."""
+    if isinstance(manifest.get("platform"), str):
+        return manifest["platform"]
     chain = manifest.get("chain") or []
     inputs = (chain[-1].get("inputs") if isinstance(chain[-1], dict) else None) if chain else None
     platform = inputs.get("platform") if isinstance(inputs, dict) else None
@@ -163,8 +169,9 @@ def declared_args(manifest: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
 def _base(base: Any) -> dict[str, Any] | None:
     if base is None:
         return None
-    if isinstance(base, Mapping):
-        return {"ref": base.get("ref"), "digest": base.get("digest")}
+    if isinstance(base, Mapping):  # a multi-platform base: its index's digest beside the platform's
+        index = {"index_digest": base["index_digest"]} if base.get("index_digest") else {}
+        return {"ref": base.get("ref"), "digest": base.get("digest"), **index}
     return {"ref": getattr(base, "ref", None), "digest": getattr(base, "digest", None)}
 
 

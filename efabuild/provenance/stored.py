@@ -55,7 +55,7 @@ def describe_sqsh(
     return manifests.encode(manifests.build_manifest(
         key=key, name=name, sqsh_digest=sqsh_digest, sqsh_size=Path(sqsh).stat().st_size,
         export_options=export_options, base=base, chain=chain, measured=measured, builder=builder,
-        times=times, sqsh_sha256=sqsh_sha256, vcs=vcs,
+        times=times, sqsh_sha256=sqsh_sha256, vcs=vcs, platform=platform,
     ))
 
 

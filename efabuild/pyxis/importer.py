@@ -46,7 +46,8 @@ def is_efabuild_uri(uri: str) -> bool:
 
 
 def parse_image_uri(uri: str) -> str:
-    """'docker://efabuild://ngc-efa:user' or 'efabuild://ngc-efa:user' -> 'ngc-efa:user'."""
+    """'docker://efabuild://ngc-efa:user' or 'efabuild://ngc-efa:user' -> 'ngc-efa:user' (a name may
+    end in @os/arch: that platform's artifact)."""
     text = uri.strip()
     for prefix in PYXIS_PREFIXES:
         if text.startswith(prefix + SCHEME):
@@ -100,7 +101,8 @@ def get(uri: str, environ: dict[str, str] | None = None) -> Path:
     store = environ.get(STORE_ENV) or config.get("store")
     # verify = true on every step start: a copy verified before and unchanged since is not read again
     path, _ = lookup_path(ref, store, fetch=True, verify=bool(config.get("verify", False)),
-                          require_signature=bool(config.get("require_signature", False)), verify_cache=True)
+                          require_signature=bool(config.get("require_signature", False)), verify_cache=True,
+                          environ=environ)  # $EFABUILD_PLATFORM of the job, checked by the platform grammar
     return path
 
 

@@ -15,6 +15,7 @@ from efabuild.settings import StoreConfig
 from efabuild.store.config import locate
 from efabuild.store.layout import ENVELOPE_SUFFIX, SQSH_SUFFIX, Layout
 from efabuild.store.lookup import find_local, intact_record
+from efabuild.store.platformindex import Wanted
 
 
 def verify_tiers(table: StoreConfig, key: str, *, cache: bool = False) -> None:
@@ -73,11 +74,13 @@ def _check_cached(tier: str, layout: Layout, key: str, record: dict) -> None:
 
 def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verify: bool = False,
                 cwd: Path | None = None, require_signature: bool = False,
-                verify_cache: bool = False, check_s3: bool = False, deep: bool = False) -> tuple[Path, dict]:
-    """(absolute .sqsh path, its record as a dict) for `ref`.
-
-    `verify` re-hashes every filesystem tier's copy on a hit; with `verify_cache`, not those this
-    user verified before and unchanged since (the importer's `verify = true`).
+                verify_cache: bool = False, check_s3: bool = False, deep: bool = False,
+                platform: str | None = None, environ: dict[str, str] | None = None) -> tuple[Path, dict]:
+    """(absolute .sqsh path, its record as a dict) for `ref`: a name's on `platform`, `@os/arch`,
+    $EFABUILD_PLATFORM (of `environ`) or the node's machine, by its platform index
+    (store/platformindex.py), whose signature `require_signature` checks too. `verify` re-hashes
+    every filesystem tier's copy on a hit; with `verify_cache`, not those this user verified
+    before and unchanged since (the importer's `verify = true`).
 
     Raises NotFound (absent), AmbiguousRef (prefix matches several), InputError (bad REF or
     store settings) or EfabuildError (the stored copy is damaged or not a file); with
@@ -92,7 +95,8 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         from efabuild.signing.trust import policy_for
 
         policy = policy_for(table)
-    hit = find_local(table, ref, ask_s3=fetch and table.s3 is not None)
+    wanted, vet_index = Wanted.of(ref, platform, environ), None if policy is None else _index_signed(policy, ref)
+    hit = find_local(table, ref, ask_s3=fetch and table.s3 is not None, wanted=wanted, vet=vet_index)
     if hit is not None:
         key, layout, record = hit
         path = layout.sqsh_path(key).absolute()
@@ -115,8 +119,9 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     try:
         # a name copied from S3 comes here at every start: its copy is checked against the cache too
         # (a fetched copy, verified by the fetch, is hashed once more and then remembered)
-        path = full.lookup(ref, fetch=fetch, verify=verify and not verify_cache, vet=vet,
-                           deep=deep, check_s3=check_s3)
+        path = full.lookup(wanted.ref, fetch=fetch, verify=verify and not verify_cache, vet=vet,
+                           deep=deep, check_s3=check_s3, platform=wanted.platform, vet_index=vet_index,
+                           environ=environ)
     except VerificationFailed as exc:
         raise _refusal(exc, ref) from None
     key = path.name[: -len(SQSH_SUFFIX)]
@@ -145,10 +150,35 @@ def _signed_in_s3(full, policy):  # noqa: ANN001, ANN202 - a Store, a TrustPolic
     return vet
 
 
+def _index_signed(policy, ref: str):  # noqa: ANN001, ANN202 - a TrustPolicy; a platformindex.IndexVet
+    """Refuses (VerificationFailed) a platform index without a trusted signature over its bytes:
+    whoever can write the store could otherwise point a platform at another key."""
+
+    def vet(data: bytes, envelope: bytes | None, where: str) -> None:
+        import hashlib
+
+        from efabuild.signing import verifycache
+
+        # the bytes read are hashed (a few hundred): a cached answer needs no signature check
+        content = None if envelope is None else hashlib.sha256(b"%d\0" % len(data) + data + envelope).hexdigest()
+        if content is not None and verifycache.content_verified(where, content, policy.digest):
+            return
+        from efabuild.signing.verify import VerificationFailed, index_problems
+
+        problems = index_problems(data, envelope, policy, where)
+        if problems:
+            raise _refusal(VerificationFailed(problems), ref)
+        verifycache.remember_content(where, content, policy.digest)
+
+    return vet
+
+
 def _refusal(exc, ref: str):  # noqa: ANN001, ANN202 - VerificationFailed in, VerificationFailed out
     from efabuild.signing.verify import VerificationFailed
 
     # one line for Pyxis to show: the first problem says enough to act on
+    if len(exc.problems) == 1 and exc.problems[0].startswith(f"refusing {ref}: "):
+        return exc  # worded already (a platform index refused on the way)
     more = f" (and {len(exc.problems) - 1} more: efabuild verify {ref})" if len(exc.problems) > 1 else ""
     return VerificationFailed([f"refusing {ref}: {exc.problems[0]}{more}"])
 

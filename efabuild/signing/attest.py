@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from efabuild.signing import dsse
 from efabuild.errors import EfabuildError, NotFound
+from efabuild.platforms import INDEX_PAYLOAD_TYPE
 from efabuild.refs import short
 
 
@@ -22,6 +23,14 @@ def statement_payload(manifest: bytes, where: str = "manifest") -> bytes:
 def signed(manifest: bytes, signer, where: str = "manifest") -> bytes:  # noqa: ANN001 - a signing.Signer
     """A new envelope over the statement of `manifest`, signed once: the bundle file's bytes."""
     envelope = dsse.Envelope(statement_payload(manifest, where))
+    return dsse.encode(envelope.with_signature(signer.sign(envelope.pae())))
+
+
+def signed_index(data: bytes, *, signer) -> bytes:  # noqa: ANN001 - a signing.Signer
+    """A name's platform index (platforms.index_bytes) in a DSSE envelope of its own payload type,
+    signed once: what `lookup --require-signature` checks before it believes a platform's key."""
+
+    envelope = dsse.Envelope(data, INDEX_PAYLOAD_TYPE)
     return dsse.encode(envelope.with_signature(signer.sign(envelope.pae())))
 
 

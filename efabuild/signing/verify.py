@@ -21,6 +21,7 @@ from pathlib import Path
 from efabuild.signing import verifycache
 from efabuild.errors import EfabuildError
 from efabuild.host import fsutil
+from efabuild.platforms import INDEX_PAYLOAD_TYPE
 from efabuild.store.layout import Layout
 from efabuild.refs import short
 
@@ -149,6 +150,29 @@ def signed_problems(envelope_bytes: bytes | None, key: str, record, policy, blak
     except EfabuildError as exc:
         return [str(exc)]
     return _check_subject(statement, key, record, where, blake3, sha256)
+
+
+def index_problems(data: bytes, envelope_bytes: bytes | None, policy, where: str) -> list[str]:  # noqa: ANN001
+    """A name's platform index checked against its DSSE envelope: a trusted signature, over exactly
+    these bytes, of the index's own payload type ([] when it verifies)."""
+    from efabuild.signing import dsse
+
+    envelope_where = where.removesuffix(".json") + ".dsse.json"
+    if envelope_bytes is None:
+        return [f"{where}: unsigned platform index (no {envelope_where.rsplit('/', 1)[-1]} beside it)"]
+    try:
+        envelope = dsse.decode(envelope_bytes, envelope_where)
+    except EfabuildError as exc:
+        return [str(exc)]
+    if envelope.payload_type != INDEX_PAYLOAD_TYPE:
+        return [f"{envelope_where}: payloadType is {envelope.payload_type[:80]!r}, not {INDEX_PAYLOAD_TYPE}"]
+    if envelope.payload != data:
+        return [f"{envelope_where}: signs other bytes than the platform index beside it"]
+    if trusted_signer(envelope, policy) is None:
+        count = len(envelope.signatures)
+        return [f"{envelope_where}: {'no signatures' if not count else f'{count} signature(s), none'} "
+                f"by a key trusted by {policy.source}"]
+    return []
 
 
 def trusted_signer(envelope, policy) -> str | None:  # noqa: ANN001

@@ -156,3 +156,37 @@ def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, lis
     except OSError:
         return False
     return True
+
+
+def content_verified(name: str, content: str, policy_digest: str, environ: dict[str, str] | None = None) -> bool:
+    """True when this user's (or root's) cache holds a verification of bytes whose sha256 is
+    `content` (a platform index and its envelope, read and hashed by the caller: small, so no
+    stamps are needed) under `policy_digest`."""
+    expected = _expected(content, {}, policy_digest)
+    mine = own_dir(environ)
+    candidates = [(mine, os.geteuid())] + ([(ROOT_CACHE, 0)] if mine != ROOT_CACHE and os.geteuid() != 0 else [])
+    for directory, owner in candidates:
+        entry = _read_entry(directory, owner, _entry_name(Path(name), "content"))
+        if entry is not None and {k: entry.get(k) for k in expected} == expected:
+            return True
+    return False
+
+
+def remember_content(name: str, content: str, policy_digest: str, environ: dict[str, str] | None = None) -> bool:
+    """Record a verification of the bytes whose sha256 is `content` (see content_verified)."""
+    directory, owner = own_dir(environ), os.geteuid()
+    try:
+        directory.mkdir(mode=0o755 if directory == ROOT_CACHE else 0o700, parents=True, exist_ok=True)
+    except OSError:
+        return False
+    if not _trusted_dir(directory, owner):
+        return False
+    from efabuild.host.fsutil import replace_owned  # only when writing, as in remember
+
+    data = json.dumps(_expected(content, {}, policy_digest), sort_keys=True).encode()
+    try:
+        replace_owned(directory / _entry_name(Path(name), "content"), data,
+                      0o644 if directory == ROOT_CACHE else 0o600, temp_prefix=".entry")
+    except OSError:
+        return False
+    return True

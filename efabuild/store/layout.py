@@ -7,6 +7,8 @@ Stdlib only (no attrs, boto3, docker): `efabuild lookup` imports this module on 
     <root>/objects/<k[:2]>/<key>.manifest.json   its provenance manifest, when there is one
     <root>/objects/<k[:2]>/<key>.intoto.jsonl    its signed in-toto statement (DSSE), when signed
     <root>/refs/<graph>/<layer>.json             name -> history of keys, newest last
+    <root>/platforms/<d[:2]>/<d>.json            a name's platform index (platform -> key), by its sha256
+    <root>/platforms/<d[:2]>/<d>.dsse.json       its DSSE envelope, when make signs
     <root>/locks/                                per-key and per-ref lock files
     <root>/tmp/                                  temp files; same filesystem, so publish is a link
     <root>/store.toml                            where the S3 tier is (no credentials), if any
@@ -26,6 +28,7 @@ from pathlib import Path
 from efabuild import notices
 from efabuild.display import shown
 from efabuild.errors import EfabuildError, InputError
+from efabuild.grammar import PLATFORM
 from efabuild.refs import NAME_PART, classify_ref, is_key, pick_one, split_name
 from efabuild.host import fsutil
 
@@ -41,6 +44,10 @@ REFS_LIMIT = 4 << 20  # MAX_REF_HISTORY entries
 MANIFEST_LIMIT = 64 << 20
 ENVELOPE_LIMIT = 4 << 20
 CONFIG_LIMIT = 1 << 20
+PLATFORM_INDEX_SUFFIX = ".json"
+PLATFORM_ENVELOPE_SUFFIX = ".dsse.json"
+PLATFORM_INDEX_LIMIT = 64 << 10  # platforms.INDEX_LIMIT: a few platforms are a few hundred bytes
+PLATFORM_ENVELOPE_LIMIT = 256 << 10
 
 
 def _warn(message: str, *args: object) -> None:
@@ -87,6 +94,23 @@ class Layout:
 
     def envelope_path(self, key: str) -> Path:
         return self.object_dir(key) / (key + ENVELOPE_SUFFIX)
+
+    def platform_index_path(self, digest: str) -> Path:
+        return self.root / "platforms" / digest[:2] / (digest + PLATFORM_INDEX_SUFFIX)
+
+    def platform_envelope_path(self, digest: str) -> Path:
+        return self.root / "platforms" / digest[:2] / (digest + PLATFORM_ENVELOPE_SUFFIX)
+
+    def read_platform_index(self, digest: str) -> tuple[bytes | None, bytes | None]:
+        """(the index named by `digest`, its envelope), each None when absent; bounded, never
+        through a link (UnsafeEntry)."""
+        if not is_key(digest):
+            raise EfabuildError(f"{shown(self.refs_dir)}: a history entry names index {_brief_value(digest)}, "
+                                f"not 64 hex characters")
+        data = fsutil.read_under(self.root, self.platform_index_path(digest), PLATFORM_INDEX_LIMIT)
+        if data is None:
+            return None, None
+        return data, fsutil.read_under(self.root, self.platform_envelope_path(digest), PLATFORM_ENVELOPE_LIMIT)
 
     def ref_path(self, name: str) -> Path:
         graph, layer = split_name(name)
@@ -178,7 +202,8 @@ class Layout:
         return keys
 
     def read_refs(self, name: str) -> list[dict]:
-        """History of `name` as [{"key", "time"}...], newest last; [] when unknown."""
+        """History of `name` as [{"key", "time"}...], newest last; [] when unknown. An entry a
+        several-platform make wrote also has "index": the sha256 of the name's platform index."""
         path = self.ref_path(name)
         text = fsutil.read_under(self.root, path, REFS_LIMIT)
         if text is None:
@@ -272,6 +297,9 @@ def record_problems(data: dict) -> list[str]:
     sha256 = data.get("sha256")
     if sha256 is not None and not is_key(sha256):  # 64 lowercase hex, as is a key
         problems.append(f"sha256 {_brief_value(sha256)} is not 64 lowercase hex characters")
+    platform = data.get("platform")
+    if platform is not None and not (isinstance(platform, str) and PLATFORM.fullmatch(platform)):
+        problems.append(f"platform {_brief_value(platform)} is not os/arch[/variant]")
     name = data["name"]
     graph, sep, layer = name.partition(":") if isinstance(name, str) else ("", "", "")
     if not (sep and NAME_PART.fullmatch(graph) and NAME_PART.fullmatch(layer)):

@@ -10,24 +10,36 @@ from __future__ import annotations
 from efabuild.errors import EfabuildError
 from efabuild.display import shown
 from efabuild.store.layout import Layout, newest_ref, record_problems, resolve_in
+from efabuild.store.platformindex import IndexVet, Resolved, Wanted, check_record, choose, manifest_platform_of
 from efabuild.refs import classify_ref
 from efabuild.settings import StoreConfig
 
 
-def local_key(layouts: list[Layout], ref: str) -> tuple[str | None, bool]:
-    """(the key `ref` names according to these directories alone, or None; whether that answer
-    is a name these directories only copied from S3 at a fetch, so that S3 says which key it
-    names now). The one local resolver: `efabuild lookup`'s fast path and `Store.resolve`."""
-    kind, value = classify_ref(ref)
+def local_choice(layouts: list[Layout], wanted: Wanted, vet: IndexVet | None = None) -> Resolved | None:
+    """What `wanted` names according to these directories alone (None: they don't know it). The
+    one local resolver: `efabuild lookup`'s fast path and `Store.resolve`. A name whose newest
+    entry names a platform index resolves to the key of the platform wanted (platformindex.py)."""
+    kind, value = classify_ref(wanted.ref)
     if kind != "name":
-        return resolve_in(layouts, ref), False
+        key = resolve_in(layouts, wanted.ref)
+        return None if key is None else Resolved(key)
     newest = newest_ref(layouts, value)
     if newest is None:
-        return None, False
-    return newest["key"], newest.get("via") == "s3"
+        return None
+    return choose(newest, value, wanted, lambda digest: _first_index(layouts, digest),
+                  lambda digest: shown(layouts[0].platform_index_path(digest)), vet)
 
 
-def find_local(table: StoreConfig, ref: str, ask_s3: bool = False) -> tuple[str, Layout, dict] | None:
+def _first_index(layouts: list[Layout], digest: str) -> tuple[bytes | None, bytes | None]:
+    for layout in layouts:
+        found = layout.read_platform_index(digest)
+        if found[0] is not None:
+            return found
+    return None, None
+
+
+def find_local(table: StoreConfig, ref: str, ask_s3: bool = False, *, wanted: Wanted | None = None,
+               vet: IndexVet | None = None) -> tuple[str, Layout, dict] | None:
     """(key, layout of the tier holding it, its record) when a filesystem tier holds it intact,
     else None.
 
@@ -35,14 +47,18 @@ def find_local(table: StoreConfig, ref: str, ask_s3: bool = False) -> tuple[str,
     root is followed) and the .sqsh has the size its record says (a stat; --verify re-hashes).
     A tier whose copy is not is passed over; when no tier has a good copy, the first problem
     found is raised, unless S3 can still supply it. With `ask_s3`, a name these tiers only copied
-    from S3 at a fetch is not answered here: S3 says which key it names now.
+    from S3 at a fetch is not answered here: S3 says which key it names now. A key a platform
+    index picked must have a record of that name and platform (else EfabuildError).
     """
     layouts = [Layout(root) for _, root in table.roots()]
-    key, via_s3 = local_key(layouts, ref)
-    if key is None or (ask_s3 and via_s3):
+    wanted = Wanted.of(ref) if wanted is None else wanted
+    resolved = local_choice(layouts, wanted, vet)
+    if resolved is None or (ask_s3 and resolved.via_s3):
         return None
+    key = resolved.key
     hit, problems = first_intact(layouts, key)
     if hit is not None:
+        check_record(resolved, wanted, hit[1], manifest_platform_of(hit[0], key))
         return key, *hit
     if problems and not ask_s3:
         raise problems[0]

@@ -31,6 +31,9 @@ class ArtifactRecord(NamedTuple):
     manifest_digest: str | None = None  # "blake3:<hex>" of the provenance manifest, if stored
     # hex sha256 of the .sqsh, for in-toto/cosign verifiers; None in records older than it
     sha256: str | None = None
+    # "linux/arm64": the platform it was built for; None in records of one-platform stores made
+    # before platforms were recorded (the workspace's single platform)
+    platform: str | None = None
 
     @classmethod
     def for_file(
@@ -42,6 +45,7 @@ class ArtifactRecord(NamedTuple):
         export: dict[str, Any] | None = None,
         created: str | None = None,
         sha256: str | None = None,
+        platform: str | None = None,
     ) -> ArtifactRecord:
         """A record for a freshly exported .sqsh (size read from the file)."""
         return cls(
@@ -52,6 +56,7 @@ class ArtifactRecord(NamedTuple):
             created=created or utc_now(),
             export=dict(export or {}),
             sha256=sha256,
+            platform=platform,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -65,6 +70,7 @@ class ArtifactRecord(NamedTuple):
             "export": dict(self.export),
             "manifest_digest": self.manifest_digest,
             **({"sha256": self.sha256} if self.sha256 is not None else {}),
+            **({"platform": self.platform} if self.platform is not None else {}),
         }
 
     def to_json(self) -> bytes:
@@ -89,6 +95,7 @@ class ArtifactRecord(NamedTuple):
             export=dict(export or {}),
             manifest_digest=data.get("manifest_digest"),
             sha256=data.get("sha256"),
+            platform=data.get("platform"),
         )
         record.check(where)
         return record

@@ -6,7 +6,7 @@
 - lookup looks at the filesystem tiers without locks (shared first: every node sees that path),
   and only when none holds a copy of the recorded size asks S3 and fetches into the shared tier
   (else local, over a damaged copy) under the key's lock, verified before it becomes visible.
-- names ("graph:layer") resolve through the filesystem tiers' refs (lookup.local_key, the
+- names ("graph:layer") resolve through the filesystem tiers' refs (lookup.local_choice, the
   resolver `efabuild lookup`'s fast path uses too); S3's refs are asked only when no filesystem
   tier knows the name, or knows it only as copied from S3 (configure a shared tier so that
   builders and jobs agree).
@@ -21,19 +21,21 @@ from pathlib import Path
 from typing import NamedTuple
 
 from efabuild import notices
-from efabuild.errors import EfabuildError, NotFound
-from efabuild.refs import check_key, classify_ref, pick_one, short
+from efabuild.errors import NotFound
+from efabuild.refs import check_key, classify_ref, short
 from efabuild.store.chunked import seeds
 from efabuild.settings import DEFAULT_KEEP, S3Config, StoreConfig
 from efabuild.store.config import bare_store, locate, store_config_text
 from efabuild.host.digest import bytes_digest
 from efabuild.store.tiers.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.layout import INDEX_SUFFIX
-from efabuild.store.lookup import first_intact, local_key
+from efabuild.store.lookup import first_intact
+from efabuild.store.platformindex import IndexVet, Wanted, check_record, manifest_platform_of
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.chunked.chunks import ChunkError, ChunkIndex
 from efabuild.store.gc.sweep import S3_TIER, GcReport, collect_garbage
 from efabuild.store.tierhealth import Checks
+from efabuild.store.naming import Names
 from efabuild.store.transfer import DamagedCopy, Vet, send, transfer, verified_copy
 
 
@@ -42,7 +44,7 @@ class Listing(NamedTuple):
     tiers: tuple[str, ...]  # tier names holding it, in store order
 
 
-class Store(Checks):
+class Store(Checks, Names):
     def __init__(
         self, fs_tiers: list[FilesystemTier], s3: S3Config | None = None, *,
         keep: int = DEFAULT_KEEP,
@@ -180,7 +182,8 @@ class Store(Checks):
                     results = {t.name: REUSED for t in holders if t.name not in damaged}
                     for target in lacking + [t for t in holders if t.name in damaged]:
                         results[target.name] = self._send(copy, target)
-                    self._record_names(copy.record.name, key, self._tiers(remote=True))  # as publish does
+                    self._record_names(copy.record.name, key, self._tiers(remote=True),  # as publish does
+                                       copy.record.platform)
                     return results
             except (DamagedCopy, ChunkError) as exc:
                 if not isinstance(exc, DamagedCopy) and (reached or source is not self.s3):
@@ -204,16 +207,18 @@ class Store(Checks):
             outcome = REPAIRED if outcome == PUBLISHED else outcome
         return outcome
 
-    def _record_names(self, name: str, key: str, tiers: list) -> None:
+    def _record_names(self, name: str, key: str, tiers: list, platform: str | None = None) -> None:
         for tier in tiers:
-            tier.append_ref(name, key)
+            if platform is None or not _indexed(tier, name):  # a name with a platform index moves by its index
+                tier.append_ref(name, key)
             if isinstance(tier, FilesystemTier) and self.s3_settings is not None:
                 tier.write_config(store_config_text(self.s3_settings))
 
     # ---- publish
     def publish(self, key: str, sqsh: str | os.PathLike[str], record: ArtifactRecord, manifest: bytes | None = None,
                 *, envelope: bytes | None = None, index: ChunkIndex | None = None) -> dict[str, str]:
-        """Store an exported .sqsh in every tier and point its name at it.
+        """Store an exported .sqsh in every tier and point its name at it (a name with a platform
+        index moves only when `publish_index` names the new key of each platform).
 
         Returns {tier name: "published" | "reused" | "repaired"}. `record.manifest_digest` is
         set from `manifest` here; `envelope` is the signed statement, stored beside it; `index` the
@@ -236,67 +241,55 @@ class Store(Checks):
             for target in others:
                 results[target.name] = self._send(copy, target)
         # the name asked for: identical inputs in two graphs share one object under two names
-        self._record_names(record.name, key, [first, *others])
+        self._record_names(record.name, key, [first, *others], record.platform)
         return results
 
     def name(self, name: str, key: str) -> None:
-        """Point `name` (graph:layer) at an artifact the store already holds, in every tier."""
+        """Point `name` (graph:layer) at an artifact the store already holds, in every tier; one
+        platform's artifact leaves a name that has a platform index as it is (see publish)."""
         check_key(key)
-        for tier in self.fs_tiers:
-            tier.append_ref(name, key)
-        if self.s3 is not None:
-            self.s3.append_ref(name, key)
+        record = self.record(key)
+        platform = record.platform if record is not None else None
+        for tier in self._tiers(remote=True):
+            if platform is None or not _indexed(tier, name):
+                tier.append_ref(name, key)
 
     # ---- resolve and lookup
-    def resolve(self, ref: str, *, remote: bool = True) -> str:
-        """A full key for `ref`: a key, a unique prefix of ≥ 8 hex, or graph:layer."""
-        kind, value = classify_ref(ref)
-        key, via_s3 = local_key([tier.layout for tier in self.fs_tiers], ref)
-        if key is not None and via_s3 and remote and self.s3_settings is not None:
-            # this filesystem only copied the name from S3 at a fetch: a later make may have
-            # moved it, and only S3 knows
-            try:
-                history = self.s3.read_refs(value)
-                key = history[-1]["key"] if history else key
-            except EfabuildError as exc:
-                notices.warn(f"S3 not reachable, {value} as last fetched: {exc}")
-        if key is None and remote and self.s3 is not None:
-            if kind == "name":
-                history = self.s3.read_refs(value)
-                key = history[-1]["key"] if history else None
-            else:
-                key = pick_one(value, self.s3.resolve_prefix(value))
-        if key is None:
-            what = f"named {value}" if kind == "name" else f"with key prefix {value}"
-            asked = self.describe() if remote else ", ".join(f"{t.name} {t.root}" for t in self.fs_tiers)
-            raise NotFound(f"no artifact {what} in {asked}")
-        return key
-
     def lookup(self, ref: str, fetch: bool = True, verify: bool = False, vet: Vet | None = None,
-               deep: bool = False, check_s3: bool = False) -> Path:
-        """The .sqsh on a tier whose copy is intact by a stat, else fetched from S3 (`verify`: see verify)."""
-        key = self.resolve(ref, remote=fetch)
+               deep: bool = False, check_s3: bool = False, *, platform: str | None = None,
+               vet_index: IndexVet | None = None, environ: dict[str, str] | None = None) -> Path:
+        """The .sqsh on a tier whose copy is intact by a stat, else fetched from S3 (`verify`: see
+        verify). A name's platform index picks the node's platform (or `@os/arch`'s), and the
+        record of the key it picks must agree, before a fetch writes a byte."""
+        wanted = Wanted.of(ref, platform, environ)
+        resolved = self.resolve_choice(wanted, remote=fetch, vet_index=vet_index)
+        key = resolved.key
         hit, damaged = first_intact([tier.layout for tier in self.fs_tiers], key)
         if hit is not None:
+            check_record(resolved, wanted, hit[1], manifest_platform_of(hit[0], key))
             if verify:
                 self.check_copies(key, remote=fetch and check_s3, deep=deep)
             return hit[0].sqsh_path(key)
+
+        def vetted(record: ArtifactRecord, sidecars: dict[str, bytes]) -> None:
+            check_record(resolved, wanted, record.to_dict())
+            if vet is not None:
+                vet(record, sidecars)
+
         try:
             if self.s3_settings is None:
                 raise NotFound(f"artifact {short(key)} ({ref}) is in no tier of {self.describe()}")
             if not fetch:
                 raise NotFound(f"artifact {short(key)} ({ref}) is not on {', '.join(t.name for t in self.fs_tiers)}"
                                f" (--no-fetch: S3 not asked)")
-            path = self.fetch(key, vet=vet)  # a fetch always verifies
+            path = self.fetch(key, vet=vetted)  # a fetch always verifies
         except NotFound as exc:  # what is wrong with a copy here says more than where it is not
             raise (damaged[0] if damaged else exc) from None
         if verify:  # its chunks taken from seeds say nothing of the bucket's
             self.check_copies(key, remote=check_s3, deep=deep)
-        kind, value = classify_ref(ref)
+        kind, value = classify_ref(wanted.ref)
         if kind == "name":  # the next lookup finds the object here; S3 still says which key
-            s3_history = self.s3.read_refs(value)
-            when = s3_history[-1]["time"] if s3_history and s3_history[-1]["key"] == key else None
-            self.fetch_tier.append_ref(value, key, when=when, via=S3_TIER)
+            self._copy_name(value, key)
         return path
 
     def local_hit(self, key: str) -> tuple[FilesystemTier, Path] | None:
@@ -395,3 +388,11 @@ class Store(Checks):
         pins = self.pins if pins is None else tuple(pins)
         return collect_garbage(self._tiers(remote), keep, pins, dry_run=dry_run, delete_remote=delete_remote,
                                chunk_grace=self.chunk_grace)
+
+
+def _indexed(tier, name: str) -> bool:  # noqa: ANN001 - a FilesystemTier or the S3Tier
+    """Whether `name`'s newest entry on `tier` names a platform index: then one platform's artifact
+    published alone leaves the name as it is (an arm64 node must not get it on amd64's behalf, nor
+    the other way round) until the make publishes the index naming it."""
+    history = tier.read_refs(name)
+    return bool(history) and "index" in history[-1]

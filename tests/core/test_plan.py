@@ -505,3 +505,80 @@ def test_the_plan_asks_s3_once_whether_it_holds_an_artifact_only_s3_holds(tmp_pa
     assert asked.count(("HEAD", f"{only_s3}.json")) == 1 and asked.count(("GET", f"{only_s3}.chunks.json")) == 1
     assert asked.count(("GET", f"{only_s3}.json")) == 1
     assert [request for request in asked if nowhere in request[1]] == [("HEAD", f"{nowhere}.json")]
+
+
+# --- several platforms ---------------------------------------------------------------------------
+
+def _demo_workspace(root: Path, builder: str) -> Path:
+    """The shipped demo graph and app/ under `root`, with `builder` as BUILD.toml's [builder]."""
+    import shutil
+
+    from tests.kits.wsfactory import REPO
+
+    root.mkdir(parents=True)
+    shutil.copytree(REPO / "app", root / "app")
+    (root / "graphs").mkdir()
+    shutil.copy(REPO / "graphs" / "demo.toml", root / "graphs" / "demo.toml")
+    (root / "BUILD.toml").write_text(f'[workspace]\ngraphs = ["graphs/*.toml"]\n[builder]\n{builder}\n')
+    return root
+
+
+def _offline_plan(root: Path) -> dict:
+    proc = run_efabuild(["-C", str(root), "plan", "--offline", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    return {layer["name"]: layer for layer in json.loads(proc.stdout)["layers"]}
+
+
+def test_a_one_platform_workspace_keeps_its_keys_and_names(tmp_path):
+    """The per-platform plan of a one-platform workspace gives every layer the key the plan gave
+    before platforms (its inputs over the layer graph itself), under its own name."""
+    from efabuild import dag
+    from efabuild.make.context import ContextHasher, hash_contexts
+    from efabuild.make.hashcache import HashState
+
+    root = _demo_workspace(tmp_path / "one", 'platform = "linux/amd64"')
+    planned = _offline_plan(root)
+    ws = load_workspace(root)
+    graph = dag.layer_graph(ws)
+    order = dag.select(ws, graph, [])
+    base = BaseResolution("efabuild-fixtures/pytorch:26.08-py3", None, "unresolved")
+    contexts = hash_contexts(ws, graph, order, ContextHasher(ws.root, HashState(None)))
+    before = {name: inputs.key() for name, inputs in
+              layer_inputs("linux/amd64", graph, order, {base.ref: base}, contexts).items()}
+    assert {name: layer["key"] for name, layer in planned.items()} == before
+    assert {layer["platform"] for layer in planned.values()} == {"linux/amd64"}
+
+
+def test_two_platforms_give_each_layer_a_key_per_platform(tmp_path):
+    one = _offline_plan(_demo_workspace(tmp_path / "one", 'platform = "linux/amd64"'))
+    two = _offline_plan(_demo_workspace(tmp_path / "two", 'platforms = ["linux/amd64", "linux/arm64"]'))
+    assert sorted(two) == sorted(f"{name}@{p}" for name in one for p in ("linux/amd64", "linux/arm64"))
+    for name in one:
+        amd, arm = two[f"{name}@linux/amd64"], two[f"{name}@linux/arm64"]
+        assert amd["key"] == one[name]["key"]  # adding arm64 rebuilds no amd64 layer
+        assert arm["key"] != amd["key"] and arm["inputs"]["platform"] == "linux/arm64"
+        assert (arm["layer"], arm["platform"]) == (name, "linux/arm64")
+    # a child's key on arm64 is built over its parent's arm64 key
+    assert two["demo:user@linux/arm64"]["inputs"]["parent_key"] == two["demo:deepep@linux/arm64"]["key"]
+    text = run_efabuild(["-C", str(tmp_path / "two"), "plan", "--offline"]).stdout
+    assert "demo:user@linux/arm64" in text and "demo:user@linux/amd64" in text
+
+
+def test_a_target_on_one_platform_plans_that_platform_only(tmp_path):
+    root = _demo_workspace(tmp_path / "two", 'platforms = ["linux/amd64", "linux/arm64"]')
+    proc = run_efabuild(["-C", str(root), "plan", "--offline", "--json", "demo:user@linux/arm64"])
+    assert proc.returncode == 0, proc.stderr
+    assert [layer["name"] for layer in json.loads(proc.stdout)["layers"]] == [
+        "demo:efa@linux/arm64", "demo:deepep@linux/arm64", "demo:user@linux/arm64"]
+    bad = run_efabuild(["-C", str(root), "plan", "--offline", "demo:user@linux/s390x"])
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "linux/s390x" in bad.stderr, bad.stderr
+
+
+def test_the_plan_says_which_layers_build_under_emulation(tmp_path):
+    root = _demo_workspace(tmp_path / "two", 'platforms = ["linux/amd64", "linux/arm64"]\nemulate = ["linux/arm64"]')
+    planned = _offline_plan(root)
+    assert planned["demo:efa@linux/arm64"]["emulated"] and not planned["demo:efa@linux/amd64"]["emulated"]
+    assert planned["demo:efa@linux/arm64"]["reasons"][0] == "emulated (QEMU, many times slower)"
+    text = run_efabuild(["-C", str(root), "plan", "--offline"]).stdout
+    line = next(line for line in text.splitlines() if line.startswith("demo:efa@linux/arm64"))
+    assert "emulated (QEMU, many times slower)" in line

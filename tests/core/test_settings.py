@@ -26,7 +26,7 @@ def parse(root: Path, text: str):
 def test_no_tables_give_the_defaults(tmp_path):
     settings = parse(tmp_path, "")
     assert settings.graph_files == ("graphs/*.toml",)
-    assert settings.builder == BuilderSettings(platform="linux/amd64", jobs=2)
+    assert settings.builder == BuilderSettings(platforms=("linux/amd64",), jobs=2)
     assert settings.export.mksquashfs_options() == ENROOT_SQUASH_OPTIONS  # what Enroot itself writes
     assert settings.export.clamp_times
     assert (settings.registry, settings.sign, settings.trust_keys) == (None, None, ())
@@ -44,7 +44,7 @@ def test_a_table_keeps_the_defaults_of_the_keys_it_leaves_out(tmp_path):
     settings = parse(tmp_path, '[export]\ncompression = "lzo"\n[builder]\nhost = "ssh://builder"\n'
                                '[registry]\nurl = "r.example.com"\n[store]\nshared = "fsx"\n')
     assert settings.export.mksquashfs_options() == ENROOT_SQUASH_OPTIONS and settings.export.clamp_times
-    assert settings.builder == BuilderSettings(platform="linux/amd64", jobs=2, host="ssh://builder")
+    assert settings.builder == BuilderSettings(platforms=("linux/amd64",), jobs=2, host="ssh://builder")
     assert not settings.registry.insecure
     assert settings.store == StoreConfig(tmp_path / "cache", tmp_path / "fsx", source="BUILD.toml")
 
@@ -98,7 +98,7 @@ def test_every_table_reaches_the_model(tmp_path):
     assert settings.store == StoreConfig(root / "c", tmp_path / "fsx",
                                          S3Config("b", "team", "us-west-2", "http://127.0.0.1:9000"), 5,
                                          ("stack:user",), "BUILD.toml")
-    assert settings.builder == BuilderSettings(platform="linux/arm64", jobs=4, buildx_builder="remote")
+    assert settings.builder == BuilderSettings(platforms=("linux/arm64",), jobs=4, buildx_builder="remote")
     assert settings.registry == RegistrySettings(url="127.0.0.1:5000/cache", insecure=True)
     assert settings.export.mksquashfs_options() == ("-comp", "zstd", "-b", "1M")
     assert not settings.export.clamp_times
@@ -155,7 +155,86 @@ BAD_SETTINGS = {
     "s3 region a number": ('[store.s3]\nbucket = "b"\nregion = 1\n', "store.s3.region",
                            "must be a string, not an integer"),
     "s3 endpoint no url": ('[store.s3]\nbucket = "b"\nendpoint_url = "::::"\n', "store.s3.endpoint_url", "http"),
+    "platform and platforms": ('[builder]\nplatform = "linux/amd64"\nplatforms = ["linux/arm64"]\n',
+                               "builder.platforms", "set platform or platforms, not both"),
+    "platforms empty": ('[builder]\nplatforms = []\n', "builder.platforms", "an empty list"),
+    "platforms twice": ('[builder]\nplatforms = ["linux/arm64", "linux/arm64"]\n', "builder.platforms",
+                        "names a platform twice"),
+    "platforms not a platform": ('[builder]\nplatforms = ["arm64"]\n', "builder.platforms",
+                                 "must be os/arch[/variant]"),
+    "emulate another platform": ('[builder]\nplatforms = ["linux/amd64"]\nemulate = ["linux/arm64"]\n',
+                                 "builder.emulate", "'linux/arm64' is not one of the workspace's [builder] platforms"),
+    "farm declares another platform": ('[builder]\nfarm = ["a", "buildx:b@linux/arm64"]\n', "builder.farm",
+                                       "linux/arm64: not in [builder] platforms (linux/amd64)"),
 }
+
+
+def test_platforms_is_a_list_and_platform_a_list_of_one(tmp_path):
+    several = parse(tmp_path, '[builder]\nplatforms = ["linux/amd64", "linux/arm64"]\nemulate = ["linux/arm64"]\n'
+                              'farm = ["ctx-a", "buildx:b@linux/arm64", "ssh://me@gpu-host"]\n').builder
+    assert several.platforms == ("linux/amd64", "linux/arm64") and several.several
+    assert several.emulate == ("linux/arm64",)
+    one = parse(tmp_path, '[builder]\nplatform = "linux/arm64"\n').builder
+    assert one.platforms == ("linux/arm64",) and one.platform == "linux/arm64" and not one.several
+    # a farm entry's @os/arch declares a platform; a host URL's user@ does not
+    from efabuild.grammar import split_farm_entry
+    from efabuild.make.farm import node_settings
+
+    assert split_farm_entry("buildx:b@linux/arm64") == ("buildx:b", ("linux/arm64",))
+    assert split_farm_entry("ssh://me@gpu-host") == ("ssh://me@gpu-host", ())
+    assert node_settings("buildx:b@linux/arm64", several).buildx_builder == "b"
+
+
+PLATFORM_GRAPH = """\
+{graph_platforms}
+[layers.efa]
+base = "example.com/pytorch:26.08-py3"
+dockerfile = "RUN true"
+{efa_platforms}
+
+[layers.user]
+parent = "efa"
+dockerfile = "RUN true"
+artifact = true
+{user_platforms}
+"""
+TWO_PLATFORMS = '[workspace]\ngraphs = ["graphs/*.toml"]\n[builder]\nplatforms = ["linux/amd64", "linux/arm64"]\n'
+
+
+def _platform_ws(tmp_path, build=TWO_PLATFORMS, **where):
+    from efabuild.workspace import load_workspace
+
+    text = PLATFORM_GRAPH.format(**{"graph_platforms": "", "efa_platforms": "", "user_platforms": "", **where})
+    return load_workspace(make_workspace(tmp_path / "ws", {"stack": text}, build=build))
+
+
+def test_a_graph_or_a_layer_narrows_the_workspace_platforms(tmp_path):
+    layers = _platform_ws(tmp_path).layers
+    assert layers["stack:user"].platforms == ("linux/amd64", "linux/arm64")
+    narrowed = _platform_ws(tmp_path / "a", user_platforms='platforms = ["linux/arm64"]').layers
+    assert narrowed["stack:efa"].platforms == ("linux/amd64", "linux/arm64")
+    assert narrowed["stack:user"].platforms == ("linux/arm64",)
+    # a child without its own list builds on what its parent is built for
+    graph = _platform_ws(tmp_path / "b", efa_platforms='platforms = ["linux/amd64"]').layers
+    assert graph["stack:user"].platforms == ("linux/amd64",)
+    whole = _platform_ws(tmp_path / "c", graph_platforms='platforms = ["linux/arm64"]').layers
+    assert {layer.platforms for layer in whole.values()} == {("linux/arm64",)}
+
+
+@pytest.mark.parametrize("where, problem, graph", [
+    ("graphs/stack.toml: platforms", "'linux/s390x' is not one of the workspace's [builder] platforms",
+     {"graph_platforms": 'platforms = ["linux/s390x"]'}),
+    ("graphs/stack.toml: layers.user.platforms", "'linux/riscv64' is not one of the workspace's",
+     {"user_platforms": 'platforms = ["linux/riscv64"]'}),
+    ("graphs/stack.toml: layers.user.platforms", "linux/arm64 is not built for its parent stack:efa (linux/amd64)",
+     {"efa_platforms": 'platforms = ["linux/amd64"]', "user_platforms": 'platforms = ["linux/arm64"]'}),
+])
+def test_a_platform_the_workspace_lacks_is_one_line_naming_file_and_key(tmp_path, where, problem, graph):
+    result = run_efabuild(["-C", str(make_workspace(tmp_path / "ws", {"stack": PLATFORM_GRAPH.format(
+        **{"graph_platforms": "", "efa_platforms": "", "user_platforms": "", **graph})}, build=TWO_PLATFORMS)),
+        "plan", "--offline"])
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and where in result.stderr and problem in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("text, where, problem", BAD_SETTINGS.values(), ids=BAD_SETTINGS.keys())

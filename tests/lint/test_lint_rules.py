@@ -237,3 +237,52 @@ def test_a_library_path_of_forty_thousand_foreign_entries_is_linted_in_seconds(t
     assert time.monotonic() - started < 8
     named = [f for f in found if f.rule == "EFA021"]
     assert len(named) == 40_000 and any("but not /opt/aarch64-linux-gnu/39999:" in f.message for f in named)
+
+
+def test_platform_rules_judge_each_of_the_layers_platforms(tmp_path):
+    """Slip: the rules judged by the workspace's first platform. In a workspace of amd64 and
+    arm64, an ENV naming only the x86_64 plugin directory is wrong for the arm64 build of the
+    layer; narrowed to amd64, the same layer is fine."""
+    dockerfile = ("ENV LD_LIBRARY_PATH=/opt/amazon/ofi-nccl/lib:/opt/amazon/efa/lib:"
+                  "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH}\n")
+
+    def findings(root: Path, narrow: str) -> list:
+        graph = (f'[layers.layer]\nbase = "nvcr.io/nvidia/pytorch:26.08-py3"\ndigest = "{DIGEST}"\n'
+                 f"dockerfile = '''\n{dockerfile}'''\n{narrow}")
+        build = BUILD + '\n[builder]\nplatforms = ["linux/amd64", "linux/arm64"]\n'
+        ws = load_workspace(make_workspace(root, graphs={"g": graph}, build=build, files={}))
+        return [f for f in lint_workspace(ws) if f.rule == "EFA021"]
+
+    (finding,) = findings(tmp_path / "both", "")
+    assert "this layer builds for linux/arm64" in finding.message
+    assert findings(tmp_path / "amd64", 'platforms = ["linux/amd64"]\n') == []
+
+
+def facts_for_platforms(tmp_path: Path, text: str, platforms: tuple[str, ...]):  # noqa: ANN201 - LayerFacts
+    """The facts of a one-layer workspace whose layer is built for `platforms`, as a several-platform
+    workspace resolves its layers' `platforms` ([builder] platforms narrowed by graph and layer)."""
+    from efabuild.lint.chain import layer_facts
+    from efabuild.model import Layer
+
+    (tmp_path / "src").mkdir(parents=True)
+    (tmp_path / "src" / "layer.Dockerfile").write_text(text)
+    lint_fixture(tmp_path, "layer.Dockerfile", source=tmp_path / "src")
+    facts = layer_facts(load_workspace(tmp_path / "ws"))["g:layer"]
+
+    class OnPlatforms(Layer):
+        __slots__ = ()
+
+    OnPlatforms.platforms = platforms
+    return facts._replace(layer=OnPlatforms(*facts.layer))
+
+
+def test_torch_arch_list_is_judged_only_where_the_layer_is_arm64_alone(tmp_path):
+    text = 'ENV TORCH_CUDA_ARCH_LIST="8.0;8.6"\n'
+    (found,) = LAYER_RULES["EFA023"](facts_for_platforms(tmp_path, text, ("linux/arm64",)))
+    assert "the GPUs of the linux/arm64 nodes" in found.message
+    both = facts_for_platforms(tmp_path / "both", text, ("linux/amd64", "linux/arm64"))
+    assert list(LAYER_RULES["EFA023"](both)) == []
+    for value in ("10.0", "9.0a", "8.0;9.0+PTX", "8.0 10.0"):
+        grace = facts_for_platforms(tmp_path / value.replace(" ", "_").replace(";", "_"),
+                                    f'ENV TORCH_CUDA_ARCH_LIST="{value}"\n', ("linux/arm64",))
+        assert list(LAYER_RULES["EFA023"](grace)) == [], value

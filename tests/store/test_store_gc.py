@@ -338,3 +338,31 @@ def test_gc_in_a_workspace_that_does_not_load_sweeps_the_store_and_says_the_engi
     assert done.stdout.startswith("gc: would delete 0 objects")
     [warning] = done.stderr.splitlines()
     assert warning.startswith("efabuild: warning: engine leftovers not looked for: ") and "jobs" in warning
+
+
+def test_gc_keeps_the_newest_of_every_name_on_every_platform():
+    """Slip: versions grouped by name alone. A name built for amd64 and arm64 keeps the newest N
+    of both together, so a week of arm64 builds pushes out every amd64 artifact the x86 nodes run."""
+    from efabuild.store.gc.collect import keys_to_keep
+
+    amd = [key_for(f"amd{i}") for i in range(3)]
+    arm = [key_for(f"arm{i}") for i in range(3)]
+    held = {"local": [_held("demo:user", amd[0], 1)._replace(platform="linux/amd64"),
+                      *(_held("demo:user", k, 5 + i)._replace(platform="linux/arm64") for i, k in enumerate(arm))]}
+    assert keys_to_keep(held, set(), 1, ()) == {amd[0], arm[2]}
+    assert keys_to_keep(held, set(), 2, ()) == {amd[0], arm[1], arm[2]}
+    # a record from before platforms were recorded is a group of its own: never the reason another goes
+    held["local"].append(_held("demo:user", amd[1], 9))
+    assert keys_to_keep(held, set(), 1, ()) == {amd[0], amd[1], arm[2]}
+
+
+def test_a_record_carries_its_platform_and_a_forged_one_is_refused():
+    from efabuild.errors import EfabuildError
+
+    record = _held("demo:user", key_for("arm"), 1)._replace(platform="linux/arm64")
+    assert ArtifactRecord.from_json(record.to_json()).platform == "linux/arm64"
+    assert "platform" not in json.loads(_held("demo:user", key_for("old"), 1).to_json())  # old stores' form
+    for forged in ("../../etc", ["linux/arm64"], "linux/arm64\n"):
+        data = json.loads(record.to_json()) | {"platform": forged}
+        with pytest.raises(EfabuildError, match="platform .* is not os/arch"):
+            ArtifactRecord.from_dict(data)

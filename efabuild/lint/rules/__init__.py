@@ -2,7 +2,7 @@
 one module per concern; importing them registers each rule in LAYER_RULES by its ID.
 """
 
-from efabuild.lint.rules import credentials, installer, nccl_env, pins, platforms
+from efabuild.lint.rules import credentials, gpu_arch, installer, nccl_env, pins, platforms
 from efabuild.lint.rules.registry import LAYER_RULES
 
-__all__ = ["LAYER_RULES", "credentials", "installer", "nccl_env", "pins", "platforms"]
+__all__ = ["LAYER_RULES", "credentials", "gpu_arch", "installer", "nccl_env", "pins", "platforms"]

@@ -110,7 +110,8 @@ def ld_library_path_after_installer(facts: LayerFacts) -> Iterator[Finding]:
         return
     final = facts.evaluated.env_after.get("LD_LIBRARY_PATH")
     # the plugin's directory of the layer's own triplet (newer installers) leads as well
-    if efa_lead(final, elf.triplet(elf.machine_of_platform(facts.settings.builder.platform))) is not None:
+    platforms = facts.layer.platforms or (facts.settings.builder.platform,)
+    if any(efa_lead(final, elf.triplet(elf.machine_of_platform(p))) is not None for p in platforms):
         return
     fix = f"add `ENV LD_LIBRARY_PATH={EFA_LIB_LEAD}:${{LD_LIBRARY_PATH}}` after the installer's RUN"
     own = [env for env in facts.evaluated.envs if env.name == "LD_LIBRARY_PATH"]

@@ -1,6 +1,7 @@
 """Another machine's directories and downloads in a layer built for one platform (EFA021, EFA022).
 
-The platform is the workspace's `[builder] platform`. An arm64 (Grace) loader skips x86_64
+The platforms are the layer's (the workspace's `[builder] platforms`, as its graph or the layer
+narrows them): each is judged, and a name is foreign to one machine only. An arm64 (Grace) loader skips x86_64
 libraries without an error, so an `LD_LIBRARY_PATH` naming only
 /opt/amazon/ofi-nccl/lib/x86_64-linux-gnu leaves NCCL without aws-ofi-nccl on arm64 (it falls
 back to another plugin or TCP sockets); awsome-distributed-training's nccl-tests image names both
@@ -35,19 +36,26 @@ _USERINFO = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/]*@")
 _FILE_NAME = re.compile(r"\.(?:deb|rpm|tar|tgz|gz|xz|bz2|zst|zip|sh|run|whl|so|bin|AppImage)\b")
 
 
-def _platform_machine(facts: LayerFacts) -> tuple[str, str] | None:
-    platform = facts.settings.builder.platform
-    machine = elf.machine_of_platform(platform)
-    return (platform, machine) if machine else None
+def _platform_machines(facts: LayerFacts) -> list[tuple[str, str]]:
+    """(platform, machine) of every platform the layer is built for (its own list, resolved by the
+    workspace loader; the workspace's first platform for a layer made by hand)."""
+    found = []
+    for platform in facts.layer.platforms or (facts.settings.builder.platform,):
+        machine = elf.machine_of_platform(platform)
+        if machine:
+            found.append((platform, machine))
+    return found
 
 
 # --- EFA021: another machine's triplet directory on a search path ---------------------------------
 @rule("EFA021")
 def foreign_triplet_directory(facts: LayerFacts) -> Iterator[Finding]:
-    found = _platform_machine(facts)
-    if found is None:
-        return
-    platform, machine = found
+    # an entry is foreign to one machine only: no finding comes twice
+    for platform, machine in _platform_machines(facts):
+        yield from _foreign_triplets(facts, platform, machine)
+
+
+def _foreign_triplets(facts: LayerFacts, platform: str, machine: str) -> Iterator[Finding]:
     own = elf.triplet(machine)
     foreign = [t for t in elf.TRIPLETS if t != own]
     for env in facts.evaluated.envs:
@@ -76,10 +84,11 @@ def foreign_triplet_directory(facts: LayerFacts) -> Iterator[Finding]:
 # --- EFA022: another machine's download or path written into a RUN --------------------------------
 @rule("EFA022")
 def foreign_machine_download(facts: LayerFacts) -> Iterator[Finding]:
-    found = _platform_machine(facts)
-    if found is None:
-        return
-    platform, machine = found
+    for platform, machine in _platform_machines(facts):
+        yield from _foreign_downloads(facts, platform, machine)
+
+
+def _foreign_downloads(facts: LayerFacts, platform: str, machine: str) -> Iterator[Finding]:
     pattern = _FOREIGN[machine]
     for rc in facts.evaluated.runs:
         for word in rc.command.argv:

@@ -40,6 +40,14 @@ def at_key(facts: LayerFacts, rule_id: str, key: tuple[str, ...], message: str, 
     return finding(rule_id, file, line, facts.layer.qualname, message, fix)
 
 
+def layer_platforms(facts: LayerFacts) -> tuple[str, ...]:
+    """The platforms this layer is built for: its own resolved `platforms` (a several-platform
+    workspace), else `[builder] platforms`, else `[builder] platform` (read tolerant of either)."""
+    own = tuple(getattr(facts.layer, "platforms", ()) or ())
+    builder = facts.settings.builder
+    return own or tuple(getattr(builder, "platforms", ()) or ()) or (builder.platform,)
+
+
 def runs(facts: LayerFacts) -> dict[int, list[RunCommand]]:
     """The layer's commands grouped by the RUN they belong to."""
     by_run: dict[int, list[RunCommand]] = {}

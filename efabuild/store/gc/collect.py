@@ -16,14 +16,19 @@ from efabuild.store.record import ArtifactRecord
 def keys_to_keep(held: Mapping[str, Iterable[ArtifactRecord]], current: set[str], keep: int,
                  pins: Iterable[str]) -> set[str]:
     """The keys to keep over the union of all tiers (so every tier keeps the same keys): the
-    newest `keep` of every name, every name's current target, and pins (a key, a key prefix, or
-    a name: all its versions)."""
+    newest `keep` of every name on every platform (an arm64 build never pushes out the amd64
+    ones), every name's current target, and pins (a key, a key prefix, or a name: all its
+    versions, every platform's). A record without a platform is of the one-platform store it
+    came from: one group with the others that lack it."""
     by_name: dict[str, dict[str, str]] = defaultdict(dict)  # name -> key -> newest created
+    by_group: dict[tuple[str, str | None], dict[str, str]] = defaultdict(dict)  # (name, platform) -> same
     for records in held.values():
         for record in records:
             by_name[record.name][record.key] = max(by_name[record.name].get(record.key, ""), record.created)
+            group = by_group[(record.name, record.platform)]
+            group[record.key] = max(group.get(record.key, ""), record.created)
     kept: set[str] = set()
-    for versions in by_name.values():
+    for versions in by_group.values():
         newest = sorted(versions, key=lambda k: (versions[k], k), reverse=True)
         kept.update(newest[:keep])
     kept |= current  # what a name currently resolves to stays resolvable

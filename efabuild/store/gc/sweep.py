@@ -11,7 +11,9 @@ import os
 from collections import defaultdict
 from typing import NamedTuple
 
+from efabuild import notices
 from efabuild.errors import EfabuildError, InputError
+from efabuild.platforms import parse_index
 from efabuild.store.tiers.fs import FilesystemTier
 from efabuild.store.gc.collect import keys_to_keep
 from efabuild.store.lock import LockBusy
@@ -49,6 +51,7 @@ def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: b
         raise InputError(f"--keep must be at least 1, not {keep}")
     held = {tier.name: tier.list() for tier in tiers}
     keep_keys = keys_to_keep(held, current_targets(tiers), keep, pins)
+    keep_keys |= kept_entries_platforms(tiers, keep_keys)
     doomed = tuple(Removal(tier.name, record) for tier in tiers for record in held[tier.name]
                    if record.key not in keep_keys)
     deleting = [tier for tier in tiers if delete_remote or tier.name != S3_TIER]
@@ -72,8 +75,48 @@ def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: b
 
 
 def current_targets(tiers: list) -> set[str]:
-    """The key every name currently resolves to, in any of these tiers."""
-    return {key for tier in tiers for key in tier.ref_heads().values()}
+    """The key every name currently resolves to, in any of these tiers, and every key the platform
+    index of a name's newest entry names (the key of each of its platforms)."""
+    keys = {key for tier in tiers for key in tier.ref_heads().values()}
+    for tier in tiers:
+        keys.update(indexed_keys(tier))
+    return keys
+
+
+def kept_entries_platforms(tiers: list, kept: set[str]) -> set[str]:
+    """Every key the platform index of a kept history entry names (an entry whose own key, its
+    first platform's, gc keeps), so that a name set back to that entry finds every platform. The
+    filesystem tiers hold each entry's index; one unreadable is passed over with a warning (the
+    current ones are checked by current_targets)."""
+    keys: set[str] = set()
+    for tier in tiers:
+        if not isinstance(tier, FilesystemTier):
+            continue
+        for name in tier.layout.ref_names():
+            for entry in tier.read_refs(name):
+                if entry["key"] not in kept or "index" not in entry:
+                    continue
+                try:
+                    data, _ = tier.read_platform_index(entry["index"])
+                    if data is not None:
+                        index = parse_index(data, entry["index"], tier.platform_url(entry["index"]))
+                        keys.update(index["platforms"].values())
+                except EfabuildError as exc:
+                    notices.warn(f"{tier.name} tier: {exc}")
+    return keys
+
+
+def indexed_keys(tier) -> set[str]:  # noqa: ANN001 - a FilesystemTier or the S3Tier
+    """The keys the current platform indexes of this tier name. An index that cannot be read
+    stops gc: without it, gc cannot tell which platforms' artifacts are still current."""
+    keys: set[str] = set()
+    for name, digest in tier.ref_indexes().items():
+        data, _ = tier.read_platform_index(digest)
+        if data is None:
+            raise EfabuildError(f"{tier.name} tier: {name} names platform index {digest[:12]}, which is not at "
+                                f"{tier.platform_url(digest)}: gc cannot tell what it keeps")
+        keys.update(parse_index(data, digest, tier.platform_url(digest))["platforms"].values())
+    return keys
 
 
 def _check_writable(tier: FilesystemTier) -> None:

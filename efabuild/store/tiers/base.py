@@ -81,9 +81,11 @@ class Tier(abc.ABC):
     def read_refs(self, name: str) -> list[dict]: ...
 
     @abc.abstractmethod
-    def append_ref(self, name: str, key: str, when: str | None = None, via: str | None = None) -> bool:
+    def append_ref(self, name: str, key: str, when: str | None = None, via: str | None = None,
+                   index: str | None = None) -> bool:
         """Add `key` to `name`'s history unless it is its newest entry; `via` names the tier an
-        entry was copied from (a fetch)."""
+        entry was copied from (a fetch); `index`, the sha256 of the platform index the entry
+        stands for (its key is that index's first platform's)."""
 
     @abc.abstractmethod
     def drop_ref_entries(self, name: str, keys: set[str]) -> None: ...
@@ -91,6 +93,22 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     def ref_heads(self) -> dict[str, str]:
         """Every name with its newest key."""
+
+    # ---- platform indexes (a name built for several platforms: platform -> key)
+    @abc.abstractmethod
+    def ref_indexes(self) -> dict[str, str]:
+        """Every name whose newest entry names a platform index -> its sha256."""
+
+    @abc.abstractmethod
+    def read_platform_index(self, digest: str) -> tuple[bytes | None, bytes | None]:
+        """(the index named by `digest`, its envelope), each None when absent; bounded reads."""
+
+    @abc.abstractmethod
+    def write_platform_index(self, digest: str, data: bytes, envelope: bytes | None) -> None: ...
+
+    @abc.abstractmethod
+    def platform_url(self, digest: str) -> str:
+        """Where an index is, for messages."""
 
     # ---- what interrupted writers left
     @abc.abstractmethod

@@ -33,6 +33,7 @@ from efabuild.host.fsutil import UnsafeEntry
 from efabuild.store.layout import (ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_LIMIT, MANIFEST_SUFFIX, RECORD_SUFFIX,
                                     SQSH_SUFFIX, Layout)
 from efabuild.store.lock import FileLock
+from efabuild.store.tiers.fsindex import PlatformIndexes
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord, utc_now
 from efabuild.store.transfer import SIDECARS, DamagedCopy, check_file
@@ -50,7 +51,7 @@ def _on_wait(what: str) -> None:
     notices.note(f"waiting for another process holding {what}")
 
 
-class FilesystemTier(Tier):
+class FilesystemTier(PlatformIndexes, Tier):
     def __init__(self, root: str | os.PathLike[str], name: str) -> None:
         self.root = Path(root).absolute()
         self.name = name
@@ -308,17 +309,21 @@ class FilesystemTier(Tier):
             _warn(f"{self.name} tier: skipping {exc}")
             return []
 
-    def append_ref(self, name: str, key: str, when: str | None = None, via: str | None = None) -> bool:
+    def append_ref(self, name: str, key: str, when: str | None = None, via: str | None = None,
+                   index: str | None = None) -> bool:
         """Make `key` the newest entry of `name`; False if it already was. `via="s3"` marks an
-        entry copied from the S3 tier's refs by a fetch: S3 stays the authority for that name."""
+        entry copied from the S3 tier's refs by a fetch: S3 stays the authority for that name.
+        `index`: the sha256 of the name's platform index, which says the key of each platform."""
         check_key(key)
         with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait, root=self.root):
             history = self.layout.read_refs(name)
-            if history and history[-1]["key"] == key:
+            if history and history[-1]["key"] == key and history[-1].get("index") == index:
                 return False
             entry = {"key": key, "time": when or utc_now()}
             if via:
                 entry["via"] = via
+            if index:
+                entry["index"] = check_key(index)
             history.append(entry)
             self._write_refs(name, history[-MAX_REF_HISTORY:])
             return True

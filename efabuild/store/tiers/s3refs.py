@@ -1,11 +1,16 @@
-"""A name's history on the S3 tier: one empty object per entry, refs/<graph>/<layer>/<time>.<key>,
+"""A name's history on the S3 tier: one object per entry, refs/<graph>/<layer>/<time>.<key>,
 so concurrent appends never overwrite each other (a filesystem tier rewrites one file under a
-lock instead; both answer the same calls).
+lock instead; both answer the same calls). An entry is empty, or holds the sha256 of the name's
+platform index (platforms/<d[:2]>/<d>.json, beside its DSSE envelope <d>.dsse.json), which a
+reader that knows no index ignores: it takes the key, the first platform's.
 """
 
 from __future__ import annotations
 
+from efabuild.errors import EfabuildError
 from efabuild.refs import check_key, is_key, split_name
+from efabuild.store.layout import (PLATFORM_ENVELOPE_LIMIT, PLATFORM_ENVELOPE_SUFFIX, PLATFORM_INDEX_LIMIT,
+                                   PLATFORM_INDEX_SUFFIX)
 from efabuild.store.record import utc_now
 
 # entries one name's history is listed to: far more than gc leaves (and 100 LIST pages), so that
@@ -22,22 +27,56 @@ class S3Refs:
 
     def read_refs(self, name: str) -> list[dict]:
         prefix = self._refs_prefix(name)
-        entries = []
+        entries, sizes = [], {}
         for item in self._walk(prefix, most=MAX_ENTRIES):
             when, _, key = item["Key"][len(prefix):].rpartition(".")
             if is_key(key) and when:
                 entries.append({"key": key, "time": when})
-        return sorted(entries, key=lambda e: e["time"])
+                sizes[(when, key)] = item.get("Size") or 0
+        entries.sort(key=lambda e: e["time"])
+        if entries and sizes[(entries[-1]["time"], entries[-1]["key"])]:  # only the newest is asked for
+            entries[-1]["index"] = self._entry_index(prefix + f"{entries[-1]['time']}.{entries[-1]['key']}")
+        return entries
 
-    def append_ref(self, name: str, key: str, when: str | None = None, via: str | None = None) -> bool:  # noqa: ARG002
+    def _entry_index(self, path: str) -> str:
+        body = self._get_bytes(path, limit=128) or b""
+        digest = body.decode("ascii", "replace").strip()
+        if not is_key(digest):
+            raise EfabuildError(f"{self.url(path)}: names no platform index (not 64 hex characters)")
+        return digest
+
+    def append_ref(self, name: str, key: str, when: str | None = None, via: str | None = None,  # noqa: ARG002
+                   index: str | None = None) -> bool:
         # `via` is for copies of S3's entries on the other tiers; S3 is the authority of its own
         check_key(key)
         history = self.read_refs(name)
-        if history and history[-1]["key"] == key:
+        if history and history[-1]["key"] == key and history[-1].get("index") == index:
             return False
         path = self._refs_prefix(name) + f"{when or utc_now()}.{key}"
-        self._put_new(path, b"")
+        self._put_new(path, (check_key(index) + "\n").encode() if index else b"")
         return True
+
+    def _platform_path(self, digest: str, suffix: str) -> str:
+        return self._path("platforms", digest[:2], digest + suffix)
+
+    def write_platform_index(self, digest: str, data: bytes, envelope: bytes | None) -> None:
+        """Store an index (by its sha256: written once, never replaced) and its envelope, envelope first."""
+        check_key(digest)
+        if envelope is not None:
+            self._put_new(self._platform_path(digest, PLATFORM_ENVELOPE_SUFFIX), envelope)
+        self._put_new(self._platform_path(digest, PLATFORM_INDEX_SUFFIX), data)
+
+    def read_platform_index(self, digest: str) -> tuple[bytes | None, bytes | None]:
+        """(the index named by `digest`, its envelope), each None when absent; bounded reads."""
+        check_key(digest)
+        data = self._get_bytes(self._platform_path(digest, PLATFORM_INDEX_SUFFIX), limit=PLATFORM_INDEX_LIMIT)
+        if data is None:
+            return None, None
+        return data, self._get_bytes(self._platform_path(digest, PLATFORM_ENVELOPE_SUFFIX),
+                                     limit=PLATFORM_ENVELOPE_LIMIT)
+
+    def platform_url(self, digest: str) -> str:
+        return self.url(self._platform_path(digest, PLATFORM_INDEX_SUFFIX))
 
     def ref_heads(self) -> dict[str, str]:
         """Every name's current key (its newest entry, as read_refs orders them), from one
@@ -51,6 +90,20 @@ class S3Refs:
                 name = f"{parts[0]}:{parts[1]}"
                 newest[name] = max(newest.get(name, (when, key)), (when, key))
         return {name: key for name, (_, key) in newest.items()}
+
+    def ref_indexes(self) -> dict[str, str]:
+        """Every name whose newest entry names a platform index -> its sha256: one listing of
+        refs/, and a GET of each such entry."""
+        prefix = self._path("refs") + "/"
+        newest: dict[str, tuple[str, str, int, str]] = {}
+        for item in self._walk(prefix):
+            parts = item["Key"][len(prefix):].split("/")
+            when, _, key = parts[-1].rpartition(".")
+            if len(parts) == 3 and is_key(key) and when:
+                name = f"{parts[0]}:{parts[1]}"
+                entry = (when, key, item.get("Size") or 0, item["Key"])
+                newest[name] = max(newest.get(name, entry), entry)
+        return {name: self._entry_index(path) for name, (_, _, size, path) in newest.items() if size}
 
     def drop_ref_entries(self, name: str, keys: set[str]) -> None:
         prefix = self._refs_prefix(name)

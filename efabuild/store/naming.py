@@ -1,0 +1,115 @@
+"""A store's names: which key a ref names over the tiers (a name's platform index picking the
+node's platform), a name's index published on every tier, and a name fetched from S3 copied to
+the fetch tier. A mixin of `Store` (store/tiered.py), over its `fs_tiers`, `s3` and `describe`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from efabuild import notices
+from efabuild.errors import EfabuildError, NotFound
+from efabuild.platforms import index_bytes, index_digest, parse_index, primary_key
+from efabuild.refs import classify_ref, pick_one
+from efabuild.store.gc.sweep import S3_TIER
+from efabuild.store.lookup import local_choice
+from efabuild.store.platformindex import IndexVet, Resolved, Wanted, check_record, choose, platform_in_manifest
+from efabuild.store.record import utc_now
+
+
+class Names:
+    def publish_index(self, name: str, platforms: dict[str, str], *, envelope: bytes | None = None,
+                      data: bytes | None = None, sign: Callable[[bytes], bytes] | None = None) -> str:
+        """Point `name` at its platform index (platform -> key of each platform built from the same
+        inputs), stored on every tier with its envelope (`sign(data)`: make's [sign] key), before
+        the name's new history entry names it by its sha256. Returns the sha256 ('' when every tier's
+        current index already lists these keys)."""
+        tiers = list(self._tiers(remote=True))
+        if data is None:
+            # a make that changed none of the name's keys leaves its index as it is (a new one
+            # would differ only by its time): no write, no signature, no history entry
+            tiers = [tier for tier in tiers if _current_platforms(tier, name, signed=sign is not None) != dict(platforms)]
+            if not tiers:
+                return ""
+        data = index_bytes(name, platforms, utc_now()) if data is None else data
+        envelope = sign(data) if sign is not None else envelope
+        digest = index_digest(data)
+        primary = primary_key(parse_index(data, digest, f"platform index of {name}"))
+        for tier in tiers:
+            tier.write_platform_index(digest, data, envelope)
+            tier.append_ref(name, primary, index=digest)
+        return digest
+
+    def resolve(self, ref: str, *, remote: bool = True, platform: str | None = None,
+                vet_index: IndexVet | None = None) -> str:
+        """A full key for `ref`: a key, a unique prefix of ≥ 8 hex, or graph:layer (its key on
+        the node's platform, or `@os/arch`'s, by its platform index, which `vet_index` may refuse)."""
+        wanted = Wanted.of(ref, platform)
+        resolved = self.resolve_choice(wanted, remote=remote, vet_index=vet_index)
+        if resolved.platform is not None or wanted.platform:  # never the index alone: its key's record must agree
+            record = self.record(resolved.key)
+            if record is not None:
+                check_record(resolved, wanted, record.to_dict(),
+                             lambda: platform_in_manifest(self.manifest(resolved.key)))
+        return resolved.key
+
+    def resolve_choice(self, wanted: Wanted, *, remote: bool = True, vet_index: IndexVet | None = None) -> Resolved:
+        ref = wanted.ref
+        kind, value = classify_ref(ref)
+        resolved = local_choice([tier.layout for tier in self.fs_tiers], wanted, vet_index)
+        if resolved is not None and resolved.via_s3 and remote and self.s3_settings is not None:
+            # this filesystem only copied the name from S3 at a fetch: a later make may have
+            # moved it, and only S3 knows
+            try:
+                history = self.s3.read_refs(value)
+            except EfabuildError as exc:
+                notices.warn(f"S3 not reachable, {value} as last fetched: {exc}")
+            else:
+                resolved = self._s3_choice(value, history, wanted, vet_index) or resolved
+        if resolved is None and remote and self.s3 is not None:
+            if kind == "name":
+                resolved = self._s3_choice(value, self.s3.read_refs(value), wanted, vet_index)
+            else:
+                key = pick_one(value, self.s3.resolve_prefix(value))
+                resolved = None if key is None else Resolved(key)
+        if resolved is None:
+            what = f"named {value}" if kind == "name" else f"with key prefix {value}"
+            asked = self.describe() if remote else ", ".join(f"{t.name} {t.root}" for t in self.fs_tiers)
+            raise NotFound(f"no artifact {what} in {asked}")
+        return resolved
+
+    def _s3_choice(self, name: str, history: list[dict], wanted: Wanted, vet_index: IndexVet | None) -> Resolved | None:
+        if not history:
+            return None
+        return choose(history[-1], name, wanted, self.s3.read_platform_index, self.s3.platform_url, vet_index)
+
+    def _copy_name(self, name: str, key: str) -> None:
+        """S3's newest entry of `name`, and the index it names, onto the fetch tier (via S3)."""
+        s3_history = self.s3.read_refs(name)
+        newest = s3_history[-1] if s3_history else {}
+        digest = newest.get("index")
+        if digest is not None:
+            data, envelope = self.s3.read_platform_index(digest)
+            if data is not None:
+                self.fetch_tier.write_platform_index(digest, data, envelope)
+            self.fetch_tier.append_ref(name, newest["key"], when=newest["time"], via=S3_TIER, index=digest)
+            return
+        when = newest["time"] if newest.get("key") == key else None
+        self.fetch_tier.append_ref(name, key, when=when, via=S3_TIER)
+
+
+def _current_platforms(tier, name: str, signed: bool) -> dict | None:  # noqa: ANN001 - a tier
+    """{platform: key} of the index `name`'s newest entry names on `tier`; None when there is
+    none, it cannot be read as an intact index, or it lacks the signature a signing make gives
+    (then a new one is written)."""
+    try:
+        history = tier.read_refs(name)
+        digest = history[-1].get("index") if history else None
+        if not digest:
+            return None
+        data, envelope = tier.read_platform_index(digest)
+        if data is None or (signed and envelope is None):
+            return None
+        return dict(parse_index(data, digest, name)["platforms"])
+    except EfabuildError:
+        return None
