@@ -43,7 +43,7 @@ class LocalBuilders:
     its tag there, a pulled layer is pulled into it, an export reads from it, and a build is
     pushed to [registry] (when set) for other machines."""
 
-    def __init__(self, runner) -> None:  # noqa: ANN001 - a make _Runner
+    def __init__(self, runner) -> None:  # noqa: ANN001 - a make.run.LayerRunner
         self.r = runner
         self._pulled: set[str] = set()  # keys whose image this make pulled: built by another machine
 
@@ -110,7 +110,7 @@ class FarmBuilders:
     driver): layers reach each other through [registry] by digest, builds push there, exports
     stream from a builder, and each layer goes to a builder of its platform (Farm.take)."""
 
-    def __init__(self, runner, farm) -> None:  # noqa: ANN001 - a make _Runner, a make.farm.Farm
+    def __init__(self, runner, farm) -> None:  # noqa: ANN001 - a make.run.LayerRunner, a make.farm.Farm
         self.r = runner
         self.farm = farm
         self._node_versions: dict[int, dict] = {}  # id(farm node) -> its tool versions

@@ -60,7 +60,7 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
     from efabuild.make import run as make
     from efabuild.export.tarfilter import RC_LABELS
 
-    runner = make._Runner(prepared, reporter)
+    runner = make.LayerRunner(prepared, reporter)
     lp = prepared.plan.by_name()[qualname]
     layer: Layer = prepared.graph.nodes[qualname]["layer"]
     if not layer.artifact:
@@ -117,7 +117,7 @@ def _verified_record(store, key: str, record):  # noqa: ANN001, ANN202 - a Store
     return record, ""
 
 
-def _farm(runner, layer: Layer, qualname: str):  # noqa: ANN001, ANN202 - a make _Runner; a Farm or None
+def _farm(runner, layer: Layer, qualname: str):  # noqa: ANN001, ANN202 - a make.run.LayerRunner; a Farm or None
     """The builders a make of this workspace uses, when they cannot see the engine's images (None
     otherwise); checked as make checks them, and the parent (or, for a root, the base) must be
     where they can pull it: one line saying what to do when it is not."""
@@ -144,7 +144,7 @@ def _farm(runner, layer: Layer, qualname: str):  # noqa: ANN001, ANN202 - a make
     return farm
 
 
-def _how(runner, qualname: str) -> dict:  # noqa: ANN001 - a make _Runner
+def _how(runner, qualname: str) -> dict:  # noqa: ANN001 - a make.run.LayerRunner
     return dict(on_line=lambda text: runner.reporter.line(qualname, text), cancel=runner.cancel,
                 redact=runner.redact, log_root=runner.store_root)
 
@@ -157,7 +157,7 @@ def _rebuild_here(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa:
     from efabuild.engine.leftovers import check_image_tag
 
     tag = check_image_tag(layer.name, lp.key)
-    with runner._context_dir(layer, lp) as context_dir:
+    with runner.layer_context(layer, lp) as context_dir:
         request = runner.build_request(layer, lp, context_dir, tag, no_cache=True)
         build_layer(runner.engine, request, log_path, **_how(runner, lp.qualname))
     try:
@@ -170,7 +170,7 @@ def _rebuild_on_farm(runner, layer: Layer, lp, out: Path, log_path: Path):  # no
     """Rebuild as a farm make builds, FROM the parent by digest in the registry, pushed by BuildKit
     under the layer's check tag; export it as a farm make does, streamed from a builder."""
     farm = runner.builders.farm
-    with runner._context_dir(layer, lp) as context_dir:
+    with runner.layer_context(layer, lp) as context_dir:
         request = runner.build_request(layer, lp, context_dir, farm.check_name(layer.name, lp.key), no_cache=True)
         ref = farm.rebuild(layer.name, lp.key, request, log_path, **_how(runner, lp.qualname))
     try:

@@ -36,7 +36,8 @@ if TYPE_CHECKING:  # the builder's side is loaded where a layer has work: a no-o
     from efabuild.make.engine_steps import EngineSteps
 
 __all__ = ["BUILT", "EXPORTED", "FAILED", "PULLED", "REUSED", "SKIPPED", "STATUSES", "SOURCE_DATE_EPOCH",
-           "LeftoverSearch", "LintFailed", "MakeResult", "Outcome", "prepare_make", "published_platforms", "run"]
+           "LayerRunner", "LeftoverSearch", "LintFailed", "MakeResult", "Outcome", "prepare_make", "published_platforms",
+           "run"]
 
 
 class LintFailed(InputError):
@@ -63,7 +64,12 @@ def prepare_make(ws: Workspace, targets: Iterable[str] = (), *, lint: bool = Tru
     return prepare(ws, targets, require_engine=require_engine)
 
 
-class _Runner:
+class LayerRunner:
+    """Runs one make's layers: builds or pulls each, exports and publishes its artifact, through
+    the builders chosen for the make (`builders`: make/builders.py, set by `run` or, for one layer
+    rebuilt without the cache, by `make --check`). `build_request`, `layer_context` and
+    `export_request` are what --check uses to rebuild and export a layer exactly as make does."""
+
     def __init__(self, prepared: Prepared, reporter: Reporter, engine_steps=None) -> None:  # noqa: ANN001
         self.p = prepared
         self.cancel = threading.Event()  # set on interrupt: running builds stop, nothing is tagged
@@ -203,7 +209,7 @@ class _Runner:
     def _build(self, layer: Layer, lp: LayerPlan) -> tuple[str, list[str]]:
         """(its log, the steps after the build), the build recorded as the layer's baseline."""
         log_path = self.store_root / "logs" / layer.graph / layer.name / f"{lp.key}.log"
-        with self._context_dir(layer, lp) as context_dir:
+        with self.layer_context(layer, lp) as context_dir:
             request = self.build_request(layer, lp, context_dir, image_tag(layer.name, lp.key))
             step_boundary("build")
             how = dict(on_line=lambda text: self.reporter.line(lp.qualname, text), cancel=self.cancel,
@@ -212,7 +218,7 @@ class _Runner:
         self.p.records.record(lp.layer, lp.key, lp.inputs)
         return str(log_path), more
 
-    def _context_dir(self, layer: Layer, lp: LayerPlan):
+    def layer_context(self, layer: Layer, lp: LayerPlan):
         """A build context holding exactly the files the key was computed from, as the key saw them."""
         return context_dir(self.ws.root, self.store_root / "tmp", layer.name, lp.inputs.context)
 
@@ -308,7 +314,7 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
     `engine_steps` is how the engine is reached (default: the engine prepare connected to);
     `leftovers`, started before the plan, has looked for what killed makes left (default: look now)."""
     check_secrets(prepared)
-    runner = _Runner(prepared, reporter or Reporter(), engine_steps)
+    runner = LayerRunner(prepared, reporter or Reporter(), engine_steps)
     if any(lp.action != NOTHING for lp in prepared.plan.layers):
         from efabuild.make.builders import builders_for, start_builders  # only a make with work needs them
 
