@@ -85,6 +85,7 @@ def store(tmp_path: Path) -> Path:
     return tmp_path / "store"
 
 
+@pytest.mark.slow
 def test_audit_junit_report_has_a_testcase_per_artifact_and_check(store: Path, tmp_path: Path, capsys):
     report = tmp_path / "reports" / "audit.xml"
     status = main(["audit", "--all", "--store", str(store), "--host-efa", ngc.INSTALLER, "--json",

@@ -124,6 +124,7 @@ def test_lookup_builds_only_its_own_parser_and_loads_no_completion_code(tmp_path
     assert not loaded & {"efabuild.cli.plan_cmd", "efabuild.cli.completion_cmd", "shtab"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["console script", "python -m efabuild"])
 def test_a_real_process_exits_0_1_or_2_with_one_line(tmp_path, how):
     """What a shell or Slurm sees of `efabuild`: its exit status and stderr, from a process of its

@@ -3,6 +3,8 @@ terminal, JSON events for a program; colour only on a terminal that wants it."""
 
 from __future__ import annotations
 
+import pytest
+
 import io
 import json
 import threading
@@ -117,6 +119,7 @@ def test_a_line_while_a_long_plan_gathers_facts_and_none_for_a_quick_one():
     assert not quick.is_set()
 
 
+@pytest.mark.slow
 def test_plan_and_make_say_they_gather_facts_while_an_engine_is_slow_to_answer(tmp_path):
     """An engine that takes its time (here a socket that answers nothing for 2 s: a real engine
     cannot be made that slow on purpose) keeps a plan waiting: it says so on stderr first."""

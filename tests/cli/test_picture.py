@@ -129,6 +129,7 @@ def test_a_temp_file_a_killed_efabuild_left_beside_its_output_goes_with_the_next
     assert not killed.exists() and live.exists() and other.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("planted", ["link", "fifo", "directory", "device"])
 def test_an_output_path_that_is_no_regular_file_is_one_line_and_left_as_it_is(tmp_path, planted):
     """`-o /tmp/plan.svg`: whoever can write /tmp may have put a link to another file there, a

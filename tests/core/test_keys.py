@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import shutil
@@ -143,6 +145,7 @@ def graph_text(extra: dict[str, dict[str, str]]) -> str:
             + block("user", 'parent = "deepep"', "COPY app/ /workspace/app/\n", {}, 'context = ["app"]'))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(layer=st.sampled_from(LAYERS), change=CHANGES, token=st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True))
 def test_a_change_moves_exactly_that_layer_and_its_descendants(tmp_path_factory, layer, change, token):
@@ -175,6 +178,7 @@ FIELD = st.text(st.sampled_from('a/.é"\\\n\t\x00\x1f\x7f\u2028') | st.character
 @example(entries=[("é\u2028\x7f", "0644", "d")], secrets=[], parent=None)
 @given(entries=st.lists(st.tuples(FIELD, FIELD, FIELD), max_size=6),
        secrets=st.lists(FIELD, max_size=2), parent=st.none() | FIELD)
+@pytest.mark.slow
 def test_the_canonical_encoding_is_json_dumps_of_the_inputs_byte_for_byte(entries, secrets, parent):
     """canonical() writes the context by joins, not by the JSON encoder: the bytes must be the
     encoder's (quotes, backslashes, control characters and non-ASCII text included), or every

@@ -410,6 +410,7 @@ def test_secret_build_args_never_reach_plan_output_or_build_records(tmp_path):
         assert secret not in proc.stdout + proc.stderr and secret not in json.dumps(data) and secret not in stored
 
 
+@pytest.mark.slow
 def test_an_unreachable_s3_tier_does_not_stop_a_plan(tmp_path):
     build = ('[workspace]\ngraphs = ["graphs/*.toml"]\n[store.s3]\nbucket = "images"\n'
              'endpoint_url = "http://127.0.0.1:9"\n')  # nothing listens on port 9

@@ -6,6 +6,8 @@ lines come from the writer, not from a second scanner; tomllib checks every docu
 
 from __future__ import annotations
 
+import pytest
+
 import tomllib
 
 from hypothesis import given, settings
@@ -98,6 +100,7 @@ def documents(draw) -> Writer:
     return writer
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None)
 @given(documents())
 def test_every_key_is_found_on_the_line_it_was_written(writer):

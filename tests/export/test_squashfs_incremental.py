@@ -255,7 +255,8 @@ class Trees:
         return tree, frozenset(p for p in opaque if p in tree and tree[p].kind == "d")
 
 
-@pytest.mark.parametrize("seed", range(30))
+# four rounds in the quick part, all thirty in the whole suite
+@pytest.mark.parametrize("seed", [seed if seed < 4 else pytest.param(seed, marks=pytest.mark.slow) for seed in range(30)])
 def test_random_layers_give_what_a_full_export_of_the_merged_tree_gives(seed: int, tmp_path: Path) -> None:
     block = 4096 if seed % 2 else 131072
     extra = ("-b", str(block))
@@ -334,6 +335,7 @@ def chain_case(tmp_path: Path, options: ExportSettings = ExportSettings(), extra
     (ExportSettings(), ("-always-use-fragments", "-noF")),
     (ExportSettings(compression="gzip"), ("-noI", "-no-exports")),
 ], ids=["lzo-noD", "gzip", "xz", "zstd", "no-fragments", "always-fragments-noF", "noI-no-exports"])
+@pytest.mark.slow
 def test_a_grandchild_of_an_incremental_child_equals_its_full_export(options, extra, tmp_path: Path) -> None:
     base, grand, full = chain_case(tmp_path, options, extra)
     assert_same(grand, full, tmp_path)
@@ -385,6 +387,7 @@ def test_the_child_starts_with_the_ancestors_blocks_byte_for_byte(tmp_path: Path
     assert grand.read_bytes()[96:start] == base.read_bytes()[96:start]
 
 
+@pytest.mark.slow
 def test_a_directory_of_thousands_of_entries_lists_as_in_a_full_export(tmp_path: Path) -> None:
     """Over 64 KiB of listing: an extended directory inode, several directory headers."""
     tree = {"etc": Item("d"), "big": Item("d", 0o755)}
@@ -453,6 +456,7 @@ def test_two_runs_write_the_same_bytes(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path / "one")) == ["child.sqsh"]  # no temp file left
 
 
+@pytest.mark.slow
 def test_squashfuse_and_the_kernel_read_an_incremental_child(tmp_path: Path) -> None:
     from tests.scenarios.test_squashfuse import _fuse_missing, hard_links, squashfuse_mounted, tree
 
@@ -705,6 +709,7 @@ def test_an_error_mid_way_leaves_no_file_and_the_old_one_in_place(tmp_path: Path
     assert sorted(os.listdir(tmp_path)) == ["base.sqsh", "child.sqsh"]
 
 
+@pytest.mark.slow
 def test_a_kill_mid_way_leaves_no_partial_child(tmp_path: Path) -> None:
     import signal
     import sys
@@ -729,6 +734,7 @@ def test_a_kill_mid_way_leaves_no_partial_child(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_file_of_a_gibibyte_in_a_layer_is_streamed_in_bounded_memory(tmp_path: Path) -> None:
     """The layer comes from a generator, as from a registry: no copy of it on disk or in memory."""
     import sys

@@ -247,6 +247,7 @@ _NAMES = st.text(alphabet="abcxyz._-", min_size=1, max_size=8)
               st.integers(0, 0o7777), st.binary(max_size=700)),
     max_size=25,
 ))
+@pytest.mark.slow
 def test_filter_keeps_every_other_entry_with_fixed_modes(tmp_path_factory, entries) -> None:
     tmp_path = tmp_path_factory.mktemp("prop")
     seen: dict[str, tuple[str, int, bytes]] = {}
@@ -311,6 +312,7 @@ def test_a_builds_own_tar_gets_docker_creates_entries_where_docker_export_has_th
     assert "etc/hosts" not in [entry[0] for entry in plain]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [3 * 2**20 + 5, 8 * 2**30 + 5], ids=["3MiB", "8GiB"])
 def test_a_file_whose_size_only_a_pax_record_gives_is_passed_whole(size: int) -> None:
     """Slip: the filter ignores a pax `size`. Go's archive/tar (docker export) gives a file of 8 GiB

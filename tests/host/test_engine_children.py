@@ -71,6 +71,7 @@ def test_run_gives_what_subprocess_run_gives():
         children.run(["efabuild-no-such-program"])
 
 
+@pytest.mark.slow
 def test_a_run_that_times_out_leaves_no_child(tmp_path):
     pidfile = tmp_path / "pid"
     with pytest.raises(subprocess.TimeoutExpired):

@@ -39,6 +39,7 @@ def test_no_part_of_a_remote_url_s_password_or_token_reaches_a_label(tmp_path, u
     assert not any("SECRET" in value for value in labels.values())
 
 
+@pytest.mark.slow
 def test_a_config_including_a_fifo_costs_one_timeout_not_one_per_question(tmp_path, monkeypatch):
     """git reads its config (and what it includes) for every command: a FIFO there blocks each one
     until its timeout. The first that times out ends the questions."""

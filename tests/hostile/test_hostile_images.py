@@ -64,6 +64,7 @@ PLANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plant", PLANTS.values(), ids=PLANTS.keys())
 def test_what_an_image_holds_never_breaks_the_manifest_probe_or_the_audit(tmp_path, plant):
     store = published(tmp_path, plant)  # the probe a make runs on every artifact
@@ -85,6 +86,7 @@ def _plant(path: Path, data: bytes) -> None:
     path.write_bytes(data)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["audit", "--json"], ["show"], ["doctor-manifest"]])
 def test_a_deeply_nested_manifest_planted_on_a_tier_is_one_line(store, command, tmp_path):
     manifest = store / "objects" / KEY[:2] / f"{KEY}.manifest.json"
@@ -231,6 +233,7 @@ def test_a_farm_stream_s_absolute_names_links_and_devices_stay_inside_the_image(
     assert b"host secret" not in contents
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tar_format", ["gnu", "posix"])
 def test_a_farm_stream_with_a_10_gib_sparse_entry_fails_in_one_line_without_writing_it(tmp_path, tar_format):
     """Neither `docker export` nor BuildKit writes sparse entries; mksquashfs 4.6 cannot read them
@@ -272,6 +275,7 @@ def _plant_over(store: Path, data_from: Path | bytes) -> None:
     record_path.write_text(json.dumps(record))
 
 
+@pytest.mark.slow
 def test_a_stored_sqsh_that_is_not_squashfs_is_a_failed_check_not_a_traceback(store):
     _plant_over(store, b"MZ not a squashfs at all\n" * 1000)
     proc = audit(store, "--json")
@@ -300,6 +304,7 @@ def bomb(tmp_path_factory) -> Path:
 
 # The limit is lowered in these tests so the bomb can be small: its real value, 2,000,000 entries,
 # would take a bomb of 2 MB and minutes of mksquashfs on this machine.
+@pytest.mark.slow
 def test_a_squashfs_bomb_on_a_tier_is_refused_before_its_listing_fills_the_memory(store, bomb, monkeypatch):
     from efabuild.provenance import fsview
 
@@ -320,6 +325,7 @@ def test_make_check_compares_no_squashfs_bomb_entry_by_entry(bomb, monkeypatch):
         sqshdiff.read_sqsh(bomb)
 
 
+@pytest.mark.slow
 def test_an_image_path_that_is_not_utf8_is_measured_and_every_json_output_stays_strict(tmp_path):
     """A site directory named `python3\\xff` still matches `python3*`: the probe reads the torch
     in it, the manifest (UTF-8 JSON) names it with `\\xff`, and show and audit print JSON without

@@ -6,6 +6,8 @@ file must stay well-formed XML, and printing must never fail on an encoding.
 
 from __future__ import annotations
 
+import pytest
+
 import io
 import os
 import subprocess
@@ -161,6 +163,7 @@ def test_make_check_names_files_in_images_with_escapes_and_odd_bytes_printably(t
     assert len([line for line in text.splitlines() if line.startswith("  content")]) == 4
 
 
+@pytest.mark.slow
 def test_show_prints_an_image_s_env_and_labels_with_their_escapes_shown(tmp_path):
     """`ENV FI_PROVIDER=...` and `LABEL` values are the Dockerfile's: show lists them."""
     from tests.data.rootfs import mini_ngc as ngc

@@ -72,6 +72,7 @@ def test_a_live_process_s_scratch_directory_is_no_leftover_from_another_pid_name
     assert found == "[]"
 
 
+@pytest.mark.slow
 def test_what_a_process_of_an_ended_pid_namespace_owned_is_gone_from_the_host():
     """A make killed in a container that shares the host's name leaves an export container or a
     scratch directory owned by `host-pidnsN`: from the host it is a leftover once no process is

@@ -121,6 +121,7 @@ def test_a_config_the_registry_gets_wrong_is_one_line_naming_the_image(hostile_r
     assert "\n" not in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hostile_registry", ["drip"], indirect=True)
 def test_a_config_dripped_a_byte_a_second_is_given_up_after_the_timeout(hostile_registry, monkeypatch):
     # the config drips for minutes; a limit shorter than the real one keeps the test short

@@ -305,6 +305,7 @@ def test_doctor_given_a_device_is_one_line_not_an_endless_read(tmp_path, argv):
     assert len(proc.stderr.splitlines()) == 1 and "/dev/zero" in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_doctor_reads_a_log_with_an_endless_line_in_bounded_memory(tmp_path):
     """A job's output may hold a line of megabytes (a progress bar without newlines): it is cut,
     and what follows it is still read."""

@@ -226,6 +226,7 @@ def test_a_foreign_machine_url_with_credentials_is_named_without_them(tmp_path):
     assert "s3cr3tpass" not in finding.message + finding.fix
 
 
+@pytest.mark.slow
 def test_a_library_path_of_forty_thousand_foreign_entries_is_linted_in_seconds(tmp_path):
     """EFA021 looks each entry's own-triplet twin up in the value: a list scan per entry made an
     ENV of 40,000 x86_64 entries (1.1 MB) cost 20 s of lint on arm64; each is still named."""

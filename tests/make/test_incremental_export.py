@@ -102,8 +102,28 @@ def test_directories_nested_past_the_walks_depth_end_the_stream_with_a_reason_no
     finally:
         sys.setrecursionlimit(limit)
     stream.close()
+    _remove_nested(root)  # pytest's clean-up (shutil.rmtree) recurses once per level, and failed at exit
     assert "nested deeper than 250 levels" in stream.errors_seen[0]
     assert "Traceback" not in capfd.readouterr().err
+
+
+def _remove_nested(root) -> None:  # noqa: ANN001
+    """Remove a chain of directories named `d`, deepest first, one descriptor per level."""
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY)]
+    try:
+        while True:
+            try:
+                fds.append(os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+            except FileNotFoundError:
+                break
+        os.close(fds.pop())
+        while fds:
+            fd = fds.pop()
+            os.rmdir("d", dir_fd=fd)
+            os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def test_a_file_shorter_than_its_stat_fails_the_layer_rather_than_padding_it():

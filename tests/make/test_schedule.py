@@ -74,6 +74,7 @@ def make(root, jobs: int, engine: FakeEngine):
     return prepared, {o.qualname: o for o in result.outcomes}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 2, 3])
 def test_independent_branches_build_side_by_side_up_to_jobs(tmp_path, jobs):
     root = make_workspace(tmp_path / "ws", {"a": IMAGES_ONLY, "b": OTHER_BASE})

@@ -39,6 +39,7 @@ def _pages() -> list[Path]:
 # ---------------------------------------------------------------- generated, so they cannot drift
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot draws the pictures")
 def test_the_generated_docs_are_what_the_script_makes_from_the_code_now():
     files = _make_docs().generate()

@@ -72,6 +72,7 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     return bin_dir, {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
 
 
+@pytest.mark.slow
 def test_the_metadata_names_the_license_and_the_console_scripts(installed):
     bin_dir, env = installed
     shown = run(bin_dir / "python", "-m", "pip", "show", "efabuild", cwd=bin_dir, env=env).stdout

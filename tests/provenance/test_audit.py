@@ -301,12 +301,14 @@ def statuses(report: list) -> dict[str, str]:
     return {c["check"]: c["status"] for c in report[0]["checks"]}
 
 
+@pytest.mark.slow
 def test_stored_clean_artifact_passes_from_a_bare_store(store: Path, capsys) -> None:
     code, report = run_audit(capsys, "ngc-efa:deepep", "--store", str(store), "--host-efa", "1.50.0")
     assert code == 0 and report[0]["ok"] is True and report[0]["key"] == KEY
     assert set(statuses(report).values()) == {PASS}
 
 
+@pytest.mark.slow
 def test_stored_arm64_artifact_with_an_x86_64_plugin_fails_audit_naming_it(tmp_path: Path, capsys) -> None:
     root = tmp_path / "arm64"
     arm64_tree(root)
@@ -324,6 +326,7 @@ def test_stored_arm64_artifact_with_an_x86_64_plugin_fails_audit_naming_it(tmp_p
     assert manifest["measured"]["elf"][ARM64_OFI] == "x86_64"
 
 
+@pytest.mark.slow
 def test_flipped_byte_in_the_sqsh_is_caught(store: Path, capsys) -> None:
     sqsh = store / "objects" / KEY[:2] / f"{KEY}.sqsh"
     data = bytearray(sqsh.read_bytes())
@@ -337,6 +340,7 @@ def test_flipped_byte_in_the_sqsh_is_caught(store: Path, capsys) -> None:
     assert "but the record says" in message
 
 
+@pytest.mark.slow
 def test_a_truncated_sqsh_is_audited_as_it_stands_and_named(store: Path, capsys) -> None:
     """The copy a lookup refuses to hand out (its size is not its record's) is still audited."""
     sqsh = store / "objects" / KEY[:2] / f"{KEY}.sqsh"
@@ -349,6 +353,7 @@ def test_a_truncated_sqsh_is_audited_as_it_stands_and_named(store: Path, capsys)
     assert integrity["message"].startswith("store tier: ") and str(size // 2) in integrity["message"], integrity
 
 
+@pytest.mark.slow
 def test_every_tier_holding_the_artifact_is_checked_and_the_damaged_one_named(
         store: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     shared = tmp_path / "fsx"
@@ -372,6 +377,7 @@ def test_every_tier_holding_the_artifact_is_checked_and_the_damaged_one_named(
     assert "shared tier" not in integrity["message"]
 
 
+@pytest.mark.slow
 def test_audit_all_on_a_node_fails_for_an_artifact_it_cannot_read(store: Path, tmp_path: Path, capsys,
                                                                   monkeypatch) -> None:
     other = "ab" * 32
@@ -389,6 +395,7 @@ def test_audit_all_on_a_node_fails_for_an_artifact_it_cannot_read(store: Path, t
     assert failed["status"] == FAIL and failed["message"].startswith(f"store tier: unreadable: {objects / other}.json")
 
 
+@pytest.mark.slow
 def test_edited_manifest_is_caught(store: Path, capsys) -> None:
     path = store / "objects" / KEY[:2] / f"{KEY}.manifest.json"
     path.chmod(0o644)
@@ -400,6 +407,7 @@ def test_edited_manifest_is_caught(store: Path, capsys) -> None:
     assert message.startswith("the manifest was edited: digest blake3:")
 
 
+@pytest.mark.slow
 def test_manifest_rewritten_with_its_record_is_caught_by_measuring_again(store: Path, capsys) -> None:
     # whoever edits the manifest and its recorded digest together still cannot hide a drift
     obj = store / "objects" / KEY[:2]
@@ -419,6 +427,7 @@ def test_manifest_rewritten_with_its_record_is_caught_by_measuring_again(store: 
         "the manifest does not describe this image: aws-ofi-nccl version: manifest 1.22.0, image 1.21.1")
 
 
+@pytest.mark.slow
 def test_table_output_and_exit_status(store: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("EFABUILD_STORE", str(store))  # a bare store, as on a compute node
     monkeypatch.chdir(tmp_path)
@@ -429,6 +438,7 @@ def test_table_output_and_exit_status(store: Path, tmp_path: Path, capsys, monke
     assert out.rstrip().endswith("1 failed, 0 warnings, 12 checks")
 
 
+@pytest.mark.slow
 def test_policy_comes_from_the_workspace(store: Path, tmp_path: Path, capsys, monkeypatch) -> None:
     ws = tmp_path / "ws"
     ngc.write(ws, "/BUILD.toml", f'[store]\nlocal = "{store}"\n\n[audit]\nhost_efa_installer = "1.50.0"\n'
@@ -444,6 +454,7 @@ def test_policy_comes_from_the_workspace(store: Path, tmp_path: Path, capsys, mo
     assert by_name["host-efa"]["status"] == PASS
 
 
+@pytest.mark.slow
 def test_unknown_ref_and_bad_usage(store: Path, capsys) -> None:
     code, report = run_audit(capsys, "ngc-efa:nope", "--store", str(store))
     assert code == 1 and report[0]["checks"][0]["message"].startswith("no artifact named ngc-efa:nope")

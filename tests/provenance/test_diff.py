@@ -28,6 +28,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "store"
 
 
+@pytest.mark.slow
 def test_differences_name_the_inputs_and_versions_that_changed(store: Path) -> None:
     s = Store.at(store, show_progress=False)
     a, b = load_manifest(s, KEY_A).manifest, load_manifest(s, KEY_B).manifest
@@ -42,6 +43,7 @@ def test_differences_name_the_inputs_and_versions_that_changed(store: Path) -> N
     assert diff_manifests(a, a) == []
 
 
+@pytest.mark.slow
 def test_diff_of_an_arm64_and_an_amd64_build_shows_the_machine_and_the_paths(tmp_path: Path) -> None:
     ngc.full_image(tmp_path / "amd64")
     ngc.full_image(tmp_path / "arm64", machine="aarch64")
@@ -96,6 +98,7 @@ def test_show_of_an_unknown_ref_is_one_line(store: Path, capsys) -> None:
     assert err.startswith("efabuild: no artifact named ngc-efa:nothing") and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_show_gives_the_declared_version_of_a_component_no_file_tells(tmp_path: Path, capsys) -> None:
     """An image whose base declares CUDNN_VERSION but holds no cuDNN header or library: the cudnn
     row says what the base declares and that it is declared, not a bare 'unknown'."""

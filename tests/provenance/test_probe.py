@@ -50,6 +50,7 @@ def test_full_image_versions_and_their_sources(image: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_sqsh_and_directory_give_the_same_measurement(image: Path, tmp_path: Path) -> None:
     sqsh = ngc.make_sqsh(image, tmp_path / "image.sqsh")
     assert probe_tree(SqshView(sqsh)).to_dict() == probe_tree(DirView(image)).to_dict()
@@ -246,6 +247,7 @@ def test_machine_record_round_trips_and_old_manifests_read_as_unknown(image: Pat
     assert (Measured.from_dict(old).machine, Measured.from_dict(old).elf) == (None, ())
 
 
+@pytest.mark.slow
 def test_elf_headers_are_read_bounded_from_a_sqsh_as_from_a_directory(tmp_path: Path) -> None:
     root = tmp_path / "root"
     arm64_image(root)
@@ -312,6 +314,7 @@ def test_the_files_whose_machine_is_read_are_bounded(tmp_path: Path, monkeypatch
             "/opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so"} <= set(dict(measured.elf))
 
 
+@pytest.mark.slow
 def test_a_library_path_of_a_thousand_directories_reads_a_bounded_number_of_headers(tmp_path: Path,
                                                                                      monkeypatch) -> None:
     """A hostile image's LD_LIBRARY_PATH of 1000 directories, each holding a big libnccl.so.2 (hard
@@ -339,6 +342,7 @@ def test_a_library_path_of_a_thousand_directories_reads_a_bounded_number_of_head
     assert dict(measured.elf)[f"/opt/d{ldpath.MAX_JUDGED}/libnccl.so.2"] == "x86_64"
 
 
+@pytest.mark.slow
 def test_a_thousand_providers_at_deep_real_paths_are_read_without_overflowing_the_command_line(
         tmp_path: Path) -> None:
     """1024 providers linked to files 3.8 KB deep (names an image may hold): their heads were asked
@@ -377,6 +381,7 @@ def test_ld_so_conf_files_that_include_each_other_are_read_once(tmp_path: Path) 
         assert {d.dir for d in dirs} >= {"/opt/d1", "/opt/d2", "/opt/d3", "/opt/d4"}
 
 
+@pytest.mark.slow
 def test_many_hard_links_of_a_big_plugin_are_read_one_at_a_time(tmp_path: Path) -> None:
     """Eleven hard links of one 50 MiB libnccl-net*.so (a .sqsh of 4 KB) were read into memory in one
     piece: 1.7 GB of resident memory, and a hundred links of a 256 MiB one exhaust a build host.
@@ -404,6 +409,7 @@ def test_many_hard_links_of_a_big_plugin_are_read_one_at_a_time(tmp_path: Path) 
     assert peak_kib < 500 << 10, f"{peak_kib >> 10} MiB resident"
 
 
+@pytest.mark.slow
 def test_thousands_of_small_plugins_are_read_by_a_few_unsquashfs_runs(tmp_path: Path, monkeypatch) -> None:
     """Read one at a time, 2000 small libnccl-net-N.so cost 2000 unsquashfs runs; they are read in
     groups, each copy with its version."""

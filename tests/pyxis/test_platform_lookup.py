@@ -186,6 +186,7 @@ def test_a_signed_index_verifies_under_the_trust_policy_on_both_routes(tmp_path,
             assert (got.returncode, got.stdout) == (0, sqsh(store, found[platform])), got.stderr
 
 
+@pytest.mark.slow
 def test_a_verified_index_costs_the_next_start_no_signature_check(tmp_path, keys):
     from tests.signing.test_sign import cached_lookup  # the lookup process, its clock past the racy window
 
@@ -199,6 +200,7 @@ def test_a_verified_index_costs_the_next_start_no_signature_check(tmp_path, keys
     assert modules == []  # the index's answer from the cache too: no cryptography, no blake3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["unsigned", "signed by another key", "rewritten after signing"])
 def test_an_index_not_signed_by_a_trusted_key_is_refused_under_require_signature(tmp_path, keys, monkeypatch, how):
     release, other = PemSigner(keys["release"][0]), PemSigner(keys["other"][0])
@@ -236,6 +238,7 @@ def test_a_forged_entry_pointing_arm64_at_the_amd64_key_is_refused_without_signa
 
 
 # ---- diff across platforms
+@pytest.mark.slow
 def test_diff_of_two_platforms_says_which_components_differ(tmp_path, monkeypatch):
     from efabuild.host.digest import file_digest
     from efabuild.provenance.stored import describe_sqsh
@@ -276,6 +279,7 @@ def test_diff_of_two_platforms_says_which_components_differ(tmp_path, monkeypatc
     assert exit_code.returncode == 1
 
 
+@pytest.mark.slow
 def test_verify_of_a_name_checks_its_platform_index_too(tmp_path, keys, monkeypatch):
     release, other = PemSigner(keys["release"][0]), PemSigner(keys["other"][0])
     env = {"EFABUILD_TRUST_CONFIG": str(trust_config(tmp_path / "trust.toml", keys["release"][1])),

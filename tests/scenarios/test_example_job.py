@@ -3,6 +3,8 @@ artifact that is damaged or unsigned stops the job there with one line, before a
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import re
 import subprocess
@@ -32,6 +34,7 @@ def _run_job_head(store: Path, node: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=node, timeout=60)
 
 
+@pytest.mark.slow
 def test_a_damaged_or_unsigned_artifact_fails_the_job_at_its_lookup(tmp_path: Path) -> None:
     private, public = make_key(tmp_path / "keys", "ec")
     node = tmp_path / "node"

@@ -318,6 +318,7 @@ def test_a_cached_lookup_reads_stats_only_and_catches_a_flip_with_mtime_restored
     assert code == 1 and out == "" and "cryptography" in modules
 
 
+@pytest.mark.slow
 def test_an_entry_planted_by_another_user_is_ignored(tmp_path, keys):
     from efabuild.signing import verifycache
 
@@ -378,6 +379,7 @@ def test_a_changed_trust_policy_verifies_again(tmp_path, keys):
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signed_by, kept", [("ec", "other"), ("other", "ec")])
 def test_a_key_dropped_from_a_policy_of_two_no_longer_passes_from_the_cache(tmp_path, keys, signed_by, kept):
     """Slip: the policy digest that binds cached verifications covers only some of its keys. A key

@@ -83,6 +83,7 @@ def test_deeply_nested_or_huge_index_is_refused(tmp_path):
         ChunkIndex.from_json(b" " * (25 * MiB), "x")
 
 
+@pytest.mark.slow
 def test_an_index_lists_a_bounded_number_of_chunks_and_is_refused_before_parsing_more():
     from efabuild.store.chunked.chunks import MAX_CHUNKS
 
