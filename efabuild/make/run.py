@@ -254,7 +254,7 @@ class _Runner:
         from efabuild.make.ancestry import ancestor_copy
         from efabuild.make.publish import export_and_publish
 
-        with ancestor_copy(self.p, lp.qualname) as (ancestor, no_ancestor):
+        with ancestor_copy(self.p, lp.qualname, signer=self.signer) as (ancestor, no_ancestor):
             request = self.export_request(layer, lp, ancestor, no_ancestor)
             path = export_and_publish(self.p, request, reporter=self.reporter, builder_versions=self.built_by(lp.key),
                                       signer=self.signer, cancel=self.cancel)

@@ -35,3 +35,63 @@ def test_a_builds_own_wh_name_ends_the_layer_stream_rather_than_deleting_a_file(
     stream.close()
     # what export_incremental reads to fall back to a full export, naming the entry
     assert "opt/.wh.keep" in stream.errors_seen[0]
+
+
+# ---- an ancestor copy nobody this make trusts wrote ---------------------------------------------
+
+def _plant_ancestor(store, key: str, directory: Path, signer) -> None:  # noqa: ANN001 - a Store, a Signer
+    """What whoever writes the store can do: any .sqsh and its matching record under the
+    ancestor's key, signed by `signer` (None: unsigned)."""
+    from efabuild.host.digest import file_digests
+    from efabuild.provenance.stored import describe_sqsh
+    from efabuild.signing.attest import signed
+    from efabuild.store.record import ArtifactRecord
+    from tests.kits.storekit import make_sqsh
+
+    sqsh = make_sqsh(directory, b"planted bytes " * 1000, "planted")
+    blake3, sha256 = file_digests(sqsh)
+    manifest = describe_sqsh(sqsh, key=key, name="stack:efa", sqsh_digest=blake3, sqsh_sha256=sha256,
+                             export_options={}, base=None, chain=[], builder={}, times={})
+    record = ArtifactRecord.for_file(key, "stack:efa", sqsh, blake3, sha256=sha256)
+    store.publish(key, sqsh, record, manifest, envelope=signed(manifest, signer) if signer else None)
+
+
+@pytest.mark.parametrize("signed_by", [None, "other", "own"])
+def test_a_signing_make_builds_on_an_ancestor_copy_only_when_its_own_key_signed_it(tmp_path: Path, signed_by):
+    from efabuild.make.ancestry import ancestor_copy
+    from efabuild.make.prepare import prepare
+    from efabuild.signing.keys import PemSigner
+    from efabuild.workspace import load_workspace
+    from tests.kits.signkit import make_key
+    from tests.kits.wsfactory import make_workspace
+
+    own = PemSigner(make_key(tmp_path / "own", "ec")[0])
+    other = PemSigner(make_key(tmp_path / "other", "ec")[0])
+    prepared = prepare(load_workspace(make_workspace(tmp_path / "ws")), use_engine=False)
+    efa = prepared.plan.by_name()["stack:efa"].key
+    _plant_ancestor(prepared.store, efa, tmp_path, {"own": own, "other": other}.get(signed_by))
+    with ancestor_copy(prepared, "stack:user", signer=own) as (ancestor, why_not):
+        if signed_by == "own":
+            assert ancestor is not None and ancestor.key == efa and why_not == ""
+        else:  # the child is exported whole, and the record says why
+            assert ancestor is None
+            assert why_not == f"ancestor {efa[:12]} has no signature by [sign]'s key over its bytes"
+    with ancestor_copy(prepared, "stack:user") as (unsigned_make, _):
+        assert unsigned_make is not None  # a make that signs nothing vouches for nothing: as before
+
+
+def test_make_check_builds_only_on_the_very_ancestor_bytes_the_child_was_written_from(tmp_path: Path):
+    from efabuild.make.ancestry import ancestor_copy
+    from efabuild.make.prepare import prepare
+    from efabuild.workspace import load_workspace
+    from tests.kits.wsfactory import make_workspace
+
+    prepared = prepare(load_workspace(make_workspace(tmp_path / "ws")), use_engine=False)
+    efa = prepared.plan.by_name()["stack:efa"].key
+    _plant_ancestor(prepared.store, efa, tmp_path, None)  # replaced, record and all, since the make
+    with ancestor_copy(prepared, "stack:user", key=efa, digest="0" * 64) as (ancestor, why_not):
+        assert ancestor is None
+        assert why_not == f"ancestor {efa[:12]} is stored as other bytes than the child was written from"
+    digest = prepared.store.record(efa).digest
+    with ancestor_copy(prepared, "stack:user", key=efa, digest=digest) as (ancestor, _):
+        assert ancestor is not None and ancestor.digest == digest
