@@ -95,3 +95,58 @@ def test_make_check_builds_only_on_the_very_ancestor_bytes_the_child_was_written
     digest = prepared.store.record(efa).digest
     with ancestor_copy(prepared, "stack:user", key=efa, digest=digest) as (ancestor, _):
         assert ancestor is not None and ancestor.digest == digest
+
+
+# ---- the engine's ancestor image: another build of the same key ----------------------------------
+
+def _build(tag: str, dockerfile: str) -> None:
+    import subprocess
+
+    subprocess.run(["docker", "build", "--quiet", "--no-cache", "--tag", tag, "-"], input=dockerfile.encode(),
+                   capture_output=True, check=True, timeout=300)
+
+
+def _cat(sqsh: Path, path: str) -> str:
+    import subprocess
+
+    return subprocess.run(["unsquashfs", "-cat", str(sqsh), path], capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.mark.timeout(600)
+def test_a_child_is_never_written_from_the_copy_of_another_build_of_its_ancestors_key(
+        busybox_image, image_names, tmp_path: Path):
+    # the ancestor's copy was exported from one build of its key (another machine, or before the
+    # engine lost its image); this engine rebuilt the key and a RUN fetched other bytes
+    from efabuild.engine.client import connect
+    from efabuild.export.artifact import ExportRequest, export_artifact, export_record
+    from efabuild.export.incremental import Ancestor
+    from efabuild.make.context import SOURCE_DATE_EPOCH
+    from efabuild.refs import KEY_LABEL
+    from efabuild.settings import BuilderSettings, ExportSettings
+
+    engine, options = connect(BuilderSettings()), ExportSettings(clamp_times=False)  # both: no clamp
+    below, above = "a1" * 32, "c2" * 32
+    ancestor_tag, child_tag = image_names("efa", below), image_names("user", above)
+
+    def export(key: str, tag: str, out: Path, ancestor: Ancestor | None = None):  # noqa: ANN202
+        request = ExportRequest(key=key, name=f"t:{key[:2]}", options=options, epoch=SOURCE_DATE_EPOCH,
+                                engine=engine, tag=tag, ancestor=ancestor, no_ancestor="" if ancestor else "root")
+        return export_artifact(request, out)
+
+    def builds(fetched: str) -> None:
+        _build(ancestor_tag, f"FROM {busybox_image}\nLABEL {KEY_LABEL}={below}\nRUN echo {fetched} > /fetched\n")
+        _build(child_tag, f"FROM {ancestor_tag}\nLABEL {KEY_LABEL}={above}\nRUN echo app > /app\n")
+
+    builds("monday")
+    stored = export(below, ancestor_tag, tmp_path / "ancestor.sqsh")
+    ancestor = Ancestor(below, ancestor_tag, stored.path, stored.digest,
+                        export_record(stored, options, SOURCE_DATE_EPOCH))
+    same = export(above, child_tag, tmp_path / "same.sqsh", ancestor)
+    assert "ancestor" in same.incremental, same.incremental  # the build the copy came from: incremental
+
+    builds("tuesday")  # the same key built again: other layers
+    child = export(above, child_tag, tmp_path / "child.sqsh", ancestor)
+    assert _cat(child.path, "fetched") == "tuesday\n"  # what a full export of this image has
+    assert child.incremental == {"full": f"the engine's {ancestor_tag} is another build of its key than the one "
+                                         f"the ancestor's copy was exported from"}
