@@ -31,3 +31,35 @@ def test_linux_platforms_with_a_variant_still_plan(tmp_path: Path):
     proc = _plan(tmp_path / "ws", 'platforms = ["linux/amd64", "linux/amd64/v2"]')
     assert proc.returncode == 0, proc.stderr
     assert "stack:efa@linux/amd64/v2" in proc.stdout and "stack:efa@linux/amd64 " in proc.stdout
+
+
+@pytest.mark.parametrize("arm64", ["failed", "not targeted"])
+def test_a_make_that_gave_a_name_no_arm64_artifact_leaves_arm64_nodes_the_one_they_had(tmp_path: Path, arm64: str):
+    # `make demo:train@linux/amd64`, or a make whose arm64 build failed: an index of amd64 alone
+    # would leave every arm64 node with "has no linux/arm64 artifact"
+    from efabuild.make.result import MakeResult, published_platforms, unpublished_platforms
+    from efabuild.make.schedule import BUILT, FAILED, Outcome
+    from efabuild.store.tiered import Store
+    from tests.kits.platformkit import BOTH, NAME, publish_platforms
+    from tests.kits.storekit import key_for, make_sqsh, record_for
+
+    store = Store.at(tmp_path / "store", show_progress=False)
+    before = publish_platforms(store, tmp_path, label="v1")
+    new_amd64 = key_for("v2 amd64")
+    (tmp_path / "v2").mkdir()
+    sqsh = make_sqsh(tmp_path / "v2", b"v2" * 1000)
+    store.publish(new_amd64, sqsh, record_for(new_amd64, NAME, sqsh)._replace(platform="linux/amd64"))
+    outcomes = [Outcome(f"{NAME}@linux/amd64", new_amd64, BUILT)]
+    if arm64 == "failed":
+        outcomes.append(Outcome(f"{NAME}@linux/arm64", key_for("v2 arm64"), FAILED))
+    result = MakeResult(tuple(outcomes), {}, {o.qualname: (NAME, o.qualname.split("@")[1]) for o in outcomes},
+                        frozenset(o.qualname for o in outcomes))
+    for name, platforms in published_platforms(result, {NAME: BOTH}).items():  # as make publishes
+        store.publish_index(name, platforms)
+    assert store.resolve(f"{NAME}@linux/arm64") == before["linux/arm64"]
+    assert store.resolve(f"{NAME}@linux/amd64") == before["linux/amd64"]  # the name moves as a whole
+    assert unpublished_platforms(result, {NAME: BOTH}) == {NAME: ["linux/arm64"]}  # make's warning
+    both = MakeResult((outcomes[0], Outcome(f"{NAME}@linux/arm64", before["linux/arm64"], BUILT)), {},
+                      {f"{NAME}@{p}": (NAME, p) for p in BOTH}, frozenset(f"{NAME}@{p}" for p in BOTH))
+    assert published_platforms(both, {NAME: BOTH}) == {NAME: {"linux/amd64": new_amd64,
+                                                              "linux/arm64": before["linux/arm64"]}}
