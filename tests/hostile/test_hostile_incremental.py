@@ -150,3 +150,33 @@ def test_a_child_is_never_written_from_the_copy_of_another_build_of_its_ancestor
     assert _cat(child.path, "fetched") == "tuesday\n"  # what a full export of this image has
     assert child.incremental == {"full": f"the engine's {ancestor_tag} is another build of its key than the one "
                                          f"the ancestor's copy was exported from"}
+
+
+# ---- a layer deleting what the container's init layer puts back ----------------------------------
+
+@pytest.mark.parametrize("case", ["opaque etc", "whiteout etc", "whiteout dev"])
+def test_a_layer_deleting_what_docker_export_puts_back_is_left_to_a_full_export(tmp_path: Path, case: str):
+    # `docker export` lays the container's init layer (/etc/hosts, /etc/hostname, /dev, ...) over
+    # every image layer: `rm -rf /etc && mkdir /etc` in a build still exports them
+    import subprocess
+
+    from efabuild.export.enroot import ImageConfig
+    from efabuild.export.squashfs import write_incremental
+    from efabuild.export.tarfilter import RewritePlan
+    from tests.kits.tarkit import T0, Item, full_export, tar_entries, tree_tar
+
+    plan = RewritePlan.for_config(ImageConfig(env=("A=1",)), epoch=T0, init_layer=True)  # what docker export has
+    tree = {"etc": Item("d", 0o755), "etc/passwd": Item("f", data=b"root\n", inode=1), "opt": Item("d", 0o755)}
+    ancestor = full_export(tree_tar(tree), tmp_path / "ancestor.sqsh", plan)
+    layer = {"opaque etc": [("etc", "d", 0o755, T0, None), ("etc/.wh..wh..opq", "f", 0o644, T0, b""),
+                            ("etc/new", "f", 0o644, T0, b"n")],
+             "whiteout etc": [(".wh.etc", "f", 0o644, T0, b"")],
+             "whiteout dev": [(".wh.dev", "f", 0o644, T0, b"")]}[case]
+    merged = {"opaque etc": {"etc": Item("d", 0o755), "etc/new": Item("f", data=b"n", inode=2), "opt": tree["opt"]},
+              "whiteout etc": {"opt": tree["opt"]}, "whiteout dev": tree}[case]
+    full = full_export(tree_tar(merged), tmp_path / "full.sqsh", plan)
+    listed = subprocess.run(["unsquashfs", "-l", str(full)], capture_output=True, text=True, check=True).stdout
+    assert "squashfs-root/etc/hosts" in listed and "squashfs-root/dev\n" in listed  # what a user gets whole
+    result = write_incremental(ancestor, [io.BytesIO(tar_entries(layer))], tmp_path / "child.sqsh", plan=plan)
+    assert result.full_needed and "which the container's init layer puts back" in result.reason
+    assert not (tmp_path / "child.sqsh").exists()
