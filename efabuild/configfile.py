@@ -244,7 +244,13 @@ def builder_platforms(t: Table, default: str) -> tuple[str, ...]:
         problem = platform_problem(value)
         if problem:
             raise InputError(problem, t.where("platform"))
-        return (value,)
-    if "platforms" in t.data:
-        return platform_list(t, "platforms")
-    return (default,)
+        platforms, key = (value,), "platform"
+    elif "platforms" in t.data:
+        platforms, key = platform_list(t, "platforms"), "platforms"
+    else:
+        return (default,)
+    other = next((p for p in platforms if not p.startswith("linux/")), None)
+    if other is not None:  # else QEMU is offered for it, and BuildKit fails on the base
+        raise InputError(f"{other!r}: an Enroot image is a Linux root filesystem: name linux/ platforms only",
+                         t.where(key))
+    return platforms

@@ -16,9 +16,9 @@ from pathlib import Path
 import attrs
 
 from efabuild.engine.client import Engine
-from efabuild.engine.images import built_for_key
+from efabuild.engine.images import built_for_key, layer_facts
 from efabuild.errors import EfabuildError
-from efabuild.export.incremental import REMOTE_BUILDER, Ancestor, export_incremental, full
+from efabuild.export.incremental import REMOTE_BUILDER, Ancestor, export_incremental, full, layers_digest
 from efabuild.export.remote import export_remote
 from efabuild.export.squash import ENROOT_FORMAT, ExportResult, Progress, export_image
 from efabuild.export.tarfilter import RC_LABELS
@@ -70,16 +70,18 @@ def export_artifact(request: ExportRequest, out: Path, *, progress: Progress | N
         raise EfabuildError(f"{request.name}: the engine's {request.tag} does not carry key {short(request.key)} in its "
                             f"{KEY_LABEL} label (some other image was given this name): not exported; remove it and "
                             "make again")
+    facts = layer_facts(request.engine, request.tag)  # recorded: a child's export checks its ancestor by them
+    layers = layers_digest(facts[1]) if facts is not None else None
     reason = request.no_ancestor
     if request.ancestor is not None:
         made = export_incremental(request.engine, request.tag, request.ancestor, out, options=request.options,
                                   epoch=request.epoch, recorded=recorded_options(request.options, request.epoch),
                                   progress=progress, sha256=sha256, chunking=chunking)
         if isinstance(made, ExportResult):
-            return made
+            return attrs.evolve(made, image_layers=layers)
         reason = made
     result = export_image(request.tag, out, engine=request.engine, **how)
-    return attrs.evolve(result, incremental=full(reason) if reason else None)
+    return attrs.evolve(result, incremental=full(reason) if reason else None, image_layers=layers)
 
 
 def recorded_options(options: ExportSettings, epoch: int) -> dict:
@@ -96,4 +98,6 @@ def export_record(result: ExportResult, options: ExportSettings, epoch: int) -> 
             "time_clamp": result.time_clamp}
     if result.incremental is not None:
         info["incremental"] = result.incremental
+    if result.image_layers is not None:
+        info["image_layers"] = result.image_layers
     return info

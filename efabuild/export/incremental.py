@@ -15,6 +15,7 @@ they are; only the layers the child adds are read, from the engine's layer direc
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import time
@@ -99,7 +100,7 @@ def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path
     if redated:
         return f"WORKDIR or VOLUME re-date /{redated[0]}, which the ancestor has"
     try:
-        dirs = _diff_dirs(engine, image, ancestor.tag)
+        dirs = _diff_dirs(engine, image, ancestor.tag, ancestor.export.get("image_layers"))
     except (LayerSourceUnavailable, NotFound) as exc:
         return str(exc)
     streams = stream_layers(dirs)
@@ -127,12 +128,25 @@ def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path
     return attrs.evolve(result, incremental=made)
 
 
-def _diff_dirs(engine: Engine, image: str, ancestor_tag: str) -> list[str]:
-    """The layer directories `image` adds over the ancestor's image, oldest first."""
+def layers_digest(layers: tuple[str, ...]) -> str:
+    return hashlib.sha256("\n".join(layers).encode()).hexdigest()
+
+
+def _diff_dirs(engine: Engine, image: str, ancestor_tag: str, exported_from: object) -> list[str]:
+    """The layer directories `image` adds over the ancestor's image, oldest first; that image
+    must be the build of its key that the ancestor's copy was exported from (`exported_from`, its
+    record's image_layers): another build of the same key (a RUN that fetched other bytes on
+    another machine) would give a child of that build's files under this build's layers."""
     child, ancestor = layer_facts(engine, image), layer_facts(engine, ancestor_tag)
     if child is None or ancestor is None:
         raise LayerSourceUnavailable(NOT_ON_THIS_HOST)
     (driver, layers), (_, below) = child, ancestor
+    if exported_from is None:
+        raise LayerSourceUnavailable("the ancestor's record names no image layers (exported before they were "
+                                     "recorded, or on a farm)")
+    if exported_from != layers_digest(below):
+        raise LayerSourceUnavailable(f"the engine's {ancestor_tag} is another build of its key than the one the "
+                                     f"ancestor's copy was exported from")
     if layers[:len(below)] != below:
         raise LayerSourceUnavailable("the image's layers do not start with the ancestor image's")
     return overlay_dirs(driver, len(layers) - len(below))

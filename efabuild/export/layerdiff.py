@@ -108,6 +108,11 @@ def _walk(tar: tarfile.TarFile, dir_fd: int, prefix: str, links: dict[tuple[int,
     for name in sorted(os.listdir(dir_fd)):
         path = prefix + name
         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if name.startswith(WHITEOUT):
+            # a build's own file named .wh.X: in a layer tar it would delete X, where the image
+            # (and a full export) has both; a whiteout of it would read as AUFS' and be ignored
+            raise LayerSourceUnavailable(f"{path}: a name starting with {WHITEOUT} cannot go in a layer tar, "
+                                         f"where it means a deletion")
         if stat.S_ISCHR(info.st_mode) and info.st_rdev == 0:  # overlay's whiteout
             tar.addfile(_header(prefix + WHITEOUT + name, info, tarfile.REGTYPE, size=0))
         elif stat.S_ISDIR(info.st_mode):

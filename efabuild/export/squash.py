@@ -73,6 +73,8 @@ class ExportResult:
     # how it was made, for the record: {"ancestor", "ancestor_digest", "dead_bytes"} when written from
     # an ancestor's .sqsh, {"full": why not} when exported whole for an artifact layer
     incremental: dict | None = None
+    # sha256 over the image's diff IDs (RootFS.Layers): which build of the key the bytes came from
+    image_layers: str | None = None
 
 
 class ExportCancelled(EfabuildError):

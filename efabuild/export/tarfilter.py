@@ -44,7 +44,7 @@ WRITTEN_MODE = 0o644  # the files written from the config, unless the image had 
 ENROOT_FIXPERMS_DEPTH = 15  # Enroot ≥ 4.0: find rootfs -maxdepth 15 -type d ! -perm -u=w -exec chmod u+w
 # paths `docker create` adds to the rootfs (its init layer) when the image lacks them; their
 # mtimes are the container's creation time, so they are pinned to the export's epoch
-_INIT_LAYER_PATHS = (
+INIT_LAYER_PATHS = (
     "dev", "dev/pts", "dev/shm", "dev/console", "proc", "sys", "etc",
     "etc/hostname", "etc/hosts", "etc/resolv.conf", "etc/mtab",
 )
@@ -88,7 +88,7 @@ class RewritePlan:
     def for_config(cls, cfg: ImageConfig, *, epoch: int = 0, clamp: int | None = None,
                    init_layer: bool = False) -> RewritePlan:
         workdir = norm_path(cfg.workdir)
-        pinned = set(_INIT_LAYER_PATHS) | set(ancestors(workdir))
+        pinned = set(INIT_LAYER_PATHS) | set(ancestors(workdir))
         for volume in cfg.volumes:  # docker create makes volume mount points too
             pinned.update(ancestors(norm_path(volume)))
         files = tuple(enroot_files(cfg.without_labels(UNKEYED_LABELS)).items())

@@ -14,11 +14,14 @@ from efabuild.errors import EfabuildError
 from efabuild.export.incremental import NO_ANCESTOR, NOT_ON_THIS_HOST, REMOTE_BUILDER, Ancestor, ancestor_layer
 from efabuild.make.prepare import Prepared
 from efabuild.refs import image_tag, short
+from efabuild.signing.trust import TrustPolicy
+from efabuild.signing.verify import signed_problems
 from efabuild.store.transfer import DamagedCopy, open_checked
 
 
 @contextlib.contextmanager
-def export_ancestor(prepared: Prepared, qualname: str, *, remote: bool) -> Iterator[tuple[Ancestor | None, str]]:
+def export_ancestor(prepared: Prepared, qualname: str, *, remote: bool,
+                    signer=None) -> Iterator[tuple[Ancestor | None, str]]:  # noqa: ANN001 - a signing.Signer
     """ancestor_copy() for a make's export, unless it can read no layer diffs (`remote`: a farm
     builder streams it; an engine on another host): then the ancestor is neither fetched nor
     re-hashed for nothing."""
@@ -27,14 +30,16 @@ def export_ancestor(prepared: Prepared, qualname: str, *, remote: bool) -> Itera
     elif prepared.engine is None or prepared.engine.api is None:
         yield None, NOT_ON_THIS_HOST
     else:
-        with ancestor_copy(prepared, qualname) as found:
+        with ancestor_copy(prepared, qualname, signer=signer) as found:
             yield found
 
 
 @contextlib.contextmanager
-def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None) -> Iterator[tuple[Ancestor | None, str]]:
+def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None, *, digest: str | None = None,
+                  signer=None) -> Iterator[tuple[Ancestor | None, str]]:  # noqa: ANN001 - a signing.Signer
     """(the checked ancestor, '') or (None, why there is none) for the artifact layer `qualname`;
-    `key`: this ancestor key (make --check: the one the stored artifact was written from)."""
+    `key` and `digest`: this ancestor key and copy (make --check: those the stored artifact was
+    written from); `signer`: the key the child is signed with, which must have signed the copy."""
     below = ancestor_layer(prepared.plan, qualname)
     if below is None:
         yield None, NO_ANCESTOR
@@ -53,6 +58,14 @@ def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None) -> 
     if hit is None or record is None:
         yield None, f"ancestor {short(below.key)} not in the store"
         return
+    if digest is not None and record.digest != digest:
+        yield None, f"ancestor {short(below.key)} is stored as other bytes than the child was written from"
+        return
+    # whoever writes a shared tier can put any record and .sqsh under a key: this make's signature
+    # on the child must not vouch for blocks it never wrote nor saw signed
+    if signer is not None and not _signed_by(signer, hit[0], below.key, record):
+        yield None, f"ancestor {short(below.key)} has no signature by [sign]'s key over its bytes"
+        return
     try:
         fd = open_checked(hit[0].name, hit[1], record)
     except DamagedCopy:  # the digests are `audit`'s to show: make's line stays short
@@ -64,6 +77,12 @@ def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None) -> 
                        dict(record.export)), ""
     finally:
         os.close(fd)
+
+
+def _signed_by(signer, tier, key: str, record) -> bool:  # noqa: ANN001 - a Signer, a FilesystemTier, a record
+    policy = TrustPolicy(((signer.description, signer.public_pem),), "[sign]")
+    return not signed_problems(tier.envelope(key), key, record, policy, record.digest, None,
+                               sqsh=str(tier.sqsh_path(key)), where=str(tier.layout.envelope_path(key)))
 
 
 def _by_descriptor(fd: int) -> Path:

@@ -185,7 +185,8 @@ def _export_as_stored(runner, layer: Layer, lp, out: Path, tag: str):  # noqa: A
     made = runner.store.record(lp.key).export.get("incremental") or {}
     if "ancestor" not in made:
         return export_artifact(runner.export_request(layer, lp, tag=tag), out, cancel=runner.cancel)
-    with ancestor_copy(runner.p, lp.qualname, key=str(made["ancestor"])) as (ancestor, why_not):
+    with ancestor_copy(runner.p, lp.qualname, key=str(made["ancestor"]), digest=str(made.get("ancestor_digest")),
+                       signer=runner.signer) as (ancestor, why_not):
         if ancestor is None:
             raise EfabuildError(f"{lp.qualname}: stored as written from ancestor {short(str(made['ancestor']))}, "
                                 f"which cannot be used now ({why_not}): restore it and check again")

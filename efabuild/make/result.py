@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from efabuild.make.schedule import FAILED, SKIPPED, STATUSES, Outcome
@@ -30,14 +31,30 @@ class MakeResult(NamedTuple):
         return {s: n for s, n in counts.items() if n}
 
 
-def published_platforms(result: MakeResult) -> dict[str, dict[str, str]]:
+def published_platforms(result: MakeResult, built_for: Mapping[str, tuple[str, ...]]) -> dict[str, dict[str, str]]:
     """name -> {platform: key} of every artifact this make left available (built, exported,
     copied or already stored): what a per-name platform index publishes, so that a job on an
-    arm64 node finds the arm64 key of `demo:train`. A failed or skipped layer is left out."""
+    arm64 node finds the arm64 key of `demo:train`. `built_for`: every platform of each name
+    (its layer's resolved platforms). A name is left out unless each of them is available: an
+    index without the arm64 key of a failed or untargeted (`make demo:train@linux/amd64`) arm64
+    layer would take the name from every arm64 node."""
     index: dict[str, dict[str, str]] = {}
     for outcome in result.outcomes:
         if outcome.status in (FAILED, SKIPPED) or not result.artifact(outcome.qualname):
             continue
         layer, platform = result.layers[outcome.qualname]
         index.setdefault(layer, {})[platform] = outcome.key
-    return index
+    return {name: keys for name, keys in index.items() if set(built_for.get(name, ())) <= set(keys)}
+
+
+def unpublished_platforms(result: MakeResult, built_for: Mapping[str, tuple[str, ...]]) -> dict[str, list[str]]:
+    """name -> the platforms it lacks, of every artifact name this make made something of but
+    published no index for (see published_platforms)."""
+    published = published_platforms(result, built_for)
+    made: dict[str, set[str]] = {}
+    for outcome in result.outcomes:
+        if result.artifact(outcome.qualname):
+            layer, platform = result.layers[outcome.qualname]
+            made.setdefault(layer, set()).update([platform] if outcome.status not in (FAILED, SKIPPED) else [])
+    return {name: [p for p in built_for.get(name, ()) if p not in ok] for name, ok in sorted(made.items())
+            if name not in published}

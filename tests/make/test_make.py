@@ -621,6 +621,8 @@ def test_make_signs_every_artifact_it_exports_and_a_reusing_make_adds_nothing(de
         f'[trust]\nkeys = ["{keys / "release.pub"}"]\n'))
     first = efabuild(demo_ws, "make", "demo")
     assert first.returncode == 0, first.stderr
+    # the ancestor it just signed is one a signed child may be written from
+    assert "demo:user: export: incremental from" in first.stdout + first.stderr, first.stderr
     envelopes = {tier: sorted((root / "objects").rglob("*.intoto.jsonl")) for tier, root in
                  (("local", demo_ws / "cache"), ("shared", shared))}
     assert len(envelopes["local"]) == len(envelopes["shared"]) == 2  # demo:efa and demo:user

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from efabuild.errors import InputError
 from efabuild.export.squashfs.data import DataWriter
 from efabuild.export.squashfs.layertar import Entry, LayerReader, split_path
-from efabuild.export.squashfs.tree import BLKDEV, CHRDEV, DIR, FIFO, FILE, SYMLINK, Node, encode_dev
-from efabuild.export.tarfilter import INIT_LAYER_FILES, WRITTEN_MODE, RewritePlan, fixed_mode
+from efabuild.export.squashfs.tree import BLKDEV, CHRDEV, DIR, FIFO, FILE, SYMLINK, Node, Unsupported, encode_dev
+from efabuild.export.tarfilter import INIT_LAYER_FILES, INIT_LAYER_PATHS, WRITTEN_MODE, RewritePlan, fixed_mode
 
 _OPAQUE = ".wh..wh..opq"
 _WHITEOUT = ".wh."
@@ -125,6 +125,7 @@ class Applier:
 
     def _whiteout(self, parent: tuple[str, ...], name: str, where: str) -> None:
         directory = self.lookup(parent)
+        _keeps_init_layer(parent + (() if name == _OPAQUE else (name[len(_WHITEOUT):],)), name == _OPAQUE)
         if name == _OPAQUE:
             if directory is not None and directory.children is not None:
                 for child in sorted(directory.children):
@@ -190,3 +191,16 @@ class Applier:
                 if target == path and self.lookup(tuple(alias.split("/"))) is placeholder:
                     self._put(tuple(alias.split("/")), self.data.add_bytes(data, mode, plan.epoch), alias)
         self.data.flush()
+
+
+def _keeps_init_layer(parts: tuple[str, ...], opaque: bool) -> None:
+    """Unsupported when deleting `parts` (its contents only, `opaque`) would take entries of the
+    container's init layer (/etc/hosts, /dev, ...), which `docker export` puts back over any layer."""
+    path = "/".join(parts)
+    if path in INIT_LAYER_FILES or (parts and parts[-1].startswith(_WHITEOUT)):
+        return  # kept by the caller's rules
+    below = [p for p in INIT_LAYER_PATHS if p.startswith(path + "/") or not path] if opaque else \
+        [p for p in INIT_LAYER_PATHS if p == path or p.startswith(path + "/")]
+    if below:
+        what = f"an opaque /{path}" if opaque else f"a whiteout of /{path}"
+        raise Unsupported(f"{what} deletes /{sorted(below)[0]}, which the container's init layer puts back")
