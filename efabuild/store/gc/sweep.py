@@ -77,9 +77,11 @@ def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: b
 def current_targets(tiers: list) -> set[str]:
     """The key every name currently resolves to, in any of these tiers, and every key the platform
     index of a name's newest entry names (the key of each of its platforms)."""
-    keys = {key for tier in tiers for key in tier.ref_heads().values()}
+    keys: set[str] = set()
     for tier in tiers:
-        keys.update(indexed_keys(tier))
+        tips = tier.ref_tips()  # one listing of a tier's names
+        keys.update(key for key, _ in tips.values())
+        keys.update(indexed_keys(tier, {name: index for name, (_, index) in tips.items() if index}))
     return keys
 
 
@@ -106,11 +108,12 @@ def kept_entries_platforms(tiers: list, kept: set[str]) -> set[str]:
     return keys
 
 
-def indexed_keys(tier) -> set[str]:  # noqa: ANN001 - a FilesystemTier or the S3Tier
-    """The keys the current platform indexes of this tier name. An index that cannot be read
-    stops gc: without it, gc cannot tell which platforms' artifacts are still current."""
+def indexed_keys(tier, indexes: dict[str, str]) -> set[str]:  # noqa: ANN001 - a Tier
+    """The keys the current platform indexes of this tier (`indexes`: name -> sha256) name. An
+    index that cannot be read stops gc: without it, gc cannot tell which platforms' artifacts
+    are still current."""
     keys: set[str] = set()
-    for name, digest in tier.ref_indexes().items():
+    for name, digest in indexes.items():
         data, _ = tier.read_platform_index(digest)
         if data is None:
             raise EfabuildError(f"{tier.name} tier: {name} names platform index {digest[:12]}, which is not at "

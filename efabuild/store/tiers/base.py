@@ -91,13 +91,18 @@ class Tier(abc.ABC):
     def drop_ref_entries(self, name: str, keys: set[str]) -> None: ...
 
     @abc.abstractmethod
+    def ref_tips(self) -> dict[str, tuple[str, str | None]]:
+        """Every name -> (its newest entry's key, the sha256 of the platform index that entry
+        names, or None), read in one pass: a co-tenant can make names by the thousand."""
+
     def ref_heads(self) -> dict[str, str]:
         """Every name with its newest key."""
+        return {name: key for name, (key, _) in self.ref_tips().items()}
 
     # ---- platform indexes (a name built for several platforms: platform -> key)
-    @abc.abstractmethod
     def ref_indexes(self) -> dict[str, str]:
         """Every name whose newest entry names a platform index -> its sha256."""
+        return {name: index for name, (_, index) in self.ref_tips().items() if index}
 
     @abc.abstractmethod
     def read_platform_index(self, digest: str) -> tuple[bytes | None, bytes | None]:

@@ -344,9 +344,9 @@ class FilesystemTier(PlatformIndexes, Tier):
                         contextlib.suppress(FileNotFoundError):
                     os.unlink(path.name, dir_fd=fd)
 
-    def ref_heads(self) -> dict[str, str]:
-        """Every name's current key."""
-        return {name: history[-1]["key"] for name in self.layout.ref_names() if (history := self.read_refs(name))}
+    def ref_tips(self) -> dict[str, tuple[str, str | None]]:
+        return {name: (history[-1]["key"], history[-1].get("index"))
+                for name in self.layout.ref_names() if (history := self.read_refs(name))}
 
     def _write_refs(self, name: str, history: list[dict]) -> None:
         data = json.dumps({"name": name, "history": history}, indent=1, sort_keys=True) + "\n"

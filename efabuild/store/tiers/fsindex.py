@@ -9,11 +9,6 @@ from efabuild.refs import check_key
 
 
 class PlatformIndexes:
-    def ref_indexes(self) -> dict[str, str]:
-        """Every name whose newest entry names a platform index -> its sha256."""
-        return {name: history[-1]["index"] for name in self.layout.ref_names()
-                if (history := self.read_refs(name)) and "index" in history[-1]}
-
     def read_platform_index(self, digest: str) -> tuple[bytes | None, bytes | None]:
         return self.layout.read_platform_index(digest)
 

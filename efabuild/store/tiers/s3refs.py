@@ -78,22 +78,9 @@ class S3Refs:
     def platform_url(self, digest: str) -> str:
         return self.url(self._platform_path(digest, PLATFORM_INDEX_SUFFIX))
 
-    def ref_heads(self) -> dict[str, str]:
-        """Every name's current key (its newest entry, as read_refs orders them), from one
-        listing of refs/ streamed page by page: not a listing per name."""
-        prefix = self._path("refs") + "/"
-        newest: dict[str, tuple[str, str]] = {}
-        for item in self._walk(prefix):
-            parts = item["Key"][len(prefix):].split("/")
-            when, _, key = parts[-1].rpartition(".")
-            if len(parts) == 3 and is_key(key) and when:
-                name = f"{parts[0]}:{parts[1]}"
-                newest[name] = max(newest.get(name, (when, key)), (when, key))
-        return {name: key for name, (_, key) in newest.items()}
-
-    def ref_indexes(self) -> dict[str, str]:
-        """Every name whose newest entry names a platform index -> its sha256: one listing of
-        refs/, and a GET of each such entry."""
+    def ref_tips(self) -> dict[str, tuple[str, str | None]]:
+        """Every name's current key and platform index, from one listing of refs/ streamed page
+        by page (not a listing per name), and a GET of each newest entry that names an index."""
         prefix = self._path("refs") + "/"
         newest: dict[str, tuple[str, str, int, str]] = {}
         for item in self._walk(prefix):
@@ -103,7 +90,8 @@ class S3Refs:
                 name = f"{parts[0]}:{parts[1]}"
                 entry = (when, key, item.get("Size") or 0, item["Key"])
                 newest[name] = max(newest.get(name, entry), entry)
-        return {name: self._entry_index(path) for name, (_, _, size, path) in newest.items() if size}
+        return {name: (key, self._entry_index(path) if size else None)
+                for name, (_, key, size, path) in newest.items()}
 
     def drop_ref_entries(self, name: str, keys: set[str]) -> None:
         prefix = self._refs_prefix(name)
