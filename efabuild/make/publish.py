@@ -39,7 +39,7 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
     from efabuild.host.stops import step_boundary
     from efabuild.store.record import ArtifactRecord
 
-    store, name, key = prepared.store, request.name, request.key
+    store, name, key = prepared.store, request.name, request.key  # name: the plan's, @os/arch with several platforms
     plan = prepared.plan.by_name()[name]
     started = _now()
     staging = store.staging_dir()
@@ -66,12 +66,12 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
         export_info = export_record(result, request.options, request.epoch)
         sha256 = Sha256Pass(result.path)
         manifest = describe_sqsh(
-            result.path, key=key, name=name, sqsh_digest=result.digest, sqsh_sha256=sha256.result,
+            result.path, key=key, name=plan.layer, sqsh_digest=result.digest, sqsh_sha256=sha256.result,
             export_options=export_info, base=_base(prepared.plan, name), chain=_chain(prepared.plan, name),
             builder=builder_versions, times={"started": started, "exported": _now()},
             vcs=vcs_of(dict(result.labels)), platform=plan.inputs.platform,
         )
-        record = ArtifactRecord.for_file(key, name, result.path, result.digest, export=export_info,
+        record = ArtifactRecord.for_file(key, plan.layer, result.path, result.digest, export=export_info,
                                          sha256=sha256.result(), platform=plan.inputs.platform)
         if cancel is not None and cancel.is_set():
             raise ExportCancelled(f"{name}: interrupted before publishing; nothing was published")
