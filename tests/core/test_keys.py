@@ -98,6 +98,7 @@ def test_identical_layers_in_two_graphs_share_keys(tmp_path):
     assert keys["one:efa"] == keys["two:efa"] and keys["one:user"] == keys["two:user"]
 
 
+@pytest.mark.slow
 def test_keys_are_the_same_in_a_fresh_interpreter(tmp_path):
     """No hash randomisation or dict-order effects: another process computes the same keys."""
     root = make_workspace(tmp_path / "ws")

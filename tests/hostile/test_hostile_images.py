@@ -316,6 +316,7 @@ def test_a_squashfs_bomb_on_a_tier_is_refused_before_its_listing_fills_the_memor
     assert any("lists more than 10000 entries" in m for m in messages), messages
 
 
+@pytest.mark.slow
 def test_make_check_compares_no_squashfs_bomb_entry_by_entry(bomb, monkeypatch):
     from efabuild.errors import EfabuildError
     from efabuild.export import sqshdiff

@@ -320,6 +320,7 @@ def test_graph_of_a_1000_deep_chain_prints_every_layer(tmp_path, monkeypatch, ca
     assert lines[0].startswith("g:l0") and lines[-1] == "  " * 999 + "g:l999"
 
 
+@pytest.mark.slow
 def test_lint_of_a_3000_deep_chain_runs(tmp_path, monkeypatch, capsys):
     # declared deepest layer first, so that a parent is never evaluated before its first child asks
     root = make_workspace(tmp_path / "ws", {"g": chain_graph(3000, children_first=True)})

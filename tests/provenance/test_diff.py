@@ -60,6 +60,7 @@ def test_diff_of_an_arm64_and_an_amd64_build_shows_the_machine_and_the_paths(tmp
     assert (MEASURED, "nccl") not in found and (MEASURED, "aws-ofi-nccl") not in found  # same versions
 
 
+@pytest.mark.slow
 def test_diff_command(store: Path, capsys) -> None:
     assert main(["diff", "ngc-efa:deepep", KEY_A[:12], "--store", str(store)]) == 0  # the name is B now
     out = capsys.readouterr().out
