@@ -162,7 +162,8 @@ def make_plan(
         # the goal of a make: every artifact as a .sqsh, and every top image that is no artifact
         wanted_image = not children and not layer.artifact
         actions[name] = _action(key, availability, needs_artifact, needs_image=child_builds or wanted_image)
-    unsure = {base.ref for base in bases if base.source in UNSURE_BASES}
+    # by (ref, platform): one platform's unresolved digest leaves the other's keys sure
+    unsure = {(base.ref, base.platform) for base in bases if base.source in UNSURE_BASES}
     provisional: dict[str, bool] = {}
     layers = []
     for name in order:
@@ -178,7 +179,8 @@ def make_plan(
         elif actions[name] == PULL:
             reasons = ("image in the layer-cache registry",)
         parent = graph.nodes[name].get("parent") or layer.parent
-        provisional[name] = provisional[parent] if parent else inputs[name].base_ref in unsure
+        provisional[name] = provisional[parent] if parent else bool(
+            {(inputs[name].base_ref, None), (inputs[name].base_ref, inputs[name].platform)} & unsure)
         layers.append(LayerPlan(
             qualname=name, key=key, inputs=inputs[name], artifact=layer.artifact, action=actions[name],
             reasons=reasons, image=key in availability.images, stored=key in availability.artifacts,

@@ -25,6 +25,25 @@ from efabuild.plan import BUILD
 from efabuild.refs import image_tag, short
 
 
+def check_local_bases(prepared) -> None:  # noqa: ANN001 - a Prepared
+    """One line, before any build, for a base that is a local image of one platform while a layer
+    to build needs it for another: Docker's image store keeps one platform per tag, so BuildKit
+    would look for the other platform's image on docker.io and fail mid-make."""
+    bases = prepared.plan.bases
+    for lp in prepared.plan.layers:
+        base = next((b for b in bases if b.ref == lp.inputs.base_ref and b.platform == lp.platform), None)
+        if lp.action != BUILD or lp.parent is not None or base is None or base.source != "unresolved":
+            continue
+        local = [b.platform for b in bases if b.ref == base.ref and b.source == "image-id"]
+        if local:
+            raise InputError(
+                f"{lp.qualname}: base {base.ref} is a local image of {', '.join(local)} only, and no registry "
+                f"has it for {lp.platform} (Docker's image store keeps one platform per tag): name a "
+                "multi-platform image in a registry (build-fixtures --registry makes one of the demo's base)",
+                f"{prepared.ws.relpath(prepared.graph.nodes[lp.qualname]['layer'].source)}: "
+                f"layers.{prepared.graph.nodes[lp.qualname]['layer'].name}.base")
+
+
 def check_platforms(prepared, native: set[str]) -> None:  # noqa: ANN001 - a Prepared
     """One line, before any build, when a layer to build is for a platform no builder runs
     natively and [builder] emulate does not allow QEMU for it."""
@@ -167,6 +186,7 @@ def start_builders(runner, prepared, say) -> LocalBuilders | FarmBuilders:  # no
     can pull every base; every platform to build has a builder, or may be emulated."""
     farm = farm_for_make(prepared, say)
     if any(lp.action == BUILD for lp in prepared.plan.layers):
+        check_local_bases(prepared)
         check_platforms(prepared, native_platforms(prepared.ws.settings.builder, prepared.engine,
                                                    farm.nodes if farm is not None else None))
     return builders_for(runner, farm)

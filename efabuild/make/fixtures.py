@@ -290,14 +290,17 @@ def publish_index(engine: Engine, images: list[FixtureImage], platforms: tuple[s
     publishes its tags: REGISTRY/efabuild-fixtures/pytorch:26.08-py3, whose per-platform manifest
     a build for a platform pulls. Returns the index's reference by digest."""
     from efabuild.engine.client import EngineError
-    from efabuild.engine.images import remote_digest, tag_image
+    from efabuild.engine.images import remote_digest, tag_image, untag_image
 
     name = f"{registry}/{MINI_NGC_TAG}"
     sources = []
     for image, platform in zip(images, platforms):
         pushed = f"{name}-{platform.split('/')[1]}"
         tag_image(engine, image.tag, pushed)
-        found = engine.run("push", "-q", pushed, timeout=300)
+        try:
+            found = engine.run("push", "-q", pushed, timeout=300)
+        finally:  # the registry's name is not left in the engine: only the registry holds it
+            untag_image(engine, pushed)
         if found.returncode != 0:
             raise EngineError.from_output(f"cannot push {pushed}", found.stderr)
         sources.append(pushed)

@@ -583,3 +583,21 @@ def test_the_plan_says_which_layers_build_under_emulation(tmp_path):
     text = run_efabuild(["-C", str(root), "plan", "--offline"]).stdout
     line = next(line for line in text.splitlines() if line.startswith("demo:efa@linux/arm64"))
     assert "emulated (QEMU, many times slower)" in line
+
+
+def test_one_platforms_unresolved_base_leaves_the_others_keys_sure():
+    """Slip: provisional judged by the base's ref alone, so an arm64 digest no registry gave made
+    the amd64 keys provisional too, though the amd64 digest was known."""
+    src = Path("graphs/stack.toml")
+    efa = Layer("stack", "efa", src, "RUN true\n", base=BaseImage(BASE.ref), platforms=("linux/amd64", "linux/arm64"))
+    graph = LayerGraph()
+    for platform in efa.platforms:
+        graph.add_node(f"stack:efa@{platform}", layer=efa, platform=platform, parent=None)
+    order = list(graph.nodes)
+    bases = {(BASE.ref, "linux/amd64"): BASE._replace(platform="linux/amd64"),
+             (BASE.ref, "linux/arm64"): BaseResolution(BASE.ref, None, "unresolved", platform="linux/arm64")}
+    inputs = layer_inputs("linux/amd64", graph, order, bases, {})
+    plan = make_plan(graph, order, inputs, Availability(), lambda name: None, bases=tuple(bases.values()))
+    assert {lp.qualname: lp.provisional for lp in plan.layers} == {
+        "stack:efa@linux/amd64": False, "stack:efa@linux/arm64": True}
+    assert inputs["stack:efa@linux/amd64"].base_digest == BASE.digest

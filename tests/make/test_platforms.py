@@ -198,3 +198,18 @@ def test_each_layer_goes_to_a_builder_of_its_platform(multiarch_base, local_regi
     local = "unix:///var/run/docker.sock"  # a node is named by its builder, without the declaration
     assert nodes == {"demo:efa@linux/amd64": local, "demo:efa@linux/arm64": second_engine,
                      "demo:user@linux/amd64": local, "demo:user@linux/arm64": second_engine}, nodes
+
+
+def test_a_local_base_of_one_platform_is_one_line_before_any_build(docker_engine, tmp_path):
+    """The offline demo's base is a local amd64 image: Docker's image store holds no arm64 one
+    under its tag, so BuildKit would ask docker.io for it mid-make."""
+    from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
+
+    build_fixtures()
+    ws = demo(tmp_path / "ws", MINI_NGC_TAG, 'emulate = ["linux/arm64"]')
+    made = efabuild(ws, "make", "demo", ok=False)
+    assert made.returncode == 2, made.stderr
+    last = made.stderr.strip().splitlines()[-1]
+    assert last.startswith("efabuild: graphs/demo.toml: layers.efa.base: demo:efa@linux/arm64: base "
+                           f"{MINI_NGC_TAG} is a local image of linux/amd64 only"), last
+    assert not (ws / "cache" / "logs").exists()
