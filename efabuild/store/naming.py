@@ -107,9 +107,9 @@ def _current_platforms(tier, name: str, signed: bool) -> dict | None:  # noqa: A
         digest = history[-1].get("index") if history else None
         if not digest:
             return None
-        data, envelope = tier.read_platform_index(digest)
-        if data is None or (signed and envelope is None):
+        index, envelope = tier.platform_index(digest)
+        if index is None or (signed and envelope is None):
             return None
-        return dict(parse_index(data, digest, name)["platforms"])
+        return dict(index["platforms"])
     except EfabuildError:
         return None

@@ -13,7 +13,6 @@ from typing import NamedTuple
 
 from efabuild import notices
 from efabuild.errors import EfabuildError, InputError
-from efabuild.platforms import parse_index
 from efabuild.store.tiers.fs import FilesystemTier
 from efabuild.store.gc.collect import keys_to_keep
 from efabuild.store.lock import LockBusy
@@ -99,9 +98,8 @@ def kept_entries_platforms(tiers: list, kept: set[str]) -> set[str]:
                 if entry["key"] not in kept or "index" not in entry:
                     continue
                 try:
-                    data, _ = tier.read_platform_index(entry["index"])
-                    if data is not None:
-                        index = parse_index(data, entry["index"], tier.platform_url(entry["index"]))
+                    index, _ = tier.platform_index(entry["index"])
+                    if index is not None:
                         keys.update(index["platforms"].values())
                 except EfabuildError as exc:
                     notices.warn(f"{tier.name} tier: {exc}")
@@ -114,11 +112,11 @@ def indexed_keys(tier, indexes: dict[str, str]) -> set[str]:  # noqa: ANN001 - a
     are still current."""
     keys: set[str] = set()
     for name, digest in indexes.items():
-        data, _ = tier.read_platform_index(digest)
-        if data is None:
+        index, _ = tier.platform_index(digest)
+        if index is None:
             raise EfabuildError(f"{tier.name} tier: {name} names platform index {digest[:12]}, which is not at "
                                 f"{tier.platform_url(digest)}: gc cannot tell what it keeps")
-        keys.update(parse_index(data, digest, tier.platform_url(digest))["platforms"].values())
+        keys.update(index["platforms"].values())
     return keys
 
 

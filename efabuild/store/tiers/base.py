@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from efabuild.errors import EfabuildError
+from efabuild.platforms import parse_index
 from efabuild.refs import check_key, short
 
 if TYPE_CHECKING:
@@ -114,6 +115,14 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     def platform_url(self, digest: str) -> str:
         """Where an index is, for messages."""
+
+    def platform_index(self, digest: str) -> tuple[dict | None, bytes | None]:
+        """(the index `digest` names, checked against its sha256 and fields, its envelope); (None,
+        None) when this tier lacks it; EfabuildError when it is not an intact index."""
+        data, envelope = self.read_platform_index(digest)
+        if data is None:
+            return None, None
+        return parse_index(data, digest, self.platform_url(digest)), envelope
 
     # ---- what interrupted writers left
     @abc.abstractmethod
