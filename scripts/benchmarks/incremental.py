@@ -109,7 +109,7 @@ def scenario(ctx: Context) -> Result:
     from efabuild.engine.client import connect
     from efabuild.engine.images import layer_facts
     from efabuild.export.artifact import export_record
-    from efabuild.export.incremental import Ancestor, export_incremental, layers_digest
+    from efabuild.export.incremental import Ancestor, layers_digest
     from efabuild.export.squash import export_image
     from efabuild.settings import BuilderSettings, ExportSettings
 
@@ -129,22 +129,8 @@ def scenario(ctx: Context) -> Result:
         ctx.log("incremental: timing the layer diffs against docker export")
         diff_ours, diff_theirs, diff_bytes = _diff_source(engine, tags["user2"], tags["efa"], ctx.repeats)
         ctx.log("incremental: timing the incremental export, the full export and the copy alone")
-        times: dict[str, list[float]] = {"incremental": [], "full": [], "copy": []}
-        made = None
-        for _ in range(ctx.repeats):
-            for path in scratch.glob("out-*"):
-                path.unlink()
-            warm(efa.path)
-            started = time.perf_counter()
-            made = export_incremental(engine, tags["user2"], ancestor, scratch / "out-incr.sqsh", options=options,
-                                      epoch=0, recorded=export_record(efa, options, 0))
-            times["incremental"].append(time.perf_counter() - started)
-            started = time.perf_counter()
-            full = export_image(tags["user2"], scratch / "out-full.sqsh", options=options, engine=engine)
-            times["full"].append(time.perf_counter() - started)
-            started = time.perf_counter()
-            _copy_alone(efa.path, scratch / "out-copy.sqsh")
-            times["copy"].append(time.perf_counter() - started)
+        times, made, full = _timed_exports(engine, tags["user2"], ancestor, efa, options, scratch, ctx.repeats,
+                                           copy_alone=True)
         written = made if not isinstance(made, str) else None
         child = written.path if written else full.path
         share = _chunk_share(child, efa.path)
@@ -155,13 +141,41 @@ def scenario(ctx: Context) -> Result:
     return _result(ctx, times, written, made, full, efa, share, (diff_ours, diff_theirs, diff_bytes), pipeline, xfs)
 
 
+def _timed_exports(engine, tag: str, ancestor, efa, options, directory: Path, repeats: int, *,  # noqa: ANN001
+                   copy_alone: bool = False) -> tuple[dict[str, list[float]], object, object]:
+    """Seconds of each repeat of the incremental export of `tag` from `ancestor`, of its full
+    export and (`copy_alone`) of copying the ancestor's file, all written in `directory`; the
+    last incremental result (or its reason) and full export."""
+    from efabuild.export.artifact import export_record
+    from efabuild.export.incremental import export_incremental
+    from efabuild.export.squash import export_image
+
+    times: dict[str, list[float]] = {"incremental": [], "full": [], "copy": []}
+    made = full = None
+    for _ in range(repeats):
+        for path in directory.glob("out-*"):
+            path.unlink()
+        warm(ancestor.sqsh)
+        started = time.perf_counter()
+        made = export_incremental(engine, tag, ancestor, directory / "out-incr.sqsh", options=options,
+                                  epoch=0, recorded=export_record(efa, options, 0))
+        times["incremental"].append(time.perf_counter() - started)
+        started = time.perf_counter()
+        full = export_image(tag, directory / "out-full.sqsh", options=options, engine=engine)
+        times["full"].append(time.perf_counter() - started)
+        if copy_alone:
+            started = time.perf_counter()
+            _copy_alone(ancestor.sqsh, directory / "out-copy.sqsh")
+            times["copy"].append(time.perf_counter() - started)
+    return times, made, full
+
+
 def _on_xfs(ctx: Context, scratch: Path, engine, tags: dict, keys: dict, options, efa) -> dict | None:  # noqa: ANN001
     """The incremental and the full export again with the ancestor and both outputs on a
     loop-mounted XFS with reflink, where the ancestor's blocks are cloned, not copied: seconds of
     each repeat, or None where no such filesystem can be made here."""
     from efabuild.export.artifact import export_record
-    from efabuild.export.incremental import Ancestor, export_incremental
-    from efabuild.export.squash import export_image
+    from efabuild.export.incremental import Ancestor
 
     with loop_xfs(scratch, 4 * efa.size + (256 << 20), ctx.log) as xfs:
         if xfs is None:
@@ -170,20 +184,9 @@ def _on_xfs(ctx: Context, scratch: Path, engine, tags: dict, keys: dict, options
         copy = xfs / "efa.sqsh"
         shutil.copyfile(efa.path, copy)  # another filesystem: copy_file_range would not cross it
         ancestor = Ancestor(keys["efa"], tags["efa"], copy, efa.digest, export_record(efa, options, 0))
-        times: dict[str, list[float]] = {"incremental": [], "full": []}
-        for _ in range(ctx.repeats):
-            for path in xfs.glob("out-*"):
-                path.unlink()
-            warm(copy)
-            started = time.perf_counter()
-            made = export_incremental(engine, tags["user2"], ancestor, xfs / "out-incr.sqsh", options=options,
-                                      epoch=0, recorded=export_record(efa, options, 0))
-            times["incremental"].append(time.perf_counter() - started)
-            if isinstance(made, str):
-                return None
-            started = time.perf_counter()
-            export_image(tags["user2"], xfs / "out-full.sqsh", options=options, engine=engine)
-            times["full"].append(time.perf_counter() - started)
+        times, made, _ = _timed_exports(engine, tags["user2"], ancestor, efa, options, xfs, ctx.repeats)
+        if isinstance(made, str):
+            return None
         for path in xfs.glob("*.sqsh"):
             path.unlink()
         return times
