@@ -18,6 +18,7 @@ import pytest
 from efabuild.export import incremental
 from efabuild.export.layerdiff import LayerSourceUnavailable, layer_tar, overlay_dirs, stream_layers
 from tests.kits.wsfactory import demo_on_base
+from tests.make.test_make import efabuild, plan  # the CLI as a process, and the plan by name
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -207,19 +208,6 @@ def registry_base(pinned_fixture_base, second_engine) -> str:
         subprocess.run(["docker", *(["--host", host] if host else []), "image", "pull", pinned_fixture_base],
                        capture_output=True, check=True)
     return pinned_fixture_base
-
-
-def efabuild(root: Path, *args: str, check: bool = False) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "efabuild", "-C", str(root), *args], capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL)
-    if check:
-        assert proc.returncode == 0, proc.stderr + proc.stdout
-    return proc
-
-
-def plan(root: Path, *args: str) -> dict[str, dict]:
-    data = json.loads(efabuild(root, "plan", "--json", *args, check=True).stdout)
-    return {layer["name"]: layer for layer in data["layers"]}
 
 
 def _record(root: Path, name: str) -> dict:
