@@ -17,6 +17,7 @@ from efabuild.engine.containers import EXPORT_LABEL
 from efabuild.errors import EfabuildError, InputError, NotFound
 from efabuild.export.squash import ExportResult, export_image, mksquashfs_options
 from efabuild.settings import ExportSettings
+from tests.kits.tarkit import add_entry
 
 T0 = 1_700_000_000
 
@@ -48,16 +49,8 @@ def small_image(docker_engine):
     busybox = Path("/bin/busybox").read_bytes()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        def add(name, kind="f", mode=0o644, data=b"", uid=0, link=""):
-            info = tarfile.TarInfo(name)
-            info.mode, info.mtime, info.uid, info.gid = mode, T0, uid, uid
-            if kind == "d":
-                info.type = tarfile.DIRTYPE
-            elif kind in "lh":
-                info.type, info.linkname = (tarfile.SYMTYPE if kind == "l" else tarfile.LNKTYPE), link
-            else:
-                info.size = len(data)
-            tar.addfile(info, io.BytesIO(data) if kind == "f" else None)
+        def add(name, kind="f", mode=0o644, data=b"", uid=0, link=""):  # owned by uid:uid
+            add_entry(tar, name, kind, mode, data, uid=uid, gid=uid, link=link)
         add("bin", "d", 0o755)
         add("bin/busybox", mode=0o755, data=busybox)
         add("bin/sh", "l", link="busybox")

@@ -36,6 +36,22 @@ _TYPES = {"f": tarfile.REGTYPE, "d": tarfile.DIRTYPE, "l": tarfile.SYMTYPE, "h":
           "c": tarfile.CHRTYPE, "b": tarfile.BLKTYPE, "p": tarfile.FIFOTYPE}
 
 
+def add_entry(tar: tarfile.TarFile, name: str, kind: str = "f", mode: int = 0o644, data: bytes = b"", *,
+              uid: int = 0, gid: int = 0, link: str = "", xattrs: dict[str, str] | None = None,
+              mtime: int = T0) -> None:
+    """One entry of kind f (file), d, l (symlink) or h (hard link to `link`) added to `tar`,
+    owned by uid:gid, with pax xattrs when given."""
+    info = tarfile.TarInfo(name)
+    info.type, info.mode, info.mtime, info.uid, info.gid = _TYPES[kind], mode, mtime, uid, gid
+    if xattrs:
+        info.pax_headers = {f"SCHILY.xattr.{key}": value for key, value in xattrs.items()}
+    if kind in "lh":
+        info.linkname = link
+    elif kind == "f":
+        info.size = len(data)
+    tar.addfile(info, io.BytesIO(data) if kind == "f" else None)
+
+
 def tar_entries(entries: list[tuple[str, str, int, int, object]]) -> bytes:
     """(name, kind f|d|l|h|c|b|p, mode, mtime, bytes | link target | (major, minor)) → a pax tar."""
     buf = io.BytesIO()

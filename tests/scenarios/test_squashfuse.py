@@ -10,7 +10,7 @@ skip and say which is missing (scripts/setup-host.sh installs squashfuse and fus
 from __future__ import annotations
 
 import contextlib
-import io
+import functools
 import os
 import shutil
 import stat
@@ -25,6 +25,7 @@ import pytest
 from efabuild.export.enroot import ImageConfig
 from efabuild.export.squash import export_tar_stream
 from efabuild.settings import ExportSettings
+from tests.kits.tarkit import add_entry
 from tests.make.test_make import demo_ws, efabuild, mini_ngc  # noqa: F401  (the demo workspace's fixtures)
 
 TIMEOUT_S = 120
@@ -157,18 +158,7 @@ def _rich_tar(path: Path) -> None:
     owners, a hard link, symlinks (one dangling), xattrs, an empty file, a file of several blocks
     with a fragment tail, a deep directory and names that need care."""
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        def add(name, kind="f", mode=0o644, data=b"", uid=0, gid=0, link="", xattrs=None):
-            info = tarfile.TarInfo(name)
-            info.mode, info.mtime, info.uid, info.gid = mode, 1_700_000_000, uid, gid
-            if xattrs:
-                info.pax_headers = {f"SCHILY.xattr.{k}": v for k, v in xattrs.items()}
-            if kind == "d":
-                info.type = tarfile.DIRTYPE
-            elif kind in "lh":
-                info.type, info.linkname = (tarfile.SYMTYPE if kind == "l" else tarfile.LNKTYPE), link
-            else:
-                info.size = len(data)
-            tar.addfile(info, io.BytesIO(data) if kind == "f" else None)
+        add = functools.partial(add_entry, tar)
         add("bin", "d", 0o755)
         add("bin/tool", mode=0o4755, data=b"#!/bin/sh\necho tool\n")
         add("bin/sh", "l", link="tool")
