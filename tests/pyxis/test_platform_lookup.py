@@ -140,25 +140,11 @@ def keys(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
 
 def signed_store(tmp_path: Path, signer, index_signer=None) -> tuple[Path, dict[str, str]]:  # noqa: ANN001
     """Both platforms of NAME, each artifact signed by `signer`, the index by `index_signer`."""
-    from efabuild.host.digest import file_digests
-    from efabuild.provenance.stored import describe_sqsh
-    from efabuild.signing.attest import signed, signed_index
-    from efabuild.store.record import ArtifactRecord, utc_now
-    from tests.kits.storekit import make_sqsh
+    from efabuild.signing.attest import signed_index
+    from efabuild.store.record import utc_now
 
     store = Store.at(tmp_path / "store", show_progress=False)
-    found = {}
-    for platform in ("linux/amd64", "linux/arm64"):
-        where = tmp_path / platform.replace("/", "-")
-        where.mkdir(parents=True)
-        artifact = make_sqsh(where, os.urandom(50_000))
-        key = key_for(f"signed {platform}")
-        blake3, sha256 = file_digests(artifact)
-        manifest = describe_sqsh(artifact, key=key, name=NAME, sqsh_digest=blake3, sqsh_sha256=sha256,
-                                 export_options={}, base=None, chain=[], builder={}, times={})
-        record = ArtifactRecord.for_file(key, NAME, artifact, blake3, sha256=sha256, platform=platform)
-        store.publish(key, artifact, record, manifest, envelope=signed(manifest, signer))
-        found[platform] = key
+    found = _publish_signed_artifacts(store, tmp_path, signer, "signed", 50_000)
     data = index_bytes(NAME, found, utc_now())
     # as make publishes it: `sign` makes the envelope over the index's bytes
     store.publish_index(NAME, found, data=data,
@@ -325,26 +311,12 @@ def test_a_cold_node_checks_the_s3_index_signature_before_it_fetches(tmp_path, k
                                                                      index_signed):
     import shutil
 
-    from efabuild.host.digest import file_digests
-    from efabuild.provenance.stored import describe_sqsh
-    from efabuild.signing.attest import signed, signed_index
-    from efabuild.store.record import ArtifactRecord
-    from tests.kits.storekit import CHUNKED, make_sqsh
+    from efabuild.signing.attest import signed_index
+    from tests.kits.storekit import CHUNKED
 
     release = PemSigner(keys["release"][0])
     builder = Store([FilesystemTier(tmp_path / "cache", "local")], settings, show_progress=False, s3_options=CHUNKED)
-    found = {}
-    for platform in ("linux/amd64", "linux/arm64"):
-        where = tmp_path / platform.replace("/", "-")
-        where.mkdir()
-        artifact = make_sqsh(where, os.urandom(60_000))
-        key = key_for(f"s3 signed {platform}")
-        blake3, sha256 = file_digests(artifact)
-        manifest = describe_sqsh(artifact, key=key, name=NAME, sqsh_digest=blake3, sqsh_sha256=sha256,
-                                 export_options={}, base=None, chain=[], builder={}, times={})
-        record = ArtifactRecord.for_file(key, NAME, artifact, blake3, sha256=sha256, platform=platform)
-        builder.publish(key, artifact, record, manifest, envelope=signed(manifest, release))
-        found[platform] = key
+    found = _publish_signed_artifacts(builder, tmp_path, release, "s3 signed", 60_000)
     builder.publish_index(NAME, found, sign=functools.partial(signed_index, signer=release) if index_signed else None)
     node_store = tmp_path / "fsx"
     node_store.mkdir()
@@ -359,3 +331,27 @@ def test_a_cold_node_checks_the_s3_index_signature_before_it_fetches(tmp_path, k
         assert (got.returncode, got.stdout, got.stderr.count("\n")) == (1, "", 1)
         assert got.stderr.startswith(f"efabuild: refusing {NAME}: s3://") and "unsigned platform index" in got.stderr
         assert not (node_store / "objects").exists() or not list((node_store / "objects").rglob("*.sqsh"))
+
+
+def _publish_signed_artifacts(store, directory: Path, signer, label: str, size: int) -> dict[str, str]:  # noqa: ANN001
+    """{platform: key} of NAME's artifact for amd64 and arm64, each published with its manifest
+    signed by `signer` (the index is the caller's)."""
+    from efabuild.host.digest import file_digests
+    from efabuild.provenance.stored import describe_sqsh
+    from efabuild.signing.attest import signed
+    from efabuild.store.record import ArtifactRecord
+    from tests.kits.storekit import make_sqsh
+
+    found = {}
+    for platform in ("linux/amd64", "linux/arm64"):
+        where = directory / platform.replace("/", "-")
+        where.mkdir(parents=True)
+        artifact = make_sqsh(where, os.urandom(size))
+        key = key_for(f"{label} {platform}")
+        blake3, sha256 = file_digests(artifact)
+        manifest = describe_sqsh(artifact, key=key, name=NAME, sqsh_digest=blake3, sqsh_sha256=sha256,
+                                 export_options={}, base=None, chain=[], builder={}, times={})
+        record = ArtifactRecord.for_file(key, NAME, artifact, blake3, sha256=sha256, platform=platform)
+        store.publish(key, artifact, record, manifest, envelope=signed(manifest, signer))
+        found[platform] = key
+    return found
