@@ -15,6 +15,7 @@ they are; only the layers the child adds are read, from the engine's layer direc
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import subprocess
@@ -28,13 +29,17 @@ import attrs
 from efabuild.engine.client import Engine
 from efabuild.engine.images import built_for_key, layer_facts
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.host import children
+from efabuild.host import children, statstamp
+from efabuild.host.digest import Splice
 from efabuild.export.layerdiff import LayerSourceUnavailable, overlay_dirs, stream_layers
 from efabuild.export.squashfs import write_incremental
-from efabuild.export.squash import ExportJob, ExportResult, Progress, export_facts, keep_export, mksquashfs_options
+from efabuild.export.squash import (ExportJob, ExportResult, Progress, Unkept, export_facts, keep_export,
+                                    mksquashfs_options)
+from efabuild.export.squashfs.superblock import SIZE as SUPERBLOCK_BYTES
 from efabuild.export.tarfilter import RC_LABELS, RewritePlan
 from efabuild.plan import LayerPlan, Plan
 from efabuild.settings import ExportSettings
+from efabuild.store.chunked.chunks import ChunkIndex
 
 # a root artifact's reason: recorded, not shown (there is nothing to explain)
 NO_ANCESTOR = "no artifact layer below it"
@@ -55,6 +60,10 @@ class Ancestor:
     sqsh: Path  # the checked copy, pinned to its open descriptor
     digest: str
     export: Mapping[str, Any]  # its record's export options
+    # its stat stamp from before it was checked; None: the caller vouches for the bytes (a test's
+    # own file), and the child is then hashed from its own pages
+    stamp: tuple[int, ...] | None = None
+    index: ChunkIndex | None = None  # its kept chunk index, unchecked: lends the child its chunks
 
 
 def ancestor_layer(plan: Plan, qualname: str) -> LayerPlan | None:
@@ -119,13 +128,37 @@ def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path
         if written.full_needed:
             return written.reason
         job = ExportJob(image, out, opts, plan, None, started, chunking, cfg.labels)
-        result = keep_export(tmp, job, sha256)
+        # the prefix past the superblock is the ancestor's bytes: hashed (and chunked) from there
+        splice = Splice(str(ancestor.sqsh), SUPERBLOCK_BYTES, written.reused_bytes) if ancestor.stamp else None
+        try:
+            result = keep_export(tmp, job, sha256, splice=splice, seed=ancestor.index,
+                                 still_valid=functools.partial(_unchanged, ancestor))
+        except Unkept as exc:
+            return str(exc)
     finally:
         for stream in streams:
             stream.close()
         tmp.unlink(missing_ok=True)
     made = {"ancestor": ancestor.key, "ancestor_digest": ancestor.digest, "dead_bytes": int(written.dead_bytes)}
     return attrs.evolve(result, incremental=made)
+
+
+def _unchanged(ancestor: Ancestor) -> str | None:
+    """Why the ancestor's bytes may not be the ones that were checked, now that the child has
+    been written and hashed from them; None when its stamp says they are. A stamp proves it once
+    settled, or for a file of this user's (in a shared tier, another user may rewrite their own
+    file in place, within one tick of the clock)."""
+    if ancestor.stamp is None:
+        return None
+    try:
+        info = os.stat(ancestor.sqsh)
+    except OSError as exc:
+        return f"the ancestor's copy cannot be read again: {exc.strerror}"
+    if statstamp.stamp(info) != tuple(ancestor.stamp):
+        return "the ancestor's copy changed while the child was written from it"
+    if info.st_uid != os.geteuid() and not statstamp.settled(ancestor.stamp):
+        return "the ancestor's copy, another user's, was written within the last 2 s"
+    return None
 
 
 def layers_digest(layers: tuple[str, ...]) -> str:
