@@ -2,6 +2,7 @@
 # Install and start everything efabuild and its tests need on a fresh Debian bookworm host (as root):
 #   dockerd (bookworm docker.io), the buildx plugin (trixie docker-buildx), squashfs-tools 4.6
 #   (trixie: the first with tar input), squashfs-tools-ng, squashfuse and fuse3, docker-registry, graphviz,
+#   librust-blake3-dev (the BLAKE3 C sources native/blake3cv.c is built against),
 #   cosign (trixie), QEMU for arm64 builds (qemu-user-static, binfmt-support) with Debian's arm64
 #   busybox and CPython for the arm64 fixture, and the Python package.
 # Idempotent: what is installed or running already is left alone.
@@ -52,6 +53,10 @@ install_packages() {
   command -v fusermount3 >/dev/null || missing+=(fuse3)
   # the fixture base's CPython (efabuild/make/fixtures.py): Debian's, whatever python runs efabuild
   [ -x /usr/bin/python3.11 ] && [ -f /usr/lib/python3.11/compileall.py ] || missing+=(python3.11)
+  # native/blake3cv.c (an incremental export's child hashed from its ancestor's subtrees) is built
+  # against the BLAKE3 C sources in Debian's Rust crate package
+  compgen -G "/usr/share/cargo/registry/blake3-*/c/blake3.c" >/dev/null || missing+=(librust-blake3-dev)
+  command -v cc >/dev/null || missing+=(gcc)
   if [ ${#missing[@]} -gt 0 ]; then log "installing ${missing[*]}"; apt_install "${missing[@]}"; fi
   local trixie=()
   # name/trixie takes just that package from trixie; its dependencies stay bookworm's
@@ -144,8 +149,15 @@ check_arm64_runs() {
     { log "an arm64 container does not run here (binfmt_misc qemu-aarch64?)"; exit 1; }
 }
 
+build_native() {
+  local here lib=/usr/local/lib/efabuild/libblake3cv.so; here=$(cd "$(dirname "$0")/.." && pwd)
+  [ -f "$lib" ] && [ "$lib" -nt "$here/native/blake3cv.c" ] && return 0
+  log "building $lib"; bash "$here/scripts/build-native.sh" "$lib" >/dev/null
+}
+
 need_root
 install_packages
+build_native
 setup_qemu
 unpack_arm64
 start_dockerd

@@ -30,6 +30,7 @@ from efabuild.engine.client import Engine
 from efabuild.engine.images import built_for_key, layer_facts
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.host import children, statstamp
+from efabuild.host.blake3tree import Tree
 from efabuild.host.digest import Splice
 from efabuild.export.layerdiff import LayerSourceUnavailable, overlay_dirs, stream_layers
 from efabuild.export.squashfs import write_incremental
@@ -64,6 +65,7 @@ class Ancestor:
     # own file), and the child is then hashed from its own pages
     stamp: tuple[int, ...] | None = None
     index: ChunkIndex | None = None  # its kept chunk index, unchecked: lends the child its chunks
+    tree: Tree | None = None  # its units' chaining values, from its check: the child is hashed from them
 
 
 def ancestor_layer(plan: Plan, qualname: str) -> LayerPlan | None:
@@ -131,7 +133,7 @@ def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path
         # the prefix past the superblock is the ancestor's bytes: hashed (and chunked) from there
         splice = Splice(str(ancestor.sqsh), SUPERBLOCK_BYTES, written.reused_bytes) if ancestor.stamp else None
         try:
-            result = keep_export(tmp, job, sha256, splice=splice, seed=ancestor.index,
+            result = keep_export(tmp, job, sha256, splice=splice, seed=ancestor.index, tree=ancestor.tree,
                                  still_valid=functools.partial(_unchanged, ancestor))
         except Unkept as exc:
             return str(exc)

@@ -42,6 +42,7 @@ from efabuild.export.tarheader import TarFormatError
 from efabuild.grammar import extra_options_problem
 from efabuild.settings import BuilderSettings, ExportSettings
 from efabuild.store.chunked.chunks import ChunkIndex, chunk_file, chunk_spliced
+from efabuild.host.blake3tree import Tree, spliced_digest
 from efabuild.host.digest import Sha256Pass, Splice, file_digest, file_digests, spliced_digests
 from efabuild.host.fsutil import fsync_dir
 
@@ -301,13 +302,15 @@ class Unkept(EfabuildError):
 
 
 def keep_export(tmp: Path, job: ExportJob, with_sha256: bool, *, splice: Splice | None = None,
-                seed: ChunkIndex | None = None, still_valid: Callable[[], str | None] | None = None) -> ExportResult:
+                seed: ChunkIndex | None = None, tree: Tree | None = None,
+                still_valid: Callable[[], str | None] | None = None) -> ExportResult:
     """Make the finished temp file durable, hash it, and move it to its name. `splice`: a range
-    copied from another file, hashed from there (`seed`, that file's chunk index, lends its
-    chunks); `still_valid()`, asked after hashing, may refuse the result (Unkept, with its reason)."""
+    copied from another file, hashed from there (from `tree`, that file's chaining values, where
+    given; `seed`, its chunk index, lends its chunks); `still_valid()`, asked after hashing, may
+    refuse the result (Unkept, with its reason)."""
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
-    digest, sha256, index = _digests(tmp, with_sha256, job.chunking, splice, seed)
+    digest, sha256, index = _digests(tmp, with_sha256, job.chunking, splice, seed, tree)
     problem = still_valid() if still_valid is not None else None
     if problem:
         raise Unkept(problem)
@@ -322,17 +325,27 @@ def keep_export(tmp: Path, job: ExportJob, with_sha256: bool, *, splice: Splice 
 
 
 def _digests(path: Path, with_sha256: bool, chunking: tuple[int, int, int] | None, splice: Splice | None = None,
-             seed: ChunkIndex | None = None) -> tuple[str, str | None, ChunkIndex | None]:
-    """blake3, sha256 (or None) and the chunk index (or None) of a fresh file, in one read of it."""
-    if chunking is None:
-        if splice is not None:
-            return (*spliced_digests(path, splice, with_sha256), None)
-        digest, sha256 = file_digests(path) if with_sha256 else (file_digest(path), None)
-        return digest, sha256, None
-    sha256_pass = Sha256Pass(path, splice) if with_sha256 else None  # in a thread, over the same pages
-    index = (chunk_spliced(path, splice, seed, chunking=chunking) if splice is not None
-             else chunk_file(path, chunking=chunking))
-    return index.digest, sha256_pass.result() if sha256_pass is not None else None, index
+             seed: ChunkIndex | None = None, tree: Tree | None = None) -> tuple[str, str | None, ChunkIndex | None]:
+    """blake3, sha256 (or None) and the chunk index (or None) of a fresh file, in one read of it
+    (of its own bytes outside `splice`, with `tree`)."""
+    if splice is None:
+        if chunking is None:
+            digest, sha256 = file_digests(path) if with_sha256 else (file_digest(path), None)
+            return digest, sha256, None
+        sha256_pass = Sha256Pass(path) if with_sha256 else None  # in a thread, over the same pages
+        index = chunk_file(path, chunking=chunking)
+        return index.digest, sha256_pass.result() if sha256_pass is not None else None, index
+    if tree is None and chunking is None:
+        return (*spliced_digests(path, splice, with_sha256), None)
+    sha256_pass = Sha256Pass(path, splice) if with_sha256 else None
+    digest = spliced_digest(path, splice.start, splice.end, tree) if tree is not None else None
+    index = None
+    if chunking is not None:
+        index = chunk_spliced(path, splice, seed, chunking=chunking, digest=digest)
+        digest = index.digest
+    elif digest is None:
+        digest = spliced_digests(path, splice, False)[0]
+    return digest, sha256_pass.result() if sha256_pass is not None else None, index
 
 
 def _kill_on_cancel(procs: list[subprocess.Popen], cancel: threading.Event, finished: threading.Event) -> None:

@@ -67,7 +67,7 @@ def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None, *, 
         yield None, f"ancestor {short(below.key)} has no signature by [sign]'s key over its bytes"
         return
     try:
-        fd, stamp = open_checked_stamped(hit[0].name, hit[1], record)
+        fd, stamp, tree = open_checked_stamped(hit[0].name, hit[1], record)
     except DamagedCopy:  # the digests are `audit`'s to show: make's line stays short
         yield None, f"ancestor copy damaged: {hit[1]} is not the bytes its record names"
         return
@@ -75,7 +75,7 @@ def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None, *, 
     try:
         # its kept chunk index lends the child the chunks of the bytes it reuses (each re-hashed)
         yield Ancestor(below.key, image_tag(layer.name, below.key), _by_descriptor(fd), record.digest,
-                       dict(record.export), stamp=stamp, index=hit[0].chunk_index(below.key)), ""
+                       dict(record.export), stamp=stamp, index=hit[0].chunk_index(below.key), tree=tree), ""
     finally:
         os.close(fd)
 

@@ -16,7 +16,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from efabuild import notices
 from efabuild.host.digest import bytes_digest, file_digest
@@ -26,6 +26,9 @@ from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
 from efabuild.refs import short
 from efabuild.store.chunked.chunks import ChunkIndex
 from efabuild.store.record import ArtifactRecord
+
+if TYPE_CHECKING:
+    from efabuild.host.blake3tree import Tree
 
 # Files stored beside each .sqsh and carried with it, in the order tiers write them; and the record
 # field that holds each one's digest (None: carried as it is).
@@ -82,13 +85,20 @@ def check_file(tier: str, path: Path, record: ArtifactRecord) -> None:
 def open_checked(tier: str, path: Path, record: ArtifactRecord) -> int:
     """check_file(), returning the checked file open (a descriptor the caller closes): whoever
     reads it next reads the bytes that were checked, whatever is renamed over `path` since."""
-    return open_checked_stamped(tier, path, record)[0]
+    return open_checked_stamped(tier, path, record).fd
 
 
-def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord) -> tuple[int, tuple[int, ...]]:
-    """open_checked(), and the file's stat stamp taken before its bytes were hashed: one unchanged
-    later means the bytes read then are the checked ones (host/statstamp.py), even where the
-    file's owner, in a shared tier, could write it in place."""
+class Checked(NamedTuple):
+    fd: int
+    stamp: tuple[int, ...]  # taken before its bytes were hashed
+    tree: Tree | None  # its units' chaining values, from the same read (None without the helper)
+
+
+def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord) -> Checked:
+    """open_checked(), with the file's stat stamp taken before its bytes were hashed (one unchanged
+    later means the bytes read then are the checked ones, host/statstamp.py, even where the file's
+    owner, in a shared tier, could write it in place) and, where host/blake3tree.py can, the
+    chaining values that hash gave: a file reusing its bytes is hashed from them."""
     try:
         info = path.lstat()  # a link planted in a store is not an artifact, whatever it points at
     except OSError as exc:
@@ -106,21 +116,27 @@ def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord) -> tuple
         if not stat.S_ISREG(opened.st_mode):
             raise DamagedCopy(tier, str(path), "not a regular file")
         try:
-            _check_open(tier, path, fd, record)
+            tree = _check_open(tier, path, fd, record, with_tree=True)
         except OSError as exc:
             raise DamagedCopy(tier, str(path), f"cannot read it ({exc.strerror})") from None
     except BaseException:
         os.close(fd)
         raise
-    return fd, statstamp.stamp(opened)
+    return Checked(fd, statstamp.stamp(opened), tree)
 
 
-def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord) -> None:
-    """check_file() of the file open as `fd` (named `path` in messages)."""
+def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord, *, with_tree: bool = False) -> Tree | None:
+    """check_file() of the file open as `fd` (named `path` in messages); `with_tree`: its chaining
+    values too, where they can be had from the same read."""
     size = os.fstat(fd).st_size
     if size != record.size:
         raise DamagedCopy(tier, str(path), f"{size} bytes, its record says {record.size}")
-    actual = file_digest(pinned_path(fd))
+    tree = None
+    if with_tree:
+        from efabuild.host.blake3tree import file_tree  # ctypes: only for an ancestor's check
+
+        tree = file_tree(pinned_path(fd))
+    actual = tree.digest if tree is not None else file_digest(pinned_path(fd))
     if actual != record.digest:
         raise DamagedCopy(tier, str(path), f"digest {actual}, its record says {record.digest}")
 

@@ -60,3 +60,30 @@ def test_a_refused_child_is_never_moved_to_its_name(tmp_path):
     assert not (tmp_path / "child.sqsh").exists()
     kept = keep_export(tmp, job, True, splice=Splice(str(source), 96, 4096))
     assert kept.digest == file_digest(tmp_path / "child.sqsh")
+
+
+@pytest.mark.parametrize("chunking", [None, (4096, 16384, 65536)])
+@pytest.mark.parametrize("with_tree", [True, False])
+def test_a_child_kept_from_its_ancestors_hashes_and_index_has_its_own_digests(tmp_path, chunking, with_tree):
+    """Hashed from the ancestor's subtrees (with the helper) or pages (without), chunked with its
+    ancestor's index lending the reused range: the digests and index are the child file's own."""
+    import random
+
+    from efabuild.host.blake3tree import file_tree
+    from efabuild.host.digest import file_digests
+    from efabuild.store.chunked.chunks import chunk_file
+
+    rng = random.Random(9)
+    source = tmp_path / "efa.sqsh"
+    source.write_bytes(rng.randbytes(5 << 20))
+    tmp = tmp_path / "child.tmp"
+    tmp.write_bytes(rng.randbytes(96) + source.read_bytes()[96:(4 << 20) + 5] + rng.randbytes(700_000))
+    job = ExportJob("img", tmp_path / "child.sqsh", (), RewritePlan((), "", frozenset(), frozenset()), None,
+                    time.monotonic(), chunking)
+    tree = file_tree(source) if with_tree else None
+    assert (tree is not None) == with_tree
+    seed = chunk_file(source, chunking=chunking) if chunking else None
+    kept = keep_export(tmp, job, True, splice=Splice(str(source), 96, (4 << 20) + 5), seed=seed, tree=tree)
+    assert (kept.digest, kept.sha256) == file_digests(tmp_path / "child.sqsh")
+    if chunking:
+        assert kept.index == chunk_file(tmp_path / "child.sqsh", chunking=chunking)

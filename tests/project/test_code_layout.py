@@ -215,6 +215,8 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.store.tiered": {"efabuild.store.tiers.s3", "efabuild.store.chunked.s3"},
     # the S3 health check loads the S3 chunk store (attrs): a plan or lookup without S3 runs none
     "efabuild.store.tierhealth": {"efabuild.store.chunked.health"},
+    # ctypes and the native helper (2 ms): loaded by an ancestor's check, not by every lookup
+    "efabuild.store.transfer": {"efabuild.host.blake3tree"},
 }
 
 

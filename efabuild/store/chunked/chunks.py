@@ -170,7 +170,8 @@ def chunk_file(path: str | os.PathLike[str], *, chunking: tuple[int, int, int] =
 
 
 def chunk_spliced(path: str | os.PathLike[str], splice: Splice, seed: ChunkIndex | None, *,
-                  chunking: tuple[int, int, int] = (MIN_SIZE, AVG_SIZE, MAX_SIZE), progress=None) -> ChunkIndex:  # noqa: ANN001
+                  chunking: tuple[int, int, int] = (MIN_SIZE, AVG_SIZE, MAX_SIZE), digest: str | None = None,
+                  progress=None) -> ChunkIndex:  # noqa: ANN001
     """chunk_file() of a file whose bytes [splice.start, splice.end) were copied from
     `splice.source`, whose chunk index is `seed`; the same index, without cutting that range again.
 
@@ -182,11 +183,12 @@ def chunk_spliced(path: str | os.PathLike[str], splice: Splice, seed: ChunkIndex
     pages) and checked against its id, and one that does not match ends the reuse there (a seed
     whose ids are right but whose cuts are not FastCDC's costs sharing, never a wrong byte). A
     seed cut with other sizes, or of another size than the source, lends nothing. Cutting a whole
-    1.4 GB image took 1.05 s here; hashing its chunks again takes a fifth of that.""" 
+    1.4 GB image took 1.05 s here; hashing its chunks again takes a fifth of that. `digest`: the
+    file's, where its caller has it (host/blake3tree.py): the file is then not hashed whole again."""
     from fastcdc import fastcdc  # imported here: only publishing and fetching chunk
 
     low, avg, high = chunking
-    whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    whole = blake3.blake3(max_threads=blake3.blake3.AUTO) if digest is None else None
     chunks: list[tuple[str, int]] = []
     with spliced_maps(path, splice) as (own, source):
         size = len(own)
@@ -202,20 +204,23 @@ def chunk_spliced(path: str | os.PathLike[str], splice: Splice, seed: ChunkIndex
                     cid, length = taken
                     data = source[pos:pos + length]
                     if blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() == cid:
-                        whole.update(data)
+                        if whole is not None:
+                            whole.update(data)
                     else:
                         lent, taken = {}, None  # a seed that lied once lends nothing more
                 if taken is None:
                     chunk = next(iter(fastcdc(own[pos:], min_size=low, avg_size=avg, max_size=high, fat=True)))
                     cid, length = chunk_id(chunk.data), chunk.length
-                    whole.update(chunk.data)
+                    if whole is not None:
+                        whole.update(chunk.data)
                 chunks.append((cid, length))
                 pos += length
                 if progress is not None:
                     progress(length)
         finally:
             data = None  # the slices of the maps go before the maps do
-    return ChunkIndex(size=size, digest=PREFIX + whole.hexdigest(), chunks=tuple(chunks), chunking=chunking)
+    return ChunkIndex(size=size, digest=digest or PREFIX + whole.hexdigest(), chunks=tuple(chunks),
+                      chunking=chunking)
 
 
 def mismatch(index: ChunkIndex, path: str | os.PathLike[str]) -> str | None:

@@ -1,0 +1,200 @@
+"""BLAKE3 digests assembled from the chaining values of 1 MiB subtrees, so that a file which
+reuses another's bytes at the same offsets is hashed from that file's subtrees plus its own new
+bytes (an incremental export's child: its ancestor's data region, cloned or copied, is 99 % of it).
+
+BLAKE3 is a tree over 1 KiB chunks. A subtree's chaining value depends only on its bytes and on the
+chunk it starts at; every aligned 1 MiB unit that lies inside a file is a node of the file's tree,
+and so is what follows the last whole unit. The digest is therefore the root over the units' values,
+merged as BLAKE3 splits (the largest power of two of chunks on the left), with the root flag on the
+last merge: the digest `blake3.blake3` gives, which the tests compare at every split.
+
+The Python binding does not expose chaining values; native/blake3cv.c does, built by
+scripts/build-native.sh against the BLAKE3 C sources Debian ships. Where it is not built, `native()`
+is None and callers hash the file whole, as before: slower, never different.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+from collections.abc import Callable, Sequence
+
+import blake3
+
+from efabuild.host.digest import PREFIX
+
+LIBRARY_ENV = "EFABUILD_BLAKE3_LIB"
+DEFAULT_LIBRARY = "/usr/local/lib/efabuild/libblake3cv.so"
+UNIT = 1 << 20  # bytes of one subtree whose chaining value is kept: 1024 chunks
+CHUNK = 1024
+CV = 32
+
+
+@functools.cache
+def native() -> ctypes.CDLL | None:
+    """The built helper, or None (not built here, or not loadable)."""
+    name = os.environ.get(LIBRARY_ENV) or DEFAULT_LIBRARY
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError:
+        return None
+    u64, size = ctypes.c_uint64, ctypes.c_size_t
+    lib.efabuild_subtree_cv.argtypes = [ctypes.c_void_p, size, u64, ctypes.c_char_p]
+    lib.efabuild_unit_cvs.argtypes = [ctypes.c_void_p, size, size, u64, ctypes.c_char_p]
+    lib.efabuild_parent.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+    for fn in (lib.efabuild_subtree_cv, lib.efabuild_unit_cvs, lib.efabuild_parent):
+        fn.restype = None
+    return lib
+
+
+class Tree:
+    """A file's digest and the chaining values of its whole 1 MiB units, in file order."""
+
+    __slots__ = ("size", "digest", "cvs")
+
+    def __init__(self, size: int, digest: str, cvs: bytes) -> None:
+        self.size, self.digest, self.cvs = size, digest, cvs
+
+    def unit(self, number: int) -> bytes:
+        return self.cvs[number * CV:(number + 1) * CV]
+
+
+class _Mapped:
+    """A file mapped copy-on-write (never written: ctypes needs a writable buffer to take its
+    address) with the address of its first byte."""
+
+    def __init__(self, fd: int) -> None:
+        import mmap
+
+        self.size = os.fstat(fd).st_size
+        self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if self.size else None
+        self._array = (ctypes.c_char * self.size).from_buffer(self._map) if self._map is not None else None
+        self.base = ctypes.addressof(self._array) if self._array is not None else 0
+
+    def close(self) -> None:
+        self._array = None  # the map cannot close while ctypes holds it
+        if self._map is not None:
+            self._map.close()
+
+
+def _open(path: str | os.PathLike[str]) -> _Mapped:
+    # no O_NOFOLLOW: a checked copy is handed on as /proc/self/fd/N
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return _Mapped(fd)
+    finally:
+        os.close(fd)
+
+
+def _unit_cvs(lib: ctypes.CDLL, mapped: _Mapped, units: Sequence[int]) -> dict[int, bytes]:
+    """Chaining values of the given whole units, on two threads when there are many (the calls
+    release the GIL)."""
+    numbers = list(units)
+    out = ctypes.create_string_buffer(len(numbers) * CV)
+    runs = _runs(numbers)
+
+    def hash_runs(part: list[tuple[int, int, int]]) -> None:
+        for slot, first, count in part:
+            lib.efabuild_unit_cvs(mapped.base + first * UNIT, UNIT, count, first * (UNIT // CHUNK),
+                                  ctypes.cast(ctypes.addressof(out) + slot * CV, ctypes.c_char_p))
+
+    halves = _split(runs, len(numbers) // 2) if len(numbers) >= 64 else [runs, []]
+    worker = threading.Thread(target=hash_runs, args=(halves[1],), name="blake3-units", daemon=True)
+    worker.start()
+    hash_runs(halves[0])
+    worker.join()
+    raw = out.raw
+    return {number: raw[i * CV:(i + 1) * CV] for i, number in enumerate(numbers)}
+
+
+def _runs(numbers: list[int]) -> list[tuple[int, int, int]]:
+    """(slot in the output, first unit, count) for each run of consecutive unit numbers."""
+    runs: list[tuple[int, int, int]] = []
+    for slot, number in enumerate(numbers):
+        if runs and runs[-1][1] + runs[-1][2] == number:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((slot, number, 1))
+    return runs
+
+
+def _split(runs: list[tuple[int, int, int]], first_half: int) -> list[list[tuple[int, int, int]]]:
+    """The runs cut in two parts of about `first_half` units and the rest."""
+    head: list[tuple[int, int, int]] = []
+    tail: list[tuple[int, int, int]] = []
+    taken = 0
+    for slot, first, count in runs:
+        if taken >= first_half:
+            tail.append((slot, first, count))
+            continue
+        here = min(count, first_half - taken)
+        head.append((slot, first, here))
+        if here < count:
+            tail.append((slot + here, first + here, count - here))
+        taken += here
+    return [head, tail]
+
+
+def _root(lib: ctypes.CDLL, mapped: _Mapped, unit_cv: Callable[[int], bytes]) -> str:
+    """The digest of the mapped file, whose whole units' chaining values `unit_cv` gives."""
+    size = mapped.size
+    chunks = max(1, -(-size // CHUNK))
+    if chunks == 1:  # one chunk is its own root: the binding hashes it
+        return PREFIX + blake3.blake3(ctypes.string_at(mapped.base, size) if size else b"").hexdigest()
+    whole_units = size // UNIT
+    per_unit = UNIT // CHUNK
+
+    def node(first: int, count: int) -> bytes:
+        if count == per_unit and first % per_unit == 0 and first // per_unit < whole_units:
+            return unit_cv(first // per_unit)
+        if count <= per_unit:  # what follows the last whole unit (or a file smaller than one)
+            out = ctypes.create_string_buffer(CV)
+            start = first * CHUNK
+            lib.efabuild_subtree_cv(mapped.base + start, min(size, (first + count) * CHUNK) - start, first, out)
+            return out.raw
+        left = 1 << ((count - 1).bit_length() - 1)  # the largest power of two below count
+        return _parent(lib, node(first, left), node(first + left, count - left), False)
+
+    left = 1 << ((chunks - 1).bit_length() - 1)
+    return PREFIX + _parent(lib, node(0, left), node(left, chunks - left), True).hex()
+
+
+def _parent(lib: ctypes.CDLL, left: bytes, right: bytes, root: bool) -> bytes:
+    out = ctypes.create_string_buffer(CV)
+    lib.efabuild_parent(left, right, int(root), out)
+    return out.raw
+
+
+def file_tree(path: str | os.PathLike[str]) -> Tree | None:
+    """The file's digest with its units' chaining values, in one read; None without the helper."""
+    lib = native()
+    if lib is None:
+        return None
+    mapped = _open(path)
+    try:
+        whole = mapped.size // UNIT
+        cvs = _unit_cvs(lib, mapped, range(whole))
+        digest = _root(lib, mapped, cvs.__getitem__)
+        return Tree(mapped.size, digest, b"".join(cvs[n] for n in range(whole)))
+    finally:
+        mapped.close()
+
+
+def spliced_digest(path: str | os.PathLike[str], start: int, end: int, source: Tree) -> str | None:
+    """The digest of a file whose bytes [start, end) are those of the file `source` describes, at
+    the same offsets: the units inside that range are the source's, only the rest is hashed. None
+    without the helper."""
+    lib = native()
+    if lib is None:
+        return None
+    mapped = _open(path)
+    try:
+        whole = mapped.size // UNIT
+        lent = {n for n in range(whole) if start <= n * UNIT and (n + 1) * UNIT <= min(end, source.size)
+                and (n + 1) * CV <= len(source.cvs)}
+        fresh = _unit_cvs(lib, mapped, [n for n in range(whole) if n not in lent])
+        return _root(lib, mapped, lambda n: source.unit(n) if n in lent else fresh[n])
+    finally:
+        mapped.close()

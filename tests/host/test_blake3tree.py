@@ -1,0 +1,70 @@
+"""host/blake3tree.py: BLAKE3 digests from the chaining values of 1 MiB subtrees (native/blake3cv.c,
+built by scripts/setup-host.sh), the same digests the blake3 binding gives."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from efabuild.host import blake3tree
+from efabuild.host.digest import file_digest
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def native():
+    lib = blake3tree.native()
+    assert lib is not None, ("the BLAKE3 helper is not built: scripts/setup-host.sh builds it "
+                             f"({blake3tree.DEFAULT_LIBRARY}, or ${blake3tree.LIBRARY_ENV})")
+    return lib
+
+
+@pytest.mark.parametrize("size", [0, 1, 1023, 1024, 1025, 4096, MiB - 1, MiB, MiB + 1, 2 * MiB, 3 * MiB + 777,
+                                  (33 * MiB) + 12345])
+def test_a_file_hashed_from_its_subtrees_has_the_digest_the_binding_gives(tmp_path, native, size):
+    path = tmp_path / "f"
+    path.write_bytes(random.Random(size).randbytes(size))
+    tree = blake3tree.file_tree(path)
+    assert tree.digest == file_digest(path)
+    assert len(tree.cvs) == 32 * (size // MiB)
+
+
+def test_a_file_reusing_anothers_bytes_is_hashed_from_its_subtrees_at_any_split(tmp_path, native):
+    """The child of an incremental export: another head (its superblock), the ancestor's bytes at
+    the same offsets, a tail of its own."""
+    rng = random.Random(21)
+    for _ in range(10):
+        size = rng.randrange(MiB, 24 * MiB)
+        source = rng.randbytes(size)
+        (tmp_path / "source").write_bytes(source)
+        lo = rng.choice([0, 96, rng.randrange(0, size)])
+        hi = rng.randrange(lo, size)
+        (tmp_path / "child").write_bytes(rng.randbytes(lo) + source[lo:hi] + rng.randbytes(rng.randrange(0, 3 * MiB)))
+        tree = blake3tree.file_tree(tmp_path / "source")
+        assert blake3tree.spliced_digest(tmp_path / "child", lo, hi, tree) == file_digest(tmp_path / "child")
+
+
+def test_the_reused_units_are_not_read_again(tmp_path, native):
+    """What makes it cheap, shown by breaking the contract on purpose: the child's own bytes in the
+    range are zeros, yet its digest is that of the file with the source's bytes there."""
+    rng = random.Random(4)
+    source = rng.randbytes(8 * MiB)
+    tail = rng.randbytes(MiB // 3)
+    (tmp_path / "source").write_bytes(source)
+    (tmp_path / "child").write_bytes(b"\0" * (8 * MiB) + tail)
+    (tmp_path / "true").write_bytes(source + tail)
+    tree = blake3tree.file_tree(tmp_path / "source")
+    assert blake3tree.spliced_digest(tmp_path / "child", 0, 8 * MiB, tree) == file_digest(tmp_path / "true")
+
+
+def test_without_the_helper_nothing_is_hashed_from_subtrees(tmp_path, monkeypatch):
+    monkeypatch.setenv(blake3tree.LIBRARY_ENV, str(tmp_path / "missing.so"))
+    blake3tree.native.cache_clear()
+    try:
+        (tmp_path / "f").write_bytes(b"x" * MiB)
+        assert blake3tree.file_tree(tmp_path / "f") is None
+    finally:
+        monkeypatch.undo()
+        blake3tree.native.cache_clear()
