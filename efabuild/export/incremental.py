@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import blake3
 
 from efabuild.engine.client import Engine
 from efabuild.engine.images import built_for_key, layer_facts
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.host import children, statstamp
 from efabuild.host.blake3tree import Tree
-from efabuild.host.digest import Splice
+from efabuild.host.digest import PREFIX, Splice
 from efabuild.export.layerdiff import LayerSourceUnavailable, overlay_dirs, stream_layers
 from efabuild.export.squashfs import write_incremental
 from efabuild.export.squash import (ExportJob, ExportResult, Progress, Unkept, export_facts, keep_export,
@@ -130,11 +131,8 @@ def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path
         if written.full_needed:
             return written.reason
         job = ExportJob(image, out, opts, plan, None, started, chunking, cfg.labels)
-        # the prefix past the superblock is the ancestor's bytes: hashed (and chunked) from there
-        splice = Splice(str(ancestor.sqsh), SUPERBLOCK_BYTES, written.reused_bytes) if ancestor.stamp else None
         try:
-            result = keep_export(tmp, job, sha256, splice=splice, seed=ancestor.index, tree=ancestor.tree,
-                                 still_valid=functools.partial(_unchanged, ancestor))
+            result = keep_export(tmp, job, sha256, **reuse(ancestor, tmp, written.reused_bytes))
         except Unkept as exc:
             return str(exc)
     finally:
@@ -145,11 +143,34 @@ def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path
     return attrs.evolve(result, incremental=made)
 
 
+def reuse(ancestor: Ancestor, child: Path, reused: int) -> dict[str, Any]:
+    """keep_export()'s terms for a child whose bytes [superblock, reused) were copied from the
+    ancestor: hashed (and chunked) from the ancestor's subtrees and pages where its stamp proves
+    them the checked ones (a file only this user can change, _owned); else from the child's own
+    bytes, whose prefix must then make the ancestor's checked digest."""
+    if ancestor.stamp is None:  # the caller vouches for the bytes: hashed as a file of its own
+        return {}
+    if not _owned(ancestor.sqsh):
+        return {"still_valid": functools.partial(_copied_as_checked, child, ancestor, reused)}
+    return {"splice": Splice(str(ancestor.sqsh), SUPERBLOCK_BYTES, reused), "seed": ancestor.index,
+            "tree": ancestor.tree, "still_valid": functools.partial(_unchanged, ancestor)}
+
+
+def _owned(path: Path) -> bool:
+    """Whether only this user can change the file: theirs, writable by no one else. Another user
+    who owns a file in a shared tier can change its bytes without moving its stamp (through a
+    mapping they keep writable: a page written again before it goes back to disk moves no time)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return info.st_uid == os.geteuid() and not info.st_mode & 0o022
+
+
 def _unchanged(ancestor: Ancestor) -> str | None:
     """Why the ancestor's bytes may not be the ones that were checked, now that the child has
-    been written and hashed from them; None when its stamp says they are. A stamp proves it once
-    settled, or for a file of this user's (in a shared tier, another user may rewrite their own
-    file in place, within one tick of the clock)."""
+    been written and hashed from them; None when its stamp says they are (a file of this user's,
+    _owned)."""
     if ancestor.stamp is None:
         return None
     try:
@@ -158,8 +179,39 @@ def _unchanged(ancestor: Ancestor) -> str | None:
         return f"the ancestor's copy cannot be read again: {exc.strerror}"
     if statstamp.stamp(info) != tuple(ancestor.stamp):
         return "the ancestor's copy changed while the child was written from it"
-    if info.st_uid != os.geteuid() and not statstamp.settled(ancestor.stamp):
-        return "the ancestor's copy, another user's, was written within the last 2 s"
+    return None
+
+
+_PIECE = 8 << 20
+
+
+def _copied_as_checked(child: Path, ancestor: Ancestor, reused: int) -> str | None:
+    """Why the child's bytes [superblock, reused) may not be those of the ancestor that were
+    checked: the ancestor's own superblock, then the child's prefix, then the rest of the ancestor
+    must make its checked digest. Read, not mapped: another user's file truncated meanwhile ends a
+    read, where a mapped page past the new end would kill this process (SIGBUS)."""
+    problem = _unchanged(ancestor)
+    if problem:
+        return problem
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    buffer = bytearray(_PIECE)
+    try:
+        with open(ancestor.sqsh, "rb", buffering=0) as theirs, open(child, "rb", buffering=0) as mine:
+            size = os.fstat(theirs.fileno()).st_size
+            for f, start, end in ((theirs, 0, SUPERBLOCK_BYTES), (mine, SUPERBLOCK_BYTES, reused),
+                                  (theirs, reused, size)):
+                f.seek(start)
+                while start < end:
+                    view = memoryview(buffer)[:min(_PIECE, end - start)]
+                    n = f.readinto(view)
+                    if not n:
+                        return "the ancestor's copy changed while the child was written from it"
+                    hasher.update(view[:n])
+                    start += n
+    except OSError as exc:
+        return f"the ancestor's copy cannot be read again: {exc.strerror}"
+    if PREFIX + hasher.hexdigest() != ancestor.digest:
+        return "the ancestor's copy changed while the child was written from it"
     return None
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from efabuild.export.incremental import Ancestor, _unchanged
+from efabuild.export.incremental import Ancestor, _unchanged, reuse
 from efabuild.export.squash import ExportJob, Unkept, keep_export
 from efabuild.export.tarfilter import RewritePlan
 from efabuild.host import statstamp
@@ -32,19 +32,80 @@ def test_an_ancestor_rewritten_in_place_after_its_check_is_not_built_on(tmp_path
     assert _unchanged(ancestor) == "the ancestor's copy changed while the child was written from it"
 
 
-def test_another_users_ancestor_is_believed_only_once_its_stamp_has_settled(tmp_path, monkeypatch):
-    """Within one tick of the clock a rewrite leaves the stamp as it was: another user's file
-    written in the last 2 s proves nothing; this user's own file may be as fresh as make left it."""
-    sqsh = tmp_path / "efa.sqsh"
-    sqsh.write_bytes(b"bytes")
+def _job(tmp_path, chunking=None) -> ExportJob:
+    return ExportJob("img", tmp_path / "child.sqsh", (), RewritePlan((), "", frozenset(), frozenset()), None,
+                     time.monotonic(), chunking)
+
+
+def _another_users(path, monkeypatch) -> None:
     if os.geteuid() == 0:
-        os.chown(sqsh, 65534, 65534)
+        os.chown(path, 65534, 65534)
     else:
         monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
-    ancestor = _ancestor(sqsh, stamp=statstamp.stamp(os.stat(sqsh)))
-    assert _unchanged(ancestor) == "the ancestor's copy, another user's, was written within the last 2 s"
+
+
+def test_another_users_ancestor_changed_through_a_mapping_never_gives_a_child_of_unchecked_bytes(
+        tmp_path, monkeypatch):
+    """The owner of a file in a shared tier who keeps it mapped writable changes its bytes without
+    moving its stamp (a page written again before it goes back to disk moves no time): between the
+    check and the copy, the child would take their bytes under this make's record and signature."""
+    import mmap
+
+    from efabuild.host.blake3tree import file_tree
+
+    sqsh = tmp_path / "efa.sqsh"
+    sqsh.write_bytes(os.urandom(3 << 20))
+    fd = os.open(sqsh, os.O_RDWR)
+    mapped = mmap.mmap(fd, 0)
+    mapped[5000:5001] = b"x"  # the owner's page is dirty before the check
+    os.utime(sqsh, ns=(time.time_ns() - 60_000_000_000,) * 2)  # and the stamp long settled
+    _another_users(sqsh, monkeypatch)
     monkeypatch.setattr(statstamp, "clock_ns", lambda: time.time_ns() + 60_000_000_000)
-    assert _unchanged(ancestor) is None
+    stamp = statstamp.stamp(os.stat(sqsh))
+    ancestor = _ancestor(sqsh, stamp=stamp, tree=file_tree(sqsh))  # the check: digest and stamp
+    mapped[5000:5008] = b"PLANTED!"  # after the check, through the same mapping
+    assert statstamp.stamp(os.stat(sqsh)) == stamp  # the stamp cannot tell
+    tmp = tmp_path / "child.tmp"
+    tmp.write_bytes(os.urandom(96) + sqsh.read_bytes()[96:2 << 20] + b"new blocks and tables")
+    with pytest.raises(Unkept, match="the ancestor's copy changed while the child was written from it"):
+        keep_export(tmp, _job(tmp_path), True, **reuse(ancestor, tmp, 2 << 20))
+    assert not (tmp_path / "child.sqsh").exists()
+    mapped.close()
+    os.close(fd)
+
+
+@pytest.mark.parametrize("chunking", [None, (4096, 16384, 65536)])
+def test_a_child_of_another_users_ancestor_is_hashed_from_its_own_bytes_and_kept(tmp_path, monkeypatch, chunking):
+    from efabuild.host.blake3tree import file_tree
+    from efabuild.host.digest import file_digests
+    from efabuild.store.chunked.chunks import chunk_file
+
+    sqsh = tmp_path / "efa.sqsh"
+    sqsh.write_bytes(os.urandom(3 << 20))
+    _another_users(sqsh, monkeypatch)
+    ancestor = _ancestor(sqsh, stamp=statstamp.stamp(os.stat(sqsh)), tree=file_tree(sqsh),
+                         index=chunk_file(sqsh, chunking=chunking) if chunking else None)
+    tmp = tmp_path / "child.tmp"
+    tmp.write_bytes(os.urandom(96) + sqsh.read_bytes()[96:(2 << 20) + 7] + os.urandom(300_000))
+    kept = keep_export(tmp, _job(tmp_path, chunking), True, **reuse(ancestor, tmp, (2 << 20) + 7))
+    assert (kept.digest, kept.sha256) == file_digests(tmp_path / "child.sqsh")
+    if chunking:
+        assert kept.index == chunk_file(tmp_path / "child.sqsh", chunking=chunking)
+
+
+@pytest.mark.parametrize("change", ["truncated", "rewritten"])
+def test_another_users_ancestor_truncated_or_rewritten_after_the_copy_refuses_the_child_in_one_line(
+        tmp_path, monkeypatch, change):
+    sqsh = tmp_path / "efa.sqsh"
+    sqsh.write_bytes(os.urandom(2 << 20))
+    _another_users(sqsh, monkeypatch)
+    ancestor = _ancestor(sqsh, stamp=statstamp.stamp(os.stat(sqsh)))
+    tmp = tmp_path / "child.tmp"
+    tmp.write_bytes(os.urandom(96) + sqsh.read_bytes()[96:1 << 20] + b"tables")
+    with open(sqsh, "r+b") as f:
+        f.truncate(1000) if change == "truncated" else f.write(b"other")
+    with pytest.raises(Unkept, match="^the ancestor's copy changed while the child was written from it$"):
+        keep_export(tmp, _job(tmp_path), True, **reuse(ancestor, tmp, 1 << 20))
 
 
 def test_a_refused_child_is_never_moved_to_its_name(tmp_path):
