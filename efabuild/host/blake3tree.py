@@ -34,8 +34,11 @@ CV = 32
 
 @functools.cache
 def native() -> ctypes.CDLL | None:
-    """The built helper, or None (not built here, or not loadable)."""
-    name = os.environ.get(LIBRARY_ENV) or DEFAULT_LIBRARY
+    """The built helper, or None (not built here, not loadable, or one that another user could
+    have written: loading a library runs its code as this user, who may be root)."""
+    name = _trusted(os.environ.get(LIBRARY_ENV) or DEFAULT_LIBRARY)
+    if name is None:
+        return None
     try:
         lib = ctypes.CDLL(name)
     except OSError:
@@ -47,6 +50,20 @@ def native() -> ctypes.CDLL | None:
     for fn in (lib.efabuild_subtree_cv, lib.efabuild_unit_cvs, lib.efabuild_parent):
         fn.restype = None
     return lib
+
+
+def _trusted(name: str) -> str | None:
+    """The library's real path when it and its directory are owned by root or this user and
+    writable by no one else (the verification cache's rule), else None."""
+    real = os.path.realpath(name)
+    for path in (real, os.path.dirname(real)):
+        try:
+            info = os.stat(path)
+        except OSError:
+            return None
+        if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
+            return None
+    return real
 
 
 class Tree:

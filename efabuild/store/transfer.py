@@ -85,7 +85,7 @@ def check_file(tier: str, path: Path, record: ArtifactRecord) -> None:
 def open_checked(tier: str, path: Path, record: ArtifactRecord) -> int:
     """check_file(), returning the checked file open (a descriptor the caller closes): whoever
     reads it next reads the bytes that were checked, whatever is renamed over `path` since."""
-    return open_checked_stamped(tier, path, record).fd
+    return open_checked_stamped(tier, path, record, with_tree=False).fd
 
 
 class Checked(NamedTuple):
@@ -94,11 +94,13 @@ class Checked(NamedTuple):
     tree: Tree | None  # its units' chaining values, from the same read (None without the helper)
 
 
-def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord) -> Checked:
+def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord, *, with_tree: bool = True) -> Checked:
     """open_checked(), with the file's stat stamp taken before its bytes were hashed (one unchanged
-    later means the bytes read then are the checked ones, host/statstamp.py, even where the file's
-    owner, in a shared tier, could write it in place) and, where host/blake3tree.py can, the
-    chaining values that hash gave: a file reusing its bytes is hashed from them."""
+    later means the bytes read then are the checked ones, host/statstamp.py, for a file only this
+    user can write) and, `with_tree` and where host/blake3tree.py can, the chaining values that
+    hash gave: a file reusing its bytes is hashed from them. Only make's ancestor check asks for
+    them: no other command (the Pyxis importer, whose environment the job's user sets; gc; audit)
+    loads the native helper."""
     try:
         info = path.lstat()  # a link planted in a store is not an artifact, whatever it points at
     except OSError as exc:
@@ -116,7 +118,10 @@ def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord) -> Check
         if not stat.S_ISREG(opened.st_mode):
             raise DamagedCopy(tier, str(path), "not a regular file")
         try:
-            tree = _check_open(tier, path, fd, record, with_tree=True)
+            # another user's file is mapped by no native code: truncated meanwhile, a mapped page
+            # past its end would kill this process (SIGBUS), and its tree is not used (incremental.reuse)
+            own = opened.st_uid == os.geteuid() and not opened.st_mode & 0o022
+            tree = _check_open(tier, path, fd, record, with_tree=with_tree and own)
         except OSError as exc:
             raise DamagedCopy(tier, str(path), f"cannot read it ({exc.strerror})") from None
     except BaseException:

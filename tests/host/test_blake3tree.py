@@ -3,6 +3,7 @@ built by scripts/setup-host.sh), the same digests the blake3 binding gives."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -65,6 +66,50 @@ def test_without_the_helper_nothing_is_hashed_from_subtrees(tmp_path, monkeypatc
     try:
         (tmp_path / "f").write_bytes(b"x" * MiB)
         assert blake3tree.file_tree(tmp_path / "f") is None
+    finally:
+        monkeypatch.undo()
+        blake3tree.native.cache_clear()
+
+
+def _planted_library(directory, marker):  # noqa: ANN001, ANN202
+    """A shared library whose loading alone runs code: it creates `marker`."""
+    import shutil
+    import subprocess
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    source = directory / "planted.c"
+    source.write_text('#include <stdio.h>\n__attribute__((constructor)) static void ran(void) '
+                      f'{{ FILE *f = fopen("{marker}", "w"); if (f) fclose(f); }}\n')
+    library = directory / "libplanted.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True, timeout=120)
+    return library
+
+
+@pytest.mark.parametrize("how", ["writable by others", "in a directory others write", "another user's"])
+def test_a_library_another_user_could_have_written_is_never_loaded(tmp_path, monkeypatch, how):
+    """$EFABUILD_BLAKE3_LIB is read from the environment of whoever runs efabuild (a root make, a
+    job's step): a library someone else could write would run their code as this user."""
+    directory = tmp_path / "lib"
+    directory.mkdir(mode=0o755)
+    directory.chmod(0o755)
+    marker = tmp_path / "ran"
+    library = _planted_library(directory, marker)
+    library.chmod(0o755)
+    if how == "writable by others":
+        library.chmod(0o777)
+    elif how == "in a directory others write":
+        directory.chmod(0o1777)
+    elif os.geteuid() == 0:
+        os.chown(library, 65534, 65534)
+    else:
+        monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
+    monkeypatch.setenv(blake3tree.LIBRARY_ENV, str(library))
+    blake3tree.native.cache_clear()
+    try:
+        (tmp_path / "f").write_bytes(b"x" * MiB)
+        assert blake3tree.file_tree(tmp_path / "f") is None  # hashed whole, as without the helper
+        assert not marker.exists()
     finally:
         monkeypatch.undo()
         blake3tree.native.cache_clear()

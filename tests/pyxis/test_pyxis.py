@@ -413,3 +413,19 @@ def test_a_verifying_get_of_a_name_fetched_from_s3_reads_the_copy_once(tmp_path,
     os.utime(copy, ns=(before.st_atime_ns, before.st_mtime_ns))
     damaged = importer("get", "docker://efabuild://ngc-efa:user", env=env, cwd=tmp_path)
     assert damaged.returncode == 1 and damaged.stdout == "" and "corrupt artifact: digest" in damaged.stderr
+
+
+def test_a_verifying_get_never_loads_the_native_helper_the_jobs_environment_names(store_dir, job_env, tmp_path):
+    """The job's user sets the importer's environment: $EFABUILD_BLAKE3_LIB must not make it load
+    their library, whatever its owner (only make's ancestor check uses the helper)."""
+    from tests.host.test_blake3tree import _planted_library
+
+    marker = tmp_path / "ran"
+    library = _planted_library(tmp_path, marker)
+    config = tmp_path / "pyxis.toml"
+    config.write_text(f'store = "{store_dir}"\nverify = true\n')
+    env = {**job_env, "EFABUILD_PYXIS_CONFIG": str(config), "EFABUILD_BLAKE3_LIB": str(library)}
+    result = subprocess.run([*IMPORTER, "get", "docker://efabuild://ngc-efa:user"], capture_output=True, text=True,
+                            env=env, cwd=tmp_path, timeout=120)
+    assert result.returncode == 0 and result.stdout.startswith(str(store_dir)), result
+    assert not marker.exists()
