@@ -32,7 +32,7 @@ from efabuild.engine.images import built_for_key, layer_facts
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.host import children, statstamp
 from efabuild.host.blake3tree import Tree
-from efabuild.host.digest import PREFIX, Splice
+from efabuild.host.digest import PREFIX, Splice, others_may_write, read_pieces
 from efabuild.export.layerdiff import LayerSourceUnavailable, overlay_dirs, stream_layers
 from efabuild.export.squashfs import write_incremental
 from efabuild.export.squash import (ExportJob, ExportResult, Progress, Unkept, export_facts, keep_export,
@@ -164,7 +164,7 @@ def _owned(path: Path) -> bool:
         info = os.stat(path)
     except OSError:
         return False
-    return info.st_uid == os.geteuid() and not info.st_mode & 0o022
+    return not others_may_write(info)
 
 
 def _unchanged(ancestor: Ancestor) -> str | None:
@@ -182,9 +182,6 @@ def _unchanged(ancestor: Ancestor) -> str | None:
     return None
 
 
-_PIECE = 8 << 20
-
-
 def _copied_as_checked(child: Path, ancestor: Ancestor, reused: int) -> str | None:
     """Why the child's bytes [superblock, reused) may not be those of the ancestor that were
     checked: the ancestor's own superblock, then the child's prefix, then the rest of the ancestor
@@ -194,20 +191,16 @@ def _copied_as_checked(child: Path, ancestor: Ancestor, reused: int) -> str | No
     if problem:
         return problem
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    buffer = bytearray(_PIECE)
     try:
         with open(ancestor.sqsh, "rb", buffering=0) as theirs, open(child, "rb", buffering=0) as mine:
             size = os.fstat(theirs.fileno()).st_size
             for f, start, end in ((theirs, 0, SUPERBLOCK_BYTES), (mine, SUPERBLOCK_BYTES, reused),
                                   (theirs, reused, size)):
-                f.seek(start)
-                while start < end:
-                    view = memoryview(buffer)[:min(_PIECE, end - start)]
-                    n = f.readinto(view)
-                    if not n:
-                        return "the ancestor's copy changed while the child was written from it"
-                    hasher.update(view[:n])
-                    start += n
+                for piece in read_pieces(f.fileno(), start, end):
+                    hasher.update(piece)
+                    start += len(piece)
+                if start < end:  # truncated since
+                    return "the ancestor's copy changed while the child was written from it"
     except OSError as exc:
         return f"the ancestor's copy cannot be read again: {exc.strerror}"
     if PREFIX + hasher.hexdigest() != ancestor.digest:

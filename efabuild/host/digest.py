@@ -1,7 +1,7 @@
 """blake3 digests of artifacts, written as "blake3:<64 hex>", and their sha256 for other tools.
 
 Files are hashed through mmap with blake3's multithreading (a 25 GB .sqsh takes seconds, not
-minutes).
+minutes); one that someone else could truncate meanwhile is read instead (file_digest).
 blake3 is what efabuild checks; sha256 (plain hex) is what in-toto and cosign verifiers match,
 computed beside blake3 in the same read of the file (`file_digests`).
 """
@@ -25,10 +25,39 @@ _SHA256_CHUNK = 8 << 20
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
-    """The "blake3:<hex>" digest of a file's bytes."""
+    """The "blake3:<hex>" digest of a file's bytes: mapped, or read where someone else could
+    truncate it meanwhile (mapped pages past a new end kill the reader with SIGBUS: a copy's
+    owner in a shared tier could end a root `audit` or a job's start so)."""
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    hasher.update_mmap(os.fspath(Path(path)))
+    fd = os.open(os.fspath(Path(path)), os.O_RDONLY | os.O_CLOEXEC)  # no O_NOFOLLOW: /proc/self/fd/N
+    try:
+        if not others_may_write(os.fstat(fd)):
+            hasher.update_mmap(f"/proc/self/fd/{fd}")  # the very file just opened
+        else:
+            for piece in read_pieces(fd, 0, None):
+                hasher.update(piece)
+    finally:
+        os.close(fd)
     return PREFIX + hasher.hexdigest()
+
+
+def others_may_write(info: os.stat_result) -> bool:
+    """Whether anyone but this user could change (or truncate) the file: not theirs, or open to
+    the group or others."""
+    return info.st_uid != os.geteuid() or bool(info.st_mode & 0o022)
+
+
+def read_pieces(fd: int, start: int, end: int | None) -> Iterator[memoryview]:
+    """The bytes [start, end) of the open file (to its end with None), in pieces of one reused
+    buffer (each is valid until the next is taken); fewer where the file ends sooner."""
+    buffer = bytearray(_SHA256_CHUNK)
+    while end is None or start < end:
+        view = memoryview(buffer)[:_SHA256_CHUNK if end is None else min(_SHA256_CHUNK, end - start)]
+        n = os.preadv(fd, [view], start)
+        if not n:
+            return
+        yield view[:n]
+        start += n
 
 
 def file_digests(path: str | os.PathLike[str]) -> tuple[str, str]:

@@ -93,3 +93,34 @@ def test_a_spliced_file_hashes_as_the_file_it_is(tmp_path):
         splice = Splice(str(tmp_path / "source"), lo, hi)
         assert spliced_digests(tmp_path / "child", splice, True) == file_digests(tmp_path / "child")
         assert spliced_digests(tmp_path / "child", splice, False) == (file_digests(tmp_path / "child")[0], None)
+
+
+@pytest.mark.parametrize("whose", ["this user's", "writable by others"])
+def test_a_file_others_can_write_is_read_not_mapped_so_a_truncation_mid_hash_ends_no_process(tmp_path, whose):
+    """A copy's owner in a shared tier may truncate it while it is hashed (a root `audit`, a job's
+    verifying start): pages of a mapping past the new end kill the reader with SIGBUS, where a
+    read just ends early (the digest is then another, and the check refuses the copy)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    big = tmp_path / "shared.sqsh"
+    with open(big, "wb") as f:
+        f.truncate(4 << 30)  # sparse: seconds of hashing, no disk
+    if whose == "writable by others":
+        big.chmod(0o666)
+    script = ("import sys; from efabuild.host.digest import file_digest; print('hashing', flush=True); "
+              "print(file_digest(sys.argv[1]))")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(big)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert proc.stdout.readline() == "hashing\n"
+    time.sleep(0.3)
+    os.truncate(big, 4096)
+    out, _ = proc.communicate(timeout=120)
+    if whose == "this user's":  # only this user could do that to their own file: mapped, as before
+        assert proc.returncode == -signal.SIGBUS
+    else:
+        assert proc.returncode == 0 and is_digest(out.strip()), (proc.returncode, out)

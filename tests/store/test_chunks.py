@@ -36,8 +36,11 @@ def test_a_shifted_version_shares_almost_all_chunks(tmp_path):
     assert new < 0.1 * b.size  # fixed-size blocks would share nothing after the insertion
 
 
-def test_an_index_is_checked_against_the_bytes_it_claims_to_describe(tmp_path):
+@pytest.mark.parametrize("whose", ["this user's", "writable by others"])  # mapped; read (a truncation is no SIGBUS)
+def test_an_index_is_checked_against_the_bytes_it_claims_to_describe(tmp_path, whose):
     one, two = shifted_versions(tmp_path)
+    if whose == "writable by others":
+        one.chmod(0o666)
     index = chunk_file(one, chunking=SMALL)
     assert mismatch(index, one) is None
     swapped = list(index.chunks)
