@@ -335,6 +335,8 @@ def _digests(path: Path, with_sha256: bool, chunking: tuple[int, int, int] | Non
         sha256_pass = Sha256Pass(path) if with_sha256 else None  # in a thread, over the same pages
         index = chunk_file(path, chunking=chunking)
         return index.digest, sha256_pass.result() if sha256_pass is not None else None, index
+    if tree is not None and not tree.describes(splice.source):
+        tree = None  # another file's values, or the source changed since: hashed from its pages
     if tree is None and chunking is None:
         return (*spliced_digests(path, splice, with_sha256), None)
     sha256_pass = Sha256Pass(path, splice) if with_sha256 else None

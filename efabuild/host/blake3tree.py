@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import blake3
 
+from efabuild.host import statstamp
 from efabuild.host.digest import PREFIX
 
 LIBRARY_ENV = "EFABUILD_BLAKE3_LIB"
@@ -67,15 +68,25 @@ def _trusted(name: str) -> str | None:
 
 
 class Tree:
-    """A file's digest and the chaining values of its whole 1 MiB units, in file order."""
+    """A file's digest and the chaining values of its whole 1 MiB units, in file order; `stamp`:
+    the stat stamp of the file they were taken from (host/statstamp.py)."""
 
-    __slots__ = ("size", "digest", "cvs")
+    __slots__ = ("size", "digest", "cvs", "stamp")
 
-    def __init__(self, size: int, digest: str, cvs: bytes) -> None:
-        self.size, self.digest, self.cvs = size, digest, cvs
+    def __init__(self, size: int, digest: str, cvs: bytes, stamp: tuple[int, ...] = ()) -> None:
+        self.size, self.digest, self.cvs, self.stamp = size, digest, cvs, stamp
 
     def unit(self, number: int) -> bytes:
         return self.cvs[number * CV:(number + 1) * CV]
+
+    def describes(self, path: str | os.PathLike[str]) -> bool:
+        """Whether these are the values of the file at `path` (the same file, unchanged since):
+        another file's tree, passed by mistake, would give a digest of bytes it does not hold."""
+        try:
+            info = os.stat(path)
+        except OSError:
+            return False
+        return bool(self.stamp) and statstamp.stamp(info) == tuple(self.stamp) and info.st_size == self.size
 
 
 class _Mapped:
@@ -85,7 +96,8 @@ class _Mapped:
     def __init__(self, fd: int) -> None:
         import mmap
 
-        self.size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        self.size, self.stamp = info.st_size, statstamp.stamp(info)
         self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if self.size else None
         self._array = (ctypes.c_char * self.size).from_buffer(self._map) if self._map is not None else None
         self.base = ctypes.addressof(self._array) if self._array is not None else 0
@@ -194,7 +206,7 @@ def file_tree(path: str | os.PathLike[str]) -> Tree | None:
         whole = mapped.size // UNIT
         cvs = _unit_cvs(lib, mapped, range(whole))
         digest = _root(lib, mapped, cvs.__getitem__)
-        return Tree(mapped.size, digest, b"".join(cvs[n] for n in range(whole)))
+        return Tree(mapped.size, digest, b"".join(cvs[n] for n in range(whole)), mapped.stamp)
     finally:
         mapped.close()
 

@@ -148,3 +148,23 @@ def test_a_child_kept_from_its_ancestors_hashes_and_index_has_its_own_digests(tm
     assert (kept.digest, kept.sha256) == file_digests(tmp_path / "child.sqsh")
     if chunking:
         assert kept.index == chunk_file(tmp_path / "child.sqsh", chunking=chunking)
+
+
+@pytest.mark.parametrize("mistake", ["another file's tree", "the source changed since its tree"])
+def test_a_tree_that_is_not_the_splice_sources_never_gives_the_child_a_wrong_digest(tmp_path, mistake):
+    from efabuild.host.blake3tree import file_tree
+    from efabuild.host.digest import file_digests
+
+    source, other = tmp_path / "efa.sqsh", tmp_path / "other.sqsh"
+    source.write_bytes(os.urandom(4 << 20))
+    other.write_bytes(os.urandom(4 << 20))  # the same size: only its bytes differ
+    tree = file_tree(other if mistake == "another file's tree" else source)
+    if mistake == "the source changed since its tree":
+        time.sleep(0.01)
+        with open(source, "r+b") as f:  # before the child copies it: its tree is stale
+            f.seek(2 << 20)
+            f.write(os.urandom(1000))
+    tmp = tmp_path / "child.tmp"
+    tmp.write_bytes(os.urandom(96) + source.read_bytes()[96:3 << 20] + b"tables")
+    kept = keep_export(tmp, _job(tmp_path), True, splice=Splice(str(source), 96, 3 << 20), tree=tree)
+    assert (kept.digest, kept.sha256) == file_digests(tmp_path / "child.sqsh")

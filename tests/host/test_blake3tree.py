@@ -113,3 +113,25 @@ def test_a_library_another_user_could_have_written_is_never_loaded(tmp_path, mon
     finally:
         monkeypatch.undo()
         blake3tree.native.cache_clear()
+
+
+EDGES = [0, 1, 96, 1023, 1024, MiB - 1, MiB, MiB + 1, 2 * MiB, 3 * MiB - 1]
+
+
+@pytest.mark.slow  # 0.4 s each
+@pytest.mark.parametrize("size", [0, 1, 1023, 1024, MiB - 1, MiB, MiB + 1, 2 * MiB, 3 * MiB - 1])
+@pytest.mark.parametrize("source_size", [MiB - 1, 2 * MiB, 3 * MiB + 1])
+def test_a_splice_at_every_edge_and_a_source_shorter_than_it_give_the_bindings_digest(tmp_path, native, size,
+                                                                                      source_size):
+    rng = random.Random(size * 7 + source_size)
+    source = rng.randbytes(source_size)
+    (tmp_path / "source").write_bytes(source)
+    tree = blake3tree.file_tree(tmp_path / "source")
+    for lo in [e for e in EDGES if e <= size]:
+        for hi in [e for e in EDGES + [size] if lo <= e <= size]:
+            own = bytearray(rng.randbytes(size))
+            reach = min(hi, source_size)  # past the source's end the bytes are the child's own
+            own[lo:max(lo, reach)] = source[lo:max(lo, reach)]
+            (tmp_path / "child").write_bytes(own)
+            assert blake3tree.spliced_digest(tmp_path / "child", lo, hi, tree) == file_digest(tmp_path / "child"), \
+                (lo, hi)
