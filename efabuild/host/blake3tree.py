@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import stat
 import threading
 from collections.abc import Callable, Sequence
 
@@ -37,12 +38,19 @@ CV = 32
 def native() -> ctypes.CDLL | None:
     """The built helper, or None (not built here, not loadable, or one that another user could
     have written: loading a library runs its code as this user, who may be root)."""
-    name = _trusted(os.environ.get(LIBRARY_ENV) or DEFAULT_LIBRARY)
-    if name is None:
+    try:
+        # the very file checked is the one loaded, whatever is renamed over its name meanwhile
+        fd = os.open(os.path.realpath(os.environ.get(LIBRARY_ENV) or DEFAULT_LIBRARY),
+                     os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return None
     try:
-        lib = ctypes.CDLL(name)
+        lib = ctypes.CDLL(f"/proc/self/fd/{fd}") if _trusted(fd) else None
     except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if lib is None:
         return None
     u64, size = ctypes.c_uint64, ctypes.c_size_t
     lib.efabuild_subtree_cv.argtypes = [ctypes.c_void_p, size, u64, ctypes.c_char_p]
@@ -53,18 +61,17 @@ def native() -> ctypes.CDLL | None:
     return lib
 
 
-def _trusted(name: str) -> str | None:
-    """The library's real path when it and its directory are owned by root or this user and
-    writable by no one else (the verification cache's rule), else None."""
-    real = os.path.realpath(name)
-    for path in (real, os.path.dirname(real)):
-        try:
-            info = os.stat(path)
-        except OSError:
-            return None
-        if info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
-            return None
-    return real
+def _trusted(fd: int) -> bool:
+    """Whether the open library is a regular file that root or this user owns, in a directory
+    they own, neither writable by anyone else (the verification cache's rule)."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
+        return False
+    try:
+        parent = os.stat(os.path.dirname(os.readlink(f"/proc/self/fd/{fd}")))
+    except OSError:
+        return False
+    return parent.st_uid in (0, os.geteuid()) and not parent.st_mode & 0o022
 
 
 class Tree:
