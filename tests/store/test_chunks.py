@@ -347,3 +347,28 @@ def test_a_seed_index_that_lies_lends_nothing_after_the_lie(tmp_path):
     assert chunk_spliced(child, splice, forged, chunking=SMALL) == chunk_file(child, chunking=SMALL)
     other = chunk_file(source, chunking=(1 * KiB, 4 * KiB, 16 * KiB))  # cut with other sizes: lends nothing
     assert chunk_spliced(child, splice, other, chunking=SMALL) == chunk_file(child, chunking=SMALL)
+
+
+def test_a_seed_whose_ids_are_right_but_whose_cuts_are_not_fastcdcs_still_gives_the_childs_own_index(tmp_path):
+    """A kept index in a shared tier may list true ids at lengths no FastCDC pass cut (each within
+    the chunking's bounds, crossing the splice's edges anywhere): that costs sharing, but every id
+    of the child's index is its bytes' hash and the lengths add up to the child."""
+    import random
+
+    from efabuild.store.chunked.chunks import ChunkIndex, chunk_id, chunk_spliced
+
+    rng = random.Random(11)
+    low, _, high = SMALL
+    for _ in range(8):
+        source, child, splice = _spliced_pair(tmp_path, rng, SMALL)
+        data, pos, chunks = source.read_bytes(), 0, []
+        while pos < len(data):
+            length = min(len(data) - pos, rng.randrange(low, high + 1))
+            chunks.append((chunk_id(data[pos:pos + length]), length))
+            pos += length
+        seed = ChunkIndex(len(data), file_digest(source), tuple(chunks), SMALL)
+        index = chunk_spliced(child, splice, seed, chunking=SMALL)
+        own = child.read_bytes()
+        assert [cid for cid, _, _ in index.spans()] == [chunk_id(own[o:o + n]) for _, o, n in index.spans()]
+        assert sum(n for _, n in index.chunks) == index.size == len(own) and index.digest == file_digest(child)
+        assert all(n <= high for _, n in index.chunks) and all(n >= low for _, n in index.chunks[:-1])
