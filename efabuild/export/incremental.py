@@ -32,7 +32,7 @@ from efabuild.engine.images import built_for_key, layer_facts
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.host import children, statstamp
 from efabuild.host.blake3tree import Tree
-from efabuild.host.digest import PREFIX, Splice, others_may_write, read_pieces
+from efabuild.host.digest import PREFIX, Splice, read_pieces
 from efabuild.export.layerdiff import LayerSourceUnavailable, overlay_dirs, stream_layers
 from efabuild.export.squashfs import write_incremental
 from efabuild.export.squash import (ExportJob, ExportResult, Progress, Unkept, export_facts, keep_export,
@@ -164,7 +164,7 @@ def _owned(path: Path) -> bool:
         info = os.stat(path)
     except OSError:
         return False
-    return not others_may_write(info)
+    return not statstamp.others_may_write(info)
 
 
 def _unchanged(ancestor: Ancestor) -> str | None:

@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import blake3
 
+from efabuild.host.statstamp import others_may_write
+
 ALGORITHM = "blake3"
 PREFIX = ALGORITHM + ":"
 HEX_LENGTH = 64
@@ -39,12 +41,6 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     finally:
         os.close(fd)
     return PREFIX + hasher.hexdigest()
-
-
-def others_may_write(info: os.stat_result) -> bool:
-    """Whether anyone but this user could change (or truncate) the file: not theirs, or open to
-    the group or others."""
-    return info.st_uid != os.geteuid() or bool(info.st_mode & 0o022)
 
 
 def read_pieces(fd: int, start: int, end: int | None) -> Iterator[memoryview]:

@@ -6,7 +6,9 @@ truncate, chmod, chown, utime or rename changes one of them — the kernel sets 
 time on each, and no system call lets a non-root user set it back — so an unchanged stamp means
 unchanged bytes, and a changed one forces a full verification. As with git's racy index, nothing
 is cached while a file's ctime is within 2 s of the verification (Lustre keeps whole seconds, so
-a write in the same second could leave the stamp as it was).
+a write in the same second could leave the stamp as it was), or within 60 s for a file someone
+else can write: its owner, holding it mapped writable, can write a dirty page again unseen until
+the kernel writes it back (statstamp.MAPPED_WINDOW_NS).
 
 Entries live per user (`$XDG_CACHE_HOME/efabuild/verified`, 0700) or root's
 (`/var/cache/efabuild/verified`, readable by all, written by root only); `$EFABUILD_VERIFY_CACHE`
@@ -123,6 +125,13 @@ def is_verified(sqsh: Path, key: str, stamps: dict[str, list[int] | None], polic
     return False
 
 
+def _others_may_write(paths: dict[str, Path]) -> bool:
+    try:
+        return any(statstamp.others_may_write(os.lstat(path)) for path in paths.values())
+    except OSError:
+        return True
+
+
 def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, list[int] | None],
              policy_digest: str, started: float, environ: dict[str, str] | None = None, *,
              kind: str = "") -> bool:
@@ -134,9 +143,11 @@ def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, lis
         return False
     if take_stamps(paths) != stamps:
         return False  # changed while it was being verified
-    # settled when the verification began and now (a clock set back meanwhile must not pass)
+    # settled when the verification began and now (a clock set back meanwhile must not pass); a
+    # file someone else can write, longer: they may hold it mapped writable (statstamp)
     now_ns = int(min(started, time.time()) * 1e9)
-    if not all(statstamp.settled(value, now_ns) for value in stamps.values()):
+    window = statstamp.MAPPED_WINDOW_NS if _others_may_write(paths) else statstamp.RACY_WINDOW_NS
+    if not all(statstamp.settled(value, now_ns, window) for value in stamps.values()):
         return False
     directory = own_dir(environ)
     owner = os.geteuid()

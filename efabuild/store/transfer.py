@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from efabuild import notices
-from efabuild.host.digest import bytes_digest, file_digest, others_may_write
+from efabuild.host.digest import bytes_digest, file_digest
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.host import fsutil, statstamp
 from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
@@ -120,7 +120,7 @@ def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord, *, with_
         try:
             # another user's file is mapped by no native code: truncated meanwhile, a mapped page
             # past its end would kill this process (SIGBUS), and its tree is not used (incremental.reuse)
-            tree = _check_open(tier, path, fd, record, with_tree=with_tree and not others_may_write(opened))
+            tree = _check_open(tier, path, fd, record, with_tree=with_tree and not statstamp.others_may_write(opened))
         except OSError as exc:
             raise DamagedCopy(tier, str(path), f"cannot read it ({exc.strerror})") from None
     except BaseException:

@@ -75,3 +75,25 @@ def test_an_entry_that_is_a_fifo_is_a_miss_not_a_hang(tmp_path, monkeypatch):
     assert not verifycache.is_verified(sqsh, key, stamps, "blake3:00", environ=environ, kind="digest")
     assert verifycache.remember(sqsh, key, paths, stamps, "blake3:00", time.time(), environ=environ, kind="digest")
     assert verifycache.is_verified(sqsh, key, stamps, "blake3:00", environ=environ, kind="digest")
+
+
+def test_a_file_someone_else_can_write_is_remembered_only_once_no_page_of_it_can_be_dirty(tmp_path, monkeypatch):
+    """Its owner, holding it mapped writable, writes a dirty page again without moving its stamp
+    until the kernel writes the page back (30 s + 5 s by default): a verification remembered 2 s
+    after their last change would let a job start bytes changed since, unverified."""
+    import os
+
+    key = key_for("mapped")
+    sqsh = tmp_path / f"{key}.sqsh"
+    sqsh.write_bytes(b"squashfs bytes")
+    sqsh.chmod(0o666)  # or another user's file in a shared tier
+    paths = {"sqsh": sqsh}
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 120)
+    stamps = verifycache.take_stamps(paths)
+    changed = stamps["sqsh"][4] / 1e9
+    environ = {verifycache.CACHE_ENV: str(tmp_path / "verified")}
+    assert not verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + 10, environ=environ)
+    assert not verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)
+    assert verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + 61, environ=environ)
+    assert verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)

@@ -24,7 +24,8 @@ from collections.abc import Iterator
 
 import blake3
 
-from efabuild.host.digest import PREFIX, Splice, is_digest, others_may_write, spliced_maps
+from efabuild.host import statstamp
+from efabuild.host.digest import PREFIX, Splice, is_digest, spliced_maps
 from efabuild.errors import EfabuildError
 
 FORMAT = "efabuild.chunks/v1"
@@ -236,7 +237,7 @@ def mismatch(index: ChunkIndex, path: str | os.PathLike[str]) -> str | None:
         size = info.st_size
         if size != index.size:
             return f"it describes {index.size} bytes, the file has {size}"
-        if others_may_write(info):  # read, not mapped: truncated meanwhile, a map would be SIGBUS
+        if statstamp.others_may_write(info):  # read, not mapped: truncated meanwhile, a map would be SIGBUS
             return _read_mismatch(index, fd, whole)
         mapping = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else contextlib.nullcontext(b"")  # mmap refuses 0 B
         with mapping as mapped, memoryview(mapped) as view:
