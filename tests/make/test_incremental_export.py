@@ -301,6 +301,25 @@ def test_a_damaged_ancestor_copy_is_never_built_on(demo_ws):
     assert "export: full (ancestor copy damaged:" in _export_line(again, "demo:user")
 
 
+def test_a_child_of_another_users_ancestor_copy_is_incremental_and_hashed_from_its_own_bytes(demo_ws):
+    """In a shared tier the ancestor's copy is another builder's, who can change it without moving
+    its stamp: the child is still written from it, and its record names the child's own bytes."""
+    from efabuild.host.digest import file_digest, sha256_file
+
+    if os.geteuid() != 0:
+        pytest.skip("giving the copy to another user needs root")
+    efabuild(demo_ws, "make", "demo", check=True)
+    efa = Path(efabuild(demo_ws, "lookup", "demo:efa", check=True).stdout.strip())
+    os.chown(efa, 65534, 65534)
+    _change_one_file(demo_ws)
+    again = efabuild(demo_ws, "make", "demo:user", check=True)
+    assert "export: incremental from" in _export_line(again, "demo:user"), again.stdout + again.stderr
+    record = _record(demo_ws, "demo:user")
+    child = Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip())
+    assert (record["digest"], record["sha256"]) == (file_digest(child), sha256_file(child))
+    efabuild(demo_ws, "make", "--check", "demo:user", check=True)
+
+
 def test_a_workdir_that_re_dates_a_path_the_ancestor_has_is_a_full_export_with_the_reason(demo_ws):
     efabuild(demo_ws, "make", "demo", check=True)
     graph = demo_ws / "graphs" / "demo.toml"
