@@ -120,7 +120,8 @@ def _write(parent: Ancestor, layers: Sequence[BinaryIO], f: BinaryIO, out: Path,
         consumed = 0
         try:
             for number, layer in enumerate(layers, 1):
-                reader = LayerReader(layer, f"layer {number}", progress, consumed)
+                # a stream may name itself (a registry's blob): the writer's one line then says which
+                reader = LayerReader(layer, getattr(layer, "where", f"layer {number}"), progress, consumed)
                 applier.layer(reader)
                 consumed = reader.consumed
             applier.finish()

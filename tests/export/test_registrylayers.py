@@ -1,0 +1,183 @@
+"""Layer diffs read from a registry's blobs (export/registrylayers), against Debian's docker-registry
+on loopback: images are put there through its HTTP API as BuildKit pushes them (blobs, then the
+manifests, an index over two platforms), and tampered with in its storage directory, as whoever
+shares the registry's disk could."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.client
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from efabuild.export.layerdiff import LayerSourceUnavailable
+from efabuild.export.registryclient import Registry
+from efabuild.export.registrylayers import RegistryLayers, open_blobs, read_image
+from efabuild.refs import KEY_LABEL
+from tests.kits.tarkit import T0, tar_entries
+from tests.plugins.engine import free_port, stop_pid
+
+REPO = Path(__file__).resolve().parents[2]
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+
+
+class LoopbackRegistry:
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        started = subprocess.run(["bash", str(REPO / "scripts/start-registry.sh"), str(free_port()), str(directory)],
+                                 capture_output=True, text=True, timeout=60)
+        if started.returncode != 0:
+            pytest.fail(f"registry did not start: {started.stderr.strip()}")
+        self.url = started.stdout.strip()
+
+    def _request(self, method: str, path: str, body: bytes = b"", headers: dict | None = None):  # noqa: ANN202
+        conn = http.client.HTTPConnection(self.url, timeout=30)
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        response.read()
+        conn.close()
+        return response
+
+    def blob(self, repo: str, data: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        started = self._request("POST", f"/v2/{repo}/blobs/uploads/")
+        assert started.status == 202, started.status
+        location = started.getheader("Location").split(self.url, 1)[-1]
+        done = self._request("PUT", f"{location}{'&' if '?' in location else '?'}digest={digest}", data,
+                             {"Content-Type": "application/octet-stream"})
+        assert done.status == 201, done.status
+        return digest
+
+    def manifest(self, repo: str, reference: str, body: bytes, media_type: str) -> str:
+        done = self._request("PUT", f"/v2/{repo}/manifests/{reference}", body, {"Content-Type": media_type})
+        assert done.status == 201, done.status
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+
+    def stored(self, digest: str) -> Path:
+        hexed = digest.split(":")[1]
+        return self.dir / "storage/docker/registry/v2/blobs/sha256" / hexed[:2] / hexed / "data"
+
+    def stop(self) -> None:
+        stop_pid(int((self.dir / "registry.pid").read_text()), "docker-registry")
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    reg = LoopbackRegistry(tmp_path_factory.mktemp("blob-registry"))
+    yield reg
+    reg.stop()
+
+
+LOWER = tar_entries([("etc", "d", 0o755, T0, None), ("etc/passwd", "f", 0o644, T0, b"root:x:0:0::/root:/bin/sh\n")])
+MIDDLE = tar_entries([("opt", "d", 0o755, T0, None), ("opt/lib.so", "f", 0o755, T0, bytes(range(256)) * 900),
+                      ("etc", "d", 0o755, T0, None), ("etc/.wh.passwd", "f", 0o644, T0, b"")])
+TOP = tar_entries([("workspace", "d", 0o755, T0, None), ("workspace/train.py", "f", 0o644, T0, b"print(1)\n")])
+
+
+def push_image(registry: LoopbackRegistry, repo: str, key: str, layers: list[tuple[bytes, str]],
+               arch: str = "amd64") -> tuple[str, dict]:
+    """An image of `layers` (tar, gzip|zstd|plain) labelled with `key`: its manifest digest, config."""
+    packed = {"gzip": lambda t: gzip.compress(t, mtime=0), "zstd": zstandard.ZstdCompressor().compress,
+              "plain": lambda t: t}
+    types = {"gzip": "application/vnd.oci.image.layer.v1.tar+gzip",
+             "zstd": "application/vnd.oci.image.layer.v1.tar+zstd", "plain": "application/vnd.oci.image.layer.v1.tar"}
+    descriptors, diff_ids = [], []
+    for tar, how in layers:
+        blob = packed[how](tar)
+        descriptors.append({"mediaType": types[how], "digest": registry.blob(repo, blob), "size": len(blob)})
+        diff_ids.append("sha256:" + hashlib.sha256(tar).hexdigest())
+    config = {"architecture": arch, "os": "linux", "created": "2024-01-02T03:04:05.123456789Z",
+              "config": {"Env": ["PATH=/usr/bin"], "WorkingDir": "/workspace", "Labels": {KEY_LABEL: key}},
+              "rootfs": {"type": "layers", "diff_ids": diff_ids},
+              "history": [{"created": "2024-01-01T00:00:00Z"}]}
+    body = json.dumps(config).encode()
+    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "digest": registry.blob(repo, body), "size": len(body)},
+                "layers": descriptors}
+    raw = json.dumps(manifest).encode()
+    return registry.manifest(repo, f"{key}-{arch}", raw, OCI_MANIFEST), config
+
+
+def test_a_platforms_layers_above_the_ancestors_stream_from_an_index_with_every_digest_checked(registry):
+    repo, key = "efabuild/user", "k" * 8
+    layers = [(LOWER, "gzip"), (MIDDLE, "zstd"), (TOP, "plain")]
+    amd = push_image(registry, repo, key, layers)[0]
+    arm = push_image(registry, repo, key, layers[:2], arch="arm64")[0]
+    index = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
+        {"mediaType": OCI_MANIFEST, "digest": d, "size": registry.stored(d).stat().st_size,
+         "platform": {"os": "linux", "architecture": a}} for d, a in ((amd, "amd64"), (arm, "arm64"))]}).encode()
+    digest = registry.manifest(repo, key, index, OCI_INDEX)
+    client = Registry(registry.url)
+    image = read_image(client, f"{registry.url}/{repo}:{key}@{digest}", "linux/amd64")
+    assert len(image.layers) == 3
+    assert read_image(client, f"{registry.url}/{repo}:{key}@{digest}", "linux/arm64").diff_ids == image.diff_ids[:2]
+    streams = open_blobs(client, image, 1)  # the two layers above a one-layer ancestor
+    try:
+        assert [s.read(1 << 30) for s in streams] == [MIDDLE, TOP]
+        assert [s.finish() for s in streams] == [None, None]
+    finally:
+        for s in streams:
+            s.close()
+    with pytest.raises(LayerSourceUnavailable, match="has no linux/riscv64 manifest"):
+        read_image(client, f"{registry.url}/{repo}:{key}@{digest}", "linux/riscv64")
+    source = RegistryLayers(client, f"{registry.url}/{repo}@{amd}", "linux/amd64", "other-key", "unused")
+    with pytest.raises(LayerSourceUnavailable, match=f"is not the image built for its key \\(its {KEY_LABEL}"):
+        source.facts(True)
+
+
+def test_a_blob_changed_in_the_registrys_storage_is_named_and_never_passes(registry):
+    repo, key = "efabuild/tampered", "t" * 8
+    # blobs of their own: the registry keeps one file per digest, whichever repository pushed it
+    mine = [tar_entries([("opt", "d", 0o755, T0, None), (f"opt/{n}", "f", 0o644, T0, b"tampered" * 200)])
+            for n in ("a", "b")]
+    digest, _ = push_image(registry, repo, key, [(LOWER, "gzip"), (mine[0], "plain"), (mine[1], "gzip")])
+    client = Registry(registry.url)
+    image = read_image(client, f"{registry.url}/{repo}@{digest}", "linux/amd64")
+    plain, packed = image.layers[1], image.layers[2]
+    # same size, other bytes: a file body in the plain tar, the last byte (the size trailer) of the gzip one
+    for blob, at in ((plain, 1024 + 100), (packed, packed.size - 1)):
+        stored = registry.stored(blob.digest)
+        data = bytearray(stored.read_bytes())
+        data[at] ^= 0xFF
+        stored.write_bytes(bytes(data))
+    streams = open_blobs(client, image, 1)
+    try:
+        for stream in streams:
+            while stream.read(1 << 20):
+                pass
+        problems = [s.finish() for s in streams]
+    finally:
+        for s in streams:
+            s.close()
+    assert problems[0] == f"blob {plain.digest}: its bytes do not hash to its digest (the registry served other bytes)"
+    assert problems[1].startswith(f"blob {packed.digest}: "), problems[1]
+
+
+def test_a_manifest_or_config_that_is_not_its_digest_or_a_tar_that_is_not_its_diff_id_is_one_line(registry):
+    repo, key = "efabuild/lies", "l" * 8
+    digest, config = push_image(registry, repo, key, [(LOWER, "gzip"), (TOP, "gzip")])
+    client = Registry(registry.url)
+    image = read_image(client, f"{registry.url}/{repo}@{digest}", "linux/amd64")
+    # a config whose diff ID is not the tar's, under a manifest of its own: both digests right
+    config["rootfs"]["diff_ids"][1] = "sha256:" + "0" * 64
+    body = json.dumps(config).encode()
+    manifest = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                           "digest": registry.blob(repo, body), "size": len(body)},
+                "layers": [{"mediaType": b.media_type, "digest": b.digest, "size": b.size} for b in image.layers]}
+    other = registry.manifest(repo, "other", json.dumps(manifest).encode(), OCI_MANIFEST)
+    (stream,) = open_blobs(client, read_image(client, f"{registry.url}/{repo}@{other}", "linux/amd64"), 1)
+    assert stream.read(1 << 20) == TOP, stream.errors_seen
+    assert stream.finish() == f"blob {image.layers[1].digest}: its tar does not hash to its diff ID sha256:{'0' * 64}"
+    stream.close()
+    stored = registry.stored(digest)
+    stored.write_bytes(stored.read_bytes().replace(b'"schemaVersion": 2', b'"schemaVersion":  2'))
+    with pytest.raises(LayerSourceUnavailable, match=f"manifest {repo}@{digest} is other bytes than its digest"):
+        read_image(client, f"{registry.url}/{repo}@{digest}", "linux/amd64")
