@@ -110,7 +110,7 @@ class EngineLayers:
     def open(self, first: int, count: int) -> list[BinaryIO]:
         return stream_layers(overlay_dirs(self._driver, count - first))
 
-    def problems(self, streams: list[BinaryIO], complete: bool) -> list[str]:
+    def problems(self, streams: list[BinaryIO], verify: bool) -> list[str]:
         # a cut stream is what the writer saw
         return [f"a layer directory could not be read: {p}" for s in streams for p in s.errors_seen]
 
@@ -157,10 +157,9 @@ def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor
                                         progress=(lambda n: progress(n, None)) if progress else None)
         except EfabuildError as exc:  # a layer it refuses: a full export reads the image afresh
             written = exc
-        # first: a writer that refused a cut or tampered stream says less than the stream; every
-        # digest is checked (the rest of each blob read) only when there is a child to keep
-        complete = not isinstance(written, EfabuildError) and not written.full_needed
-        problems = source.problems(streams, complete)
+        # first: a writer that refused a cut or tampered stream says less than the stream; each blob's
+        # digests are checked (its rest read) unless the writer declined it (Unsupported, dead bytes)
+        problems = source.problems(streams, isinstance(written, EfabuildError) or not written.full_needed)
         if problems:
             return problems[0]
         if isinstance(written, EfabuildError):

@@ -302,8 +302,8 @@ class RegistryLayers:
     def open(self, first: int, count: int) -> list[BlobStream]:
         return open_blobs(self.registry, self.child(), first)
 
-    def problems(self, streams: list[BlobStream], complete: bool) -> list[str]:
-        """What the streams saw; with `complete`, also each blob's digests, the rest of it read."""
-        if not complete:
+    def problems(self, streams: list[BlobStream], verify: bool) -> list[str]:
+        """What the streams saw; with `verify`, also each blob's digests, the rest of it read."""
+        if not verify:
             return [p for s in streams for p in s.errors_seen]
         return [p for s in streams if (p := s.finish())]
