@@ -181,3 +181,40 @@ def test_a_manifest_or_config_that_is_not_its_digest_or_a_tar_that_is_not_its_di
     stored.write_bytes(stored.read_bytes().replace(b'"schemaVersion": 2', b'"schemaVersion":  2'))
     with pytest.raises(LayerSourceUnavailable, match=f"manifest {repo}@{digest} is other bytes than its digest"):
         read_image(client, f"{registry.url}/{repo}@{digest}", "linux/amd64")
+
+
+def test_a_registry_that_stalls_or_wants_a_login_is_one_line_not_a_hang_or_a_prompt(tmp_path):
+    import socket
+    import time
+
+    from efabuild.export.registryclient import Registry as Client
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        host = f"127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        with pytest.raises(LayerSourceUnavailable, match=f"cannot reach the registry {host}: timed out"):
+            Client(host, timeout=0.5).get("efabuild/user", "manifests/x")
+        assert time.monotonic() - started < 5
+    # docker-registry's own token auth ("silly": a Bearer challenge, no anonymous token at its realm)
+    port = free_port()
+    (tmp_path / "storage").mkdir()
+    config = tmp_path / "config.yml"
+    config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path}/storage\n"
+                      f"auth:\n  silly:\n    realm: http://127.0.0.1:{port}/token\n    service: efabuild-test\n"
+                      f"http:\n  addr: 127.0.0.1:{port}\n")
+    with open(tmp_path / "log", "wb") as log:
+        server = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log, stderr=log)
+    try:
+        for _ in range(80):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        with pytest.raises(LayerSourceUnavailable, match=f"the registry 127.0.0.1:{port} gives no anonymous token for "
+                                                         "efabuild/user: it wants a login, which efabuild leaves to "
+                                                         "the docker CLI"):
+            read_image(Client(f"127.0.0.1:{port}"), f"127.0.0.1:{port}/efabuild/user@sha256:{'a' * 64}", "linux/amd64")
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
