@@ -218,3 +218,51 @@ def test_a_registry_that_stalls_or_wants_a_login_is_one_line_not_a_hang_or_a_pro
     finally:
         server.terminate()
         server.wait(timeout=20)
+
+
+def test_a_child_is_written_from_the_registrys_blobs_only_on_the_build_its_ancestor_came_from(registry, tmp_path):
+    """export_incremental with the registry as its source: the child is the one the writer makes
+    of the same layer read from memory, and another build of the ancestor's key is a reason."""
+    import io
+
+    from efabuild.export.artifact import recorded_options
+    from efabuild.export.enroot import ImageConfig
+    from efabuild.export.incremental import Ancestor, export_incremental, layers_digest
+    from efabuild.export.squash import ExportResult, mksquashfs_options
+    from efabuild.export.squashfs import write_incremental
+    from efabuild.export.tarfilter import RewritePlan, time_clamp
+    from efabuild.settings import ExportSettings
+    from tests.kits.tarkit import full_export
+
+    options, epoch = ExportSettings(), T0
+    top = tar_entries([("workspace", "d", 0o755, T0, None), ("workspace/app.py", "f", 0o644, T0, b"print(2)\n" * 50)])
+    efa_key, user_key = "e" * 64, "u" * 64
+    efa_digest, efa_cfg = push_image(registry, "efabuild/efa", efa_key, [(LOWER, "gzip")])
+    user_digest, user_cfg = push_image(registry, "efabuild/user", user_key, [(LOWER, "gzip"), (top, "zstd")])
+    clamp = time_clamp([user_cfg["created"]] + [h["created"] for h in user_cfg["history"]])
+    plan = RewritePlan.for_config(ImageConfig.from_docker(user_cfg["config"]), epoch=epoch, clamp=clamp)
+    efa_plan = RewritePlan.for_config(ImageConfig.from_docker(efa_cfg["config"]), epoch=epoch, clamp=clamp)
+    efa_sqsh = full_export(LOWER, tmp_path / "efa.sqsh", efa_plan, options)
+    recorded = recorded_options(options, epoch)
+    tag = f"efabuild/efa:{efa_key}-amd64"
+
+    def ancestor(exported_from: str) -> Ancestor:
+        return Ancestor(efa_key, tag, efa_sqsh, "blake3:unused", {
+            **recorded, "mksquashfs": list(mksquashfs_options(options, epoch=epoch)), "time_clamp": clamp,
+            "image_layers": exported_from})
+
+    def source() -> RegistryLayers:
+        return RegistryLayers(Registry(registry.url), f"{registry.url}/efabuild/user@{user_digest}", "linux/amd64",
+                              user_key, f"{registry.url}/{tag}")
+
+    this_build = layers_digest(tuple(efa_cfg["rootfs"]["diff_ids"]))
+    made = export_incremental(source(), ancestor(this_build), tmp_path / "child.sqsh", options=options, epoch=epoch,
+                              recorded=recorded, sha256=False)
+    assert isinstance(made, ExportResult), made
+    direct = write_incremental(efa_sqsh, [io.BytesIO(top)], tmp_path / "direct.sqsh", plan=plan, ancestor_plan=efa_plan)
+    assert not direct.full_needed, direct.reason
+    assert (tmp_path / "child.sqsh").read_bytes() == (tmp_path / "direct.sqsh").read_bytes()
+    other = export_incremental(source(), ancestor(layers_digest(("sha256:" + "1" * 64,))), tmp_path / "other.sqsh",
+                               options=options, epoch=epoch, recorded=recorded, sha256=False)
+    assert other == f"the registry's {tag} is another build of its key than the one the ancestor's copy was exported from"
+    assert not (tmp_path / "other.sqsh").exists()
