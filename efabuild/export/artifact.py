@@ -94,10 +94,13 @@ def _export_from_registry(request: ExportRequest, out: Path, how: dict) -> Expor
     streamed whole by a builder; its `image_layers` from the registry's config either way."""
     remote = request.remote
     assert remote is not None
-    registry = Registry(split_ref(remote.ref)[0], insecure=remote.registry.insecure) if remote.registry else None
-    reason = request.no_ancestor
+    reason, registry = request.no_ancestor, None
+    try:
+        registry = Registry(split_ref(remote.ref)[0], insecure=remote.registry.insecure) if remote.registry else None
+    except LayerSourceUnavailable as exc:  # a reference this client cannot address: the stream still can
+        reason = reason or str(exc)
     if request.ancestor is not None and registry is None:
-        reason = REMOTE_BUILDER
+        reason = reason or REMOTE_BUILDER
     elif request.ancestor is not None:
         source = RegistryLayers(registry, remote.ref, remote.platform, request.key,
                                 remote_ref(request.ancestor.tag, remote.registry))

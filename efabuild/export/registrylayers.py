@@ -110,9 +110,17 @@ def read_image(registry: Registry, ref: str, platform: str) -> RegistryImage:
     return RegistryImage(ref, config, tuple(blobs))
 
 
+def _enroot_config(image: RegistryImage) -> ImageConfig:
+    try:  # a dict by then (its labels were read); its fields are whatever the registry holds
+        return ImageConfig.from_docker(image.config["config"])
+    except (TypeError, ValueError, AttributeError):
+        raise LayerSourceUnavailable(f"the config of {image.ref} has malformed fields") from None
+
+
 def _platform_manifest(index: dict, platform: str, ref: str) -> str:
     want = platform.split("/")
-    for entry in index.get("manifests") or []:
+    entries = index.get("manifests")
+    for entry in entries if isinstance(entries, list) else []:
         p = entry.get("platform") if isinstance(entry, dict) else None
         if not isinstance(p, dict):
             continue
@@ -290,11 +298,10 @@ class RegistryLayers:
 
     def facts(self, clamp_times: bool) -> tuple[ImageConfig, int | None]:
         image = self.child()
-        return ImageConfig.from_docker(image.config.get("config") or {}), time_clamp(image.created) if clamp_times else None
+        return _enroot_config(image), time_clamp(image.created) if clamp_times else None
 
     def ancestor_config(self, ancestor) -> ImageConfig:  # noqa: ANN001 - an export.incremental.Ancestor
-        image = self._read(self.ancestor_ref, ancestor.key, "the ancestor's image")
-        return ImageConfig.from_docker(image.config.get("config") or {})
+        return _enroot_config(self._read(self.ancestor_ref, ancestor.key, "the ancestor's image"))
 
     def diff_ids(self, ancestor) -> tuple[tuple[str, ...], tuple[str, ...]]:  # noqa: ANN001
         return self.child().diff_ids, self._read(self.ancestor_ref, ancestor.key, "the ancestor's image").diff_ids
