@@ -21,6 +21,7 @@ export is then a full one:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import subprocess
@@ -34,15 +35,19 @@ import attrs
 from efabuild.engine.client import Engine
 from efabuild.engine.images import built_for_key, layer_facts
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.host import children
+from efabuild.host import children, statstamp
+from efabuild.host.digest import Splice
 from efabuild.export.enroot import ImageConfig
 from efabuild.export.layerdiff import LayerSourceUnavailable, overlay_dirs, stream_layers
 from efabuild.export.registrylayers import RegistryLayers
 from efabuild.export.squashfs import write_incremental
-from efabuild.export.squash import ExportJob, ExportResult, Progress, export_facts, keep_export, mksquashfs_options
+from efabuild.export.squash import (ExportJob, ExportResult, Progress, Unkept, export_facts, keep_export,
+                                    mksquashfs_options)
+from efabuild.export.squashfs.superblock import SIZE as SUPERBLOCK_BYTES
 from efabuild.export.tarfilter import RC_LABELS, RewritePlan
 from efabuild.plan import LayerPlan, Plan
 from efabuild.settings import ExportSettings
+from efabuild.store.chunked.chunks import ChunkIndex
 
 # a root artifact's reason: recorded, not shown (there is nothing to explain)
 NO_ANCESTOR = "no artifact layer below it"
@@ -63,6 +68,10 @@ class Ancestor:
     sqsh: Path  # the checked copy, pinned to its open descriptor
     digest: str
     export: Mapping[str, Any]  # its record's export options
+    # its stat stamp from before it was checked; None: the caller vouches for the bytes (a test's
+    # own file), and the child is then hashed from its own pages
+    stamp: tuple[int, ...] | None = None
+    index: ChunkIndex | None = None  # its kept chunk index, unchecked: lends the child its chunks
 
 
 def ancestor_layer(plan: Plan, qualname: str) -> LayerPlan | None:
@@ -124,28 +133,11 @@ def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor
     child's record will hold, but time_clamp."""
     started = time.monotonic()
     image = source.image
-    try:
-        cfg, clamp = source.facts(options.clamp_times)
-    except LayerSourceUnavailable as exc:
-        return str(exc)
     opts = mksquashfs_options(options, epoch=epoch)
-    difference = packing_difference(ancestor.export, {**recorded, "mksquashfs": list(opts), "time_clamp": clamp,
-                                                      "rc_labels": RC_LABELS})
-    if difference:
-        return f"ancestor exported with other options: {difference}"
-    plan = RewritePlan.for_config(cfg, epoch=epoch, clamp=clamp)
-    try:
-        ancestor_cfg = source.ancestor_config(ancestor)
-    except LayerSourceUnavailable as exc:
-        return str(exc)
-    # as the ancestor was exported (its clamp is the child's, checked above with the options)
-    ancestor_plan = RewritePlan.for_config(ancestor_cfg, epoch=epoch, clamp=clamp)
-    try:
-        redated = _present(ancestor.sqsh, ancestor_plan.pinned ^ plan.pinned)
-    except (EfabuildError, subprocess.TimeoutExpired) as exc:
-        return f"cannot list the ancestor's entries: {exc}"
-    if redated:
-        return f"WORKDIR or VOLUME re-date /{redated[0]}, which the ancestor has"
+    planned = _plans(source, ancestor, options, epoch, {**recorded, "mksquashfs": list(opts)})
+    if isinstance(planned, str):
+        return planned
+    cfg, plan, ancestor_plan = planned
     try:
         streams = _diff_streams(source, ancestor)
     except (LayerSourceUnavailable, NotFound) as exc:
@@ -167,13 +159,64 @@ def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor
         if written.full_needed:
             return written.reason
         job = ExportJob(image, out, opts, plan, None, started, chunking, cfg.labels)
-        result = keep_export(tmp, job, sha256)
+        # the prefix past the superblock is the ancestor's bytes: hashed (and chunked) from there
+        splice = Splice(str(ancestor.sqsh), SUPERBLOCK_BYTES, written.reused_bytes) if ancestor.stamp else None
+        try:
+            result = keep_export(tmp, job, sha256, splice=splice, seed=ancestor.index,
+                                 still_valid=functools.partial(_unchanged, ancestor))
+        except Unkept as exc:
+            return str(exc)
     finally:
         for stream in streams:
             stream.close()
         tmp.unlink(missing_ok=True)
     made = {"ancestor": ancestor.key, "ancestor_digest": ancestor.digest, "dead_bytes": int(written.dead_bytes)}
     return attrs.evolve(result, incremental=made)
+
+
+def _plans(source: EngineLayers | RegistryLayers, ancestor: Ancestor, options: ExportSettings, epoch: int,
+           recorded: Mapping[str, Any]) -> tuple[ImageConfig, RewritePlan, RewritePlan] | str:
+    """(the child's config, its plan, the ancestor's plan), or why the ancestor was exported
+    otherwise than the child would be (options, clamp, re-dated paths)."""
+    try:
+        cfg, clamp = source.facts(options.clamp_times)
+    except LayerSourceUnavailable as exc:
+        return str(exc)
+    difference = packing_difference(ancestor.export, {**recorded, "time_clamp": clamp, "rc_labels": RC_LABELS})
+    if difference:
+        return f"ancestor exported with other options: {difference}"
+    plan = RewritePlan.for_config(cfg, epoch=epoch, clamp=clamp)
+    try:
+        ancestor_cfg = source.ancestor_config(ancestor)
+    except LayerSourceUnavailable as exc:
+        return str(exc)
+    # as the ancestor was exported (its clamp is the child's, checked above with the options)
+    ancestor_plan = RewritePlan.for_config(ancestor_cfg, epoch=epoch, clamp=clamp)
+    try:
+        redated = _present(ancestor.sqsh, ancestor_plan.pinned ^ plan.pinned)
+    except (EfabuildError, subprocess.TimeoutExpired) as exc:
+        return f"cannot list the ancestor's entries: {exc}"
+    if redated:
+        return f"WORKDIR or VOLUME re-date /{redated[0]}, which the ancestor has"
+    return cfg, plan, ancestor_plan
+
+
+def _unchanged(ancestor: Ancestor) -> str | None:
+    """Why the ancestor's bytes may not be the ones that were checked, now that the child has
+    been written and hashed from them; None when its stamp says they are. A stamp proves it once
+    settled, or for a file of this user's (in a shared tier, another user may rewrite their own
+    file in place, within one tick of the clock)."""
+    if ancestor.stamp is None:
+        return None
+    try:
+        info = os.stat(ancestor.sqsh)
+    except OSError as exc:
+        return f"the ancestor's copy cannot be read again: {exc.strerror}"
+    if statstamp.stamp(info) != tuple(ancestor.stamp):
+        return "the ancestor's copy changed while the child was written from it"
+    if info.st_uid != os.geteuid() and not statstamp.settled(ancestor.stamp):
+        return "the ancestor's copy, another user's, was written within the last 2 s"
+    return None
 
 
 def layers_digest(layers: tuple[str, ...]) -> str:

@@ -41,8 +41,8 @@ from efabuild.export.tarfilter import RewritePlan, rewrite_tar, time_clamp
 from efabuild.export.tarheader import TarFormatError
 from efabuild.grammar import extra_options_problem
 from efabuild.settings import BuilderSettings, ExportSettings
-from efabuild.store.chunked.chunks import ChunkIndex, chunk_file
-from efabuild.host.digest import Sha256Pass, file_digest, file_digests
+from efabuild.store.chunked.chunks import ChunkIndex, chunk_file, chunk_spliced
+from efabuild.host.digest import Sha256Pass, Splice, file_digest, file_digests, spliced_digests
 from efabuild.host.fsutil import fsync_dir
 
 if TYPE_CHECKING:
@@ -296,11 +296,21 @@ def _check_exits(image: str, source_name: str, exporter: subprocess.Popen, squas
         raise EfabuildError(f"export {image}: {problem or 'interrupted'}")
 
 
-def keep_export(tmp: Path, job: ExportJob, with_sha256: bool) -> ExportResult:
-    """Make the finished temp file durable, hash it, and move it to its name."""
+class Unkept(EfabuildError):
+    """A finished export that `keep_export` did not move to its name: `still_valid` said why."""
+
+
+def keep_export(tmp: Path, job: ExportJob, with_sha256: bool, *, splice: Splice | None = None,
+                seed: ChunkIndex | None = None, still_valid: Callable[[], str | None] | None = None) -> ExportResult:
+    """Make the finished temp file durable, hash it, and move it to its name. `splice`: a range
+    copied from another file, hashed from there (`seed`, that file's chunk index, lends its
+    chunks); `still_valid()`, asked after hashing, may refuse the result (Unkept, with its reason)."""
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
-    digest, sha256, index = _digests(tmp, with_sha256, job.chunking)
+    digest, sha256, index = _digests(tmp, with_sha256, job.chunking, splice, seed)
+    problem = still_valid() if still_valid is not None else None
+    if problem:
+        raise Unkept(problem)
     size = tmp.stat().st_size
     try:
         os.replace(tmp, job.out)
@@ -311,14 +321,17 @@ def keep_export(tmp: Path, job: ExportJob, with_sha256: bool) -> ExportResult:
                         time_clamp=job.plan.clamp, index=index, labels=job.labels)
 
 
-def _digests(path: Path, with_sha256: bool,
-             chunking: tuple[int, int, int] | None) -> tuple[str, str | None, ChunkIndex | None]:
+def _digests(path: Path, with_sha256: bool, chunking: tuple[int, int, int] | None, splice: Splice | None = None,
+             seed: ChunkIndex | None = None) -> tuple[str, str | None, ChunkIndex | None]:
     """blake3, sha256 (or None) and the chunk index (or None) of a fresh file, in one read of it."""
     if chunking is None:
+        if splice is not None:
+            return (*spliced_digests(path, splice, with_sha256), None)
         digest, sha256 = file_digests(path) if with_sha256 else (file_digest(path), None)
         return digest, sha256, None
-    sha256_pass = Sha256Pass(path) if with_sha256 else None  # in a thread, over the same pages
-    index = chunk_file(path, chunking=chunking)
+    sha256_pass = Sha256Pass(path, splice) if with_sha256 else None  # in a thread, over the same pages
+    index = (chunk_spliced(path, splice, seed, chunking=chunking) if splice is not None
+             else chunk_file(path, chunking=chunking))
     return index.digest, sha256_pass.result() if sha256_pass is not None else None, index
 
 

@@ -8,10 +8,13 @@ computed beside blake3 in the same read of the file (`file_digests`).
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import blake3
 
@@ -67,6 +70,86 @@ def file_digests(path: str | os.PathLike[str]) -> tuple[str, str]:
                 view.release()
 
 
+class Splice(NamedTuple):
+    """Bytes [start, end) of a file are those of `source` at the same offsets: they were copied or
+    cloned from it (an incremental export's ancestor prefix). Hashing the file reads them from
+    `source`, whose pages are cached where a clone's are not (a reflinked range shares the disk
+    blocks, not the page cache), and an index of `source` may lend its chunks there."""
+
+    source: str  # a path to the source file (the ancestor's checked descriptor)
+    start: int
+    end: int
+
+
+@contextlib.contextmanager
+def spliced_maps(path: str | os.PathLike[str], splice: Splice) -> Iterator[tuple[memoryview, memoryview]]:
+    """The file and the splice's source, each mapped whole; ValueError when the range passes the
+    end of either (a caller's mistake, not an input's)."""
+    with contextlib.ExitStack() as stack:
+        views = []
+        for name in (os.fspath(path), splice.source):
+            fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+            stack.callback(os.close, fd)
+            size = os.fstat(fd).st_size
+            if size < splice.end or not 0 <= splice.start <= splice.end:
+                raise ValueError(f"{name}: {size} bytes, outside the splice {splice.start}..{splice.end}")
+            view = memoryview(stack.enter_context(mmap.mmap(fd, 0, access=mmap.ACCESS_READ)) if size else b"")
+            stack.callback(view.release)
+            views.append(view)
+        yield views[0], views[1]
+
+
+def splice_pieces(own: memoryview, source: memoryview, splice: Splice) -> list[memoryview]:
+    """The file's bytes in order as slices: [start, end) from the source, the rest its own."""
+    pieces = [own[:splice.start], source[splice.start:splice.end], own[splice.end:]]
+    return [piece for piece in pieces if len(piece)]
+
+
+def spliced_digests(path: str | os.PathLike[str], splice: Splice, with_sha256: bool) -> tuple[str, str | None]:
+    """file_digests() (or file_digest() and None) of a file whose splice range is read from its source."""
+    import hashlib
+
+    with spliced_maps(path, splice) as (own, source):
+        pieces = splice_pieces(own, source, splice)
+        sha256 = hashlib.sha256() if with_sha256 else None
+        failed: list[BaseException] = []
+
+        def sha256_pass() -> None:
+            try:
+                for piece in pieces:
+                    for start in range(0, len(piece), _SHA256_CHUNK):
+                        sha256.update(piece[start:start + _SHA256_CHUNK])
+            except BaseException as exc:  # re-raised in the caller's thread
+                failed.append(exc)
+
+        worker = threading.Thread(target=sha256_pass, name="sha256", daemon=True) if sha256 else None
+        if worker is not None:
+            worker.start()
+        busy = worker is not None and (os.cpu_count() or 1) <= 2  # the other core is sha256's
+        hasher = blake3.blake3(max_threads=1 if busy else blake3.blake3.AUTO)
+        for piece in pieces:
+            hasher.update(piece)
+        if worker is not None:
+            worker.join()
+        for piece in pieces:
+            piece.release()
+        if failed:
+            raise failed[0]
+        return PREFIX + hasher.hexdigest(), sha256.hexdigest() if sha256 is not None else None
+
+
+def _spliced_sha256(path: str, splice: Splice) -> str:
+    import hashlib
+
+    sha256 = hashlib.sha256()
+    with spliced_maps(path, splice) as (own, source):
+        for piece in splice_pieces(own, source, splice):
+            for start in range(0, len(piece), _SHA256_CHUNK):
+                sha256.update(piece[start:start + _SHA256_CHUNK])
+            piece.release()
+    return sha256.hexdigest()
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex sha256 of a file's bytes (what `verify --sha256` compares with the statement)."""
     import hashlib
@@ -82,15 +165,15 @@ class Sha256Pass:
     """sha256 of a file computed in a thread, so that other work (the manifest's probe) runs
     meanwhile; right after an export the pages are still in the page cache. `result()` waits."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], splice: Splice | None = None) -> None:
         self._value: str | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(os.fspath(path),), name="sha256", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(os.fspath(path), splice), name="sha256", daemon=True)
         self._thread.start()
 
-    def _run(self, path: str) -> None:
+    def _run(self, path: str, splice: Splice | None) -> None:
         try:
-            self._value = sha256_file(path)
+            self._value = sha256_file(path) if splice is None else _spliced_sha256(path, splice)
         except BaseException as exc:  # re-raised by result() in the caller's thread
             self._error = exc
 

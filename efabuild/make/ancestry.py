@@ -16,7 +16,7 @@ from efabuild.make.prepare import Prepared
 from efabuild.refs import image_tag, short
 from efabuild.signing.trust import TrustPolicy
 from efabuild.signing.verify import signed_problems
-from efabuild.store.transfer import DamagedCopy, open_checked
+from efabuild.store.transfer import DamagedCopy, open_checked_stamped
 
 
 @contextlib.contextmanager
@@ -67,14 +67,15 @@ def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None, *, 
         yield None, f"ancestor {short(below.key)} has no signature by [sign]'s key over its bytes"
         return
     try:
-        fd = open_checked(hit[0].name, hit[1], record)
+        fd, stamp = open_checked_stamped(hit[0].name, hit[1], record)
     except DamagedCopy:  # the digests are `audit`'s to show: make's line stays short
         yield None, f"ancestor copy damaged: {hit[1]} is not the bytes its record names"
         return
     layer = prepared.graph.nodes[below.qualname]["layer"]
     try:
+        # its kept chunk index lends the child the chunks of the bytes it reuses (each re-hashed)
         yield Ancestor(below.key, image_tag(layer.name, below.key), _by_descriptor(fd), record.digest,
-                       dict(record.export)), ""
+                       dict(record.export), stamp=stamp, index=hit[0].chunk_index(below.key)), ""
     finally:
         os.close(fd)
 

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from efabuild import notices
 from efabuild.host.digest import bytes_digest, file_digest
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.host import fsutil
+from efabuild.host import fsutil, statstamp
 from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
 from efabuild.refs import short
 from efabuild.store.chunked.chunks import ChunkIndex
@@ -82,6 +82,13 @@ def check_file(tier: str, path: Path, record: ArtifactRecord) -> None:
 def open_checked(tier: str, path: Path, record: ArtifactRecord) -> int:
     """check_file(), returning the checked file open (a descriptor the caller closes): whoever
     reads it next reads the bytes that were checked, whatever is renamed over `path` since."""
+    return open_checked_stamped(tier, path, record)[0]
+
+
+def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord) -> tuple[int, tuple[int, ...]]:
+    """open_checked(), and the file's stat stamp taken before its bytes were hashed: one unchanged
+    later means the bytes read then are the checked ones (host/statstamp.py), even where the
+    file's owner, in a shared tier, could write it in place."""
     try:
         info = path.lstat()  # a link planted in a store is not an artifact, whatever it points at
     except OSError as exc:
@@ -95,7 +102,8 @@ def open_checked(tier: str, path: Path, record: ArtifactRecord) -> int:
     except OSError as exc:  # ELOOP: a link put there since the stat
         raise DamagedCopy(tier, str(path), f"cannot read it ({exc.strerror})") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode):
             raise DamagedCopy(tier, str(path), "not a regular file")
         try:
             _check_open(tier, path, fd, record)
@@ -104,7 +112,7 @@ def open_checked(tier: str, path: Path, record: ArtifactRecord) -> int:
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, statstamp.stamp(opened)
 
 
 def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord) -> None:

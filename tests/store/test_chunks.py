@@ -274,3 +274,73 @@ def test_gc_holds_the_indexes_of_a_batch_at_once_not_every_artifacts(tmp_path, c
     referenced, skipped = chunk_store.referenced()
     assert referenced == set(a.unique()) and skipped == []
     assert most[0] <= 4
+
+
+# ---- an index of a file that reuses another's bytes (an incremental export's child) -------------
+
+def _spliced_pair(tmp_path, rng, chunking):
+    """A source file, and a file whose bytes [lo, hi) are the source's: another head (a rewritten
+    superblock), the source's middle, a tail of its own; with their splice."""
+    from efabuild.host.digest import Splice
+
+    size = rng.randrange(20 * chunking[2], 80 * chunking[2])
+    source = bytearray(rng.randbytes(size))
+    lo = rng.choice([0, 96, rng.randrange(0, size // 2)])
+    hi = rng.randrange(lo, size)
+    child = bytearray(rng.randbytes(lo)) + source[lo:hi] + rng.randbytes(rng.randrange(0, 8 * chunking[2]))
+    (tmp_path / "source").write_bytes(source)
+    (tmp_path / "child").write_bytes(child)
+    return tmp_path / "source", tmp_path / "child", Splice(str(tmp_path / "source"), lo, hi)
+
+
+def test_a_file_that_reuses_anothers_bytes_gets_the_index_a_whole_cut_gives_it(tmp_path):
+    """The child's index is taken from its ancestor's for the bytes the child reuses; whatever the
+    chunk sizes and where the reused range lies, it is the index chunk_file gives the child."""
+    import random
+
+    from efabuild.store.chunked.chunks import chunk_spliced
+
+    rng = random.Random(22)
+    for _ in range(24):
+        chunking = rng.choice([(64, 256, 1024), SMALL, (1 * KiB, 4 * KiB, 16 * KiB)])
+        source, child, splice = _spliced_pair(tmp_path, rng, chunking)
+        seed = chunk_file(source, chunking=chunking)
+        assert chunk_spliced(child, splice, seed, chunking=chunking) == chunk_file(child, chunking=chunking)
+        assert chunk_spliced(child, splice, None, chunking=chunking) == chunk_file(child, chunking=chunking)
+
+
+def test_the_reused_range_is_hashed_from_the_source_not_cut_again(tmp_path):
+    """What makes it cheap: the range's chunks come from the source's index and pages. Shown by
+    breaking the contract on purpose: the child's own bytes in the range are zeros, yet its index
+    names the source's chunks there."""
+    import random
+
+    from efabuild.host.digest import Splice
+    from efabuild.store.chunked.chunks import chunk_spliced
+
+    rng = random.Random(3)
+    source = tmp_path / "source"
+    source.write_bytes(rng.randbytes(2 * MiB))
+    seed = chunk_file(source, chunking=SMALL)
+    child = tmp_path / "child"
+    child.write_bytes(b"\0" * (2 * MiB) + rng.randbytes(100 * KiB))
+    index = chunk_spliced(child, Splice(str(source), 0, 2 * MiB), seed, chunking=SMALL)
+    lent = [cid for cid, _ in seed.chunks[:-1]]
+    assert [cid for cid, _ in index.chunks[:len(lent)]] == lent
+
+
+def test_a_seed_index_that_lies_lends_nothing_after_the_lie(tmp_path):
+    """An ancestor's index comes from a store: a chunk id that is not its bytes' hash is caught
+    (the bytes are hashed from the source), and the child is cut as if there were no seed."""
+    import random
+
+    from efabuild.store.chunked.chunks import chunk_spliced
+
+    rng = random.Random(7)
+    source, child, splice = _spliced_pair(tmp_path, rng, SMALL)
+    seed = chunk_file(source, chunking=SMALL)
+    forged = seed._replace(chunks=tuple((("0" * 64 if n == 3 else cid), length)
+                                        for n, (cid, length) in enumerate(seed.chunks)))
+    assert chunk_spliced(child, splice, forged, chunking=SMALL) == chunk_file(child, chunking=SMALL)
+    other = chunk_file(source, chunking=(1 * KiB, 4 * KiB, 16 * KiB))  # cut with other sizes: lends nothing
+    assert chunk_spliced(child, splice, other, chunking=SMALL) == chunk_file(child, chunking=SMALL)
