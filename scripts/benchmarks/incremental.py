@@ -178,7 +178,7 @@ def _timed_exports(engine, tag: str, ancestor, efa, options, directory: Path, re
     export and (`copy_alone`) of copying the ancestor's file, all written in `directory`; the
     last incremental result (or its reason) and full export."""
     from efabuild.export.artifact import export_record
-    from efabuild.export.incremental import export_incremental
+    from efabuild.export.incremental import EngineLayers, export_incremental
     from efabuild.export.squash import export_image
 
     times: dict[str, list[float]] = {"incremental": [], "full": [], "copy": []}
@@ -188,8 +188,8 @@ def _timed_exports(engine, tag: str, ancestor, efa, options, directory: Path, re
             path.unlink()
         warm(ancestor.sqsh)
         started = time.perf_counter()
-        made = export_incremental(engine, tag, ancestor, directory / "out-incr.sqsh", options=options,
-                                  epoch=0, recorded=export_record(efa, options, 0), sha256=False)
+        made = export_incremental(EngineLayers(engine, tag), ancestor, directory / "out-incr.sqsh",
+                                  options=options, epoch=0, recorded=export_record(efa, options, 0), sha256=False)
         times["incremental"].append(time.perf_counter() - started)
         started = time.perf_counter()
         full = export_image(tag, directory / "out-full.sqsh", options=options, engine=engine, sha256=False)
@@ -247,7 +247,7 @@ def _image_to_mounted(ctx: Context, scratch: Path, engine, tags: dict, keys: dic
     import boto3
 
     from efabuild.export.artifact import export_record
-    from efabuild.export.incremental import export_incremental
+    from efabuild.export.incremental import EngineLayers, export_incremental
     from efabuild.export.squash import export_image
     from efabuild.host.digest import file_digests
     from efabuild.settings import S3Config
@@ -272,8 +272,8 @@ def _image_to_mounted(ctx: Context, scratch: Path, engine, tags: dict, keys: dic
         settings = S3Config(bucket=bucket, prefix="incr/", endpoint_url=server.endpoint, region="us-east-1")
         builder = Store([FilesystemTier(scratch / "builder", "local")], settings, show_progress=False)
         # the previous version as make left it: written from the same ancestor when it can be
-        previous = export_incremental(engine, tags["user1"], ancestor, scratch / "user1.sqsh", options=options,
-                                      epoch=0, recorded=export_record(efa, options, 0))
+        previous = export_incremental(EngineLayers(engine, tags["user1"]), ancestor, scratch / "user1.sqsh",
+                                      options=options, epoch=0, recorded=export_record(efa, options, 0))
         if isinstance(previous, str):
             previous = export_image(tags["user1"], scratch / "user1.sqsh", options=options, engine=engine)
         indexes = {}
@@ -288,7 +288,7 @@ def _image_to_mounted(ctx: Context, scratch: Path, engine, tags: dict, keys: dic
         steps: dict[str, float] = {}
         started = time.perf_counter()
         out = scratch / "pipe-child.sqsh"
-        made = export_incremental(engine, tags["user2"], ancestor, out, options=options, epoch=0,
+        made = export_incremental(EngineLayers(engine, tags["user2"]), ancestor, out, options=options, epoch=0,
                                   recorded=export_record(efa, options, 0), chunking=builder.s3.chunking)
         if isinstance(made, str):  # no incremental writer, or a reason: what make would do then
             made = export_image(tags["user2"], out, options=options, engine=engine, chunking=builder.s3.chunking)

@@ -174,8 +174,9 @@ def test_without_layer_diffs_to_read_the_ancestor_is_neither_fetched_nor_re_hash
     from efabuild.make.ancestry import export_ancestor
 
     # no plan and no store to reach: either would be an AttributeError
-    for prepared, remote, reason in ((SimpleNamespace(engine=None), True, incremental.REMOTE_BUILDER),
-                                     (SimpleNamespace(engine=SimpleNamespace(api=None)), False,
+    no_registry = SimpleNamespace(settings=SimpleNamespace(registry=None))
+    for prepared, remote, reason in ((SimpleNamespace(engine=None, ws=no_registry), True, incremental.REMOTE_BUILDER),
+                                     (SimpleNamespace(engine=SimpleNamespace(api=None), ws=no_registry), False,
                                       incremental.NOT_ON_THIS_HOST)):
         with export_ancestor(prepared, "demo:user", remote=remote) as found:
             assert found == (None, reason)
