@@ -67,7 +67,7 @@ def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None, *, 
         yield None, f"ancestor {short(below.key)} has no signature by [sign]'s key over its bytes"
         return
     try:
-        fd, stamp, tree = open_checked_stamped(hit[0].name, hit[1], record)
+        fd, stamp, tree = open_checked_stamped(hit[0].name, hit[1], record, with_tree=True)
     except DamagedCopy:  # the digests are `audit`'s to show: make's line stays short
         yield None, f"ancestor copy damaged: {hit[1]} is not the bytes its record names"
         return

@@ -94,11 +94,11 @@ class Checked(NamedTuple):
     tree: Tree | None  # its units' chaining values, from the same read (None without the helper)
 
 
-def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord) -> Checked:
+def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord, *, with_tree: bool = False) -> Checked:
     """open_checked(), with the file's stat stamp taken before its bytes were hashed (one unchanged
     later means the bytes read then are the checked ones, host/statstamp.py, even where the file's
-    owner, in a shared tier, could write it in place) and, where host/blake3tree.py can, the
-    chaining values that hash gave: a file reusing its bytes is hashed from them."""
+    owner, in a shared tier, could write it in place) and, `with_tree` and where host/blake3tree.py
+    can, the chaining values that hash gave: a file reusing its bytes is hashed from them."""
     try:
         info = path.lstat()  # a link planted in a store is not an artifact, whatever it points at
     except OSError as exc:
@@ -116,7 +116,7 @@ def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord) -> Check
         if not stat.S_ISREG(opened.st_mode):
             raise DamagedCopy(tier, str(path), "not a regular file")
         try:
-            tree = _check_open(tier, path, fd, record, with_tree=True)
+            tree = _check_open(tier, path, fd, record, with_tree=with_tree)
         except OSError as exc:
             raise DamagedCopy(tier, str(path), f"cannot read it ({exc.strerror})") from None
     except BaseException:
@@ -139,6 +139,7 @@ def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord, *, with_
     actual = tree.digest if tree is not None else file_digest(pinned_path(fd))
     if actual != record.digest:
         raise DamagedCopy(tier, str(path), f"digest {actual}, its record says {record.digest}")
+    return tree
 
 
 def fetch_into(tier: str, dest: Path, record: ArtifactRecord, what: str, fill: Callable[[int], str | None]) -> None:

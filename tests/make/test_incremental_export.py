@@ -287,6 +287,24 @@ def _same_as_a_full_export(root: Path, tmp_path: Path) -> None:
     assert trees[0] == trees[1]
 
 
+def test_the_ancestors_check_keeps_what_the_child_is_hashed_from(demo_ws, monkeypatch):
+    """make's check of the ancestor's copy keeps its stamp and the chaining values of its subtrees
+    (the child's digest is assembled from them), and they are the checked bytes'."""
+    from efabuild.host.blake3tree import file_tree
+    from efabuild.make.ancestry import ancestor_copy
+    from efabuild.make.prepare import prepare
+    from efabuild.workspace import load_workspace
+
+    efabuild(demo_ws, "make", "demo", check=True)
+    monkeypatch.chdir(demo_ws)
+    prepared = prepare(load_workspace(demo_ws), ["demo:user"])
+    with ancestor_copy(prepared, "demo:user") as (found, why):
+        assert found is not None, why
+        assert found.stamp is not None and found.tree is not None
+        again = file_tree(found.sqsh)
+        assert (found.tree.digest, found.tree.cvs) == (found.digest, again.cvs)
+
+
 def test_a_damaged_ancestor_copy_is_never_built_on(demo_ws):
     efabuild(demo_ws, "make", "demo", check=True)
     efa = Path(efabuild(demo_ws, "lookup", "demo:efa", check=True).stdout.strip())
