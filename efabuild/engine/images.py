@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from efabuild.engine.client import Engine, EngineError, EngineTimeout, output_text
@@ -61,7 +62,14 @@ class ImageFacts(NamedTuple):
 
 def image_facts(engine: Engine, ref: str) -> ImageFacts:
     """The one reader of an image's config: its Enroot-relevant part, size and creation time.
-    Raises NotFound for an image the engine lacks."""
+    Raises NotFound for an image the engine lacks. Through the engine's socket where it is on this
+    host (2 ms; the docker CLI takes 25-30 ms to start, and an incremental export asks three
+    times), else the CLI; both give the same facts (engine test)."""
+    if engine.api is not None:
+        inspected = _api_inspect(engine, ref)
+        if not inspected:
+            raise NotFound(f"no image {ref} at {engine.where()}")
+        return _api_facts(inspected, ref, engine)
     from python_on_whales.exceptions import DockerException, NoSuchImage
 
     try:
@@ -82,6 +90,26 @@ def image_facts(engine: Engine, ref: str) -> ImageFacts:
     }
     created = inspected.created.isoformat() if inspected.created else ""
     return ImageFacts(config, inspected.size, created)
+
+
+def _api_facts(inspected: dict, ref: str, engine: Engine) -> ImageFacts:
+    """image_facts from the engine API's inspect, shaped as python-on-whales shapes the CLI's."""
+    c = inspected.get("Config") or {}
+    if not isinstance(c, dict):
+        raise EngineError(f"cannot read the config of {ref} at {engine.where()}")
+    workdir = c.get("WorkingDir") or ""
+    workdir = str(PurePosixPath(workdir)) if workdir else ""  # as pydantic's Path gives it
+    config = {
+        "Env": list(c.get("Env") or []),
+        "Labels": dict(c.get("Labels") or {}),
+        "WorkingDir": "" if workdir == "." else workdir,
+        "Entrypoint": list(c.get("Entrypoint") or []) or None,
+        "Cmd": list(c.get("Cmd") or []) or None,
+        "Volumes": sorted(str(v) for v in c.get("Volumes") or {}),
+    }
+    size = inspected.get("Size")
+    created = inspected.get("Created")
+    return ImageFacts(config, size if isinstance(size, int) else None, created if isinstance(created, str) else "")
 
 
 def image_config(engine: Engine, ref: str) -> dict:

@@ -2,8 +2,10 @@
 
 It exports the image of the layer's key from the engine on this host, or from a builder that
 cannot see it (a farm node, streamed from the registry: export.remote), and it writes the file
-from the ancestor's `.sqsh` when the request names a usable one (export.incremental), else the
-whole image. The result says which, and why not incremental, for the artifact's record.
+from the ancestor's `.sqsh` when the request names a usable one (export.incremental: the layer
+diffs from the engine's directories, or on a farm from the registry's blobs), else the whole
+image. The result says which, and why not incremental, for the artifact's record, with the
+image's layers (`image_layers`) that a child's export checks its ancestor by.
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ import attrs
 from efabuild.engine.client import Engine
 from efabuild.engine.images import built_for_key, layer_facts
 from efabuild.errors import EfabuildError
-from efabuild.export.incremental import REMOTE_BUILDER, Ancestor, export_incremental, full, layers_digest
+from efabuild.engine.registry import remote_ref
+from efabuild.export.incremental import REMOTE_BUILDER, Ancestor, EngineLayers, export_incremental, full, layers_digest
+from efabuild.export.layerdiff import LayerSourceUnavailable
+from efabuild.export.registryclient import Registry, split_ref
+from efabuild.export.registrylayers import RegistryLayers, read_image
 from efabuild.export.remote import export_remote
 from efabuild.export.squash import ENROOT_FORMAT, ExportResult, Progress, export_image
 from efabuild.export.tarfilter import RC_LABELS
 from efabuild.refs import KEY_LABEL, short
-from efabuild.settings import ExportSettings
+from efabuild.settings import ExportSettings, RegistrySettings
 
 
 @attrs.frozen
@@ -34,6 +40,7 @@ class RemoteImage:
     platform: str
     # a builder, held while the export runs (the farm picks it: the one that built it when free)
     take: Callable[[threading.Event | None], AbstractContextManager[Engine]]
+    registry: RegistrySettings | None = None  # where its layer blobs are, for an incremental export
 
 
 @attrs.frozen
@@ -62,10 +69,7 @@ def export_artifact(request: ExportRequest, out: Path, *, progress: Progress | N
     how = dict(options=request.options, epoch=request.epoch, progress=progress, sha256=sha256, cancel=cancel,
                chunking=chunking)
     if request.remote is not None:
-        with request.remote.take(cancel) as node:
-            result = export_remote(node, request.remote.ref, out, platform=request.remote.platform, **how)
-        reason = request.no_ancestor or REMOTE_BUILDER
-        return attrs.evolve(result, incremental=full(reason) if request.ancestor or request.no_ancestor else None)
+        return _export_from_registry(request, out, how)
     if not built_for_key(request.engine, request.tag, request.key):
         raise EfabuildError(f"{request.name}: the engine's {request.tag} does not carry key {short(request.key)} in its "
                             f"{KEY_LABEL} label (some other image was given this name): not exported; remove it and "
@@ -74,7 +78,8 @@ def export_artifact(request: ExportRequest, out: Path, *, progress: Progress | N
     layers = layers_digest(facts[1]) if facts is not None else None
     reason = request.no_ancestor
     if request.ancestor is not None:
-        made = export_incremental(request.engine, request.tag, request.ancestor, out, options=request.options,
+        made = export_incremental(EngineLayers(request.engine, request.tag), request.ancestor, out,
+                                  options=request.options,
                                   epoch=request.epoch, recorded=recorded_options(request.options, request.epoch),
                                   progress=progress, sha256=sha256, chunking=chunking)
         if isinstance(made, ExportResult):
@@ -82,6 +87,39 @@ def export_artifact(request: ExportRequest, out: Path, *, progress: Progress | N
         reason = made
     result = export_image(request.tag, out, engine=request.engine, **how)
     return attrs.evolve(result, incremental=full(reason) if reason else None, image_layers=layers)
+
+
+def _export_from_registry(request: ExportRequest, out: Path, how: dict) -> ExportResult:
+    """A farm's export: incremental from the registry's blobs when the ancestor allows it, else
+    streamed whole by a builder; its `image_layers` from the registry's config either way."""
+    remote = request.remote
+    assert remote is not None
+    reason, registry = request.no_ancestor, None
+    try:
+        registry = Registry(split_ref(remote.ref)[0], insecure=remote.registry.insecure) if remote.registry else None
+    except LayerSourceUnavailable as exc:  # a reference this client cannot address: the stream still can
+        reason = reason or str(exc)
+    if request.ancestor is not None and registry is None:
+        reason = reason or REMOTE_BUILDER
+    elif request.ancestor is not None:
+        source = RegistryLayers(registry, remote.ref, remote.platform, request.key,
+                                remote_ref(request.ancestor.tag, remote.registry))
+        made = export_incremental(source, request.ancestor, out, options=request.options, epoch=request.epoch,
+                                  recorded=recorded_options(request.options, request.epoch),
+                                  progress=how["progress"], sha256=how["sha256"], chunking=how["chunking"])
+        if isinstance(made, ExportResult):
+            return attrs.evolve(made, image_layers=layers_digest(source.child().diff_ids))
+        reason = made
+    with remote.take(how["cancel"]) as node:
+        result = export_remote(node, remote.ref, out, platform=remote.platform, **how)
+    layers = None
+    if registry is not None:
+        try:  # recorded: a child's export checks its ancestor by them
+            layers = layers_digest(read_image(registry, remote.ref, remote.platform).diff_ids)
+        except LayerSourceUnavailable:
+            layers = None  # a child of it is then a full export, saying the record names no layers
+    return attrs.evolve(result, incremental=full(reason) if request.ancestor or request.no_ancestor else None,
+                        image_layers=layers)
 
 
 def recorded_options(options: ExportSettings, epoch: int) -> dict:

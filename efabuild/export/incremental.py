@@ -1,7 +1,10 @@
 """An artifact layer's `.sqsh` written from its ancestor's: the nearest artifact layer below it on
 its chain (a rule of the graph, not of what is stored). The ancestor's data blocks are reused as
-they are; only the layers the child adds are read, from the engine's layer directories
-(layerdiff). Each condition that fails names why, and the export is then a full one:
+they are; only the layers the child adds are read: from the engine's layer directories
+(layerdiff, `EngineLayers`) when the engine on this host has the image, else from the registry's
+layer blobs (registrylayers, `RegistryLayers`: a farm). The writer's output is a function of the
+merged tree, so either source gives the same bytes. Each condition that fails names why, and the
+export is then a full one:
 
 - the ancestor's copy is in the store and has its record's size and digest (checked, then read
   through the descriptor that was checked: never a child built on other bytes);
@@ -9,8 +12,11 @@ they are; only the layers the child adds are read, from the engine's layer direc
 - the child's pinned paths (the WORKDIR and VOLUME mount points an export dates to its epoch)
   are the ancestor's, but for paths the ancestor lacks (a WORKDIR the child's own layer makes):
   a changed WORKDIR re-dates paths the ancestor has, whose entries are reused as they are;
-- the child image's diff IDs start with exactly the ancestor image's;
-- the engine is on this host, with the overlay2 driver; and the writer (export/squashfs) takes it.
+- the child image's diff IDs start with exactly the ancestor image's, and the ancestor's record
+  (image_layers) names the very build whose layers these are;
+- the source can give the layers: the engine is on this host, with the overlay2 driver; or the
+  registry serves each blob, with the digests its manifest and config name (checked as it streams);
+- and the writer (export/squashfs) takes it.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import attrs
 import blake3
@@ -33,7 +39,9 @@ from efabuild.errors import EfabuildError, NotFound
 from efabuild.host import children, statstamp
 from efabuild.host.blake3tree import Tree
 from efabuild.host.digest import PREFIX, Splice, read_pieces
+from efabuild.export.enroot import ImageConfig
 from efabuild.export.layerdiff import LayerSourceUnavailable, overlay_dirs, stream_layers
+from efabuild.export.registrylayers import RegistryLayers
 from efabuild.export.squashfs import write_incremental
 from efabuild.export.squash import (ExportJob, ExportResult, Progress, Unkept, export_facts, keep_export,
                                     mksquashfs_options)
@@ -46,7 +54,7 @@ from efabuild.store.chunked.chunks import ChunkIndex
 # a root artifact's reason: recorded, not shown (there is nothing to explain)
 NO_ANCESTOR = "no artifact layer below it"
 # why a make's export has no layer diffs to write from, whatever the ancestor
-REMOTE_BUILDER = "a remote builder streams the whole image (no layer source)"
+REMOTE_BUILDER = "a remote builder streams the whole image and no [registry] holds its layer blobs"
 NOT_ON_THIS_HOST = "the engine is not reached through a local socket: its layer directories cannot be read here"
 # the recorded export options that decide a .sqsh's bytes: an ancestor's must be the child's
 _LIST_TIMEOUT_S = 120.0
@@ -84,38 +92,59 @@ def full(reason: str) -> dict:
     return {"full": reason}
 
 
-def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path, *, options: ExportSettings,
-                       epoch: int, recorded: Mapping[str, Any], progress: Progress | None = None,
-                       sha256: bool = True, chunking: tuple[int, int, int] | None = None) -> ExportResult | str:
-    """`image`'s .sqsh written from `ancestor`'s at `out`, or why it cannot be (then nothing is
-    written). `recorded`: the export options the child's record will hold, but time_clamp."""
+class EngineLayers:
+    """The layer diffs in this host's engine: its overlay2 directories (layerdiff)."""
+
+    where = "engine's"
+
+    def __init__(self, engine: Engine, image: str) -> None:
+        self.engine, self.image = engine, image
+
+    def facts(self, clamp_times: bool) -> tuple[ImageConfig, int | None]:
+        cfg, _, clamp = export_facts(self.engine, self.image, clamp_times)
+        return cfg, clamp
+
+    def ancestor_config(self, ancestor: Ancestor) -> ImageConfig:
+        try:
+            if not built_for_key(self.engine, ancestor.tag, ancestor.key):
+                raise LayerSourceUnavailable(f"the engine's {ancestor.tag} is not the ancestor's image")
+            return export_facts(self.engine, ancestor.tag, False)[0]
+        except NotFound:
+            raise LayerSourceUnavailable(f"the engine has no ancestor image {ancestor.tag}") from None
+
+    def diff_ids(self, ancestor: Ancestor) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        child, below = layer_facts(self.engine, self.image), layer_facts(self.engine, ancestor.tag)
+        if child is None or below is None:
+            raise LayerSourceUnavailable(NOT_ON_THIS_HOST)
+        self._driver = child[0]
+        return child[1], below[1]
+
+    def open(self, first: int, count: int) -> list[BinaryIO]:
+        return stream_layers(overlay_dirs(self._driver, count - first))
+
+    def problems(self, streams: list[BinaryIO], verify: bool) -> list[str]:
+        # a cut stream is what the writer saw
+        return [f"a layer directory could not be read: {p}" for s in streams for p in s.errors_seen]
+
+
+def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor, out: Path, *,
+                       options: ExportSettings, epoch: int, recorded: Mapping[str, Any],
+                       progress: Progress | None = None, sha256: bool = True,
+                       chunking: tuple[int, int, int] | None = None) -> ExportResult | str:
+    """`source.image`'s .sqsh written from `ancestor`'s at `out`, or why it cannot be (then nothing
+    is written); `source`: EngineLayers or RegistryLayers; `recorded`: the export options the
+    child's record will hold, but time_clamp."""
     started = time.monotonic()
-    cfg, _, clamp = export_facts(engine, image, options.clamp_times)
+    image = source.image
     opts = mksquashfs_options(options, epoch=epoch)
-    difference = packing_difference(ancestor.export, {**recorded, "mksquashfs": list(opts), "time_clamp": clamp,
-                                                      "rc_labels": RC_LABELS})
-    if difference:
-        return f"ancestor exported with other options: {difference}"
-    plan = RewritePlan.for_config(cfg, epoch=epoch, clamp=clamp)
+    planned = _plans(source, ancestor, options, epoch, {**recorded, "mksquashfs": list(opts)})
+    if isinstance(planned, str):
+        return planned
+    cfg, plan, ancestor_plan = planned
     try:
-        if not built_for_key(engine, ancestor.tag, ancestor.key):
-            return f"the engine's {ancestor.tag} is not the ancestor's image"
-        ancestor_cfg, _, _ = export_facts(engine, ancestor.tag, False)
-    except NotFound:
-        return f"the engine has no ancestor image {ancestor.tag}"
-    # as the ancestor was exported (its clamp is the child's, checked above with the options)
-    ancestor_plan = RewritePlan.for_config(ancestor_cfg, epoch=epoch, clamp=clamp)
-    try:
-        redated = _present(ancestor.sqsh, ancestor_plan.pinned ^ plan.pinned)
-    except (EfabuildError, subprocess.TimeoutExpired) as exc:
-        return f"cannot list the ancestor's entries: {exc}"
-    if redated:
-        return f"WORKDIR or VOLUME re-date /{redated[0]}, which the ancestor has"
-    try:
-        dirs = _diff_dirs(engine, image, ancestor.tag, ancestor.export.get("image_layers"))
+        streams = _diff_streams(source, ancestor)
     except (LayerSourceUnavailable, NotFound) as exc:
         return str(exc)
-    streams = stream_layers(dirs)
     tmp = out.parent / f"{out.name}.{os.urandom(4).hex()}.tmp"
     try:
         try:
@@ -123,9 +152,11 @@ def export_incremental(engine: Engine, image: str, ancestor: Ancestor, out: Path
                                         progress=(lambda n: progress(n, None)) if progress else None)
         except EfabuildError as exc:  # a layer it refuses: a full export reads the image afresh
             written = exc
-        problems = [p for s in streams for p in s.errors_seen]  # a cut stream is what the writer saw
+        # first: a writer that refused a cut or tampered stream says less than the stream; each blob's
+        # digests are checked (its rest read) unless the writer declined it (Unsupported, dead bytes)
+        problems = source.problems(streams, isinstance(written, EfabuildError) or not written.full_needed)
         if problems:
-            return f"a layer directory could not be read: {problems[0]}"
+            return problems[0]
         if isinstance(written, EfabuildError):
             return f"the incremental writer refused it: {written}"
         if written.full_needed:
@@ -165,6 +196,33 @@ def _owned(path: Path) -> bool:
     except OSError:
         return False
     return not statstamp.others_may_write(info)
+
+
+def _plans(source: EngineLayers | RegistryLayers, ancestor: Ancestor, options: ExportSettings, epoch: int,
+           recorded: Mapping[str, Any]) -> tuple[ImageConfig, RewritePlan, RewritePlan] | str:
+    """(the child's config, its plan, the ancestor's plan), or why the ancestor was exported
+    otherwise than the child would be (options, clamp, re-dated paths)."""
+    try:
+        cfg, clamp = source.facts(options.clamp_times)
+    except LayerSourceUnavailable as exc:
+        return str(exc)
+    difference = packing_difference(ancestor.export, {**recorded, "time_clamp": clamp, "rc_labels": RC_LABELS})
+    if difference:
+        return f"ancestor exported with other options: {difference}"
+    plan = RewritePlan.for_config(cfg, epoch=epoch, clamp=clamp)
+    try:
+        ancestor_cfg = source.ancestor_config(ancestor)
+    except LayerSourceUnavailable as exc:
+        return str(exc)
+    # as the ancestor was exported (its clamp is the child's, checked above with the options)
+    ancestor_plan = RewritePlan.for_config(ancestor_cfg, epoch=epoch, clamp=clamp)
+    try:
+        redated = _present(ancestor.sqsh, ancestor_plan.pinned ^ plan.pinned)
+    except (EfabuildError, subprocess.TimeoutExpired) as exc:
+        return f"cannot list the ancestor's entries: {exc}"
+    if redated:
+        return f"WORKDIR or VOLUME re-date /{redated[0]}, which the ancestor has"
+    return cfg, plan, ancestor_plan
 
 
 def _unchanged(ancestor: Ancestor) -> str | None:
@@ -212,24 +270,22 @@ def layers_digest(layers: tuple[str, ...]) -> str:
     return hashlib.sha256("\n".join(layers).encode()).hexdigest()
 
 
-def _diff_dirs(engine: Engine, image: str, ancestor_tag: str, exported_from: object) -> list[str]:
-    """The layer directories `image` adds over the ancestor's image, oldest first; that image
-    must be the build of its key that the ancestor's copy was exported from (`exported_from`, its
-    record's image_layers): another build of the same key (a RUN that fetched other bytes on
-    another machine) would give a child of that build's files under this build's layers."""
-    child, ancestor = layer_facts(engine, image), layer_facts(engine, ancestor_tag)
-    if child is None or ancestor is None:
-        raise LayerSourceUnavailable(NOT_ON_THIS_HOST)
-    (driver, layers), (_, below) = child, ancestor
+def _diff_streams(source: EngineLayers | RegistryLayers, ancestor: Ancestor) -> list[BinaryIO]:
+    """The layers the image adds over the ancestor's image, oldest first; that image must be the
+    build of its key that the ancestor's copy was exported from (its record's image_layers):
+    another build of the same key (a RUN that fetched other bytes on another machine) would give
+    a child of that build's files under this build's layers."""
+    layers, below = source.diff_ids(ancestor)
+    exported_from = ancestor.export.get("image_layers")
     if exported_from is None:
         raise LayerSourceUnavailable("the ancestor's record names no image layers (exported before they were "
-                                     "recorded, or on a farm)")
+                                     "recorded)")
     if exported_from != layers_digest(below):
-        raise LayerSourceUnavailable(f"the engine's {ancestor_tag} is another build of its key than the one the "
-                                     f"ancestor's copy was exported from")
+        raise LayerSourceUnavailable(f"the {source.where} {ancestor.tag} is another build of its key than the one "
+                                     f"the ancestor's copy was exported from")
     if layers[:len(below)] != below:
         raise LayerSourceUnavailable("the image's layers do not start with the ancestor image's")
-    return overlay_dirs(driver, len(layers) - len(below))
+    return source.open(len(below), len(layers))
 
 
 def _present(sqsh: Path, paths: set[str] | frozenset[str]) -> list[str]:

@@ -22,12 +22,12 @@ from efabuild.store.transfer import DamagedCopy, open_checked_stamped
 @contextlib.contextmanager
 def export_ancestor(prepared: Prepared, qualname: str, *, remote: bool,
                     signer=None) -> Iterator[tuple[Ancestor | None, str]]:  # noqa: ANN001 - a signing.Signer
-    """ancestor_copy() for a make's export, unless it can read no layer diffs (`remote`: a farm
-    builder streams it; an engine on another host): then the ancestor is neither fetched nor
-    re-hashed for nothing."""
-    if remote:
+    """ancestor_copy() for a make's export, unless it can read no layer diffs: then the ancestor is
+    neither fetched nor re-hashed for nothing. `remote`: a farm builder's image, whose diffs are
+    the [registry]'s blobs; else the engine's directories, which an engine on another host hides."""
+    if remote and prepared.ws.settings.registry is None:
         yield None, REMOTE_BUILDER
-    elif prepared.engine is None or prepared.engine.api is None:
+    elif not remote and (prepared.engine is None or prepared.engine.api is None):
         yield None, NOT_ON_THIS_HOST
     else:
         with ancestor_copy(prepared, qualname, signer=signer) as found:
@@ -67,7 +67,7 @@ def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None, *, 
         yield None, f"ancestor {short(below.key)} has no signature by [sign]'s key over its bytes"
         return
     try:
-        fd, stamp, tree = open_checked_stamped(hit[0].name, hit[1], record)
+        fd, stamp, tree = open_checked_stamped(hit[0].name, hit[1], record, with_tree=True)
     except DamagedCopy:  # the digests are `audit`'s to show: make's line stays short
         yield None, f"ancestor copy damaged: {hit[1]} is not the bytes its record names"
         return

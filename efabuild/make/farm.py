@@ -261,7 +261,8 @@ class Farm:
     def remote_image(self, ref: str, platform: str) -> RemoteImage:
         """`ref` as an export takes it: streamed by the builder that built it when that one has a
         free slot, else by the least busy."""
-        return RemoteImage(ref, platform, functools.partial(self.take, prefer=self.built_on.get(ref), platform=platform))
+        return RemoteImage(ref, platform, functools.partial(self.take, prefer=self.built_on.get(ref), platform=platform),
+                           self.registry)
 
 
 def farm_for_make(prepared, say: Callable[[str], None]) -> Farm | None:

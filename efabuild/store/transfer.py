@@ -94,7 +94,7 @@ class Checked(NamedTuple):
     tree: Tree | None  # its units' chaining values, from the same read (None without the helper)
 
 
-def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord, *, with_tree: bool = True) -> Checked:
+def open_checked_stamped(tier: str, path: Path, record: ArtifactRecord, *, with_tree: bool = False) -> Checked:
     """open_checked(), with the file's stat stamp taken before its bytes were hashed (one unchanged
     later means the bytes read then are the checked ones, host/statstamp.py, for a file only this
     user can write) and, `with_tree` and where host/blake3tree.py can, the chaining values that
@@ -143,6 +143,7 @@ def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord, *, with_
     actual = tree.digest if tree is not None else file_digest(pinned_path(fd))
     if actual != record.digest:
         raise DamagedCopy(tier, str(path), f"digest {actual}, its record says {record.digest}")
+    return tree
 
 
 def fetch_into(tier: str, dest: Path, record: ArtifactRecord, what: str, fill: Callable[[int], str | None]) -> None:

@@ -69,6 +69,32 @@ def test_a_base_reads_the_same_id_through_the_socket(local_engine, busybox_image
     assert local_engine.api.server_version() == docker("version", "--format", "{{.Server.Version}}").strip()
 
 
+def test_an_images_config_size_and_time_clamp_read_the_same_through_the_socket(local_engine, busybox_image,
+                                                                               image_names, tmp_path):
+    """What an export takes from an image (the config Enroot writes, the size, the creation time it
+    clamps file times to) is the same through the socket as through the CLI, whatever the config
+    holds: a working directory with a trailing slash, volumes, an entrypoint, labels, no Cmd."""
+    from efabuild.engine.images import image_facts
+    from efabuild.export.tarfilter import time_clamp
+
+    through_cli = connect(BuilderSettings())
+    through_cli.__dict__["api"] = None  # the cached property, as for an engine reached over ssh
+
+    tag = image_names("facts")
+    dockerfile = (f"FROM {busybox_image}\nLABEL a=b c=\"d e\"\nENV X=1 Y=two\nWORKDIR /workspace/app/\n"
+                  "VOLUME /data /scratch\nENTRYPOINT [\"/bin/sh\", \"-c\"]\nCMD []\n")
+    subprocess.run(["docker", "build", "-q", "-t", tag, "-f", "-", str(tmp_path)], input=dockerfile.encode(),
+                   capture_output=True, check=True)
+    try:
+        for ref in (busybox_image, tag):
+            api, cli = image_facts(local_engine, ref), image_facts(through_cli, ref)
+            assert (api.config, api.size) == (cli.config, cli.size)
+            assert time_clamp([api.created]) == time_clamp([cli.created]) is not None
+        assert image_facts(local_engine, tag).config["WorkingDir"] == "/workspace/app"
+    finally:
+        subprocess.run(["docker", "image", "rm", "-f", tag], capture_output=True)
+
+
 def test_export_containers_and_their_labels_read_the_same_through_the_socket(local_engine, busybox_image):
     import secrets
 

@@ -155,10 +155,9 @@ def test_parents_reach_children_through_the_registry(registry, registry_base, fa
         assert states(ws) == {"efa": "none", "deepep": "none", "user": "export"}
         made = json.loads(efabuild(ws, "make", "--json", "demo").stdout)
         assert {o["name"]: o["status"] for o in made["layers"]}["demo:user"] == "exported", made
-        # a builder streams the whole image: no layer diffs to write from the efa artifact, and it says so
+        # the layer diffs above the efa artifact are the registry's blobs: written from it
         record = Path(efabuild(ws, "lookup", "demo:user").stdout.strip()).with_suffix(".json")
-        reason = "a remote builder streams the whole image (no layer source)"
-        assert json.loads(record.read_text())["export"]["incremental"] == {"full": reason}
+        assert json.loads(record.read_text())["export"]["incremental"]["ancestor"] == key["efa"]
         graph = ws / "graphs/demo.toml"
         graph.write_text(graph.read_text().replace("COPY app/ /workspace/app/\n",
                                                    "COPY app/ /workspace/app/\nRUN echo changed > /changed\n"))
@@ -339,3 +338,90 @@ def test_check_rebuilds_on_the_farm_through_the_registry(farm_context, registry,
         assert "parent g:tools" in line and "efabuild make g:tools" in line, line
     finally:
         docker(second_engine, "image", "rm", "--force", *pushed.values(), *checked.values(), check=False)
+
+
+# ---- incremental export from the registry's blobs ------------------------------------------------
+
+def _child(root: Path) -> tuple[Path, dict]:
+    sqsh = Path(efabuild(root, "lookup", "demo:user").stdout.strip())
+    return sqsh, json.loads(sqsh.with_suffix(".json").read_text())
+
+
+def _export_line(proc: subprocess.CompletedProcess) -> str:
+    return next((line for line in (proc.stdout + proc.stderr).splitlines() if "demo:user: export: " in line), "")
+
+
+def test_the_same_key_is_the_same_bytes_from_a_local_engine_and_from_a_farm(registry, registry_base, farm_context,
+                                                                            second_engine, tmp_path):
+    """A one-file change written from the efa artifact: here from the engine's overlay2
+    directories, on the farm from the registry's blobs; the same child either way, and a farm's
+    make --check rebuilds it the same way."""
+    run_id = secrets.token_hex(6)
+    ref, digest = registry_base.split("@")
+    common = '[workspace]\ngraphs = ["graphs/*.toml"]\n'
+    roots = {"local": demo_on_base(tmp_path / "local", ref, digest, run_id, common),
+             "farm": demo_on_base(tmp_path / "farm", ref, digest, run_id, common +
+                                  f'[builder]\nfarm = ["{farm_context}"]\n[registry]\nurl = "{registry.url}"\n')}
+    line = f"\n# one change on both sides {run_id}\n"
+    made, tags = {}, set()
+    try:
+        for side, root in roots.items():
+            efabuild(root, "make", "demo")
+            tags |= {f"efabuild/{name}:{key}" for name, key in keys(root).items()}
+            with (root / "app" / "train.py").open("a") as f:
+                f.write(line)
+            again = efabuild(root, "make", "demo")
+            tags |= {f"efabuild/{name}:{key}" for name, key in keys(root).items()}
+            made[side] = (*_child(root), _export_line(again))
+        efa = keys(roots["farm"])["efa"]
+        assert keys(roots["local"]) == keys(roots["farm"])
+        for side, (_sqsh, record, shown) in made.items():
+            assert record["export"]["incremental"]["ancestor"] == efa, (side, record["export"])
+            assert f"export: incremental from {efa[:12]}" in shown, (side, shown)
+        assert made["local"][1]["digest"] == made["farm"][1]["digest"]
+        assert made["local"][0].read_bytes() == made["farm"][0].read_bytes()
+        efabuild(roots["farm"], "make", "--check", "demo:user")
+    finally:
+        docker(None, "image", "rm", "--force", *tags, check=False)
+        docker(second_engine, "image", "rm", "--force", *(f"{registry.url}/{t}" for t in tags), check=False)
+
+
+def test_a_blob_changed_in_the_registry_gives_a_full_export_naming_it(registry, registry_base, farm_context,
+                                                                     second_engine, tmp_path):
+    import gzip
+
+    from efabuild.export.registryclient import Registry as Client
+    from efabuild.export.registrylayers import read_image
+
+    ws = workspace(tmp_path / "ws", registry_base, f'farm = ["{farm_context}"]', registry.url)
+    key = keys(ws)
+    pushed = [f"{registry.url}/efabuild/{layer}:{key[layer]}" for layer in ("efa", "deepep", "user")]
+    try:
+        efabuild(ws, "make", "demo")
+        with (ws / "app" / "train.py").open("a") as f:
+            f.write(f"\n# {secrets.token_hex(8)}\n")
+        efabuild(ws, "make", "demo")
+        sqsh, record = _child(ws)
+        assert "ancestor" in record["export"]["incremental"], record["export"]
+        # the blob that holds the changed file (a blob of this run alone), its last byte changed in storage
+        image = read_image(Client(registry.url), f"{registry.url}/efabuild/user:{record['key']}", "linux/amd64")
+        stored = {}
+        for blob in image.layers:
+            hexed = blob.digest.split(":")[1]
+            stored[blob.digest] = registry.dir / "storage/docker/registry/v2/blobs/sha256" / hexed[:2] / hexed / "data"
+        blob = next(d for d, path in stored.items() if b"workspace/app/train.py" in gzip.decompress(path.read_bytes()))
+        data = bytearray(stored[blob].read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        stored[blob].write_bytes(bytes(data))
+        sqsh.unlink()  # exported again: from the registry's blobs, as the record says it was
+        again = efabuild(ws, "make", "demo:user")
+        sqsh, record = _child(ws)
+        reason = record["export"]["incremental"]["full"]
+        assert reason.startswith(f"blob {blob}: "), reason
+        assert f"export: full (blob {blob}: " in _export_line(again)
+        # the child is the builder's own copy of the image, not the tampered bytes
+        train = subprocess.run(["unsquashfs", "-cat", str(sqsh), "workspace/app/train.py"], capture_output=True,
+                               check=True).stdout
+        assert train == (ws / "app" / "train.py").read_bytes()
+    finally:
+        docker(second_engine, "image", "rm", "--force", *pushed, check=False)

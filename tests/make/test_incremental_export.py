@@ -174,8 +174,9 @@ def test_without_layer_diffs_to_read_the_ancestor_is_neither_fetched_nor_re_hash
     from efabuild.make.ancestry import export_ancestor
 
     # no plan and no store to reach: either would be an AttributeError
-    for prepared, remote, reason in ((SimpleNamespace(engine=None), True, incremental.REMOTE_BUILDER),
-                                     (SimpleNamespace(engine=SimpleNamespace(api=None)), False,
+    no_registry = SimpleNamespace(settings=SimpleNamespace(registry=None))
+    for prepared, remote, reason in ((SimpleNamespace(engine=None, ws=no_registry), True, incremental.REMOTE_BUILDER),
+                                     (SimpleNamespace(engine=SimpleNamespace(api=None), ws=no_registry), False,
                                       incremental.NOT_ON_THIS_HOST)):
         with export_ancestor(prepared, "demo:user", remote=remote) as found:
             assert found == (None, reason)
@@ -284,6 +285,24 @@ def _same_as_a_full_export(root: Path, tmp_path: Path) -> None:
         trees.append({str(p.relative_to(tmp_path / f"tree{n}")): p.read_bytes()
                       for p in (tmp_path / f"tree{n}").rglob("*") if p.is_file() and not p.is_symlink()})
     assert trees[0] == trees[1]
+
+
+def test_the_ancestors_check_keeps_what_the_child_is_hashed_from(demo_ws, monkeypatch):
+    """make's check of the ancestor's copy keeps its stamp and the chaining values of its subtrees
+    (the child's digest is assembled from them), and they are the checked bytes'."""
+    from efabuild.host.blake3tree import file_tree
+    from efabuild.make.ancestry import ancestor_copy
+    from efabuild.make.prepare import prepare
+    from efabuild.workspace import load_workspace
+
+    efabuild(demo_ws, "make", "demo", check=True)
+    monkeypatch.chdir(demo_ws)
+    prepared = prepare(load_workspace(demo_ws), ["demo:user"])
+    with ancestor_copy(prepared, "demo:user") as (found, why):
+        assert found is not None, why
+        assert found.stamp is not None and found.tree is not None
+        again = file_tree(found.sqsh)
+        assert (found.tree.digest, found.tree.cvs) == (found.digest, again.cvs)
 
 
 def test_a_damaged_ancestor_copy_is_never_built_on(demo_ws):

@@ -305,3 +305,28 @@ def test_a_copy_swapped_for_a_fifo_after_its_stat_is_damaged_not_a_hang(tmp_path
     with pytest.raises(transfer.DamagedCopy, match="not a regular file"):
         without_blocking_on(planted, lambda: transfer.check_file("shared", planted, record))
     transfer.check_file("shared", real, record)  # the file itself is intact
+
+
+def test_only_an_ancestors_check_loads_the_native_blake3_helper(tmp_path):
+    """A job start's check (the Pyxis importer's verify, lookup --verify) hashes with the binding and
+    never loads a native library; an incremental export's ancestor check asks for its subtrees."""
+    import subprocess
+    import sys
+
+    sqsh = tmp_path / "a.sqsh"
+    sqsh.write_bytes(os.urandom(3 << 20))
+    code = f"""
+import os, sys
+from pathlib import Path
+from efabuild.host.digest import file_digest
+from efabuild.store.record import ArtifactRecord
+from efabuild.store.transfer import check_file, open_checked_stamped
+path = Path({str(sqsh)!r})
+record = ArtifactRecord.for_file("a" * 64, "n:l", path, file_digest(path))
+check_file("shared", path, record)
+print("efabuild.host.blake3tree" in sys.modules)
+checked = open_checked_stamped("shared", path, record, with_tree=True)
+print(checked.tree is not None and checked.tree.digest == record.digest)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]

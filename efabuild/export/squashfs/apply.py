@@ -6,21 +6,28 @@ directory keeps the children, anything else drops the subtree), `.wh.NAME` delet
 tar filter gives it in a full export (`tarfilter`): dropped paths stay out, Enroot's modes, the
 plan's times, the container's init-layer files kept as the ancestor has them, and at the end
 the files Enroot writes from the child's config, the working directory, and pinned times.
+
+A layer file's body goes to a spool first and its blocks are written at the end, in the merged
+tree's path order: the child's bytes are then a function of that tree, not of the order the
+layer tars list their members in (the overlay2 walk sorts them, BuildKit's tars need not) nor of
+how the same change is split into layers; a file a later layer replaces is never written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import BinaryIO
 
 from efabuild.errors import InputError
 from efabuild.export.squashfs.data import DataWriter
 from efabuild.export.squashfs.layertar import Entry, LayerReader, split_path
-from efabuild.export.squashfs.tree import BLKDEV, CHRDEV, DIR, FIFO, FILE, SYMLINK, Node, Unsupported, encode_dev
+from efabuild.export.squashfs.tree import BLKDEV, CHRDEV, DIR, FIFO, FILE, SYMLINK, Node, Unsupported, encode_dev, walk
 from efabuild.export.tarfilter import INIT_LAYER_FILES, INIT_LAYER_PATHS, WRITTEN_MODE, RewritePlan, fixed_mode
 
 _OPAQUE = ".wh..wh..opq"
 _WHITEOUT = ".wh."
 _KINDS = {b"2": SYMLINK, b"3": CHRDEV, b"4": BLKDEV, b"5": DIR, b"6": FIFO}
+_COPY = 1 << 20
 MAX_TIME = 0xFFFFFFFF  # squashfs keeps 32-bit unsigned times
 
 
@@ -29,9 +36,10 @@ def _enc(part: str) -> bytes:
 
 
 class Applier:
-    def __init__(self, root: Node, plan: RewritePlan, data: DataWriter,
+    def __init__(self, root: Node, plan: RewritePlan, data: DataWriter, spool: BinaryIO,
                  read_old: Callable[[Node], bytes] | None = None) -> None:
-        self.root, self.plan, self.data = root, plan, data
+        self.root, self.plan, self.data, self.spool = root, plan, data, spool
+        self.spooled: dict[int, int] = {}  # id(a layer's file node) -> where its body starts in `spool`
         self.read_old = read_old  # an ancestor file's bytes: a written file that stays is not written again
         self.aliases: dict[str, tuple[Node, str]] = {}  # hard links to a written file: its text goes there too
         # the ancestor's written files, and the child's (text, mode) of each: see aliases.py
@@ -111,7 +119,7 @@ class Applier:
             return
         mode = fixed_mode(entry.mode, is_dir=entry.typeflag == b"5", depth=len(parts))
         if entry.typeflag == b"0":
-            self._put(parts, self.data.add_file(reader.read, entry.size, mode, mtime), where)
+            self._put(parts, self._spool(reader, Node(FILE, mode, mtime, size=entry.size)), where)
         elif entry.typeflag == b"5":
             old = self.lookup(parts)
             if old is not None and old.is_dir and old is not self.root:
@@ -159,10 +167,30 @@ class Applier:
             raise InputError(f"hard link {entry.path!r} points at a directory", where)
         self._put(entry.parts, node, where)
 
+    def _spool(self, reader: LayerReader, node: Node) -> Node:
+        self.spooled[id(node)] = self.spool.seek(0, 2)
+        left = node.size
+        while left:
+            chunk = reader.read(min(left, _COPY))
+            self.spool.write(chunk)
+            left -= len(chunk)
+        return node
+
     # -- after the last layer
+
+    def _write_spooled(self) -> None:
+        """The layers' files that are in the merged tree, written in its path order (a hard
+        link's inode once, at its first name)."""
+        for _path, node in walk(self.root):
+            start = self.spooled.pop(id(node), None)
+            if start is not None:
+                self.spool.seek(start)
+                self.data.fill(node, self.spool.read)
+        self.spooled.clear()
 
     def finish(self) -> None:
         plan = self.plan
+        self._write_spooled()
         for directory in plan.wanted_dirs():
             parts = tuple(directory.split("/"))
             node = self.lookup(parts)

@@ -4,6 +4,7 @@ As mksquashfs lays them out for the ancestor's flags: a block is stored uncompre
 image was made with -noD (or when compressing does not make it smaller), a file's tail goes to a
 fragment block when the file is smaller than a block (or with -always-use-fragments), and never
 with -no-fragments. A file's blocks are contiguous: fragments are flushed between files only.
+The caller decides the order files are written in (apply.py: the merged tree's, by path).
 """
 
 from __future__ import annotations
@@ -36,11 +37,15 @@ class DataWriter:
 
     def add_file(self, read: Callable[[int], bytes], size: int, mode: int, mtime: int) -> Node:
         """A regular file of `size` bytes read from `read(n)`, as a new inode."""
-        bs = self.block_size
+        return self.fill(Node(FILE, mode, mtime, size=size), read)
+
+    def fill(self, node: Node, read: Callable[[int], bytes]) -> Node:
+        """Write the `node.size` bytes `read(n)` gives as the data of the file inode `node`."""
+        bs, size = self.block_size, node.size
         tail = size % bs
         to_fragment = bool(tail) and self.use_fragments and (self.always_fragments or size < bs)
         full = size // bs + (1 if tail and not to_fragment else 0)
-        node = Node(FILE, mode, mtime, size=size, blocks_start=self.pos if full else 0)
+        node.blocks_start = self.pos if full else 0
         sizes = []
         for _ in range(full):
             sizes.append(self._block(read(bs), self.compress_data))

@@ -1,7 +1,8 @@
 """The entry point: a child `.sqsh` from its ancestor's and the layer diffs between them.
 
     ancestor.sqsh [0, A) ──clone/copy──► out [0, A)      (A: where its inode table began)
-    layers ──apply──► tree ──► new blocks at A…, then every table, then the superblock at 0
+    layers ──apply──► tree (+ a spool of the layers' file bodies)
+           ──► new blocks at A… in the tree's path order, then every table, then the superblock at 0
 
 Atomic: everything goes to a temp file beside `out`, fsynced, then renamed; any failure or kill
 leaves `out` as it was. When the child would carry too many blocks no inode uses, or an input
@@ -13,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
+import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -112,16 +114,19 @@ def _write(parent: Ancestor, layers: Sequence[BinaryIO], f: BinaryIO, out: Path,
         RangeCopier(f.fileno()).copy(src.fileno(), 0, 0, prefix)
     fragments = list(parent.fragments)
     data = DataWriter(f, prefix, parent.sb, parent.codec, fragments)
-    applier = Applier(parent.root, plan, data, functools.partial(read_file, parent))
-    consumed = 0
-    try:
-        for number, layer in enumerate(layers, 1):
-            reader = LayerReader(layer, f"layer {number}", progress, consumed)
-            applier.layer(reader)
-            consumed = reader.consumed
-        applier.finish()
-    except Unsupported as exc:
-        return IncrementalResult(out, full_needed=True, reason=str(exc))
+    # unnamed (O_TMPFILE), beside the child: gone with the process, whatever stops it
+    with tempfile.TemporaryFile(dir=out.parent) as spool:
+        applier = Applier(parent.root, plan, data, spool, functools.partial(read_file, parent))
+        consumed = 0
+        try:
+            for number, layer in enumerate(layers, 1):
+                # a stream may name itself (a registry's blob): the writer's one line then says which
+                reader = LayerReader(layer, getattr(layer, "where", f"layer {number}"), progress, consumed)
+                applier.layer(reader)
+                consumed = reader.consumed
+            applier.finish()
+        except Unsupported as exc:
+            return IncrementalResult(out, full_needed=True, reason=str(exc))
     alias = stale_alias(parent, parent.root, applier.before, applier.written)
     if alias:
         return IncrementalResult(out, full_needed=True, reason=alias)
