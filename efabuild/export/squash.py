@@ -76,6 +76,9 @@ class ExportResult:
     incremental: dict | None = None
     # sha256 over the image's diff IDs (RootFS.Layers): which build of the key the bytes came from
     image_layers: str | None = None
+    # the range it reuses from an ancestor only this user can change, for a sha256 taken later
+    # (make's, beside the probe): valid while the ancestor's descriptor is open, never recorded
+    splice: Splice | None = None
 
 
 class ExportCancelled(EfabuildError):
@@ -321,7 +324,7 @@ def keep_export(tmp: Path, job: ExportJob, with_sha256: bool, *, splice: Splice 
         raise EfabuildError(f"export {job.image}: cannot write {job.out}: {exc.strerror}") from None
     fsync_dir(job.out.parent)
     return ExportResult(job.out, size, digest, job.opts, time.monotonic() - job.started, sha256,
-                        time_clamp=job.plan.clamp, index=index, labels=job.labels)
+                        time_clamp=job.plan.clamp, index=index, labels=job.labels, splice=splice)
 
 
 def _digests(path: Path, with_sha256: bool, chunking: tuple[int, int, int] | None, splice: Splice | None = None,

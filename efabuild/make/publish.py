@@ -64,7 +64,7 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
         if result.incremental is not None and result.incremental.get("full") != NO_ANCESTOR:
             notices.note(f"{name}: {how_exported(result.incremental)}")
         export_info = export_record(result, request.options, request.epoch)
-        sha256 = Sha256Pass(result.path)
+        sha256 = Sha256Pass(result.path, result.splice)  # the reused range read from the ancestor's pages
         manifest = describe_sqsh(
             result.path, key=key, name=plan.layer, sqsh_digest=result.digest, sqsh_sha256=sha256.result,
             export_options=export_info, base=_base(prepared.plan, name), chain=_chain(prepared.plan, name),

@@ -8,7 +8,7 @@ metadata (8 KiB metadata blocks and indexed tables), codec, tree (the inode mode
 writer (the new tables).
 
 Codecs: metadata and fragment blocks are compressed with the ancestor's compressor (lzo through
-liblzo2 by ctypes: lzo1x_999 for metadata as mksquashfs, lzo1x_1 for fragments and data; gzip
+liblzo2 by ctypes: lzo1x_1 for all of them, where mksquashfs uses lzo1x_999 for metadata; gzip
 and xz from Python, zstd from `zstandard`), a block that does not shrink stored as is; data
 blocks as the ancestor's flags say (uncompressed under Enroot's default -noD). lz4 and legacy
 lzma ancestors get `full_needed`.
