@@ -35,7 +35,7 @@ class Decoded:
 
 def decode(region: Region, pos: int, *, block_size: int, fragments: int, id_count: int) -> Decoded:
     """The inode at `pos` of the decoded inode table."""
-    kind, mode, uid, gid, mtime, number = _HEADER.unpack(region.take(pos, _HEADER.size))
+    kind, mode, uid, gid, mtime, number = region.unpack(_HEADER, pos)
     pos += _HEADER.size
     if uid >= id_count or gid >= id_count:
         raise InputError(f"inode {number} names owner id {max(uid, gid)} of {id_count}")
@@ -46,9 +46,9 @@ def decode(region: Region, pos: int, *, block_size: int, fragments: int, id_coun
     xattr = NO_XATTR
     if basic == DIR:
         if extended:
-            nlink, size, start, _parent, _count, offset, xattr = _EXT_DIR.unpack(region.take(pos, _EXT_DIR.size))
+            nlink, size, start, _parent, _count, offset, xattr = region.unpack(_EXT_DIR, pos)
         else:
-            start, nlink, size, offset, _parent = _BASIC_DIR.unpack(region.take(pos, _BASIC_DIR.size))
+            start, nlink, size, offset, _parent = region.unpack(_BASIC_DIR, pos)
         node.children = {}
         if xattr != NO_XATTR:
             raise Unsupported(f"inode {number} has extended attributes")
@@ -76,12 +76,12 @@ def decode(region: Region, pos: int, *, block_size: int, fragments: int, id_coun
 def _decode_file(region: Region, pos: int, node: Node, number: int, extended: bool, block_size: int,
                  fragments: int) -> Decoded:
     if extended:
-        start, size, sparse, nlink, frag, frag_offset, xattr = _EXT_FILE.unpack(region.take(pos, _EXT_FILE.size))
+        start, size, sparse, nlink, frag, frag_offset, xattr = region.unpack(_EXT_FILE, pos)
         pos += _EXT_FILE.size
         if xattr != NO_XATTR:
             raise Unsupported(f"inode {number} has extended attributes")
     else:
-        start, frag, frag_offset, size = _BASIC_FILE.unpack(region.take(pos, _BASIC_FILE.size))
+        start, frag, frag_offset, size = region.unpack(_BASIC_FILE, pos)
         pos += _BASIC_FILE.size
         sparse, nlink = 0, 1
     if frag != NO_FRAGMENT and (frag >= fragments or frag_offset >= block_size):

@@ -145,10 +145,10 @@ class _Tree:
         return node, got.listing
 
     def _check_blocks(self, node: Node, number: int) -> None:
-        stored = sum(size & SIZE_MASK for (size,) in struct.iter_unpack("<I", node.blocks))
-        if node.blocks and not (self.data_start <= node.blocks_start
-                                and node.blocks_start + stored <= self.sb.inode_table):
-            raise InputError(f"inode {number}'s blocks lie outside the data region")
+        if node.blocks:  # most files of an image are smaller than a block: a fragment only
+            stored = sum(size & SIZE_MASK for (size,) in struct.iter_unpack("<I", node.blocks))
+            if not (self.data_start <= node.blocks_start and node.blocks_start + stored <= self.sb.inode_table):
+                raise InputError(f"inode {number}'s blocks lie outside the data region")
         if node.fragment == NO_FRAGMENT and node.size and not node.blocks:
             raise InputError(f"inode {number} has data but no blocks")
 
@@ -162,12 +162,12 @@ class _Tree:
         end = pos + size - 3
         out: list[tuple[bytes, int, int]] = []
         while pos < end:
-            count, start, _number = _DIR_HEADER.unpack(self.dirs.take(pos, _DIR_HEADER.size))
+            count, start, _number = self.dirs.unpack(_DIR_HEADER, pos)
             pos += _DIR_HEADER.size
             if count >= 256:
                 raise InputError(f"a directory header of {count + 1} entries")
             for _ in range(count + 1):
-                ioff, _delta, kind, nlen = _DIR_ENTRY.unpack(self.dirs.take(pos, _DIR_ENTRY.size))
+                ioff, _delta, kind, nlen = self.dirs.unpack(_DIR_ENTRY, pos)
                 name = self.dirs.take(pos + _DIR_ENTRY.size, nlen + 1)
                 pos += _DIR_ENTRY.size + nlen + 1
                 if b"/" in name or b"\0" in name or name in (b".", b".."):
