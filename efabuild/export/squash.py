@@ -305,15 +305,15 @@ class Unkept(EfabuildError):
 
 
 def keep_export(tmp: Path, job: ExportJob, with_sha256: bool, *, splice: Splice | None = None,
-                seed: ChunkIndex | None = None, tree: Tree | None = None,
+                seed: ChunkIndex | None = None, seed_checked: bool = False, tree: Tree | None = None,
                 still_valid: Callable[[], str | None] | None = None) -> ExportResult:
     """Make the finished temp file durable, hash it, and move it to its name. `splice`: a range
     copied from another file, hashed from there (from `tree`, that file's chaining values, where
-    given; `seed`, its chunk index, lends its chunks); `still_valid()`, asked after hashing, may
-    refuse the result (Unkept, with its reason)."""
+    given; `seed`, its chunk index, lends its chunks, re-hashed unless `seed_checked`);
+    `still_valid()`, asked after hashing, may refuse the result (Unkept, with its reason)."""
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
-    digest, sha256, index = _digests(tmp, with_sha256, job.chunking, splice, seed, tree)
+    digest, sha256, index = _digests(tmp, with_sha256, job.chunking, splice, seed, tree, seed_checked)
     problem = still_valid() if still_valid is not None else None
     if problem:
         raise Unkept(problem)
@@ -328,7 +328,8 @@ def keep_export(tmp: Path, job: ExportJob, with_sha256: bool, *, splice: Splice 
 
 
 def _digests(path: Path, with_sha256: bool, chunking: tuple[int, int, int] | None, splice: Splice | None = None,
-             seed: ChunkIndex | None = None, tree: Tree | None = None) -> tuple[str, str | None, ChunkIndex | None]:
+             seed: ChunkIndex | None = None, tree: Tree | None = None,
+             seed_checked: bool = False) -> tuple[str, str | None, ChunkIndex | None]:
     """blake3, sha256 (or None) and the chunk index (or None) of a fresh file, in one read of it
     (of its own bytes outside `splice`, with `tree`)."""
     if splice is None:
@@ -346,7 +347,7 @@ def _digests(path: Path, with_sha256: bool, chunking: tuple[int, int, int] | Non
     digest = spliced_digest(path, splice.start, splice.end, tree) if tree is not None else None
     index = None
     if chunking is not None:
-        index = chunk_spliced(path, splice, seed, chunking=chunking, digest=digest)
+        index = chunk_spliced(path, splice, seed, chunking=chunking, digest=digest, seed_checked=seed_checked)
         digest = index.digest
     elif digest is None:
         digest = spliced_digests(path, splice, False)[0]

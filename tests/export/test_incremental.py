@@ -168,3 +168,32 @@ def test_a_tree_that_is_not_the_splice_sources_never_gives_the_child_a_wrong_dig
     tmp.write_bytes(os.urandom(96) + source.read_bytes()[96:3 << 20] + b"tables")
     kept = keep_export(tmp, _job(tmp_path), True, splice=Splice(str(source), 96, 3 << 20), tree=tree)
     assert (kept.digest, kept.sha256) == file_digests(tmp_path / "child.sqsh")
+
+
+def test_a_kept_index_found_true_is_remembered_for_the_next_child_and_a_lying_one_never(tmp_path, monkeypatch):
+    """The edit loop's second child of the same ancestor lends the kept index's chunks unhashed,
+    once a first child found every one it lent true; an index that lied is never remembered."""
+    import random
+
+    from efabuild.export.incremental import _remember_seed, _seed_checked
+    from efabuild.signing import verifycache
+    from efabuild.store.chunked.chunks import chunk_file, chunk_spliced
+
+    monkeypatch.setenv(verifycache.CACHE_ENV, str(tmp_path / "verified"))
+    small = (4096, 16384, 65536)
+    rng = random.Random(12)
+    source = tmp_path / "efa.sqsh"
+    source.write_bytes(rng.randbytes(3 << 20))
+    child = tmp_path / "child.sqsh"
+    child.write_bytes(rng.randbytes(96) + source.read_bytes()[96:(2 << 20) + 3] + rng.randbytes(300_000))
+    splice = Splice(str(source), 96, (2 << 20) + 3)
+    seed = chunk_file(source, chunking=small)
+    forged = seed._replace(chunks=tuple(("f" * 64 if n == 5 else cid, length) for n, (cid, length) in enumerate(seed.chunks)))
+    true, lying = _ancestor(source, index=seed), _ancestor(source, index=forged)
+    assert not _seed_checked(true)
+    _remember_seed(true, chunk_spliced(child, splice, seed, chunking=small), splice)
+    assert _seed_checked(true)
+    _remember_seed(lying, chunk_spliced(child, splice, forged, chunking=small), splice)
+    assert not _seed_checked(lying)
+    # lent unhashed, the index is still the child's own
+    assert chunk_spliced(child, splice, seed, chunking=small, seed_checked=True) == chunk_file(child, chunking=small)

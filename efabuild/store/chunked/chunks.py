@@ -172,7 +172,7 @@ def chunk_file(path: str | os.PathLike[str], *, chunking: tuple[int, int, int] =
 
 def chunk_spliced(path: str | os.PathLike[str], splice: Splice, seed: ChunkIndex | None, *,
                   chunking: tuple[int, int, int] = (MIN_SIZE, AVG_SIZE, MAX_SIZE), digest: str | None = None,
-                  progress=None) -> ChunkIndex:  # noqa: ANN001
+                  seed_checked: bool = False, progress=None) -> ChunkIndex:  # noqa: ANN001
     """chunk_file() of a file whose bytes [splice.start, splice.end) were copied from
     `splice.source`, whose chunk index is `seed`; the same index, without cutting that range again.
 
@@ -185,7 +185,9 @@ def chunk_spliced(path: str | os.PathLike[str], splice: Splice, seed: ChunkIndex
     whose ids are right but whose cuts are not FastCDC's costs sharing, never a wrong byte). A
     seed cut with other sizes, or of another size than the source, lends nothing. Cutting a whole
     1.4 GB image took 1.05 s here; hashing its chunks again takes a fifth of that. `digest`: the
-    file's, where its caller has it (host/blake3tree.py): the file is then not hashed whole again."""
+    file's, where its caller has it (host/blake3tree.py): the file is then not hashed whole again.
+    `seed_checked`: the seed is known to describe the source's bytes (lends_all() said so of an
+    earlier child of the same source, remembered by the caller): its chunks are not hashed again."""
     from fastcdc import fastcdc  # imported here: only publishing and fetching chunk
 
     low, avg, high = chunking
@@ -204,7 +206,9 @@ def chunk_spliced(path: str | os.PathLike[str], splice: Splice, seed: ChunkIndex
                 if taken is not None:
                     cid, length = taken
                     data = source[pos:pos + length]
-                    if blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() == cid:
+                    if seed_checked and whole is None:
+                        pass  # neither its id nor the whole digest needs its bytes
+                    elif seed_checked or blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() == cid:
                         if whole is not None:
                             whole.update(data)
                     else:
@@ -222,6 +226,15 @@ def chunk_spliced(path: str | os.PathLike[str], splice: Splice, seed: ChunkIndex
             data = None  # the slices of the maps go before the maps do
     return ChunkIndex(size=size, digest=digest or PREFIX + whole.hexdigest(), chunks=tuple(chunks),
                       chunking=chunking)
+
+
+def lends_all(seed: ChunkIndex, index: ChunkIndex, splice: Splice) -> bool:
+    """Whether every chunk of `seed` inside the splice's range is in `index` where the seed has it:
+    chunk_spliced() hashed each against its id and found none that lied, so the seed describes
+    the source's bytes there."""
+    mine = set(index.spans())
+    return all((cid, offset, length) in mine for cid, offset, length in seed.spans()
+               if splice.start <= offset and offset + length <= splice.end and offset + length < seed.size)
 
 
 def mismatch(index: ChunkIndex, path: str | os.PathLike[str]) -> str | None:
