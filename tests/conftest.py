@@ -35,6 +35,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.s3)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _verification_cache_of_the_run(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """What the suite's checks remember (verified copies, ancestors' chunk indexes found true) goes
+    to a cache of this run, never to root's /var/cache/efabuild: a test sees only what it made, and
+    a later run starts as a fresh machine does. A test that names its own cache still does."""
+    import os
+
+    from efabuild.signing.verifycache import CACHE_ENV
+
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("verified") / "cache")  # made 0700 when first written
+
+
 @pytest.fixture(autouse=True)
 def _no_engine_unless_asked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if request.node.get_closest_marker("engine") is None:
