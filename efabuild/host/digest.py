@@ -57,42 +57,54 @@ def read_pieces(fd: int, start: int, end: int | None) -> Iterator[memoryview]:
 
 
 def file_digests(path: str | os.PathLike[str]) -> tuple[str, str]:
-    """("blake3:<hex>", "<sha256 hex>") of a file, in one read of its pages.
-
-    One mmap feeds both: sha256 (single-threaded in OpenSSL, the slower of the two) runs in a
-    thread of its own while blake3 hashes the same pages here; both release the GIL. The pages are
-    read from disk once at most, and right after an export they are still in the page cache.
-    """
-    import hashlib  # OpenSSL's: loaded where sha256 is wanted, not by every plan
-
+    """("blake3:<hex>", "<sha256 hex>") of a file, in one read of its pages (_digests_of)."""
     with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size == 0:
-            return bytes_digest(b""), hashlib.sha256().hexdigest()
+        if os.fstat(handle.fileno()).st_size == 0:  # mmap refuses an empty file
+            return _digests_of([], True)
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
             view = memoryview(mapped)
             try:
-                sha256 = hashlib.sha256()
-                failed: list[BaseException] = []
-
-                def sha256_pass() -> None:
-                    try:
-                        for start in range(0, size, _SHA256_CHUNK):
-                            sha256.update(view[start:start + _SHA256_CHUNK])
-                    except BaseException as exc:  # re-raised in the caller's thread
-                        failed.append(exc)
-
-                worker = threading.Thread(target=sha256_pass, name="sha256", daemon=True)
-                worker.start()
-                # one blake3 thread: the other core is busy with sha256
-                hasher = blake3.blake3(max_threads=1 if (os.cpu_count() or 1) <= 2 else blake3.blake3.AUTO)
-                hasher.update(view)
-                worker.join()
-                if failed:
-                    raise failed[0]
-                return PREFIX + hasher.hexdigest(), sha256.hexdigest()
+                return _digests_of([view], True)
             finally:
                 view.release()
+
+
+def _digests_of(pieces: list[memoryview], with_sha256: bool) -> tuple[str, str | None]:
+    """blake3 of the pieces in order, and their sha256 (or None) from the same pages.
+
+    sha256 (single-threaded in OpenSSL, the slower of the two) runs in a thread of its own while
+    blake3 hashes the same pages here; both release the GIL. The pages are read from disk once at
+    most, and right after an export they are still in the page cache.
+    """
+    import hashlib  # OpenSSL's: loaded where sha256 is wanted, not by every plan
+
+    sha256 = hashlib.sha256() if with_sha256 else None
+    failed: list[BaseException] = []
+
+    def sha256_pass() -> None:
+        try:
+            _sha256_update(sha256, pieces)
+        except BaseException as exc:  # re-raised in the caller's thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=sha256_pass, name="sha256", daemon=True) if sha256 is not None else None
+    if worker is not None:
+        worker.start()
+    busy = worker is not None and (os.cpu_count() or 1) <= 2  # the other core is sha256's
+    hasher = blake3.blake3(max_threads=1 if busy else blake3.blake3.AUTO)
+    for piece in pieces:
+        hasher.update(piece)
+    if worker is not None:
+        worker.join()
+    if failed:
+        raise failed[0]
+    return PREFIX + hasher.hexdigest(), sha256.hexdigest() if sha256 is not None else None
+
+
+def _sha256_update(sha256, pieces: list[memoryview]) -> None:  # noqa: ANN001 - a hashlib object
+    for piece in pieces:
+        for start in range(0, len(piece), _SHA256_CHUNK):
+            sha256.update(piece[start:start + _SHA256_CHUNK])
 
 
 class Splice(NamedTuple):
@@ -132,35 +144,13 @@ def splice_pieces(own: memoryview, source: memoryview, splice: Splice) -> list[m
 
 def spliced_digests(path: str | os.PathLike[str], splice: Splice, with_sha256: bool) -> tuple[str, str | None]:
     """file_digests() (or file_digest() and None) of a file whose splice range is read from its source."""
-    import hashlib
-
     with spliced_maps(path, splice) as (own, source):
         pieces = splice_pieces(own, source, splice)
-        sha256 = hashlib.sha256() if with_sha256 else None
-        failed: list[BaseException] = []
-
-        def sha256_pass() -> None:
-            try:
-                for piece in pieces:
-                    for start in range(0, len(piece), _SHA256_CHUNK):
-                        sha256.update(piece[start:start + _SHA256_CHUNK])
-            except BaseException as exc:  # re-raised in the caller's thread
-                failed.append(exc)
-
-        worker = threading.Thread(target=sha256_pass, name="sha256", daemon=True) if sha256 else None
-        if worker is not None:
-            worker.start()
-        busy = worker is not None and (os.cpu_count() or 1) <= 2  # the other core is sha256's
-        hasher = blake3.blake3(max_threads=1 if busy else blake3.blake3.AUTO)
-        for piece in pieces:
-            hasher.update(piece)
-        if worker is not None:
-            worker.join()
-        for piece in pieces:
-            piece.release()
-        if failed:
-            raise failed[0]
-        return PREFIX + hasher.hexdigest(), sha256.hexdigest() if sha256 is not None else None
+        try:
+            return _digests_of(pieces, with_sha256)
+        finally:
+            for piece in pieces:
+                piece.release()
 
 
 def _spliced_sha256(path: str, splice: Splice) -> str:
@@ -168,9 +158,9 @@ def _spliced_sha256(path: str, splice: Splice) -> str:
 
     sha256 = hashlib.sha256()
     with spliced_maps(path, splice) as (own, source):
-        for piece in splice_pieces(own, source, splice):
-            for start in range(0, len(piece), _SHA256_CHUNK):
-                sha256.update(piece[start:start + _SHA256_CHUNK])
+        pieces = splice_pieces(own, source, splice)
+        _sha256_update(sha256, pieces)
+        for piece in pieces:
             piece.release()
     return sha256.hexdigest()
 
