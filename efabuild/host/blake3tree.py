@@ -205,32 +205,34 @@ def _parent(lib: ctypes.CDLL, left: bytes, right: bytes, root: bool) -> bytes:
 
 def file_tree(path: str | os.PathLike[str]) -> Tree | None:
     """The file's digest with its units' chaining values, in one read; None without the helper."""
-    lib = native()
-    if lib is None:
-        return None
-    mapped = _open(path)
-    try:
-        whole = mapped.size // UNIT
-        cvs = _unit_cvs(lib, mapped, range(whole))
-        digest = _root(lib, mapped, cvs.__getitem__)
-        return Tree(mapped.size, digest, b"".join(cvs[n] for n in range(whole)), mapped.stamp)
-    finally:
-        mapped.close()
+    return _assemble(path, lambda whole: {})
 
 
 def spliced_digest(path: str | os.PathLike[str], start: int, end: int, source: Tree) -> str | None:
     """The digest of a file whose bytes [start, end) are those of the file `source` describes, at
     the same offsets: the units inside that range are the source's, only the rest is hashed. None
     without the helper."""
+    def lent(whole: int) -> dict[int, bytes]:
+        inside = min(end, source.size)
+        return {n: source.unit(n) for n in range(whole)
+                if start <= n * UNIT and (n + 1) * UNIT <= inside and (n + 1) * CV <= len(source.cvs)}
+
+    tree = _assemble(path, lent)
+    return tree.digest if tree is not None else None
+
+
+def _assemble(path: str | os.PathLike[str], lent: Callable[[int], dict[int, bytes]]) -> Tree | None:
+    """The file's tree, its units' values taken from `lent(units)` where it has them and hashed
+    from the file for the rest; None without the helper."""
     lib = native()
     if lib is None:
         return None
     mapped = _open(path)
     try:
         whole = mapped.size // UNIT
-        lent = {n for n in range(whole) if start <= n * UNIT and (n + 1) * UNIT <= min(end, source.size)
-                and (n + 1) * CV <= len(source.cvs)}
-        fresh = _unit_cvs(lib, mapped, [n for n in range(whole) if n not in lent])
-        return _root(lib, mapped, lambda n: source.unit(n) if n in lent else fresh[n])
+        cvs = lent(whole)
+        cvs.update(_unit_cvs(lib, mapped, [n for n in range(whole) if n not in cvs]))
+        digest = _root(lib, mapped, cvs.__getitem__)
+        return Tree(mapped.size, digest, b"".join(cvs[n] for n in range(whole)), mapped.stamp)
     finally:
         mapped.close()
