@@ -11,27 +11,37 @@ from efabuild.signing import verifycache
 from tests.kits.storekit import key_for
 
 
+def _remembered_only_from(tmp_path, monkeypatch, name: str, *, ahead: float, too_soon: float, late_enough: float,
+                          mode: int | None = None) -> None:
+    """A verification begun `too_soon` s after the file's last change is not remembered, one begun
+    `late_enough` s after it is, and found again; the clock moved `ahead` s (no call sets a ctime
+    back); `mode`: the file's (0o666: as another user's file in a shared tier)."""
+    key = key_for(name)
+    sqsh = tmp_path / f"{key}.sqsh"
+    sqsh.write_bytes(b"squashfs bytes")
+    if mode is not None:
+        sqsh.chmod(mode)
+    paths = {"sqsh": sqsh}
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + ahead)
+    stamps = verifycache.take_stamps(paths)
+    changed = stamps["sqsh"][4] / 1e9
+    environ = {verifycache.CACHE_ENV: str(tmp_path / "verified")}
+    assert not verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + too_soon, environ=environ)
+    assert not verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)
+    assert verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + late_enough, environ=environ)
+    assert verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)
+
+
 def test_a_verification_begun_within_the_racy_window_of_a_change_is_not_remembered(tmp_path, monkeypatch):
     """Slip: only the clock at the end is held against the files' ctimes. A verification that began
     less than 2 s after a file last changed may have read bytes that a second write in the same
     timestamp tick (whole seconds on Lustre) replaced without moving the stamp; remembered, the
     next lookup would start those bytes unverified."""
-    key = key_for("racy")
-    sqsh = tmp_path / f"{key}.sqsh"
-    sqsh.write_bytes(b"squashfs bytes")
-    paths = {"sqsh": sqsh}
     # the change is now older than the window: the clock is moved forward rather than waited for
     # (no call sets a ctime back)
-    real_time = time.time
-    monkeypatch.setattr(time, "time", lambda: real_time() + verifycache.RACY_SECONDS + 0.1)
-    stamps = verifycache.take_stamps(paths)
-    changed = stamps["sqsh"][4] / 1e9
-    environ = {verifycache.CACHE_ENV: str(tmp_path / "verified")}
-    assert not verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + 1, environ=environ)
-    assert not verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)
-    # begun well after the change: remembered, and found again
-    assert verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + 2.5, environ=environ)
-    assert verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)
+    _remembered_only_from(tmp_path, monkeypatch, "racy", ahead=verifycache.RACY_SECONDS + 0.1, too_soon=1,
+                          late_enough=2.5)
 
 
 def test_a_digest_check_and_a_signature_check_of_one_file_keep_their_own_entries(tmp_path, monkeypatch):
@@ -81,19 +91,4 @@ def test_a_file_someone_else_can_write_is_remembered_only_once_no_page_of_it_can
     """Its owner, holding it mapped writable, writes a dirty page again without moving its stamp
     until the kernel writes the page back (30 s + 5 s by default): a verification remembered 2 s
     after their last change would let a job start bytes changed since, unverified."""
-    import os
-
-    key = key_for("mapped")
-    sqsh = tmp_path / f"{key}.sqsh"
-    sqsh.write_bytes(b"squashfs bytes")
-    sqsh.chmod(0o666)  # or another user's file in a shared tier
-    paths = {"sqsh": sqsh}
-    real_time = time.time
-    monkeypatch.setattr(time, "time", lambda: real_time() + 120)
-    stamps = verifycache.take_stamps(paths)
-    changed = stamps["sqsh"][4] / 1e9
-    environ = {verifycache.CACHE_ENV: str(tmp_path / "verified")}
-    assert not verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + 10, environ=environ)
-    assert not verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)
-    assert verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + 61, environ=environ)
-    assert verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)
+    _remembered_only_from(tmp_path, monkeypatch, "mapped", ahead=120, too_soon=10, late_enough=61, mode=0o666)
