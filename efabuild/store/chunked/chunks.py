@@ -206,13 +206,10 @@ def chunk_spliced(path: str | os.PathLike[str], splice: Splice, seed: ChunkIndex
                 if taken is not None:
                     cid, length = taken
                     data = source[pos:pos + length]
-                    if seed_checked and whole is None:
-                        pass  # neither its id nor the whole digest needs its bytes
-                    elif seed_checked or blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() == cid:
-                        if whole is not None:
-                            whole.update(data)
-                    else:
+                    if not seed_checked and blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() != cid:
                         lent, taken = {}, None  # a seed that lied once lends nothing more
+                    elif whole is not None:
+                        whole.update(data)
                 if taken is None:
                     chunk = next(iter(fastcdc(own[pos:], min_size=low, avg_size=avg, max_size=high, fat=True)))
                     cid, length = chunk_id(chunk.data), chunk.length
