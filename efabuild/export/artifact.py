@@ -63,13 +63,15 @@ class ExportRequest:
 
 
 def export_artifact(request: ExportRequest, out: Path, *, progress: Progress | None = None, sha256: bool = True,
-                    cancel: threading.Event | None = None,
+                    sha256_beside_copy: bool = False, cancel: threading.Event | None = None,
                     chunking: tuple[int, int, int] | None = None) -> ExportResult:
-    """The layer's .sqsh at `out` (see ExportRequest); its `incremental` says how it was made."""
+    """The layer's .sqsh at `out` (see ExportRequest); its `incremental` says how it was made.
+    `sha256_beside_copy`: its sha256 too where an incremental export can compute it while it
+    copies the ancestor's range (export_incremental), for a caller that would take it later."""
     how = dict(options=request.options, epoch=request.epoch, progress=progress, sha256=sha256, cancel=cancel,
                chunking=chunking)
     if request.remote is not None:
-        return _export_from_registry(request, out, how)
+        return _export_from_registry(request, out, how, sha256_beside_copy)
     if not built_for_key(request.engine, request.tag, request.key):
         raise EfabuildError(f"{request.name}: the engine's {request.tag} does not carry key {short(request.key)} in its "
                             f"{KEY_LABEL} label (some other image was given this name): not exported; remove it and "
@@ -81,7 +83,8 @@ def export_artifact(request: ExportRequest, out: Path, *, progress: Progress | N
         made = export_incremental(EngineLayers(request.engine, request.tag), request.ancestor, out,
                                   options=request.options,
                                   epoch=request.epoch, recorded=recorded_options(request.options, request.epoch),
-                                  progress=progress, sha256=sha256, chunking=chunking)
+                                  progress=progress, sha256=sha256, sha256_beside_copy=sha256_beside_copy,
+                                  chunking=chunking)
         if isinstance(made, ExportResult):
             return attrs.evolve(made, image_layers=layers)
         reason = made
@@ -89,7 +92,7 @@ def export_artifact(request: ExportRequest, out: Path, *, progress: Progress | N
     return attrs.evolve(result, incremental=full(reason) if reason else None, image_layers=layers)
 
 
-def _export_from_registry(request: ExportRequest, out: Path, how: dict) -> ExportResult:
+def _export_from_registry(request: ExportRequest, out: Path, how: dict, sha256_beside_copy: bool) -> ExportResult:
     """A farm's export: incremental from the registry's blobs when the ancestor allows it, else
     streamed whole by a builder; its `image_layers` from the registry's config either way."""
     remote = request.remote
@@ -106,7 +109,8 @@ def _export_from_registry(request: ExportRequest, out: Path, how: dict) -> Expor
                                 remote_ref(request.ancestor.tag, remote.registry))
         made = export_incremental(source, request.ancestor, out, options=request.options, epoch=request.epoch,
                                   recorded=recorded_options(request.options, request.epoch),
-                                  progress=how["progress"], sha256=how["sha256"], chunking=how["chunking"])
+                                  progress=how["progress"], sha256=how["sha256"],
+                                  sha256_beside_copy=sha256_beside_copy, chunking=how["chunking"])
         if isinstance(made, ExportResult):
             return attrs.evolve(made, image_layers=layers_digest(source.child().diff_ids))
         reason = made

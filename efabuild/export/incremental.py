@@ -38,7 +38,7 @@ from efabuild.engine.images import built_for_key, layer_facts
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.host import children, statstamp
 from efabuild.host.blake3tree import Tree
-from efabuild.host.digest import PREFIX, Splice, read_pieces
+from efabuild.host.digest import PREFIX, Sha256Pass, Splice, read_pieces
 from efabuild.export.enroot import ImageConfig
 from efabuild.export.layerdiff import LayerSourceUnavailable, overlay_dirs, stream_layers
 from efabuild.export.registrylayers import RegistryLayers
@@ -130,11 +130,13 @@ class EngineLayers:
 
 def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor, out: Path, *,
                        options: ExportSettings, epoch: int, recorded: Mapping[str, Any],
-                       progress: Progress | None = None, sha256: bool = True,
+                       progress: Progress | None = None, sha256: bool = True, sha256_beside_copy: bool = False,
                        chunking: tuple[int, int, int] | None = None) -> ExportResult | str:
     """`source.image`'s .sqsh written from `ancestor`'s at `out`, or why it cannot be (then nothing
     is written); `source`: EngineLayers or RegistryLayers; `recorded`: the export options the
-    child's record will hold, but time_clamp."""
+    child's record will hold, but time_clamp. `sha256_beside_copy`: compute the sha256 too where
+    it can run while the ancestor's range is copied (an ancestor only this user can change), for
+    a caller who would otherwise compute it afterwards (make); `sha256`: compute it in any case."""
     started = time.monotonic()
     image = source.image
     opts = mksquashfs_options(options, epoch=epoch)
@@ -147,10 +149,20 @@ def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor
     except (LayerSourceUnavailable, NotFound) as exc:
         return str(exc)
     tmp = out.parent / f"{out.name}.{os.urandom(4).hex()}.tmp"
+    early: list[Sha256Pass] = []
+
+    def start_sha256(fd: int, reused: int) -> None:
+        # the child's own bytes, its ancestor's pages for the range being copied: as reuse() reads them
+        held = os.dup(fd)
+        splice = Splice(str(ancestor.sqsh), SUPERBLOCK_BYTES, reused)
+        early.append(Sha256Pass(f"/proc/self/fd/{held}", splice, holding=held))
+
+    beside_copy = (sha256 or sha256_beside_copy) and ancestor.stamp is not None and _owned(ancestor.sqsh)
     try:
         try:
             written = write_incremental(ancestor.sqsh, streams, tmp, plan=plan, ancestor_plan=ancestor_plan,
-                                        progress=(lambda n: progress(n, None)) if progress else None)
+                                        progress=(lambda n: progress(n, None)) if progress else None,
+                                        before_copy=start_sha256 if beside_copy else None)
         except EfabuildError as exc:  # a layer it refuses: a full export reads the image afresh
             written = exc
         # first: a writer that refused a cut or tampered stream says less than the stream; each blob's
@@ -164,8 +176,11 @@ def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor
             return written.reason
         job = ExportJob(image, out, opts, plan, None, started, chunking, cfg.labels)
         terms = reuse(ancestor, tmp, written.reused_bytes)
+        if early and terms.get("splice") != early[0].splice:
+            early.pop().abandon()  # no longer this user's alone: hashed from the child's own bytes
         try:
-            result = keep_export(tmp, job, sha256, **terms)
+            result = keep_export(tmp, job, sha256 or bool(early), **terms,
+                                 sha256_pass=early[0] if early else None)
         except Unkept as exc:
             return str(exc)
         if terms.get("seed") is not None and not terms.get("seed_checked") and result.index is not None:
@@ -173,6 +188,8 @@ def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor
     finally:
         for stream in streams:
             stream.close()
+        for pass_ in early:
+            pass_.abandon()  # finished already when the child was kept
         tmp.unlink(missing_ok=True)
     made = {"ancestor": ancestor.key, "ancestor_digest": ancestor.digest, "dead_bytes": int(written.dead_bytes)}
     return attrs.evolve(result, incremental=made)

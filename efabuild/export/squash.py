@@ -306,14 +306,16 @@ class Unkept(EfabuildError):
 
 def keep_export(tmp: Path, job: ExportJob, with_sha256: bool, *, splice: Splice | None = None,
                 seed: ChunkIndex | None = None, seed_checked: bool = False, tree: Tree | None = None,
-                still_valid: Callable[[], str | None] | None = None) -> ExportResult:
+                still_valid: Callable[[], str | None] | None = None,
+                sha256_pass: Sha256Pass | None = None) -> ExportResult:
     """Make the finished temp file durable, hash it, and move it to its name. `splice`: a range
     copied from another file, hashed from there (from `tree`, that file's chaining values, where
     given; `seed`, its chunk index, lends its chunks, re-hashed unless `seed_checked`);
+    `sha256_pass`: the file's sha256, already running (over the splice), waited for here;
     `still_valid()`, asked after hashing, may refuse the result (Unkept, with its reason)."""
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
-    digest, sha256, index = _digests(tmp, with_sha256, job.chunking, splice, seed, tree, seed_checked)
+    digest, sha256, index = _digests(tmp, with_sha256, job.chunking, splice, seed, tree, seed_checked, sha256_pass)
     problem = still_valid() if still_valid is not None else None
     if problem:
         raise Unkept(problem)
@@ -329,9 +331,10 @@ def keep_export(tmp: Path, job: ExportJob, with_sha256: bool, *, splice: Splice 
 
 def _digests(path: Path, with_sha256: bool, chunking: tuple[int, int, int] | None, splice: Splice | None = None,
              seed: ChunkIndex | None = None, tree: Tree | None = None,
-             seed_checked: bool = False) -> tuple[str, str | None, ChunkIndex | None]:
+             seed_checked: bool = False,
+             sha256_pass: Sha256Pass | None = None) -> tuple[str, str | None, ChunkIndex | None]:
     """blake3, sha256 (or None) and the chunk index (or None) of a fresh file, in one read of it
-    (of its own bytes outside `splice`, with `tree`)."""
+    (of its own bytes outside `splice`, with `tree`); the sha256 from `sha256_pass` where one runs."""
     if splice is None:
         if chunking is None:
             digest, sha256 = file_digests(path) if with_sha256 else (file_digest(path), None)
@@ -341,9 +344,11 @@ def _digests(path: Path, with_sha256: bool, chunking: tuple[int, int, int] | Non
         return index.digest, sha256_pass.result() if sha256_pass is not None else None, index
     if tree is not None and not tree.describes(splice.source):
         tree = None  # another file's values, or the source changed since: hashed from its pages
-    if tree is None and chunking is None:
-        return (*spliced_digests(path, splice, with_sha256), None)
-    sha256_pass = Sha256Pass(path, splice) if with_sha256 else None
+    if tree is None and chunking is None:  # one read for both, unless the sha256 is under way
+        digest, sha256 = spliced_digests(path, splice, with_sha256 and sha256_pass is None)
+        return digest, sha256_pass.result() if sha256_pass is not None else sha256, None
+    if sha256_pass is None and with_sha256:
+        sha256_pass = Sha256Pass(path, splice)
     digest = spliced_digest(path, splice.start, splice.end, tree) if tree is not None else None
     index = None
     if chunking is not None:

@@ -101,9 +101,15 @@ def _digests_of(pieces: list[memoryview], with_sha256: bool) -> tuple[str, str |
     return PREFIX + hasher.hexdigest(), sha256.hexdigest() if sha256 is not None else None
 
 
-def _sha256_update(sha256, pieces: list[memoryview]) -> None:  # noqa: ANN001 - a hashlib object
+class Abandoned(Exception):
+    """A Sha256Pass stopped before its end: its result was no longer wanted."""
+
+
+def _sha256_update(sha256, pieces: list[memoryview], stop: threading.Event | None = None) -> None:  # noqa: ANN001 - a hashlib object
     for piece in pieces:
         for start in range(0, len(piece), _SHA256_CHUNK):
+            if stop is not None and stop.is_set():
+                raise Abandoned
             sha256.update(piece[start:start + _SHA256_CHUNK])
 
 
@@ -153,15 +159,17 @@ def spliced_digests(path: str | os.PathLike[str], splice: Splice, with_sha256: b
                 piece.release()
 
 
-def _spliced_sha256(path: str, splice: Splice) -> str:
+def _spliced_sha256(path: str, splice: Splice, stop: threading.Event | None = None) -> str:
     import hashlib
 
     sha256 = hashlib.sha256()
     with spliced_maps(path, splice) as (own, source):
         pieces = splice_pieces(own, source, splice)
-        _sha256_update(sha256, pieces)
-        for piece in pieces:
-            piece.release()
+        try:
+            _sha256_update(sha256, pieces, stop)
+        finally:
+            for piece in pieces:
+                piece.release()
     return sha256.hexdigest()
 
 
@@ -177,20 +185,31 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 
 
 class Sha256Pass:
-    """sha256 of a file computed in a thread, so that other work (the manifest's probe) runs
-    meanwhile; right after an export the pages are still in the page cache. `result()` waits."""
+    """sha256 of a file computed in a thread, so that other work (the manifest's probe, or the
+    copy of an incremental export's reused range) runs meanwhile; right after an export the pages
+    are still in the page cache. `result()` waits; `abandon()` stops it at its next 8 MiB.
 
-    def __init__(self, path: str | os.PathLike[str], splice: Splice | None = None) -> None:
+    `holding`: a descriptor of the file, which `path` names as /proc/self/fd/N (a temp file that
+    may be renamed or unlinked meanwhile), closed when the pass ends."""
+
+    def __init__(self, path: str | os.PathLike[str], splice: Splice | None = None, *,
+                 holding: int | None = None) -> None:
         self._value: str | None = None
         self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self._holding = holding
+        self.splice = splice
         self._thread = threading.Thread(target=self._run, args=(os.fspath(path), splice), name="sha256", daemon=True)
         self._thread.start()
 
     def _run(self, path: str, splice: Splice | None) -> None:
         try:
-            self._value = sha256_file(path) if splice is None else _spliced_sha256(path, splice)
+            self._value = sha256_file(path) if splice is None else _spliced_sha256(path, splice, self._stop)
         except BaseException as exc:  # re-raised by result() in the caller's thread
             self._error = exc
+        finally:
+            if self._holding is not None:
+                os.close(self._holding)
 
     def result(self) -> str:
         self._thread.join()
@@ -198,6 +217,11 @@ class Sha256Pass:
             raise self._error
         assert self._value is not None
         return self._value
+
+    def abandon(self) -> None:
+        """Stop the pass (its result is not wanted) and wait for it to let go of the file."""
+        self._stop.set()
+        self._thread.join()
 
 
 def bytes_digest(data: bytes) -> str:

@@ -54,9 +54,10 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
 
     try:
         try:
-            # blake3 right after mksquashfs; sha256 below, in a thread while the probe reads the image
-            result = export_artifact(request, out, progress=progress, sha256=False, cancel=cancel,
-                                     chunking=_chunking(store))
+            # blake3 right after mksquashfs; the sha256 while an incremental export copies its
+            # ancestor's range, else below, in a thread while the probe reads the image
+            result = export_artifact(request, out, progress=progress, sha256=False, sha256_beside_copy=True,
+                                     cancel=cancel, chunking=_chunking(store))
         finally:
             for shown in bar:
                 shown.close()
@@ -64,15 +65,16 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
         if result.incremental is not None and result.incremental.get("full") != NO_ANCESTOR:
             notices.note(f"{name}: {how_exported(result.incremental)}")
         export_info = export_record(result, request.options, request.epoch)
-        sha256 = Sha256Pass(result.path, result.splice)  # the reused range read from the ancestor's pages
+        # taken by the export, or now (the reused range read from the ancestor's pages)
+        sha256 = (lambda: result.sha256) if result.sha256 else Sha256Pass(result.path, result.splice).result
         manifest = describe_sqsh(
-            result.path, key=key, name=plan.layer, sqsh_digest=result.digest, sqsh_sha256=sha256.result,
+            result.path, key=key, name=plan.layer, sqsh_digest=result.digest, sqsh_sha256=sha256,
             export_options=export_info, base=_base(prepared.plan, name), chain=_chain(prepared.plan, name),
             builder=builder_versions, times={"started": started, "exported": _now()},
             vcs=vcs_of(dict(result.labels)), platform=plan.inputs.platform,
         )
         record = ArtifactRecord.for_file(key, plan.layer, result.path, result.digest, export=export_info,
-                                         sha256=sha256.result(), platform=plan.inputs.platform)
+                                         sha256=sha256(), platform=plan.inputs.platform)
         if cancel is not None and cancel.is_set():
             raise ExportCancelled(f"{name}: interrupted before publishing; nothing was published")
         # signed here, before publishing: the statement is stored with the artifact on every tier

@@ -150,6 +150,33 @@ def test_a_child_kept_from_its_ancestors_hashes_and_index_has_its_own_digests(tm
         assert kept.index == chunk_file(tmp_path / "child.sqsh", chunking=chunking)
 
 
+@pytest.mark.parametrize("chunking", [None, (4096, 16384, 65536)])
+def test_a_sha256_begun_before_the_copy_is_the_childs_and_done_before_the_ancestor_is_found_unchanged(
+        tmp_path, chunking):
+    """The sha256 begun while the ancestor's range was being copied reads that range from the
+    ancestor: the stamp check that vouches for those bytes must come after it has read them."""
+    from efabuild.host.blake3tree import file_tree
+    from efabuild.host.digest import Sha256Pass, file_digests
+
+    source = tmp_path / "efa.sqsh"
+    source.write_bytes(os.urandom(5 << 20))
+    tmp = tmp_path / "child.tmp"
+    tmp.write_bytes(os.urandom(96) + bytes((4 << 20) - 96) + os.urandom(300_000))  # the range not yet copied
+    splice = Splice(str(source), 96, 4 << 20)
+    fd = os.open(tmp, os.O_RDONLY)
+    early = Sha256Pass(f"/proc/self/fd/{fd}", splice, holding=fd)
+    with open(tmp, "r+b") as f:  # the copy, while the sha256 runs
+        f.seek(96)
+        f.write(source.read_bytes()[96:4 << 20])
+    finished = []
+    kept = keep_export(tmp, _job(tmp_path, chunking), False, splice=splice, tree=file_tree(source),
+                       sha256_pass=early, still_valid=lambda: finished.append(not early._thread.is_alive()))
+    assert finished == [True]
+    assert (kept.digest, kept.sha256) == file_digests(tmp_path / "child.sqsh")
+    with pytest.raises(OSError):
+        os.fstat(fd)  # the pass let go of the file it held
+
+
 @pytest.mark.parametrize("mistake", ["another file's tree", "the source changed since its tree"])
 def test_a_tree_that_is_not_the_splice_sources_never_gives_the_child_a_wrong_digest(tmp_path, mistake):
     from efabuild.host.blake3tree import file_tree

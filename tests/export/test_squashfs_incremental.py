@@ -571,6 +571,29 @@ def test_a_small_change_keeps_the_ancestors_bytes_and_counts_no_dead_ones(tmp_pa
     assert result.new_bytes < 16384
 
 
+def test_everything_but_the_reused_range_is_written_before_it_is_copied(tmp_path: Path) -> None:
+    """A sha256 must start at byte 0 (the child's superblock), so it can run beside the copy of
+    the ancestor's range only when the rest of the child is final before that copy: what
+    `before_copy` sees of the child and the ancestor is then the finished file."""
+    import hashlib
+
+    tree, base = small_base(tmp_path)
+    new = dict(tree, **{"opt/added": Item("f", data=b"new", inode=9)})
+    seen = []
+
+    def before_copy(fd: int, reused: int) -> None:
+        size = os.fstat(fd).st_size
+        child = os.pread(fd, size, 0)
+        assert child[96:reused] == bytes(reused - 96)  # not yet copied
+        seen.append((reused, child[:96] + base.read_bytes()[96:reused] + child[reused:]))
+
+    result = incremental(base, [layer_between(tree, new)], tmp_path / "child.sqsh", before_copy=before_copy)
+    [(reused, spliced)] = seen
+    assert reused == result.reused_bytes
+    final = (tmp_path / "child.sqsh").read_bytes()
+    assert spliced == final and hashlib.sha256(spliced).hexdigest() == hashlib.sha256(final).hexdigest()
+
+
 def test_an_ancestor_exported_with_other_times_is_left_to_a_full_export(tmp_path: Path) -> None:
     """Its unchanged files carry the old plan's clamp and pinned times, which a layer diff does not redo."""
     _tree, base = small_base(tmp_path)

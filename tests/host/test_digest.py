@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 import blake3
 import pytest
 from hypothesis import given, settings
@@ -124,3 +126,21 @@ def test_a_file_others_can_write_is_read_not_mapped_so_a_truncation_mid_hash_end
         assert proc.returncode == -signal.SIGBUS
     else:
         assert proc.returncode == 0 and is_digest(out.strip()), (proc.returncode, out)
+
+
+def test_an_abandoned_sha256_pass_stops_and_lets_go_of_its_file(tmp_path):
+    """An incremental export that falls back to a full one abandons the sha256 it began: the
+    thread must not read on for a gigabyte, nor keep the unlinked temp file open."""
+    from efabuild.host.digest import Abandoned, Sha256Pass, Splice
+
+    source, child = tmp_path / "a", tmp_path / "c"
+    for path in (source, child):
+        with open(path, "wb") as f:
+            f.truncate(1 << 30)  # sparse: about a second of sha256, no disk
+    fd = os.open(child, os.O_RDONLY)
+    started = Sha256Pass(f"/proc/self/fd/{fd}", Splice(str(source), 96, 1 << 30), holding=fd)
+    started.abandon()
+    with pytest.raises(Abandoned):  # stopped before its end
+        started.result()
+    with pytest.raises(OSError):
+        os.fstat(fd)

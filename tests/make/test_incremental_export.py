@@ -251,6 +251,8 @@ def test_the_layer_diffs_read_from_overlay2_are_the_engines_own_layer_tars(demo_
 
 
 def test_a_one_file_change_is_exported_from_the_ancestor_artifact(demo_ws, tmp_path):
+    from efabuild.host.digest import file_digests
+
     first = efabuild(demo_ws, "make", "demo", check=True)
     efa = _record(demo_ws, "demo:efa")
     assert efa["export"]["incremental"] == {"full": "no artifact layer below it"}
@@ -262,6 +264,10 @@ def test_a_one_file_change_is_exported_from_the_ancestor_artifact(demo_ws, tmp_p
     assert made["ancestor"] == efa["key"] and made["ancestor_digest"] == efa["digest"]
     assert f"export: incremental from {efa['key'][:12]}" in _export_line(again, "demo:user")
     assert f"from ancestor {efa['key']}" in shown
+    # the sha256 cosign and in-toto check, taken while the ancestor's range was copied, is the file's
+    record = _record(demo_ws, "demo:user")
+    child = Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip())
+    assert (record["digest"], record["sha256"]) == file_digests(child)
     _same_as_a_full_export(demo_ws, tmp_path)
     efabuild(demo_ws, "make", "--check", "demo:user", check=True)
 

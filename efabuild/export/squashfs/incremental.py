@@ -1,8 +1,12 @@
 """The entry point: a child `.sqsh` from its ancestor's and the layer diffs between them.
 
-    ancestor.sqsh [0, A) ──clone/copy──► out [0, A)      (A: where its inode table began)
     layers ──apply──► tree (+ a spool of the layers' file bodies)
            ──► new blocks at A… in the tree's path order, then every table, then the superblock at 0
+    ancestor.sqsh [96, A) ──clone/copy──► out [96, A)    (A: where its inode table began)
+
+The reused range is copied last, so that everything else of the child is known before it: a
+caller's sha256 (which cannot start anywhere but at byte 0) reads the ancestor's pages for that
+range while the copy runs, rather than after it (`before_copy`).
 
 Atomic: everything goes to a temp file beside `out`, fsynced, then renamed; any failure or kill
 leaves `out` as it was. When the child would carry too many blocks no inode uses, or an input
@@ -28,6 +32,7 @@ from efabuild.export.squashfs.apply import Applier
 from efabuild.export.squashfs.data import DataWriter
 from efabuild.export.squashfs.layertar import LayerReader
 from efabuild.export.squashfs.reader import SIZE_MASK, Ancestor, read_ancestor
+from efabuild.export.squashfs.superblock import SIZE as SUPERBLOCK_BYTES
 from efabuild.export.squashfs.tree import FILE, NO_FRAGMENT, Node, Unsupported, walk
 from efabuild.export.squashfs.writer import write_tables
 from efabuild.export.tarfilter import RewritePlan
@@ -56,13 +61,16 @@ class IncrementalResult:
 def write_incremental(ancestor: Path, layers: Sequence[BinaryIO], out: Path, *, plan: RewritePlan,
                       max_dead_share: float = DEFAULT_MAX_DEAD_SHARE,
                       progress: Callable[[int], None] | None = None,
-                      ancestor_plan: RewritePlan | None = None) -> IncrementalResult:
+                      ancestor_plan: RewritePlan | None = None,
+                      before_copy: Callable[[int, int], None] | None = None) -> IncrementalResult:
     """Write `out` from `ancestor` (a `.sqsh` the export wrote, in full or by this function) and
     the uncompressed layer tar streams `layers` (oldest first) as a full export of the child with
     `plan` would, reusing the ancestor's blocks; `progress(layer bytes read)` now and then.
     `ancestor_plan`, the plan the ancestor was exported with, lets it check that the ancestor's
     unchanged entries got the times the child's would (the same clamp, no path pinned that the
-    child does not pin); without it they are taken as the same.
+    child does not pin); without it they are taken as the same. `before_copy(fd, A)` is called
+    once every byte of the child but the reused range [96, A) is written, through `fd` (the temp
+    file, open for reading: dup it to keep it), just before that range is copied.
 
     Returns `full_needed` (and writes nothing) for inputs this writer does not handle and when the
     dead share would pass `max_dead_share`; raises InputError for a corrupt ancestor or layer."""
@@ -77,7 +85,7 @@ def write_incremental(ancestor: Path, layers: Sequence[BinaryIO], out: Path, *, 
     tmp = out.parent / f"{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         with open(tmp, "w+b") as f:
-            result = _write(parent, layers, f, out, plan, progress)
+            result = _write(parent, layers, f, out, plan, progress, before_copy)
             if result.full_needed or result.dead_bytes > max_dead_share * result.size:
                 return attrs.evolve(result, full_needed=True, reason=result.reason or (
                     f"{result.dead_bytes} of its {result.size} bytes would be dead blocks "
@@ -108,10 +116,9 @@ def _other_times(mkfs_time: int, plan: RewritePlan, ancestor_plan: RewritePlan |
 
 
 def _write(parent: Ancestor, layers: Sequence[BinaryIO], f: BinaryIO, out: Path, plan: RewritePlan,
-           progress: Callable[[int], None] | None) -> IncrementalResult:
+           progress: Callable[[int], None] | None,
+           before_copy: Callable[[int, int], None] | None) -> IncrementalResult:
     prefix = parent.data_end
-    with open(parent.path, "rb") as src:
-        RangeCopier(f.fileno()).copy(src.fileno(), 0, 0, prefix)
     fragments = list(parent.fragments)
     data = DataWriter(f, prefix, parent.sb, parent.codec, fragments)
     # unnamed (O_TMPFILE), beside the child: gone with the process, whatever stops it
@@ -132,6 +139,12 @@ def _write(parent: Ancestor, layers: Sequence[BinaryIO], f: BinaryIO, out: Path,
         return IncrementalResult(out, full_needed=True, reason=alias)
     write_tables(f, data.pos, parent.root, parent.sb, parent.codec, fragments)
     size = f.seek(0, os.SEEK_END)
+    f.flush()
+    if before_copy is not None:
+        before_copy(f.fileno(), prefix)
+    # the superblock is the child's (written above): the ancestor's bytes after it, up to A
+    with open(parent.path, "rb") as src:
+        RangeCopier(f.fileno()).copy(src.fileno(), SUPERBLOCK_BYTES, SUPERBLOCK_BYTES, prefix - SUPERBLOCK_BYTES)
     return IncrementalResult(out, size=size, reused_bytes=prefix, new_bytes=size - prefix,
                              dead_bytes=dead_bytes(parent, parent.root), files_written=data.files)
 
