@@ -29,6 +29,40 @@ def test_index_covers_the_file_and_digests_it_whole(tmp_path):
     assert ChunkIndex.from_json(index.to_json(), "x") == index
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_file_others_can_write_is_cut_from_reads_into_the_chunks_a_mapping_gives(tmp_path, monkeypatch, seed):
+    """Read in windows (small here, so that many chunks straddle one), never mapped: the index is
+    the one the whole mapped file gives, at any size and chunking."""
+    import random
+
+    from efabuild.store.chunked import chunks
+
+    rng = random.Random(seed)
+    path = tmp_path / "shared.sqsh"
+    path.write_bytes(rng.randbytes(rng.randrange(1, 3 << 20)))
+    chunking = rng.choice([SMALL, (64, 256, 1024), (16 * KiB, 64 * KiB, 256 * KiB)])
+    mapped = chunk_file(path, chunking=chunking)
+    path.chmod(0o666)
+    monkeypatch.setattr(chunks, "_WINDOW", rng.choice([1, 100_000, 1 << 20]))
+    monkeypatch.setattr(chunks, "_mapped_cuts", None)  # it would fail if it were used
+    assert chunk_file(path, chunking=chunking) == mapped
+
+
+def test_a_file_others_can_write_truncated_while_it_is_cut_is_one_line_not_sigbus(tmp_path):
+    """Its owner shortening it mid-cut: a mapping's reader would die of SIGBUS (a publish, as root)."""
+    from efabuild.store.chunked.chunks import ShortRead
+
+    path = tmp_path / "shared.sqsh"
+    path.write_bytes(os.urandom(200 << 20))
+    path.chmod(0o666)
+
+    def shorten(cid, data):  # noqa: ANN001
+        os.truncate(path, 4096)
+
+    with pytest.raises(ShortRead, match="shared.sqsh: ended at byte .* while it was cut into chunks"):
+        chunk_file(path, chunking=SMALL, on_chunk=shorten)
+
+
 def test_a_shifted_version_shares_almost_all_chunks(tmp_path):
     one, two = shifted_versions(tmp_path)
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)

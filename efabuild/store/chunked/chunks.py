@@ -145,29 +145,68 @@ def chunk_file(path: str | os.PathLike[str], *, chunking: tuple[int, int, int] =
                progress=None, on_chunk=None) -> ChunkIndex:  # noqa: ANN001 - progress(n), on_chunk(id, bytes)
     """Cut a file into chunks and digest it whole, in one read (through mmap: the pages of a
     freshly exported .sqsh are still in the page cache, and memory stays bounded); each chunk is
-    handed to `on_chunk` as soon as it is cut."""
-    from fastcdc import fastcdc  # imported here: only publishing and fetching chunk
-
+    handed to `on_chunk` as soon as it is cut. A file someone else could write is read in
+    windows instead: its owner truncating it meanwhile would kill a reader of a mapping with
+    SIGBUS, where a read that ends early is one line (ShortRead)."""
     whole = blake3.blake3()
     chunks: list[tuple[str, int]] = []
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # a verified copy is handed on as /proc/self/fd/N
     try:
-        size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        size = info.st_size
         if size == 0:
             return ChunkIndex(size=0, digest=PREFIX + whole.hexdigest(), chunks=(), chunking=chunking)
-        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as view:
-            low, avg, high = chunking
-            for chunk in fastcdc(view, min_size=low, avg_size=avg, max_size=high, fat=True):
-                whole.update(chunk.data)
-                cid = chunk_id(chunk.data)
-                chunks.append((cid, chunk.length))
-                if on_chunk is not None:
-                    on_chunk(cid, chunk.data)
-                if progress is not None:
-                    progress(chunk.length)
+        cut = _read_cuts if statstamp.others_may_write(info) else _mapped_cuts
+        for data in cut(fd, size, chunking, path):
+            whole.update(data)
+            cid = chunk_id(data)
+            chunks.append((cid, len(data)))
+            if on_chunk is not None:
+                on_chunk(cid, data)
+            if progress is not None:
+                progress(len(data))
     finally:
         os.close(fd)
     return ChunkIndex(size=size, digest=PREFIX + whole.hexdigest(), chunks=tuple(chunks), chunking=chunking)
+
+
+class ShortRead(EfabuildError):
+    """A file ended before its size while it was cut (truncated meanwhile)."""
+
+
+_WINDOW = 64 * MiB  # bytes read at once where a file is read rather than mapped
+
+
+def _mapped_cuts(fd: int, size: int, chunking: tuple[int, int, int], path) -> Iterator[bytes]:  # noqa: ANN001
+    from fastcdc import fastcdc  # imported here: only publishing and fetching chunk
+
+    low, avg, high = chunking
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as view:
+        for chunk in fastcdc(view, min_size=low, avg_size=avg, max_size=high, fat=True):
+            yield chunk.data
+
+
+def _read_cuts(fd: int, size: int, chunking: tuple[int, int, int], path) -> Iterator[bytes]:  # noqa: ANN001
+    """The chunks FastCDC cuts the whole file into, from reads of a window: a cut depends only on
+    the bytes from the chunk's start to at most its maximum size, so every chunk that starts a
+    maximum size or more before the window's end is the whole file's; the rest is read again
+    with the next window."""
+    from fastcdc import fastcdc
+
+    low, avg, high = chunking
+    pos = 0
+    while pos < size:
+        window = os.pread(fd, min(size - pos, max(_WINDOW, 2 * high)), pos)
+        if not window:
+            raise ShortRead(f"{path}: ended at byte {pos} of {size} while it was cut into chunks (truncated?)")
+        last = pos + len(window) >= size
+        taken = 0
+        for chunk in fastcdc(window, min_size=low, avg_size=avg, max_size=high, fat=True):
+            if not last and len(window) - chunk.offset < high:
+                break  # its cut may lie past the window: cut again from the next read
+            yield chunk.data
+            taken = chunk.offset + chunk.length
+        pos += taken
 
 
 def chunk_spliced(path: str | os.PathLike[str], splice: Splice, seed: ChunkIndex | None, *,
