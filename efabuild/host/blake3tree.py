@@ -1,6 +1,7 @@
 """BLAKE3 digests assembled from the chaining values of 1 MiB subtrees, so that a file which
 reuses another's bytes at the same offsets is hashed from that file's subtrees plus its own new
-bytes (an incremental export's child: its ancestor's data region, cloned or copied, is 99 % of it).
+bytes (an incremental export's child: its ancestor's data region, cloned or copied, is 99 % of it;
+and that child fetched onto a node holding the previous version, hashed from its pages).
 
 BLAKE3 is a tree over 1 KiB chunks. A subtree's chaining value depends only on its bytes and on the
 chunk it starts at; every aligned 1 MiB unit that lies inside a file is a node of the file's tree,
