@@ -18,18 +18,20 @@ from efabuild.store.lookup import find_local, intact_record
 from efabuild.store.platformindex import Wanted
 
 
-def verify_tiers(table: StoreConfig, key: str, *, cache: bool = False) -> None:
+def verify_tiers(table: StoreConfig, key: str, *, cache: bool = False, fetched: Path | None = None) -> None:
     """Re-hash every filesystem tier's copy of `key` against its record (blake3 imported only
     here); one EfabuildError naming each tier whose copy is damaged.
 
     With `cache`, a copy this user verified before and unchanged since (signing/verifycache.py:
-    the same stat stamps of the .sqsh and its record, against the same digest) is not read again."""
+    the same stat stamps of the .sqsh and its record, against the same digest) is not read again,
+    nor the copy at `fetched`, which this process's fetch has just checked before committing it
+    (hashing it again could not even be remembered: its stamp has not settled)."""
     problems = []
     for name, root in table.roots():
         layout = Layout(root)
         try:
             record = intact_record(layout, key)
-            if record is None:
+            if record is None or layout.sqsh_path(key).absolute() == fetched:
                 continue
             if cache:
                 _check_cached(name, layout, key, record)
@@ -118,7 +120,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     vet = None if policy is None else _signed_in_s3(full, policy)
     try:
         # a name copied from S3 comes here at every start: its copy is checked against the cache too
-        # (a fetched copy, verified by the fetch, is hashed once more and then remembered)
+        # (one this start fetched was checked by the fetch; the next start hashes and remembers it)
         path = full.lookup(wanted.ref, fetch=fetch, verify=verify and not verify_cache, vet=vet,
                            deep=deep, check_s3=check_s3, platform=wanted.platform, vet_index=vet_index,
                            environ=environ)
@@ -126,7 +128,8 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         raise _refusal(exc, ref) from None
     key = path.name[: -len(SQSH_SUFFIX)]
     if verify and verify_cache:
-        verify_tiers(table, key, cache=True)
+        fetched = full.fetched.get(key)
+        verify_tiers(table, key, cache=True, fetched=fetched.absolute() if fetched is not None else None)
     layout = Layout(path.parent.parent.parent)
     record = layout.read_record_dict(key)  # the record of the copy handed out
     if policy is not None:
