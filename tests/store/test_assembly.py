@@ -466,3 +466,16 @@ def test_the_units_a_seed_lends_are_not_read_from_the_file(tmp_path, chunk_store
     monkeypatch.setattr(blake3tree, "installed", lambda: None)
     hashed = fill(chunk_store, b, tmp_path / "hashed.bin", [Seed(one, a)])
     assert (tmp_path / "hashed.bin").read_bytes() == truth and hashed.digest == b.digest and hashed.lent == 0
+
+
+@pytest.mark.s3
+def test_a_seed_shorter_than_its_index_lends_nothing(tmp_path, chunk_store, settled_clock, counted):
+    """Its runs past its new end fail and are downloaded; the runs before it were copied, but a
+    seed that failed under one lends no unit at all: the file is hashed."""
+    one, two, truth = _versions(tmp_path)
+    a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
+    upload(chunk_store, b, two, set(b.unique()))
+    os.truncate(one, 6 * MiB)
+    got = fill(chunk_store, b, tmp_path / "out.bin", [Seed(one, a)])
+    assert (tmp_path / "out.bin").read_bytes() == truth and got.digest == b.digest
+    assert got.lent == 0 and counted == [] and 2 * MiB < got.transfer.reused_bytes < 6 * MiB  # its first run
