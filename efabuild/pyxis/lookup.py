@@ -128,8 +128,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         raise _refusal(exc, ref) from None
     key = path.name[: -len(SQSH_SUFFIX)]
     if verify and verify_cache:
-        fetched = full.fetched.get(key)
-        verify_tiers(table, key, cache=True, fetched=fetched.absolute() if fetched is not None else None)
+        verify_tiers(table, key, cache=True, fetched=full.fetched.get(key))
     layout = Layout(path.parent.parent.parent)
     record = layout.read_record_dict(key)  # the record of the copy handed out
     if policy is not None:

@@ -136,9 +136,8 @@ def assemble(store: ChunkStore, index: ChunkIndex, dest_fd: int, seeds: Sequence
         run_parallel(place, [*runs, *download.items()], store.tier.workers)
         run_parallel(fetch, list(_by_chunk(s for run in failed for s in run.spans).items()), store.tier.workers)
         copied = [run for run in runs if run not in failed]
-        # the digest proves every chunk; each is hashed on its own only when it is wrong, to find
-        # what a seed got wrong (changed since indexed, or lying): just that is downloaded. A seed
-        # gone or shortened under a run lends nothing to it.
+        # the digest proves every chunk; each is hashed on its own only when it is wrong, to find what
+        # a seed got wrong (changed since indexed, or lying). A seed that ended under a run lends nothing.
         sound = [run for run in copied if run.seed not in {f.seed for f in failed}]
         digest, lent = check_digest(dest_fd, index.size, sound, fds, before)
     if digest != index.digest:
