@@ -266,11 +266,10 @@ def _composed(rng: random.Random, seed: bytes, size: int, seed_path: Path):  # n
 
 
 def _check(target: Path, seed: Path, runs, size: int):  # noqa: ANN001, ANN202
-    from efabuild.host import statstamp
-    from efabuild.store.chunked.assembly import check_digest
+    from efabuild.store.chunked.assembly import check_digest, settled_stamps
 
     with open(seed, "rb") as src, open(target, "r+b") as dest:
-        before = {seed: statstamp.stamp(os.fstat(src.fileno()))}
+        before = settled_stamps({seed: src.fileno()})
         return check_digest(dest.fileno(), size, runs, {seed: src.fileno()}, before)
 
 
@@ -348,7 +347,13 @@ def test_a_seed_changed_within_the_clocks_step_or_without_the_helper_lends_nothi
     bare = fill(chunk_store, b, tmp_path / "bare.bin", [Seed(one, a)])
     assert bare.digest == b.digest == file_digest(tmp_path / "bare.bin") and bare.lent == 0
     monkeypatch.undo()
-    monkeypatch.setattr(statstamp, "clock_ns", lambda: os.stat(one).st_ctime_ns + statstamp.RACY_WINDOW_NS)
+    # settled only by the time of the check, not when its stamp was taken before the copy
+    changed = os.stat(one).st_ctime_ns
+    times = iter([changed + 1_000_000])
+    monkeypatch.setattr(statstamp, "clock_ns", lambda: next(times, changed + 10 * statstamp.RACY_WINDOW_NS))
+    late = fill(chunk_store, b, tmp_path / "late.bin", [Seed(one, a)])
+    assert late.digest == b.digest and late.lent == 0
+    monkeypatch.setattr(statstamp, "clock_ns", lambda: changed + statstamp.RACY_WINDOW_NS)
     assert fill(chunk_store, b, tmp_path / "lent.bin", [Seed(one, a)]).lent > 0  # settled: it lends
 
 

@@ -116,9 +116,7 @@ def assemble(store: ChunkStore, index: ChunkIndex, dest_fd: int, seeds: Sequence
 
     failed: list[Run] = []
     with _opened({run.seed for run in runs}) as fds:
-        # each seed's stamp before any byte of it is copied: one unchanged after its pages were
-        # hashed means the bytes hashed are the bytes copied (_lent_values)
-        before = {path: statstamp.stamp(os.fstat(fd)) for path, fd in fds.items()}
+        before = settled_stamps(fds)  # before any byte of a seed is copied
 
         def place(task: Run | tuple[str, list[int]]) -> None:
             if not isinstance(task, Run):
@@ -164,7 +162,7 @@ def check_digest(fd: int, size: int, copied: Sequence[Run], seeds: Mapping[Path,
     A seed lends only where its bytes cannot have changed unseen between the copy and the hash:
     a file only this user can write (another user's can be rewritten through a mapping without
     moving its stamp, and truncated under ours: SIGBUS), whose stamp had settled before the copy
-    and is the same after the hash, and that still holds the units."""
+    (`before`: settled_stamps) and is the same after the hash, and that still holds the units."""
     with _flushing(fd):
         units = _lendable(copied, size, seeds, before)
         if not units:
@@ -176,6 +174,16 @@ def check_digest(fd: int, size: int, copied: Sequence[Run], seeds: Mapping[Path,
         if not values:
             return _hashed(fd, size), 0
         return blake3tree.digest_with(lib, fd, values), len(values) * UNIT
+
+
+def settled_stamps(seeds: Mapping[Path, int]) -> dict[Path, tuple[int, ...]]:
+    """The stat stamps of the open seeds that had settled (no change for RACY_WINDOW_NS), taken
+    before any of their bytes is copied: one unchanged after a seed's pages were hashed means the
+    bytes hashed are those copied. A stamp taken sooner after a change may not move at a second
+    write within the clock's step: that seed lends nothing."""
+    now = statstamp.clock_ns()
+    stamps = {path: statstamp.stamp(os.fstat(fd)) for path, fd in seeds.items()}
+    return {path: stamp for path, stamp in stamps.items() if statstamp.settled(stamp, now)}
 
 
 def lent_units(copied: Sequence[Run], size: int) -> dict[Path, list[int]]:
@@ -198,11 +206,10 @@ def lent_units(copied: Sequence[Run], size: int) -> dict[Path, list[int]]:
 
 def _lendable(copied: Sequence[Run], size: int, seeds: Mapping[Path, int],
               before: Mapping[Path, tuple[int, ...]]) -> dict[Path, list[int]]:
-    """lent_units() of the seeds only this user can write, unchanged for RACY_WINDOW_NS before
-    the copy: a stamp taken sooner may not move at a second write within the clock's step."""
+    """lent_units() of the seeds only this user can write whose settled stamp was taken (`before`)."""
     units = lent_units(copied, size)
     return {path: numbers for path, numbers in units.items()
-            if not statstamp.others_may_write(os.fstat(seeds[path])) and statstamp.settled(before[path])}
+            if path in before and not statstamp.others_may_write(os.fstat(seeds[path]))}
 
 
 def _lent_values(lib, units: Mapping[Path, list[int]], seeds: Mapping[Path, int],  # noqa: ANN001 - a CDLL
