@@ -8,9 +8,12 @@ store has an S3 tier and fetching is allowed, loads the full store.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from efabuild.errors import EfabuildError
+from efabuild.host.statstamp import others_may_write
 from efabuild.settings import StoreConfig
 from efabuild.store.config import locate
 from efabuild.store.layout import ENVELOPE_SUFFIX, SQSH_SUFFIX, Layout
@@ -18,20 +21,21 @@ from efabuild.store.lookup import find_local, intact_record
 from efabuild.store.platformindex import Wanted
 
 
-def verify_tiers(table: StoreConfig, key: str, *, cache: bool = False, fetched: Path | None = None) -> None:
+def verify_tiers(table: StoreConfig, key: str, *, cache: bool = False,
+                 fetched: tuple[Path, tuple[int, int] | None] | None = None) -> None:
     """Re-hash every filesystem tier's copy of `key` against its record (blake3 imported only
     here); one EfabuildError naming each tier whose copy is damaged.
 
     With `cache`, a copy this user verified before and unchanged since (signing/verifycache.py:
     the same stat stamps of the .sqsh and its record, against the same digest) is not read again,
-    nor the copy at `fetched`, which this process's fetch has just checked before committing it
-    (hashing it again could not even be remembered: its stamp has not settled)."""
+    nor the very file this process's fetch has just checked before committing it (`fetched`: its
+    path, device and inode; hashing it again could not even be remembered, its stamp unsettled)."""
     problems = []
     for name, root in table.roots():
         layout = Layout(root)
         try:
             record = intact_record(layout, key)
-            if record is None or layout.sqsh_path(key).absolute() == fetched:
+            if record is None or _checked_by_fetch(layout.sqsh_path(key).absolute(), fetched):
                 continue
             if cache:
                 _check_cached(name, layout, key, record)
@@ -41,6 +45,18 @@ def verify_tiers(table: StoreConfig, key: str, *, cache: bool = False, fetched: 
             problems.append(_tier_problem(name, exc))
     if problems:
         raise EfabuildError("; ".join(problems))
+
+
+def _checked_by_fetch(sqsh: Path, fetched: tuple[Path, tuple[int, int] | None] | None) -> bool:
+    """Whether `sqsh` is still the file the fetch checked: the same inode (not one renamed over
+    it in a shared tier since), which only this user can write."""
+    if fetched is None or fetched[0] != sqsh or fetched[1] is None:
+        return False
+    try:
+        info = os.lstat(sqsh)
+    except OSError:
+        return False
+    return (info.st_dev, info.st_ino) == fetched[1] and stat.S_ISREG(info.st_mode) and not others_may_write(info)
 
 
 def _check_copy(tier: str, sqsh: Path, record: dict) -> None:
