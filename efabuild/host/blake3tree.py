@@ -1,6 +1,7 @@
 """BLAKE3 digests assembled from the chaining values of 1 MiB subtrees, so that a file which
 reuses another's bytes at the same offsets is hashed from that file's subtrees plus its own new
-bytes (an incremental export's child: its ancestor's data region, cloned or copied, is 99 % of it).
+bytes (an incremental export's child: its ancestor's data region, cloned or copied, is 99 % of it;
+and that child fetched onto a node holding the previous version, hashed from its pages).
 
 BLAKE3 is a tree over 1 KiB chunks. A subtree's chaining value depends only on its bytes and on the
 chunk it starts at; every aligned 1 MiB unit that lies inside a file is a node of the file's tree,
@@ -36,12 +37,23 @@ CV = 32
 
 @functools.cache
 def native() -> ctypes.CDLL | None:
-    """The built helper, or None (not built here, not loadable, or one that another user could
-    have written: loading a library runs its code as this user, who may be root)."""
+    """The built helper ($EFABUILD_BLAKE3_LIB, else the installed one), or None (not built here,
+    not loadable, or one that another user could have written: loading a library runs its code as
+    this user, who may be root)."""
+    return _load(os.environ.get(LIBRARY_ENV) or DEFAULT_LIBRARY)
+
+
+@functools.cache
+def installed() -> ctypes.CDLL | None:
+    """native() from its installed path alone, whatever $EFABUILD_BLAKE3_LIB names: what a fetch
+    from S3 loads, which the Pyxis importer runs in the environment the job's user sets."""
+    return _load(DEFAULT_LIBRARY)
+
+
+def _load(path: str) -> ctypes.CDLL | None:
     try:
         # the very file checked is the one loaded, whatever is renamed over its name meanwhile
-        fd = os.open(os.path.realpath(os.environ.get(LIBRARY_ENV) or DEFAULT_LIBRARY),
-                     os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(os.path.realpath(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -229,10 +241,36 @@ def _assemble(path: str | os.PathLike[str], lent: Callable[[int], dict[int, byte
         return None
     mapped = _open(path)
     try:
-        whole = mapped.size // UNIT
-        cvs = lent(whole)
-        cvs.update(_unit_cvs(lib, mapped, [n for n in range(whole) if n not in cvs]))
-        digest = _root(lib, mapped, cvs.__getitem__)
-        return Tree(mapped.size, digest, b"".join(cvs[n] for n in range(whole)), mapped.stamp)
+        return _tree(lib, mapped, lent)
+    finally:
+        mapped.close()
+
+
+def _tree(lib: ctypes.CDLL, mapped: _Mapped, lent: Callable[[int], dict[int, bytes]]) -> Tree:
+    whole = mapped.size // UNIT
+    cvs = lent(whole)
+    cvs.update(_unit_cvs(lib, mapped, [n for n in range(whole) if n not in cvs]))
+    digest = _root(lib, mapped, cvs.__getitem__)
+    return Tree(mapped.size, digest, b"".join(cvs[n] for n in range(whole)), mapped.stamp)
+
+
+def unit_values(lib: ctypes.CDLL, fd: int, units: Sequence[int]) -> dict[int, bytes] | None:
+    """The chaining values of whole units of the open file (mapped: for a file only this user can
+    truncate); None where it no longer holds them all."""
+    mapped = _Mapped(fd)
+    try:
+        if units and (max(units) + 1) * UNIT > mapped.size:
+            return None
+        return _unit_cvs(lib, mapped, units)
+    finally:
+        mapped.close()
+
+
+def digest_with(lib: ctypes.CDLL, fd: int, lent: dict[int, bytes]) -> str:
+    """The digest of the open file whose units in `lent` (whole ones) have those chaining values:
+    only the rest of it is read."""
+    mapped = _Mapped(fd)
+    try:
+        return _tree(lib, mapped, lambda whole: {n: cv for n, cv in lent.items() if n < whole}).digest
     finally:
         mapped.close()

@@ -8,9 +8,12 @@ store has an S3 tier and fetching is allowed, loads the full store.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from efabuild.errors import EfabuildError
+from efabuild.host.statstamp import others_may_write
 from efabuild.settings import StoreConfig
 from efabuild.store.config import locate
 from efabuild.store.layout import ENVELOPE_SUFFIX, SQSH_SUFFIX, Layout
@@ -18,18 +21,21 @@ from efabuild.store.lookup import find_local, intact_record
 from efabuild.store.platformindex import Wanted
 
 
-def verify_tiers(table: StoreConfig, key: str, *, cache: bool = False) -> None:
+def verify_tiers(table: StoreConfig, key: str, *, cache: bool = False,
+                 fetched: tuple[Path, tuple[int, int] | None] | None = None) -> None:
     """Re-hash every filesystem tier's copy of `key` against its record (blake3 imported only
     here); one EfabuildError naming each tier whose copy is damaged.
 
     With `cache`, a copy this user verified before and unchanged since (signing/verifycache.py:
-    the same stat stamps of the .sqsh and its record, against the same digest) is not read again."""
+    the same stat stamps of the .sqsh and its record, against the same digest) is not read again,
+    nor the very file this process's fetch has just checked before committing it (`fetched`: its
+    path, device and inode; hashing it again could not even be remembered, its stamp unsettled)."""
     problems = []
     for name, root in table.roots():
         layout = Layout(root)
         try:
             record = intact_record(layout, key)
-            if record is None:
+            if record is None or _checked_by_fetch(layout.sqsh_path(key).absolute(), fetched):
                 continue
             if cache:
                 _check_cached(name, layout, key, record)
@@ -39,6 +45,18 @@ def verify_tiers(table: StoreConfig, key: str, *, cache: bool = False) -> None:
             problems.append(_tier_problem(name, exc))
     if problems:
         raise EfabuildError("; ".join(problems))
+
+
+def _checked_by_fetch(sqsh: Path, fetched: tuple[Path, tuple[int, int] | None] | None) -> bool:
+    """Whether `sqsh` is still the file the fetch checked: the same inode (not one renamed over
+    it in a shared tier since), which only this user can write."""
+    if fetched is None or fetched[0] != sqsh or fetched[1] is None:
+        return False
+    try:
+        info = os.lstat(sqsh)
+    except OSError:
+        return False
+    return (info.st_dev, info.st_ino) == fetched[1] and stat.S_ISREG(info.st_mode) and not others_may_write(info)
 
 
 def _check_copy(tier: str, sqsh: Path, record: dict) -> None:
@@ -118,7 +136,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     vet = None if policy is None else _signed_in_s3(full, policy)
     try:
         # a name copied from S3 comes here at every start: its copy is checked against the cache too
-        # (a fetched copy, verified by the fetch, is hashed once more and then remembered)
+        # (one this start fetched was checked by the fetch; the next start hashes and remembers it)
         path = full.lookup(wanted.ref, fetch=fetch, verify=verify and not verify_cache, vet=vet,
                            deep=deep, check_s3=check_s3, platform=wanted.platform, vet_index=vet_index,
                            environ=environ)
@@ -126,7 +144,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         raise _refusal(exc, ref) from None
     key = path.name[: -len(SQSH_SUFFIX)]
     if verify and verify_cache:
-        verify_tiers(table, key, cache=True)
+        verify_tiers(table, key, cache=True, fetched=full.fetched.get(key))
     layout = Layout(path.parent.parent.parent)
     record = layout.read_record_dict(key)  # the record of the copy handed out
     if policy is not None:

@@ -67,6 +67,7 @@ class Store(Checks, Names):
         self._damaged: dict[str, set[str]] = {}  # key -> tiers whose copy failed verification
         self._s3_health: dict = {}  # key -> health.S3Health of its last check
         self.skipped: dict[str, str] = {}  # tier name -> why this store leaves it out
+        self.fetched: dict[str, tuple[Path, tuple[int, int] | None]] = {}  # key -> (path, device and inode) fetched
 
     # ---- construction
     @classmethod
@@ -306,6 +307,7 @@ class Store(Checks, Names):
         with target.key_lock(key):
             if first_intact([target.layout], key)[0] is None:  # else fetched meanwhile (the caller vets it)
                 transfer(key, self.s3, [target], target, locked=True, show_progress=self.show_progress, vet=vet)
+                self.fetched[key] = (target.sqsh_path(key).absolute(), self.s3.last_fetched)
         return target.sqsh_path(key)
 
     def seeds(self, name: str) -> tuple[seeds.Seed, ...]:

@@ -146,10 +146,12 @@ def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord, *, with_
     return tree
 
 
-def fetch_into(tier: str, dest: Path, record: ArtifactRecord, what: str, fill: Callable[[int], str | None]) -> None:
+def fetch_into(tier: str, dest: Path, record: ArtifactRecord, what: str,
+               fill: Callable[[int], str | None]) -> tuple[int, int]:
     """Create `dest`, let `fill` write it (from `what`, on `tier`), and check the whole file against
     its record before anyone may see it; on any failure (or a digest that differs) `dest` is
-    removed. `fill` returns the digest of what it wrote when it hashed the file itself.
+    removed. `fill` returns the digest of what it wrote when it hashed the file itself. Returns
+    the (device, inode) of the file checked: whatever is renamed over its name later is not it.
 
     The record's size is all a fetch may write (no more is asked of `fill`), and it must fit in
     the filesystem's free space: a record in a bucket others write may claim any size, and only
@@ -171,11 +173,13 @@ def fetch_into(tier: str, dest: Path, record: ArtifactRecord, what: str, fill: C
         if isinstance(exc, OSError):  # no room (ENOSPC), or more than one file may hold here (EFBIG)
             raise EfabuildError(f"{dest}: {exc.strerror}; {what} not fetched") from None
         raise
+    checked = os.fstat(fd)
     os.close(fd)
     actual = actual or file_digest(dest)
     if actual != record.digest:
         dest.unlink(missing_ok=True)
         raise DamagedCopy(tier, what, f"digest {actual}, its record says {record.digest}; not fetched")
+    return checked.st_dev, checked.st_ino
 
 
 def _sidecars(tier: Any, key: str, record: ArtifactRecord) -> tuple[ArtifactRecord, dict[str, bytes]]:

@@ -135,3 +135,24 @@ def test_a_splice_at_every_edge_and_a_source_shorter_than_it_give_the_bindings_d
             (tmp_path / "child").write_bytes(own)
             assert blake3tree.spliced_digest(tmp_path / "child", lo, hi, tree) == file_digest(tmp_path / "child"), \
                 (lo, hi)
+
+
+def test_a_fetch_loads_the_installed_helper_whatever_the_environment_names(tmp_path, monkeypatch, native):
+    """A fetch from S3 runs in the Pyxis importer, whose environment the job's user sets: the
+    library $EFABUILD_BLAKE3_LIB names is never loaded by it, the installed one is."""
+    marker = tmp_path / "ran"
+    library = _planted_library(tmp_path, marker)
+    monkeypatch.setenv(blake3tree.LIBRARY_ENV, str(library))
+    blake3tree.installed.cache_clear()
+    try:
+        lib = blake3tree.installed()
+        assert not marker.exists()
+        path = tmp_path / "f"
+        path.write_bytes(random.Random(3).randbytes(3 * MiB + 5))
+        with open(path, "rb") as handle:
+            lent = blake3tree.unit_values(lib, handle.fileno(), [0, 2])
+            assert blake3tree.digest_with(lib, handle.fileno(), lent) == file_digest(path)
+            assert blake3tree.unit_values(lib, handle.fileno(), [3]) is None  # not a whole unit of it
+    finally:
+        monkeypatch.undo()
+        blake3tree.installed.cache_clear()

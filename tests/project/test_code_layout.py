@@ -217,6 +217,8 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.store.tierhealth": {"efabuild.store.chunked.health"},
     # ctypes and the native helper (2 ms): loaded by an ancestor's check, not by every lookup
     "efabuild.store.transfer": {"efabuild.host.blake3tree"},
+    # the same: loaded by a chunked fetch's check only where a seed lends it units
+    "efabuild.store.chunked.assembly": {"efabuild.host.blake3tree"},
 }
 
 

@@ -142,3 +142,38 @@ def test_lookup_of_a_layer_that_is_no_artifact_says_so(tmp_path: Path) -> None:
     typo = efabuild("lookup", "stack:usr", cwd=root)  # a name close to an artifact layer's
     assert typo.returncode == 1 and typo.stderr.count("\n") == 1
     assert "no artifact named stack:usr" in typo.stderr and typo.stderr.endswith("(did you mean 'stack:user'?)\n")
+
+
+def test_the_importer_skips_only_the_very_file_its_fetch_checked(tmp_path, monkeypatch):
+    """After a fetch the importer's verify does not hash the copy again, known by its inode: a file
+    renamed over that name since (in a shared tier, by whoever may write it) is hashed and refused,
+    and so is the same file once someone else could write it."""
+    from efabuild.errors import EfabuildError
+    from efabuild.pyxis.lookup import verify_tiers
+    from efabuild.store import transfer
+    from efabuild.store.config import locate
+
+    root = tmp_path / "fsx"
+    store = Store([FilesystemTier(root, "shared")], show_progress=False)
+    sqsh = make_sqsh(tmp_path, os.urandom(20_000))
+    key = key_for("fetched")
+    store.publish(key, sqsh, record_for(key, "ngc-efa:user", sqsh))
+    path = (root / "objects" / key[:2] / f"{key}.sqsh").absolute()
+    info = path.stat()
+    fetched = (path, (info.st_dev, info.st_ino))
+    hashed = []
+    real_digest = transfer.file_digest
+    monkeypatch.setattr(transfer, "file_digest", lambda p: hashed.append(p) or real_digest(p))
+    table = locate(str(root))
+    verify_tiers(table, key, fetched=fetched)
+    assert hashed == []
+    path.chmod(0o666)
+    verify_tiers(table, key, fetched=fetched)
+    assert len(hashed) == 1
+    path.chmod(0o444)
+    damaged = bytearray(path.read_bytes())
+    damaged[len(damaged) // 2] ^= 1
+    (tmp_path / "planted").write_bytes(bytes(damaged))
+    os.replace(tmp_path / "planted", path)
+    with pytest.raises(EfabuildError, match="corrupt artifact: digest"):
+        verify_tiers(table, key, fetched=fetched)

@@ -225,3 +225,262 @@ def test_on_xfs_with_reflink_the_seeds_blocks_are_shared_and_still_every_chunk_i
     upload(chunk_store, b, two, chunk_store.missing(b.unique()))
     shifted = fill(chunk_store, b, work / "shifted.bin", [Seed(three, c)])
     assert shifted.digest == b.digest == file_digest(work / "shifted.bin")
+
+
+# -- the check: units copied from a seed at the same offsets are hashed from the seed's pages --------
+
+UNIT = 1 << 20
+
+
+def test_the_lent_unit_is_blake3trees():
+    from efabuild.host import blake3tree
+    from efabuild.store.chunked import assembly
+
+    assert assembly.UNIT == blake3tree.UNIT
+
+
+def _composed(rng: random.Random, seed: bytes, size: int, seed_path: Path):  # noqa: ANN202
+    """A target of `size` bytes made of pieces copied from the seed at the same offsets (often back
+    to back, as plan() cuts long runs), at other offsets, and bytes of its own; its runs, and
+    which of its bytes came from the seed at the same offset."""
+    from efabuild.store.chunked.assembly import Run
+
+    target, same, runs = bytearray(), bytearray(), []
+    while len(target) < size:
+        at = len(target)
+        length = min(size - at, rng.choice([rng.randrange(1, 4096), rng.randrange(1, 3 * UNIT)]))
+        kind = rng.choice(["same", "same", "same", "other", "own"])
+        if kind == "same" and at + length <= len(seed):
+            target += seed[at:at + length]
+            same += b"\1" * length
+            runs.append(Run(seed_path, at, at, length, ()))
+        elif kind == "other" and len(seed) > length:
+            source = rng.randrange(0, len(seed) - length)
+            target += seed[source:source + length]
+            same += bytes([source == at]) * length
+            runs.append(Run(seed_path, source, at, length, ()))
+        else:  # its own bytes, unlike the seed's there
+            target += bytes(b ^ 0x5A for b in rng.randbytes(length))
+            same += b"\0" * length
+    return bytes(target), runs, same
+
+
+def _check(target: Path, seed: Path, runs, size: int):  # noqa: ANN001, ANN202
+    from efabuild.store.chunked.assembly import check_digest, settled_stamps
+
+    with open(seed, "rb") as src, open(target, "r+b") as dest:
+        before = settled_stamps({seed: src.fileno()})
+        return check_digest(dest.fileno(), size, runs, {seed: src.fileno()}, before)
+
+
+def test_a_digest_assembled_from_a_seed_is_the_files_at_any_split(tmp_path, settled_clock):
+    """Same-offset runs back to back, runs at other offsets, units straddling their edges, a last
+    partial unit: only units wholly copied from the seed at their own offset are taken from it."""
+    rng = random.Random(5)
+    for _ in range(12):
+        seed = rng.randbytes(rng.randrange(UNIT, 12 * UNIT))
+        (tmp_path / "seed").write_bytes(seed)
+        size = rng.choice([rng.randrange(1, 2 * UNIT), rng.randrange(UNIT, 14 * UNIT), len(seed)])
+        target, runs, same = _composed(rng, seed, size, tmp_path / "seed")
+        (tmp_path / "target").write_bytes(target)
+        digest, lent = _check(tmp_path / "target", tmp_path / "seed", runs, size)
+        assert digest == file_digest(tmp_path / "target")
+        whole_units = [n for n in range(size // UNIT) if all(same[n * UNIT:(n + 1) * UNIT])]
+        assert lent == UNIT * len(whole_units)
+
+
+def _versions(tmp_path: Path) -> tuple[Path, Path, bytes]:
+    """v1, and v2 as an incremental export's child of it: v1's bytes at the same offsets but for
+    a changed region and a new tail; and v2's bytes."""
+    rng = random.Random(17)
+    one = rng.randbytes(8 * MiB + 5000)
+    two = bytearray(one)
+    two[3 * MiB + 100:3 * MiB + 40 * KiB] = rng.randbytes(40 * KiB - 100)
+    two = bytes(two[:7 * MiB + 333]) + rng.randbytes(300 * KiB)
+    (tmp_path / "v1.bin").write_bytes(one)
+    (tmp_path / "v2.bin").write_bytes(two)
+    return tmp_path / "v1.bin", tmp_path / "v2.bin", two
+
+
+@pytest.fixture
+def counted(monkeypatch):  # noqa: ANN201
+    """The seed descriptors whose units the check hashed."""
+    from efabuild.host import blake3tree
+
+    calls: list[int] = []
+    real = blake3tree.unit_values
+
+    def spy(lib, fd, units):  # noqa: ANN001, ANN202
+        calls.append(fd)
+        return real(lib, fd, units)
+
+    monkeypatch.setattr(blake3tree, "unit_values", spy)
+    return calls
+
+
+@pytest.mark.s3
+def test_a_fetch_onto_the_previous_version_hashes_its_reused_units_from_it(tmp_path, chunk_store, settled_clock):
+    one, two, _ = _versions(tmp_path)
+    a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
+    upload(chunk_store, b, two, set(b.unique()))
+    got = fill(chunk_store, b, tmp_path / "out.bin", [Seed(one, a)])
+    assert got.digest == b.digest == file_digest(tmp_path / "out.bin")
+    assert got.lent >= 4 * MiB  # all but the units the changed chunks and the new tail touch
+    assert got.transfer.reused_bytes > 0.9 * b.size
+
+
+@pytest.mark.s3
+def test_a_seed_changed_within_the_clocks_step_or_without_the_helper_lends_nothing(tmp_path, chunk_store,
+                                                                                   monkeypatch):
+    """A stamp taken within RACY_WINDOW_NS of the seed's last change may not move at a second write;
+    and without the helper the file is hashed as before."""
+    from efabuild.host import blake3tree, statstamp
+
+    one, two, _ = _versions(tmp_path)
+    a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
+    upload(chunk_store, b, two, set(b.unique()))
+    one.write_bytes(one.read_bytes())  # written just now
+    fresh = fill(chunk_store, b, tmp_path / "fresh.bin", [Seed(one, a)])
+    assert fresh.digest == b.digest == file_digest(tmp_path / "fresh.bin") and fresh.lent == 0
+    monkeypatch.setattr(statstamp, "clock_ns", lambda: os.stat(one).st_ctime_ns + statstamp.RACY_WINDOW_NS)
+    monkeypatch.setattr(blake3tree, "installed", lambda: None)
+    bare = fill(chunk_store, b, tmp_path / "bare.bin", [Seed(one, a)])
+    assert bare.digest == b.digest == file_digest(tmp_path / "bare.bin") and bare.lent == 0
+    monkeypatch.undo()
+    # settled only by the time of the check, not when its stamp was taken before the copy
+    changed = os.stat(one).st_ctime_ns
+    times = iter([changed + 1_000_000])
+    monkeypatch.setattr(statstamp, "clock_ns", lambda: next(times, changed + 10 * statstamp.RACY_WINDOW_NS))
+    late = fill(chunk_store, b, tmp_path / "late.bin", [Seed(one, a)])
+    assert late.digest == b.digest and late.lent == 0
+    monkeypatch.setattr(statstamp, "clock_ns", lambda: changed + statstamp.RACY_WINDOW_NS)
+    assert fill(chunk_store, b, tmp_path / "lent.bin", [Seed(one, a)]).lent > 0  # settled: it lends
+
+
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 1]))
+
+
+@pytest.mark.s3
+def test_a_seed_changed_since_it_was_indexed_costs_the_download_of_what_it_got_wrong(tmp_path, chunk_store,
+                                                                                     settled_clock, counted):
+    one, two, truth = _versions(tmp_path)
+    a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
+    upload(chunk_store, b, two, set(b.unique()))
+    victim = next(span for span in a.spans() if span[0] in b.unique() and span[1] > 5 * MiB)
+    _flip(one, victim[1] + victim[2] // 2)  # same size, its stamp moved: before the fetch took it
+    got = fill(chunk_store, b, tmp_path / "out.bin", [Seed(one, a)])
+    assert (tmp_path / "out.bin").read_bytes() == truth and got.digest == b.digest
+    assert counted  # the seed's units were hashed, and gave another digest
+    assert got.transfer.chunks == len(set(b.unique()) - set(a.unique())) + 1
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("when", ["copy", "hash"])
+def test_a_seed_changed_during_the_copy_or_its_hash_lends_nothing(tmp_path, chunk_store, settled_clock,
+                                                                   monkeypatch, when):
+    """The seed lies (one byte of a chunk it lends differs from its index) when it is copied, and
+    is put right before its units are hashed: its pages would then give the true digest for a
+    file holding the wrong byte. Its stamp moved, so the file itself is hashed, and the chunk
+    downloaded."""
+    from efabuild.host import blake3tree
+
+    one, two, truth = _versions(tmp_path)
+    a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
+    upload(chunk_store, b, two, set(b.unique()))
+    victim = next(span for span in a.spans() if span[0] in b.unique() and span[1] > 5 * MiB)
+    flipped = victim[1] + victim[2] // 2
+    _flip(one, flipped)
+    put_right = []
+
+    def mend() -> None:
+        if not put_right:
+            _flip(one, flipped)
+            put_right.append(True)
+
+    if when == "copy":
+        real_copy = RangeCopier.copy
+
+        def copy(self, src_fd, src_offset, dest_offset, length):  # noqa: ANN001, ANN202
+            real_copy(self, src_fd, src_offset, dest_offset, length)
+            if src_offset <= flipped < src_offset + length:
+                mend()
+
+        monkeypatch.setattr(RangeCopier, "copy", copy)
+    else:
+        real_values = blake3tree.unit_values
+
+        def values(lib, fd, units):  # noqa: ANN001, ANN202
+            mend()
+            return real_values(lib, fd, units)
+
+        monkeypatch.setattr(blake3tree, "unit_values", values)
+    got = fill(chunk_store, b, tmp_path / "out.bin", [Seed(one, a)])
+    assert put_right
+    assert (tmp_path / "out.bin").read_bytes() == truth and got.digest == b.digest and got.lent == 0
+    assert got.transfer.chunks == len(set(b.unique()) - set(a.unique())) + 1
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("how", ["open to the group", "another user's"])
+def test_a_seed_someone_else_can_write_lends_nothing(tmp_path, chunk_store, settled_clock, counted, monkeypatch, how):
+    """Its owner can rewrite a dirty page of it through a mapping without moving its stamp, or
+    truncate it under our mapping (SIGBUS): the file itself is hashed."""
+    one, two, _ = _versions(tmp_path)
+    a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
+    upload(chunk_store, b, two, set(b.unique()))
+    if how == "open to the group":
+        one.chmod(0o664)
+    elif os.geteuid() == 0:
+        os.chown(one, 65534, 65534)
+    else:
+        monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
+    got = fill(chunk_store, b, tmp_path / "out.bin", [Seed(one, a)])
+    assert got.digest == b.digest == file_digest(tmp_path / "out.bin")
+    assert got.lent == 0 and counted == []
+    assert got.transfer.reused_bytes > 0.9 * b.size  # its chunks are still copied, and checked in the file
+
+
+@pytest.mark.s3
+def test_the_units_a_seed_lends_are_not_read_from_the_file(tmp_path, chunk_store, settled_clock, monkeypatch):
+    """What makes it cheap, shown by breaking the copy on purpose: the whole units of the file's
+    copied ranges are zeroed behind the copy, and the digest is still the index's, hashed from the seed. The check
+    vouches for the seed's pages and for what the kernel copied from them, not for a copy gone
+    wrong; where nothing is lent (no helper) the same fault is found in the file and downloaded."""
+    from efabuild.host import blake3tree
+
+    one, two, truth = _versions(tmp_path)
+    a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
+    upload(chunk_store, b, two, set(b.unique()))
+    real_copy = RangeCopier.copy
+
+    def copy(self, src_fd, src_offset, dest_offset, length):  # noqa: ANN001, ANN202
+        real_copy(self, src_fd, src_offset, dest_offset, length)
+        first, end = -(-dest_offset // UNIT) * UNIT, (dest_offset + length) // UNIT * UNIT
+        if end > first:
+            os.pwrite(self.dest_fd, bytes(end - first), first)
+
+    monkeypatch.setattr(RangeCopier, "copy", copy)
+    lent = fill(chunk_store, b, tmp_path / "lent.bin", [Seed(one, a)])
+    assert lent.digest == b.digest and lent.lent >= 4 * MiB
+    assert file_digest(tmp_path / "lent.bin") != b.digest
+    monkeypatch.setattr(blake3tree, "installed", lambda: None)
+    hashed = fill(chunk_store, b, tmp_path / "hashed.bin", [Seed(one, a)])
+    assert (tmp_path / "hashed.bin").read_bytes() == truth and hashed.digest == b.digest and hashed.lent == 0
+
+
+@pytest.mark.s3
+def test_a_seed_shorter_than_its_index_lends_nothing(tmp_path, chunk_store, settled_clock, counted):
+    """Its runs past its new end fail and are downloaded; the runs before it were copied, but a
+    seed that failed under one lends no unit at all: the file is hashed."""
+    one, two, truth = _versions(tmp_path)
+    a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
+    upload(chunk_store, b, two, set(b.unique()))
+    os.truncate(one, 6 * MiB)
+    got = fill(chunk_store, b, tmp_path / "out.bin", [Seed(one, a)])
+    assert (tmp_path / "out.bin").read_bytes() == truth and got.digest == b.digest
+    assert got.lent == 0 and counted == [] and 2 * MiB < got.transfer.reused_bytes < 6 * MiB  # its first run

@@ -69,6 +69,45 @@ def test_versions_share_chunks_and_a_seeded_fetch_downloads_only_the_difference(
     assert os.listdir(tmp_path / "fsx" / "tmp") == []
 
 
+def test_a_fetch_onto_the_previous_version_reads_the_fetched_file_once_and_its_reused_units_not_at_all(
+        tmp_path, settings, monkeypatch, settled_clock):
+    """An incremental child (the previous version's bytes at the same offsets but for a changed
+    file) fetched onto a node holding that version: the check hashes the reused units from the
+    previous version's pages, and nothing else of the fetch (staging, linking, keeping the index
+    beside it) reads the file again."""
+    from efabuild.host import blake3tree, fsutil
+    from efabuild.store import transfer
+    from efabuild.store.chunked import assembly
+    from efabuild.store.tiers import fs
+
+    rng = random.Random(9)
+    body = rng.randbytes(6 * MiB)
+    changed = bytearray(body)
+    changed[3 * MiB:3 * MiB + 50 * KiB] = rng.randbytes(50 * KiB)
+    v1, v2 = make_sqsh(tmp_path, body, "v1"), make_sqsh(tmp_path, bytes(changed), "v2")
+    store = builder(tmp_path, settings)
+    k1, k2 = publish(store, v1), publish(store, v2)
+    cluster = node(tmp_path, settings)
+    cluster.fetch(k1)  # the node holds the previous version, its index kept beside it
+    reads: list[str] = []
+    lent: list[int] = []
+
+    def spied(module, name: str) -> None:  # noqa: ANN001
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **k: reads.append(name) or real(*a, **k))
+
+    for module, name in ((assembly, "_hashed"), (assembly, "wrong_chunks"), (transfer, "file_digest"),
+                         (fs, "check_file"), (fsutil, "copy_file")):
+        spied(module, name)
+    real_digest = blake3tree.digest_with
+    monkeypatch.setattr(blake3tree, "digest_with", lambda lib, fd, units: lent.append(len(units)) or
+                        real_digest(lib, fd, units))
+    fetched = cluster.fetch(k2)
+    assert file_digest(fetched) == file_digest(v2) and reads == []
+    assert lent and lent[0] * MiB >= 4 * MiB  # of 6 MiB: the units the change touches are the file's
+    assert cluster.s3.last_transfer.reused_bytes > 0.9 * v2.stat().st_size
+
+
 def test_a_damaged_chunk_index_or_chunk_is_refused_and_nothing_becomes_visible(tmp_path, settings, versions,
                                                                                  s3_client):
     key = publish(builder(tmp_path, settings), versions[0])

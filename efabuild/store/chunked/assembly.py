@@ -8,9 +8,13 @@ two steps:
    by sharing the seed's blocks rather than writing them (host/rangecopy.py); the other chunks are
    downloaded, verified against their ids, and written;
 2. check: one read of the result hashes the whole file, on both cores, while it is flushed to
-   disk. A digest that matches the index's proves every chunk; one that does not makes a second
-   read hash each chunk that came from a seed against its id, so that a seed that changed after it
-   was indexed, or lies, only costs a download of the chunks it got wrong.
+   disk; BLAKE3 being a tree, the 1 MiB units copied from a seed at the same offsets (the
+   previous version of an incremental export's child: 99 % of it) are hashed from the seed's
+   pages instead, cached where the clone's are not, when the seed is this user's alone and its
+   stamp shows it unchanged from before the copy to after the hash (check_digest). A digest that
+   matches the index's proves every chunk; one that does not makes a second read hash each chunk
+   that came from a seed against its id, so that a seed that changed after it was indexed, or
+   lies, only costs a download of the chunks it got wrong, and the whole file is hashed again.
 
 The caller compares the digest returned with the record before anyone may see the file.
 """
@@ -20,7 +24,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,6 +32,7 @@ import attrs
 import blake3
 
 from efabuild.store.chunked.chunks import ChunkIndex, chunk_id
+from efabuild.host import statstamp
 from efabuild.host.digest import PREFIX
 from efabuild.host.fsutil import open_regular
 from efabuild.store.parallel import run_parallel
@@ -35,6 +40,7 @@ from efabuild.host.rangecopy import RangeCopier
 from efabuild.store.chunked.s3 import ChunkStore, Transfer
 
 RUN_BYTES = 64 * 1024 * 1024  # a run is cut at this size, so both cores copy and clone
+UNIT = 1 << 20  # host/blake3tree.py's subtree, whose chaining value a seed lends the check
 
 
 @attrs.frozen
@@ -60,6 +66,7 @@ class Run:
 class Assembled:
     transfer: Transfer
     digest: str  # "blake3:<hex>" of the bytes now in the file
+    lent: int = 0  # bytes of the file that digest hashed from seeds' pages (check_digest)
 
 
 def plan(index: ChunkIndex, seeds: Sequence[Seed], most: int = RUN_BYTES) -> tuple[list[Run], dict[str, list[int]]]:
@@ -109,6 +116,8 @@ def assemble(store: ChunkStore, index: ChunkIndex, dest_fd: int, seeds: Sequence
 
     failed: list[Run] = []
     with _opened({run.seed for run in runs}) as fds:
+        before = settled_stamps(fds)  # before any byte of a seed is copied
+
         def place(task: Run | tuple[str, list[int]]) -> None:
             if not isinstance(task, Run):
                 return fetch(task)
@@ -123,37 +132,126 @@ def assemble(store: ChunkStore, index: ChunkIndex, dest_fd: int, seeds: Sequence
                 progress(task.length)
 
         run_parallel(place, [*runs, *download.items()], store.tier.workers)
-    run_parallel(fetch, list(_by_chunk(s for run in failed for s in run.spans).items()), store.tier.workers)
-    seeded = {offset for run in runs if run not in failed for _, offset, _ in run.spans}
-    # The whole file's digest proves every chunk of it: each chunk is hashed on its own only when
-    # the whole is wrong, to find what a seed got wrong (changed since it was indexed, or lying),
-    # download just that, and hash the whole again. The caller compares the digest with the record.
-    digest = whole_digest(dest_fd, index.size)
-    wrong = wrong_chunks(dest_fd, index, seeded) if digest != index.digest else {}
-    if wrong:
-        run_parallel(fetch, list(wrong.items()), store.tier.workers)
-        digest = whole_digest(dest_fd, index.size)
-    reused = {cid for run in runs if run not in failed for cid, _, _ in run.spans} - set(fetched)
+        run_parallel(fetch, list(_by_chunk(s for run in failed for s in run.spans).items()), store.tier.workers)
+        copied = [run for run in runs if run not in failed]
+        # the digest proves every chunk; each is hashed on its own only when it is wrong, to find what
+        # a seed got wrong (changed since indexed, or lying). A seed that ended under a run lends nothing.
+        sound = [run for run in copied if run.seed not in {f.seed for f in failed}]
+        digest, lent = check_digest(dest_fd, index.size, sound, fds, before)
+    if digest != index.digest:
+        wrong = wrong_chunks(dest_fd, index, {offset for run in copied for _, offset, _ in run.spans})
+        if wrong:
+            run_parallel(fetch, list(wrong.items()), store.tier.workers)
+        if wrong or lent:  # a lent digest is the seeds' pages': the file itself is hashed then
+            digest, lent = whole_digest(dest_fd, index.size), 0
+    reused = {cid for run in copied for cid, _, _ in run.spans} - set(fetched)
     return Assembled(Transfer(chunks=len(fetched), bytes=sum(lengths[c] for c in fetched),
                               wire_bytes=sum(fetched.values()), reused=len(reused),
                               reused_bytes=sum(lengths[c] for c in reused), cloned_bytes=copier.cloned),
-                     digest)
+                     digest, lent)
+
+
+def check_digest(fd: int, size: int, copied: Sequence[Run], seeds: Mapping[Path, int],
+                 before: Mapping[Path, tuple[int, ...]]) -> tuple[str, int]:
+    """The digest of the file `fd` just assembled, and how many of its bytes it took from seeds'
+    pages rather than the file's: the whole 1 MiB units copied from one seed at the same offsets
+    (an incremental child's reused range, from the previous version on this node) are hashed from
+    that seed, whose pages are cached where a reflinked clone's are not; the rest from the file.
+    The file is flushed to disk meanwhile, done when this returns.
+
+    A seed lends only where its bytes cannot have changed unseen between the copy and the hash:
+    a file only this user can write (another user's can be rewritten through a mapping without
+    moving its stamp, and truncated under ours: SIGBUS), whose stamp had settled before the copy
+    (`before`: settled_stamps) and is the same after the hash, and that still holds the units."""
+    with _flushing(fd):
+        units = _lendable(copied, size, seeds, before)
+        if not units:
+            return _hashed(fd, size), 0
+        from efabuild.host import blake3tree  # ctypes and the helper: only for a fetch a seed lends to
+
+        lib = blake3tree.installed()
+        values = _lent_values(lib, units, seeds, before) if lib is not None else {}
+        if not values:
+            return _hashed(fd, size), 0
+        return blake3tree.digest_with(lib, fd, values), len(values) * UNIT
+
+
+def settled_stamps(seeds: Mapping[Path, int]) -> dict[Path, tuple[int, ...]]:
+    """The stat stamps of the open seeds that had settled (no change for RACY_WINDOW_NS), taken
+    before any of their bytes is copied: one unchanged after a seed's pages were hashed means the
+    bytes hashed are those copied. A stamp taken sooner after a change may not move at a second
+    write within the clock's step: that seed lends nothing."""
+    now = statstamp.clock_ns()
+    stamps = {path: statstamp.stamp(os.fstat(fd)) for path, fd in seeds.items()}
+    return {path: stamp for path, stamp in stamps.items() if statstamp.settled(stamp, now)}
+
+
+def lent_units(copied: Sequence[Run], size: int) -> dict[Path, list[int]]:
+    """The whole units of a `size`-byte file that lie in bytes copied from one seed at the same
+    offsets ({seed: unit numbers}); runs that follow each other in both are one range."""
+    ranges: dict[Path, list[list[int]]] = {}
+    for run in sorted((r for r in copied if r.source == r.dest), key=lambda r: r.dest):
+        spans = ranges.setdefault(run.seed, [])
+        if spans and spans[-1][1] == run.dest:
+            spans[-1][1] = run.dest + run.length
+        else:
+            spans.append([run.dest, run.dest + run.length])
+    units: dict[Path, list[int]] = {}
+    for seed, spans in ranges.items():
+        numbers = [n for start, end in spans for n in range(-(-start // UNIT), min(end, size) // UNIT)]
+        if numbers:
+            units[seed] = numbers
+    return units
+
+
+def _lendable(copied: Sequence[Run], size: int, seeds: Mapping[Path, int],
+              before: Mapping[Path, tuple[int, ...]]) -> dict[Path, list[int]]:
+    """lent_units() of the seeds only this user can write whose settled stamp was taken (`before`)."""
+    units = lent_units(copied, size)
+    return {path: numbers for path, numbers in units.items()
+            if path in before and not statstamp.others_may_write(os.fstat(seeds[path]))}
+
+
+def _lent_values(lib, units: Mapping[Path, list[int]], seeds: Mapping[Path, int],  # noqa: ANN001 - a CDLL
+                 before: Mapping[Path, tuple[int, ...]]) -> dict[int, bytes]:
+    """The chaining values of the units each seed lends, hashed from its descriptor; none of a
+    seed shortened, or changed in any way since its stamp was taken before the copy."""
+    from efabuild.host import blake3tree
+
+    values: dict[int, bytes] = {}
+    for path, numbers in units.items():
+        got = blake3tree.unit_values(lib, seeds[path], numbers)
+        if got is not None and statstamp.stamp(os.fstat(seeds[path])) == before[path]:
+            values.update(got)
+    return values
 
 
 def whole_digest(fd: int, size: int) -> str:
     """The "blake3:<hex>" digest of the file's first `size` bytes, hashed on both cores through a
     mapping while the file is flushed to disk."""
+    with _flushing(fd):
+        return _hashed(fd, size)
+
+
+def _hashed(fd: int, size: int) -> str:
     whole = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    if size == 0:
-        return PREFIX + whole.hexdigest()
+    if size:
+        with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
+            # blocks cloned from a seed are not in the page cache: read ahead in large requests
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
+            whole.update(mapped)
+    return PREFIX + whole.hexdigest()
+
+
+@contextmanager
+def _flushing(fd: int) -> Iterator[None]:
+    """The file flushed to disk on a thread while the body hashes it; done on leaving."""
     flush = threading.Thread(target=_fsync_quietly, args=(fd,), daemon=True)
     flush.start()
-    with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as mapped:
-        # blocks cloned from a seed are not in the page cache: read ahead in large requests
-        mapped.madvise(mmap.MADV_SEQUENTIAL)
-        whole.update(mapped)
-    flush.join()
-    return PREFIX + whole.hexdigest()
+    try:
+        yield
+    finally:
+        flush.join()
 
 
 def wrong_chunks(fd: int, index: ChunkIndex, offsets: set[int]) -> dict[str, list[int]]:

@@ -93,6 +93,7 @@ class S3Tier(S3Refs, S3Bucket, Tier):
         self.chunking = chunking or (MIN_SIZE, AVG_SIZE, MAX_SIZE)  # (min, avg, max) chunk bytes
         self.last_transfer: Transfer | None = None  # what the last chunked publish or fetch moved
         self.last_index: ChunkIndex | None = None  # the index of the last chunked publish
+        self.last_fetched: tuple[int, int] | None = None  # (device, inode) the last download checked
 
     def __repr__(self) -> str:
         return f"S3Tier({self.url('')!r})"
@@ -319,7 +320,7 @@ class S3Tier(S3Refs, S3Bucket, Tier):
             self.last_transfer = assembled.transfer
             return assembled.digest
 
-        fetch_into(self.name, dest, record, what, fill)
+        self.last_fetched = fetch_into(self.name, dest, record, what, fill)
 
     def _download_whole(self, key: str, dest: Path, record: ArtifactRecord, show: bool) -> None:
         path = self.sqsh_object(check_key(key))
@@ -341,7 +342,7 @@ class S3Tier(S3Refs, S3Bucket, Tier):
                         raise EfabuildError(f"{what}: changed while being fetched; try again") from None
                     raise self._error(what, exc) from None
 
-        fetch_into(self.name, dest, record, what, fill)
+        self.last_fetched = fetch_into(self.name, dest, record, what, fill)
 
     # ---- removal
     def delete(self, key: str) -> None:
