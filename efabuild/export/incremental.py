@@ -149,20 +149,13 @@ def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor
     except (LayerSourceUnavailable, NotFound) as exc:
         return str(exc)
     tmp = out.parent / f"{out.name}.{os.urandom(4).hex()}.tmp"
-    early: list[Sha256Pass] = []
-
-    def start_sha256(fd: int, reused: int) -> None:
-        # the child's own bytes, its ancestor's pages for the range being copied: as reuse() reads them
-        held = os.dup(fd)
-        splice = Splice(str(ancestor.sqsh), SUPERBLOCK_BYTES, reused)
-        early.append(Sha256Pass(f"/proc/self/fd/{held}", splice, holding=held))
-
     beside_copy = (sha256 or sha256_beside_copy) and ancestor.stamp is not None and _owned(ancestor.sqsh)
+    early = _Sha256BesideCopy(ancestor) if beside_copy else None
     try:
         try:
             written = write_incremental(ancestor.sqsh, streams, tmp, plan=plan, ancestor_plan=ancestor_plan,
                                         progress=(lambda n: progress(n, None)) if progress else None,
-                                        before_copy=start_sha256 if beside_copy else None)
+                                        before_copy=early.start if early else None)
         except EfabuildError as exc:  # a layer it refuses: a full export reads the image afresh
             written = exc
         # first: a writer that refused a cut or tampered stream says less than the stream; each blob's
@@ -176,11 +169,9 @@ def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor
             return written.reason
         job = ExportJob(image, out, opts, plan, None, started, chunking, cfg.labels)
         terms = reuse(ancestor, tmp, written.reused_bytes)
-        if early and terms.get("splice") != early[0].splice:
-            early.pop().abandon()  # no longer this user's alone: hashed from the child's own bytes
+        running = early.for_terms(terms) if early else None
         try:
-            result = keep_export(tmp, job, sha256 or bool(early), **terms,
-                                 sha256_pass=early[0] if early else None)
+            result = keep_export(tmp, job, sha256 or running is not None, **terms, sha256_pass=running)
         except Unkept as exc:
             return str(exc)
         if terms.get("seed") is not None and not terms.get("seed_checked") and result.index is not None:
@@ -188,11 +179,38 @@ def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor
     finally:
         for stream in streams:
             stream.close()
-        for pass_ in early:
-            pass_.abandon()  # finished already when the child was kept
+        if early:
+            early.close()
         tmp.unlink(missing_ok=True)
     made = {"ancestor": ancestor.key, "ancestor_digest": ancestor.digest, "dead_bytes": int(written.dead_bytes)}
     return attrs.evolve(result, incremental=made)
+
+
+class _Sha256BesideCopy:
+    """The child's sha256, begun by the writer just before it copies the ancestor's range (its
+    `before_copy`): the child's own bytes, and the ancestor's pages for that range, as reuse() has
+    keep_export read them (a sha256 is a chain from byte 0: it cannot start sooner)."""
+
+    def __init__(self, ancestor: Ancestor) -> None:
+        self.ancestor, self.running = ancestor, None
+
+    def start(self, fd: int, reused: int) -> None:
+        held = os.dup(fd)  # the writer's temp file, renamed meanwhile
+        splice = Splice(str(self.ancestor.sqsh), SUPERBLOCK_BYTES, reused)
+        self.running = Sha256Pass(f"/proc/self/fd/{held}", splice, holding=held)
+
+    def for_terms(self, terms: Mapping[str, Any]) -> Sha256Pass | None:
+        """The pass, if keep_export hashes the child over that same splice; else none (the copy
+        is no longer this user's alone: the child is hashed from its own bytes)."""
+        if self.running is not None and terms.get("splice") != self.running.splice:
+            self.close()
+        return self.running
+
+    def close(self) -> None:
+        """Stopped where unused; waited for (done already) where the child was kept."""
+        if self.running is not None:
+            self.running.abandon()
+            self.running = None
 
 
 def reuse(ancestor: Ancestor, child: Path, reused: int) -> dict[str, Any]:

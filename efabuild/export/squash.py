@@ -310,9 +310,8 @@ def keep_export(tmp: Path, job: ExportJob, with_sha256: bool, *, splice: Splice 
                 sha256_pass: Sha256Pass | None = None) -> ExportResult:
     """Make the finished temp file durable, hash it, and move it to its name. `splice`: a range
     copied from another file, hashed from there (from `tree`, that file's chaining values, where
-    given; `seed`, its chunk index, lends its chunks, re-hashed unless `seed_checked`);
-    `sha256_pass`: the file's sha256, already running (over the splice), waited for here;
-    `still_valid()`, asked after hashing, may refuse the result (Unkept, with its reason)."""
+    given; `seed`, its chunk index, lends its chunks, re-hashed unless `seed_checked`; the sha256
+    `sha256_pass` is taking); `still_valid()`, asked after hashing, may refuse it (Unkept)."""
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     digest, sha256, index = _digests(tmp, with_sha256, job.chunking, splice, seed, tree, seed_checked, sha256_pass)
@@ -330,11 +329,10 @@ def keep_export(tmp: Path, job: ExportJob, with_sha256: bool, *, splice: Splice 
 
 
 def _digests(path: Path, with_sha256: bool, chunking: tuple[int, int, int] | None, splice: Splice | None = None,
-             seed: ChunkIndex | None = None, tree: Tree | None = None,
-             seed_checked: bool = False,
+             seed: ChunkIndex | None = None, tree: Tree | None = None, seed_checked: bool = False,
              sha256_pass: Sha256Pass | None = None) -> tuple[str, str | None, ChunkIndex | None]:
-    """blake3, sha256 (or None) and the chunk index (or None) of a fresh file, in one read of it
-    (of its own bytes outside `splice`, with `tree`); the sha256 from `sha256_pass` where one runs."""
+    """blake3, sha256 (or None; `sha256_pass`'s where one runs) and the chunk index (or None) of a
+    fresh file, in one read of it (of its own bytes outside `splice`, with `tree`)."""
     if splice is None:
         if chunking is None:
             digest, sha256 = file_digests(path) if with_sha256 else (file_digest(path), None)
