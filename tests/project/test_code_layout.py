@@ -119,53 +119,42 @@ DEFERRED: dict[str, set[str]] = {
     # the importer's protocol: no command loads it
     "efabuild.cli": {"efabuild.cli.pyxis_cmd"},
     # build-fixtures --help reads the fixtures' names, not the engine
-    "efabuild.cli.build_fixtures": {
-        "efabuild.cli.output", "efabuild.engine.client", "efabuild.errors", "efabuild.make.fixtures",
-        "efabuild.settings"},
+    "efabuild.cli.build_fixtures": {"efabuild.engine.client"},
     # `efabuild --help` loads every command module (and cli.common) for its parser: what a command
     # runs is imported in its function
-    "efabuild.cli.common": {
-        "efabuild.errors", "efabuild.grammar", "efabuild.host.fsutil", "efabuild.redact", "efabuild.workspace"},
-    "efabuild.cli.completion_cmd": {"efabuild.cli"},
-    "efabuild.cli.doctor_cmd": {
-        "efabuild.cli.output", "efabuild.configfile", "efabuild.display", "efabuild.doctor", "efabuild.errors",
-        "efabuild.store"},
+    "efabuild.cli.common": {"efabuild.grammar", "efabuild.host.fsutil", "efabuild.redact", "efabuild.workspace"},
+    "efabuild.cli.doctor_cmd": {"efabuild.cli.output", "efabuild.configfile", "efabuild.doctor", "efabuild.store"},
     "efabuild.cli.du_cmd": {"efabuild.cli.output", "efabuild.refs", "efabuild.store.progress", "efabuild.store.tiered"},
     "efabuild.cli.graph_cmd": {
         "efabuild.cli.graphviz", "efabuild.cli.picture", "efabuild.dag", "efabuild.make.prepare"},
-    "efabuild.cli.lint_cmd": {
-        "efabuild", "efabuild.cli.output", "efabuild.errors", "efabuild.lint", "efabuild.lint.sarif",
-        "efabuild.workspace"},
-    "efabuild.cli.live": {"efabuild.cli.output"},
+    "efabuild.cli.lint_cmd": {"efabuild.cli.output", "efabuild.lint", "efabuild.lint.sarif", "efabuild.workspace"},
     "efabuild.cli.lookup_cmd": {
-        "efabuild.cli.output", "efabuild.errors", "efabuild.platforms", "efabuild.pyxis.lookup", "efabuild.workspace"},
+        "efabuild.cli.output", "efabuild.platforms", "efabuild.pyxis.lookup", "efabuild.workspace"},
     "efabuild.cli.make_cmd": {
         "efabuild.cli.colour", "efabuild.cli.graphviz", "efabuild.cli.live", "efabuild.cli.output",
         "efabuild.cli.picture", "efabuild.cli.plan_cmd", "efabuild.host.scratch", "efabuild.lint",
         "efabuild.make.check", "efabuild.make.prepare", "efabuild.make.run", "efabuild.refs"},
-    "efabuild.cli.output": {"efabuild.display"},
     "efabuild.cli.plan_cmd": {
         "efabuild.cli.colour", "efabuild.cli.live", "efabuild.cli.output", "efabuild.make.prepare", "efabuild.plan"},
     "efabuild.cli.provenance_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.display", "efabuild.errors",
-        "efabuild.provenance.audit", "efabuild.provenance.diff", "efabuild.provenance.intoto",
-        "efabuild.provenance.junit", "efabuild.provenance.manifest", "efabuild.provenance.stored", "efabuild.settings",
-        "efabuild.store", "efabuild.store.progress", "efabuild.workspace"},
+        "efabuild.cli.common", "efabuild.cli.output", "efabuild.provenance.audit", "efabuild.provenance.diff",
+        "efabuild.provenance.intoto", "efabuild.provenance.junit", "efabuild.provenance.manifest",
+        "efabuild.provenance.stored", "efabuild.settings", "efabuild.store", "efabuild.store.progress",
+        "efabuild.workspace"},
     "efabuild.cli.push_cmd": {
         "efabuild.cli.output", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.prepare",
         "efabuild.refs"},
-    "efabuild.cli.pyxis_cmd": {"efabuild.errors", "efabuild.pyxis.importer"},
+    "efabuild.cli.pyxis_cmd": {"efabuild.pyxis.importer"},
     # installed by `efabuild --help` too, which shows no progress
     "efabuild.cli.reporting": {"efabuild.store.progress"},
     "efabuild.cli.sign_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.errors", "efabuild.grammar", "efabuild.refs",
-        "efabuild.signing.attest", "efabuild.signing.keys", "efabuild.signing.trust", "efabuild.signing.verify",
-        "efabuild.store.config", "efabuild.store.tiered", "efabuild.workspace"},
+        "efabuild.cli.common", "efabuild.cli.output", "efabuild.grammar", "efabuild.refs", "efabuild.signing.attest",
+        "efabuild.signing.keys", "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.store.config",
+        "efabuild.store.tiered", "efabuild.workspace"},
     "efabuild.cli.store_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.display", "efabuild.engine.client",
-        "efabuild.engine.leftovers", "efabuild.errors", "efabuild.host.scratch", "efabuild.make.oldimages",
-        "efabuild.make.prepare", "efabuild.notices", "efabuild.refs", "efabuild.store.chunked.health",
-        "efabuild.store.config", "efabuild.store.progress", "efabuild.store.tiered"},
+        "efabuild.cli.common", "efabuild.cli.output", "efabuild.engine.client", "efabuild.engine.leftovers",
+        "efabuild.host.scratch", "efabuild.make.oldimages", "efabuild.make.prepare", "efabuild.refs",
+        "efabuild.store.chunked.health", "efabuild.store.config", "efabuild.store.progress", "efabuild.store.tiered"},
     # ctypes and subprocess with the first docker process: a plan on the socket starts none
     "efabuild.engine.client": {"efabuild.host.children"},
     # with the export: a no-op make's leftover listing needs none
