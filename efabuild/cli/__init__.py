@@ -1,8 +1,9 @@
 """Command line entry point: parses arguments and dispatches to one module per command group.
 
-Command modules import only argparse at module level; each imports its heavy dependencies
-(python-on-whales, boto3, blake3) inside `run`, so `efabuild lookup` stays close to the cost of
-starting Python.
+Command modules import at module level only what every command has loaded already (argparse,
+efabuild.errors, efabuild.display, efabuild.notices): `efabuild --help` loads them all. Each imports
+the rest (python-on-whales, boto3, blake3, the store) in the function that runs it, so `efabuild
+lookup` stays close to the cost of starting Python.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def one_line(message: str) -> str:
 def pyxis_importer_main() -> int:
     """The `efabuild-pyxis-importer` console script that plugstack.conf names: Pyxis calls it with
     `get IMAGE_URI` or `release`. No argument parser: nothing but a path may reach stdout."""
-    from efabuild.cli.pyxis_cmd import protocol
+    from efabuild.cli.pyxis_cmd import protocol  # deferred: no other command loads the importer's protocol
 
     try:
         return protocol(sys.argv[1:])

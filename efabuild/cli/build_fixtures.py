@@ -7,14 +7,15 @@ import argparse
 import sys
 from pathlib import Path
 
+import attrs
+
+from efabuild.cli.output import print_json
+from efabuild.errors import EfabuildError
+from efabuild.make.fixtures import HOST_PLATFORM, MINI_NGC_TAG, build_fixtures, publish_index
+from efabuild.settings import BuilderSettings
+
 
 def main(argv: list[str] | None = None) -> int:
-    import attrs
-
-    from efabuild.make.fixtures import HOST_PLATFORM, MINI_NGC_TAG, build_fixtures, publish_index
-    from efabuild.cli.output import print_json
-    from efabuild.errors import EfabuildError
-
     parser = argparse.ArgumentParser(
         prog="python -m efabuild.cli.build_fixtures",
         description=f"Build the offline demo fixture images ({MINI_NGC_TAG}); "
@@ -47,7 +48,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.registry:
             from efabuild.engine.client import connect
-            from efabuild.settings import BuilderSettings
 
             index = publish_index(connect(BuilderSettings()), images, platforms, args.registry)
     except EfabuildError as exc:

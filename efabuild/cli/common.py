@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
+
+from efabuild.errors import InputError
+
+# deferred: what a helper needs beyond these is imported in it: `efabuild --help` loads this module
 
 
 def workspace():
@@ -16,10 +22,6 @@ def write_file(name: str, data: bytes) -> None:
 
     Only a regular file (or nothing) is replaced: the rename would put a file in place of
     /dev/null or of the /dev/stdout link, and a link planted in a shared /tmp is refused."""
-    import os
-    import stat
-
-    from efabuild.errors import InputError
     from efabuild.host.fsutil import UnsafeEntry, atomic_write_bytes, kind_of
 
     path = Path(name)
@@ -41,8 +43,6 @@ def write_file(name: str, data: bytes) -> None:
 
 def _remove_dead_temps(directory: Path, name: str) -> None:
     """Temp files of this output that a killed efabuild left beside it (their names say whose)."""
-    import os
-
     from efabuild.host.fsutil import parse_temp_owner
 
     try:
@@ -69,7 +69,6 @@ def with_builder(ws, value: str | None):
     if not value:
         return ws
     from efabuild import grammar
-    from efabuild.errors import InputError
     from efabuild.redact import shown_value
 
     builder = ws.settings.builder._replace(context=None, host=None, buildx_builder=None, farm=())

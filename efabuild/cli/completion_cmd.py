@@ -4,6 +4,11 @@ same parsers the commands use (shtab is imported here only)."""
 from __future__ import annotations
 
 import argparse
+import sys
+
+from efabuild.cli import build_parser
+
+# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
 
 SHELLS = ("bash", "zsh", "tcsh")
 # metavars that name files or directories: completed as such by the shell
@@ -29,11 +34,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     import shtab
-
-    from efabuild.cli import build_parser
 
     parser = build_parser()
     _mark_paths(parser, shtab)

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import stat
+import sys
+from contextlib import ExitStack
+
+from efabuild.display import shown
+from efabuild.errors import EfabuildError, InputError, NotFound
+
+# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
 
 MAX_LINE = 1 << 20  # characters of one log line that are looked at; the rest of a longer one is skipped
 MAX_MANIFEST_BYTES = 64 << 20
@@ -59,12 +67,8 @@ def _positive_float(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-    from contextlib import ExitStack
-
     from efabuild.cli.output import print_json
     from efabuild.doctor import examine, render_text, to_json
-    from efabuild.errors import InputError
 
     if args.manifest and args.artifact:
         raise InputError("give --artifact or --manifest, not both", "doctor")
@@ -88,8 +92,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json("doctor", to_json(report))
     else:
-        from efabuild.display import shown
-
         # the report quotes the logs' lines: a job's output may hold any escape
         print("\n".join(shown(line) for line in render_text(report).splitlines()))
     return 1 if report.problems else 0
@@ -106,10 +108,6 @@ def _bounded_lines(handle):  # noqa: ANN001, ANN202 - a text file, its lines
 
 
 def _manifest(args: argparse.Namespace) -> dict | None:
-    import json
-
-    from efabuild.errors import EfabuildError, InputError, NotFound
-
     if args.manifest:
         from efabuild.configfile import read_text
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(

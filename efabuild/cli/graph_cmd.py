@@ -3,8 +3,12 @@ layer coloured by its plan state."""
 
 from __future__ import annotations
 
+import sys
+
 from efabuild.cli.common import add_builder_option, with_builder, workspace, write_file
 from efabuild.errors import InputError
+
+# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
 
 PICTURES = ("svg", "png")
 
@@ -54,8 +58,6 @@ def run(args) -> int:
 
 
 def _draw(ws, args) -> int:
-    import sys
-
     from efabuild.cli import graphviz
     from efabuild.cli import picture
     from efabuild.make.prepare import prepare

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from efabuild import __version__
+from efabuild.errors import InputError
+
+# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
 
 
 def configure(name, sub, common):
@@ -31,10 +37,7 @@ def configure(name, sub, common):
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from efabuild.cli.output import print_foreign_json, print_json
-    from efabuild.errors import InputError
     from efabuild.lint import errors_only, lint_workspace, render_text, to_json
     from efabuild.workspace import find_root, load_workspace
 
@@ -62,7 +65,6 @@ def run(args: argparse.Namespace) -> int:
     if fmt == "json":
         print_json("lint", to_json(findings))
     elif fmt == "sarif":
-        from efabuild import __version__
         from efabuild.lint.sarif import to_sarif
 
         print_foreign_json(to_sarif(findings, ws.root, __version__))

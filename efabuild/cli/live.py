@@ -15,6 +15,7 @@ from typing import TextIO
 
 from efabuild.make.reporter import Reporter
 from efabuild.cli.colour import Palette, wanted
+from efabuild.cli.output import compact_json
 from efabuild.display import shown
 
 PROGRESS_FORMAT = "efabuild.progress/v1"
@@ -134,8 +135,6 @@ class JsonReporter(PlainReporter):
     `format` and `event`, and the JSON convention's field names (name, key, path; null, not "")."""
 
     def emit(self, event: str, **fields: object) -> None:
-        from efabuild.cli.output import compact_json
-
         self.say(compact_json({"format": PROGRESS_FORMAT, "event": event, **fields}))
 
     def planning(self) -> None:

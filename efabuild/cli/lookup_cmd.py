@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+from efabuild.errors import InputError, NotFound
+
+# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -43,16 +49,11 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
-    from efabuild.errors import NotFound
     from efabuild.platforms import MissingPlatform
     from efabuild.pyxis.lookup import lookup_path
 
     try:
         if args.deep and not args.verify:
-            from efabuild.errors import InputError
-
             raise InputError("--deep goes with --verify")
         path, record = lookup_path(args.ref, args.store, fetch=not args.no_fetch, verify=args.verify,
                                    require_signature=args.require_signature, check_s3=args.verify,
@@ -80,9 +81,7 @@ def _why_missing(ref: str, message: str) -> str | None:
     """Why a graph:layer has no .sqsh, when the workspace tells: a layer it declares that is not an
     artifact layer, or a name it does not declare that is close to an artifact layer's (a typo)."""
     import difflib
-    from pathlib import Path
 
-    from efabuild.errors import InputError
     from efabuild.workspace import find_root, load_workspace
 
     if ":" not in ref:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from efabuild.cli.common import add_builder_option, with_builder, workspace, write_file
 from efabuild import notices
 from efabuild.errors import EfabuildError, InputError
+
+# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
 
 
 def configure(name, sub, common):
@@ -226,8 +229,6 @@ def _with_platform(data: dict, result) -> dict:  # noqa: ANN001 - a MakeResult
 
 
 def _graph_format(name: str) -> str:
-    from pathlib import Path
-
     from efabuild.cli.graphviz import format_of, require_dot
 
     require_dot()

@@ -6,14 +6,17 @@ convention (docs/reference/json.md): one object whose `format` names what it is 
 the same names for the same things: `name` (GRAPH:LAYER), `key`, `path` (a .sqsh); and ASCII
 only (other characters as \\u escapes), so no terminal's or pipe's encoding can fail on a path
 or a log line.
-Only `json` is imported, lazily, so `efabuild lookup` stays as cheap to start as it is.
+It imports only `json` and efabuild.display, which every command has loaded already.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from efabuild.display import as_utf8, shown
 
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str] | None = None, indent: str = "",
@@ -38,8 +41,6 @@ def _printable(cell: str) -> str:
     """A cell as a terminal shows it: a control character from a file or log line escaped."""
     if cell.isprintable():
         return cell
-    from efabuild.display import shown
-
     return shown(cell)
 
 
@@ -72,22 +73,16 @@ def nulled(data: Any) -> Any:
 
 def _utf8(value: Any) -> Any:
     if isinstance(value, str) and not value.isascii():
-        from efabuild.display import as_utf8
-
         return as_utf8(value)
     return value
 
 
 def to_json(data: Any) -> str:
-    import json
-
     return json.dumps(data, indent=2, sort_keys=True)
 
 
 def compact_json(data: Any) -> str:
     """One line: a progress event."""
-    import json
-
     return json.dumps(nulled(data), sort_keys=True, separators=(",", ":"))
 
 

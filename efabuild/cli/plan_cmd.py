@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 
 from efabuild.cli.common import add_builder_option, with_builder, workspace
+
+# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
 
 
 def configure(name, sub, common):
@@ -30,8 +33,6 @@ def configure(name, sub, common):
 
 
 def run(args) -> int:
-    import sys
-
     from efabuild.make.prepare import prepare
     from efabuild.cli.colour import palette_for
     from efabuild.cli.live import announce_after, planning_line

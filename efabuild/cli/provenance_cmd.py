@@ -8,6 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from efabuild.display import shown  # values set by the image's ENV and LABEL: escapes shown
+from efabuild.errors import InputError, NotFound
+
+# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = {"show": _configure_show, "audit": _configure_audit}.get(name, _configure_diff)(name, sub, common)
@@ -99,7 +104,6 @@ def _store(args: argparse.Namespace):  # noqa: ANN202 - efabuild.store.Store
 
 def _policy():  # noqa: ANN202 - AuditPolicy
     """The workspace's [audit] policy; the empty policy outside a workspace (a bare store)."""
-    from efabuild.errors import InputError
     from efabuild.settings import AuditPolicy
     from efabuild.workspace import find_root, load_workspace
 
@@ -133,7 +137,6 @@ def run_show(args: argparse.Namespace) -> int:
 
 def _show_table(m: dict, verified: bool) -> None:
     from efabuild.cli.output import print_table
-    from efabuild.display import shown  # values set by the image's ENV and LABEL: escapes shown
 
     print_table(_summary_rows(m, verified))
     chain = m.get("chain") or []
@@ -269,7 +272,6 @@ def _text(value: object) -> str:
 # ---- audit -----------------------------------------------------------------------------------
 def run_audit(args: argparse.Namespace) -> int:
     from efabuild.cli.output import print_json
-    from efabuild.errors import InputError, NotFound
     from efabuild.provenance.audit import FAIL, Check
     from efabuild.provenance.stored import AuditResult, audit_stored, host_facts
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 from efabuild.cli.common import add_builder_option, with_builder, workspace
 from efabuild.errors import InputError
+
+# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
 
 
 def configure(name, sub, common):
@@ -65,8 +69,6 @@ def run(args) -> int:
 
 
 def _report_unpushed(rows: list[dict]) -> int:
-    import sys
-
     missing = [r["name"] for r in rows if r["problem"] and r["problem"].startswith("not built")]
     if missing:
         print(f"efabuild: not pushed (not built): {', '.join(missing)}", file=sys.stderr)

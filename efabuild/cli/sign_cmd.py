@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from efabuild.errors import EfabuildError, InputError, NoCredentials
+
+# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
 
 STORE_HELP = "a store directory (default: $EFABUILD_STORE, else the workspace's [store])"
 
@@ -89,7 +94,6 @@ def _resolve_vetted(store, ref: str, policy, results: list[dict]) -> str:  # noq
 
 def run_verify(args: argparse.Namespace) -> int:
     from efabuild.cli.output import print_json
-    from efabuild.errors import InputError
     from efabuild.store.tiered import Store
     from efabuild.refs import short
     from efabuild.store.config import locate
@@ -132,8 +136,6 @@ def run_verify(args: argparse.Namespace) -> int:
 def _s3_results(store, key: str, deep: bool) -> list[dict]:  # noqa: ANN001 - a Store
     """verify's row for S3's copy of `key` (none when S3 lacks it or is left out): can it still
     deliver it (store/chunked/health.py)? Without credentials S3 is left out with one warning."""
-    from efabuild.errors import NoCredentials
-
     if store.s3 is None:
         return []
     try:
@@ -150,8 +152,6 @@ def _s3_results(store, key: str, deep: bool) -> list[dict]:  # noqa: ANN001 - a 
 def _recorded_name(tier, key: str) -> str | None:  # noqa: ANN001 - a FilesystemTier
     """The name (graph:layer) the tier's record gives the artifact; None when the record is
     unreadable (the problems say why)."""
-    from efabuild.errors import EfabuildError
-
     try:
         record = tier.record(key)
     except EfabuildError:
@@ -163,10 +163,7 @@ def _recorded_name(tier, key: str) -> str | None:  # noqa: ANN001 - a Filesystem
 
 
 def run_sign(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from efabuild.signing.attest import sign_stored
-    from efabuild.errors import InputError
     from efabuild.grammar import endpoint_url_problem
     from efabuild.signing.keys import signer_for
     from efabuild.store.tiered import Store
@@ -203,9 +200,6 @@ def run_sign(args: argparse.Namespace) -> int:
 
 
 def run_trust(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from efabuild.errors import InputError
     from efabuild.store.config import find_build_toml, load_build_store
     from efabuild.cli.common import write_file
     from efabuild.signing.trust import node_config_text, resolve_workspace_keys

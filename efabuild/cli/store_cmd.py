@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+
+from efabuild import notices
+from efabuild.display import shown
+from efabuild.errors import EfabuildError, InputError
+
+# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -80,7 +88,6 @@ def _old_images(args: argparse.Namespace, remove: bool) -> list[tuple[str, str]]
     from efabuild.make.oldimages import remove_old_images
     from efabuild.make.prepare import prepare
     from efabuild.cli.common import workspace
-    from efabuild.errors import InputError
 
     if args.store:
         raise InputError("--images needs a workspace (its build records say which images it made), not --store")
@@ -91,10 +98,6 @@ def _old_images(args: argparse.Namespace, remove: bool) -> list[tuple[str, str]]
 def _dead_engine_leftovers(args: argparse.Namespace, stores: list, remove: bool) -> list[str]:
     """In a workspace: export containers into its store and make --check images that its engine
     holds for makes killed on this host (a bare store on a compute node has no engine to ask)."""
-    import os
-    import shutil
-
-    from efabuild.errors import EfabuildError
     from efabuild.store.config import STORE_ENV
 
     if args.store or os.environ.get(STORE_ENV) or shutil.which("docker") is None:
@@ -106,8 +109,6 @@ def _dead_engine_leftovers(args: argparse.Namespace, stores: list, remove: bool)
     try:
         settings = workspace().settings
     except EfabuildError as exc:  # the store was found; the workspace around it does not load
-        from efabuild import notices
-
         notices.warn(f"engine leftovers not looked for: {exc}")
         return []
     try:
@@ -170,8 +171,6 @@ def shown_name(record, several: bool) -> str:  # noqa: ANN001 - an ArtifactRecor
 
 def run_gc(args: argparse.Namespace) -> int:
     from efabuild.cli.output import print_json
-    from efabuild.errors import InputError
-    from efabuild.display import shown
     from efabuild.store.progress import human_bytes
     from efabuild.refs import short
 
@@ -224,7 +223,6 @@ def run_gc(args: argparse.Namespace) -> int:
 def _chunk_problems(store, deep: bool) -> list:  # noqa: ANN001 - a Store
     """[(health.ChunkProblem, 'KEY NAME, ...' of the artifacts it breaks)] of the S3 chunks an
     index names that are missing (with `deep`: or fail their id)."""
-    from efabuild.errors import EfabuildError
     from efabuild.refs import short
     from efabuild.store.chunked.health import chunk_problems
 

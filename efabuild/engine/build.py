@@ -33,6 +33,7 @@ from efabuild.errors import EfabuildError
 from efabuild.settings import DEFAULT_PLATFORM
 from efabuild.redact import Redactor, is_secret_arg
 from efabuild.display import shown
+from efabuild.host.fsutil import open_dir, relative_parts
 from efabuild.host.scratch import scratch_dir
 
 # After SIGINT buildx cancels the build on the engine and exits; it gets this long before SIGKILL.
@@ -220,8 +221,6 @@ def _fresh_log(path: Path, root: Path):  # noqa: ANN202 - a text file
     """The build log, created anew: whatever was planted at its name (a link to another file, a
     hard link to one) is removed, never written through, and no directory below `root` is reached
     through a link: logs/ may sit on a shared path."""
-    from efabuild.host.fsutil import open_dir, relative_parts
-
     try:
         dir_fd = open_dir(root, relative_parts(root, path.parent), create=True)
     except OSError as exc:

@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from efabuild.engine.api import ApiError, EngineApi, local_socket
 from efabuild.errors import EfabuildError, InputError
 from efabuild.settings import BuilderSettings
 
@@ -19,8 +20,6 @@ if TYPE_CHECKING:
     import subprocess
 
     from python_on_whales import DockerClient
-
-    from efabuild.engine.api import EngineApi
 
 DOCKER_CLI = "docker"
 
@@ -74,8 +73,6 @@ class Engine:
     def api(self) -> EngineApi | None:
         """The Engine API on its local unix socket, for the plan's inventory; None when the
         engine is reached any other way (ssh://, tcp://, another docker context)."""
-        from efabuild.engine.api import EngineApi, local_socket
-
         path = local_socket(self.settings.host, self.settings.context)
         return EngineApi(path, CHECK_TIMEOUT_S) if path else None
 
@@ -171,8 +168,6 @@ class Engine:
         """An engine answers where the settings point: on its socket when local, else the CLI's
         `docker version`."""
         if self.api is not None:
-            from efabuild.engine.api import ApiError
-
             try:
                 self.api.server_version()
                 return
@@ -248,7 +243,7 @@ class Engine:
 
     def _bare_run(self, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
         """A client-side docker command without --host/--context (contexts are client config)."""
-        import subprocess
+        import subprocess  # deferred with children (ctypes): only a docker context is looked up this way
 
         from efabuild.host import children
 

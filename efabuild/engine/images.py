@@ -6,6 +6,7 @@ import json
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
+from efabuild.engine.api import ApiError
 from efabuild.engine.client import Engine, EngineError, EngineTimeout, output_text
 from efabuild.errors import NotFound
 from efabuild.refs import KEY_LABEL
@@ -36,8 +37,6 @@ def image_exists(engine: Engine, ref: str) -> bool:
 def existing_tags(engine: Engine, repo_prefix: str = "efabuild/") -> set[str]:
     """Every `repo:tag` in the engine whose repository starts with `repo_prefix`, in one call."""
     if engine.api is not None:
-        from efabuild.engine.api import ApiError
-
         try:
             return {tag for tag in engine.api.repo_tags()
                     if tag.startswith(repo_prefix) and not tag.endswith(":<none>")}
@@ -243,8 +242,6 @@ def _repo_digest(ref: str, repo_digests: list[str]) -> str | None:
 
 
 def _api_inspect(engine: Engine, ref: str) -> dict | None:
-    from efabuild.engine.api import ApiError
-
     try:
         return engine.api.inspect(ref)
     except ApiError as exc:

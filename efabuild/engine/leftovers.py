@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from efabuild.engine import containers
+from efabuild.engine.api import ApiError
 from efabuild.engine.client import Engine, EngineError
 from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL
 from efabuild.host.owner import Owner
@@ -85,13 +86,11 @@ def dead_check_images(engine: Engine, now: float | None = None) -> list[str]:
 def _check_tags(engine: Engine) -> list[str]:
     """Every efabuild-check/ tag in the engine; none when it won't say."""
     if engine.api is not None:
-        from efabuild.engine.api import ApiError
-
         try:  # filtered by the engine: a make asks this every time
             return engine.api.repo_tags(reference=f"{CHECK_REPO}/*")
         except ApiError:
             return []
-    from efabuild.engine.images import existing_tags
+    from efabuild.engine.images import existing_tags  # deferred: only without the local socket (gc's listing)
 
     try:
         return sorted(existing_tags(engine, CHECK_REPO + "/"))
@@ -102,8 +101,6 @@ def _check_tags(engine: Engine) -> list[str]:
 def _tagged_at(engine: Engine, tag: str) -> float:
     """When the engine last set a tag on the image (its Metadata.LastTagTime); now when unknown."""
     if engine.api is not None:
-        from efabuild.engine.api import ApiError
-
         try:
             when = str(((engine.api.inspect(tag) or {}).get("Metadata") or {}).get("LastTagTime") or "")
         except ApiError:
@@ -122,7 +119,7 @@ def _tagged_at(engine: Engine, tag: str) -> float:
 
 
 def remove_images(engine: Engine, tags: tuple[str, ...] | list[str]) -> None:
-    from efabuild.engine.images import untag_image
+    from efabuild.engine.images import untag_image  # deferred: gc's dry run removes nothing
 
     for tag in tags:
         try:
@@ -151,8 +148,6 @@ def dead_export_containers(engine: Engine, stores: list[Path]) -> list[str]:
 def _labelled(engine: Engine) -> list[tuple[str, str, str]] | None:
     """(name, owner label, export label) of every export container; None when the engine won't say."""
     if engine.api is not None:
-        from efabuild.engine.api import ApiError
-
         try:
             return [(name, labels.get(OWNER_LABEL, ""), labels.get(EXPORT_LABEL, ""))
                     for name, labels in engine.api.labelled_containers(EXPORT_LABEL)]

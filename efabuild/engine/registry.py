@@ -12,6 +12,7 @@ import json
 from efabuild.engine.client import Engine, EngineTimeout, first_line
 from efabuild.engine.images import INSPECT_TIMEOUT_S, REMOTE_TIMEOUT_S, tag_image, untag_image
 from efabuild.errors import EfabuildError
+from efabuild.host.stops import step_boundary
 from efabuild.settings import RegistrySettings
 
 
@@ -65,8 +66,6 @@ def pull(engine: Engine, tag: str, registry: RegistrySettings) -> bool:
 
 def push(engine: Engine, tag: str, registry: RegistrySettings) -> str:
     """Push the local image `tag` to the registry; returns `REGISTRY/efabuild/<layer>@sha256:...`."""
-    from efabuild.host.stops import step_boundary
-
     ref = remote_ref(tag, registry)
     tag_image(engine, tag, ref)
     try:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from efabuild.display import shown
 from efabuild.errors import InputError
 from efabuild.lint.chain import layer_facts
 from efabuild.lint.finding import RULES, SEVERITIES, Finding, finding
@@ -92,8 +93,6 @@ def render_text(findings: Sequence[Finding]) -> str:
     """`file:line: ID severity layer: message` and an indented `fix:` line per finding, then totals.
     A message quoting a Dockerfile shows its control characters escaped (it may come from anyone's
     pull request, read in a CI log on a terminal)."""
-    from efabuild.display import shown
-
     lines = []
     for f in findings:
         where = f"{f.file}:{f.line}" if f.line else f.file

@@ -17,11 +17,18 @@ from pathlib import Path
 
 import attrs
 
+from efabuild.engine.build import build_layer
+from efabuild.engine.images import untag_image
+from efabuild.engine.leftovers import check_image_tag
+from efabuild.engine.registry import RegistryError
 from efabuild.errors import EfabuildError, InputError
+from efabuild.export.tarfilter import RC_LABELS
 from efabuild.model import Layer
 from efabuild.make.prepare import Prepared
 from efabuild.export.artifact import export_artifact
+from efabuild.make import run as make
 from efabuild.make.builders import builders_for
+from efabuild.make.farm import Farm, unpullable_base
 from efabuild.export.sqshdiff import Difference, compare, read_sqsh, summary
 from efabuild.refs import short
 from efabuild.store.gc.leftovers import CHECK_PREFIX
@@ -57,9 +64,6 @@ class CheckResult:
 
 
 def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckResult:
-    from efabuild.make import run as make
-    from efabuild.export.tarfilter import RC_LABELS
-
     runner = make.LayerRunner(prepared, reporter)
     lp = prepared.plan.by_name()[qualname]
     layer: Layer = prepared.graph.nodes[qualname]["layer"]
@@ -121,9 +125,6 @@ def _farm(runner, layer: Layer, qualname: str):  # noqa: ANN001, ANN202 - a make
     """The builders a make of this workspace uses, when they cannot see the engine's images (None
     otherwise); checked as make checks them, and the parent (or, for a root, the base) must be
     where they can pull it: one line saying what to do when it is not."""
-    from efabuild.make.farm import Farm, unpullable_base
-    from efabuild.engine.registry import RegistryError
-
     ws = runner.ws
     farm = Farm.start(ws.settings.builder, runner.engine, ws.settings.registry, notices.warn)
     if farm is None:
@@ -152,10 +153,6 @@ def _how(runner, qualname: str) -> dict:  # noqa: ANN001 - a make.run.LayerRunne
 def _rebuild_here(runner, layer: Layer, lp, out: Path, log_path: Path):  # noqa: ANN001, ANN202
     """Rebuild in the engine, FROM the parent's image there; export it as make does. The image
     gets a tag naming this process (see leftovers), removed after the export."""
-    from efabuild.engine.build import build_layer
-    from efabuild.engine.images import untag_image
-    from efabuild.engine.leftovers import check_image_tag
-
     tag = check_image_tag(layer.name, lp.key)
     with runner.layer_context(layer, lp) as context_dir:
         request = runner.build_request(layer, lp, context_dir, tag, no_cache=True)

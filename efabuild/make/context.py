@@ -21,12 +21,15 @@ from pathlib import Path
 
 import blake3
 
+from efabuild.display import shown
 from efabuild.errors import EfabuildError, InputError
 from efabuild.keys import ContextEntry
 from efabuild.model import Workspace
 from efabuild.make.dockerignore import IGNORE_FILE, BadPattern, Exclusions, leaves_out
 from efabuild.make.hashcache import HashState
+from efabuild.host.owner import owned_name
 from efabuild.host.statstamp import matches as stamp_matches
+from efabuild.store.gc.leftovers import CONTEXT_PREFIX
 from efabuild.configfile import read_text
 
 if TYPE_CHECKING:
@@ -250,8 +253,6 @@ def _check_names(dir_rel: str, children: list[os.DirEntry], rules: tuple[Exclusi
         path = f"{dir_rel}/{child.name}" if dir_rel != "." else child.name
         if _utf8(child.name) or leaves_out(rules, path, directory=child.is_dir(follow_symlinks=False)):
             continue
-        from efabuild.display import shown  # only for this message: the walk never loads it
-
         raise InputError(f"'{shown(path)}' is not a UTF-8 file name: rename it or leave it out with exclude",
                          where)
 
@@ -345,9 +346,6 @@ def _same_as_hashed(entry: ContextEntry, digest: str) -> None:
 def context_dir(ws_root: Path, tmp_root: Path, layer_name: str, entries: Iterable[ContextEntry]) -> Iterator[Path]:
     """A build context holding exactly `entries`, removed afterwards. Named by its owner: a make
     killed meanwhile leaves it to the next make or gc."""
-    from efabuild.store.gc.leftovers import CONTEXT_PREFIX  # a build's, not a plan's: loaded here
-    from efabuild.host.owner import owned_name
-
     tmp_root.mkdir(parents=True, exist_ok=True)
     directory = tmp_root / owned_name(CONTEXT_PREFIX, layer_name)
     directory.mkdir(mode=0o700)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import warnings
 from collections.abc import Iterable
 
 IGNORE_FILE = ".dockerignore"
@@ -82,9 +83,7 @@ def _compiles(pattern: str) -> bool:
 
 
 def _compiled(anchored: list[str]):  # noqa: ANN202 - a pathspec.PathSpec
-    import warnings
-
-    import pathspec
+    import pathspec  # deferred, as re2: only a .dockerignore or an exclude loads them
 
     with warnings.catch_warnings():  # re's FutureWarning on `[[`: a bad pattern is one line, not three
         warnings.simplefilter("ignore", FutureWarning)

@@ -11,41 +11,34 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from efabuild.engine import leftovers
+from efabuild.engine.build import build_layer
+from efabuild.engine.images import image_exists, tag_image
+from efabuild.engine.registry import pull, push
+
 
 class EngineSteps:
     def __init__(self, engine) -> None:  # noqa: ANN001 - efabuild.engine.client.Engine
         self.engine = engine
 
     def has_image(self, tag: str) -> bool:
-        from efabuild.engine.images import image_exists
-
         return image_exists(self.engine, tag)
 
     def tag(self, source: str, target: str) -> None:
-        from efabuild.engine.images import tag_image
-
         tag_image(self.engine, source, target)
 
     def build(self, request, log_path: Path, on_line: Callable[[str], None], cancel: threading.Event,
               redact: Callable[[str], str], log_root: Path | None = None) -> None:
         """Build `request` (an engine.build.BuildRequest), tagging it only once it has finished."""
-        from efabuild.engine.build import build_layer
-
         build_layer(self.engine, request, log_path, on_line=on_line, cancel=cancel, redact=redact,
                     log_root=log_root)
 
     def pull(self, tag: str, registry) -> bool:  # noqa: ANN001 - RegistrySettings
-        from efabuild.engine.registry import pull
-
         return pull(self.engine, tag, registry)
 
     def push(self, tag: str, registry) -> None:  # noqa: ANN001 - RegistrySettings
-        from efabuild.engine.registry import push
-
         push(self.engine, tag, registry)
 
     def remove_dead_leftovers(self, stores: list[Path]) -> None:
         """Export containers into `stores` and make --check images of killed makes of this host."""
-        from efabuild.engine import leftovers
-
         leftovers.remove(self.engine, leftovers.find(self.engine, stores))

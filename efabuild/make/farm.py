@@ -26,6 +26,7 @@ from efabuild.engine.registry import RegistryError, push, remote_ref
 from efabuild.errors import EfabuildError, InputError
 from efabuild.export.artifact import RemoteImage
 from efabuild.grammar import split_farm_entry
+from efabuild.plan import BUILD
 from efabuild.settings import BuilderSettings, RegistrySettings
 from efabuild.refs import image_tag
 
@@ -268,8 +269,6 @@ class Farm:
 def farm_for_make(prepared, say: Callable[[str], None]) -> Farm | None:
     """The builders of a make when they cannot see the engine's images, checked before any
     build: [registry] set, a builder answers, every base to build on is a registry's."""
-    from efabuild.plan import BUILD
-
     ws = prepared.ws
     farm = Farm.start(ws.settings.builder, prepared.engine, ws.settings.registry, say)
     if farm is not None:

@@ -235,6 +235,7 @@ def build_mini_ngc(
     log: Callable[[str], None] = lambda _: None, platform: str = HOST_PLATFORM,
 ) -> FixtureImage:
     """Build the base for `platform` (platform_tag) unless an image with the same content label exists."""
+    # deferred, as the other engine modules below: build-fixtures --help reads the names above, no engine
     from efabuild.engine.client import connect
 
     engine = engine or connect(BuilderSettings())

@@ -11,6 +11,7 @@ import re
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from efabuild.refs import REVISION_LABEL as REVISION
 from efabuild.refs import SOURCE_LABEL as SOURCE
@@ -80,8 +81,6 @@ def without_credentials(url: str) -> str:
     to its last `@` (a password may hold a raw one), and the query and fragment where tokens are
     also passed. An scp-like `user:password@host:path` loses `user:password@`; `git@host:path` is
     kept as it is (a user name, no secret). '' for a URL that cannot be parsed."""
-    from urllib.parse import urlsplit, urlunsplit
-
     if "://" not in url:
         # the host is the word between the userinfo's last `@` and the `:` before the path; an `@`
         # further on is part of the path (`git@host:team/stack@v2.git`)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from efabuild.errors import EfabuildError
 from efabuild.host import statstamp
+from efabuild.host.fsutil import only_writable_by, open_regular, replace_owned
 
 # a cache of another layout or byte order (a store shared with other machines) reads as none
 HEADER = f"efabuild.hashes/v3 {sys.byteorder}\n".encode()
@@ -77,8 +78,6 @@ def _load(path: Path) -> dict[str, tuple[int, int, int, int, int, str]]:
     """The cached entries; none when the file is missing, damaged, not a regular file, or not
     written by this user (a damaged cache only costs re-hashing). The local store may sit on a
     shared path: a cache another user wrote could pair a changed file's stamp with its old digest."""
-    from efabuild.host.fsutil import only_writable_by, open_regular
-
     fd = open_regular(path)
     if fd is None:
         return {}
@@ -113,7 +112,5 @@ def _parse(data: bytes) -> dict[str, tuple[int, int, int, int, int, str]]:
 
 
 def _replace(path: Path, data: bytes, below: Path | None) -> None:
-    from efabuild.host.fsutil import replace_owned  # only when saving: a no-op plan never does
-
     # made as needed; a make killed mid-write leaves a temp the next save removes
     replace_owned(path, data, 0o644, below=below or path.parent)

@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 
 from efabuild import notices
+from efabuild.engine import leftovers
+from efabuild.engine.client import connect
 from efabuild.errors import EfabuildError
 from efabuild.model import Workspace
 from efabuild.host import scratch
@@ -30,9 +32,6 @@ class LeftoverSearch:
         directories = []
         try:
             directories = scratch.dead_scratch_dirs()
-            from efabuild.engine import leftovers
-            from efabuild.engine.client import connect
-
             # the engine the plan asks (a client of the same settings): it answers or says nothing
             stores = [Path(path).absolute() for _, path in ws.settings.store.roots()]
             self._found = (directories, leftovers.find(connect(ws.settings.builder), stores), None)
@@ -60,8 +59,6 @@ def sweep(store, engine, steps, search: LeftoverSearch | None = None) -> None:  
         if engine is not None and search is None:
             steps().remove_dead_leftovers([tier.root for tier in store.fs_tiers])
         elif engine is not None and found is not None and (found.containers or found.images):
-            from efabuild.engine import leftovers
-
             leftovers.remove(engine, found)
     except (OSError, EfabuildError) as exc:  # housekeeping: never a reason to fail the make
         notices.warn(f"leftovers of earlier makes not removed: {exc}")

@@ -9,6 +9,7 @@ fixture images carry no efabuild key.
 
 from __future__ import annotations
 
+from efabuild.engine.images import existing_tags, untag_image
 from efabuild.make.prepare import Prepared
 from efabuild.refs import image_tag
 from efabuild.errors import EfabuildError
@@ -26,7 +27,7 @@ def old_image_tags(prepared: Prepared, existing: set[str]) -> list[str]:
                 if entry["key"] not in current}
     registry = prepared.ws.settings.registry
     if registry is not None:
-        from efabuild.engine.registry import remote_ref
+        from efabuild.engine.registry import remote_ref  # deferred: only with [registry]
 
         old |= {remote_ref(tag, registry) for tag in old}
     return sorted(old & existing)
@@ -35,8 +36,6 @@ def old_image_tags(prepared: Prepared, existing: set[str]) -> list[str]:
 def remove_old_images(prepared: Prepared, remove: bool) -> list[tuple[str, str | None]]:
     """(tag, None) for each old image, removed when `remove`; (tag, why) for one the engine kept
     (a container uses it)."""
-    from efabuild.engine.images import existing_tags, untag_image
-
     done = []
     for tag in old_image_tags(prepared, existing_tags(prepared.engine, "")):  # the registry's names too
         try:

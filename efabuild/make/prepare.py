@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from efabuild import dag, notices
 from efabuild.dag import LayerGraph
@@ -20,9 +20,7 @@ from efabuild.refs import IMAGE_REPO, KEY_TAG, image_tag
 from efabuild.make.context import ContextHasher, bulk_objects, hash_contexts, never_context
 from efabuild.make.hashcache import HashState
 from efabuild.make.records import BuildRecords
-
-if TYPE_CHECKING:
-    from efabuild.store.tiered import Store
+from efabuild.store.tiered import Store
 
 
 class Prepared(NamedTuple):
@@ -77,7 +75,7 @@ def _prepare(ws: Workspace, targets: Iterable[str], use_engine: bool, require_en
     stored = {key for key, where in holders.items() if len(where) == every}
     registry = _registry_keys(ws, engine, graph, [n for n in order if inputs[n].key() not in images], inputs)
     if registry and engine is not None:
-        from efabuild.make.farm import builds_through_registry
+        from efabuild.make.farm import builds_through_registry  # deferred: only with [registry] (a farm's engine code)
 
         if builds_through_registry(ws.settings.builder, engine):  # a farm takes them from there: no pull
             images, registry = images | registry, set()
@@ -140,13 +138,11 @@ def _required(engine, engine_error: str | None, require_engine: bool) -> None:
 
 
 def _store(ws: Workspace) -> Store:
-    from efabuild.store import Store  # loaded on use: a plan of image layers never needs it
-
     return Store.from_config(ws.settings.store)
 
 
 def _connect(ws: Workspace):
-    try:
+    try:  # deferred, as every engine import here: plan --offline asks no engine
         from efabuild.engine.client import EngineUnavailable, connect
     except ImportError as exc:  # the engine package is part of efabuild; this is a broken install
         return None, f"engine support missing: {exc}"
@@ -196,7 +192,7 @@ def _emulated(ws: Workspace, engine, order: list[str], graph: LayerGraph) -> fro
     wanted = {graph.nodes[name]["platform"] for name in order} & allowed
     if not wanted or engine is None:
         return frozenset(wanted)
-    from efabuild.make.farm import native_platforms
+    from efabuild.make.farm import native_platforms  # deferred: only with [builder] emulate
 
     return frozenset(wanted - native_platforms(ws.settings.builder, engine))
 
@@ -226,7 +222,7 @@ def _registry_keys(ws: Workspace, engine, graph, order, inputs) -> set[str]:
     registry = ws.settings.registry
     if registry is None or engine is None:
         return set()
-    from efabuild.engine.registry import RegistryError, has
+    from efabuild.engine.registry import RegistryError, has  # deferred: only with [registry]
 
     found = set()
     for name in order:

@@ -10,17 +10,21 @@ from pathlib import Path
 from efabuild import notices
 from efabuild.export.artifact import export_artifact, export_record
 from efabuild.export.incremental import NO_ANCESTOR
+from efabuild.export.squash import ExportCancelled
 from efabuild.plan import Plan
 from efabuild.make.prepare import Prepared
 from efabuild.make.reporter import Reporter
+from efabuild.make.gitstate import vcs_of
+from efabuild.host.digest import Sha256Pass
 from efabuild.host.fsutil import temp_name
+from efabuild.host.stops import step_boundary
 from efabuild.refs import short
+from efabuild.store.progress import Progress
+from efabuild.store.record import ArtifactRecord
 
 
 def export_progress(qualname: str, expected: int | None):  # noqa: ANN201 - a Progress
     """The export's progress line: its total is the image's size, an estimate the tar outgrows."""
-    from efabuild.store.progress import Progress
-
     return Progress(f"export {qualname}", expected, estimate=True)
 
 
@@ -30,14 +34,9 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
     under its key. The export cuts the .sqsh into the S3 tier's chunks in its digest pass (see
     _chunking). The manifest's `vcs` is the git revision and source of the image's labels: where
     the image was built from, on this machine or the one it was pulled from (never in the .sqsh)."""
+    # deferred: a make that exports nothing loads this module for engine_versions alone (attrs, the probe)
     from efabuild.signing.attest import signed
-    from efabuild.host.digest import Sha256Pass
-    from efabuild.store.progress import Progress
     from efabuild.provenance.stored import describe_sqsh
-    from efabuild.export.squash import ExportCancelled
-    from efabuild.make.gitstate import vcs_of
-    from efabuild.host.stops import step_boundary
-    from efabuild.store.record import ArtifactRecord
 
     store, name, key = prepared.store, request.name, request.key  # name: the plan's, @os/arch with several platforms
     plan = prepared.plan.by_name()[name]

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from efabuild.configfile import read_bytes
 from efabuild.keys import LayerInputs, canonical_json
 from efabuild.host.fsutil import atomic_write_bytes
 from efabuild.errors import InputError
@@ -77,8 +78,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     """The JSON object in `path`; None when absent, unreadable or not one (treated as absent: the
     next build rewrites it). The local store may sit on a shared path, so whatever is planted there
     is read bounded: a regular file, opened without blocking (a FIFO), of at most MAX_BYTES."""
-    from efabuild.configfile import read_bytes
-
     try:
         data = json.loads(read_bytes(path, str(path), MAX_BYTES))
     except (InputError, ValueError):

@@ -32,7 +32,9 @@ from efabuild.make.schedule import (BUILT, EXPORTED, FAILED, PULLED, REUSED, SKI
 from efabuild.host.stops import step_boundary
 from efabuild.store.tiers.fs import REUSED as TIER_REUSED
 
-if TYPE_CHECKING:  # the builder's side is loaded where a layer has work: a no-op make never needs it
+# deferred: a layer's work (the builder's side, export, publish, signing, git state) is imported in the
+# function doing it, so a no-op make loads none of it, nor lint with --no-lint (tests/engine/test_engine_api.py)
+if TYPE_CHECKING:
     from efabuild.make.engine_steps import EngineSteps
 
 __all__ = ["BUILT", "EXPORTED", "FAILED", "PULLED", "REUSED", "SKIPPED", "STATUSES", "SOURCE_DATE_EPOCH",

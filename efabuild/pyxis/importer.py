@@ -91,7 +91,7 @@ def _short(value: object) -> str:
 
 def get(uri: str, environ: dict[str, str] | None = None) -> Path:
     """The .sqsh path Pyxis should start for IMAGE_URI (fetched from S3 if only S3 has it)."""
-    from efabuild.pyxis.lookup import lookup_path
+    from efabuild.pyxis.lookup import lookup_path  # deferred: `release` looks nothing up
 
     environ = os.environ if environ is None else environ
     if not is_efabuild_uri(uri):

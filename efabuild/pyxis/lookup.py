@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path
 
 from efabuild.errors import EfabuildError
@@ -74,8 +75,6 @@ def _tier_problem(tier: str, exc: EfabuildError) -> str:
 
 def _check_cached(tier: str, layout: Layout, key: str, record: dict) -> None:
     """_check_copy, answered from the verification cache when it holds this copy as it is now."""
-    import time
-
     from efabuild.signing import verifycache
 
     sqsh = layout.sqsh_path(key).absolute()

@@ -15,6 +15,7 @@ import hashlib
 from pathlib import Path
 from typing import Protocol
 
+from efabuild.configfile import read_bytes
 from efabuild.signing.dsse import Signature
 from efabuild.errors import EfabuildError, InputError
 
@@ -51,8 +52,6 @@ class PemSigner:
     def __init__(self, path: str | Path) -> None:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-
-        from efabuild.configfile import read_bytes
 
         self.description = str(path)
         # a regular file of a key's size: a device, a FIFO or a huge file is bad input, not a hang

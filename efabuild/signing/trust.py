@@ -28,6 +28,8 @@ from pathlib import Path
 
 from efabuild.configfile import load_toml, read_bytes
 from efabuild.errors import InputError
+from efabuild.grammar import endpoint_url_problem
+from efabuild.host.fsutil import only_writable_by, replace_owned
 
 TRUST_CONFIG_ENV = "EFABUILD_TRUST_CONFIG"
 DEFAULT_NODE_CONFIG = Path("/etc/efabuild/trust.toml")
@@ -93,8 +95,6 @@ def _read_resolved_pem(path: Path, where: str, missing: str) -> bytes:
     """A KMS key's public key as `efabuild trust` saved it: believed only when this user (or root)
     wrote it and nobody else may change it, since the local store may sit on a shared path and
     a planted key would be trusted as the KMS key's."""
-    from efabuild.host.fsutil import only_writable_by
-
     if not os.path.lexists(path):
         raise InputError(missing, where)
     try:
@@ -181,17 +181,13 @@ def resolve_workspace_keys(build_toml: Path, local_store: Path) -> TrustPolicy:
     arns = [e for e in entries if isinstance(e, str) and e.startswith(KMS_PREFIX)] if isinstance(entries, list) else []
     endpoint_url = table.get("endpoint_url")
     if endpoint_url is not None:  # checked before boto3 sees it: a traceback, or a password repeated
-        from efabuild.grammar import endpoint_url_problem
-
         problem = endpoint_url_problem(endpoint_url) if isinstance(endpoint_url, str) else "must be a string"
         if problem:
             raise InputError(problem, f"{build_toml}: trust.endpoint_url")
     if arns:
         import boto3
 
-        from efabuild.signing.keys import kms_public_pem
-
-        from efabuild.host.fsutil import replace_owned
+        from efabuild.signing.keys import kms_public_pem  # deferred with boto3: KMS keys only
 
         for arn in arns:
             region = arn.split(":")[3] or None

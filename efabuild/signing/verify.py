@@ -15,6 +15,7 @@ imported inside the full check, never at module level.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -226,8 +227,6 @@ def _check_manifest(layout: Layout, key: str, record) -> list[str]:  # noqa: ANN
     if bytes_digest(data) != record.manifest_digest:
         return [f"{path}: digest {bytes_digest(data)}, the record says {record.manifest_digest}"]
     try:
-        import json
-
         manifest = json.loads(data)
         artifact = manifest.get("artifact") or {}
     except (ValueError, AttributeError, RecursionError):

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from efabuild.host import statstamp
+from efabuild.host.fsutil import replace_owned
 
 CACHE_ENV = "EFABUILD_VERIFY_CACHE"
 ROOT_CACHE = Path("/var/cache/efabuild/verified")
@@ -158,9 +159,6 @@ def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, lis
     if not _trusted_dir(directory, owner):
         return False  # someone else's directory, or open to others: never write into it
     data = json.dumps(_expected(key, stamps, policy_digest), sort_keys=True).encode()
-    # only when writing: the cached path never needs it
-    from efabuild.host.fsutil import replace_owned
-
     try:
         replace_owned(directory / _entry_name(sqsh, kind), data, 0o644 if directory == ROOT_CACHE else 0o600,
                       temp_prefix=".entry")
@@ -192,8 +190,6 @@ def remember_content(name: str, content: str, policy_digest: str, environ: dict[
         return False
     if not _trusted_dir(directory, owner):
         return False
-    from efabuild.host.fsutil import replace_owned  # only when writing, as in remember
-
     data = json.dumps(_expected(content, {}, policy_digest), sort_keys=True).encode()
     try:
         replace_owned(directory / _entry_name(Path(name), "content"), data,

@@ -112,99 +112,86 @@ FLOORS = {"core": 0, "host": 1, "store": 2, "engine": 2, "provenance": 2, "lint"
 # Imports inside functions, by module: start-up deferrals. A plan, a lookup and the CLI's argument
 # parsing must not load what they do not run (tests/engine/test_engine_api.py and the start-up figures in
 # README Performance hold them to it), so these modules load their heavier neighbours (the engine
-# steps, boto3, attrs classes, the export) where a command first needs them. Taken as found when
-# the floors were laid; a new one goes here only with the start-up reason beside it.
+# steps, boto3, attrs classes, the export) where a command first needs them. Outside store/, export/
+# and host/ each was checked against the modules those paths load: one stays here only where the
+# header would load more on one of them. A new one goes here only with the start-up reason beside it.
 DEFERRED: dict[str, set[str]] = {
+    # the importer's protocol: no command loads it
     "efabuild.cli": {"efabuild.cli.pyxis_cmd"},
-    "efabuild.cli.build_fixtures": {"efabuild.cli.output", "efabuild.engine.client", "efabuild.errors",
-                                    "efabuild.make.fixtures", "efabuild.settings"},
-    "efabuild.cli.common": {
-        "efabuild.errors", "efabuild.grammar", "efabuild.host.fsutil", "efabuild.redact", "efabuild.workspace"},
-    "efabuild.cli.completion_cmd": {"efabuild.cli"},
-    "efabuild.cli.doctor_cmd": {
-        "efabuild.cli.output", "efabuild.configfile", "efabuild.display", "efabuild.doctor",
-        "efabuild.errors", "efabuild.store"},
-    "efabuild.cli.du_cmd": {
-        "efabuild.cli.output", "efabuild.refs", "efabuild.store.progress", "efabuild.store.tiered"},
+    # build-fixtures --help reads the fixtures' names, not the engine
+    "efabuild.cli.build_fixtures": {"efabuild.engine.client"},
+    # `efabuild --help` loads every command module (and cli.common) for its parser: what a command
+    # runs is imported in its function
+    "efabuild.cli.common": {"efabuild.grammar", "efabuild.host.fsutil", "efabuild.redact", "efabuild.workspace"},
+    "efabuild.cli.doctor_cmd": {"efabuild.cli.output", "efabuild.configfile", "efabuild.doctor", "efabuild.store"},
+    "efabuild.cli.du_cmd": {"efabuild.cli.output", "efabuild.refs", "efabuild.store.progress", "efabuild.store.tiered"},
     "efabuild.cli.graph_cmd": {
         "efabuild.cli.graphviz", "efabuild.cli.picture", "efabuild.dag", "efabuild.make.prepare"},
-    "efabuild.cli.lint_cmd": {
-        "efabuild", "efabuild.cli.output", "efabuild.errors", "efabuild.lint", "efabuild.lint.sarif",
-        "efabuild.workspace"},
-    "efabuild.cli.live": {"efabuild.cli.output"},
+    "efabuild.cli.lint_cmd": {"efabuild.cli.output", "efabuild.lint", "efabuild.lint.sarif", "efabuild.workspace"},
     "efabuild.cli.lookup_cmd": {
-        "efabuild.cli.output", "efabuild.errors", "efabuild.platforms", "efabuild.pyxis.lookup",
-        "efabuild.workspace"},
+        "efabuild.cli.output", "efabuild.platforms", "efabuild.pyxis.lookup", "efabuild.workspace"},
     "efabuild.cli.make_cmd": {
         "efabuild.cli.colour", "efabuild.cli.graphviz", "efabuild.cli.live", "efabuild.cli.output",
         "efabuild.cli.picture", "efabuild.cli.plan_cmd", "efabuild.host.scratch", "efabuild.lint",
         "efabuild.make.check", "efabuild.make.prepare", "efabuild.make.run", "efabuild.refs"},
-    "efabuild.cli.output": {"efabuild.display"},
     "efabuild.cli.plan_cmd": {
-        "efabuild.cli.colour", "efabuild.cli.live", "efabuild.cli.output", "efabuild.make.prepare",
-        "efabuild.plan"},
+        "efabuild.cli.colour", "efabuild.cli.live", "efabuild.cli.output", "efabuild.make.prepare", "efabuild.plan"},
     "efabuild.cli.provenance_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.display", "efabuild.errors",
-        "efabuild.provenance.audit", "efabuild.provenance.diff", "efabuild.provenance.intoto",
-        "efabuild.provenance.junit", "efabuild.provenance.manifest", "efabuild.provenance.stored",
-        "efabuild.settings", "efabuild.store",
-        "efabuild.store.progress", "efabuild.workspace"},
+        "efabuild.cli.common", "efabuild.cli.output", "efabuild.provenance.audit", "efabuild.provenance.diff",
+        "efabuild.provenance.intoto", "efabuild.provenance.junit", "efabuild.provenance.manifest",
+        "efabuild.provenance.stored", "efabuild.settings", "efabuild.store", "efabuild.store.progress",
+        "efabuild.workspace"},
     "efabuild.cli.push_cmd": {
         "efabuild.cli.output", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.prepare",
         "efabuild.refs"},
-    "efabuild.cli.pyxis_cmd": {"efabuild.errors", "efabuild.pyxis.importer"},
+    "efabuild.cli.pyxis_cmd": {"efabuild.pyxis.importer"},
+    # installed by `efabuild --help` too, which shows no progress
     "efabuild.cli.reporting": {"efabuild.store.progress"},
     "efabuild.cli.sign_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.errors", "efabuild.grammar", "efabuild.refs",
-        "efabuild.signing.attest", "efabuild.signing.keys", "efabuild.signing.trust",
-        "efabuild.signing.verify", "efabuild.store.config", "efabuild.store.tiered", "efabuild.workspace"},
+        "efabuild.cli.common", "efabuild.cli.output", "efabuild.grammar", "efabuild.refs", "efabuild.signing.attest",
+        "efabuild.signing.keys", "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.store.config",
+        "efabuild.store.tiered", "efabuild.workspace"},
     "efabuild.cli.store_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.display", "efabuild.engine.client",
-        "efabuild.engine.leftovers", "efabuild.errors", "efabuild.host.scratch", "efabuild.make.oldimages",
-        "efabuild.make.prepare", "efabuild.notices", "efabuild.refs", "efabuild.store.config",
-        "efabuild.store.chunked.health", "efabuild.store.progress", "efabuild.store.tiered"},
-    "efabuild.engine.build": {"efabuild.host.fsutil"},
-    "efabuild.engine.client": {"efabuild.engine.api", "efabuild.host.children"},
+        "efabuild.cli.common", "efabuild.cli.output", "efabuild.engine.client", "efabuild.engine.leftovers",
+        "efabuild.host.scratch", "efabuild.make.oldimages", "efabuild.make.prepare", "efabuild.refs",
+        "efabuild.store.chunked.health", "efabuild.store.config", "efabuild.store.progress", "efabuild.store.tiered"},
+    # ctypes and subprocess with the first docker process: a plan on the socket starts none
+    "efabuild.engine.client": {"efabuild.host.children"},
+    # with the export: a no-op make's leftover listing needs none
     "efabuild.engine.containers": {"efabuild.host.children"},
-    "efabuild.engine.images": {"efabuild.engine.api"},
-    "efabuild.engine.leftovers": {"efabuild.engine.api", "efabuild.engine.images"},
-    "efabuild.engine.registry": {"efabuild.host.stops"},
+    # only without the local socket, or when removing (gc's dry run does not)
+    "efabuild.engine.leftovers": {"efabuild.engine.images"},
     "efabuild.export.squash": {"efabuild.engine.containers", "efabuild.engine.images"},
-    "efabuild.lint": {"efabuild.display"},
-    "efabuild.make.check": {
-        "efabuild.engine.build", "efabuild.engine.images", "efabuild.engine.leftovers",
-        "efabuild.engine.registry", "efabuild.export.tarfilter", "efabuild.make.farm", "efabuild.make.run"},
-    "efabuild.make.context": {"efabuild.display", "efabuild.host.owner", "efabuild.store.gc.leftovers"},
-    "efabuild.make.engine_steps": {
-        "efabuild.engine.build", "efabuild.engine.images", "efabuild.engine.leftovers",
-        "efabuild.engine.registry"},
-    "efabuild.make.farm": {"efabuild.plan"},
+    # build-fixtures --help reads the fixtures' names, not the engine
     "efabuild.make.fixtures": {"efabuild.engine.build", "efabuild.engine.client", "efabuild.engine.images"},
-    "efabuild.make.hashcache": {"efabuild.host.fsutil"},
-    "efabuild.make.leftovers": {"efabuild.engine.client", "efabuild.engine.leftovers"},
-    "efabuild.make.oldimages": {"efabuild.engine.images", "efabuild.engine.registry"},
+    # only with [registry]
+    "efabuild.make.oldimages": {"efabuild.engine.registry"},
+    # plan --offline asks no engine; the farm and registry only with [registry] or emulate
     "efabuild.make.prepare": {
-        "efabuild.engine.client", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.farm",
-        "efabuild.store"},
-    "efabuild.make.publish": {
-        "efabuild.export.squash", "efabuild.host.digest", "efabuild.host.stops", "efabuild.make.gitstate",
-        "efabuild.provenance.stored", "efabuild.signing.attest", "efabuild.store.progress", "efabuild.store.record"},
-    "efabuild.make.records": {"efabuild.configfile"},
+        "efabuild.engine.client", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.farm"},
+    # a make that exports nothing loads it for engine_versions alone (attrs, the probe)
+    "efabuild.make.publish": {"efabuild.provenance.stored", "efabuild.signing.attest"},
+    # a no-op make loads none of a layer's work, nor lint with --no-lint
     "efabuild.make.run": {
         "efabuild.engine.build", "efabuild.export.artifact", "efabuild.lint", "efabuild.make.ancestry",
-        "efabuild.make.builders", "efabuild.make.engine_steps", "efabuild.make.gitstate", "efabuild.make.publish", "efabuild.signing.attest", "efabuild.signing.keys"},
+        "efabuild.make.builders", "efabuild.make.engine_steps", "efabuild.make.gitstate", "efabuild.make.publish",
+        "efabuild.signing.attest", "efabuild.signing.keys"},
+    # `release` looks nothing up
     "efabuild.pyxis.importer": {"efabuild.pyxis.lookup"},
+    # a hit is stdlib only: the full store and signatures on a miss or when asked
     "efabuild.pyxis.lookup": {
-        "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.signing.verifycache",
-        "efabuild.store.record", "efabuild.store.tiered", "efabuild.store.transfer"},
+        "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.signing.verifycache", "efabuild.store.record",
+        "efabuild.store.tiered", "efabuild.store.transfer"},
+    # lookup's fast path imports no blake3
     "efabuild.settings": {"efabuild.redact"},
+    # signed_index and a make without [sign] make no statement
     "efabuild.signing.attest": {"efabuild.provenance.intoto", "efabuild.provenance.manifest"},
-    "efabuild.signing.keys": {"efabuild.configfile"},
-    "efabuild.signing.trust": {"efabuild.grammar", "efabuild.host.fsutil", "efabuild.signing.keys"},
+    # a cached signed lookup checks no key (cryptography); KMS keys with boto3
+    "efabuild.signing.trust": {"efabuild.signing.keys"},
+    # a cached verification reads stats only: no hashing, DSSE or cryptography
     "efabuild.signing.verify": {
-        "efabuild.host.digest", "efabuild.provenance.intoto", "efabuild.signing.dsse",
-        "efabuild.signing.keys", "efabuild.store.record"},
-    "efabuild.signing.verifycache": {"efabuild.host.fsutil"},
+        "efabuild.host.digest", "efabuild.provenance.intoto", "efabuild.signing.dsse", "efabuild.signing.keys",
+        "efabuild.store.record"},
     "efabuild.store": {"efabuild.store.record", "efabuild.store.tiered"},
     "efabuild.store.chunked.send": {"efabuild.store.chunked.s3"},
     "efabuild.store.layout": {"efabuild.configfile"},
