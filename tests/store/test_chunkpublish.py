@@ -4,6 +4,7 @@ the bucket holds are checked twice: before anything is sent and just after the i
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 import pytest
@@ -39,19 +40,19 @@ def store_at(root: Path, settings: S3Config, name: str = "local") -> Store:
 
 def watch(monkeypatch, store: Store, events: list[str]) -> None:  # noqa: ANN001
     """Note in `events` each existence check of chunks (how many ids) and each index written."""
-    real_missing, real_put = ChunkStore.missing, store.s3._put_new
+    real_etags, real_put = ChunkStore.etags, store.s3._put_new
 
-    def missing(self, ids):  # noqa: ANN001, ANN202
+    def etags(self, ids):  # noqa: ANN001, ANN202 - `missing` asks it too
         ids = set(ids)
         events.append(f"check {len(ids)}")
-        return real_missing(self, ids)
+        return real_etags(self, ids)
 
     def put(path: str, body: bytes, **extra):  # noqa: ANN003, ANN202
         if path.endswith(".chunks.json"):
             events.append("index")
         return real_put(path, body, **extra)
 
-    monkeypatch.setattr(ChunkStore, "missing", missing)
+    monkeypatch.setattr(ChunkStore, "etags", etags)
     monkeypatch.setattr(store.s3, "_put_new", put)
 
 
@@ -135,3 +136,40 @@ def test_a_kept_index_that_matches_the_bytes_spares_the_cut(tmp_path, settings, 
     store.complete(key)
     assert cuts == [] and store.s3.last_transfer.bytes == one.stat().st_size
     assert file_digest(store_at(tmp_path / "node", settings, "shared").lookup(key)) == file_digest(one)
+
+
+def lookups(requests: list) -> int:  # (method, path, range start), as the proxy notes them
+    """Requests that ask whether chunks are there: a HEAD of one, or a LIST of a range of them."""
+    return sum(1 for method, path, _ in requests if (method == "HEAD" and "/chunks/" in path)
+               or (method == "GET" and "list-type=2" in path and "chunks" in path))
+
+
+def chunk_puts(requests: list) -> int:
+    return sum(1 for method, path, _ in requests if method == "PUT" and "/chunks/" in path)
+
+
+def proxied(s3_bucket: str, fault_proxy) -> S3Config:  # noqa: ANN001
+    return S3Config(bucket=s3_bucket, prefix="images/", region="us-east-1", endpoint_url=fault_proxy.endpoint)
+
+
+def test_a_publish_looks_its_reused_chunks_up_twice_and_notes_the_etags_those_looks_and_its_puts_gave(
+        tmp_path, s3_bucket, versions, fault_proxy, s3_client):
+    """Before sending and after the index: no third look for the ETags the index notes, which are
+    still each chunk object's own."""
+    one, two = versions
+    store = store_at(tmp_path / "cache", proxied(s3_bucket, fault_proxy))
+    k1, k2 = key_for("etags-v1"), key_for("etags-v2")
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    exported = chunk_file(two, chunking=CHUNKING)
+    reused = set(exported.unique()) & set(chunk_file(one, chunking=CHUNKING).unique())
+    before = len(fault_proxy.requests)
+    assert store.s3.chunks.missing(reused) == set()
+    one_look = lookups(fault_proxy.requests[before:])
+    before = len(fault_proxy.requests)
+    store.publish(k2, two, record_for(k2, "demo:user", two), index=exported)
+    during = fault_proxy.requests[before:]
+    assert lookups(during) == 2 * one_look
+    assert chunk_puts(during) == store.s3.last_transfer.chunks == len(set(exported.unique()) - reused)
+    noted = json.loads(s3_client.get_object(Bucket=s3_bucket, Key=store.s3.index_object(k2))["Body"].read())["etags"]
+    assert noted == {cid: s3_client.head_object(Bucket=s3_bucket, Key=store.s3.chunks.object(cid))["ETag"].strip('"')
+                     for cid in exported.unique()}

@@ -66,6 +66,8 @@ class Transfer:
     created: frozenset[str] = attrs.field(default=frozenset(), repr=False)  # chunk ids this upload created
     # (id, MD5 of the body this upload would have stored) of chunks the bucket held already
     refused: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
+    # (id, ETag S3 gave it) of the chunks this upload created
+    etags: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
 
 
 def _etag(response: dict) -> str:

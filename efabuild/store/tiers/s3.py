@@ -229,9 +229,7 @@ class S3Tier(S3Refs, S3Bucket, Tier):
         # writes the index of what it uploaded, and a whole object must have none
         kept = sidecars.pop(INDEX_SUFFIX, None)
         if self.chunked:
-            if not likely_present and self.seed_provider is not None:  # other artifacts: not this one's own copy
-                likely_present = {cid for seed in self.seed_provider(record.name) if seed.index.digest != record.digest
-                                  for cid in seed.index.unique()}
+            likely_present = likely_present or self._likely_present(record.name, record.digest)
             self.last_index, self.last_transfer = publish_chunks(
                 self.chunks, key, sqsh, record, index=index, kept=kept,
                 likely_present=likely_present, chunking=self.chunking, show=show)
@@ -248,6 +246,13 @@ class S3Tier(S3Refs, S3Bucket, Tier):
             self._put_new(self._path("objects", key[:2], key + suffix), data)
         created = self._put_new(self.record_object(key), record.to_json(), ContentType="application/json")
         return PUBLISHED if won and created else REUSED
+
+    def _likely_present(self, name: str, digest: str) -> set[str]:
+        """Chunk ids of the artifacts this node holds for `name` (and others), its own bytes' copy
+        (`digest`) aside: the ones a publish of it looks up before sending."""
+        if self.seed_provider is None:
+            return set()
+        return {cid for seed in self.seed_provider(name) if seed.index.digest != digest for cid in seed.index.unique()}
 
     def _adopt_stored(self, key: str, record: ArtifactRecord,
                       envelope: bytes | None) -> tuple[ArtifactRecord, bytes | None]:

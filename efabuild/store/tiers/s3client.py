@@ -216,14 +216,18 @@ class S3Bucket:
 
     def _put_new(self, path: str, body: bytes, **extra: object) -> bool:
         """Create an object unless it exists; False when someone else created it first."""
+        return self._create(path, body, **extra) is not None
+
+    def _create(self, path: str, body: bytes, **extra: object) -> str | None:
+        """`_put_new` that gives the created object's ETag (unquoted), None when it existed."""
         try:
-            self._call(self.url(path), "put_object", Key=path, Body=body, IfNoneMatch="*",
-                       ChecksumAlgorithm="CRC32", **extra)
+            response = self._call(self.url(path), "put_object", Key=path, Body=body, IfNoneMatch="*",
+                                  ChecksumAlgorithm="CRC32", **extra)
         except ClientError as exc:
             if already_exists(exc):
-                return False
+                return None
             raise self._error(self.url(path), exc) from None
-        return True
+        return str(response.get("ETag", "")).strip('"')
 
 
     def _walk(self, prefix: str, *, after: str = "", through: str | None = None,
