@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from pathlib import Path
 import pytest
 
@@ -173,3 +174,90 @@ def test_a_publish_looks_its_reused_chunks_up_twice_and_notes_the_etags_those_lo
     noted = json.loads(s3_client.get_object(Bucket=s3_bucket, Key=store.s3.index_object(k2))["Body"].read())["etags"]
     assert noted == {cid: s3_client.head_object(Bucket=s3_bucket, Key=store.s3.chunks.object(cid))["ETag"].strip('"')
                      for cid in exported.unique()}
+
+
+def test_chunks_sent_ahead_of_the_publish_are_neither_looked_up_nor_sent_again(
+        tmp_path, s3_bucket, versions, fault_proxy):
+    one, two = versions
+    settings = proxied(s3_bucket, fault_proxy)
+    store = store_at(tmp_path / "cache", settings)
+    k1, k2 = key_for("ahead-v1"), key_for("ahead-v2")
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    exported = chunk_file(two, chunking=CHUNKING)
+    new = set(exported.unique()) - set(chunk_file(one, chunking=CHUNKING).unique())
+    before = len(fault_proxy.requests)
+    started = store.send_ahead("demo:user", two, exported)
+    ahead = started.result(60).sent
+    assert ahead.created == new and chunk_puts(fault_proxy.requests[before:]) == len(new)
+    one_look = lookups(fault_proxy.requests[before:])
+    assert store.send_ahead("demo:user", two, exported) is started  # once: a second call sends nothing
+    before = len(fault_proxy.requests)
+    store.publish(k2, two, record_for(k2, "demo:user", two), index=exported)
+    during = fault_proxy.requests[before:]
+    assert chunk_puts(during) == 0 and lookups(during) == one_look  # only the check after the index
+    assert store.s3.last_transfer.created == new
+    assert file_digest(store_at(tmp_path / "node", settings, "shared").lookup(k2)) == file_digest(two)
+
+
+def test_a_publish_started_while_the_send_ahead_runs_waits_for_it_and_sends_nothing_twice(
+        tmp_path, settings, versions):
+    one, two = versions
+    store = store_at(tmp_path / "cache", settings)
+    k1, k2 = key_for("waits-v1"), key_for("waits-v2")
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    exported = chunk_file(two, chunking=CHUNKING)
+    new = set(exported.unique()) - set(chunk_file(one, chunking=CHUNKING).unique())
+    release, puts = threading.Event(), []
+    real_create = store.s3._create
+
+    def held_create(path: str, body: bytes, **extra):  # noqa: ANN003, ANN202
+        if "/chunks/" in path:
+            puts.append(path)
+            assert release.wait(60)
+        return real_create(path, body, **extra)
+
+    store.s3._create = held_create
+    started = store.send_ahead("demo:user", two, exported)
+    publisher = threading.Thread(target=store.publish, args=(k2, two, record_for(k2, "demo:user", two)),
+                                 kwargs={"index": exported})
+    publisher.start()
+    publisher.join(1)
+    assert publisher.is_alive() and not started.done()  # waiting for the sends ahead
+    release.set()
+    publisher.join(60)
+    assert not publisher.is_alive()
+    assert len(puts) == len(new) and store.s3.last_transfer.created == new
+    assert file_digest(store_at(tmp_path / "node", settings, "shared").lookup(k2)) == file_digest(two)
+
+
+def test_a_chunk_swept_between_the_send_ahead_and_the_index_is_sent_again(tmp_path, settings, versions, s3_client):
+    one, two = versions
+    store = store_at(tmp_path / "cache", settings)
+    k1, k2 = key_for("swept-v1"), key_for("swept-v2")
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    exported = chunk_file(two, chunking=CHUNKING)
+    store.send_ahead("demo:user", two, exported).result(60)
+    victim = sorted(set(exported.unique()) & set(chunk_file(one, chunking=CHUNKING).unique()))[0]  # found there
+    s3_client.delete_object(Bucket=settings.bucket, Key=store.s3.chunks.object(victim))  # as gc's sweep would
+    store.publish(k2, two, record_for(k2, "demo:user", two), index=exported)
+    assert store.s3.chunks.missing(exported.unique()) == set()
+    assert file_digest(store_at(tmp_path / "node", settings, "shared").lookup(k2)) == file_digest(two)
+
+
+def test_a_chunk_planted_before_the_send_ahead_is_replaced_by_the_publish(tmp_path, settings, versions, s3_client,
+                                                                          monkeypatch):
+    from efabuild.store.chunked.s3 import compress
+
+    one, two = versions
+    store = store_at(tmp_path / "cache", settings)
+    k1, k2 = key_for("planted-v1"), key_for("planted-v2")
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    exported = chunk_file(two, chunking=CHUNKING)
+    planted = sorted(set(exported.unique()) - set(chunk_file(one, chunking=CHUNKING).unique()))[0]
+    s3_client.put_object(Bucket=settings.bucket, Key=store.s3.chunks.object(planted), Body=compress(b"\0" * 4096))
+    assert planted not in store.send_ahead("demo:user", two, exported).result(60).sent.created  # its PUT was refused
+    said = collect_warnings(monkeypatch)
+    store.publish(k2, two, record_for(k2, "demo:user", two), index=exported)
+    assert any(line.endswith("; storing it again") and planted in line for line in said), said
+    assert store.s3.chunks.problem(planted, exported.unique()[planted]) is None
+    assert file_digest(store_at(tmp_path / "node", settings, "shared").lookup(k2)) == file_digest(two)

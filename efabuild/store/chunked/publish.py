@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+
+import attrs
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
@@ -40,25 +44,66 @@ def upload(store: ChunkStore, index: ChunkIndex, source: Path, ids: set[str],
     return transfer_of(index, sender)
 
 
+@attrs.frozen
+class Ahead:
+    """What a send ahead of a publish did for one file's index (see send_ahead)."""
+
+    found: dict[str, str]  # {id: ETag} of the chunks its check found in the bucket
+    sent: Transfer  # what it sent (created, with their ETags; refused)
+
+    def covered(self) -> set[str]:
+        return set(self.found) | set(self.sent.created) | set(dict(self.sent.refused))
+
+
+def send_ahead(store: ChunkStore, index: ChunkIndex, sqsh: Path,
+               likely_present: Callable[[], set[str]]) -> Future:
+    """Send the chunks of `sqsh` (cut into `index` by the export) that the bucket lacks before
+    the file is published, e.g. while its sha256 and signature are computed: `publish` of the
+    same index then takes what this found and sent (waiting for it to end), and neither checks
+    nor sends those again. Chunks are named by their bytes, so one sent early is harmless before
+    an index names it; gc's grace keeps it meanwhile, and the publish's check after its index
+    covers a sweep in between. Returns at once: the sends run on a thread of their own, and the
+    Future gives the Ahead they leave (or their failure, after which the publish does it all);
+    a second call for the same index gives the first's."""
+    slot, first = store.ahead.hold(index)
+    if first:
+        threading.Thread(target=_send_into, args=(slot, store, index, sqsh, likely_present), name="send-ahead").start()
+    return slot
+
+
+def _send_into(slot: Future, store: ChunkStore, index: ChunkIndex, sqsh: Path,
+               likely_present: Callable[[], set[str]]) -> None:
+    try:
+        found, sent = _send_lacking(store, index, sqsh, set(index.unique()), likely_present(), cut=False, what=None)
+    except BaseException as exc:  # noqa: BLE001 - the Future hands it to whoever asks
+        slot.set_exception(exc)
+        return
+    slot.set_result(Ahead(found, sent))
+
+
 def publish(store: ChunkStore, key: str, sqsh: Path, record, *, index: ChunkIndex | None,  # noqa: ANN001 - ArtifactRecord
             kept: bytes | None, likely_present: set[str], chunking: tuple[int, int, int],
             show: bool) -> tuple[ChunkIndex, Transfer]:
     """Upload the chunks of `sqsh` the bucket lacks, then its index (the record, written by the
     tier after this, commits it): (the index, what was sent). `index` was computed by this
     process from these bytes (the export's); `kept` is an index read from a store (its JSON),
-    checked before use. `likely_present` are chunk ids seen in other artifacts on this node."""
+    checked before use. `likely_present` are chunk ids seen in other artifacts on this node.
+    What a send ahead (send_ahead) found and sent for the same index is not done again."""
     index = _matching(index, record, chunking) or _checked(kept, record, chunking, sqsh, key)
-    cut = None
+    cut = ahead = None
     if index is None:
         index, cut = _chunk_and_send(store, key, sqsh, record, likely_present, chunking, show)
         if index.digest != record.digest:  # never publish bytes under a record they do not match
             raise EfabuildError(f"{sqsh}: digest {index.digest}, its record says {record.digest}; not published")
+    else:
+        ahead = store.ahead.take(index)
     unique = index.unique()
     index_path = store.tier.index_object(key)
-    found, rest = _send_lacking(store, index, sqsh, set(unique), likely_present, cut=cut is not None,
+    found, rest = _send_lacking(store, index, sqsh, set(unique) - (ahead.covered() if ahead else set()),
+                                likely_present, cut=cut is not None,
                                 what=f"upload {short(key)} to {store.tier.url(index_path)}" if show else None)
-    sent = rest if cut is None else transfer_of(index, cut, rest)
-    etags = _checked_etags(store, index, sqsh, found, sent)
+    sent = transfer_of(index, *[t for t in (cut, ahead and ahead.sent) if t], rest)
+    etags = _checked_etags(store, index, sqsh, {**(ahead.found if ahead else {}), **found}, sent)
     store.tier._put_new(index_path, stored_index_json(index, etags), ContentType="application/json")
     # the second: gc may have swept a chunk found present before the index referenced it
     gone = store.missing(set(unique) - sent.created)

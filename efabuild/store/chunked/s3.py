@@ -29,6 +29,7 @@ import attrs
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
+from efabuild.store.chunked.ahead import AheadSlots
 from efabuild.store.chunked.chunks import (  # ChunkError: this module's, defined there for the facade
     BadChunkIndex,
     ChunkError,
@@ -128,6 +129,7 @@ class ChunkStore:
     def __init__(self, tier) -> None:  # noqa: ANN001 - S3Tier
         self.tier = tier
         self._room = _Budget(FETCH_MEMORY)
+        self.ahead = AheadSlots()  # what sends ahead of publishes did (store/chunked/publish.py)
 
     def room_for(self, length: int) -> contextlib.AbstractContextManager[None]:
         """Hold the memory a fetch of a chunk of `length` bytes takes (its object, at most zstd's

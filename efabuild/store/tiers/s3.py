@@ -56,7 +56,7 @@ from efabuild.store.layout import (
 from efabuild.store.parallel import run_parallel
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
-from efabuild.store.chunked.publish import publish as publish_chunks
+from efabuild.store.chunked.publish import publish as publish_chunks, send_ahead as send_chunks_ahead
 from efabuild.store.chunked.assembly import Seed, assemble
 from efabuild.store.chunked.s3 import ChunkError, ChunkStore, Transfer, bucket_usage
 from efabuild.store.tiers.s3client import DEFAULT_PART_SIZE, DEFAULT_WORKERS, S3Bucket, already_exists
@@ -246,6 +246,15 @@ class S3Tier(S3Refs, S3Bucket, Tier):
             self._put_new(self._path("objects", key[:2], key + suffix), data)
         created = self._put_new(self.record_object(key), record.to_json(), ContentType="application/json")
         return PUBLISHED if won and created else REUSED
+
+    def send_ahead(self, name: str, sqsh: str | os.PathLike[str], index: ChunkIndex):  # noqa: ANN201 - Future | None
+        """Start sending the chunks of `sqsh` (of `name`, cut into `index` by its export) that the
+        bucket lacks, before its record exists: the publish of that index then neither checks nor
+        sends them again (store/chunked/publish.py's send_ahead; a Future of what was sent). None,
+        and nothing sent, when this tier stores whole objects or cuts chunks of other sizes."""
+        if not self.chunked or index.chunking != self.chunking:
+            return None
+        return send_chunks_ahead(self.chunks, index, Path(sqsh), lambda: self._likely_present(name, index.digest))
 
     def _likely_present(self, name: str, digest: str) -> set[str]:
         """Chunk ids of the artifacts this node holds for `name` (and others), its own bytes' copy
