@@ -146,9 +146,8 @@ class ChunkStore:
         Ids are grouped by their first hex digit (chunks/<d>...): a group of LIST_FROM or more is
         looked up with one LIST over its key range (1,000 keys a page), a smaller one with a HEAD
         per id. A publish after a one-file change of a 1.5 GB image checks the ~320 chunks it
-        reuses twice; 16 LISTs answer each time where as many HEADs took seconds. In a bucket so
-        large that a page answers for fewer than LIST_FROM of the ids, the rest of the group is
-        looked up with a HEAD each: 100k chunks took 7 pages a digit for ~25 ids."""
+        reuses twice; 16 LISTs answer each time where as many HEADs took seconds. Once a page answers
+        for fewer than LIST_FROM ids, the rest get a HEAD each (100k chunks: 7 pages for ~25 ids)."""
         ids = set(ids)
         return ids - set(self.etags(ids))
 
@@ -158,21 +157,22 @@ class ChunkStore:
         groups: dict[str, list[str]] = {}
         for cid in sorted(set(ids)):
             groups.setdefault(cid[0], []).append(cid)
-        found: dict[str, str] = {}
-        listed = [group for group in groups.values() if len(group) >= LIST_FROM]
-        heads = [cid for group in groups.values() if len(group) < LIST_FROM for cid in group]
-        for present, rest in run_parallel(self._listed, listed, self.tier.workers):
+        tasks = [group for group in groups.values() if len(group) >= LIST_FROM]
+        tasks += [[cid] for group in groups.values() if len(group) < LIST_FROM for cid in group]
+        found, left = {}, []
+        for present, rest in run_parallel(self._present, tasks, self.tier.workers):
             found.update(present)
-            heads += rest
-        for cid, head in zip(heads, run_parallel(lambda cid: self.tier._head(self.object(cid)), heads,
-                                                 self.tier.workers)):
-            if head is not None:
-                found[cid] = _etag(head)
+            left += [[cid] for cid in rest]  # what a listing of a bucket too large for these ids left
+        found.update(item for present, _ in run_parallel(self._present, left, self.tier.workers) for item in present.items())
         return found
 
-    def _listed(self, group: list[str]) -> tuple[dict[str, str], list[str]]:
+    def _present(self, group: list[str]) -> tuple[dict[str, str], list[str]]:
         """({id: ETag} of those of `group` (sorted ids sharing their first digit) the bucket holds,
-        by LIST pages over its range; the ids left once a page answered for fewer than LIST_FROM)."""
+        the ids left for a HEAD each): a HEAD each under LIST_FROM ids, else LIST pages over its
+        range until one answers for fewer than LIST_FROM of them (not the last: the rest are left)."""
+        if len(group) < LIST_FROM:
+            heads = {cid: self.tier._head(self.object(cid)) for cid in group}
+            return {cid: _etag(head) for cid, head in heads.items() if head is not None}, []
         first, last = self.object(group[0]), self.object(group[-1])
         wanted, found, left = set(group), {}, list(group)
         for page in self.tier._pages(self.tier._path(CHUNKS_DIR, group[0][0]), after=first[:-1], through=last,
@@ -181,7 +181,7 @@ class ChunkStore:
             reached = sum(1 for cid in left if page and self.object(cid) <= page[-1]["Key"])
             left = left[reached:]
             if left and reached < LIST_FROM and len(page) == LIST_PAGE:
-                return found, left  # not the last page: a HEAD each is cheaper from here
+                return found, left
         return found, []
 
     def replace(self, cid: str, raw: bytes) -> str:
