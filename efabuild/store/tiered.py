@@ -219,13 +219,11 @@ class Store(Checks, Names):
     def publish(self, key: str, sqsh: str | os.PathLike[str], record: ArtifactRecord, manifest: bytes | None = None,
                 *, envelope: bytes | None = None, index: ChunkIndex | None = None) -> dict[str, str]:
         """Store an exported .sqsh in every tier and point its name at it (a name with a platform
-        index moves only when `publish_index` names the new key of each platform).
-
-        Returns {tier name: "published" | "reused" | "repaired"}. `record.manifest_digest` is
-        set from `manifest` here; `envelope` is the signed statement, stored beside it; `index` the
-        chunk index the export cut it into (kept beside it, and S3 sends from it). Interrupting it leaves every tier without the object or with
-        the complete object, never a partial one; running it again finishes the job.
-        """
+        index moves only when `publish_index` names the new key of each platform): {tier name:
+        "published" | "reused" | "repaired"}. `record.manifest_digest` is set from `manifest`;
+        `envelope` is the signed statement, stored beside it; `index` the chunk index the export
+        cut it into (kept beside it; S3 sends from it what `send_ahead` did not). Interrupted, it
+        leaves every tier without the object or with all of it, never a part; run again, it ends the job."""
         check_key(key)
         if manifest is not None:
             record = record._replace(manifest_digest=bytes_digest(manifest))
@@ -244,6 +242,10 @@ class Store(Checks, Names):
         # the name asked for: identical inputs in two graphs share one object under two names
         self._record_names(record.name, key, [first, *others], record.platform)
         return results
+
+    def send_ahead(self, name: str, sqsh: str | os.PathLike[str], index: ChunkIndex):  # noqa: ANN201 - Future | None
+        """Start sending the chunks of an exported `sqsh` S3 lacks before its record exists: S3Tier.send_ahead."""
+        return None if self.s3 is None else self.s3.send_ahead(name, sqsh, index)
 
     def name(self, name: str, key: str) -> None:
         """Point `name` (graph:layer) at an artifact the store already holds, in every tier; one

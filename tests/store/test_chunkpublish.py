@@ -4,7 +4,9 @@ the bucket holds are checked twice: before anything is sent and just after the i
 
 from __future__ import annotations
 
+import json
 import random
+import threading
 from pathlib import Path
 import pytest
 
@@ -39,19 +41,19 @@ def store_at(root: Path, settings: S3Config, name: str = "local") -> Store:
 
 def watch(monkeypatch, store: Store, events: list[str]) -> None:  # noqa: ANN001
     """Note in `events` each existence check of chunks (how many ids) and each index written."""
-    real_missing, real_put = ChunkStore.missing, store.s3._put_new
+    real_etags, real_put = ChunkStore.etags, store.s3._put_new
 
-    def missing(self, ids):  # noqa: ANN001, ANN202
+    def etags(self, ids):  # noqa: ANN001, ANN202 - `missing` asks it too
         ids = set(ids)
         events.append(f"check {len(ids)}")
-        return real_missing(self, ids)
+        return real_etags(self, ids)
 
     def put(path: str, body: bytes, **extra):  # noqa: ANN003, ANN202
         if path.endswith(".chunks.json"):
             events.append("index")
         return real_put(path, body, **extra)
 
-    monkeypatch.setattr(ChunkStore, "missing", missing)
+    monkeypatch.setattr(ChunkStore, "etags", etags)
     monkeypatch.setattr(store.s3, "_put_new", put)
 
 
@@ -135,3 +137,127 @@ def test_a_kept_index_that_matches_the_bytes_spares_the_cut(tmp_path, settings, 
     store.complete(key)
     assert cuts == [] and store.s3.last_transfer.bytes == one.stat().st_size
     assert file_digest(store_at(tmp_path / "node", settings, "shared").lookup(key)) == file_digest(one)
+
+
+def lookups(requests: list) -> int:  # (method, path, range start), as the proxy notes them
+    """Requests that ask whether chunks are there: a HEAD of one, or a LIST of a range of them."""
+    return sum(1 for method, path, _ in requests if (method == "HEAD" and "/chunks/" in path)
+               or (method == "GET" and "list-type=2" in path and "chunks" in path))
+
+
+def chunk_puts(requests: list) -> int:
+    return sum(1 for method, path, _ in requests if method == "PUT" and "/chunks/" in path)
+
+
+def proxied(s3_bucket: str, fault_proxy) -> S3Config:  # noqa: ANN001
+    return S3Config(bucket=s3_bucket, prefix="images/", region="us-east-1", endpoint_url=fault_proxy.endpoint)
+
+
+def test_a_publish_looks_its_reused_chunks_up_twice_and_notes_the_etags_those_looks_and_its_puts_gave(
+        tmp_path, s3_bucket, versions, fault_proxy, s3_client):
+    """Before sending and after the index: no third look for the ETags the index notes, which are
+    still each chunk object's own."""
+    one, two = versions
+    store = store_at(tmp_path / "cache", proxied(s3_bucket, fault_proxy))
+    k1, k2 = key_for("etags-v1"), key_for("etags-v2")
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    exported = chunk_file(two, chunking=CHUNKING)
+    reused = set(exported.unique()) & set(chunk_file(one, chunking=CHUNKING).unique())
+    before = len(fault_proxy.requests)
+    assert store.s3.chunks.missing(reused) == set()
+    one_look = lookups(fault_proxy.requests[before:])
+    before = len(fault_proxy.requests)
+    store.publish(k2, two, record_for(k2, "demo:user", two), index=exported)
+    during = fault_proxy.requests[before:]
+    assert lookups(during) == 2 * one_look
+    assert chunk_puts(during) == store.s3.last_transfer.chunks == len(set(exported.unique()) - reused)
+    noted = json.loads(s3_client.get_object(Bucket=s3_bucket, Key=store.s3.index_object(k2))["Body"].read())["etags"]
+    assert noted == {cid: s3_client.head_object(Bucket=s3_bucket, Key=store.s3.chunks.object(cid))["ETag"].strip('"')
+                     for cid in exported.unique()}
+
+
+def test_chunks_sent_ahead_of_the_publish_are_neither_looked_up_nor_sent_again(
+        tmp_path, s3_bucket, versions, fault_proxy):
+    one, two = versions
+    settings = proxied(s3_bucket, fault_proxy)
+    store = store_at(tmp_path / "cache", settings)
+    k1, k2 = key_for("ahead-v1"), key_for("ahead-v2")
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    exported = chunk_file(two, chunking=CHUNKING)
+    new = set(exported.unique()) - set(chunk_file(one, chunking=CHUNKING).unique())
+    before = len(fault_proxy.requests)
+    started = store.send_ahead("demo:user", two, exported)
+    ahead = started.result(60).sent
+    assert ahead.created == new and chunk_puts(fault_proxy.requests[before:]) == len(new)
+    one_look = lookups(fault_proxy.requests[before:])
+    assert store.send_ahead("demo:user", two, exported) is started  # once: a second call sends nothing
+    before = len(fault_proxy.requests)
+    store.publish(k2, two, record_for(k2, "demo:user", two), index=exported)
+    during = fault_proxy.requests[before:]
+    assert chunk_puts(during) == 0 and lookups(during) == one_look  # only the check after the index
+    assert store.s3.last_transfer.created == new
+    assert file_digest(store_at(tmp_path / "node", settings, "shared").lookup(k2)) == file_digest(two)
+
+
+def test_a_publish_started_while_the_send_ahead_runs_waits_for_it_and_sends_nothing_twice(
+        tmp_path, settings, versions):
+    one, two = versions
+    store = store_at(tmp_path / "cache", settings)
+    k1, k2 = key_for("waits-v1"), key_for("waits-v2")
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    exported = chunk_file(two, chunking=CHUNKING)
+    new = set(exported.unique()) - set(chunk_file(one, chunking=CHUNKING).unique())
+    release, puts = threading.Event(), []
+    real_create = store.s3._create
+
+    def held_create(path: str, body: bytes, **extra):  # noqa: ANN003, ANN202
+        if "/chunks/" in path:
+            puts.append(path)
+            assert release.wait(60)
+        return real_create(path, body, **extra)
+
+    store.s3._create = held_create
+    started = store.send_ahead("demo:user", two, exported)
+    publisher = threading.Thread(target=store.publish, args=(k2, two, record_for(k2, "demo:user", two)),
+                                 kwargs={"index": exported})
+    publisher.start()
+    publisher.join(1)
+    assert publisher.is_alive() and not started.done()  # waiting for the sends ahead
+    release.set()
+    publisher.join(60)
+    assert not publisher.is_alive()
+    assert len(puts) == len(new) and store.s3.last_transfer.created == new
+    assert file_digest(store_at(tmp_path / "node", settings, "shared").lookup(k2)) == file_digest(two)
+
+
+def test_a_chunk_swept_between_the_send_ahead_and_the_index_is_sent_again(tmp_path, settings, versions, s3_client):
+    one, two = versions
+    store = store_at(tmp_path / "cache", settings)
+    k1, k2 = key_for("swept-v1"), key_for("swept-v2")
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    exported = chunk_file(two, chunking=CHUNKING)
+    store.send_ahead("demo:user", two, exported).result(60)
+    victim = sorted(set(exported.unique()) & set(chunk_file(one, chunking=CHUNKING).unique()))[0]  # found there
+    s3_client.delete_object(Bucket=settings.bucket, Key=store.s3.chunks.object(victim))  # as gc's sweep would
+    store.publish(k2, two, record_for(k2, "demo:user", two), index=exported)
+    assert store.s3.chunks.missing(exported.unique()) == set()
+    assert file_digest(store_at(tmp_path / "node", settings, "shared").lookup(k2)) == file_digest(two)
+
+
+def test_a_chunk_planted_before_the_send_ahead_is_replaced_by_the_publish(tmp_path, settings, versions, s3_client,
+                                                                          monkeypatch):
+    from efabuild.store.chunked.s3 import compress
+
+    one, two = versions
+    store = store_at(tmp_path / "cache", settings)
+    k1, k2 = key_for("planted-v1"), key_for("planted-v2")
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    exported = chunk_file(two, chunking=CHUNKING)
+    planted = sorted(set(exported.unique()) - set(chunk_file(one, chunking=CHUNKING).unique()))[0]
+    s3_client.put_object(Bucket=settings.bucket, Key=store.s3.chunks.object(planted), Body=compress(b"\0" * 4096))
+    assert planted not in store.send_ahead("demo:user", two, exported).result(60).sent.created  # its PUT was refused
+    said = collect_warnings(monkeypatch)
+    store.publish(k2, two, record_for(k2, "demo:user", two), index=exported)
+    assert any(line.endswith("; storing it again") and planted in line for line in said), said
+    assert store.s3.chunks.problem(planted, exported.unique()[planted]) is None
+    assert file_digest(store_at(tmp_path / "node", settings, "shared").lookup(k2)) == file_digest(two)

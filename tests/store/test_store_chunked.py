@@ -524,6 +524,30 @@ def test_the_bucket_check_lists_many_chunks_and_heads_few_and_finds_exactly_the_
     assert chunk_store.missing({gone}) == {gone}
 
 
+def test_a_bucket_too_large_for_a_listing_of_the_ids_heads_the_rest_after_one_page(
+        tmp_path, s3_bucket, fault_proxy, s3_client, monkeypatch):
+    """A page that answers for fewer than LIST_FROM of the ids ends the listing (a 100k-chunk
+    bucket took 7 pages a digit for ~25 ids): the rest is looked up with a HEAD each, and the
+    answer is the same."""
+    from efabuild.store.chunked import s3 as chunks_s3
+
+    monkeypatch.setattr(chunks_s3, "LIST_PAGE", 20)  # S3's 1,000 keys a page, scaled to a test's bucket
+    settings = S3Config(bucket=s3_bucket, prefix="images/", region="us-east-1", endpoint_url=fault_proxy.endpoint)
+    chunk_store = S3Tier(settings).chunks
+    rng = random.Random(5)
+    ids = sorted("a" + rng.randbytes(32).hex()[1:] for _ in range(200))  # one first digit, as one group
+    wanted, others = ids[::20], [cid for i, cid in enumerate(ids) if i % 20]
+    present = set(wanted[::2])
+    for cid in sorted(present) + others:
+        s3_client.put_object(Bucket=s3_bucket, Key=chunk_store.object(cid), Body=b"x")
+    before = len(fault_proxy.requests)
+    assert chunk_store.missing(wanted) == set(wanted) - present
+    asked = fault_proxy.requests[before:]
+    lists = sum(1 for method, path, _ in asked if method == "GET" and "list-type=2" in path)
+    heads = sum(1 for method, _, _ in asked if method == "HEAD")
+    assert lists == 1 and lists + heads <= len(wanted)  # where listing the range took a page per 20 keys
+
+
 def test_whole_object_artifacts_of_before_stay_readable(tmp_path, settings, versions):
     whole = builder(tmp_path / "old", settings, chunked=False)
     key = publish(whole, versions[2])

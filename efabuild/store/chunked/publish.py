@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+
+import attrs
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
@@ -40,36 +44,87 @@ def upload(store: ChunkStore, index: ChunkIndex, source: Path, ids: set[str],
     return transfer_of(index, sender)
 
 
+@attrs.frozen
+class Ahead:
+    """What a send ahead of a publish did for one file's index (see send_ahead)."""
+
+    found: dict[str, str]  # {id: ETag} of the chunks its check found in the bucket
+    sent: Transfer  # what it sent (created, with their ETags; refused)
+
+    def covered(self) -> set[str]:
+        return set(self.found) | set(self.sent.created) | set(dict(self.sent.refused))
+
+
+def send_ahead(store: ChunkStore, index: ChunkIndex, sqsh: Path,
+               likely_present: Callable[[], set[str]]) -> Future:
+    """Send the chunks of `sqsh` (cut into `index` by the export) that the bucket lacks before
+    the file is published, e.g. while its sha256 and signature are computed: `publish` of the
+    same index then takes what this found and sent (waiting for it to end), and neither checks
+    nor sends those again. Chunks are named by their bytes, so one sent early is harmless before
+    an index names it; gc's grace keeps it meanwhile, and the publish's check after its index
+    covers a sweep in between. Returns at once: the sends run on a thread of their own, and the
+    Future gives the Ahead they leave (or their failure, after which the publish does it all);
+    a second call for the same index gives the first's."""
+    slot, first = store.ahead.hold(index)
+    if first:
+        threading.Thread(target=_send_into, args=(slot, store, index, sqsh, likely_present), name="send-ahead").start()
+    return slot
+
+
+def _send_into(slot: Future, store: ChunkStore, index: ChunkIndex, sqsh: Path,
+               likely_present: Callable[[], set[str]]) -> None:
+    try:
+        found, sent = _send_lacking(store, index, sqsh, set(index.unique()), likely_present(), cut=False, what=None)
+    except BaseException as exc:  # noqa: BLE001 - the Future hands it to whoever asks
+        slot.set_exception(exc)
+        return
+    slot.set_result(Ahead(found, sent))
+
+
 def publish(store: ChunkStore, key: str, sqsh: Path, record, *, index: ChunkIndex | None,  # noqa: ANN001 - ArtifactRecord
             kept: bytes | None, likely_present: set[str], chunking: tuple[int, int, int],
             show: bool) -> tuple[ChunkIndex, Transfer]:
     """Upload the chunks of `sqsh` the bucket lacks, then its index (the record, written by the
     tier after this, commits it): (the index, what was sent). `index` was computed by this
     process from these bytes (the export's); `kept` is an index read from a store (its JSON),
-    checked before use. `likely_present` are chunk ids seen in other artifacts on this node."""
+    checked before use. `likely_present` are chunk ids seen in other artifacts on this node.
+    What a send ahead (send_ahead) found and sent for the same index is not done again."""
     index = _matching(index, record, chunking) or _checked(kept, record, chunking, sqsh, key)
-    cut = None
+    cut = ahead = None
     if index is None:
         index, cut = _chunk_and_send(store, key, sqsh, record, likely_present, chunking, show)
         if index.digest != record.digest:  # never publish bytes under a record they do not match
             raise EfabuildError(f"{sqsh}: digest {index.digest}, its record says {record.digest}; not published")
+    else:
+        ahead = store.ahead.take(index)
     unique = index.unique()
-    # the first check: only the chunks this node has seen in other artifacts; the others are most
-    # likely new, and a conditional PUT of one that exists is refused harmlessly
-    known = set(unique) & likely_present
-    to_send = store.missing(known) | (set() if cut is not None else set(unique) - known)
     index_path = store.tier.index_object(key)
-    with Progress(f"upload {short(key)} to {store.tier.url(index_path)}",
-                  sum(unique[c] for c in to_send), enabled=show and bool(to_send)) as bar:
-        rest = upload(store, index, sqsh, to_send, progress=bar.update)
-    sent = rest if cut is None else transfer_of(index, cut, rest)
-    etags = _checked_etags(store, index, sqsh, dict(sent.refused))
+    found, rest = _send_lacking(store, index, sqsh, set(unique) - (ahead.covered() if ahead else set()),
+                                likely_present, cut=cut is not None,
+                                what=f"upload {short(key)} to {store.tier.url(index_path)}" if show else None)
+    sent = transfer_of(index, *[t for t in (cut, ahead and ahead.sent) if t], rest)
+    etags = _checked_etags(store, index, sqsh, {**(ahead.found if ahead else {}), **found}, sent)
     store.tier._put_new(index_path, stored_index_json(index, etags), ContentType="application/json")
     # the second: gc may have swept a chunk found present before the index referenced it
     gone = store.missing(set(unique) - sent.created)
     if gone:
         upload(store, index, sqsh, gone)
     return index, sent
+
+
+def _send_lacking(store: ChunkStore, index: ChunkIndex, sqsh: Path, ids: set[str], likely_present: set[str], *,
+                  cut: bool, what: str | None) -> tuple[dict[str, str], Transfer]:
+    """The first check of the chunks `ids` of the file and the sends it decides: ({id: ETag} of
+    those found in the bucket, what was sent). Only the ids this node has seen in other artifacts
+    are looked up; the others are most likely new, and a conditional PUT of one that exists is
+    refused harmlessly (`cut`: the cut sent those already). `what` names a progress bar."""
+    known = ids & likely_present
+    found = store.etags(known)
+    to_send = (known - set(found)) | (set() if cut else ids - known)
+    unique = index.unique()
+    with Progress(what or "", sum(unique[c] for c in to_send), enabled=what is not None and bool(to_send)) as bar:
+        sent = upload(store, index, sqsh, to_send, progress=bar.update)
+    return found, sent
 
 
 def stored_index_json(index: ChunkIndex, etags: dict[str, str]) -> bytes:
@@ -81,13 +136,19 @@ def stored_index_json(index: ChunkIndex, etags: dict[str, str]) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def _checked_etags(store: ChunkStore, index: ChunkIndex, sqsh: Path, refused: dict[str, str]) -> dict[str, str]:
+def _checked_etags(store: ChunkStore, index: ChunkIndex, sqsh: Path, found: dict[str, str],
+                   sent: Transfer) -> dict[str, str]:
     """{id: ETag} of the file's chunks in the bucket, after a chunk found there with other bytes
     than this upload's (its ETag is not our body's MD5) was read and, failing its id, replaced
-    by the file's bytes: a co-tenant may plant junk under an id a future artifact needs."""
+    by the file's bytes: a co-tenant may plant junk under an id a future artifact needs. The
+    ETags the first check (`found`) and the PUTs that created chunks gave are kept as they are:
+    only the others (those a PUT found there already) are looked up."""
     unique = index.unique()
-    etags = store.etags(unique)
-    for cid, md5 in sorted(refused.items()):
+    etags = {**found, **dict(sent.etags)}
+    unknown = set(unique) - set(etags)
+    if unknown:
+        etags.update(store.etags(unknown))
+    for cid, md5 in sorted(dict(sent.refused).items()):
         if etags.get(cid, md5) == md5:
             continue
         problem = store.problem(cid, unique[cid])  # another compressor's bytes are as good
@@ -151,8 +212,9 @@ def transfer_of(index: ChunkIndex, *senders: ChunkSender | Transfer) -> Transfer
     """What `senders` sent for the file of `index`: every other distinct chunk was reused."""
     created = frozenset().union(*(s.created for s in senders))
     refused = tuple(item for s in senders for item in dict(s.refused).items())
+    etags = tuple(item for s in senders for item in dict(s.etags).items())
     sent = sum(s.bytes for s in senders)
     wire = sum(s.wire if isinstance(s, ChunkSender) else s.wire_bytes for s in senders)
     return Transfer(chunks=len(created), bytes=sent, wire_bytes=wire, reused=len(index.unique()) - len(created),
                     reused_bytes=index.size_unique() - sent, created=created,
-                    refused=refused)
+                    refused=refused, etags=etags)

@@ -29,6 +29,7 @@ import attrs
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
+from efabuild.store.chunked.ahead import AheadSlots
 from efabuild.store.chunked.chunks import (  # ChunkError: this module's, defined there for the facade
     BadChunkIndex,
     ChunkError,
@@ -50,6 +51,7 @@ MARKS_DIR = "gc/marks"
 DEFAULT_GRACE = 24 * 3600.0
 MAX_MARKS = 1_000  # gc writes one a run and deletes it after the grace period: more were planted
 LIST_FROM = 8  # ids under one chunks/<d> from which one LIST (a page per 1,000 keys) beats a HEAD each
+LIST_PAGE = 1_000  # keys S3 gives in one LIST page at most
 # bytes the chunk downloads of one fetch hold at once (each its object and its raw bytes), whatever
 # lengths an index names: 16 parallel GETs of 4 MiB chunks take ~130 MiB, of forged 64 MiB ones 2 GiB
 FETCH_MEMORY = 160 * 1024 * 1024
@@ -66,6 +68,8 @@ class Transfer:
     created: frozenset[str] = attrs.field(default=frozenset(), repr=False)  # chunk ids this upload created
     # (id, MD5 of the body this upload would have stored) of chunks the bucket held already
     refused: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
+    # (id, ETag S3 gave it) of the chunks this upload created
+    etags: tuple[tuple[str, str], ...] = attrs.field(default=(), repr=False)
 
 
 def _etag(response: dict) -> str:
@@ -126,6 +130,7 @@ class ChunkStore:
     def __init__(self, tier) -> None:  # noqa: ANN001 - S3Tier
         self.tier = tier
         self._room = _Budget(FETCH_MEMORY)
+        self.ahead = AheadSlots()  # what sends ahead of publishes did (store/chunked/publish.py)
 
     def room_for(self, length: int) -> contextlib.AbstractContextManager[None]:
         """Hold the memory a fetch of a chunk of `length` bytes takes (its object, at most zstd's
@@ -141,7 +146,8 @@ class ChunkStore:
         Ids are grouped by their first hex digit (chunks/<d>...): a group of LIST_FROM or more is
         looked up with one LIST over its key range (1,000 keys a page), a smaller one with a HEAD
         per id. A publish after a one-file change of a 1.5 GB image checks the ~320 chunks it
-        reuses twice; 16 LISTs answer each time where as many HEADs took seconds."""
+        reuses twice; 16 LISTs answer each time where as many HEADs took seconds. Once a page answers
+        for fewer than LIST_FROM ids, the rest get a HEAD each (100k chunks: 7 pages for ~25 ids)."""
         ids = set(ids)
         return ids - set(self.etags(ids))
 
@@ -153,20 +159,30 @@ class ChunkStore:
             groups.setdefault(cid[0], []).append(cid)
         tasks = [group for group in groups.values() if len(group) >= LIST_FROM]
         tasks += [[cid] for group in groups.values() if len(group) < LIST_FROM for cid in group]
-        found: dict[str, str] = {}
-        for present in run_parallel(self._present, tasks, self.tier.workers):
+        found, left = {}, []
+        for present, rest in run_parallel(self._present, tasks, self.tier.workers):
             found.update(present)
+            left += [[cid] for cid in rest]  # what a listing of a bucket too large for these ids left
+        found.update(item for present, _ in run_parallel(self._present, left, self.tier.workers) for item in present.items())
         return found
 
-    def _present(self, group: list[str]) -> dict[str, str]:
-        """{id: ETag} of those of `group` (sorted ids sharing their first digit) the bucket holds."""
+    def _present(self, group: list[str]) -> tuple[dict[str, str], list[str]]:
+        """({id: ETag} of those of `group` (sorted ids sharing their first digit) the bucket holds,
+        the ids left for a HEAD each): a HEAD each under LIST_FROM ids, else LIST pages over its
+        range until one answers for fewer than LIST_FROM of them (not the last: the rest are left)."""
         if len(group) < LIST_FROM:
             heads = {cid: self.tier._head(self.object(cid)) for cid in group}
-            return {cid: _etag(head) for cid, head in heads.items() if head is not None}
+            return {cid: _etag(head) for cid, head in heads.items() if head is not None}, []
         first, last = self.object(group[0]), self.object(group[-1])
-        listed = self.tier._walk(self.tier._path(CHUNKS_DIR, group[0][0]), after=first[:-1], through=last)
-        wanted = set(group)
-        return {cid: _etag(item) for item in listed if (cid := item["Key"].rsplit("/", 1)[-1]) in wanted}
+        wanted, found, left = set(group), {}, list(group)
+        for page in self.tier._pages(self.tier._path(CHUNKS_DIR, group[0][0]), after=first[:-1], through=last,
+                                     size=LIST_PAGE):
+            found.update({cid: _etag(item) for item in page if (cid := item["Key"].rsplit("/", 1)[-1]) in wanted})
+            reached = sum(1 for cid in left if page and self.object(cid) <= page[-1]["Key"])
+            left = left[reached:]
+            if left and reached < LIST_FROM and len(page) == LIST_PAGE:
+                return found, left
+        return found, []
 
     def replace(self, cid: str, raw: bytes) -> str:
         """Overwrite the chunk object of `cid` with `raw` (checked against the id first): the

@@ -27,6 +27,7 @@ class ChunkSender:
         self._lock = threading.Lock()
         self._seen: set[str] = set()
         self.created: set[str] = set()  # chunk ids this sender created
+        self.etags: dict[str, str] = {}  # id -> ETag S3 gave each of those: no second look is needed
         self.bytes = 0  # raw bytes of those
         self.wire = 0  # their compressed bytes
         self.refused: dict[str, str] = {}  # id -> MD5 of our body, for chunks the bucket held already
@@ -53,9 +54,11 @@ class ChunkSender:
                 return
             raw = read()
             body = compress(raw)
-            if self.store.tier._put_new(self.store.object(cid), body, ContentType="application/zstd"):
+            etag = self.store.tier._create(self.store.object(cid), body, ContentType="application/zstd")
+            if etag is not None:
                 with self._lock:
                     self.created.add(cid)
+                    self.etags[cid] = etag
                     self.bytes += len(raw)
                     self.wire += len(body)
             else:  # its ETag (S3's MD5 of a one-part object) tells whether what is there is these bytes

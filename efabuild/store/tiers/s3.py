@@ -56,7 +56,7 @@ from efabuild.store.layout import (
 from efabuild.store.parallel import run_parallel
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
-from efabuild.store.chunked.publish import publish as publish_chunks
+from efabuild.store.chunked.publish import publish as publish_chunks, send_ahead as send_chunks_ahead
 from efabuild.store.chunked.assembly import Seed, assemble
 from efabuild.store.chunked.s3 import ChunkError, ChunkStore, Transfer, bucket_usage
 from efabuild.store.tiers.s3client import DEFAULT_PART_SIZE, DEFAULT_WORKERS, S3Bucket, already_exists
@@ -230,9 +230,7 @@ class S3Tier(S3Refs, S3Bucket, Tier):
         # writes the index of what it uploaded, and a whole object must have none
         kept = sidecars.pop(INDEX_SUFFIX, None)
         if self.chunked:
-            if not likely_present and self.seed_provider is not None:  # other artifacts: not this one's own copy
-                likely_present = {cid for seed in self.seed_provider(record.name) if seed.index.digest != record.digest
-                                  for cid in seed.index.unique()}
+            likely_present = likely_present or self._likely_present(record.name, record.digest)
             self.last_index, self.last_transfer = publish_chunks(
                 self.chunks, key, sqsh, record, index=index, kept=kept,
                 likely_present=likely_present, chunking=self.chunking, show=show)
@@ -249,6 +247,22 @@ class S3Tier(S3Refs, S3Bucket, Tier):
             self._put_new(self._path("objects", key[:2], key + suffix), data)
         created = self._put_new(self.record_object(key), record.to_json(), ContentType="application/json")
         return PUBLISHED if won and created else REUSED
+
+    def send_ahead(self, name: str, sqsh: str | os.PathLike[str], index: ChunkIndex):  # noqa: ANN201 - Future | None
+        """Start sending the chunks of `sqsh` (of `name`, cut into `index` by its export) that the
+        bucket lacks, before its record exists: the publish of that index then neither checks nor
+        sends them again (store/chunked/publish.py's send_ahead; a Future of what was sent). None,
+        and nothing sent, when this tier stores whole objects or cuts chunks of other sizes."""
+        if not self.chunked or index.chunking != self.chunking:
+            return None
+        return send_chunks_ahead(self.chunks, index, Path(sqsh), lambda: self._likely_present(name, index.digest))
+
+    def _likely_present(self, name: str, digest: str) -> set[str]:
+        """Chunk ids of the artifacts this node holds for `name` (and others), its own bytes' copy
+        (`digest`) aside: the ones a publish of it looks up before sending."""
+        if self.seed_provider is None:
+            return set()
+        return {cid for seed in self.seed_provider(name) if seed.index.digest != digest for cid in seed.index.unique()}
 
     def _adopt_stored(self, key: str, record: ArtifactRecord,
                       envelope: bytes | None) -> tuple[ArtifactRecord, bytes | None]:

@@ -216,14 +216,18 @@ class S3Bucket:
 
     def _put_new(self, path: str, body: bytes, **extra: object) -> bool:
         """Create an object unless it exists; False when someone else created it first."""
+        return self._create(path, body, **extra) is not None
+
+    def _create(self, path: str, body: bytes, **extra: object) -> str | None:
+        """`_put_new` that gives the created object's ETag (unquoted), None when it existed."""
         try:
-            self._call(self.url(path), "put_object", Key=path, Body=body, IfNoneMatch="*",
-                       ChecksumAlgorithm="CRC32", **extra)
+            response = self._call(self.url(path), "put_object", Key=path, Body=body, IfNoneMatch="*",
+                                  ChecksumAlgorithm="CRC32", **extra)
         except ClientError as exc:
             if already_exists(exc):
-                return False
+                return None
             raise self._error(self.url(path), exc) from None
-        return True
+        return str(response.get("ETag", "")).strip('"')
 
 
     def _walk(self, prefix: str, *, after: str = "", through: str | None = None,
@@ -232,10 +236,18 @@ class S3Bucket:
         needs of them, never the whole listing): only those after `after`, and no page past the
         one that reaches `through` (S3 lists in key order, so a range costs only its pages); an
         error once more than `most` (default MAX_LISTED) are found: others may flood a prefix."""
+        for page in self._pages(prefix, after=after, through=through, most=most):
+            yield from page
+
+    def _pages(self, prefix: str, *, after: str = "", through: str | None = None, most: int | None = None,
+               size: int | None = None) -> Iterator[list[dict]]:
+        """`_walk`'s listing as the pages S3 gives (of `size` keys at most, else S3's 1,000)."""
         most = MAX_LISTED if most is None else most
         seen, token = 0, None
         while True:
             kwargs: dict = {"Prefix": prefix}
+            if size is not None:
+                kwargs["MaxKeys"] = size
             if token:
                 kwargs["ContinuationToken"] = token
             elif after:
@@ -249,7 +261,7 @@ class S3Bucket:
             if seen > most:
                 raise EfabuildError(f"{self.url(prefix)}: more than {most} objects (not written by efabuild?); "
                                     f"not listed further")
-            yield from contents
+            yield contents
             if not page.get("IsTruncated") or (through is not None and contents and contents[-1]["Key"] >= through):
                 return
             token = page["NextContinuationToken"]
