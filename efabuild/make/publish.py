@@ -34,9 +34,8 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
     under its key. The export cuts the .sqsh into the S3 tier's chunks in its digest pass (see
     _chunking). The manifest's `vcs` is the git revision and source of the image's labels: where
     the image was built from, on this machine or the one it was pulled from (never in the .sqsh)."""
-    # deferred: a make that exports nothing loads this module for engine_versions alone (attrs, the probe)
+    # deferred: a make that exports nothing loads this module for engine_versions alone (attrs)
     from efabuild.signing.attest import signed
-    from efabuild.provenance.stored import describe_sqsh
 
     store, name, key = prepared.store, request.name, request.key  # name: the plan's, @os/arch with several platforms
     plan = prepared.plan.by_name()[name]
@@ -63,17 +62,9 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
         # one line in make's output: which ancestor, or why whole when there was one to write from
         if result.incremental is not None and result.incremental.get("full") != NO_ANCESTOR:
             notices.note(f"{name}: {how_exported(result.incremental)}")
-        export_info = export_record(result, request.options, request.epoch)
-        # taken by the export, or now (the reused range read from the ancestor's pages)
-        sha256 = (lambda: result.sha256) if result.sha256 else Sha256Pass(result.path, result.splice).result
-        manifest = describe_sqsh(
-            result.path, key=key, name=plan.layer, sqsh_digest=result.digest, sqsh_sha256=sha256,
-            export_options=export_info, base=_base(prepared.plan, name), chain=_chain(prepared.plan, name),
-            builder=builder_versions, times={"started": started, "exported": _now()},
-            vcs=vcs_of(dict(result.labels)), platform=plan.inputs.platform,
-        )
-        record = ArtifactRecord.for_file(key, plan.layer, result.path, result.digest, export=export_info,
-                                         sha256=sha256(), platform=plan.inputs.platform)
+        if result.index is not None:  # the chunks S3 lacks are sent while the manifest is made and signed
+            store.send_ahead(plan.layer, result.path, result.index)
+        manifest, record = _described(prepared, request, result, builder_versions, started)
         if cancel is not None and cancel.is_set():
             raise ExportCancelled(f"{name}: interrupted before publishing; nothing was published")
         # signed here, before publishing: the statement is stored with the artifact on every tier
@@ -84,6 +75,28 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
     finally:
         out.unlink(missing_ok=True)  # published copies are links or copies of their own
     return store.lookup(key, fetch=False)
+
+
+def _described(prepared: Prepared, request, result, builder_versions: dict,  # noqa: ANN001
+               started: str) -> tuple[bytes, ArtifactRecord]:
+    """The manifest of what the exported .sqsh holds, and its record."""
+    # deferred: a make that exports nothing loads this module for engine_versions alone (the probe)
+    from efabuild.provenance.stored import describe_sqsh
+
+    name, key = request.name, request.key
+    plan = prepared.plan.by_name()[name]
+    export_info = export_record(result, request.options, request.epoch)
+    # taken by the export, or now (the reused range read from the ancestor's pages)
+    sha256 = (lambda: result.sha256) if result.sha256 else Sha256Pass(result.path, result.splice).result
+    manifest = describe_sqsh(
+        result.path, key=key, name=plan.layer, sqsh_digest=result.digest, sqsh_sha256=sha256,
+        export_options=export_info, base=_base(prepared.plan, name), chain=_chain(prepared.plan, name),
+        builder=builder_versions, times={"started": started, "exported": _now()},
+        vcs=vcs_of(dict(result.labels)), platform=plan.inputs.platform,
+    )
+    record = ArtifactRecord.for_file(key, plan.layer, result.path, result.digest, export=export_info,
+                                     sha256=sha256(), platform=plan.inputs.platform)
+    return manifest, record
 
 
 def how_exported(incremental: dict | None) -> str:

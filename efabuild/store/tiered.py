@@ -6,12 +6,10 @@
 - lookup looks at the filesystem tiers without locks (shared first: every node sees that path),
   and only when none holds a copy of the recorded size asks S3 and fetches into the shared tier
   (else local, over a damaged copy) under the key's lock, verified before it becomes visible.
-- names ("graph:layer") resolve through the filesystem tiers' refs (lookup.local_choice, the
-  resolver `efabuild lookup`'s fast path uses too); S3's refs are asked only when no filesystem
-  tier knows the name, or knows it only as copied from S3 (configure a shared tier so that
-  builders and jobs agree).
-- gc keeps what gc.keys_to_keep decides over every tier and deletes the rest (sweep.py).
-"""
+- names ("graph:layer") resolve through the filesystem tiers' refs (lookup.local_choice, also
+  `efabuild lookup`'s); S3's only when no filesystem tier knows the name, or only as copied from
+  S3 (a shared tier makes builders and jobs agree).
+- gc keeps what gc.keys_to_keep decides over every tier and deletes the rest (sweep.py)."""
 
 from __future__ import annotations
 
