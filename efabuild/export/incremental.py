@@ -26,7 +26,7 @@ import hashlib
 import os
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -170,10 +170,12 @@ def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor
         job = ExportJob(image, out, opts, plan, None, started, chunking, cfg.labels)
         terms = reuse(ancestor, tmp, written.reused_bytes)
         running = early.for_terms(terms) if early else None
-        try:
-            result = keep_export(tmp, job, sha256 or running is not None, **terms, sha256_pass=running)
+        try:  # wanted now, it is waited for here; else it goes on while the caller describes the child
+            result = keep_export(tmp, job, sha256, **terms, sha256_pass=running if sha256 else None)
         except Unkept as exc:
             return str(exc)
+        if running is not None and not sha256:
+            result = attrs.evolve(result, sha256_later=early.handed_on(terms["still_valid"]))
         if terms.get("seed") is not None and not terms.get("seed_checked") and result.index is not None:
             _remember_seed(ancestor, result.index, terms["splice"])
     finally:
@@ -206,8 +208,26 @@ class _Sha256BesideCopy:
             self.close()
         return self.running
 
+    def handed_on(self, still_valid: Callable[[], str | None]) -> Callable[[], str]:
+        """The sha256, for a caller to wait for after the child was kept: the ancestor's stamp is
+        checked again once it is done (its pages were read after keep_export's check)."""
+        running, self.running = self.running, None
+        assert running is not None
+        done: list[str] = []
+
+        def result() -> str:
+            if not done:
+                value = running.result()
+                problem = still_valid()
+                if problem:
+                    raise EfabuildError(f"{self.ancestor.sqsh}: {problem} (its sha256 was being taken); "
+                                        "nothing was published: make again")
+                done.append(value)
+            return done[0]
+        return result
+
     def close(self) -> None:
-        """Stopped where unused; waited for (done already) where the child was kept."""
+        """Stopped where unused (not handed on)."""
         if self.running is not None:
             self.running.abandon()
             self.running = None

@@ -69,16 +69,16 @@ class ExportResult:
     sha256: str | None = None  # hex sha256 of the .sqsh file, for in-toto/cosign verifiers
     time_clamp: int | None = None  # file times later than this were set to it; None: times kept
     index: ChunkIndex | None = None  # its chunks (with `chunking`), cut in the blake3 pass
-    # the image config's labels, those /etc/rc leaves out included: the manifest's `vcs` is read from them
-    labels: tuple[tuple[str, str], ...] = ()
-    # how it was made, for the record: {"ancestor", "ancestor_digest", "dead_bytes"} when written from
-    # an ancestor's .sqsh, {"full": why not} when exported whole for an artifact layer
+    labels: tuple[tuple[str, str], ...] = ()  # the image config's, all of them: the manifest's `vcs` is read there
+    # how it was made: {"ancestor", "ancestor_digest", "dead_bytes"}, or {"full": why not incremental}
     incremental: dict | None = None
     # sha256 over the image's diff IDs (RootFS.Layers): which build of the key the bytes came from
     image_layers: str | None = None
-    # the range it reuses from an ancestor only this user can change, for a sha256 taken later
-    # (make's, beside the probe): valid while the ancestor's descriptor is open, never recorded
+    # while the ancestor's descriptor is open (never recorded): the range reused from an ancestor
+    # only this user can change, for a later sha256; or that sha256, begun beside the copy (waits,
+    # then checks the ancestor unchanged)
     splice: Splice | None = None
+    sha256_later: Callable[[], str] | None = None
 
 
 class ExportCancelled(EfabuildError):

@@ -86,8 +86,9 @@ def _described(prepared: Prepared, request, result, builder_versions: dict,  # n
     name, key = request.name, request.key
     plan = prepared.plan.by_name()[name]
     export_info = export_record(result, request.options, request.epoch)
-    # taken by the export, or now (the reused range read from the ancestor's pages)
-    sha256 = (lambda: result.sha256) if result.sha256 else Sha256Pass(result.path, result.splice).result
+    # taken by the export (or still being taken: meanwhile the probe reads the image), else now
+    sha256 = result.sha256_later or ((lambda: result.sha256) if result.sha256
+                                     else Sha256Pass(result.path, result.splice).result)
     manifest = describe_sqsh(
         result.path, key=key, name=plan.layer, sqsh_digest=result.digest, sqsh_sha256=sha256,
         export_options=export_info, base=_base(prepared.plan, name), chain=_chain(prepared.plan, name),

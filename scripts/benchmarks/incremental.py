@@ -319,7 +319,8 @@ def _image_to_mounted(ctx: Context, scratch: Path, engine, tags: dict, keys: dic
         steps["export"] = time.perf_counter() - started
         started = time.perf_counter()
         builder.send_ahead("bench:user", made.path, made.index)  # as make does, beside what follows
-        sha256 = (lambda: made.sha256) if made.sha256 else Sha256Pass(made.path, made.splice).result
+        sha256 = made.sha256_later or ((lambda: made.sha256) if made.sha256
+                                       else Sha256Pass(made.path, made.splice).result)
         manifest = describe_sqsh(made.path, key=keys["user2"], name="bench:user", sqsh_digest=made.digest,
                                  sqsh_sha256=sha256, export_options={}, base=None, chain=[], builder={},
                                  times={})

@@ -9,9 +9,11 @@ import gzip
 import hashlib
 import http.client
 import json
+import os
 import subprocess
 from pathlib import Path
 
+import attrs
 import pytest
 import zstandard
 
@@ -266,3 +268,22 @@ def test_a_child_is_written_from_the_registrys_blobs_only_on_the_build_its_ances
                                options=options, epoch=epoch, recorded=recorded, sha256=False)
     assert other == f"the registry's {tag} is another build of its key than the one the ancestor's copy was exported from"
     assert not (tmp_path / "other.sqsh").exists()
+
+    # as make asks for it: the sha256 begun beside the copy goes on after the child is kept, and
+    # is given only if the ancestor, whose pages it read, is then still the one checked
+    from efabuild.errors import EfabuildError
+    from efabuild.host import statstamp
+    from efabuild.host.digest import sha256_file
+
+    for n, moved in enumerate((False, True)):
+        checked = attrs.evolve(ancestor(this_build), stamp=statstamp.stamp(os.stat(efa_sqsh)))
+        later = export_incremental(source(), checked, tmp_path / f"later{n}.sqsh", options=options, epoch=epoch,
+                                   recorded=recorded, sha256=False, sha256_beside_copy=True)
+        assert isinstance(later, ExportResult) and later.sha256 is None, later
+        assert (tmp_path / f"later{n}.sqsh").read_bytes() == (tmp_path / "direct.sqsh").read_bytes()
+        if not moved:
+            assert later.sha256_later() == sha256_file(tmp_path / f"later{n}.sqsh")
+            continue
+        os.utime(efa_sqsh)  # its stamp moves: what the sha256 read may not be what was checked
+        with pytest.raises(EfabuildError, match="changed while the child was written from it.*make again"):
+            later.sha256_later()
