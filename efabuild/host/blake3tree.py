@@ -59,16 +59,21 @@ def _load(path: str) -> ctypes.CDLL | None:
     try:
         lib = ctypes.CDLL(f"/proc/self/fd/{fd}") if _trusted(fd) else None
     except OSError:
-        return None
-    finally:
-        os.close(fd)
+        lib = None
     if lib is None:
+        os.close(fd)
         return None
+    # left open for the process: the loader hands back what it loaded under a name before, and
+    # /proc/self/fd/N free again would name the next library checked (installed() after native())
     u64, size = ctypes.c_uint64, ctypes.c_size_t
+    try:
+        functions = (lib.efabuild_subtree_cv, lib.efabuild_unit_cvs, lib.efabuild_parent)
+    except AttributeError:  # another library, or a helper built before one of them: hashed whole
+        return None
     lib.efabuild_subtree_cv.argtypes = [ctypes.c_void_p, size, u64, ctypes.c_char_p]
     lib.efabuild_unit_cvs.argtypes = [ctypes.c_void_p, size, size, u64, ctypes.c_char_p]
     lib.efabuild_parent.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
-    for fn in (lib.efabuild_subtree_cv, lib.efabuild_unit_cvs, lib.efabuild_parent):
+    for fn in functions:
         fn.restype = None
     return lib
 

@@ -299,8 +299,11 @@ def atomic_write_bytes(path: Path, data: bytes, tmp_dir: Path, mode: int = 0o644
 
 
 def copy_file(source: Path, dest: Path, progress: Progress | None = None) -> None:
-    """Copy into a new file `dest` (must not exist) and fsync it; the kernel copies when it can."""
-    with open(source, "rb") as src, open(dest, "xb") as dst:
+    """Copy into a new file `dest` (must not exist; made 0644, whatever the umask: in a shared
+    tier's tmp/, a descriptor a group member opened for writing meanwhile would outlive the 0444
+    an artifact is published with) and fsync it; the kernel copies when it can."""
+    with open(source, "rb") as src, open(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                                                  0o644), "wb") as dst:
         total = os.fstat(src.fileno()).st_size
         done = 0
         in_kernel = True

@@ -173,9 +173,13 @@ def fetch_into(tier: str, dest: Path, record: ArtifactRecord, what: str,
         if isinstance(exc, OSError):  # no room (ENOSPC), or more than one file may hold here (EFBIG)
             raise EfabuildError(f"{dest}: {exc.strerror}; {what} not fetched") from None
         raise
-    checked = os.fstat(fd)
-    os.close(fd)
-    actual = actual or file_digest(dest)
+    try:
+        checked = os.fstat(fd)
+        # the file written, through its descriptor: in a shared tier's tmp/ another user may
+        # rename a file over `dest` meanwhile, and the inode returned must be the one hashed
+        actual = actual or file_digest(pinned_path(fd))
+    finally:
+        os.close(fd)
     if actual != record.digest:
         dest.unlink(missing_ok=True)
         raise DamagedCopy(tier, what, f"digest {actual}, its record says {record.digest}; not fetched")

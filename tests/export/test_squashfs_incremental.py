@@ -594,6 +594,24 @@ def test_everything_but_the_reused_range_is_written_before_it_is_copied(tmp_path
     assert spliced == final and hashlib.sha256(spliced).hexdigest() == hashlib.sha256(final).hexdigest()
 
 
+def test_the_child_being_written_is_never_open_to_the_group_even_under_a_shared_stores_umask(tmp_path: Path) -> None:
+    """A shared store's users work with umask 002, and the child is written in its tmp/: a group
+    member who opened it for writing then (before publish makes it 0444) would keep that
+    descriptor, and could change the stored artifact later through a mapping without moving its
+    stamp, which every cache and the fetch's seed rule take for its bytes."""
+    tree, base = small_base(tmp_path)
+    new = dict(tree, **{"opt/added": Item("f", data=b"new", inode=9)})
+    modes = []
+    old = os.umask(0o002)
+    try:
+        incremental(base, [layer_between(tree, new)], tmp_path / "child.sqsh",
+                    before_copy=lambda fd, reused: modes.append(stat.S_IMODE(os.fstat(fd).st_mode)))
+    finally:
+        os.umask(old)
+    assert modes and not modes[0] & 0o022
+    assert not (tmp_path / "child.sqsh").stat().st_mode & 0o022
+
+
 def test_an_ancestor_exported_with_other_times_is_left_to_a_full_export(tmp_path: Path) -> None:
     """Its unchanged files carry the old plan's clamp and pinned times, which a layer diff does not redo."""
     _tree, base = small_base(tmp_path)

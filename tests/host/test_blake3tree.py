@@ -115,6 +115,75 @@ def test_a_library_another_user_could_have_written_is_never_loaded(tmp_path, mon
         blake3tree.native.cache_clear()
 
 
+def _other_library(directory):  # noqa: ANN001, ANN202
+    """A shared library (this user's, so trusted) without the helper's functions."""
+    import shutil
+    import subprocess
+
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    (directory / "other.c").write_text("int efabuild_parent_not(void) { return 0; }\n")
+    library = directory / "libother.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(directory / "other.c")], check=True,
+                   timeout=120)
+    library.chmod(0o755)
+    return library
+
+
+@pytest.mark.parametrize("which", ["native", "installed"])
+def test_a_library_without_the_helpers_functions_is_not_used_and_nothing_fails(tmp_path, monkeypatch, which):
+    """$EFABUILD_BLAKE3_LIB naming another library (root's, so trusted), or an installed helper
+    built before a function was added: the file is hashed whole, as without the helper, where its
+    first use ended the command (a make, a fetch at a job's start) with a traceback."""
+    directory = tmp_path / "lib"
+    directory.mkdir(mode=0o755)
+    directory.chmod(0o755)
+    library = _other_library(directory)
+    if which == "native":
+        monkeypatch.setenv(blake3tree.LIBRARY_ENV, str(library))
+    else:
+        monkeypatch.setattr(blake3tree, "DEFAULT_LIBRARY", str(library))
+    loader = getattr(blake3tree, which)
+    loader.cache_clear()
+    try:
+        assert loader() is None
+        (tmp_path / "f").write_bytes(b"x" * MiB)
+        if which == "native":  # what make's ancestor check hashes with
+            assert blake3tree.file_tree(tmp_path / "f") is None
+    finally:
+        monkeypatch.undo()
+        loader.cache_clear()
+
+
+def test_each_load_uses_the_library_it_checked_not_one_loaded_before_under_the_same_descriptor(tmp_path,
+                                                                                              monkeypatch):
+    """A library is loaded as /proc/self/fd/N, and the dynamic loader hands back whatever it loaded
+    under that name before: make (which honours $EFABUILD_BLAKE3_LIB) then fetching from S3 (which
+    must load the installed helper alone) got the environment's library a second time."""
+    import shutil
+
+    if not os.path.exists(blake3tree.DEFAULT_LIBRARY):
+        pytest.skip("the BLAKE3 helper is not built")
+    directory = tmp_path / "lib"
+    directory.mkdir(mode=0o755)
+    directory.chmod(0o755)
+    chosen = directory / "libchosen.so"  # the environment's: a copy of the helper
+    shutil.copy(blake3tree.DEFAULT_LIBRARY, chosen)
+    chosen.chmod(0o755)
+    monkeypatch.setenv(blake3tree.LIBRARY_ENV, str(chosen))
+    monkeypatch.setattr(blake3tree, "DEFAULT_LIBRARY", str(tmp_path / "lib" / "missing.so"))
+    blake3tree.native.cache_clear()
+    blake3tree.installed.cache_clear()
+    try:
+        assert blake3tree.native() is not None
+        _other_library(directory).rename(directory / "missing.so")  # then installed: one without the functions
+        assert blake3tree.installed() is None  # not the environment's again
+    finally:
+        monkeypatch.undo()
+        blake3tree.native.cache_clear()
+        blake3tree.installed.cache_clear()
+
+
 EDGES = [0, 1, 96, 1023, 1024, MiB - 1, MiB, MiB + 1, 2 * MiB, 3 * MiB - 1]
 
 

@@ -63,6 +63,28 @@ def test_a_file_others_can_write_truncated_while_it_is_cut_is_one_line_not_sigbu
         chunk_file(path, chunking=SMALL, on_chunk=shorten)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("left", [1, 1000, 40 * KiB])  # fewer bytes past the last cut than a chunk's maximum
+def test_a_file_others_can_write_shortened_past_the_next_cut_is_one_line_not_a_hang(tmp_path, monkeypatch, left):
+    """Its owner truncating it to a length the cutter has not reached yet: each read then returns
+    the bytes up to the new end, fewer than a whole chunk's worth, and must not be asked again."""
+    from efabuild.store.chunked import chunks
+    from efabuild.store.chunked.chunks import ShortRead
+
+    path = tmp_path / "shared.sqsh"
+    path.write_bytes(os.urandom(3 << 20))
+    path.chmod(0o666)
+    monkeypatch.setattr(chunks, "_WINDOW", 256 * KiB)
+    first = chunk_file(path, chunking=SMALL).chunks[0][1]
+
+    def shorten(cid, data):  # noqa: ANN001
+        if os.stat(path).st_size == 3 << 20:
+            os.truncate(path, first + 300 * KiB + left)
+
+    with pytest.raises(ShortRead, match="shared.sqsh: ended at byte .* while it was cut into chunks"):
+        chunk_file(path, chunking=SMALL, on_chunk=shorten)
+
+
 def test_a_shifted_version_shares_almost_all_chunks(tmp_path):
     one, two = shifted_versions(tmp_path)
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)

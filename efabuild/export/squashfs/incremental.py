@@ -84,7 +84,9 @@ def write_incremental(ancestor: Path, layers: Sequence[BinaryIO], out: Path, *, 
         return IncrementalResult(out, full_needed=True, reason=problem)
     tmp = out.parent / f"{out.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        with open(tmp, "w+b") as f:
+        # 0644 whatever the umask (a shared store's is 002): a descriptor opened for writing while
+        # it was the group's would outlive the 0444 it is published with
+        with os.fdopen(os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), "w+b") as f:
             result = _write(parent, layers, f, out, plan, progress, before_copy)
             if result.full_needed or result.dead_bytes > max_dead_share * result.size:
                 return attrs.evolve(result, full_needed=True, reason=result.reason or (

@@ -196,8 +196,11 @@ def _read_cuts(fd: int, size: int, chunking: tuple[int, int, int], path) -> Iter
     low, avg, high = chunking
     pos = 0
     while pos < size:
-        window = os.pread(fd, min(size - pos, max(_WINDOW, 2 * high)), pos)
-        if not window:
+        wanted = min(size - pos, max(_WINDOW, 2 * high))
+        window = os.pread(fd, wanted, pos)
+        # a regular file reads short only at its end: shortened meanwhile (a window of less than a
+        # chunk's maximum taken again and again would never end)
+        if len(window) < wanted:
             raise ShortRead(f"{path}: ended at byte {pos} of {size} while it was cut into chunks (truncated?)")
         last = pos + len(window) >= size
         taken = 0
