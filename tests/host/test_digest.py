@@ -144,3 +144,16 @@ def test_an_abandoned_sha256_pass_stops_and_lets_go_of_its_file(tmp_path):
         started.result()
     with pytest.raises(OSError):
         os.fstat(fd)
+
+
+@pytest.mark.parametrize("size", [0, 1, (8 << 20) + 3])
+def test_sha256_file_is_the_files_whether_mapped_or_read(tmp_path, size):
+    """Mapped for a file only this user can write, read for one someone could truncate meanwhile."""
+    from efabuild.host.digest import sha256_file
+
+    path = tmp_path / "a.sqsh"
+    data = os.urandom(size)
+    path.write_bytes(data)
+    mapped = sha256_file(path)
+    path.chmod(0o666)
+    assert mapped == sha256_file(path) == hashlib.sha256(data).hexdigest()
