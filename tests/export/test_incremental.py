@@ -13,6 +13,7 @@ from efabuild.export.squash import ExportJob, Unkept, keep_export
 from efabuild.export.tarfilter import RewritePlan
 from efabuild.host import statstamp
 from efabuild.host.digest import Splice, file_digest
+from tests.kits.storekit import give_to_another_user
 
 
 def _ancestor(path, **fields) -> Ancestor:
@@ -37,13 +38,6 @@ def _job(tmp_path, chunking=None) -> ExportJob:
                      time.monotonic(), chunking)
 
 
-def _another_users(path, monkeypatch) -> None:
-    if os.geteuid() == 0:
-        os.chown(path, 65534, 65534)
-    else:
-        monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
-
-
 def test_another_users_ancestor_changed_through_a_mapping_never_gives_a_child_of_unchecked_bytes(
         tmp_path, monkeypatch):
     """The owner of a file in a shared tier who keeps it mapped writable changes its bytes without
@@ -59,7 +53,7 @@ def test_another_users_ancestor_changed_through_a_mapping_never_gives_a_child_of
     mapped = mmap.mmap(fd, 0)
     mapped[5000:5001] = b"x"  # the owner's page is dirty before the check
     os.utime(sqsh, ns=(time.time_ns() - 60_000_000_000,) * 2)  # and the stamp long settled
-    _another_users(sqsh, monkeypatch)
+    give_to_another_user(sqsh, monkeypatch)
     monkeypatch.setattr(statstamp, "clock_ns", lambda: time.time_ns() + 60_000_000_000)
     stamp = statstamp.stamp(os.stat(sqsh))
     ancestor = _ancestor(sqsh, stamp=stamp, tree=file_tree(sqsh))  # the check: digest and stamp
@@ -82,7 +76,7 @@ def test_a_child_of_another_users_ancestor_is_hashed_from_its_own_bytes_and_kept
 
     sqsh = tmp_path / "efa.sqsh"
     sqsh.write_bytes(os.urandom(3 << 20))
-    _another_users(sqsh, monkeypatch)
+    give_to_another_user(sqsh, monkeypatch)
     ancestor = _ancestor(sqsh, stamp=statstamp.stamp(os.stat(sqsh)), tree=file_tree(sqsh),
                          index=chunk_file(sqsh, chunking=chunking) if chunking else None)
     tmp = tmp_path / "child.tmp"
@@ -98,7 +92,7 @@ def test_another_users_ancestor_truncated_or_rewritten_after_the_copy_refuses_th
         tmp_path, monkeypatch, change):
     sqsh = tmp_path / "efa.sqsh"
     sqsh.write_bytes(os.urandom(2 << 20))
-    _another_users(sqsh, monkeypatch)
+    give_to_another_user(sqsh, monkeypatch)
     ancestor = _ancestor(sqsh, stamp=statstamp.stamp(os.stat(sqsh)))
     tmp = tmp_path / "child.tmp"
     tmp.write_bytes(os.urandom(96) + sqsh.read_bytes()[96:1 << 20] + b"tables")

@@ -10,6 +10,7 @@ import pytest
 
 from efabuild.host import blake3tree
 from efabuild.host.digest import file_digest
+from tests.kits.storekit import give_to_another_user
 
 MiB = 1 << 20
 
@@ -100,10 +101,8 @@ def test_a_library_another_user_could_have_written_is_never_loaded(tmp_path, mon
         library.chmod(0o777)
     elif how == "in a directory others write":
         directory.chmod(0o1777)
-    elif os.geteuid() == 0:
-        os.chown(library, 65534, 65534)
     else:
-        monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
+        give_to_another_user(library, monkeypatch)
     monkeypatch.setenv(blake3tree.LIBRARY_ENV, str(library))
     blake3tree.native.cache_clear()
     try:

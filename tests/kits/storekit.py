@@ -250,3 +250,12 @@ def _main(plan_path: str) -> int:
 
 if __name__ == "__main__":
     sys.exit(_main(sys.argv[1]))
+
+
+def give_to_another_user(path: Path, monkeypatch) -> None:  # noqa: ANN001 - pytest's MonkeyPatch
+    """Make `path` another user's, as a co-tenant's file in a shared tier is: chowned to nobody
+    as root, else this process told it runs as someone else (os.geteuid)."""
+    if os.geteuid() == 0:
+        os.chown(path, 65534, 65534)
+    else:
+        monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)

@@ -21,7 +21,7 @@ from efabuild.store.chunked.chunks import chunk_file
 from efabuild.host.digest import file_digest
 from efabuild.host.rangecopy import RangeCopier
 from efabuild.store.tiers.s3 import S3Tier
-from tests.kits.storekit import shifted_versions
+from tests.kits.storekit import give_to_another_user, shifted_versions
 from efabuild.store.chunked.s3 import ChunkError, ChunkStore, compress
 
 KiB, MiB = 1024, 1024 * 1024
@@ -435,10 +435,8 @@ def test_a_seed_someone_else_can_write_lends_nothing(tmp_path, chunk_store, sett
     upload(chunk_store, b, two, set(b.unique()))
     if how == "open to the group":
         one.chmod(0o664)
-    elif os.geteuid() == 0:
-        os.chown(one, 65534, 65534)
     else:
-        monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
+        give_to_another_user(one, monkeypatch)
     got = fill(chunk_store, b, tmp_path / "out.bin", [Seed(one, a)])
     assert got.digest == b.digest == file_digest(tmp_path / "out.bin")
     assert got.lent == 0 and counted == []
