@@ -117,12 +117,14 @@ class _Mapped:
     """A file mapped copy-on-write (never written: ctypes needs a writable buffer to take its
     address) with the address of its first byte."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, sequential: bool = False) -> None:
         import mmap
 
         info = os.fstat(fd)
         self.size, self.stamp = info.st_size, statstamp.stamp(info)
         self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if self.size else None
+        if sequential and self._map is not None:
+            self._map.madvise(mmap.MADV_SEQUENTIAL)
         self._array = (ctypes.c_char * self.size).from_buffer(self._map) if self._map is not None else None
         self.base = ctypes.addressof(self._array) if self._array is not None else 0
 
@@ -271,11 +273,17 @@ def unit_values(lib: ctypes.CDLL, fd: int, units: Sequence[int]) -> dict[int, by
         mapped.close()
 
 
-def digest_with(lib: ctypes.CDLL, fd: int, lent: dict[int, bytes]) -> str:
-    """The digest of the open file whose units in `lent` (whole ones) have those chaining values:
-    only the rest of it is read."""
-    mapped = _Mapped(fd)
+def tree_with(lib: ctypes.CDLL, fd: int, lent: dict[int, bytes]) -> Tree:
+    """The tree of the open file whose units in `lent` (whole ones) have those chaining values:
+    only the rest of it is read, ahead in large requests (blocks cloned from another file are
+    not in the page cache)."""
+    mapped = _Mapped(fd, sequential=True)
     try:
-        return _tree(lib, mapped, lambda whole: {n: cv for n, cv in lent.items() if n < whole}).digest
+        return _tree(lib, mapped, lambda whole: {n: cv for n, cv in lent.items() if n < whole})
     finally:
         mapped.close()
+
+
+def digest_with(lib: ctypes.CDLL, fd: int, lent: dict[int, bytes]) -> str:
+    """tree_with()'s digest."""
+    return tree_with(lib, fd, lent).digest

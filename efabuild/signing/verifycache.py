@@ -29,9 +29,9 @@ from pathlib import Path
 
 from efabuild.host import statstamp
 from efabuild.host.fsutil import replace_owned
+from efabuild.host.usercache import CACHE_ENV, ROOT_CACHE, own_dir  # noqa: F401 - CACHE_ENV: callers set it here
+from efabuild.host.usercache import trusted_dir as _trusted_dir
 
-CACHE_ENV = "EFABUILD_VERIFY_CACHE"
-ROOT_CACHE = Path("/var/cache/efabuild/verified")
 RACY_SECONDS = statstamp.RACY_WINDOW_NS / 1e9
 FORMAT = "efabuild.verified/v1"
 MAX_ENTRY_BYTES = 64 << 10
@@ -52,31 +52,10 @@ def take_stamps(paths: dict[str, Path]) -> dict[str, list[int] | None]:
     return {name: stamp(path) for name, path in paths.items()}
 
 
-def own_dir(environ: dict[str, str] | None = None) -> Path:
-    environ = os.environ if environ is None else environ
-    if environ.get(CACHE_ENV):
-        return Path(environ[CACHE_ENV])
-    if os.geteuid() == 0:
-        return ROOT_CACHE
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "efabuild" / "verified"
-
-
 def _entry_name(sqsh: Path, kind: str = "") -> str:
     # a digest check and a signature check of one file are entries of their own: neither evicts the other
     name = os.fsencode(os.path.abspath(sqsh)) + (b"\0" + kind.encode() if kind else b"")
     return hashlib.sha256(name).hexdigest()[:40] + ".json"
-
-
-def _trusted_dir(directory: Path, owner: int) -> bool:
-    """Owned by `owner`; 0700 for a user's, root's shared one open for reading only."""
-    try:
-        st = os.lstat(directory)
-    except OSError:
-        return False
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != owner:
-        return False
-    return not st.st_mode & (0o022 if directory == ROOT_CACHE else 0o077)
 
 
 def _read_entry(directory: Path, owner: int, name: str) -> dict | None:

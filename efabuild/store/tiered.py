@@ -24,6 +24,7 @@ from efabuild.refs import check_key, classify_ref, short
 from efabuild.store.chunked import seeds
 from efabuild.settings import DEFAULT_KEEP, S3Config, StoreConfig
 from efabuild.store.config import bare_store, locate, store_config_text
+from efabuild.host import treecache
 from efabuild.host.digest import bytes_digest
 from efabuild.store.tiers.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
 from efabuild.store.layout import INDEX_SUFFIX
@@ -308,6 +309,8 @@ class Store(Checks, Names):
             if first_intact([target.layout], key)[0] is None:  # else fetched meanwhile (the caller vets it)
                 transfer(key, self.s3, [target], target, locked=True, show_progress=self.show_progress, vet=vet)
                 self.fetched[key] = (target.sqsh_path(key).absolute(), self.s3.last_fetched)
+                if self.s3.last_tree is not None and self.s3.last_fetched is not None:  # for the next fetch onto it
+                    treecache.remember(target.sqsh_path(key), self.s3.last_fetched, *self.s3.last_tree)
         return target.sqsh_path(key)
 
     def seeds(self, name: str) -> tuple[seeds.Seed, ...]:
@@ -322,8 +325,7 @@ class Store(Checks, Names):
         return self._first_found(lambda tier: tier.manifest(key))
 
     def _first_found(self, read: Callable):  # noqa: ANN202 - what `read` returns
-        """What `read(tier)` finds on the first tier that holds it (a tier lacking the artifact
-        finds nothing), S3 last."""
+        """What `read(tier)` finds on the first tier that holds it (filesystem tiers, then S3)."""
         for tier in self.fs_tiers:
             found = read(tier)
             if found is not None:
@@ -331,8 +333,7 @@ class Store(Checks, Names):
         return read(self.s3) if self.s3 is not None else None
 
     def envelope(self, key: str) -> bytes | None:
-        """The signed statement of `key` from the first tier holding the artifact: unsigned there is
-        unsigned, never another tier's statement."""
+        """The signed statement of `key` from the first tier holding it (none there: unsigned)."""
         holder = next((tier for tier in self.fs_tiers if tier.has(key)), self.s3)
         return holder.envelope(key) if holder is not None else None
 
@@ -349,8 +350,7 @@ class Store(Checks, Names):
         return written
 
     def ls(self, *, remote: bool = True) -> list[Listing]:
-        """Every artifact with the tiers holding it, by name then creation time (an unreadable
-        record is skipped with a warning)."""
+        """Every artifact with the tiers holding it, by name then creation time (an unreadable record: warned of)."""
         listings, unreadable = self.inventory(remote=remote)
         for tier, key, problem in unreadable:
             notices.warn(f"{tier} tier: skipping {short(key)}: {problem}")

@@ -99,9 +99,9 @@ def test_a_fetch_onto_the_previous_version_reads_the_fetched_file_once_and_its_r
     for module, name in ((assembly, "_hashed"), (assembly, "wrong_chunks"), (transfer, "file_digest"),
                          (fs, "check_file"), (fsutil, "copy_file")):
         spied(module, name)
-    real_digest = blake3tree.digest_with
-    monkeypatch.setattr(blake3tree, "digest_with", lambda lib, fd, units: lent.append(len(units)) or
-                        real_digest(lib, fd, units))
+    real_tree = blake3tree.tree_with
+    monkeypatch.setattr(blake3tree, "tree_with", lambda lib, fd, units: lent.append(len(units)) or
+                        real_tree(lib, fd, units))
     fetched = cluster.fetch(k2)
     assert file_digest(fetched) == file_digest(v2) and reads == []
     assert lent and lent[0] * MiB >= 4 * MiB  # of 6 MiB: the units the change touches are the file's

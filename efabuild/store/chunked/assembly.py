@@ -25,6 +25,7 @@ import mmap
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import NamedTuple
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import attrs
 import blake3
 
 from efabuild.store.chunked.chunks import ChunkIndex, chunk_id
-from efabuild.host import statstamp
+from efabuild.host import statstamp, treecache
 from efabuild.host.digest import PREFIX
 from efabuild.host.fsutil import open_regular
 from efabuild.store.parallel import run_parallel
@@ -41,6 +42,7 @@ from efabuild.store.chunked.s3 import ChunkStore, Transfer
 
 RUN_BYTES = 64 * 1024 * 1024  # a run is cut at this size, so both cores copy and clone
 UNIT = 1 << 20  # host/blake3tree.py's subtree, whose chaining value a seed lends the check
+CV = 32  # bytes of one chaining value
 
 
 @attrs.frozen
@@ -67,6 +69,7 @@ class Assembled:
     transfer: Transfer
     digest: str  # "blake3:<hex>" of the bytes now in the file
     lent: int = 0  # bytes of the file that digest hashed from seeds' pages (check_digest)
+    cvs: bytes | None = None  # the values of its whole units, for host/treecache.py (check_digest)
 
 
 def plan(index: ChunkIndex, seeds: Sequence[Seed], most: int = RUN_BYTES) -> tuple[list[Run], dict[str, list[int]]]:
@@ -137,43 +140,50 @@ def assemble(store: ChunkStore, index: ChunkIndex, dest_fd: int, seeds: Sequence
         # the digest proves every chunk; each is hashed on its own only when it is wrong, to find what
         # a seed got wrong (changed since indexed, or lying). A seed that ended under a run lends nothing.
         sound = [run for run in copied if run.seed not in {f.seed for f in failed}]
-        digest, lent = check_digest(dest_fd, index.size, sound, fds, before)
+        digest, lent, cvs = check_digest(dest_fd, index.size, sound, fds, before)
     if digest != index.digest:
         wrong = wrong_chunks(dest_fd, index, {offset for run in copied for _, offset, _ in run.spans})
         if wrong:
             run_parallel(fetch, list(wrong.items()), store.tier.workers)
         if wrong or lent:  # a lent digest is the seeds' pages': the file itself is hashed then
-            digest, lent = whole_digest(dest_fd, index.size), 0
+            digest, lent, cvs = whole_digest(dest_fd, index.size), 0, None
     reused = {cid for run in copied for cid, _, _ in run.spans} - set(fetched)
     return Assembled(Transfer(chunks=len(fetched), bytes=sum(lengths[c] for c in fetched),
                               wire_bytes=sum(fetched.values()), reused=len(reused),
                               reused_bytes=sum(lengths[c] for c in reused), cloned_bytes=copier.cloned),
-                     digest, lent)
+                     digest, lent, cvs)
+
+
+class Checked(NamedTuple):
+    digest: str  # "blake3:<hex>" of the file
+    lent: int  # bytes of it whose units' values came from seeds rather than from its own pages
+    cvs: bytes | None  # the values of its whole units, in order (host/treecache.py); None without the helper
 
 
 def check_digest(fd: int, size: int, copied: Sequence[Run], seeds: Mapping[Path, int],
-                 before: Mapping[Path, tuple[int, ...]]) -> tuple[str, int]:
-    """The digest of the file `fd` just assembled, and how many of its bytes it took from seeds'
-    pages rather than the file's: the whole 1 MiB units copied from one seed at the same offsets
-    (an incremental child's reused range, from the previous version on this node) are hashed from
-    that seed, whose pages are cached where a reflinked clone's are not; the rest from the file.
-    The file is flushed to disk meanwhile, done when this returns.
+                 before: Mapping[Path, tuple[int, ...]]) -> Checked:
+    """The digest of the file `fd` just assembled, and how many of its bytes it took from seeds
+    rather than from the file: the whole 1 MiB units copied from one seed at the same offsets (an
+    incremental child's reused range, from the previous version on this node) take their values
+    from the tree this user's fetch of that seed remembered (host/treecache.py), else are hashed
+    from the seed, whose pages are cached where a reflinked clone's are not; the rest from the
+    file. The file is flushed to disk meanwhile, done when this returns.
 
-    A seed lends only where its bytes cannot have changed unseen between the copy and the hash:
-    a file only this user can write (another user's can be rewritten through a mapping without
-    moving its stamp, and truncated under ours: SIGBUS), whose stamp had settled before the copy
-    (`before`: settled_stamps) and is the same after the hash, and that still holds the units."""
+    A seed lends only where its bytes cannot have changed unseen since they were hashed: a file
+    only this user can write (another user's can be rewritten through a mapping without moving
+    its stamp, and truncated under ours: SIGBUS), whose stamp had settled before the copy
+    (`before`: settled_stamps) and is the same after the copy and any hash, and that still holds
+    the units."""
+    from efabuild.host import blake3tree  # deferred: ctypes and the helper, for a chunked fetch alone
+
     with _flushing(fd):
-        units = _lendable(copied, size, seeds, before)
-        if not units:
-            return _hashed(fd, size), 0
-        from efabuild.host import blake3tree  # ctypes and the helper: only for a fetch a seed lends to
-
         lib = blake3tree.installed()
-        values = _lent_values(lib, units, seeds, before) if lib is not None else {}
-        if not values:
-            return _hashed(fd, size), 0
-        return blake3tree.digest_with(lib, fd, values), len(values) * UNIT
+        if lib is None:
+            return Checked(_hashed(fd, size), 0, None)
+        units = _lendable(copied, size, seeds, before)
+        values = _lent_values(lib, units, seeds, before) if units else {}
+        tree = blake3tree.tree_with(lib, fd, values)
+        return Checked(tree.digest, len(values) * UNIT, tree.cvs)
 
 
 def settled_stamps(seeds: Mapping[Path, int]) -> dict[Path, tuple[int, ...]]:
@@ -216,14 +226,26 @@ def _lent_values(lib, units: Mapping[Path, list[int]], seeds: Mapping[Path, int]
                  before: Mapping[Path, tuple[int, ...]]) -> dict[int, bytes]:
     """The chaining values of the units each seed lends, hashed from its descriptor; none of a
     seed shortened, or changed in any way since its stamp was taken before the copy."""
-    from efabuild.host import blake3tree
+    from efabuild.host import blake3tree  # deferred: ctypes, as in check_digest
 
     values: dict[int, bytes] = {}
     for path, numbers in units.items():
-        got = blake3tree.unit_values(lib, seeds[path], numbers)
+        got = _remembered(seeds[path], numbers, before[path]) or blake3tree.unit_values(lib, seeds[path], numbers)
         if got is not None and statstamp.stamp(os.fstat(seeds[path])) == before[path]:
             values.update(got)
     return values
+
+
+def _remembered(fd: int, numbers: Sequence[int], stamp: tuple[int, ...]) -> dict[int, bytes] | None:
+    """The values of the units `numbers` of the open seed from the tree its fetch remembered, if
+    that tree is of the seed as its settled stamp `stamp` shows it."""
+    found = treecache.recall(fd)
+    if found is None or statstamp.stamp(os.fstat(fd)) != stamp:
+        return None
+    cvs = found[1]
+    if (max(numbers) + 1) * CV > len(cvs):
+        return None
+    return {n: cvs[n * CV:(n + 1) * CV] for n in numbers}
 
 
 def whole_digest(fd: int, size: int) -> str:

@@ -94,6 +94,7 @@ class S3Tier(S3Refs, S3Bucket, Tier):
         self.last_transfer: Transfer | None = None  # what the last chunked publish or fetch moved
         self.last_index: ChunkIndex | None = None  # the index of the last chunked publish
         self.last_fetched: tuple[int, int] | None = None  # (device, inode) the last download checked
+        self.last_tree: tuple[str, bytes] | None = None  # its digest and units' values, when assembled
 
     def __repr__(self) -> str:
         return f"S3Tier({self.url('')!r})"
@@ -249,10 +250,9 @@ class S3Tier(S3Refs, S3Bucket, Tier):
         return PUBLISHED if won and created else REUSED
 
     def send_ahead(self, name: str, sqsh: str | os.PathLike[str], index: ChunkIndex):  # noqa: ANN201 - Future | None
-        """Start sending the chunks of `sqsh` (of `name`, cut into `index` by its export) that the
-        bucket lacks, before its record exists: the publish of that index then neither checks nor
-        sends them again (store/chunked/publish.py's send_ahead; a Future of what was sent). None,
-        and nothing sent, when this tier stores whole objects or cuts chunks of other sizes."""
+        """Start sending the chunks of `sqsh` (of `name`, cut into `index` by its export) the bucket
+        lacks, before its record exists, for its publish (store/chunked/publish.py's send_ahead: a
+        Future); None, nothing sent, where this tier stores whole objects or cuts other sizes."""
         if not self.chunked or index.chunking != self.chunking:
             return None
         return send_chunks_ahead(self.chunks, index, Path(sqsh), lambda: self._likely_present(name, index.digest))
@@ -302,9 +302,8 @@ class S3Tier(S3Refs, S3Bucket, Tier):
                  seeds: tuple[Seed, ...] = ()) -> ChunkIndex | None:
         """Fetch the .sqsh into the new file `dest`, verified against `record` (else removed).
 
-        A chunked artifact is assembled from `seeds` (files on this node with known chunk
-        indexes) and downloads of the chunks they lack; its index is returned, to be kept
-        beside the fetched file as a seed for the next fetch."""
+        A chunked artifact is assembled from `seeds` (files here with known chunk indexes) and
+        downloads of what they lack; its index is returned, kept beside it to seed the next fetch."""
         show = self.show_progress if show_progress is None else show_progress
         try:
             index = self.chunk_index(key)
@@ -318,6 +317,7 @@ class S3Tier(S3Refs, S3Bucket, Tier):
                 raise
             # an index someone created beside a whole-object artifact must not make it unfetchable
             notices.warn(f"{exc}; fetching the whole object instead")
+        self.last_tree = None  # a whole object's fetch keeps no tree
         self._download_whole(key, dest, record, show)
         return None
 
@@ -332,6 +332,7 @@ class S3Tier(S3Refs, S3Bucket, Tier):
             with Progress(f"fetch {short(key)} from {what}", index.size, enabled=show) as bar:
                 assembled = assemble(self.chunks, index, fd, seeds, progress=bar.update)
             self.last_transfer = assembled.transfer
+            self.last_tree = (assembled.digest, assembled.cvs) if assembled.cvs is not None else None
             return assembled.digest
 
         self.last_fetched = fetch_into(self.name, dest, record, what, fill)

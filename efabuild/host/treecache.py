@@ -1,0 +1,141 @@
+"""The BLAKE3 trees of the files this user's fetches wrote, by stat stamp: the next fetch onto
+such a file (the previous version on a node, whose 1 MiB units the new one copies at the same
+offsets) takes their chaining values from here instead of hashing 99 % of the file again.
+
+A tree is remembered by the fetch that wrote the file and hashed it, once the file is under its
+name, for a file only this user can write (host/statstamp.py), and is believed for the same
+device, inode and stamp. It is remembered at once, where the verification cache waits until a
+stamp has settled: the racy case, a second write within the clock's step of the stamp, needs a
+writer that opens the store file to change it in place within that step of its rename. efabuild
+never writes a stored file in place, and a writer of this user's that did so on purpose could as
+well rewrite this user's caches. A fetch still lends a seed's units only if its stamp had settled
+before the copy and is the same after it (store/chunked/assembly.py); values that are wrong for
+the seed only make the fetch's digest differ from its record, and the file is then hashed whole.
+
+Entries are binary: a JSON header line, then the units' values. The newest KEEP are kept; each
+is read only from a directory this user owns (host/usercache.py), owned by them, and no larger
+than the tree of a file of the seed's size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+from efabuild.host import statstamp
+from efabuild.host.fsutil import replace_owned
+from efabuild.host.usercache import ROOT_CACHE, own_dir, trusted_dir
+
+FORMAT = b"efabuild.tree/v1"
+UNIT = 1 << 20  # host/blake3tree.py's unit
+CV = 32
+KEEP = 32  # entries kept: one per fetched file, whose inode the node may still hold
+_HEADER_BYTES = 512
+
+
+def _directory(environ: dict[str, str] | None = None) -> Path:
+    return own_dir(environ) / "trees"
+
+
+def _name(dev: int, ino: int) -> str:
+    return f"{dev:x}-{ino:x}.tree"
+
+
+def remember(path: Path, checked: tuple[int, int], digest: str, cvs: bytes,
+             environ: dict[str, str] | None = None) -> bool:
+    """Keep the tree (`digest`, the whole units' values `cvs`) of the file a fetch checked as the
+    inode `checked` (device, inode) and has put at `path`; False when it is not kept (another
+    file there now, one someone else can write, values of another size, no trusted directory)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    if (not stat.S_ISREG(info.st_mode) or (info.st_dev, info.st_ino) != tuple(checked)
+            or statstamp.others_may_write(info) or len(cvs) != (info.st_size // UNIT) * CV):
+        return False
+    header = json.dumps({"stamp": list(statstamp.stamp(info)), "digest": digest}).encode()
+    directory = _directory(environ)
+    try:
+        directory.parent.mkdir(mode=0o755 if directory.parent == ROOT_CACHE else 0o700, parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return False
+    if not trusted_dir(directory.parent, os.geteuid()) or not _mine(directory):
+        return False
+    try:
+        replace_owned(directory / _name(info.st_dev, info.st_ino), FORMAT + b"\n" + header + b"\n" + cvs,
+                      0o600, temp_prefix=".tree")
+    except OSError:
+        return False
+    _prune(directory)
+    return True
+
+
+def recall(fd: int, environ: dict[str, str] | None = None) -> tuple[str, bytes] | None:
+    """(digest, the whole units' values) remembered for the open file `fd` as it is now, or None."""
+    info = os.fstat(fd)
+    if statstamp.others_may_write(info):
+        return None
+    directory = _directory(environ)
+    if not trusted_dir(directory.parent, os.geteuid()) or not _mine(directory):
+        return None
+    expected = (info.st_size // UNIT) * CV
+    data = _read(directory / _name(info.st_dev, info.st_ino), len(FORMAT) + _HEADER_BYTES + expected)
+    if data is None:
+        return None
+    try:
+        magic, header, cvs = data.split(b"\n", 2)
+        fields = json.loads(header)
+    except ValueError:
+        return None
+    if (magic != FORMAT or not isinstance(fields, dict) or fields.get("stamp") != list(statstamp.stamp(info))
+            or not isinstance(fields.get("digest"), str) or len(cvs) != expected):
+        return None
+    return fields["digest"], cvs
+
+
+def _mine(directory: Path) -> bool:
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+def _read(path: Path, most: int) -> bytes | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_size > most:
+            return None
+        chunks, left = [], st.st_size
+        while left > 0:
+            got = os.read(fd, left)
+            if not got:
+                break
+            chunks.append(got)
+            left -= len(got)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _prune(directory: Path) -> None:
+    """The oldest entries past KEEP removed: their files were most likely replaced since."""
+    try:
+        entries = [(e.stat(follow_symlinks=False).st_mtime_ns, e.name) for e in os.scandir(directory)
+                   if e.name.endswith(".tree") and e.is_file(follow_symlinks=False)]
+    except OSError:
+        return
+    for _, name in sorted(entries, reverse=True)[KEEP:]:
+        try:
+            os.unlink(directory / name)
+        except OSError:
+            pass

@@ -1,0 +1,109 @@
+"""The trees fetches remember (host/treecache.py): believed only from this user's own directory and
+files, for the very inode and stamp they were kept for, bounded in size and in number."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from efabuild.host import treecache
+from efabuild.host.usercache import CACHE_ENV, own_dir
+
+MiB = 1 << 20
+DIGEST = "blake3:" + "ab" * 32
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def kept(tmp_path) -> tuple[Path, bytes]:
+    path = tmp_path / "v1.sqsh"
+    path.write_bytes(os.urandom(3 * MiB + 5))
+    os.chmod(path, 0o644)
+    st = os.stat(path)
+    values = os.urandom(32 * 3)
+    assert treecache.remember(path, (st.st_dev, st.st_ino), DIGEST, values)
+    return path, values
+
+
+def _recalled(path: Path):  # noqa: ANN202
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return treecache.recall(fd)
+    finally:
+        os.close(fd)
+
+
+def _entry(path: Path) -> Path:
+    st = os.stat(path)
+    return own_dir() / "trees" / f"{st.st_dev:x}-{st.st_ino:x}.tree"
+
+
+def test_a_kept_tree_is_recalled_for_the_same_file_unchanged(kept):
+    path, values = kept
+    assert _recalled(path) == (DIGEST, values)
+
+
+def test_any_change_to_the_file_or_another_file_at_its_name_recalls_nothing(kept, tmp_path):
+    path, values = kept
+    os.utime(path, ns=(1, 1))
+    assert _recalled(path) is None
+    other = tmp_path / "other"
+    other.write_bytes(path.read_bytes())
+    os.replace(other, path)
+    assert _recalled(path) is None
+
+
+def test_a_tree_for_another_inode_or_of_the_wrong_size_is_not_kept(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(2 * MiB))
+    st = os.stat(path)
+    assert not treecache.remember(path, (st.st_dev, st.st_ino + 1), DIGEST, os.urandom(64))
+    assert not treecache.remember(path, (st.st_dev, st.st_ino), DIGEST, os.urandom(96))
+    assert _recalled(path) is None
+
+
+@pytest.mark.parametrize("damage", ["open to others", "longer than a tree", "a link", "another format"])
+def test_an_entry_that_is_not_this_users_own_and_well_formed_is_ignored(kept, damage):
+    path, values = kept
+    entry = _entry(path)
+    if damage == "open to others":
+        os.chmod(entry, 0o666)
+    elif damage == "longer than a tree":
+        with open(entry, "ab") as handle:
+            handle.write(b"\0" * 4096)
+    elif damage == "a link":
+        target = entry.with_name("elsewhere")
+        os.replace(entry, target)
+        os.symlink(target, entry)
+    else:
+        entry.write_bytes(entry.read_bytes().replace(b"efabuild.tree/v1", b"efabuild.tree/v9"))
+        os.chmod(entry, 0o600)
+    assert _recalled(path) is None
+
+
+def test_a_directory_open_to_others_is_neither_read_nor_written(kept):
+    path, values = kept
+    os.chmod(own_dir() / "trees", 0o777)
+    try:
+        assert _recalled(path) is None
+        st = os.stat(path)
+        assert not treecache.remember(path, (st.st_dev, st.st_ino), DIGEST, values)
+    finally:
+        os.chmod(own_dir() / "trees", 0o700)
+
+
+def test_only_the_newest_entries_are_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(treecache, "KEEP", 3)
+    for n in range(5):
+        path = tmp_path / f"f{n}"
+        path.write_bytes(os.urandom(MiB))
+        st = os.stat(path)
+        assert treecache.remember(path, (st.st_dev, st.st_ino), DIGEST, os.urandom(32))
+    assert _recalled(tmp_path / "f4") is not None and _recalled(tmp_path / "f0") is None
+    assert len(list((own_dir() / "trees").glob("*.tree"))) == 3
