@@ -284,6 +284,20 @@ def tree_with(lib: ctypes.CDLL, fd: int, lent: dict[int, bytes]) -> Tree:
         mapped.close()
 
 
+def tree_from(lib: ctypes.CDLL, fd: int, cvs: bytes) -> Tree | None:
+    """The tree of the open file whose whole units have the values `cvs` (a tree remembered for
+    it, host/treecache.py): only what follows the last whole unit is read. Its digest is the
+    file's only if `cvs` are its units' values, which the caller checks against the digest it
+    expects; None for values of another number of units."""
+    mapped = _Mapped(fd)
+    try:
+        if len(cvs) != (mapped.size // UNIT) * CV:
+            return None
+        return Tree(mapped.size, _root(lib, mapped, lambda n: cvs[n * CV:(n + 1) * CV]), cvs, mapped.stamp)
+    finally:
+        mapped.close()
+
+
 def digest_with(lib: ctypes.CDLL, fd: int, lent: dict[int, bytes]) -> str:
     """tree_with()'s digest."""
     return tree_with(lib, fd, lent).digest

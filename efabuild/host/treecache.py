@@ -1,10 +1,12 @@
-"""The BLAKE3 trees of the files this user's fetches wrote, by stat stamp: the next fetch onto
-such a file (the previous version on a node, whose 1 MiB units the new one copies at the same
-offsets) takes their chaining values from here instead of hashing 99 % of the file again.
+"""The BLAKE3 trees (the 1 MiB units' chaining values) of store files this user hashed whole, by
+stat stamp: the next fetch onto a fetched file (the previous version on a node, whose units the
+new one copies at the same offsets) takes their values from here instead of hashing 99 % of the
+file again, and make's next check of an ancestor's copy reads none of it.
 
 A tree is remembered by the fetch that wrote the file and hashed it, once the file is under its
-name, for a file only this user can write (host/statstamp.py), and is believed for the same
-device, inode and stamp. It is remembered at once, where the verification cache waits until a
+name, and by make's check of an ancestor (store/transfer.py), for a file only this user can
+write (host/statstamp.py); it is believed for the same device, inode and stamp, and the check
+uses it only once its values make the record's digest. It is remembered at once, where the verification cache waits until a
 stamp has settled: the racy case, a second write within the clock's step of the stamp, needs a
 writer that opens the store file to change it in place within that step of its rename. efabuild
 never writes a stored file in place, and a writer of this user's that did so on purpose could as

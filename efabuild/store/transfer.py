@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from efabuild import notices
 from efabuild.host.digest import bytes_digest, file_digest
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.host import fsutil, statstamp
+from efabuild.host import fsutil, statstamp, treecache
 from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
 from efabuild.refs import short
 from efabuild.store.chunked.chunks import ChunkIndex
@@ -137,13 +137,30 @@ def _check_open(tier: str, path: Path, fd: int, record: ArtifactRecord, *, with_
         raise DamagedCopy(tier, str(path), f"{size} bytes, its record says {record.size}")
     tree = None
     if with_tree:
+        tree = _remembered_tree(fd, record)
+        if tree is not None:
+            return tree
         from efabuild.host.blake3tree import file_tree  # ctypes: only for an ancestor's check
 
         tree = file_tree(pinned_path(fd))
     actual = tree.digest if tree is not None else file_digest(pinned_path(fd))
     if actual != record.digest:
         raise DamagedCopy(tier, str(path), f"digest {actual}, its record says {record.digest}")
+    if tree is not None:  # the next make's check of the same file, unchanged, reads none of it
+        opened = os.fstat(fd)
+        treecache.remember(path, (opened.st_dev, opened.st_ino), tree.digest, tree.cvs)
     return tree
+
+
+def _remembered_tree(fd: int, record: ArtifactRecord) -> Tree | None:
+    """The tree a fetch or an earlier check remembered for the open file as it is now, once its
+    values make the record's digest (host/treecache.py); else None."""
+    from efabuild.host import blake3tree  # ctypes: only for an ancestor's check
+
+    found = treecache.recall(fd)
+    lib = blake3tree.native() if found is not None and found[0] == record.digest else None
+    tree = blake3tree.tree_from(lib, fd, found[1]) if lib is not None else None
+    return tree if tree is not None and tree.digest == record.digest else None
 
 
 def fetch_into(tier: str, dest: Path, record: ArtifactRecord, what: str,

@@ -100,16 +100,19 @@ def _diff_source(engine, child: str, ancestor: str, repeats: int) -> tuple[Timin
 
 
 def _as_make_holds_it(ancestor, index=None):  # noqa: ANN001, ANN202 - an export.incremental.Ancestor
-    """The ancestor as make's check leaves it: its stat stamp from before the check, the chaining
-    values of its 1 MiB subtrees from the check's hash (the child's digest is assembled from them)
-    and its kept chunk index, if any."""
+    """The ancestor as make's check leaves it (transfer.open_checked_stamped, as make/ancestry.py
+    calls it): its stat stamp from before the check, the chaining values of its 1 MiB subtrees
+    (from the check's hash, or the tree an earlier check of the unchanged file remembered: the
+    child's digest is assembled from them) and its kept chunk index, if any."""
     import attrs
 
-    from efabuild.host import statstamp
-    from efabuild.host.blake3tree import file_tree
+    from efabuild.store.record import ArtifactRecord
+    from efabuild.store.transfer import open_checked_stamped
 
-    stamp = statstamp.stamp(os.stat(ancestor.sqsh))
-    return attrs.evolve(ancestor, stamp=stamp, index=index, tree=file_tree(ancestor.sqsh))
+    record = ArtifactRecord.for_file(ancestor.key, "bench:efa", ancestor.sqsh, ancestor.digest)
+    checked = open_checked_stamped("bench", ancestor.sqsh, record, with_tree=True)
+    os.close(checked.fd)
+    return attrs.evolve(ancestor, stamp=checked.stamp, index=index, tree=checked.tree)
 
 
 def _timed_check(path: Path, repeats: int) -> Timing:
@@ -324,6 +327,7 @@ def _image_to_mounted(ctx: Context, scratch: Path, engine, tags: dict, keys: dic
         steps: dict[str, float] = {}
         settle()  # each way pays for its own writes, not for what was set up before it
         started = time.perf_counter()
+        ancestor = _as_make_holds_it(ancestor, ancestor.index)  # make's check, as each make runs it
         out = scratch / "pipe-child.sqsh"
         # as make does it: the sha256 while the ancestor's range is copied (else beside the probe)
         made = export_incremental(EngineLayers(engine, tags["user2"]), ancestor, out, options=options, epoch=0,
