@@ -42,7 +42,7 @@ from efabuild.host.digest import PREFIX, Sha256Pass, Splice, read_pieces
 from efabuild.export.enroot import ImageConfig
 from efabuild.export.layerdiff import LayerSourceUnavailable, overlay_dirs, stream_layers
 from efabuild.export.registrylayers import RegistryLayers
-from efabuild.export.squashfs import write_incremental
+from efabuild.export.squashfs import read_ahead, write_incremental
 from efabuild.export.squash import (ExportJob, ExportResult, Progress, Unkept, export_facts, keep_export,
                                     mksquashfs_options)
 from efabuild.export.squashfs.superblock import SIZE as SUPERBLOCK_BYTES
@@ -140,6 +140,8 @@ def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor
     started = time.monotonic()
     image = source.image
     opts = mksquashfs_options(options, epoch=epoch)
+    # the ancestor's tables are parsed while the engine answers _plans' questions
+    ancestor_read = read_ahead(ancestor.sqsh)
     planned = _plans(source, ancestor, options, epoch, {**recorded, "mksquashfs": list(opts)})
     if isinstance(planned, str):
         return planned
@@ -155,7 +157,7 @@ def export_incremental(source: EngineLayers | RegistryLayers, ancestor: Ancestor
         try:
             written = write_incremental(ancestor.sqsh, streams, tmp, plan=plan, ancestor_plan=ancestor_plan,
                                         progress=(lambda n: progress(n, None)) if progress else None,
-                                        before_copy=early.start if early else None)
+                                        before_copy=early.start if early else None, ancestor_read=ancestor_read)
         except EfabuildError as exc:  # a layer it refuses: a full export reads the image afresh
             written = exc
         # first: a writer that refused a cut or tampered stream says less than the stream; each blob's

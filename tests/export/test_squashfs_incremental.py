@@ -704,6 +704,30 @@ def test_a_truncated_or_forged_ancestor_is_one_line(tmp_path: Path) -> None:
         one_line_error(forged(base, tmp_path, offset, value), [layer], tmp_path)
 
 
+def test_an_ancestor_read_ahead_writes_the_same_child_and_its_errors_come_at_the_writer(
+        tmp_path: Path, monkeypatch) -> None:
+    """read_ahead parses the ancestor on a thread while the caller waits for other things; the
+    writer then takes that parse (it reads no tables itself) and writes the same bytes, and a
+    damaged ancestor's one line comes from the writer as it would without it."""
+    from efabuild.errors import InputError
+    from efabuild.export.squashfs import incremental as writer, read_ahead
+
+    _tree, base = small_base(tmp_path)
+    layer = tar_entries([("etc/x", "f", 0o644, T0, b"x")])
+    plain = incremental(base, [layer], tmp_path / "plain.sqsh")
+    read = read_ahead(base)
+    monkeypatch.setattr(writer, "read_ancestor", lambda path: pytest.fail(f"{path} read again"))
+    ahead = incremental(base, [layer], tmp_path / "ahead.sqsh", ancestor_read=read)
+    assert (tmp_path / "ahead.sqsh").read_bytes() == (tmp_path / "plain.sqsh").read_bytes()
+    assert ahead.reused_bytes == plain.reused_bytes > 0
+    (tmp_path / "cut.sqsh").write_bytes(base.read_bytes()[:50])
+    read = read_ahead(tmp_path / "cut.sqsh")
+    with pytest.raises(InputError, match="cut.sqsh"):
+        write_incremental(tmp_path / "cut.sqsh", [io.BytesIO(layer)], tmp_path / "c.sqsh", plan=PLAN_B,
+                          ancestor_read=read)
+    assert not (tmp_path / "c.sqsh").exists()
+
+
 def test_a_table_larger_than_any_image_has_is_refused_unread(tmp_path: Path, monkeypatch) -> None:
     from efabuild.export.squashfs import metadata
 

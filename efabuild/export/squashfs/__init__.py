@@ -25,5 +25,6 @@ it lacks; with `-all-root -no-xattrs` the format is a few hundred lines of struc
 """
 
 from efabuild.export.squashfs.incremental import DEFAULT_MAX_DEAD_SHARE, IncrementalResult, write_incremental
+from efabuild.export.squashfs.reader import read_ahead
 
-__all__ = ["DEFAULT_MAX_DEAD_SHARE", "IncrementalResult", "write_incremental"]
+__all__ = ["DEFAULT_MAX_DEAD_SHARE", "IncrementalResult", "read_ahead", "write_incremental"]

@@ -62,7 +62,8 @@ def write_incremental(ancestor: Path, layers: Sequence[BinaryIO], out: Path, *, 
                       max_dead_share: float = DEFAULT_MAX_DEAD_SHARE,
                       progress: Callable[[int], None] | None = None,
                       ancestor_plan: RewritePlan | None = None,
-                      before_copy: Callable[[int, int], None] | None = None) -> IncrementalResult:
+                      before_copy: Callable[[int, int], None] | None = None,
+                      ancestor_read: Callable[[], Ancestor] | None = None) -> IncrementalResult:
     """Write `out` from `ancestor` (a `.sqsh` the export wrote, in full or by this function) and
     the uncompressed layer tar streams `layers` (oldest first) as a full export of the child with
     `plan` would, reusing the ancestor's blocks; `progress(layer bytes read)` now and then.
@@ -70,13 +71,14 @@ def write_incremental(ancestor: Path, layers: Sequence[BinaryIO], out: Path, *, 
     unchanged entries got the times the child's would (the same clamp, no path pinned that the
     child does not pin); without it they are taken as the same. `before_copy(fd, A)` is called
     once every byte of the child but the reused range [96, A) is written, through `fd` (the temp
-    file, open for reading: dup it to keep it), just before that range is copied.
+    file, open for reading: dup it to keep it), just before that range is copied. `ancestor_read`
+    gives `ancestor` as read_ancestor reads it, when the caller began that earlier (read_ahead).
 
     Returns `full_needed` (and writes nothing) for inputs this writer does not handle and when the
     dead share would pass `max_dead_share`; raises InputError for a corrupt ancestor or layer."""
     out = Path(out).absolute()
     try:
-        parent = read_ancestor(Path(ancestor))
+        parent = ancestor_read() if ancestor_read is not None else read_ancestor(Path(ancestor))
     except Unsupported as exc:
         return IncrementalResult(out, full_needed=True, reason=f"the ancestor {ancestor}: {exc}")
     problem = _other_times(parent.sb.mkfs_time, plan, ancestor_plan)

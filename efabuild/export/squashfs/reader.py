@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
 
@@ -56,6 +59,22 @@ def read_ancestor(path: Path) -> Ancestor:
         raise InputError(exc.problem, exc.where or where) from None
     except OSError as exc:
         raise InputError(f"cannot read it: {exc.strerror}", where) from None
+
+
+def read_ahead(path: Path) -> Callable[[], Ancestor]:
+    """read_ancestor(path) begun on a thread of its own, for a caller with other waits first (an
+    engine's answers, a listing): called, it gives that Ancestor or raises what read_ancestor
+    raised. The thread is a daemon: a caller that needs no ancestor after all does not wait."""
+    read: Future = Future()
+
+    def run() -> None:
+        try:
+            read.set_result(read_ancestor(path))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            read.set_exception(exc)
+
+    threading.Thread(target=run, name="read-ancestor", daemon=True).start()
+    return read.result
 
 
 def _read(f: BinaryIO, path: Path, file_size: int) -> Ancestor:
