@@ -261,3 +261,39 @@ def test_a_chunk_planted_before_the_send_ahead_is_replaced_by_the_publish(tmp_pa
     assert any(line.endswith("; storing it again") and planted in line for line in said), said
     assert store.s3.chunks.problem(planted, exported.unique()[planted]) is None
     assert file_digest(store_at(tmp_path / "node", settings, "shared").lookup(k2)) == file_digest(two)
+
+
+def test_the_manifest_and_statement_are_written_while_the_chunks_are_checked_again_and_the_record_last(
+        tmp_path, settings, versions, monkeypatch):
+    """The second look at the reused chunks (after the index) and the PUTs of the objects beside
+    the artifact overlap; the record, which commits them all, comes after both."""
+    one, two = versions
+    store = store_at(tmp_path / "cache", settings)
+    k1, k2 = key_for("beside-v1"), key_for("beside-v2")
+    store.publish(k1, one, record_for(k1, "demo:user", one), index=chunk_file(one, chunking=CHUNKING))
+    exported = chunk_file(two, chunking=CHUNKING)
+    real_etags, real_put = ChunkStore.etags, store.s3._put_new
+    manifest_written, events = threading.Event(), []
+
+    def etags(self, ids):  # noqa: ANN001, ANN202
+        if "index" in events:  # the second look: it waits (up to 10 s) for the manifest's PUT
+            events.append(f"second look saw the manifest: {manifest_written.wait(10)}")
+        return real_etags(self, ids)
+
+    def put(path: str, body: bytes, **extra):  # noqa: ANN003, ANN202
+        created = real_put(path, body, **extra)
+        names = {store.s3.index_object(k2): "index", store.s3.manifest_object(k2): "manifest",
+                 store.s3.envelope_object(k2): "statement", store.s3.record_object(k2): "record"}
+        events.append(names.get(path, path))
+        if path == store.s3.manifest_object(k2):
+            manifest_written.set()
+        return created
+
+    monkeypatch.setattr(ChunkStore, "etags", etags)
+    monkeypatch.setattr(store.s3, "_put_new", put)
+    store.publish(k2, two, record_for(k2, "demo:user", two), b'{"manifest": 1}', envelope=b'{"payload": ""}\n',
+                  index=exported)
+    assert "second look saw the manifest: True" in events, events
+    assert events.index("index") < events.index("second look saw the manifest: True")
+    assert events.index("record") > max(events.index(name) for name in ("index", "manifest", "statement")), events
+    assert store_at(tmp_path / "node", settings, "shared").lookup(k2).read_bytes() == two.read_bytes()

@@ -20,7 +20,7 @@ import json
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import attrs
@@ -83,12 +83,13 @@ def _send_into(slot: Future, store: ChunkStore, index: ChunkIndex, sqsh: Path,
 
 def publish(store: ChunkStore, key: str, sqsh: Path, record, *, index: ChunkIndex | None,  # noqa: ANN001 - ArtifactRecord
             kept: bytes | None, likely_present: set[str], chunking: tuple[int, int, int],
-            show: bool) -> tuple[ChunkIndex, Transfer]:
+            show: bool, meanwhile: Callable[[], None] = lambda: None) -> tuple[ChunkIndex, Transfer]:
     """Upload the chunks of `sqsh` the bucket lacks, then its index (the record, written by the
     tier after this, commits it): (the index, what was sent). `index` was computed by this
     process from these bytes (the export's); `kept` is an index read from a store (its JSON),
     checked before use. `likely_present` are chunk ids seen in other artifacts on this node.
-    What a send ahead (send_ahead) found and sent for the same index is not done again."""
+    What a send ahead (send_ahead) found and sent for the same index is not done again.
+    `meanwhile` runs while the chunks are checked the second time (the tier's other objects)."""
     index = _matching(index, record, chunking) or _checked(kept, record, chunking, sqsh, key)
     cut = ahead = None
     if index is None:
@@ -106,7 +107,10 @@ def publish(store: ChunkStore, key: str, sqsh: Path, record, *, index: ChunkInde
     etags = _checked_etags(store, index, sqsh, {**(ahead.found if ahead else {}), **found}, sent)
     store.tier._put_new(index_path, stored_index_json(index, etags), ContentType="application/json")
     # the second: gc may have swept a chunk found present before the index referenced it
-    gone = store.missing(set(unique) - sent.created)
+    with ThreadPoolExecutor(1, thread_name_prefix="second-check") as pool:
+        second = pool.submit(store.missing, set(unique) - sent.created)
+        meanwhile()
+        gone = second.result()
     if gone:
         upload(store, index, sqsh, gone)
     return index, sent

@@ -147,8 +147,7 @@ class S3Tier(S3Refs, S3Bucket, Tier):
         return self._get_bytes(self.envelope_object(check_key(key)), ENVELOPE_LIMIT)
 
     def write_envelope(self, key: str, envelope: bytes) -> None:
-        """Replace the signed statement of a committed object (a signature was added): one PUT,
-        which S3 makes visible whole."""
+        """Replace the signed statement of a committed object (a signature was added): one PUT, seen whole."""
         if not self.has(key):
             raise EfabuildError(f"s3 tier has no artifact {short(key)}")
         path = self.envelope_object(key)
@@ -227,25 +226,26 @@ class S3Tier(S3Refs, S3Bucket, Tier):
             _warn_if_differs(key, existing, record)
             return REUSED
         sidecars = dict(sidecars or {})
-        # a filesystem tier's chunk index is a hint, never stored as it is: the chunked publish
-        # writes the index of what it uploaded, and a whole object must have none
+        # a filesystem tier's chunk index is a hint: the chunked publish writes its own, a whole object none
         kept = sidecars.pop(INDEX_SUFFIX, None)
-        if self.chunked:
+
+        def beside() -> None:  # the objects stored beside it, before the record that commits them
+            for path, data, kind in ((self.manifest_object(key), manifest, "application/json"),
+                                     (self.envelope_object(key), envelope, "application/jsonl"),
+                                     *((self._path("objects", key[:2], key + s), d, None) for s, d in sidecars.items())):
+                if data is not None:
+                    self._put_new(path, data, **({"ContentType": kind} if kind else {}))
+        if self.chunked:  # beside() runs while the chunks are checked again after the index
             likely_present = likely_present or self._likely_present(record.name, record.digest)
             self.last_index, self.last_transfer = publish_chunks(
                 self.chunks, key, sqsh, record, index=index, kept=kept,
-                likely_present=likely_present, chunking=self.chunking, show=show)
+                likely_present=likely_present, chunking=self.chunking, show=show, meanwhile=beside)
             won = True
         else:
             won = self._upload_sqsh(key, sqsh, record, show)
-        if not won:  # another publisher's .sqsh is there: the record must describe its bytes, not ours
-            record, envelope = self._adopt_stored(key, record, envelope)
-        for path, data, kind in ((self.manifest_object(key), manifest, "application/json"),
-                                 (self.envelope_object(key), envelope, "application/jsonl")):
-            if data is not None:
-                self._put_new(path, data, ContentType=kind)
-        for suffix, data in sidecars.items():
-            self._put_new(self._path("objects", key[:2], key + suffix), data)
+            if not won:  # another publisher's .sqsh is there: the record must describe its bytes, not ours
+                record, envelope = self._adopt_stored(key, record, envelope)
+            beside()
         created = self._put_new(self.record_object(key), record.to_json(), ContentType="application/json")
         return PUBLISHED if won and created else REUSED
 
