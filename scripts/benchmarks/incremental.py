@@ -418,8 +418,10 @@ def _result(ctx: Context, times: dict, written, made, full, efa, share: float, d
              f"({pipeline_way} export): "
              + ", ".join(f"{k} {v:.2f} s" for k, v in pipeline["ours"].items())
              + "; the guide's: " + ", ".join(f"{k} {v:.2f} s" for k, v in pipeline["guide"].items()),
-             *([f"make checks the ancestor's copy before an incremental export: {check.median:.2f} s "
-                f"(its blake3 and subtrees, from cached pages), not in the export rows"] if check else []),
+             *([f"make's first check of the ancestor's copy before an incremental export: {check.median:.2f} s "
+                f"(its blake3 and subtrees, from cached pages), not in the export rows; it remembers the tree, "
+                f"and a check of the unchanged copy after it (in image to mounted's export step) reads none"]
+               if check else []),
              "the export rows: blake3 in the export, no sha256 on either side (the guide's way has none); "
              "image to mounted as make runs it: the sha256 for cosign and in-toto taken while the ancestor's "
              "range is copied (in its export step), then the manifest's probe and the signature",
