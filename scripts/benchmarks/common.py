@@ -343,6 +343,19 @@ def warm(path: Path) -> None:
             pass
 
 
+def settled(path: Path) -> None:
+    """Wait until the file has not changed for the stamp window: a node's previous version was
+    fetched by an earlier job, not seconds before, and a fetch lends a seed's units only once its
+    stamp has settled (store/chunked/assembly.py). Without this a scenario's result depended on
+    whether its steps before the fetch took more than 2 s."""
+    from efabuild.host import statstamp
+
+    info = os.stat(path)
+    wait = (max(info.st_mtime_ns, info.st_ctime_ns) + statstamp.RACY_WINDOW_NS - statstamp.clock_ns()) / 1e9
+    if wait > 0:
+        time.sleep(wait + 0.05)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -24,7 +24,7 @@ from statistics import median
 
 from benchmarks import fixtures
 from benchmarks.chunked import USER_FILE_BYTES, USER_FILES
-from benchmarks.common import Check, Context, Result, Timing, human_bytes, run, warm
+from benchmarks.common import Check, Context, Result, Timing, human_bytes, run, settled, warm
 from benchmarks.loopfs import loop_xfs
 from benchmarks.s3 import S3Server
 
@@ -322,7 +322,7 @@ def _image_to_mounted(ctx: Context, scratch: Path, engine, tags: dict, keys: dic
         node = Store([FilesystemTier(scratch / "node", "shared")], settings, show_progress=False)
         seed = node.fetch(keys["user1"])  # the node holds the previous version: the seed of the next fetch
         node.fs_tiers[0].append_ref("bench:user", keys["user1"])
-        _settled(seed)
+        settled(seed)
         ctx.log("incremental: image to mounted, efabuild's way")
         steps: dict[str, float] = {}
         settle()  # each way pays for its own writes, not for what was set up before it
@@ -379,19 +379,6 @@ def _image_to_mounted(ctx: Context, scratch: Path, engine, tags: dict, keys: dic
     return {"ours": steps, "guide": guide, "uploaded": uploaded, "downloaded": downloaded, "size": made.size,
             "incremental": made.incremental or ({"full": why_full} if why_full else None),
             "signed": envelope is not None}
-
-
-def _settled(path: Path) -> None:
-    """Wait until the file has not changed for the stamp window: a node's previous version was
-    fetched by an earlier job, not seconds before, and a fetch lends a seed's pages only once its
-    stamp has settled (store/chunked/assembly.py). Without this the scenario's result depended on
-    whether its steps before the fetch took more than 2 s."""
-    from efabuild.host import statstamp
-
-    info = os.stat(path)
-    wait = (max(info.st_mtime_ns, info.st_ctime_ns) + statstamp.RACY_WINDOW_NS - statstamp.clock_ns()) / 1e9
-    if wait > 0:
-        time.sleep(wait + 0.05)
 
 
 def _mount_and_read(sqsh: Path, mount: Path) -> None:
