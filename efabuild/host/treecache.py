@@ -89,8 +89,9 @@ def recall(fd: int, environ: dict[str, str] | None = None) -> tuple[str, bytes] 
         return None
     try:
         magic, header, cvs = data.split(b"\n", 2)
-        fields = json.loads(header)
-    except ValueError:
+        # a header is short: a long one (nested lists) is not parsed, nor is a deep one unwound
+        fields = json.loads(header) if len(header) <= _HEADER_BYTES else None
+    except (ValueError, RecursionError):
         return None
     if (magic != FORMAT or not isinstance(fields, dict) or fields.get("stamp") != list(statstamp.stamp(info))
             or not isinstance(fields.get("digest"), str) or len(cvs) != expected):

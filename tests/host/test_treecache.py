@@ -107,3 +107,17 @@ def test_only_the_newest_entries_are_kept(tmp_path, monkeypatch):
         assert treecache.remember(path, (st.st_dev, st.st_ino), DIGEST, os.urandom(32))
     assert _recalled(tmp_path / "f4") is not None and _recalled(tmp_path / "f0") is None
     assert len(list((own_dir() / "trees").glob("*.tree"))) == 3
+
+
+def test_an_entry_whose_header_nests_too_deep_is_ignored(tmp_path):
+    # a large seed allows a long entry: a header of nested lists must not end the fetch in a traceback
+    path = tmp_path / "big.sqsh"
+    with open(path, "wb") as handle:
+        handle.truncate(256 * MiB)
+    os.chmod(path, 0o644)
+    st = os.stat(path)
+    assert treecache.remember(path, (st.st_dev, st.st_ino), DIGEST, os.urandom(32 * 256))
+    entry = _entry(path)
+    entry.write_bytes(b"efabuild.tree/v1\n" + b"[" * 8000 + b"\n")
+    os.chmod(entry, 0o600)
+    assert _recalled(path) is None
