@@ -28,13 +28,14 @@ from pathlib import Path
 
 from efabuild.host import statstamp
 from efabuild.host.fsutil import replace_owned
-from efabuild.host.usercache import ROOT_CACHE, own_dir, trusted_dir
+from efabuild.host.usercache import ROOT_CACHE, own_dir, trusted_info
 
 FORMAT = b"efabuild.tree/v1"
 UNIT = 1 << 20  # host/blake3tree.py's unit
 CV = 32
 KEEP = 32  # entries kept: one per fetched file, whose inode the node may still hold
 _HEADER_BYTES = 512
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _directory(environ: dict[str, str] | None = None) -> Path:
@@ -64,14 +65,18 @@ def remember(path: Path, checked: tuple[int, int], digest: str, cvs: bytes,
         directory.mkdir(mode=0o700, exist_ok=True)
     except OSError:
         return False
-    if not trusted_dir(directory.parent, os.geteuid()) or not _mine(directory):
+    dir_fd = _opened(directory)
+    if dir_fd is None:
         return False
     try:
-        replace_owned(directory / _name(info.st_dev, info.st_ino), FORMAT + b"\n" + header + b"\n" + cvs,
+        replace_owned(_pinned(dir_fd) / _name(info.st_dev, info.st_ino), FORMAT + b"\n" + header + b"\n" + cvs,
                       0o600, temp_prefix=".tree")
     except OSError:
         return False
-    _prune(directory)
+    else:
+        _prune(dir_fd)
+    finally:
+        os.close(dir_fd)
     return True
 
 
@@ -80,11 +85,14 @@ def recall(fd: int, environ: dict[str, str] | None = None) -> tuple[str, bytes] 
     info = os.fstat(fd)
     if statstamp.others_may_write(info):
         return None
-    directory = _directory(environ)
-    if not trusted_dir(directory.parent, os.geteuid()) or not _mine(directory):
+    dir_fd = _opened(_directory(environ))
+    if dir_fd is None:
         return None
     expected = (info.st_size // UNIT) * CV
-    data = _read(directory / _name(info.st_dev, info.st_ino), len(FORMAT) + _HEADER_BYTES + expected)
+    try:
+        data = _read(dir_fd, _name(info.st_dev, info.st_ino), len(FORMAT) + _HEADER_BYTES + expected)
+    finally:
+        os.close(dir_fd)
     if data is None:
         return None
     try:
@@ -99,17 +107,37 @@ def recall(fd: int, environ: dict[str, str] | None = None) -> tuple[str, bytes] 
     return fields["digest"], cvs
 
 
-def _mine(directory: Path) -> bool:
+def _opened(directory: Path) -> int | None:
+    """A descriptor of `directory` (trees/) once it and its parent are found trusted as opened,
+    neither through a link: whatever is renamed or linked over a name of theirs after the check
+    (a job user's, whose directory root's `$EFABUILD_VERIFY_CACHE` may name) is not written."""
     try:
-        st = os.lstat(directory)
+        parent = os.open(directory.parent, _DIR_FLAGS)
     except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
-
-
-def _read(path: Path, most: int) -> bytes | None:
+        return None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        if not trusted_info(os.fstat(parent), directory.parent, os.geteuid()):
+            return None
+        fd = os.open(directory.name, _DIR_FLAGS, dir_fd=parent)
+    except OSError:
+        return None
+    finally:
+        os.close(parent)
+    st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+        return fd
+    os.close(fd)
+    return None
+
+
+def _pinned(dir_fd: int) -> Path:
+    """A path to the very directory open as `dir_fd`."""
+    return Path(f"/proc/self/fd/{dir_fd}")
+
+
+def _read(dir_fd: int, name: str, most: int) -> bytes | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -130,15 +158,16 @@ def _read(path: Path, most: int) -> bytes | None:
         os.close(fd)
 
 
-def _prune(directory: Path) -> None:
+def _prune(dir_fd: int) -> None:
     """The oldest entries past KEEP removed: their files were most likely replaced since."""
     try:
-        entries = [(e.stat(follow_symlinks=False).st_mtime_ns, e.name) for e in os.scandir(directory)
-                   if e.name.endswith(".tree") and e.is_file(follow_symlinks=False)]
+        with os.scandir(_pinned(dir_fd)) as found:
+            entries = [(e.stat(follow_symlinks=False).st_mtime_ns, e.name) for e in found
+                       if e.name.endswith(".tree") and e.is_file(follow_symlinks=False)]
     except OSError:
         return
     for _, name in sorted(entries, reverse=True)[KEEP:]:
         try:
-            os.unlink(directory / name)
+            os.unlink(name, dir_fd=dir_fd)
         except OSError:
             pass

@@ -32,6 +32,11 @@ def trusted_dir(directory: Path, owner: int) -> bool:
         st = os.lstat(directory)
     except OSError:
         return False
+    return trusted_info(st, directory, owner)
+
+
+def trusted_info(st: os.stat_result, directory: Path, owner: int) -> bool:
+    """trusted_dir() of the directory `directory` whose stat (an open descriptor's) is `st`."""
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != owner:
         return False
     return not st.st_mode & (0o022 if directory == ROOT_CACHE else 0o077)

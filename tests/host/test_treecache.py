@@ -121,3 +121,41 @@ def test_an_entry_whose_header_nests_too_deep_is_ignored(tmp_path):
     entry.write_bytes(b"efabuild.tree/v1\n" + b"[" * 8000 + b"\n")
     os.chmod(entry, 0o600)
     assert _recalled(path) is None
+
+
+def test_a_directory_swapped_after_its_check_is_not_written(tmp_path, monkeypatch):
+    # root fetching with a job user's $EFABUILD_VERIFY_CACHE below a link the user owns: the user
+    # points the link at a directory of theirs once the trusted one was checked
+    real, theirs = tmp_path / "real", tmp_path / "theirs"
+    real.mkdir()
+    (theirs / "verified" / "trees").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv(CACHE_ENV, str(link / "verified"))
+    files = []
+    for n in range(3):
+        files.append(tmp_path / f"f{n}")
+        files[-1].write_bytes(os.urandom(MiB))
+        os.chmod(files[-1], 0o644)
+    st = os.stat(files[0])
+    assert treecache.remember(files[0], (st.st_dev, st.st_ino), DIGEST, os.urandom(32))
+    planted = theirs / "verified" / "trees" / "0-1.tree"
+    planted.write_bytes(b"theirs")
+    os.utime(planted, ns=(1, 1))
+    monkeypatch.setattr(treecache, "KEEP", 1)
+    write = treecache.replace_owned
+
+    def swapped(*args, **kwargs):  # noqa: ANN202
+        link.unlink()
+        link.symlink_to(theirs)
+        try:
+            return write(*args, **kwargs)
+        finally:
+            link.unlink()
+            link.symlink_to(real)
+
+    monkeypatch.setattr(treecache, "replace_owned", swapped)
+    for path in files[1:]:
+        st = os.stat(path)
+        treecache.remember(path, (st.st_dev, st.st_ino), DIGEST, os.urandom(32))
+    assert sorted(p.name for p in (theirs / "verified" / "trees").iterdir()) == ["0-1.tree"]
