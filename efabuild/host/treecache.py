@@ -28,7 +28,7 @@ from pathlib import Path
 
 from efabuild.host import statstamp
 from efabuild.host.fsutil import replace_owned
-from efabuild.host.usercache import ROOT_CACHE, own_dir, trusted_info
+from efabuild.host.usercache import ROOT_CACHE, open_trusted, own_dir, pinned
 
 FORMAT = b"efabuild.tree/v1"
 UNIT = 1 << 20  # host/blake3tree.py's unit
@@ -69,7 +69,7 @@ def remember(path: Path, checked: tuple[int, int], digest: str, cvs: bytes,
     if dir_fd is None:
         return False
     try:
-        replace_owned(_pinned(dir_fd) / _name(info.st_dev, info.st_ino), FORMAT + b"\n" + header + b"\n" + cvs,
+        replace_owned(pinned(dir_fd) / _name(info.st_dev, info.st_ino), FORMAT + b"\n" + header + b"\n" + cvs,
                       0o600, temp_prefix=".tree")
     except OSError:
         return False
@@ -111,13 +111,10 @@ def _opened(directory: Path) -> int | None:
     """A descriptor of `directory` (trees/) once it and its parent are found trusted as opened,
     neither through a link: whatever is renamed or linked over a name of theirs after the check
     (a job user's, whose directory root's `$EFABUILD_VERIFY_CACHE` may name) is not written."""
-    try:
-        parent = os.open(directory.parent, _DIR_FLAGS)
-    except OSError:
+    parent = open_trusted(directory.parent, os.geteuid())
+    if parent is None:
         return None
     try:
-        if not trusted_info(os.fstat(parent), directory.parent, os.geteuid()):
-            return None
         fd = os.open(directory.name, _DIR_FLAGS, dir_fd=parent)
     except OSError:
         return None
@@ -128,11 +125,6 @@ def _opened(directory: Path) -> int | None:
         return fd
     os.close(fd)
     return None
-
-
-def _pinned(dir_fd: int) -> Path:
-    """A path to the very directory open as `dir_fd`."""
-    return Path(f"/proc/self/fd/{dir_fd}")
 
 
 def _read(dir_fd: int, name: str, most: int) -> bytes | None:
@@ -161,7 +153,7 @@ def _read(dir_fd: int, name: str, most: int) -> bytes | None:
 def _prune(dir_fd: int) -> None:
     """The oldest entries past KEEP removed: their files were most likely replaced since."""
     try:
-        with os.scandir(_pinned(dir_fd)) as found:
+        with os.scandir(pinned(dir_fd)) as found:
             entries = [(e.stat(follow_symlinks=False).st_mtime_ns, e.name) for e in found
                        if e.name.endswith(".tree") and e.is_file(follow_symlinks=False)]
     except OSError:

@@ -35,6 +35,26 @@ def trusted_dir(directory: Path, owner: int) -> bool:
     return trusted_info(st, directory, owner)
 
 
+def open_trusted(directory: Path, owner: int) -> int | None:
+    """A descriptor of `directory`, opened without following a link there, once trusted_dir()
+    holds for what was opened; None otherwise. Entries are read and written through it: a job
+    user's `$EFABUILD_VERIFY_CACHE` (root's, too, when root runs in their environment) may lie
+    below a link of theirs that they point elsewhere once the directory was checked."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    if trusted_info(os.fstat(fd), directory, owner):
+        return fd
+    os.close(fd)
+    return None
+
+
+def pinned(dir_fd: int) -> Path:
+    """A path to the very directory open as `dir_fd`."""
+    return Path(f"/proc/self/fd/{dir_fd}")
+
+
 def trusted_info(st: os.stat_result, directory: Path, owner: int) -> bool:
     """trusted_dir() of the directory `directory` whose stat (an open descriptor's) is `st`."""
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != owner:

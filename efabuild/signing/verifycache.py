@@ -30,7 +30,7 @@ from pathlib import Path
 from efabuild.host import statstamp
 from efabuild.host.fsutil import replace_owned
 from efabuild.host.usercache import CACHE_ENV, ROOT_CACHE, own_dir  # noqa: F401 - CACHE_ENV: callers set it here
-from efabuild.host.usercache import trusted_dir as _trusted_dir
+from efabuild.host.usercache import open_trusted, pinned
 
 RACY_SECONDS = statstamp.RACY_WINDOW_NS / 1e9
 FORMAT = "efabuild.verified/v1"
@@ -59,13 +59,16 @@ def _entry_name(sqsh: Path, kind: str = "") -> str:
 
 
 def _read_entry(directory: Path, owner: int, name: str) -> dict | None:
-    if not _trusted_dir(directory, owner):
+    dir_fd = open_trusted(directory, owner)
+    if dir_fd is None:
         return None
     try:
         # a FIFO at the name is not waited on: the fstat below passes it over
-        fd = os.open(directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
     except OSError:
         return None
+    finally:
+        os.close(dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != owner or st.st_mode & 0o022:
@@ -135,15 +138,9 @@ def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, lis
         directory.mkdir(mode=0o755 if directory == ROOT_CACHE else 0o700, parents=True, exist_ok=True)
     except OSError:
         return False
-    if not _trusted_dir(directory, owner):
-        return False  # someone else's directory, or open to others: never write into it
+    # someone else's directory, or open to others: never written into
     data = json.dumps(_expected(key, stamps, policy_digest), sort_keys=True).encode()
-    try:
-        replace_owned(directory / _entry_name(sqsh, kind), data, 0o644 if directory == ROOT_CACHE else 0o600,
-                      temp_prefix=".entry")
-    except OSError:
-        return False
-    return True
+    return _write(directory, owner, _entry_name(sqsh, kind), data)
 
 
 def content_verified(name: str, content: str, policy_digest: str, environ: dict[str, str] | None = None) -> bool:
@@ -167,12 +164,20 @@ def remember_content(name: str, content: str, policy_digest: str, environ: dict[
         directory.mkdir(mode=0o755 if directory == ROOT_CACHE else 0o700, parents=True, exist_ok=True)
     except OSError:
         return False
-    if not _trusted_dir(directory, owner):
-        return False
     data = json.dumps(_expected(content, {}, policy_digest), sort_keys=True).encode()
+    return _write(directory, owner, _entry_name(Path(name), "content"), data)
+
+
+def _write(directory: Path, owner: int, name: str, data: bytes) -> bool:
+    """The entry `name` written through the descriptor of the directory found trusted, never by its
+    name again (usercache.open_trusted); False when it is not."""
+    dir_fd = open_trusted(directory, owner)
+    if dir_fd is None:
+        return False
     try:
-        replace_owned(directory / _entry_name(Path(name), "content"), data,
-                      0o644 if directory == ROOT_CACHE else 0o600, temp_prefix=".entry")
+        replace_owned(pinned(dir_fd) / name, data, 0o644 if directory == ROOT_CACHE else 0o600, temp_prefix=".entry")
     except OSError:
         return False
+    finally:
+        os.close(dir_fd)
     return True

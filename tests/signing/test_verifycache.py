@@ -92,3 +92,37 @@ def test_a_file_someone_else_can_write_is_remembered_only_once_no_page_of_it_can
     until the kernel writes the page back (30 s + 5 s by default): a verification remembered 2 s
     after their last change would let a job start bytes changed since, unverified."""
     _remembered_only_from(tmp_path, monkeypatch, "mapped", ahead=120, too_soon=10, late_enough=61, mode=0o666)
+
+
+def test_a_directory_swapped_after_its_check_is_not_written(tmp_path, monkeypatch):
+    """Slip: the directory checked by its name, then written by its name. Root verifying with a job
+    user's `$EFABUILD_VERIFY_CACHE` below a link of theirs wrote its entry into their directory
+    once they pointed the link there after the check."""
+    real, theirs = tmp_path / "real", tmp_path / "theirs"
+    real.mkdir()
+    (theirs / "verified").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    key = key_for("swapped")
+    sqsh = tmp_path / f"{key}.sqsh"
+    sqsh.write_bytes(b"squashfs bytes")
+    paths = {"sqsh": sqsh}
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + verifycache.RACY_SECONDS + 0.1)
+    stamps = verifycache.take_stamps(paths)
+    environ = {verifycache.CACHE_ENV: str(link / "verified")}
+    write = verifycache.replace_owned
+
+    def swapped(*args, **kwargs):  # noqa: ANN202
+        link.unlink()
+        link.symlink_to(theirs)
+        try:
+            return write(*args, **kwargs)
+        finally:
+            link.unlink()
+            link.symlink_to(real)
+
+    monkeypatch.setattr(verifycache, "replace_owned", swapped)
+    verifycache.remember(sqsh, key, paths, stamps, "policy", time.time(), environ=environ)
+    verifycache.remember_content("index", "ab" * 32, "policy", environ=environ)
+    assert list((theirs / "verified").iterdir()) == []
