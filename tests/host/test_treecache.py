@@ -10,6 +10,7 @@ import pytest
 
 from efabuild.host import treecache
 from efabuild.host.usercache import CACHE_ENV, own_dir
+from tests.kits.storekit import recalled_tree, swap_link_during_writes
 
 MiB = 1 << 20
 DIGEST = "blake3:" + "ab" * 32
@@ -31,13 +32,6 @@ def kept(tmp_path) -> tuple[Path, bytes]:
     return path, values
 
 
-def _recalled(path: Path):  # noqa: ANN202
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return treecache.recall(fd)
-    finally:
-        os.close(fd)
-
 
 def _entry(path: Path) -> Path:
     st = os.stat(path)
@@ -46,17 +40,17 @@ def _entry(path: Path) -> Path:
 
 def test_a_kept_tree_is_recalled_for_the_same_file_unchanged(kept):
     path, values = kept
-    assert _recalled(path) == (DIGEST, values)
+    assert recalled_tree(path) == (DIGEST, values)
 
 
 def test_any_change_to_the_file_or_another_file_at_its_name_recalls_nothing(kept, tmp_path):
     path, values = kept
     os.utime(path, ns=(1, 1))
-    assert _recalled(path) is None
+    assert recalled_tree(path) is None
     other = tmp_path / "other"
     other.write_bytes(path.read_bytes())
     os.replace(other, path)
-    assert _recalled(path) is None
+    assert recalled_tree(path) is None
 
 
 def test_a_tree_for_another_inode_or_of_the_wrong_size_is_not_kept(tmp_path):
@@ -65,7 +59,7 @@ def test_a_tree_for_another_inode_or_of_the_wrong_size_is_not_kept(tmp_path):
     st = os.stat(path)
     assert not treecache.remember(path, (st.st_dev, st.st_ino + 1), DIGEST, os.urandom(64))
     assert not treecache.remember(path, (st.st_dev, st.st_ino), DIGEST, os.urandom(96))
-    assert _recalled(path) is None
+    assert recalled_tree(path) is None
 
 
 @pytest.mark.parametrize("damage", ["open to others", "longer than a tree", "a link", "another format"])
@@ -84,14 +78,14 @@ def test_an_entry_that_is_not_this_users_own_and_well_formed_is_ignored(kept, da
     else:
         entry.write_bytes(entry.read_bytes().replace(b"efabuild.tree/v1", b"efabuild.tree/v9"))
         os.chmod(entry, 0o600)
-    assert _recalled(path) is None
+    assert recalled_tree(path) is None
 
 
 def test_a_directory_open_to_others_is_neither_read_nor_written(kept):
     path, values = kept
     os.chmod(own_dir() / "trees", 0o777)
     try:
-        assert _recalled(path) is None
+        assert recalled_tree(path) is None
         st = os.stat(path)
         assert not treecache.remember(path, (st.st_dev, st.st_ino), DIGEST, values)
     finally:
@@ -105,7 +99,7 @@ def test_only_the_newest_entries_are_kept(tmp_path, monkeypatch):
         path.write_bytes(os.urandom(MiB))
         st = os.stat(path)
         assert treecache.remember(path, (st.st_dev, st.st_ino), DIGEST, os.urandom(32))
-    assert _recalled(tmp_path / "f4") is not None and _recalled(tmp_path / "f0") is None
+    assert recalled_tree(tmp_path / "f4") is not None and recalled_tree(tmp_path / "f0") is None
     assert len(list((own_dir() / "trees").glob("*.tree"))) == 3
 
 
@@ -120,7 +114,7 @@ def test_an_entry_whose_header_nests_too_deep_is_ignored(tmp_path):
     entry = _entry(path)
     entry.write_bytes(b"efabuild.tree/v1\n" + b"[" * 8000 + b"\n")
     os.chmod(entry, 0o600)
-    assert _recalled(path) is None
+    assert recalled_tree(path) is None
 
 
 def test_a_directory_swapped_after_its_check_is_not_written(tmp_path, monkeypatch):
@@ -143,18 +137,7 @@ def test_a_directory_swapped_after_its_check_is_not_written(tmp_path, monkeypatc
     planted.write_bytes(b"theirs")
     os.utime(planted, ns=(1, 1))
     monkeypatch.setattr(treecache, "KEEP", 1)
-    write = treecache.replace_owned
-
-    def swapped(*args, **kwargs):  # noqa: ANN202
-        link.unlink()
-        link.symlink_to(theirs)
-        try:
-            return write(*args, **kwargs)
-        finally:
-            link.unlink()
-            link.symlink_to(real)
-
-    monkeypatch.setattr(treecache, "replace_owned", swapped)
+    swap_link_during_writes(monkeypatch, treecache, link, real, theirs)
     for path in files[1:]:
         st = os.stat(path)
         treecache.remember(path, (st.st_dev, st.st_ino), DIGEST, os.urandom(32))

@@ -259,3 +259,32 @@ def give_to_another_user(path: Path, monkeypatch) -> None:  # noqa: ANN001 - pyt
         os.chown(path, 65534, 65534)
     else:
         monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)
+
+
+def recalled_tree(path: Path):  # noqa: ANN201 - (digest, values) | None
+    """host/treecache.recall of the file at `path`, as a fetch or check asks it: through an open descriptor."""
+    from efabuild.host import treecache
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return treecache.recall(fd)
+    finally:
+        os.close(fd)
+
+
+def swap_link_during_writes(monkeypatch, cache_module, link: Path, real: Path, theirs: Path) -> None:  # noqa: ANN001
+    """Each write of `cache_module` (its replace_owned) made while `link` points at `theirs`, and
+    `link` put back at `real` after it: what a job user whose link lies in root's cache path does
+    between the cache's check of its directory and its write."""
+    write = cache_module.replace_owned
+
+    def swapped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        link.unlink()
+        link.symlink_to(theirs)
+        try:
+            return write(*args, **kwargs)
+        finally:
+            link.unlink()
+            link.symlink_to(real)
+
+    monkeypatch.setattr(cache_module, "replace_owned", swapped)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from efabuild.signing import verifycache
-from tests.kits.storekit import key_for
+from tests.kits.storekit import key_for, swap_link_during_writes
 
 
 def _remembered_only_from(tmp_path, monkeypatch, name: str, *, ahead: float, too_soon: float, late_enough: float,
@@ -44,17 +44,23 @@ def test_a_verification_begun_within_the_racy_window_of_a_change_is_not_remember
                           late_enough=2.5)
 
 
-def test_a_digest_check_and_a_signature_check_of_one_file_keep_their_own_entries(tmp_path, monkeypatch):
-    """Slip: both kinds under the file's one entry name. An importer with `verify = true` and
-    `require_signature = true` would replace one entry with the other on every start, and so
-    re-read the whole file every time."""
-    key = key_for("kinds")
+def _settled_file(tmp_path, monkeypatch, name: str):  # noqa: ANN001, ANN202
+    """(key, its .sqsh, the paths, their stamps) of a file whose stamps have settled: the clock
+    moved past the racy window."""
+    key = key_for(name)
     sqsh = tmp_path / f"{key}.sqsh"
     sqsh.write_bytes(b"squashfs bytes")
     paths = {"sqsh": sqsh}
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() + verifycache.RACY_SECONDS + 0.1)
-    stamps = verifycache.take_stamps(paths)
+    return key, sqsh, paths, verifycache.take_stamps(paths)
+
+
+def test_a_digest_check_and_a_signature_check_of_one_file_keep_their_own_entries(tmp_path, monkeypatch):
+    """Slip: both kinds under the file's one entry name. An importer with `verify = true` and
+    `require_signature = true` would replace one entry with the other on every start, and so
+    re-read the whole file every time."""
+    key, sqsh, paths, stamps = _settled_file(tmp_path, monkeypatch, "kinds")
     environ = {verifycache.CACHE_ENV: str(tmp_path / "verified")}
     started = time.time()
     assert verifycache.remember(sqsh, key, paths, stamps, "policy", started, environ=environ)
@@ -71,13 +77,7 @@ def test_an_entry_that_is_a_fifo_is_a_miss_not_a_hang(tmp_path, monkeypatch):
     start of that image in open() until someone wrote to it; it is passed over and replaced."""
     import os
 
-    key = key_for("fifo")
-    sqsh = tmp_path / f"{key}.sqsh"
-    sqsh.write_bytes(b"squashfs bytes")
-    paths = {"sqsh": sqsh}
-    real_time = time.time
-    monkeypatch.setattr(time, "time", lambda: real_time() + verifycache.RACY_SECONDS + 0.1)
-    stamps = verifycache.take_stamps(paths)
+    key, sqsh, paths, stamps = _settled_file(tmp_path, monkeypatch, "fifo")
     cache = tmp_path / "verified"
     cache.mkdir(mode=0o700)
     os.mkfifo(cache / verifycache._entry_name(sqsh, "digest"), 0o600)
@@ -103,26 +103,9 @@ def test_a_directory_swapped_after_its_check_is_not_written(tmp_path, monkeypatc
     (theirs / "verified").mkdir(parents=True)
     link = tmp_path / "link"
     link.symlink_to(real)
-    key = key_for("swapped")
-    sqsh = tmp_path / f"{key}.sqsh"
-    sqsh.write_bytes(b"squashfs bytes")
-    paths = {"sqsh": sqsh}
-    real_time = time.time
-    monkeypatch.setattr(time, "time", lambda: real_time() + verifycache.RACY_SECONDS + 0.1)
-    stamps = verifycache.take_stamps(paths)
+    key, sqsh, paths, stamps = _settled_file(tmp_path, monkeypatch, "swapped")
     environ = {verifycache.CACHE_ENV: str(link / "verified")}
-    write = verifycache.replace_owned
-
-    def swapped(*args, **kwargs):  # noqa: ANN202
-        link.unlink()
-        link.symlink_to(theirs)
-        try:
-            return write(*args, **kwargs)
-        finally:
-            link.unlink()
-            link.symlink_to(real)
-
-    monkeypatch.setattr(verifycache, "replace_owned", swapped)
+    swap_link_during_writes(monkeypatch, verifycache, link, real, theirs)
     verifycache.remember(sqsh, key, paths, stamps, "policy", time.time(), environ=environ)
     verifycache.remember_content("index", "ab" * 32, "policy", environ=environ)
     assert list((theirs / "verified").iterdir()) == []

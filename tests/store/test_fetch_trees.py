@@ -15,7 +15,7 @@ from efabuild.host.digest import file_digest
 from efabuild.settings import S3Config
 from efabuild.store.tiered import Store
 from efabuild.store.tiers.fs import FilesystemTier
-from tests.kits.storekit import CHUNKED, make_sqsh, publish
+from tests.kits.storekit import CHUNKED, make_sqsh, publish, recalled_tree
 
 pytestmark = [pytest.mark.s3, pytest.mark.skipif(blake3tree.installed() is None, reason="needs the blake3 helper")]
 KiB, MiB = 1024, 1024 * 1024
@@ -51,7 +51,7 @@ def seeded(tmp_path, settings, settled_clock, monkeypatch):  # noqa: ANN001, ANN
 
 def test_the_next_fetch_takes_the_reused_units_values_from_the_tree_the_first_remembered(seeded):
     cluster, previous, k2, v2, hashed = seeded
-    assert _recalled(previous) is not None
+    assert recalled_tree(previous) is not None
     fetched = cluster.fetch(k2)
     assert file_digest(fetched) == file_digest(v2)
     assert hashed == []  # no unit of the previous version was hashed again
@@ -72,7 +72,7 @@ def test_a_tree_whose_values_lie_costs_a_rehash_never_other_bytes(seeded):
     """A tree of the previous version's stamp whose values are not its units' (a cache this user
     damaged): the digest made from them is not the record's, and the file is hashed whole."""
     cluster, previous, k2, v2, hashed = seeded
-    digest, cvs = _recalled(previous)
+    digest, cvs = recalled_tree(previous)
     st = os.stat(previous)
     assert treecache.remember(previous, (st.st_dev, st.st_ino), digest, bytes(len(cvs)))
     fetched = cluster.fetch(k2)
@@ -88,12 +88,5 @@ def test_a_tree_is_neither_kept_nor_believed_for_a_file_others_can_write(seeded,
     with monkeypatch.context() as m:  # kept as if it were this user's alone: still not believed
         m.setattr(treecache.statstamp, "others_may_write", lambda info: False)
         assert treecache.remember(previous, (st.st_dev, st.st_ino), "blake3:" + "0" * 64, values)
-    assert _recalled(previous) is None
+    assert recalled_tree(previous) is None
 
-
-def _recalled(path: Path):  # noqa: ANN202
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return treecache.recall(fd)
-    finally:
-        os.close(fd)
