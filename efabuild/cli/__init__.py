@@ -37,6 +37,7 @@ COMMANDS: dict[str, str] = {
     "lint": "lint_cmd",
     "doctor": "doctor_cmd",
     "pyxis-importer": "pyxis_cmd",
+    "prune-containers": "containers_cmd",
     "completion": "completion_cmd",
 }
 

@@ -27,6 +27,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
               efabuild lookup demo:user
               efabuild lookup demo:user@linux/arm64
               efabuild lookup --store /fsx/efabuild --verify 0123abcd
+              KEY=$(efabuild lookup --key --require-signature ngc-efa:user)
               srun --container-image="$(efabuild lookup --require-signature ngc-efa:user)" ...""",
     )
     p.add_argument("ref", metavar="REF",
@@ -44,7 +45,12 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     p.add_argument("--require-signature", action="store_true",
                    help="refuse an artifact not signed by a key of the trust policy ([trust] in BUILD.toml, "
                         "else /etc/efabuild/trust.toml); a cached verification costs a few stats")
-    p.add_argument("--json", action="store_true", help="print path, key, name, platform, size, digest, created as JSON")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print path, key, name, platform, size, digest, created as JSON")
+    out.add_argument("--key", action="store_true",
+                     help="print the artifact's full key instead of its path, after the same checks: a job resolves a "
+                          "name once, then looks up and names its container by that key (a later make cannot "
+                          "change what the job runs)")
     p.set_defaults(run=run)
 
 
@@ -71,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
         fields = ("key", "name", "platform", "size", "digest", "created")
         print_json("lookup", {"path": str(path), **{name: record.get(name) for name in fields}})
+    elif args.key:
+        sys.stdout.write(f"{path.name[: -len('.sqsh')]}\n")  # the copy handed out is named by its key
     else:
         sys.stdout.write(f"{path}\n")
     sys.stdout.flush()

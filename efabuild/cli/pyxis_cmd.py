@@ -40,7 +40,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
         epilog="""
             examples:
               # plugstack.conf
-              required /usr/lib/x86_64-linux-gnu/slurm/spank/pyxis.so importer=/path/to/efabuild-pyxis-importer
+              required /usr/local/lib/slurm/spank_pyxis.so use_squashfuse=1 importer=/path/to/efabuild-pyxis-importer
               srun --container-image=efabuild://ngc-efa:user ...
               EFABUILD_STORE=/fsx/efabuild efabuild pyxis-importer get docker://efabuild://ngc-efa:user""",
     )

@@ -145,6 +145,7 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.cli.output", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.prepare",
         "efabuild.refs"},
     "efabuild.cli.pyxis_cmd": {"efabuild.pyxis.importer"},
+    "efabuild.cli.containers_cmd": {"efabuild.pyxis.containers"},
     # installed by `efabuild --help` too, which shows no progress
     "efabuild.cli.reporting": {"efabuild.store.progress"},
     "efabuild.cli.sign_cmd": {

@@ -177,3 +177,18 @@ def test_the_importer_skips_only_the_very_file_its_fetch_checked(tmp_path, monke
     os.replace(tmp_path / "planted", path)
     with pytest.raises(EfabuildError, match="corrupt artifact: digest"):
         verify_tiers(table, key, fetched=fetched)
+
+
+def test_key_prints_the_key_of_the_artifact_a_name_gives_and_that_key_looks_up_the_same_path(workspace):
+    cache = workspace / "cache"
+    by_name = efabuild("lookup", "--key", "ngc-efa:user", cwd=workspace)
+    assert (by_name.returncode, by_name.stdout, by_name.stderr) == (0, TWINS[1] + "\n", "")
+    # the job's second lookup, by that key, gives the path the name gave: nothing can move it
+    by_key = efabuild("lookup", by_name.stdout.strip(), cwd=workspace)
+    assert by_key.stdout == efabuild("lookup", "ngc-efa:user", cwd=workspace).stdout == sqsh_of(cache, TWINS[1])
+    assert efabuild("lookup", "--key", LONER[:8], cwd=workspace).stdout == LONER + "\n"
+    # the same checks as a path: absent is one line and exit 1, nothing on stdout
+    missing = efabuild("lookup", "--key", "ngc-efa:nope", cwd=workspace)
+    assert missing.returncode == 1 and missing.stdout == "" and missing.stderr.count("\n") == 1
+    both = efabuild("lookup", "--key", "--json", "ngc-efa:user", cwd=workspace)
+    assert both.returncode == 2 and both.stdout == "" and "not allowed with argument" in both.stderr

@@ -56,6 +56,10 @@ def test_the_same_lookup_line_gives_each_node_its_platforms_artifact(store_dir, 
     assert lookup("--store", str(store_dir), f"{NAME}@linux/arm64", cwd=tmp_path) == arm
     code, out, _ = lookup("--store", str(store_dir), "--json", f"{NAME}@linux/arm64", cwd=tmp_path)
     assert code == 0 and json.loads(out)["platform"] == "linux/arm64" and json.loads(out)["key"] == keys["linux/arm64"]
+    # the key a job names its container by is the node's platform's, as the path is
+    assert lookup("--store", str(store_dir), "--key", NAME, cwd=tmp_path) == (0, keys["linux/amd64"] + "\n", "")
+    as_machine(monkeypatch, ARM_NODE)
+    assert lookup("--store", str(store_dir), "--key", NAME, cwd=tmp_path) == (0, keys["linux/arm64"] + "\n", "")
 
 
 def test_a_name_without_the_nodes_platform_is_one_line_and_exit_1(store_dir, tmp_path, monkeypatch):
