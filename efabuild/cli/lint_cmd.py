@@ -17,7 +17,7 @@ def configure(name, sub, common):
         help="check graphs and job scripts for the NGC + EFA pitfalls (exit 1 on errors)",
         description="""
             Check each layer's Dockerfile text, args and base, and the job scripts under scripts/,
-            for the known NGC + EFA pitfalls (rules EFA000-EFA023, listed in docs/guides/lint.md). Exit 1 when
+            for the known NGC + EFA pitfalls (rules EFA000-EFA024, listed in docs/guides/lint.md). Exit 1 when
             any finding is an error.""",
         epilog="""
             examples:

@@ -111,6 +111,11 @@ _PATTERNS: tuple[tuple[str, str, re.Pattern[str], int | None, int | None], ...] 
         # what efabuild's importer said (one line, on stderr, which Pyxis prints with Enroot's log)
         ("importer-said", "efabuild: ", r"efabuild: ((?:refusing |no artifact |\S+ tier: )(?:.*\S)?)", 1, None),
         ("unpacked", "creating container filesystem", r"pyxis: creating container filesystem", None, None),
+        # a named container started again (Pyxis keeps it after the job: container_scope=global)
+        ("container-reused", "reusing existing container", r"pyxis: reusing existing container (filesystem|namespaces)",
+         1, None),
+        # an srun that names its container (`set -x` in the job script, or a user's paste)
+        ("named-start", "--container-name", r"\bsrun\b(.*--container-name.*)$", 1, None),
         ("unpacked", "Extracting squashfs filesystem", r"\[INFO\] Extracting squashfs filesystem", None, None),
         ("no-space", "No space left on device", r"No space left on device", None, None),
         # host vs container CUDA

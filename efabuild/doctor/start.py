@@ -3,6 +3,7 @@ use_squashfuse=1), or unpacked with `enroot create`. Registered with diagnose.RU
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 from efabuild.doctor.diagnose import Seen, rule
@@ -113,3 +114,58 @@ def import_failed(seen: Seen) -> Iterator[Diagnosis]:
         "with the details; republish or re-fetch the artifact it names" if said else
         "act on the lines Pyxis printed after 'printing contents of log file'",
         facts.evidence("import-failed", "importer-said"))
+
+
+_NAME_OPTION = re.compile(r"--container-name[= ]['\"]?([^\s'\":]+)")
+_IMAGE_OPTION = re.compile(r"--container-image[= ]['\"]?([^\s'\"]+)")
+_KEY_IN_NAME = re.compile(r"-([0-9a-f]{12})$")
+_KEY_IN_IMAGE = re.compile(r"(?:^|[/:])([0-9a-f]{64})(?:\.sqsh)?$")
+_NAME_BY_KEY = ("name the container by the artifact's key: KEY=$(efabuild lookup --key NAME), "
+                "--container-image=\"$(efabuild lookup \"$KEY\")\" --container-name=\"train-${KEY:0:12}\" "
+                "(scripts/example-job.sbatch); `efabuild prune-containers train --keep \"$KEY\"` removes the old ones")
+
+
+@rule("stale-container", "container-reused",
+      catches="a step that started a container Pyxis kept from an earlier job by its name, whatever image it asked "
+              "for: the previous build when the name is fixed")
+def reused_container(seen: Seen) -> Iterator[Diagnosis]:
+    facts = seen.facts
+    if not facts.has("container-reused"):
+        return
+    starts = [(_NAME_OPTION.search(o.value or ""), _IMAGE_OPTION.search(o.value or "")) for o in facts.of("named-start")]
+    pairs = [(name.group(1), image.group(1) if image else None) for name, image in starts if name]
+    stale, same = [], []
+    for name, image in pairs:
+        in_name = _KEY_IN_NAME.search(name)
+        in_image = _KEY_IN_IMAGE.search(image) if image else None
+        if in_name and in_image:
+            (same if in_image.group(1).startswith(in_name.group(1)) else stale).append(
+                (name, in_name.group(1), in_image.group(1)))
+    evidence = facts.evidence("container-reused", "named-start")
+    if stale:
+        name, ran, asked = stale[0]
+        yield Diagnosis(
+            "stale-container", "problem",
+            f"the step started container {name} (artifact {ran}…), not the artifact it asked for ({asked[:12]}…)",
+            "Pyxis found a container of that name on the node ('reusing existing container filesystem') and "
+            "started it without looking at --container-image: the image that ran is the one the container was "
+            "created from.",
+            _NAME_BY_KEY, evidence)
+    elif same and len(same) == len(pairs):
+        yield Diagnosis(
+            "container-reused", "info",
+            f"the step reused container {same[0][0]}, created from the artifact it asked for ({same[0][1]}…)",
+            "Pyxis kept the named container from an earlier step or job; its name carries the artifact's key, so "
+            "it is the image asked for, started without a second unpack.",
+            "nothing to do; `efabuild prune-containers NAME --keep KEY` removes containers of earlier builds",
+            evidence)
+    else:
+        named = f" {pairs[0][0]}" if pairs else ""
+        yield Diagnosis(
+            "stale-container", "warning",
+            f"the step reused a container kept on the node{named}: it may hold an earlier build than the image asked "
+            "for",
+            "Pyxis keeps a named container after the job (container_scope=global, its default) and starts it again "
+            "for the same --container-name whatever --container-image says; this log does not show which artifact "
+            "it was created from.",
+            _NAME_BY_KEY, evidence)

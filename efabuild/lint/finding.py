@@ -69,6 +69,8 @@ RULES: dict[str, Rule] = {rule.id: rule for rule in (
                               "layer's URL or path)"),
     Rule("EFA023", "warning", "TORCH_CUDA_ARCH_LIST names no Grace GPU (9.0 GH200, 10.0 GB200) in a layer built "
                               "only for arm64"),
+    Rule("EFA024", "error", "job script gives a fixed --container-name to an image a make changes (a name's "
+                            "lookup, efabuild://NAME): a later job starts the previous build's container"),
 )}
 
 

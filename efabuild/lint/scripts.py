@@ -97,6 +97,7 @@ def lint_script(path: Path, display: str) -> list[Finding]:
         if any(name in ("--container-image", "--container-name") for name, _ in options):
             containers.append(line)
             launches.append(_Start.of(options, line, looped=_inside(loops, command.offset)))
+            findings.extend(_stale_container(dict(options), local, display, line))
         for name, value in options:
             if name == "--container-mounts" and value:
                 findings.extend(_mounts(value, display, line))
@@ -114,6 +115,9 @@ def lint_script(path: Path, display: str) -> list[Finding]:
     return findings
 
 
+_NAME_FLAGS = {"create", "exec", "no_create", "no_exec"}  # Pyxis's --container-name=NAME:FLAG
+
+
 class _Start(NamedTuple):
     line: int
     image: bool  # --container-image: this step creates the container (unless its name exists)
@@ -126,8 +130,9 @@ class _Start(NamedTuple):
         given = dict(options)
         name = given.get("--container-name")
         # NAME:FLAG (create, exec, no_create, ...) names the same container as NAME
-        return cls(line, "--container-image" in given, name.split(":", 1)[0] if name else name,
-                   "--container-save" in given, looped)
+        if name and name.rpartition(":")[2] in _NAME_FLAGS:
+            name = name.rpartition(":")[0]
+        return cls(line, "--container-image" in given, name, "--container-save" in given, looped)
 
 
 # `do` and `done` where a command starts (a line's start or after ; & | ( ), not an argument or a comment
@@ -194,6 +199,59 @@ def _start_modes(starts: list[_Start], display: str) -> Iterator[Finding]:
                           "every such step",
                           "nothing to do where the nodes have use_squashfuse=1 and /dev/fuse open to users; "
                           "elsewhere name the container and reuse it")
+
+
+# `efabuild lookup ... REF` in a command substitution, and REF: its last word
+_LOOKUP = re.compile(r"""(?:\$\(|`)\s*(?:\S*/)?efabuild\s+lookup\b([^)`]*)""")
+_VARIABLE = re.compile(r"""^["']?\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?["']?$""")
+_HEX_REF = re.compile(r"^[0-9a-fA-F]{8,64}$")
+
+
+def _moving_ref(ref: str, local: dict[str, str], depth: int = 0) -> str | None:
+    """The name `ref` stands for when it names an artifact by graph:layer (which a make moves to a
+    new build), None for a key, a path, or what this reader cannot tell."""
+    ref = ref.strip().strip("'\"")
+    variable = _VARIABLE.match(ref)
+    if variable and depth < 4:
+        value = local.get(variable.group(1))
+        if value is None:
+            return None
+        lookup = _LOOKUP.search(value)
+        if lookup is not None:
+            words = lookup.group(1).split()
+            # `lookup --key NAME` gives a key: the artifact it names stays fixed
+            return None if "--key" in words or not words else _moving_ref(words[-1], local, depth + 1)
+        return _moving_ref(value, local, depth + 1)
+    if ref.startswith("efabuild://"):
+        ref = ref[len("efabuild://"):]
+    name = ref.partition("@")[0]
+    return name if ":" in name and "$" not in name and "/" not in name and not _HEX_REF.match(name) else None
+
+
+def _stale_container(given: dict[str, str | None], local: dict[str, str], display: str,
+                     line: int) -> Iterator[Finding]:
+    """A fixed --container-name with an image that a make changes: Pyxis (container_scope=global,
+    its default) keeps the named container after the job, and a later job with the same name starts
+    that container, the previous build's, whatever image it asks for."""
+    image, name = given.get("--container-image"), given.get("--container-name")
+    if not image or not name or "$" in name or "`" in name:
+        return
+    lookup = _LOOKUP.search(image)
+    if lookup is not None:
+        words = lookup.group(1).split()
+        moving = None if "--key" in words or not words else _moving_ref(words[-1], local)
+    else:
+        moving = _moving_ref(image, local)
+    if moving is None:
+        return
+    base = name.rpartition(":")[0] if name.rpartition(":")[2] in _NAME_FLAGS else name
+    yield finding("EFA024", display, line, None,
+                  f"--container-name={base} is fixed but the image follows {moving}: Pyxis keeps the named "
+                  "container after the job (container_scope=global), so the next job after a new build starts "
+                  "the previous build's container (slurmd: \"reusing existing container filesystem\")",
+                  f"name the container by the artifact's key: KEY=$(efabuild lookup --key {moving}), "
+                  f"--container-image=\"$(efabuild lookup \"$KEY\")\" --container-name=\"{base}-${{KEY:0:12}}\"; "
+                  f"remove old ones with `efabuild prune-containers {base} --keep \"$KEY\"`")
 
 
 def _mounts(value: str, display: str, line: int) -> Iterator[Finding]:

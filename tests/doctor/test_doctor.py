@@ -109,6 +109,31 @@ def test_dev_fuse_closed_to_the_job_user_when_a_sqsh_is_mounted_per_step():
     assert "0666" in fuse.fix and "--container-name" in fuse.fix
 
 
+def test_a_container_reused_by_a_fixed_name_may_be_an_earlier_build():
+    """Pyxis keeps a named container after the job (container_scope=global) and starts it again
+    for the name, whatever --container-image says: slurmd logs 'reusing existing container filesystem'."""
+    report = run("stale-container.log")
+    assert ids(report) == {"stale-container"}
+    [stale] = report.diagnoses
+    assert stale.severity == "warning" and "container kept on the node train" in stale.title
+    assert "efabuild lookup --key" in stale.fix and "prune-containers" in stale.fix
+    assert [e.line for e in stale.evidence] == [2, 3]
+
+
+def test_a_container_named_by_another_key_than_the_image_asked_for_is_a_problem():
+    report = run("other-key-container.log")
+    [stale] = report.diagnoses
+    assert (stale.id, stale.severity) == ("stale-container", "problem")
+    assert stale.title == ("the step started container train-3f9c2be1d0a4 (artifact 3f9c2be1d0a4…), not the artifact "
+                           "it asked for (7c0de5a1b2c3…)")
+
+
+def test_a_container_named_by_the_key_of_its_image_is_reuse_as_intended():
+    report = run("keyed-container.log")
+    assert [(d.id, d.severity) for d in report.diagnoses] == [("container-reused", "info")]
+    assert "created from the artifact it asked for (7c0de5a1b2c3…)" in report.diagnoses[0].title
+
+
 def test_squashfuse_missing_on_the_node():
     report = run("squashfuse-missing.log")
     assert ids(report, "problem") == {"squashfs-tool-missing"}

@@ -39,7 +39,7 @@ def test_bad_job_script_reports_each_marked_line():
 
 def test_good_job_script_is_clean():
     findings = lint_script(SCRIPTS / "good.sbatch", "scripts/good.sbatch")
-    assert [(f.rule, f.severity, f.line) for f in findings] == [("EFA019", "info", 9)]  # its start mode, named
+    assert [(f.rule, f.severity, f.line) for f in findings] == [("EFA019", "info", 10)]  # its start mode, named
 
 
 def problems(findings):
@@ -119,3 +119,43 @@ def test_a_name_given_once_in_a_loop_is_reused_by_its_later_rounds(tmp_path):
     findings = lint_script(script, "run.sh")
     assert [(f.rule, f.line) for f in findings] == [("EFA019", 4), ("EFA020", 8)]
     assert "names its container (once)" in findings[1].message
+
+
+def test_a_fixed_container_name_for_an_image_a_make_moves_is_an_error(tmp_path):
+    """Pyxis keeps a named container after the job (container_scope=global): a fixed name given to
+    `efabuild lookup NAME` or efabuild://NAME starts the previous build's container in the next job."""
+    script = tmp_path / "run.sh"
+    cases = {
+        'srun --container-image="$(efabuild lookup ngc-efa:user)" --container-name=train true': "ngc-efa:user",
+        'IMAGE=$(efabuild lookup --require-signature --store /fsx/s ngc-efa:user@linux/arm64)\n'
+        'srun --container-image="$IMAGE" --container-name=train:no_exec true': "ngc-efa:user",
+        "srun --container-image=efabuild://demo:user --container-name=train true": "demo:user",
+        'REF=demo:user\nsrun --container-image="efabuild://$REF" --container-name=train true': "demo:user",
+    }
+    for body, name in cases.items():
+        script.write_text(f"#!/bin/bash\n#SBATCH -c 24\n{body}\nsrun --container-name=train python t.py\n")
+        stale = [f for f in lint_script(script, "run.sh") if f.rule == "EFA024"]
+        assert [(f.severity, f.line) for f in stale] == [("error", body.count("\n") + 3)], body
+        assert f"--container-name=train is fixed but the image follows {name}" in stale[0].message
+        assert 'KEY=$(efabuild lookup --key' in stale[0].fix and "train-${KEY:0:12}" in stale[0].fix
+    # what never moves: a key, a key's lookup, a path, a name carrying the key, no name at all
+    for body in ('KEY=$(efabuild lookup --key ngc-efa:user)\n'
+                 'srun --container-image="$(efabuild lookup "$KEY")" --container-name="train-${KEY:0:12}" true',
+                 'KEY=$(efabuild lookup --key ngc-efa:user)\n'
+                 'srun --container-image="$(efabuild lookup "$KEY")" --container-name=train true',
+                 f"srun --container-image=efabuild://{'ab' * 32} --container-name=train true",
+                 "srun --container-image=/fsx/a.sqsh --container-name=train true",
+                 'srun --container-image="$(efabuild lookup ngc-efa:user)" true'):
+        script.write_text(f"#!/bin/bash\n#SBATCH -c 24\n{body}\nsrun --container-name=train python t.py\n")
+        assert not [f for f in lint_script(script, "run.sh") if f.rule == "EFA024"], body
+
+
+def test_the_example_job_names_its_container_by_the_key_and_its_old_form_was_stale(tmp_path):
+    example = Path(__file__).resolve().parents[2] / "scripts" / "example-job.sbatch"
+    findings = lint_script(example, "scripts/example-job.sbatch")
+    assert not [f for f in findings if f.severity != "info"], findings
+    # the form it had before: a fixed name for the name's latest build
+    old = tmp_path / "old.sbatch"
+    old.write_text(example.read_text().replace('--container-name="$NAME"', "--container-name=train")
+                   .replace('"$KEY")', "ngc-efa:user)"))
+    assert [f.rule for f in lint_script(old, "old.sbatch") if f.rule == "EFA024"] == ["EFA024", "EFA024"]
