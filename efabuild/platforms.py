@@ -149,15 +149,19 @@ class MissingPlatform(NotFound):
     """A name that has artifacts, none for the platform wanted. Exit status 1, like an absent one."""
 
 
-def pick(index: Mapping, platform: str) -> str:
+def pick(index: Mapping, platform: str, from_env: bool = False) -> str:
     """The key of `platform` in a checked index; MissingPlatform naming the platforms it has."""
     key = index["platforms"].get(platform)
     if key is None:
-        raise MissingPlatform(missing_platform(index["name"], platform, sorted(index["platforms"])))
+        raise MissingPlatform(missing_platform(index["name"], platform, sorted(index["platforms"]), from_env))
     return key
 
 
-def missing_platform(name: str, platform: str, has: list[str]) -> str:
+def missing_platform(name: str, platform: str, has: list[str], from_env: bool = False) -> str:
+    """Why `name` gives no artifact; `from_env`: $EFABUILD_PLATFORM chose `platform`, not the node."""
+    if from_env:
+        return (f"{name} has no {platform} artifact (it has {', '.join(has) or 'no platform'}); {PLATFORM_ENV} "
+                f"chose {platform}: unset it for this node's platform, or build {platform} with [builder] platforms")
     return (f"{name} has no {platform} artifact (it has {', '.join(has) or 'no platform'}); build it with "
             f"[builder] platforms or set {PLATFORM_ENV}")
 

@@ -161,13 +161,15 @@ def policy_for(table, environ: dict[str, str] | None = None) -> TrustPolicy:  # 
     policy, asked = None, []
     if not table.bare and Path(table.source).is_file():  # a workspace: source is its BUILD.toml
         policy = workspace_policy(Path(table.source), table.local)
-        asked.append(f"{table.source} [trust]")
+        asked.append(f"{table.source} has no [trust] table" if policy is None else
+                     f"{table.source} [trust] names no keys")
     if policy is None:  # a bare store, or a workspace without [trust]: the node's policy
         policy = node_policy(environ)
-        asked.append(str(node_config_path(environ)))
+        path = node_config_path(environ)
+        asked.append(f"{path} does not exist (an admin writes it with `efabuild trust --write`)" if policy is None
+                     else f"{path} names no keys (`[trust] keys = [...]`)")
     if policy is None or not policy.keys:
-        raise InputError(f"no trusted keys: signatures are required but {' nor '.join(asked)} names "
-                         f"none (`[trust] keys = [...]`)")
+        raise InputError(f"no trusted keys: signatures are required but {'; '.join(asked)}")
     return policy
 
 

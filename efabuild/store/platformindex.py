@@ -14,6 +14,7 @@ Stdlib only: `efabuild lookup`'s fast path resolves names through it.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -22,8 +23,8 @@ from efabuild.errors import EfabuildError, InputError
 from efabuild.grammar import PLATFORM
 from efabuild.host import fsutil
 from efabuild.host.machine import node_platform
-from efabuild.platforms import (MissingPlatform, missing_platform, parse_index, pick, record_disagrees, split_platform,
-                                with_platform)
+from efabuild.platforms import (PLATFORM_ENV, MissingPlatform, missing_platform, parse_index, pick, record_disagrees,
+                                split_platform, with_platform)
 from efabuild.refs import short
 from efabuild.store.layout import MANIFEST_LIMIT
 
@@ -47,6 +48,11 @@ class Wanted(NamedTuple):
     def node(self) -> tuple[str, bool]:
         """(the platform to pick, whether it was asked for), read when first needed."""
         return node_platform(self.platform, self.environ)
+
+    def from_env(self) -> bool:
+        """Whether $EFABUILD_PLATFORM, not the ref, --platform or the node's machine, chose the platform."""
+        environ = os.environ if self.environ is None else self.environ
+        return self.platform is None and bool(environ.get(PLATFORM_ENV))
 
 
 class Resolved(NamedTuple):
@@ -72,7 +78,7 @@ def choose(entry: dict, name: str, wanted: Wanted, read_index: Callable, where: 
     if vet is not None:
         vet(data, envelope, where(digest))
     platform, _ = wanted.node()
-    return Resolved(pick(index, platform), via_s3, platform)
+    return Resolved(pick(index, platform, wanted.from_env()), via_s3, platform)
 
 
 def check_record(resolved: Resolved, wanted: Wanted, record: dict,
@@ -102,7 +108,8 @@ def check_record(resolved: Resolved, wanted: Wanted, record: dict,
     if asked and ":" in wanted.ref:
         raise MissingPlatform(missing_platform(name, platform, [recorded]))
     what = f"{wanted.ref} ({short(resolved.key)})" if ":" in wanted.ref else short(resolved.key)
-    notices.warn(f"{what} is a {recorded} artifact, this node is {platform}")
+    wants = f"{PLATFORM_ENV} asks for {platform}" if wanted.from_env() else f"this node is {platform}"
+    notices.warn(f"{what} is a {recorded} artifact, {wants}")
 
 
 def manifest_platform_of(layout, key: str) -> Callable[[], str | None]:  # noqa: ANN001 - a store.layout.Layout

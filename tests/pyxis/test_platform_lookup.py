@@ -69,6 +69,10 @@ def test_a_name_without_the_nodes_platform_is_one_line_and_exit_1(store_dir, tmp
     assert lookup("--store", str(store_dir), NAME, cwd=tmp_path) == (
         1, "", "efabuild: demo:train has no linux/arm64 artifact (it has linux/amd64); build it with [builder] "
                "platforms or set EFABUILD_PLATFORM\n")
+    # where $EFABUILD_PLATFORM asked for it, the line says so rather than suggesting to set it
+    assert lookup("--store", str(store_dir), NAME, env={"EFABUILD_PLATFORM": "linux/riscv64"}, cwd=tmp_path) == (
+        1, "", "efabuild: demo:train has no linux/riscv64 artifact (it has linux/amd64); EFABUILD_PLATFORM chose "
+               "linux/riscv64: unset it for this node's platform, or build linux/riscv64 with [builder] platforms\n")
 
 
 def test_bad_platforms_are_one_line_usage_errors(store_dir, tmp_path, monkeypatch):

@@ -223,8 +223,13 @@ def test_unsigned_artifact_and_missing_policy_are_one_line(tmp_path, keys):
     assert plain.returncode == 0
     no_policy = efabuild("lookup", "--require-signature", key,
                          env={**env, "EFABUILD_TRUST_CONFIG": str(tmp_path / "absent.toml")})
-    assert no_policy.returncode == 2 and "no trusted keys" in no_policy.stderr
-    assert no_policy.stderr.count("\n") == 1
+    assert no_policy.returncode == 2
+    assert no_policy.stderr == (f"efabuild: no trusted keys: signatures are required but {tmp_path / 'absent.toml'} "
+                                "does not exist (an admin writes it with `efabuild trust --write`)\n")
+    (tmp_path / "empty.toml").write_text("[trust]\nkeys = []\n")
+    empty = efabuild("lookup", "--require-signature", key,
+                     env={**env, "EFABUILD_TRUST_CONFIG": str(tmp_path / "empty.toml")})
+    assert empty.returncode == 2 and empty.stderr.endswith(f"{tmp_path / 'empty.toml'} names no keys (`[trust] keys = [...]`)\n")
 
 
 def test_sign_adds_a_signature_to_the_stored_statement_unchanged(tmp_path, keys):
