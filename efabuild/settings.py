@@ -135,6 +135,9 @@ class ExportSettings(NamedTuple):
     extra_options: tuple[str, ...] = ()
     # file times written by a build are clamped to the base's creation time (see export/squash.py)
     clamp_times: bool = True
+    # an artifact above another one is written from its ancestor's .sqsh where it can be; False
+    # (or `make --full-export`): always a full export. Not an input of the bytes: the record says which
+    incremental: bool = True
 
     def mksquashfs_options(self) -> tuple[str, ...]:
         opts = ("-comp", self.compression)
@@ -180,7 +183,8 @@ def parse_settings(data: dict[str, Any], file: str, root: Path) -> Settings:
         store=parse_store_table(data.get("store"), root, file),
         builder=_builder(top.table("builder", BUILDER_KEYS)),
         registry=_registry(top.table("registry", ("url", "insecure"))),
-        export=_export(top.table("export", ("compression", "compress_data", "extra_options", "clamp_times"))),
+        export=_export(top.table("export", ("compression", "compress_data", "extra_options", "clamp_times",
+                                                        "incremental"))),
         audit=_audit(top.table("audit", ("host_efa_installer", "min_versions", "required_pins", "known_bad"))),
         sign=_sign(top.table("sign", ("key", "region", "endpoint_url"))),
         trust_keys=_trust(top.table("trust", ("keys", "endpoint_url"))),
@@ -328,7 +332,8 @@ def _export(t: Table | None) -> ExportSettings:
     if problem:
         raise InputError(problem, t.where("extra_options"))
     return ExportSettings(compression=compression, compress_data=t.get("compress_data", bool, False),
-                          extra_options=extra, clamp_times=t.get("clamp_times", bool, True))
+                          extra_options=extra, clamp_times=t.get("clamp_times", bool, True),
+                          incremental=t.get("incremental", bool, True))
 
 
 # --- [audit], [sign], [trust] -------------------------------------------------------------------

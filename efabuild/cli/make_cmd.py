@@ -30,6 +30,10 @@ def configure(name, sub, common):
     p.add_argument("-j", "--jobs", type=int, default=None, help="layers built in parallel (default: [builder] jobs)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and build nothing")
     p.add_argument("--no-lint", action="store_true", help="build even when lint finds errors")
+    p.add_argument("--full-export", action="store_true",
+                   help="export every artifact layer whole, not from its ancestor's .sqsh (to compare the two, or "
+                        "to drop a child's dead bytes); as [export] incremental = false. A layer whose key has a "
+                        "stored artifact is not exported again: remove it first (efabuild gc, or a new key)")
     p.add_argument("--check", action="store_true",
                    help="rebuild each GRAPH:LAYER without the build cache on its parent's image (parents are "
                         "not rebuilt) and compare with its stored .sqsh; exit 1 when they differ")
@@ -52,6 +56,8 @@ def run(args) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise InputError("--jobs must be at least 1")
     ws = with_builder(ws, args.builder)
+    if args.full_export:
+        ws = ws._replace(settings=ws.settings._replace(export=ws.settings.export._replace(incremental=False)))
     if not args.dry_run:
         from efabuild.host.scratch import check_temp_dir
 

@@ -57,6 +57,8 @@ NO_ANCESTOR = "no artifact layer below it"
 # why a make's export has no layer diffs to write from, whatever the ancestor
 REMOTE_BUILDER = "a remote builder streams the whole image and no [registry] holds its layer blobs"
 NOT_ON_THIS_HOST = "the engine is not reached through a local socket: its layer directories cannot be read here"
+# a full export asked for: to compare with an incremental one, or to compact a child's dead bytes
+FULL_ASKED = "a full export was asked for ([export] incremental = false, or make --full-export)"
 # the recorded export options that decide a .sqsh's bytes: an ancestor's must be the child's
 _LIST_TIMEOUT_S = 120.0
 PACKING = ("mksquashfs", "compression", "compress_data", "epoch", "enroot_format", "rc_labels", "time_clamp")

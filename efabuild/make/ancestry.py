@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from efabuild.errors import EfabuildError
-from efabuild.export.incremental import NO_ANCESTOR, NOT_ON_THIS_HOST, REMOTE_BUILDER, Ancestor, ancestor_layer
+from efabuild.export.incremental import (FULL_ASKED, NO_ANCESTOR, NOT_ON_THIS_HOST, REMOTE_BUILDER, Ancestor,
+                                         ancestor_layer)
 from efabuild.make.prepare import Prepared
 from efabuild.refs import image_tag, short
 from efabuild.signing.trust import TrustPolicy
@@ -25,7 +26,9 @@ def export_ancestor(prepared: Prepared, qualname: str, *, remote: bool,
     """ancestor_copy() for a make's export, unless it can read no layer diffs: then the ancestor is
     neither fetched nor re-hashed for nothing. `remote`: a farm builder's image, whose diffs are
     the [registry]'s blobs; else the engine's directories, which an engine on another host hides."""
-    if remote and prepared.ws.settings.registry is None:
+    if not prepared.ws.settings.export.incremental and ancestor_layer(prepared.plan, qualname) is not None:
+        yield None, FULL_ASKED
+    elif remote and prepared.ws.settings.registry is None:
         yield None, REMOTE_BUILDER
     elif not remote and (prepared.engine is None or prepared.engine.api is None):
         yield None, NOT_ON_THIS_HOST

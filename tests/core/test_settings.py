@@ -74,6 +74,7 @@ compression = "zstd"
 compress_data = true
 extra_options = ["-b", "1M"]
 clamp_times = false
+incremental = false
 [audit]
 host_efa_installer = "1.50.0"
 min_versions = { nccl = "2.19", "aws-ofi-nccl" = "1.9.0" }
@@ -101,7 +102,7 @@ def test_every_table_reaches_the_model(tmp_path):
     assert settings.builder == BuilderSettings(platforms=("linux/arm64",), jobs=4, buildx_builder="remote")
     assert settings.registry == RegistrySettings(url="127.0.0.1:5000/cache", insecure=True)
     assert settings.export.mksquashfs_options() == ("-comp", "zstd", "-b", "1M")
-    assert not settings.export.clamp_times
+    assert not settings.export.clamp_times and not settings.export.incremental
     assert settings.audit == AuditPolicy(
         host_efa_installer="1.50.0", min_versions=(("aws-ofi-nccl", "1.9.0"), ("nccl", "2.19")),
         required_pins=("base-digest", "arg:HYBRID_EP_COMMIT"),
@@ -117,6 +118,7 @@ BAD_SETTINGS = {
     "unknown builder key": ("[builder]\njbos = 2\n", "builder.jbos", "unknown key (did you mean 'jobs'?)"),
     "no jobs": ("[builder]\njobs = 0\n", "builder.jobs", "must be at least 1"),
     "jobs a boolean": ("[builder]\njobs = true\n", "builder.jobs", "must be an integer, not a boolean"),
+    "incremental a string": ('[export]\nincremental = "no"\n', "export.incremental", "must be a boolean, not a string"),
     "two builders": ('[builder]\ncontext = "a"\nhost = "unix:///x.sock"\n', "builder.host",
                      "set only one of context, host"),
     "farm and a host": ('[builder]\nhost = "unix:///x.sock"\nfarm = ["a"]\n', "builder.farm",

@@ -174,12 +174,31 @@ def test_without_layer_diffs_to_read_the_ancestor_is_neither_fetched_nor_re_hash
     from efabuild.make.ancestry import export_ancestor
 
     # no plan and no store to reach: either would be an AttributeError
-    no_registry = SimpleNamespace(settings=SimpleNamespace(registry=None))
+    no_registry = SimpleNamespace(settings=SimpleNamespace(registry=None, export=SimpleNamespace(incremental=True)))
     for prepared, remote, reason in ((SimpleNamespace(engine=None, ws=no_registry), True, incremental.REMOTE_BUILDER),
                                      (SimpleNamespace(engine=SimpleNamespace(api=None), ws=no_registry), False,
                                       incremental.NOT_ON_THIS_HOST)):
         with export_ancestor(prepared, "demo:user", remote=remote) as found:
             assert found == (None, reason)
+
+
+def test_a_full_export_asked_for_takes_no_ancestor_and_says_why(monkeypatch):
+    from types import SimpleNamespace
+
+    from efabuild.make import ancestry
+
+    # the graph's rule gives an artifact layer below (it is tested on the engine): only the setting
+    # stops the incremental export, before any store or engine is reached (neither is here)
+    monkeypatch.setattr(ancestry, "ancestor_layer", lambda plan, qualname: SimpleNamespace(key="ab" * 32))
+    no_incremental = SimpleNamespace(settings=SimpleNamespace(export=SimpleNamespace(incremental=False), registry=None))
+    for remote in (False, True):
+        with ancestry.export_ancestor(SimpleNamespace(ws=no_incremental, plan=None), "demo:user", remote=remote) as found:
+            assert found == (None, incremental.FULL_ASKED)
+    # a root artifact keeps its own reason, asked for or not
+    monkeypatch.setattr(ancestry, "ancestor_layer", lambda plan, qualname: None)
+    with ancestry.export_ancestor(SimpleNamespace(ws=no_incremental, plan=None, engine=None), "demo:efa",
+                                  remote=False) as found:
+        assert found == (None, incremental.NOT_ON_THIS_HOST)
 
 
 # ---- on the engine: the demo graph, made, then a one-file change in the user layer ---------------
@@ -353,6 +372,24 @@ def test_a_workdir_that_re_dates_a_path_the_ancestor_has_is_a_full_export_with_t
     reason = "WORKDIR or VOLUME re-date /opt, which the ancestor has"
     assert _record(demo_ws, "demo:user")["export"]["incremental"] == {"full": reason}
     assert f"export: full ({reason})" in _export_line(again, "demo:user")
+
+
+def test_make_full_export_writes_the_child_whole_and_records_why(demo_ws, tmp_path):
+    efabuild(demo_ws, "make", "demo", check=True)
+    _change_one_file(demo_ws)
+    again = efabuild(demo_ws, "make", "--full-export", "demo", check=True)
+    assert _record(demo_ws, "demo:user")["export"]["incremental"] == {"full": incremental.FULL_ASKED}
+    assert f"export: full ({incremental.FULL_ASKED})" in _export_line(again, "demo:user")
+    # a full export's bytes: those of the image exported whole, byte for byte
+    from efabuild.engine.client import connect
+    from efabuild.export.squash import export_image
+    from efabuild.make.run import SOURCE_DATE_EPOCH
+    from efabuild.settings import BuilderSettings, ExportSettings
+
+    child = Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip())
+    whole = export_image(f"efabuild/user:{plan(demo_ws)['demo:user']['key']}", tmp_path / "whole.sqsh",
+                         options=ExportSettings(), engine=connect(BuilderSettings()), epoch=SOURCE_DATE_EPOCH).path
+    assert child.read_bytes() == Path(whole).read_bytes()
 
 
 def test_publishing_the_changed_child_to_the_chunked_tier_sends_a_small_share_of_it(demo_ws, moto_server, s3_bucket,
