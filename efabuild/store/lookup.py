@@ -58,7 +58,7 @@ def find_local(table: StoreConfig, ref: str, ask_s3: bool = False, *, wanted: Wa
     key = resolved.key
     hit, problems = first_intact(layouts, key)
     if hit is not None:
-        check_record(resolved, wanted, hit[1], manifest_platform_of(hit[0], key))
+        check_record(resolved, wanted, hit[1], manifest_platform_of(hit[0], key), signed=vet is not None)
         return key, *hit
     if problems and not ask_s3:
         raise problems[0]

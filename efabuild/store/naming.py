@@ -50,7 +50,7 @@ class Names:
             record = self.record(resolved.key)
             if record is not None:
                 check_record(resolved, wanted, record.to_dict(),
-                             lambda: platform_in_manifest(self.manifest(resolved.key)))
+                             lambda: platform_in_manifest(self.manifest(resolved.key)), signed=vet_index is not None)
         return resolved.key
 
     def resolve_choice(self, wanted: Wanted, *, remote: bool = True, vet_index: IndexVet | None = None) -> Resolved:

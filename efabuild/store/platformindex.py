@@ -82,13 +82,24 @@ def choose(entry: dict, name: str, wanted: Wanted, read_index: Callable, where: 
 
 
 def check_record(resolved: Resolved, wanted: Wanted, record: dict,
-                 manifest_platform: Callable[[], str | None] | None = None) -> None:
-    """Refuse the record of the key a name's index picked unless it says that name and platform;
-    for a key, a prefix or a name without index, refuse only a platform asked for that the record
-    contradicts (a record from before platforms: its manifest's, read only then), and warn when it
-    is not the node's."""
+                 manifest_platform: Callable[[], str | None] | None = None, *, signed: bool = False) -> None:
+    """Refuse the record of the key a name's index picked unless it says that name and platform.
+    A name's entry without an index is checked too, whoever wrote it: a record of another platform
+    than the one wanted (the node's, or asked for) is refused as that platform missing, and one of
+    another name is refused where signatures are required (`signed`: whoever writes the store could
+    point a name at any signed artifact), else handed out with a warning (identical inputs in two
+    graphs share one key: the record names the first). For a key or prefix, refuse only a platform
+    asked for that the record contradicts (a record from before platforms: its manifest's, read
+    only then), and warn when it is not the node's."""
     recorded = record.get("platform")
     name = wanted.ref if ":" in wanted.ref else str(record.get("name"))
+    if resolved.platform is None and ":" in wanted.ref and record.get("name") != wanted.ref:
+        other = str(record.get("name"))[:80]
+        if signed:
+            raise EfabuildError(f"refusing {wanted.ref}: its history names {short(resolved.key)}, whose record is "
+                                f"{other}'s (a rewritten history?); look it up as {other} or by its key")
+        notices.warn(f"{wanted.ref} ({short(resolved.key)}) is recorded as {other}: the same inputs, or a "
+                     "rewritten history (--require-signature refuses it)")
     if recorded is None and wanted.platform and ":" in wanted.ref and manifest_platform is not None:
         recorded = manifest_platform()  # NAME@os/arch of an old store: the manifest names its platform
     if resolved.platform is not None:
@@ -105,8 +116,8 @@ def check_record(resolved: Resolved, wanted: Wanted, record: dict,
         return  # a machine of no known platform: a key still names its one artifact
     if recorded == platform:
         return
-    if asked and ":" in wanted.ref:
-        raise MissingPlatform(missing_platform(name, platform, [recorded]))
+    if ":" in wanted.ref:  # a name's artifact of another platform is never what a node wants
+        raise MissingPlatform(missing_platform(name, platform, [recorded], wanted.from_env()))
     what = f"{wanted.ref} ({short(resolved.key)})" if ":" in wanted.ref else short(resolved.key)
     wants = f"{PLATFORM_ENV} asks for {platform}" if wanted.from_env() else f"this node is {platform}"
     notices.warn(f"{what} is a {recorded} artifact, {wants}")

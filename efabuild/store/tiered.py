@@ -266,15 +266,16 @@ class Store(Checks, Names):
         wanted = Wanted.of(ref, platform, environ)
         resolved = self.resolve_choice(wanted, remote=fetch, vet_index=vet_index)
         key = resolved.key
+        signed = vet is not None or vet_index is not None  # signatures required: a name's record must be its own
         hit, damaged = first_intact([tier.layout for tier in self.fs_tiers], key)
         if hit is not None:
-            check_record(resolved, wanted, hit[1], manifest_platform_of(hit[0], key))
+            check_record(resolved, wanted, hit[1], manifest_platform_of(hit[0], key), signed=signed)
             if verify:
                 self.check_copies(key, remote=fetch and check_s3, deep=deep)
             return hit[0].sqsh_path(key)
 
         def vetted(record: ArtifactRecord, sidecars: dict[str, bytes]) -> None:
-            check_record(resolved, wanted, record.to_dict())
+            check_record(resolved, wanted, record.to_dict(), signed=signed)
             if vet is not None:
                 vet(record, sidecars)
 

@@ -20,6 +20,7 @@ from efabuild.platforms import index_bytes
 from efabuild.signing.keys import PemSigner
 from efabuild.store.tiered import Store
 from efabuild.store.tiers.fs import FilesystemTier
+from tests.kits.storekit import cache_dir
 from tests.kits.inprocess import run_efabuild
 from tests.kits.platformkit import NAME, as_machine, index_of, publish_platforms, rewrite_index
 from tests.kits.signkit import make_key, trust_config
@@ -164,7 +165,7 @@ def node_env(tmp_path: Path, store: Path, public: Path) -> dict[str, str]:
     pyxis = tmp_path / "pyxis.toml"
     pyxis.write_text(f'store = "{store}"\nrequire_signature = true\n')
     return {"EFABUILD_TRUST_CONFIG": str(trust_config(tmp_path / "trust.toml", public)),
-            "EFABUILD_VERIFY_CACHE": str(tmp_path / "verified"), "EFABUILD_PYXIS_CONFIG": str(pyxis),
+            "EFABUILD_VERIFY_CACHE": str(cache_dir(tmp_path / "verified")), "EFABUILD_PYXIS_CONFIG": str(pyxis),
             "EFABUILD_STORE": str(store)}
 
 
@@ -277,7 +278,7 @@ def test_diff_of_two_platforms_says_which_components_differ(tmp_path, monkeypatc
 def test_verify_of_a_name_checks_its_platform_index_too(tmp_path, keys, monkeypatch):
     release, other = PemSigner(keys["release"][0]), PemSigner(keys["other"][0])
     env = {"EFABUILD_TRUST_CONFIG": str(trust_config(tmp_path / "trust.toml", keys["release"][1])),
-           "EFABUILD_VERIFY_CACHE": str(tmp_path / "verified"), "EFABUILD_PLATFORM": "linux/arm64"}
+           "EFABUILD_VERIFY_CACHE": str(cache_dir(tmp_path / "verified")), "EFABUILD_PLATFORM": "linux/arm64"}
     good, found = signed_store(tmp_path / "good", release, release)
     ok = run_efabuild(["verify", "--store", str(good), NAME], env={**os.environ, **env}, cwd=tmp_path)
     assert (ok.returncode, ok.stdout) == (0, f"ok    {found['linux/arm64'][:12]} store\n"), ok.stderr
@@ -363,3 +364,70 @@ def _publish_signed_artifacts(store, directory: Path, signer, label: str, size: 
         store.publish(key, artifact, record, manifest, envelope=signed(manifest, signer))
         found[platform] = key
     return found
+
+
+def _append_plain_entry(store: Path, name: str, key: str) -> None:
+    """A history entry without an index, as a co-tenant who can write the store appends one."""
+    refs = store / "refs" / Path(*name.split(":")).with_suffix(".json")
+    document = json.loads(refs.read_text())
+    document["history"].append({"key": key, "time": "2099-01-01T00:00:00Z"})
+    refs.write_text(json.dumps(document))
+
+
+def test_a_plain_history_entry_naming_another_platforms_artifact_is_refused(store_dir, tmp_path, monkeypatch):
+    """Appending {"key": <arm64 key>} (no index) to the name's history handed the arm64 .sqsh to
+    an x86_64 node with only a warning: a name's record must be of the platform the node wants."""
+    keys = publish_platforms(Store([FilesystemTier(store_dir, "shared")], show_progress=False), tmp_path)
+    _append_plain_entry(store_dir, NAME, keys["linux/arm64"])
+    as_machine(monkeypatch, X86_NODE)
+    refused = (1, "", "efabuild: demo:train has no linux/amd64 artifact (it has linux/arm64); build it with "
+                      "[builder] platforms or set EFABUILD_PLATFORM\n")
+    assert lookup("--store", str(store_dir), NAME, cwd=tmp_path) == refused
+    assert lookup("--store", str(store_dir), "--key", NAME, cwd=tmp_path) == refused
+    got = importer_get(f"docker://efabuild://{NAME}", {"EFABUILD_STORE": str(store_dir), "EFABUILD_PYXIS_CONFIG": ""},
+                       tmp_path)
+    assert (got.returncode, got.stdout) == (1, "") and "has no linux/amd64 artifact" in got.stderr
+    # the node it was built for gets it; a key still names its one artifact anywhere
+    as_machine(monkeypatch, ARM_NODE)
+    assert lookup("--store", str(store_dir), NAME, cwd=tmp_path) == (0, sqsh(store_dir, keys["linux/arm64"]), "")
+    as_machine(monkeypatch, X86_NODE)
+    code, out, err = lookup("--store", str(store_dir), keys["linux/arm64"], cwd=tmp_path)
+    assert (code, out) == (0, sqsh(store_dir, keys["linux/arm64"])) and "is a linux/arm64 artifact" in err
+
+
+def test_a_plain_history_entry_naming_another_names_artifact_is_refused_where_signatures_are_required(
+        tmp_path, keys, monkeypatch):
+    """Appending another name's key to a name's history handed out that name's .sqsh without a
+    word. Where signatures are required it is refused (the other artifact is signed too); without,
+    it is handed out with a warning: identical inputs in two graphs share one key and one record."""
+    release = PemSigner(keys["release"][0])
+    store, found = signed_store(tmp_path, release, release)
+    other = Store.at(store, show_progress=False)
+    where = tmp_path / "other"
+    where.mkdir()
+    from efabuild.host.digest import file_digests
+    from efabuild.provenance.stored import describe_sqsh
+    from efabuild.signing.attest import signed
+    from efabuild.store.record import ArtifactRecord
+    from tests.kits.storekit import make_sqsh
+
+    artifact = make_sqsh(where, os.urandom(30_000))
+    key = key_for("demo:efa amd64")
+    blake3, sha256 = file_digests(artifact)
+    manifest = describe_sqsh(artifact, key=key, name="demo:efa", sqsh_digest=blake3, sqsh_sha256=sha256,
+                             export_options={}, base=None, chain=[], builder={}, times={})
+    other.publish(key, artifact, ArtifactRecord.for_file(key, "demo:efa", artifact, blake3, sha256=sha256,
+                                                          platform="linux/amd64"), manifest,
+                  envelope=signed(manifest, release))
+    _append_plain_entry(store, NAME, key)
+    as_machine(monkeypatch, X86_NODE)
+    env = node_env(tmp_path, store, keys["release"][1])
+    code, out, err = lookup("--require-signature", NAME, env=env, cwd=tmp_path)
+    assert (code, out) == (1, "") and err.count("\n") == 1
+    assert f"refusing {NAME}: its history names {key[:12]}, whose record is demo:efa's" in err
+    got = importer_get(f"docker://efabuild://{NAME}", env, tmp_path)  # the node's config: require_signature
+    assert (got.returncode, got.stdout) == (1, "") and "whose record is demo:efa's" in got.stderr
+    code, out, err = lookup("--store", str(store), NAME, env={"EFABUILD_STORE": ""}, cwd=tmp_path)
+    assert (code, out) == (0, sqsh(store, key))
+    assert err == (f"efabuild: warning: {NAME} ({key[:12]}) is recorded as demo:efa: the same inputs, or a "
+                   "rewritten history (--require-signature refuses it)\n")
