@@ -52,7 +52,8 @@ def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None, *, 
         return
     store = prepared.store
     try:
-        store.lookup(below.key)  # a copy on S3 alone is fetched: the ancestor is in the store
+        # a copy on S3 alone is fetched: the ancestor is in the store (of the platform it was built for)
+        store.lookup(below.key, platform=below.platform or None)
         hit = store.local_hit(below.key)
         record = hit[0].record(below.key) if hit is not None else None
     except EfabuildError as exc:

@@ -73,7 +73,7 @@ def check_layer(prepared: Prepared, qualname: str, reporter: Reporter) -> CheckR
     if record is None or not runner.store.has(lp.key):
         raise EfabuildError(f"{qualname}: no stored artifact for key {short(lp.key)}: "
                             f"build it first (efabuild make {qualname})")
-    stored = runner.store.lookup(lp.key)  # a fetch from S3 verifies what it writes
+    stored = runner.store.lookup(lp.key, platform=lp.platform or None)  # a fetch from S3 verifies what it writes
     record, damaged = _verified_record(runner.store, lp.key, record)
     farm = _farm(runner, layer, qualname)
     runner.builders = builders_for(runner, farm)

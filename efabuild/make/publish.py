@@ -74,7 +74,8 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
         reporter.line(name, f"published: {', '.join(f'{t} {s}' for t, s in outcome.items())}")
     finally:
         out.unlink(missing_ok=True)  # published copies are links or copies of their own
-    return store.lookup(key, fetch=False)
+    # the platform it was made for: an arm64 artifact of a two-platform make is no surprise on amd64
+    return store.lookup(key, fetch=False, platform=record.platform)
 
 
 def _described(prepared: Prepared, request, result, builder_versions: dict,  # noqa: ANN001

@@ -153,7 +153,7 @@ class LayerRunner:
             self.store.name(lp.layer, lp.key)
             if set(copied.values()) == {TIER_REUSED}:
                 return "", None  # another make published it between the plan and the lock
-            return str(self.store.lookup(lp.key, fetch=False)), "copy between tiers"
+            return str(self.store.lookup(lp.key, fetch=False, platform=lp.platform or None)), "copy between tiers"
         if not self.builders.has_image(lp.key):  # planned as a copy, but no tier's copy was good
             raise EfabuildError(f"{lp.qualname}: no store tier holds a good copy of {short(lp.key)} and the "
                                 f"engine lacks its image: make again to build it")
