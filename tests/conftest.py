@@ -44,7 +44,10 @@ def _verification_cache_of_the_run(tmp_path_factory: pytest.TempPathFactory) -> 
 
     from efabuild.signing.verifycache import CACHE_ENV
 
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("verified") / "cache")  # made 0700 when first written
+    # made here: root (the suite runs as root in CI) never creates the directory the variable names
+    cache = tmp_path_factory.mktemp("verified") / "cache"
+    cache.mkdir(mode=0o700)
+    os.environ[CACHE_ENV] = str(cache)
 
 
 @pytest.fixture(autouse=True)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from efabuild.host import statstamp
 from efabuild.host.fsutil import replace_owned
-from efabuild.host.usercache import ROOT_CACHE, open_trusted, own_dir, pinned
+from efabuild.host.usercache import make_dir, open_trusted, own_dir, pinned
 
 FORMAT = b"efabuild.tree/v1"
 UNIT = 1 << 20  # host/blake3tree.py's unit
@@ -60,10 +60,7 @@ def remember(path: Path, checked: tuple[int, int], digest: str, cvs: bytes,
         return False
     header = json.dumps({"stamp": list(statstamp.stamp(info)), "digest": digest}).encode()
     directory = _directory(environ)
-    try:
-        directory.parent.mkdir(mode=0o755 if directory.parent == ROOT_CACHE else 0o700, parents=True, exist_ok=True)
-        directory.mkdir(mode=0o700, exist_ok=True)
-    except OSError:
+    if not (make_dir(directory.parent, environ) and make_dir(directory, environ)):
         return False
     dir_fd = _opened(directory)
     if dir_fd is None:

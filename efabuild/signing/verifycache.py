@@ -30,7 +30,7 @@ from pathlib import Path
 from efabuild.host import statstamp
 from efabuild.host.fsutil import replace_owned
 from efabuild.host.usercache import CACHE_ENV, ROOT_CACHE, own_dir  # noqa: F401 - CACHE_ENV: callers set it here
-from efabuild.host.usercache import open_trusted, pinned
+from efabuild.host.usercache import make_dir, open_trusted, pinned
 
 RACY_SECONDS = statstamp.RACY_WINDOW_NS / 1e9
 FORMAT = "efabuild.verified/v1"
@@ -134,9 +134,7 @@ def remember(sqsh: Path, key: str, paths: dict[str, Path], stamps: dict[str, lis
         return False
     directory = own_dir(environ)
     owner = os.geteuid()
-    try:
-        directory.mkdir(mode=0o755 if directory == ROOT_CACHE else 0o700, parents=True, exist_ok=True)
-    except OSError:
+    if not make_dir(directory, environ):
         return False
     # someone else's directory, or open to others: never written into
     data = json.dumps(_expected(key, stamps, policy_digest), sort_keys=True).encode()
@@ -160,9 +158,7 @@ def content_verified(name: str, content: str, policy_digest: str, environ: dict[
 def remember_content(name: str, content: str, policy_digest: str, environ: dict[str, str] | None = None) -> bool:
     """Record a verification of the bytes whose sha256 is `content` (see content_verified)."""
     directory, owner = own_dir(environ), os.geteuid()
-    try:
-        directory.mkdir(mode=0o755 if directory == ROOT_CACHE else 0o700, parents=True, exist_ok=True)
-    except OSError:
+    if not make_dir(directory, environ):
         return False
     data = json.dumps(_expected(content, {}, policy_digest), sort_keys=True).encode()
     return _write(directory, owner, _entry_name(Path(name), "content"), data)

@@ -13,6 +13,7 @@ from efabuild.export.squash import ExportJob, Unkept, keep_export
 from efabuild.export.tarfilter import RewritePlan
 from efabuild.host import statstamp
 from efabuild.host.digest import Splice, file_digest
+from tests.kits.storekit import cache_dir
 from tests.kits.storekit import give_to_another_user
 
 
@@ -200,7 +201,7 @@ def test_a_kept_index_found_true_is_remembered_for_the_next_child_and_a_lying_on
     from efabuild.signing import verifycache
     from efabuild.store.chunked.chunks import chunk_file, chunk_spliced
 
-    monkeypatch.setenv(verifycache.CACHE_ENV, str(tmp_path / "verified"))
+    monkeypatch.setenv(verifycache.CACHE_ENV, str(cache_dir(tmp_path / "verified")))
     small = (4096, 16384, 65536)
     rng = random.Random(12)
     source = tmp_path / "efa.sqsh"

@@ -10,6 +10,7 @@ import pytest
 
 from efabuild.host import treecache
 from efabuild.host.usercache import CACHE_ENV, own_dir
+from tests.kits.storekit import cache_dir
 from tests.kits.storekit import recalled_tree, swap_link_during_writes
 
 MiB = 1 << 20
@@ -18,7 +19,7 @@ DIGEST = "blake3:" + "ab" * 32
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(CACHE_ENV, str(cache_dir(tmp_path / "cache")))
 
 
 @pytest.fixture
@@ -121,7 +122,7 @@ def test_a_directory_swapped_after_its_check_is_not_written(tmp_path, monkeypatc
     # root fetching with a job user's $EFABUILD_VERIFY_CACHE below a link the user owns: the user
     # points the link at a directory of theirs once the trusted one was checked
     real, theirs = tmp_path / "real", tmp_path / "theirs"
-    real.mkdir()
+    cache_dir(real / "verified")
     (theirs / "verified" / "trees").mkdir(parents=True)
     link = tmp_path / "link"
     link.symlink_to(real)
@@ -132,7 +133,8 @@ def test_a_directory_swapped_after_its_check_is_not_written(tmp_path, monkeypatc
         files[-1].write_bytes(os.urandom(MiB))
         os.chmod(files[-1], 0o644)
     st = os.stat(files[0])
-    assert treecache.remember(files[0], (st.st_dev, st.st_ino), DIGEST, os.urandom(32))
+    # root walks to its cache directory from / and through no link at all; a user writes below theirs
+    assert treecache.remember(files[0], (st.st_dev, st.st_ino), DIGEST, os.urandom(32)) == (os.geteuid() != 0)
     planted = theirs / "verified" / "trees" / "0-1.tree"
     planted.write_bytes(b"theirs")
     os.utime(planted, ns=(1, 1))

@@ -17,6 +17,7 @@ import pytest
 from efabuild.settings import AuditPolicy
 from efabuild.provenance.stored import host_facts
 from tests.data.rootfs import mini_ngc as ngc
+from tests.kits.storekit import cache_dir
 from tests.kits.fifos import without_blocking_on
 from tests.kits.inprocess import run_efabuild
 
@@ -122,7 +123,7 @@ def test_a_deeply_nested_signed_statement_planted_on_a_tier_is_a_failure_not_a_t
     store, key = stored_artifact(tmp_path, PemSigner(private))
     object_path(store, key, ".intoto.jsonl").write_text(DEEP + "\n")
     env = {**os.environ, "EFABUILD_TRUST_CONFIG": str(trust_config(tmp_path / "trust.toml", public)),
-           "EFABUILD_VERIFY_CACHE": str(tmp_path / "verified"), "EFABUILD_STORE": str(store)}
+           "EFABUILD_VERIFY_CACHE": str(cache_dir(tmp_path / "verified")), "EFABUILD_STORE": str(store)}
     for argv in (["verify", key[:12]], ["lookup", "--require-signature", key[:12]]):
         proc = run_efabuild(argv, env=env, capture_output=True, text=True)
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr

@@ -288,3 +288,10 @@ def swap_link_during_writes(monkeypatch, cache_module, link: Path, real: Path, t
             link.symlink_to(real)
 
     monkeypatch.setattr(cache_module, "replace_owned", swapped)
+
+
+def cache_dir(path: Path) -> Path:
+    """A verification cache directory made as its user makes one (0700): root, as the suite runs in
+    CI, never creates the directory $EFABUILD_VERIFY_CACHE names (host/usercache.py)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path

@@ -18,6 +18,7 @@ import pytest
 
 from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
 from tests.cli.test_json_convention import check_convention
+from tests.kits.storekit import cache_dir
 from tests.kits.wsfactory import make_workspace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -642,7 +643,7 @@ def test_make_signs_every_artifact_it_exports_and_a_reusing_make_adds_nothing(de
     assert second.returncode == 0, second.stderr
     assert {path: path.read_bytes() for path in before} == before
     assert efabuild(demo_ws, "lookup", "--require-signature", "demo:user",
-                    env={"EFABUILD_VERIFY_CACHE": str(tmp_path / "verified")}).returncode == 0
+                    env={"EFABUILD_VERIFY_CACHE": str(cache_dir(tmp_path / "verified"))}).returncode == 0
 
 
 def test_a_new_tier_gets_a_copy_of_a_stored_artifact_without_its_image(mini_ngc, tmp_path):

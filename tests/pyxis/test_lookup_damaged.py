@@ -17,6 +17,7 @@ from efabuild.signing.keys import PemSigner
 from efabuild.host.digest import file_digest
 from efabuild.store.tiers.fs import FilesystemTier
 from efabuild.store.tiered import Store
+from tests.kits.storekit import cache_dir
 from tests.kits.signkit import NAME, make_key, object_path, stored_artifact, trust_config
 from tests.kits.storekit import efabuild
 
@@ -42,7 +43,7 @@ def node(tmp_path, keys, moto_server, s3_bucket) -> dict:
     pyxis = tmp_path / "pyxis.toml"
     env = {"EFABUILD_STORE": str(store), "EFABUILD_PYXIS_CONFIG": str(pyxis),
            "EFABUILD_TRUST_CONFIG": str(trust_config(tmp_path / "trust.toml", keys[1])),
-           "EFABUILD_VERIFY_CACHE": str(tmp_path / "verified")}
+           "EFABUILD_VERIFY_CACHE": str(cache_dir(tmp_path / "verified"))}
     assert efabuild("lookup", NAME, env=env).returncode == 0  # fetched, and its name noted
     good = object_path(store, key, ".sqsh")
     return {"key": key, "store": store, "env": env, "pyxis": pyxis, "size": good.stat().st_size,

@@ -18,6 +18,7 @@ from efabuild.pyxis.importer import parse_image_uri
 from efabuild.errors import InputError
 from efabuild.store.tiered import Store
 from efabuild.store.tiers.fs import FilesystemTier
+from tests.kits.storekit import cache_dir
 from tests.kits.inprocess import run_efabuild
 from tests.kits.storekit import REPO, key_for, make_sqsh, record_for
 
@@ -133,7 +134,7 @@ def test_a_verifying_get_reads_a_copy_verified_before_and_unchanged_since_no_mor
     monkeypatch.setattr(time, "time", lambda: real_time() + verifycache.RACY_SECONDS + 0.1)
     config = tmp_path / "pyxis.toml"
     config.write_text(f'store = "{store_dir}"\nverify = true\n')
-    cache = tmp_path / "verified"
+    cache = cache_dir(tmp_path / "verified")
     env = {**job_env, "EFABUILD_PYXIS_CONFIG": str(config), verifycache.CACHE_ENV: str(cache)}
     uri = "docker://efabuild://ngc-efa:user"
 
@@ -397,7 +398,7 @@ def test_a_verifying_get_of_a_name_fetched_from_s3_reads_the_copy_once(tmp_path,
     config = tmp_path / "pyxis.toml"
     config.write_text("verify = true\n")
     env = {**job_env, **DUMMY_CREDENTIALS, "EFABUILD_STORE": str(shared), "EFABUILD_PYXIS_CONFIG": str(config),
-           verifycache.CACHE_ENV: str(tmp_path / "verified")}
+           verifycache.CACHE_ENV: str(cache_dir(tmp_path / "verified"))}
     first = importer("get", "docker://efabuild://ngc-efa:user", env=env, cwd=tmp_path)
     assert (first.returncode, first.stdout) == (0, f"{shared / 'objects' / key[:2] / key}.sqsh\n"), first.stderr
     assert hashed == []  # the copy the fetch has just checked is not hashed again

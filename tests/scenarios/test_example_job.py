@@ -13,7 +13,7 @@ from pathlib import Path
 
 from efabuild.signing.keys import PemSigner
 from tests.kits.signkit import make_key, object_path, stored_artifact, trust_config
-from tests.kits.storekit import REPO
+from tests.kits.storekit import REPO, cache_dir
 
 SCRIPT = REPO / "scripts" / "example-job.sbatch"
 NAME = "ngc-efa:user"
@@ -30,7 +30,7 @@ def _run_job_head(store: Path, node: Path) -> subprocess.CompletedProcess[str]:
     script = (f'set -euo pipefail\nefabuild() {{ "{sys.executable}" -m efabuild "$@"; }}\n'
               f'STORE=${{EFABUILD_STORE:-/fsx/efabuild}}\n{_lookup_line()}\necho "image: $IMAGE"\n')
     env = {**os.environ, "EFABUILD_STORE": str(store), "PYTHONPATH": str(REPO),
-           "EFABUILD_TRUST_CONFIG": str(node / "trust.toml"), "EFABUILD_VERIFY_CACHE": str(node / "verified")}
+           "EFABUILD_TRUST_CONFIG": str(node / "trust.toml"), "EFABUILD_VERIFY_CACHE": str(cache_dir(node / "verified"))}
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=node, timeout=60)
 
 

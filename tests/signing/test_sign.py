@@ -14,6 +14,7 @@ import pytest
 
 from efabuild.signing import dsse
 from efabuild.signing.keys import PemSigner
+from tests.kits.storekit import cache_dir
 from tests.kits.signkit import NAME, make_key, object_path, stored_artifact, trust_config
 from tests.kits.storekit import efabuild, key_for
 
@@ -30,7 +31,7 @@ def node_env(tmp_path: Path, store: Path, *public_keys: Path) -> dict[str, str]:
     config = trust_config(tmp_path / "trust.toml", *public_keys)
     pyxis = tmp_path / "pyxis.toml"
     pyxis.write_text(f'store = "{store}"\nrequire_signature = true\n')
-    cache = tmp_path / "verified"
+    cache = cache_dir(tmp_path / "verified")
     return {"EFABUILD_TRUST_CONFIG": str(config), "EFABUILD_VERIFY_CACHE": str(cache),
             "EFABUILD_PYXIS_CONFIG": str(pyxis), "EFABUILD_STORE": str(store)}
 
@@ -352,7 +353,6 @@ def test_a_killed_writers_temp_entry_is_removed_by_the_next_write(tmp_path, keys
     store, key = stored_artifact(tmp_path, PemSigner(keys["ec"][0]))
     env = node_env(tmp_path, store, keys["ec"][1])
     cache = Path(env["EFABUILD_VERIFY_CACHE"])
-    cache.mkdir(mode=0o700, parents=True)
     me = Owner.current()
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True, check=True).stdout)

@@ -27,6 +27,7 @@ from efabuild.signing import dsse
 from efabuild.signing.attest import sign_stored
 from efabuild.signing.keys import KMS_RAW_LIMIT, KmsSigner
 from efabuild.store.tiered import Store
+from tests.kits.storekit import cache_dir
 from tests.kits.signkit import NAME, object_path, stored_artifact
 from tests.kits.storekit import efabuild
 
@@ -69,7 +70,7 @@ def test_kms_signed_artifact_verifies_with_the_resolved_public_key(tmp_path, mot
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert efabuild("lookup", "--require-signature", NAME, cwd=ws).returncode == 0
     node = {"EFABUILD_TRUST_CONFIG": str(tmp_path / "node-trust.toml"), "EFABUILD_STORE": str(store_root),
-            "EFABUILD_VERIFY_CACHE": str(tmp_path / "verified")}
+            "EFABUILD_VERIFY_CACHE": str(cache_dir(tmp_path / "verified"))}
     assert efabuild("lookup", "--require-signature", NAME, env=node).returncode == 0
 
 

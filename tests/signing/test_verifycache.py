@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from efabuild.signing import verifycache
+from tests.kits.storekit import cache_dir
 from tests.kits.storekit import key_for, swap_link_during_writes
 
 
@@ -26,7 +27,7 @@ def _remembered_only_from(tmp_path, monkeypatch, name: str, *, ahead: float, too
     monkeypatch.setattr(time, "time", lambda: real_time() + ahead)
     stamps = verifycache.take_stamps(paths)
     changed = stamps["sqsh"][4] / 1e9
-    environ = {verifycache.CACHE_ENV: str(tmp_path / "verified")}
+    environ = {verifycache.CACHE_ENV: str(cache_dir(tmp_path / "verified"))}
     assert not verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + too_soon, environ=environ)
     assert not verifycache.is_verified(sqsh, key, stamps, "policy", environ=environ)
     assert verifycache.remember(sqsh, key, paths, stamps, "policy", started=changed + late_enough, environ=environ)
@@ -61,7 +62,7 @@ def test_a_digest_check_and_a_signature_check_of_one_file_keep_their_own_entries
     `require_signature = true` would replace one entry with the other on every start, and so
     re-read the whole file every time."""
     key, sqsh, paths, stamps = _settled_file(tmp_path, monkeypatch, "kinds")
-    environ = {verifycache.CACHE_ENV: str(tmp_path / "verified")}
+    environ = {verifycache.CACHE_ENV: str(cache_dir(tmp_path / "verified"))}
     started = time.time()
     assert verifycache.remember(sqsh, key, paths, stamps, "policy", started, environ=environ)
     assert verifycache.remember(sqsh, key, paths, stamps, "blake3:00", started, environ=environ, kind="digest")
