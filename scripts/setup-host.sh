@@ -149,6 +149,22 @@ check_arm64_runs() {
     { log "an arm64 container does not run here (binfmt_misc qemu-aarch64?)"; exit 1; }
 }
 
+start_slurm() {
+  # tests/scenarios/test_slurm_pyxis.py runs on a real Slurm + Pyxis + Enroot node where this machine
+  # is one (configured by an admin: /etc/slurm/slurm.conf, Pyxis's spank_pyxis.so in plugstack.conf,
+  # enroot on PATH); nothing is installed here, only the daemons started that are not running
+  [ -f /etc/slurm/slurm.conf ] && command -v slurmctld >/dev/null && command -v enroot >/dev/null || return 0
+  cat /etc/slurm/plugstack.conf /etc/slurm/plugstack.conf.d/*.conf 2>/dev/null | grep -q spank_pyxis.so || return 0
+  if ! pgrep -x munged >/dev/null; then
+    mkdir -p /run/munge && chown munge:munge /run/munge
+    runuser -u munge -- /usr/sbin/munged || { log "munged did not start"; return 0; }
+  fi
+  pgrep -x slurmctld >/dev/null || slurmctld || log "slurmctld did not start"
+  pgrep -x slurmd >/dev/null || slurmd || log "slurmd did not start"
+  for _ in $(seq 1 20); do scontrol ping 2>/dev/null | grep -q "is UP" && return 0; sleep 0.5; done
+  log "the Slurm controller does not answer: the Slurm tests will be skipped"
+}
+
 build_native() {
   local here lib=/usr/local/lib/efabuild/libblake3cv.so; here=$(cd "$(dirname "$0")/.." && pwd)
   [ -f "$lib" ] && [ "$lib" -nt "$here/native/blake3cv.c" ] && return 0
@@ -162,5 +178,6 @@ setup_qemu
 unpack_arm64
 start_dockerd
 check_arm64_runs
+start_slurm
 [ -n "${SKIP_PYTHON:-}" ] || install_python
 log "ready: $(docker version --format 'engine {{.Server.Version}}' 2>/dev/null), $(docker buildx version 2>/dev/null | awk '{print "buildx", $2}'), $(mksquashfs -version 2>/dev/null | head -1)"

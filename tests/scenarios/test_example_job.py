@@ -17,18 +17,25 @@ from tests.kits.storekit import REPO, cache_dir
 
 SCRIPT = REPO / "scripts" / "example-job.sbatch"
 NAME = "ngc-efa:user"
+KEY = "0123456789abcdef" * 4
 
 
-def _lookup_line() -> str:
-    lines = [line for line in SCRIPT.read_text().splitlines() if re.match(r"IMAGE=\$\(efabuild lookup ", line)]
-    assert len(lines) == 1, "the job script finds its image with one efabuild lookup"
-    return lines[0]
+def job_head() -> str:
+    """The job script's lines that find what it runs: the key (one lookup of the name), the image
+    (a lookup of that key) and the container's name (from the key)."""
+    lines = SCRIPT.read_text().splitlines()
+    found = [next((line for line in lines if re.match(rf"{var}=", line)), None) for var in ("KEY", "IMAGE", "NAME")]
+    assert None not in found, "the job script sets KEY, IMAGE and NAME"
+    assert found[0].startswith("KEY=$(efabuild lookup --key --require-signature ") and found[0].endswith(" ngc-efa:user)")
+    assert found[1].startswith("IMAGE=$(efabuild lookup --require-signature ") and found[1].endswith(' "$KEY")')
+    assert found[2] == 'NAME="train-${KEY:0:12}"'
+    return "\n".join(found)
 
 
 def _run_job_head(store: Path, node: Path) -> subprocess.CompletedProcess[str]:
     # `efabuild` as this checkout's CLI; the rest is the script's own line under its own `set -euo pipefail`
     script = (f'set -euo pipefail\nefabuild() {{ "{sys.executable}" -m efabuild "$@"; }}\n'
-              f'STORE=${{EFABUILD_STORE:-/fsx/efabuild}}\n{_lookup_line()}\necho "image: $IMAGE"\n')
+              f'STORE=${{EFABUILD_STORE:-/fsx/efabuild}}\n{job_head()}\necho "image: $IMAGE"\n')
     env = {**os.environ, "EFABUILD_STORE": str(store), "PYTHONPATH": str(REPO),
            "EFABUILD_TRUST_CONFIG": str(node / "trust.toml"), "EFABUILD_VERIFY_CACHE": str(cache_dir(node / "verified"))}
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, cwd=node, timeout=60)
@@ -63,7 +70,7 @@ def _sruns(start: str | None, tmp_path: Path) -> tuple[subprocess.CompletedProce
     """The whole script under bash with `efabuild` and `srun` as stubs: its exit and each srun's words."""
     calls = tmp_path / "sruns"
     calls.unlink(missing_ok=True)
-    stubs = (f'efabuild() {{ echo /fsx/efabuild/objects/ab/abc.sqsh; }}\n'
+    stubs = (f'efabuild() {{ if [ "$2" = --key ]; then echo {KEY}; else echo /fsx/efabuild/objects/ab/abc.sqsh; fi; }}\n'
              f'srun() {{ printf "%s\\0" "$@" >> "{calls}"; printf "\\n" >> "{calls}"; }}\n'
              'export -f efabuild srun\n')
     env = {"PATH": os.environ["PATH"], **({"START": start} if start is not None else {})}
@@ -77,15 +84,35 @@ def test_both_start_modes_run_as_described(tmp_path: Path) -> None:
     """unpack (the default): the first srun creates the named container, later ones reuse the name.
     mount: every srun is unnamed and unsaved, as Pyxis's use_squashfuse=1 needs to start it from the .sqsh."""
     image = "--container-image=/fsx/efabuild/objects/ab/abc.sqsh"
+    named = f"--container-name=train-{KEY[:12]}"  # by the key: a new build never starts an old container
     for start in (None, "unpack"):
         done, sruns = _sruns(start, tmp_path)
         assert done.returncode == 0, done.stderr
         assert [[w for w in s if w.startswith("--container-image") or w.startswith("--container-name")]
-                for s in sruns] == [[image, "--container-name=train"], ["--container-name=train"]]
+                for s in sruns] == [[image, named], [image, named], []]
+        assert sruns[1][-2:] == ["python", "/workspace/app/train.py"]  # the image's own code trains
+        assert sruns[2] == ["--ntasks-per-node=1", "efabuild", "prune-containers", "train", "--keep", KEY]
     done, sruns = _sruns("mount", tmp_path)
     assert done.returncode == 0 and len(sruns) == 2, done.stderr
     assert all(image in s and not any(w.startswith(("--container-name", "--container-save")) for w in s)
                for s in sruns)
-    assert sruns[-1][-2:] == ["python", "/fsx/train/train.py"]
+    assert sruns[-1][-2:] == ["python", "/workspace/app/train.py"]
     done, sruns = _sruns("squash", tmp_path)
     assert (done.returncode, sruns) == (2, []) and done.stderr == "START must be unpack or mount, not 'squash'\n"
+
+
+def test_the_guide_gives_the_job_scripts_own_commands() -> None:
+    """docs/guides/slurm-pyxis.md and scripts/example-job.sbatch say the same: the key looked up
+    once, the image by that key, the container named by it, the image's own code, the plugin's real
+    file name with use_squashfuse=1 on the importer's line."""
+    guide = (REPO / "docs" / "guides" / "slurm-pyxis.md").read_text()
+    for line in job_head().replace('"$STORE"', "/fsx/efabuild").splitlines()[:2]:
+        assert line in guide, line
+    assert 'srun --container-image="$IMAGE" --container-name="train-${KEY:0:12}" python /workspace/app/train.py' in guide
+    script = SCRIPT.read_text()
+    assert '--container-image="$IMAGE" --container-name="$NAME"' in script and "python /workspace/app/train.py" in script
+    plugin = [line for line in guide.splitlines() if line.startswith("required ")]
+    assert plugin == ["required /usr/local/lib/slurm/spank_pyxis.so use_squashfuse=1 "
+                      "importer=/usr/local/bin/efabuild-pyxis-importer"]
+    assert "pyxis.so" not in guide.replace("spank_pyxis.so", "")
+    assert "efabuild prune-containers train --keep" in guide and "prune-containers train --keep" in script
