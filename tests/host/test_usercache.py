@@ -18,7 +18,17 @@ from efabuild.host import treecache, usercache
 from efabuild.signing import verifycache
 from tests.kits.storekit import cache_dir
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the rule is root's: run as root (CI is)")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root's rule, and chown to another user: run as root (CI is)")
+
+
+def test_a_users_cache_is_under_xdg_cache_home_and_the_variable_overrides_it(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 4321)
+    assert usercache.own_dir({"XDG_CACHE_HOME": "/xdg", "HOME": "/home/u"}) == Path("/xdg/efabuild/verified")
+    monkeypatch.setenv("HOME", "/home/u")
+    assert usercache.own_dir({}) == Path("/home/u/.cache/efabuild/verified")
+    assert usercache.own_dir({usercache.CACHE_ENV: "/elsewhere", "XDG_CACHE_HOME": "/xdg"}) == Path("/elsewhere")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert usercache.own_dir({"XDG_CACHE_HOME": "/xdg"}) == usercache.ROOT_CACHE
 
 
 def _settled(tmp_path: Path) -> tuple[Path, dict, dict]:
@@ -78,3 +88,16 @@ def test_root_never_reaches_its_directory_through_a_link_or_a_directory_others_c
         named = real
     assert not _remembers(named, tmp_path)
     assert list(real.iterdir()) == []
+
+
+def test_a_users_directory_is_opened_without_following_a_link_at_its_name(tmp_path):
+    """open_trusted for a user's directory: a link at its name is not followed, even to a directory
+    that user owns (the link could be turned elsewhere once checked)."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    os.chown(real, 4321, 4321)
+    (tmp_path / "link").symlink_to(real)
+    fd = usercache.open_trusted(real, 4321)
+    assert fd is not None
+    os.close(fd)
+    assert usercache.open_trusted(tmp_path / "link", 4321) is None

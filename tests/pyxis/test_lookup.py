@@ -192,3 +192,18 @@ def test_key_prints_the_key_of_the_artifact_a_name_gives_and_that_key_looks_up_t
     assert missing.returncode == 1 and missing.stdout == "" and missing.stderr.count("\n") == 1
     both = efabuild("lookup", "--key", "--json", "ngc-efa:user", cwd=workspace)
     assert both.returncode == 2 and both.stdout == "" and "not allowed with argument" in both.stderr
+
+
+def test_verify_rehashes_even_a_copy_the_cache_holds_as_verified(workspace, monkeypatch):
+    """`lookup --verify` is the check an operator runs when they doubt a copy: it reads the bytes,
+    never an earlier answer (the importer's `verify = true` may take the cache's)."""
+    from efabuild.signing import verifycache
+
+    monkeypatch.setattr(verifycache, "is_verified", lambda *args, **kwargs: True)
+    path = Path(efabuild("lookup", "ngc-efa:deepep", cwd=workspace).stdout.strip())
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as handle:
+        handle.seek(4096)
+        handle.write(b"\0rot")
+    result = efabuild("lookup", "--verify", "ngc-efa:deepep", cwd=workspace)
+    assert result.returncode == 1 and "corrupt artifact: digest blake3:" in result.stderr

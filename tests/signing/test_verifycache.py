@@ -110,3 +110,14 @@ def test_a_directory_swapped_after_its_check_is_not_written(tmp_path, monkeypatc
     verifycache.remember(sqsh, key, paths, stamps, "policy", time.time(), environ=environ)
     verifycache.remember_content("index", "ab" * 32, "policy", environ=environ)
     assert list((theirs / "verified").iterdir()) == []
+
+
+def test_a_file_changed_while_it_was_verified_is_not_remembered(tmp_path, monkeypatch):
+    """The stamps taken before the read are taken again before the entry is written: a file
+    replaced during the check (its stamps moved) would otherwise be remembered as verified with the
+    stamps of the bytes that were read, and the next lookup would hand out the new ones unread."""
+    key, sqsh, paths, stamps = _settled_file(tmp_path, monkeypatch, "changed")
+    environ = {verifycache.CACHE_ENV: str(cache_dir(tmp_path / "verified"))}
+    sqsh.write_bytes(b"other bytes, same size?")  # written while the verification read the old ones
+    assert not verifycache.remember(sqsh, key, paths, stamps, "policy", time.time(), environ=environ)
+    assert list((tmp_path / "verified").iterdir()) == []
