@@ -4,6 +4,7 @@ that ancestor image's (pure, with stand-ins for the plan and the layer source)."
 
 from __future__ import annotations
 
+import struct
 from types import SimpleNamespace
 
 import pytest
@@ -46,3 +47,65 @@ def test_the_images_layers_must_start_with_the_ancestor_images():
         with pytest.raises(LayerSourceUnavailable, match="do not start with the ancestor image's"):
             incremental._diff_streams(other, ancestor)
         assert other.opened is None
+
+
+# ---- the writer (export/squashfs/incremental.py): times, dead bytes, durability ----------------
+def test_only_a_path_the_ancestor_pinned_and_the_child_does_not_stops_the_writer():
+    """The ancestor's entries keep their times: a path it dated to the epoch (its working
+    directory) that the child does not would carry the wrong time. A path the child pins that the
+    ancestor lacks (a WORKDIR its own layer makes) is written by the child: no reason to stop."""
+    from efabuild.export.squashfs.incremental import _other_times
+
+    def plan(*pinned: str) -> SimpleNamespace:
+        return SimpleNamespace(epoch=7, clamp=None, pinned=frozenset(pinned))
+
+    assert _other_times(7, plan("workspace", "opt/new"), plan("workspace")) == ""
+    assert _other_times(7, plan("workspace"), plan("workspace", "srv")) == (
+        "the ancestor pinned the time of 'srv', the child does not (another working directory?)")
+
+
+def test_dead_bytes_count_blocks_two_files_share_once():
+    """Two files of the ancestor on the same blocks (a duplicate, stored once) are one live span:
+    counted twice, an ancestor looks less dead than it is and a child keeps more dead bytes."""
+    from efabuild.export.squashfs.incremental import dead_bytes
+    from efabuild.export.squashfs.tree import FILE, Node
+
+    blocks = struct.pack("<2I", 100, 100)  # two blocks of 100 stored bytes: [1000, 1200)
+    root = Node.directory(0o755, 0)
+    root.children = {b"a": Node(FILE, 0o644, 0, size=200, blocks_start=1000, blocks=blocks),
+                     b"b": Node(FILE, 0o644, 0, size=200, blocks_start=1000, blocks=blocks),
+                     b"c": Node(FILE, 0o644, 0, size=150, blocks_start=1100, blocks=struct.pack("<2I", 100, 50))}
+    parent = SimpleNamespace(data_start=1000, sb=SimpleNamespace(inode_table=2000), fragments=(),
+                             data_end=2000)
+    assert dead_bytes(parent, root) == 1000 - 250  # live: [1000, 1250), whatever the overlap
+
+
+def test_the_child_is_on_disk_before_its_name_is(tmp_path, monkeypatch):
+    """fsync of the temp file before the rename, and of the directory after: a crash must not
+    leave a child at its name whose blocks never reached the disk."""
+    import io
+    import os
+
+    from efabuild.export.squashfs import incremental as writer
+    from efabuild.export.squashfs import write_incremental
+    from tests.export.test_squashfs_incremental import PLAN_B, layer_between, small_base
+    from tests.kits.tarkit import Item
+
+    tree, base = small_base(tmp_path)
+    layer = layer_between(tree, dict(tree, **{"opt/added": Item("f", data=b"new", inode=9)}))
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync " + ("dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file"))
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:  # noqa: ANN001
+        events.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(writer.os, "fsync", fsync)
+    monkeypatch.setattr(writer.os, "replace", replace)
+    result = write_incremental(base, [io.BytesIO(layer)], tmp_path / "child.sqsh", plan=PLAN_B)
+    assert not result.full_needed
+    assert events[events.index("rename") - 1] == "fsync file" and "fsync dir" in events[events.index("rename"):]
