@@ -482,3 +482,40 @@ def test_a_seed_shorter_than_its_index_lends_nothing(tmp_path, chunk_store, sett
     got = fill(chunk_store, b, tmp_path / "out.bin", [Seed(one, a)])
     assert (tmp_path / "out.bin").read_bytes() == truth and got.digest == b.digest
     assert got.lent == 0 and counted == [] and 2 * MiB < got.transfer.reused_bytes < 6 * MiB  # its first run
+
+
+def test_only_runs_that_meet_are_one_lent_range():
+    """Units are lent from a seed only where its bytes were copied at the same offsets: two runs of
+    one seed with a gap between them are two ranges, and the unit in the gap (downloaded, or
+    another seed's) is not taken from this seed's pages."""
+    from efabuild.host.blake3tree import UNIT
+    from efabuild.store.chunked.assembly import Run, lent_units
+
+    seed = Path("/seed")
+    runs = [Run(seed, 0, 0, UNIT, ()), Run(seed, 2 * UNIT, 2 * UNIT, UNIT, ()),
+            Run(seed, UNIT * 3, UNIT * 3, UNIT // 2, ()), Run(seed, UNIT * 3 + UNIT // 2, UNIT * 3 + UNIT // 2, UNIT // 2, ())]
+    assert lent_units(runs, 5 * UNIT) == {seed: [0, 2, 3]}
+
+
+def test_a_kept_index_of_other_bytes_of_the_same_size_is_no_seed(tmp_path):
+    """A kept index stands for the copy beside it only with the record's size AND digest: one of
+    other bytes of the same length (a planted or stale index) would lend chunks the copy lacks."""
+    from efabuild.store.chunked.chunks import ChunkIndex
+    from efabuild.store.chunked.seeds import keep_beside_copies, keep_index, kept_index
+    from efabuild.store.tiered import Store
+    from efabuild.store.tiers.fs import FilesystemTier
+    from tests.kits.storekit import key_for, make_sqsh, record_for
+
+    tier = FilesystemTier(tmp_path / "store", "local")
+    key = key_for("kept index")
+    sqsh = make_sqsh(tmp_path, os.urandom(50_000))
+    Store([tier], show_progress=False).publish(key, sqsh, record_for(key, "g:l", sqsh))
+    record = tier.record(key)
+    right = ChunkIndex(record.size, record.digest, (("ab" * 32, record.size),))
+    wrong = right._replace(digest="blake3:" + "00" * 32)
+    keep_index(tier, key, wrong)
+    assert kept_index(tier, key) is None
+    keep_index(tier, key, right)
+    assert kept_index(tier, key) == right
+    keep_beside_copies([tier], key, wrong._replace(chunks=(("cd" * 32, record.size),)))
+    assert kept_index(tier, key) == right  # not replaced by the index of other bytes

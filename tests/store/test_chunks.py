@@ -428,3 +428,23 @@ def test_a_seed_whose_ids_are_right_but_whose_cuts_are_not_fastcdcs_still_gives_
         assert [cid for cid, _, _ in index.spans()] == [chunk_id(own[o:o + n]) for _, o, n in index.spans()]
         assert sum(n for _, n in index.chunks) == index.size == len(own) and index.digest == file_digest(child)
         assert all(n <= high for _, n in index.chunks) and all(n >= low for _, n in index.chunks[:-1])
+
+
+def test_the_sources_short_last_chunk_is_not_lent_to_a_child_that_goes_on(tmp_path):
+    """The source's last chunk was cut by the end of its data, not by FastCDC: a child whose bytes
+    go on past it (an incremental child copies the ancestor's prefix, then adds) cuts there
+    differently, and lending it would give an index that chunk_file() of the child does not."""
+    import random
+
+    from efabuild.host.digest import Splice
+    from efabuild.store.chunked.chunks import chunk_spliced
+
+    rng = random.Random(5)
+    source = tmp_path / "source"
+    source.write_bytes(rng.randbytes(2 * MiB + 777))
+    seed = chunk_file(source, chunking=SMALL)
+    child = tmp_path / "child"
+    child.write_bytes(source.read_bytes() + rng.randbytes(300 * KiB))
+    spliced = chunk_spliced(child, Splice(str(source), 0, 2 * MiB + 777), seed, chunking=SMALL)
+    assert spliced == chunk_file(child, chunking=SMALL)
+    assert seed.chunks[-1] not in spliced.chunks  # its short last chunk is the child's no more
