@@ -109,3 +109,29 @@ def test_the_child_is_on_disk_before_its_name_is(tmp_path, monkeypatch):
     result = write_incremental(base, [io.BytesIO(layer)], tmp_path / "child.sqsh", plan=PLAN_B)
     assert not result.full_needed
     assert events[events.index("rename") - 1] == "fsync file" and "fsync dir" in events[events.index("rename"):]
+
+
+def test_an_opaque_directory_keeps_what_its_own_layer_put_there_before_the_marker(tmp_path):
+    """`.wh..wh..opq` drops what the LOWER layers had in its directory: a layer tar that lists the
+    directory's new entries before its marker (a registry's writer may) keeps them."""
+    import io
+    import tarfile
+
+    from tests.export.test_squashfs_incremental import PLAN_B, assert_same, incremental, layer_between, small_base
+    from tests.kits.tarkit import Item, full_export, tree_tar
+
+    tree, base = small_base(tmp_path)
+    new = {p: i for p, i in tree.items() if not p.startswith("opt/")}
+    new["opt/fresh"] = Item("f", data=b"fresh\n", inode=7)
+    layer = layer_between(tree, new, opaque=frozenset({"opt"}))
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        members = [(m, tar.extractfile(m).read() if m.isreg() else None) for m in tar]
+    assert any(m.name.endswith(".wh..wh..opq") for m, _ in members)
+    members.sort(key=lambda m: m[0].name.endswith(".wh..wh..opq"))  # the marker last
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, body in members:
+            tar.addfile(info, io.BytesIO(body) if body is not None else None)
+    child = tmp_path / "child.sqsh"
+    incremental(base, [buf.getvalue()], child, max_dead_share=1.0)
+    assert_same(child, full_export(tree_tar(new), tmp_path / "full.sqsh", PLAN_B), tmp_path)

@@ -263,6 +263,10 @@ def test_diff_of_two_platforms_says_which_components_differ(tmp_path, monkeypatc
     assert row == ["nccl", "2.30.7", "2.29.2", "NO"]
     assert next(line.split() for line in lines if line.startswith("libfabric "))[-1] == "yes"
     assert lines[-1] == "differ across platforms: nccl 2.30.7 on linux/amd64, 2.29.2 on linux/arm64"
+    # the differences table compares the two sides, not one side with itself
+    assert next(line.split() for line in lines if line.startswith("measured  machine")) == [
+        "measured", "machine", "x86_64", "aarch64"]
+    assert ["measured", "nccl", "2.30.7", "2.29.2"] in [line.split() for line in lines]
     as_json = run_efabuild(["diff", "--json", "--store", str(tmp_path / "store"), f"{NAME}@linux/amd64",
                             f"{NAME}@linux/arm64"], env=dict(os.environ), cwd=tmp_path)
     across = json.loads(as_json.stdout)["across_platforms"]
