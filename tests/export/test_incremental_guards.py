@@ -135,3 +135,25 @@ def test_an_opaque_directory_keeps_what_its_own_layer_put_there_before_the_marke
     child = tmp_path / "child.sqsh"
     incremental(base, [buf.getvalue()], child, max_dead_share=1.0)
     assert_same(child, full_export(tree_tar(new), tmp_path / "full.sqsh", PLAN_B), tmp_path)
+
+
+def test_a_write_the_writer_declines_is_a_full_export_with_its_reason(tmp_path, monkeypatch):
+    """write_incremental declines (dead bytes over the share, an input it does not handle) by
+    returning full_needed and writing nothing: export_incremental must then hand back its reason
+    (make exports in full), never keep what is not a child. The engine's side is stood in for: the
+    writer's answer is the subject here (tests/make/test_incremental_export.py runs it for real)."""
+    from efabuild.export.squashfs.incremental import IncrementalResult
+
+    out = tmp_path / "child.sqsh"
+    monkeypatch.setattr(incremental, "read_ahead", lambda path: None)
+    monkeypatch.setattr(incremental, "_plans", lambda *args: (SimpleNamespace(labels={}), None, None))
+    monkeypatch.setattr(incremental, "_diff_streams", lambda source, ancestor: [])
+    monkeypatch.setattr(incremental, "write_incremental", lambda *args, **kwargs: IncrementalResult(
+        out, size=100, dead_bytes=90, full_needed=True, reason="90 of its 100 bytes would be dead blocks"))
+    source = SimpleNamespace(image="efabuild/user:k", problems=lambda streams, verify: [])
+    ancestor = SimpleNamespace(sqsh=tmp_path / "ancestor.sqsh", stamp=None, key="ab" * 32, digest="blake3:00")
+    from efabuild.settings import ExportSettings
+
+    made = incremental.export_incremental(source, ancestor, out, options=ExportSettings(), epoch=0, recorded={})
+    assert made == "90 of its 100 bytes would be dead blocks" and not out.exists()
+    assert list(tmp_path.iterdir()) == []
