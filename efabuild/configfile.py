@@ -225,7 +225,7 @@ def platform_list(t: Table, key: str, allowed: tuple[str, ...] | None = None) ->
     for value in values:
         problem = platform_problem(value)
         if problem:
-            raise InputError(f"{value!r}: {problem}", t.where(key))
+            raise InputError(f"{value[:40]!r}{'…' if len(value) > 40 else ''}: {problem}", t.where(key))
         if allowed is not None and value not in allowed:
             raise InputError(f"{value!r} is not one of the workspace's [builder] platforms "
                              f"({', '.join(allowed)})", t.where(key))

@@ -59,7 +59,12 @@ def registry_problem(url: str) -> str | None:
     return None
 
 
+PLATFORM_MAX = 64  # linux/arm64/v8 is 14: a longer value is a mistake or an attack, never echoed whole
+
+
 def platform_problem(value: str) -> str | None:
+    if len(value) > PLATFORM_MAX:
+        return f"must be os/arch[/variant] of at most {PLATFORM_MAX} characters, like linux/amd64 or linux/arm64"
     if not PLATFORM.fullmatch(value):
         return "must be os/arch[/variant], like linux/amd64 or linux/arm64"
     return None

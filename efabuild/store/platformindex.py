@@ -23,7 +23,8 @@ from efabuild.errors import EfabuildError, InputError
 from efabuild.grammar import PLATFORM
 from efabuild.host import fsutil
 from efabuild.host.machine import node_platform
-from efabuild.platforms import (PLATFORM_ENV, MissingPlatform, missing_platform, parse_index, pick, record_disagrees,
+from efabuild.platforms import (PLATFORM_ENV, MissingPlatform, checked_platform, missing_platform, parse_index, pick,
+                                record_disagrees,
                                 split_platform, with_platform)
 from efabuild.refs import short
 from efabuild.store.layout import MANIFEST_LIMIT
@@ -41,6 +42,8 @@ class Wanted(NamedTuple):
     @classmethod
     def of(cls, ref: str, platform: str | None = None, environ: Mapping[str, str] | None = None) -> Wanted:
         bare, at = split_platform(ref)
+        if platform is not None:  # checked when given, not when first needed: a name's index may never be read
+            checked_platform(platform, "--platform")
         if at and platform and at != platform:
             raise InputError(f"{ref} names {at}, --platform says {platform}: give one")
         return cls(bare, at or platform, environ)

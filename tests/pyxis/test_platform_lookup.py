@@ -86,9 +86,12 @@ def test_bad_platforms_are_one_line_usage_errors(store_dir, tmp_path, monkeypatc
                                 "linux/arm64, not 'arm64'\n"),
         ([f"{keys['linux/arm64']}@linux/arm64"], {}, "a key names one artifact of one platform"),
         (["--platform", "linux/amd64", f"{NAME}@linux/arm64"], {}, "--platform says linux/amd64: give one"),
+        # a platform string has a length: one line, never the value whole
+        (["--platform", "linux/" + "a" * 5000, "nope:absent"], {}, "efabuild: --platform: must be os/arch"),
+        ([NAME], {"EFABUILD_PLATFORM": "linux/" + "a" * 5000}, "efabuild: EFABUILD_PLATFORM: must be os/arch"),
     ]:
         code, out, err = lookup("--store", str(store_dir), *args, env=env, cwd=tmp_path)
-        assert (code, out, err.count("\n")) == (2, "", 1) and says in err, err
+        assert (code, out, err.count("\n")) == (2, "", 1) and says in err and len(err) < 300, err
 
 
 def test_a_key_names_its_artifact_on_either_node_with_a_warning(store_dir, tmp_path, monkeypatch):
