@@ -26,16 +26,17 @@ def local_choice(layouts: list[Layout], wanted: Wanted, vet: IndexVet | None = N
     newest = newest_ref(layouts, value)
     if newest is None:
         return None
-    return choose(newest, value, wanted, lambda digest: _first_index(layouts, digest),
-                  lambda digest: shown(layouts[0].platform_index_path(digest)), vet)
+    found_in = [layouts[0]]  # the directory the index was read from: what a message about it names
 
+    def read(digest: str) -> tuple[bytes | None, bytes | None]:
+        for layout in layouts:
+            found = layout.read_platform_index(digest)
+            if found[0] is not None:
+                found_in[0] = layout
+                return found
+        return None, None
 
-def _first_index(layouts: list[Layout], digest: str) -> tuple[bytes | None, bytes | None]:
-    for layout in layouts:
-        found = layout.read_platform_index(digest)
-        if found[0] is not None:
-            return found
-    return None, None
+    return choose(newest, value, wanted, read, lambda digest: shown(found_in[0].platform_index_path(digest)), vet)
 
 
 def find_local(table: StoreConfig, ref: str, ask_s3: bool = False, *, wanted: Wanted | None = None,

@@ -438,3 +438,20 @@ def test_a_plain_history_entry_naming_another_names_artifact_is_refused_where_si
     assert (code, out) == (0, sqsh(store, key))
     assert err == (f"efabuild: warning: {NAME} ({key[:12]}) is recorded as demo:efa: the same inputs, or a "
                    "rewritten history (--require-signature refuses it)\n")
+
+
+def test_a_forged_local_index_is_named_where_it_was_read(tmp_path, monkeypatch):
+    """With a shared and a local tier, an index read from the local one is the local file in the
+    line that refuses it (it named the shared tier's, where no such file is)."""
+    shared, local = tmp_path / "fsx", tmp_path / "ws" / "cache"
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "BUILD.toml").write_text(f'[store]\nlocal = "cache"\nshared = "{shared}"\n')
+    store = Store([FilesystemTier(local, "local"), FilesystemTier(shared, "shared")], show_progress=False)
+    publish_platforms(store, tmp_path)
+    path, _ = index_of(local)
+    (shared / path.relative_to(local)).unlink()  # the shared tier lacks it: the local copy is read
+    path.chmod(0o644)
+    path.write_bytes(path.read_bytes().replace(b"linux/arm64", b"linux/arm65"))
+    as_machine(monkeypatch, X86_NODE)
+    code, out, err = lookup(NAME, cwd=tmp_path / "ws")
+    assert (code, out) == (1, "") and str(path) in err and str(shared) not in err, err
