@@ -507,3 +507,33 @@ def test_lookup_compares_the_size_with_the_record_without_reading(scene, capsys)
     assert err == [f"efabuild: {sqsh}: corrupt artifact: {size} bytes, its record says {size + 1}"]
     other = next(k for k in GOOD if k != key)
     assert run(capsys, "lookup", "--store", str(scene.root), other)[:2] == (0, f"{scene.obj(other, '.sqsh')}\n")
+
+
+def test_a_directory_at_an_artifacts_name_is_moved_aside_and_the_artifact_stored(scene, capsys, monkeypatch):
+    """A directory planted at a .sqsh's name stopped every make that published that key ("a
+    directory, not an artifact") where a FIFO or a link there is repaired: it is moved whole into
+    tmp/ (nothing in it followed), the artifact stored, and gc removes the directory once the
+    publishing process is gone."""
+    from efabuild import notices
+    from efabuild.host.owner import Owner
+    from efabuild.store.gc import leftovers
+
+    planted = scene.obj(PLANTED, ".sqsh")
+    planted.mkdir(parents=True)
+    (planted / "victim").symlink_to(scene.victim)
+    (planted / "deep").mkdir()
+    said: list[str] = []
+    monkeypatch.setattr(notices, "warn", said.append)
+    before = snapshot(scene.outside)
+    tier = FilesystemTier(scene.root, "store")
+    source = next(iter(scene.sqsh.values()))
+    assert tier.publish(PLANTED, source, record_for(PLANTED, "g:p", source), show_progress=False) in (
+        "published", "repaired")
+    assert stat.S_ISREG(planted.lstat().st_mode) and planted.read_bytes() == source.read_bytes()
+    [moved] = [p for p in (scene.root / "tmp").iterdir() if p.name.startswith(leftovers.PLANTED_PREFIX + "-")]
+    assert (moved / "victim").is_symlink() and any(str(planted) in line and str(moved) in line for line in said)
+    assert moved not in leftovers.find(tier)  # its publisher, this process, is alive
+    monkeypatch.setattr(Owner, "gone", lambda self: True)
+    assert moved in leftovers.find(tier)
+    leftovers.remove(tier, moved)
+    assert not moved.exists() and snapshot(scene.outside) == before

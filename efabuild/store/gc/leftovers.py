@@ -37,7 +37,9 @@ STALE_TEMP_SECONDS = 24 * 3600
 # (efabuild.make.context) and make --check's rebuilt .sqsh (efabuild.make.check)
 CONTEXT_PREFIX = "context"
 CHECK_PREFIX = "check"
-OWNED_DIR_PREFIXES = (CONTEXT_PREFIX, CHECK_PREFIX)
+# a directory someone put at an artifact's name, moved aside by the publish that repaired it
+PLANTED_PREFIX = "planted"
+OWNED_DIR_PREFIXES = (CONTEXT_PREFIX, CHECK_PREFIX, PLANTED_PREFIX)
 # make --check's work directory before it named its owner: tempfile.mkdtemp(prefix="check-<layer>-")
 _UNOWNED_CHECK_DIR = re.compile(r"check-.+-[a-z0-9_]{8}")
 

@@ -30,6 +30,7 @@ from efabuild.store.chunked import seeds
 from efabuild.store.chunked.chunks import ChunkIndex
 from efabuild.display import shown
 from efabuild.host.fsutil import UnsafeEntry
+from efabuild.host.owner import owned_name
 from efabuild.store.layout import (ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_LIMIT, MANIFEST_SUFFIX, RECORD_SUFFIX,
                                     SQSH_SUFFIX, Layout)
 from efabuild.store.lock import FileLock
@@ -251,7 +252,13 @@ class FilesystemTier(PlatformIndexes, Tier):
                     try:
                         os.replace(staged, final, src_dir_fd=tmp_fd, dst_dir_fd=object_fd)
                     except IsADirectoryError:
-                        raise UnsafeEntry(f"{shown(self.sqsh_path(key))}: a directory, not an artifact") from None
+                        # a directory at the name is repaired as a FIFO or a link is: moved aside
+                        # whole (nothing in it followed) into tmp/, which gc empties once we are gone
+                        aside = owned_name(leftovers.PLANTED_PREFIX, final)
+                        os.rename(final, aside, src_dir_fd=object_fd, dst_dir_fd=tmp_fd)
+                        _warn(f"{shown(self.sqsh_path(key))}: a directory, not an artifact; moved it to "
+                              f"{shown(self.layout.tmp_dir / aside)} (gc removes it) and stored the artifact")
+                        os.replace(staged, final, src_dir_fd=tmp_fd, dst_dir_fd=object_fd)
                 os.fsync(object_fd)
             finally:
                 with contextlib.suppress(FileNotFoundError):
