@@ -15,7 +15,7 @@ from pathlib import Path
 
 from efabuild.errors import EfabuildError
 from efabuild.host.statstamp import others_may_write
-from efabuild.settings import StoreConfig
+from efabuild.storesettings import StoreConfig
 from efabuild.store.config import locate
 from efabuild.store.layout import ENVELOPE_SUFFIX, SQSH_SUFFIX, Layout
 from efabuild.store.lookup import find_local, intact_record

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from efabuild.configfile import load_toml
 from efabuild.errors import InputError
-from efabuild.settings import BUILD_FILE, DEFAULT_KEEP, S3Config, StoreConfig, parse_s3_table, parse_store_table, store_dir
+from efabuild.storesettings import BUILD_FILE, DEFAULT_KEEP, S3Config, StoreConfig, parse_s3_table, parse_store_table, store_dir
 from efabuild.store.layout import Layout
 
 STORE_ENV = "EFABUILD_STORE"

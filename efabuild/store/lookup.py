@@ -12,7 +12,7 @@ from efabuild.display import shown
 from efabuild.store.layout import Layout, newest_ref, record_problems, resolve_in
 from efabuild.store.platformindex import IndexVet, Resolved, Wanted, check_record, choose, manifest_platform_of
 from efabuild.refs import classify_ref
-from efabuild.settings import StoreConfig
+from efabuild.storesettings import StoreConfig
 
 
 def local_choice(layouts: list[Layout], wanted: Wanted, vet: IndexVet | None = None) -> Resolved | None:

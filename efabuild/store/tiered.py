@@ -22,7 +22,7 @@ from efabuild import notices
 from efabuild.errors import NotFound
 from efabuild.refs import check_key, classify_ref, short
 from efabuild.store.chunked import seeds
-from efabuild.settings import DEFAULT_KEEP, S3Config, StoreConfig
+from efabuild.storesettings import DEFAULT_KEEP, S3Config, StoreConfig
 from efabuild.store.config import bare_store, locate, store_config_text
 from efabuild.host import treecache
 from efabuild.host.digest import bytes_digest
@@ -265,8 +265,7 @@ class Store(Checks, Names):
         record of the key it picks must agree, before a fetch writes a byte."""
         wanted = Wanted.of(ref, platform, environ)
         resolved = self.resolve_choice(wanted, remote=fetch, vet_index=vet_index)
-        key = resolved.key
-        signed = vet is not None or vet_index is not None  # signatures required: a name's record must be its own
+        key, signed = resolved.key, vet is not None or vet_index is not None  # signed: a name's record is its own
         hit, damaged = first_intact([tier.layout for tier in self.fs_tiers], key)
         if hit is not None:
             check_record(resolved, wanted, hit[1], manifest_platform_of(hit[0], key), signed=signed)

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "efabuild"
 
 # the pure core: decisions and parsing, no engine, store, network or subprocess
 CORE = {"__init__", "__main__", "model", "refs", "keys", "dag", "plan", "redact", "errors", "nccl",
-        "workspace", "settings", "grammar", "configfile", "tomlkeys", "notices", "display", "platforms"}
+        "workspace", "settings", "storesettings", "grammar", "configfile", "tomlkeys", "notices", "display", "platforms"}
 # what no core module may import: the edge packages and the modules that reach the outside world
 EDGE_PACKAGES = {"make", "cli", "doctor", "host", "engine", "export", "lint", "provenance", "pyxis", "signing",
                  "store"}
@@ -23,7 +23,7 @@ OUTSIDE_WORLD = {"subprocess", "socket", "threading", "boto3", "botocore", "pyth
                  "shutil", "sqlite3", "urllib.request", "http"}
 # only these read files (the workspace, its config files, the store directories they name); the rest
 # of the core touches no filesystem
-READS_FILES = {"workspace", "settings", "configfile"}
+READS_FILES = {"workspace", "settings", "storesettings", "configfile"}
 FILESYSTEM = {"os", "stat", "glob", "io", "tempfile"}
 # core modules that import a filesystem module for its names alone -> why
 NAMES_ONLY = {("display", "os"): "os.fspath: a path's text for a message, no file touched"}

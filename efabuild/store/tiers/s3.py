@@ -41,7 +41,7 @@ from efabuild.store.chunked.chunks import (
     ChunkIndex,
     Usage,
 )
-from efabuild.settings import S3Config
+from efabuild.storesettings import S3Config
 from efabuild.host.digest import is_digest
 from efabuild.store.tiers.base import PUBLISHED, REUSED, Tier, check_publish_input
 from efabuild.store.layout import (

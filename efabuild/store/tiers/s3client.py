@@ -25,7 +25,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from efabuild.errors import EfabuildError, NoCredentials
-from efabuild.settings import S3Config
+from efabuild.storesettings import S3Config
 from efabuild.store.progress import Progress
 from efabuild.store.parallel import run_parallel
 
