@@ -35,11 +35,12 @@ machine's only, and a library of another machine on the path is passed over, as 
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from efabuild.provenance import dpkg, elf, ldpath
+from efabuild.provenance import dpkg, elf, ldpath, versions
 from efabuild.provenance.fsread import MAX_LIB_SCAN, defines, dist_info_dirs, metadata_version, site_dirs
 from efabuild.provenance.fsview import FsView
 from efabuild.provenance.imageenv import (
@@ -66,6 +67,9 @@ _RELEVANT_PACKAGE_PREFIXES = (
     "libfabric", "libnccl", "efa", "openmpi", "libcudnn", "rdma-core", "ibverbs", "libibverbs",
 )
 _OMPI_VERSION = re.compile(rb"Open MPI v?(\d+\.\d+\.\d+)")
+# Open MPI 4's libmpi keeps its release for ompi_info as "v4.1.4" before the string "Open MPI"
+_OMPI_FULL_VERSION = re.compile(rb"%s:version:full\x00v(\d+\.\d+\.\d+)\x00Open MPI\x00")
+MAX_SCANNED_MPI = 4  # libmpi files of one installation whose bytes are searched
 _FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -114,7 +118,7 @@ def probe_tree(
     )
     return Measured(
         components=components,
-        openmpi=_openmpi(fs, machine),
+        openmpi=_openmpi(fs, machine, packages),
         env=tuple(sorted((k, shown_value(k, v)) for k, v in env.items() if efa_relevant(k))),
         env_source=env_source,
         declared_by_base=declared_by_base(env, labels),
@@ -271,13 +275,23 @@ def _git_head(fs: FsView, checkout: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _openmpi(fs: FsView, machine: str | None = None) -> tuple[MpiInstall, ...]:
+def _openmpi(fs: FsView, machine: str | None = None, packages: dict | None = None) -> tuple[MpiInstall, ...]:
     found: list[MpiInstall] = []
+    # Debian/Ubuntu's own (libopenmpi3): libmpi.so.40 (Open MPI 3 to 5; MPICH's is .12) in the triplet directory, on the loader's
+    # default path; its -dev package adds <triplet>/openmpi/{include,lib} beside it
+    for triplet in elf.triplets_for(machine):
+        libdir = f"/usr/lib/{triplet}"
+        libs = [p for p in fs.glob(f"{libdir}/libmpi.so.40*") if fs.is_file(p)]
+        if libs:
+            version, source = _debian_openmpi_version(fs, libdir, libs, packages or {})
+            found.append(MpiInstall(libdir, fs.resolve(libdir) or libdir, version, source))
     for pattern in (*OPENMPI_PLACES, *(f"/usr/lib/{t}/openmpi" for t in elf.triplets_for(machine))):
         for path in fs.glob(pattern):
             real = fs.resolve(path)
             if real is None or not fs.is_dir(real) or any(m.real_path == real for m in found):
                 continue
+            if any(m.path == posixpath.dirname(path) for m in found):
+                continue  # Debian's -dev files of the installation found in the triplet directory
             if not (fs.exists(f"{real}/include/mpi.h") or fs.glob(f"{real}/lib/libmpi.so*")
                     or fs.exists(f"{real}/bin/mpirun")):
                 continue
@@ -286,7 +300,22 @@ def _openmpi(fs: FsView, machine: str | None = None) -> tuple[MpiInstall, ...]:
     return tuple(found)
 
 
-def _openmpi_version(fs: FsView, root: str) -> tuple[str | None, str | None]:
+def _debian_openmpi_version(fs: FsView, libdir: str, libs: list[str],
+                            packages: dict[str, dpkg.Package]) -> tuple[str | None, str | None]:
+    """The release of the Open MPI whose libmpi is in a triplet directory: its -dev files' mpi.h or
+    ompi.pc, the dpkg package owning libmpi, else the version string inside libmpi."""
+    version, source = _openmpi_version(fs, f"{libdir}/openmpi", scan=False)
+    if version is not None:
+        return version, source
+    reals = {fs.resolve(p) for p in libs} | set(libs)
+    for name in sorted(n for n in packages if n.startswith("libopenmpi")):
+        package = packages[name]
+        if reals & set(dpkg.owned_files(fs, package)):
+            return versions.upstream(package.version), f"{dpkg.STATUS_FILE} ({package.name} {package.version})"
+    return _scanned_openmpi_version(fs, sorted({fs.resolve(p) or p for p in libs}))
+
+
+def _openmpi_version(fs: FsView, root: str, scan: bool = True) -> tuple[str | None, str | None]:
     header = f"{root}/include/mpi.h"
     found = defines(fs.read_text(header) or "", ["OMPI_MAJOR_VERSION", "OMPI_MINOR_VERSION", "OMPI_RELEASE_VERSION"])
     if len(found) == 3 and all(v.isdigit() for v in found.values()):
@@ -295,8 +324,14 @@ def _openmpi_version(fs: FsView, root: str) -> tuple[str | None, str | None]:
     match = re.search(r"^Version:\s*(\S+)", fs.read_text(pc) or "", re.MULTILINE)
     if match:
         return match.group(1), pc
-    for lib in fs.glob(f"{root}/lib/libmpi.so.*"):
-        found = _OMPI_VERSION.search(fs.read_bytes(lib, max_size=MAX_LIB_SCAN) or b"")
+    return _scanned_openmpi_version(fs, fs.glob(f"{root}/lib/libmpi.so.*")) if scan else (None, None)
+
+
+def _scanned_openmpi_version(fs: FsView, libs: list[str]) -> tuple[str | None, str | None]:
+    """The release libmpi carries (as ompi_info prints it), in its first MAX_LIB_SCAN bytes."""
+    for lib in libs[:MAX_SCANNED_MPI]:
+        data = fs.read_bytes(lib, max_size=MAX_LIB_SCAN) or b""
+        found = _OMPI_VERSION.search(data) or _OMPI_FULL_VERSION.search(data)
         if found:
             return found.group(1).decode(), lib
     return None, None

@@ -448,3 +448,28 @@ def test_an_image_with_hundreds_of_libfabric_copies_has_a_bounded_number_of_them
     assert len([c for c in copies if c.path.startswith("/opt/many/")]) == 400  # every copy still listed
     scanned = [path for path in read if path.startswith("/opt/many/libfabric")]
     assert len(scanned) <= 16, len(scanned)  # 400 before
+
+
+@pytest.mark.parametrize(("dev", "records", "source"), [
+    (False, True, "/var/lib/dpkg/status (libopenmpi3 4.1.4-3+b1)"),
+    (False, False, "/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4"),
+    (True, True, "/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h"),
+    (True, False, "/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h"),
+], ids=["runtime", "runtime-no-records", "dev", "dev-no-records"])
+def test_debian_s_open_mpi_in_the_triplet_directory_is_one_installation(image: Path, dev: bool, records: bool,
+                                                                         source: str) -> None:
+    """apt's libopenmpi3 puts libmpi.so.40 on the loader's default path; its -dev package adds
+    <triplet>/openmpi beside it: one installation either way, listed beside HPC-X's."""
+    ngc.add_debian_openmpi(image, dev=dev, records=records)
+    measured = probe_tree(DirView(image))
+    assert [(m.path, m.version, m.source) for m in measured.openmpi] == [
+        ("/usr/lib/x86_64-linux-gnu", "4.1.4", source),
+        ("/usr/local/mpi", ngc.HPCX_OMPI, "/opt/hpcx/ompi/include/mpi.h"),
+    ]
+
+
+def test_debian_s_open_mpi_without_a_version_anywhere_is_unknown(image: Path) -> None:
+    ngc.write(image, "/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4", ngc.fake_elf("no release here"))
+    ngc.link(image, "/usr/lib/x86_64-linux-gnu/libmpi.so.40", "libmpi.so.40.30.4")
+    [debian] = [m for m in probe_tree(DirView(image)).openmpi if m.path == "/usr/lib/x86_64-linux-gnu"]
+    assert (debian.version, debian.source) == (None, None)
