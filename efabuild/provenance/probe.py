@@ -1,9 +1,10 @@
 """Measure the versions inside an image from its files: no GPU, no container start.
 
 `probe_tree(fs, image_env)` reads an `FsView` (a directory or a .sqsh) and returns `Measured`.
-Where a library can exist in several copies (NCCL, libfabric, aws-ofi-nccl), every copy is listed
-with its path, and the reported version is the one the dynamic loader picks given the image's
-LD_LIBRARY_PATH and ld.so.conf. Base-image env vars and labels (NCCL_VERSION...) are kept apart
+Where a library can exist in several copies (NCCL, cuDNN, the CUDA runtime, libfabric, aws-ofi-nccl),
+every copy is listed with its path, and the reported version is the one the dynamic loader picks
+given the image's LD_LIBRARY_PATH and ld.so.conf, or, for pip's NVIDIA wheels beside torch, the one
+torch's $ORIGIN-relative RUNPATH finds. Base-image env vars and labels (NCCL_VERSION...) are kept apart
 as `declared_by_base`: they describe the base as it was built, not what later layers installed.
 The loader-chosen libraries are read in `libraries`, the env and labels in `imageenv`.
 
@@ -12,16 +13,21 @@ Where each version is read:
 | component     | evidence, in order of preference                                                    |
 |---------------|-------------------------------------------------------------------------------------|
 | ngc-release   | env NVIDIA_PYTORCH_VERSION (the NGC container release, e.g. 26.08)                   |
-| cuda          | /usr/local/cuda/version.json, version.txt, cuda.h CUDA_VERSION (major.minor)          |
-| nccl          | libnccl.so.2 the loader finds (real file name libnccl.so.2.X.Y), nccl.h defines       |
-| cudnn         | cudnn_version.h defines, libcudnn.so.X.Y.Z file names                                 |
+| cuda          | /usr/local/cuda/version.json, version.txt, cuda.h CUDA_VERSION (major.minor); the     |
+|               | nvidia-cuda-runtime wheel's METADATA when torch loads its libcudart (`wheels`)        |
+| nccl          | libnccl.so.2 the loader finds (real file name libnccl.so.2.X.Y), the nvidia-nccl     |
+|               | wheel's METADATA for its copy, nccl.h defines                                         |
+| cudnn         | cudnn_version.h defines, libcudnn.so.X.Y.Z file names; with an nvidia-cudnn wheel,    |
+|               | the copy torch loads decides (the wheel's METADATA for its own)                       |
 | pytorch       | torch/version.py in the Python site directories (first on sys.path wins)              |
 | libfabric     | the libfabric.so.1 the loader finds: pkgconfig/libfabric.pc beside it (for the file   |
 |               | libfabric.so points to), the dpkg package owning it, or "libfabric: X.Y.Z" inside it   |
 | aws-ofi-nccl  | the plugin NCCL loads (NCCL_NET_PLUGIN): "aws-ofi-nccl X.Y.Z" inside it, or its dpkg  |
 |               | package owning the file (libnccl-ofi, libnccl-ofi-ngc-v2/-v3)                          |
 | efa-installer | /opt/amazon/efa_installed_packages: "# EFA installer version:" and the package list  |
-| openmpi       | each installation's include/mpi.h, lib/pkgconfig/ompi.pc, or "Open MPI X.Y.Z" in libmpi |
+| openmpi       | each installation's include/mpi.h, lib/pkgconfig/ompi.pc, or "Open MPI X.Y.Z" in libmpi;|
+|               | Debian's (libmpi.so.40 in the triplet directory): its -dev mpi.h or ompi.pc, the dpkg |
+|               | package owning libmpi, or the release libmpi keeps for ompi_info                      |
 | deepep        | deep_ep-*.dist-info: Version; commit from direct_url.json vcs_info.commit_id, else    |
 |               | the .git/HEAD of the source directory pip recorded (`url: file://...`)                |
 | machine       | the layer's platform; else the ELF headers (e_machine) of the programs, libraries and  |
@@ -53,7 +59,9 @@ from efabuild.provenance.imageenv import (
     parse_rc_labels,
     shown_value,
 )
-from efabuild.provenance.libraries import PROGRAMS, aws_ofi_nccl, cudnn, libfabric, machine_files, nccl
+from efabuild.provenance.libraries import (
+    PROGRAMS, aws_ofi_nccl, cuda_runtime, cudnn, libfabric, machine_files, nccl,
+)
 from efabuild.provenance.measured import Component, Copy, Measured, MpiInstall
 
 EFA_PACKAGES_FILE = "/opt/amazon/efa_installed_packages"
@@ -107,7 +115,7 @@ def probe_tree(
     nccl_, cudnn_, libfabric_, ofi = libraries
     components = (
         _ngc_release(env),
-        _cuda(fs),
+        cuda_runtime(fs, search, sites, _cuda(fs), machine),
         nccl_,
         cudnn_,
         _pytorch(fs, sites),
@@ -136,7 +144,7 @@ def _libraries(fs: FsView, env: dict[str, str], packages: dict, sites: list[str]
     """The loader's search order on `machine`, the libraries it finds and the machine of each
     file that decides whether the image runs (path -> machine; files that are not ELF left out)."""
     search = ldpath.search_path(fs, env, machine)
-    found = (nccl(fs, search, sites, machine), cudnn(fs, search, machine),
+    found = (nccl(fs, search, sites, machine), cudnn(fs, search, machine, sites),
              libfabric(fs, search, packages, machine), aws_ofi_nccl(fs, search, env, packages, machine))
     files = machine_files(fs, search, env, (found[0], found[2], found[3]), machine)
     heads = fs.read_heads(files, elf.HEAD_BYTES)

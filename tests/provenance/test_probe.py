@@ -473,3 +473,63 @@ def test_debian_s_open_mpi_without_a_version_anywhere_is_unknown(image: Path) ->
     ngc.link(image, "/usr/lib/x86_64-linux-gnu/libmpi.so.40", "libmpi.so.40.30.4")
     [debian] = [m for m in probe_tree(DirView(image)).openmpi if m.path == "/usr/lib/x86_64-linux-gnu"]
     assert (debian.version, debian.source) == (None, None)
+
+
+def pip_image(root: Path, torch: bool = True) -> None:
+    """An image whose CUDA libraries come from pip's NVIDIA wheels (no /usr/local/cuda)."""
+    if torch:
+        ngc.write(root, f"{ngc.SITE}/torch/version.py", "__version__ = '2.9.1+cu129'\n")
+        ngc.write(root, f"{ngc.SITE}/torch/lib/libtorch_cuda.so", ngc.fake_elf("torch"))
+    ngc.add_wheel(root, "nvidia-cudnn-cu12", "9.28.0.42", ["nvidia/cudnn/lib/libcudnn.so.9",
+                                                           "nvidia/cudnn/lib/libcudnn_graph.so.9"])
+    ngc.add_wheel(root, "nvidia-cuda-runtime-cu12", "12.9.79", ["nvidia/cuda_runtime/lib/libcudart.so.12"])
+    ngc.add_wheel(root, "nvidia-nccl-cu12", "2.32.3", ["nvidia/nccl/lib/libnccl.so.2"], record=False)
+
+
+def test_pip_s_nvidia_wheels_give_cudnn_cuda_and_nccl_from_their_metadata(tmp_path: Path) -> None:
+    pip_image(tmp_path)
+    measured = probe_tree(DirView(tmp_path))
+    lib = f"{ngc.SITE}/nvidia"
+    found = {c.name: (c.version, c.source, c.loads) for c in measured.components if c.name in ("cuda", "cudnn", "nccl")}
+    assert found == {
+        "cuda": ("12.9.79", f"{ngc.SITE}/nvidia_cuda_runtime_cu12-12.9.79.dist-info/METADATA",
+                 f"{lib}/cuda_runtime/lib/libcudart.so.12"),
+        "cudnn": ("9.28.0.42", f"{ngc.SITE}/nvidia_cudnn_cu12-9.28.0.42.dist-info/METADATA",
+                  f"{lib}/cudnn/lib/libcudnn.so.9"),
+        "nccl": ("2.32.3", f"{ngc.SITE}/nvidia_nccl_cu12-2.32.3.dist-info/METADATA", f"{lib}/nccl/lib/libnccl.so.2"),
+    }
+    assert [c.path for c in measured.component("cudnn").copies] == [f"{lib}/cudnn/lib/libcudnn.so.9"]
+
+
+def test_wheels_without_torch_agree_or_are_unknown(tmp_path: Path) -> None:
+    """No torch to load them and off the loader's path: a wheel's version still describes the
+    only copy; beside a toolkit of another release, nothing says which one a program gets."""
+    pip_image(tmp_path, torch=False)
+    ngc.write(tmp_path, "/usr/local/cuda/version.json", json.dumps({"cuda": {"version": "12.8.1"}}))
+    measured = probe_tree(DirView(tmp_path))
+    assert measured.component("cudnn").version == "9.28.0.42"
+    cuda = measured.component("cuda")
+    assert (cuda.version, cuda.loads) == (None, None)
+    assert sorted((c.path, c.version) for c in cuda.copies) == [
+        ("/usr/local/cuda", "12.8.1"), (f"{ngc.SITE}/nvidia/cuda_runtime/lib/libcudart.so.12", "12.9.79")]
+
+
+def test_the_wheel_beside_torch_decides_unless_ld_library_path_leads_elsewhere(image: Path) -> None:
+    """NGC's system cuDNN (its header) and a pip cuDNN beside torch: torch's $ORIGIN-relative
+    RUNPATH finds the wheel's; a copy on LD_LIBRARY_PATH comes before any RUNPATH."""
+    ngc.add_wheel(image, "nvidia-cudnn-cu12", "9.28.0.42", ["nvidia/cudnn/lib/libcudnn.so.9"])
+    cudnn = probe_tree(DirView(image)).component("cudnn")
+    assert (cudnn.version, cudnn.loads) == ("9.28.0.42", f"{ngc.SITE}/nvidia/cudnn/lib/libcudnn.so.9")
+    ngc.write(image, f"/usr/local/cuda/lib64/libcudnn.so.{ngc.CUDNN}", ngc.fake_elf("cudnn"))
+    ngc.link(image, "/usr/local/cuda/lib64/libcudnn.so.9", f"libcudnn.so.{ngc.CUDNN}")
+    cudnn = probe_tree(DirView(image)).component("cudnn")  # /usr/local/cuda/lib64 is on LD_LIBRARY_PATH
+    assert (cudnn.version, cudnn.loads) == (ngc.CUDNN, "/usr/local/cuda/lib64/libcudnn.so.9")
+    assert sorted(c.version for c in cudnn.copies) == ["9.14.0", "9.28.0.42"]
+
+
+def test_a_record_naming_files_outside_the_site_directory_is_not_followed(tmp_path: Path) -> None:
+    info = ngc.add_wheel(tmp_path, "nvidia-cudnn-cu12", "9.28.0.42", [], record=False)
+    ngc.write(tmp_path, "/opt/elsewhere/libcudnn.so.9", ngc.fake_elf("planted"))
+    ngc.write(tmp_path, f"{info}/RECORD", "../../../../../opt/elsewhere/libcudnn.so.9,,\n/opt/elsewhere/libcudnn.so.9,,\n")
+    cudnn = probe_tree(DirView(tmp_path)).component("cudnn")
+    assert (cudnn.version, cudnn.copies) == (None, ())

@@ -192,6 +192,20 @@ def add_debian_openmpi(root: Path, version: str = "4.1.4", *, dev: bool = False,
               f"/usr/lib/{tri}\n/usr/lib/{tri}/libmpi.so.40.30.4\n/usr/lib/{tri}/libmpi.so.40\n")
 
 
+def add_wheel(root: Path, project: str, version: str, libs: list[str], site: str = SITE,
+              record: bool = True) -> str:
+    """`pip install PROJECT==VERSION` of an NVIDIA library wheel: its files under `site`, its
+    dist-info with METADATA and (with `record`) a RECORD naming them. Returns the dist-info path."""
+    info = f"{site}/{project.replace('-', '_')}-{version}.dist-info"
+    write(root, f"{info}/METADATA", f"Metadata-Version: 2.4\nName: {project}\nVersion: {version}\n\n")
+    for lib in libs:
+        write(root, f"{site}/{lib}", fake_elf(project))
+    if record:
+        write(root, f"{info}/RECORD", "".join(f"{lib},sha256=x,1\n" for lib in libs)
+              + f"{info.rsplit('/', 1)[1]}/METADATA,,\n")
+    return info
+
+
 def write_config(root: Path, env: dict[str, str], labels: dict[str, str] | None = None) -> None:
     """/etc/environment and /etc/rc as Enroot writes them from the image config."""
     write(root, "/etc/environment", "".join(f"{k}={v}\n" for k, v in env.items()))
