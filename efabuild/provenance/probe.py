@@ -46,6 +46,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+import attrs
+
 from efabuild.provenance import dpkg, elf, ldpath, versions
 from efabuild.provenance.fsread import MAX_LIB_SCAN, defines, dist_info_dirs, metadata_version, site_dirs
 from efabuild.provenance.fsview import FsView
@@ -60,7 +62,7 @@ from efabuild.provenance.imageenv import (
     shown_value,
 )
 from efabuild.provenance.libraries import (
-    PROGRAMS, aws_ofi_nccl, cuda_runtime, cudnn, libfabric, machine_files, nccl,
+    PROGRAMS, aws_ofi_nccl, cuda_runtime, cudnn, cudnn_headers, libfabric, machine_files, nccl, nccl_headers,
 )
 from efabuild.provenance.measured import Component, Copy, Measured, MpiInstall
 
@@ -77,7 +79,7 @@ _RELEVANT_PACKAGE_PREFIXES = (
 _OMPI_VERSION = re.compile(rb"Open MPI v?(\d+\.\d+\.\d+)")
 # Open MPI 4's libmpi keeps its release for ompi_info as "v4.1.4" before the string "Open MPI"
 _OMPI_FULL_VERSION = re.compile(rb"%s:version:full\x00v(\d+\.\d+\.\d+)\x00Open MPI\x00")
-MAX_SCANNED_MPI = 4  # libmpi files of one installation whose bytes are searched
+MAX_SCANNED_MPI = 4  # libmpi files of one installation whose bytes are searched, and packages read
 _FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -124,6 +126,8 @@ def probe_tree(
         _efa_installer(fs),
         _deepep(fs, sites),
     )
+    components = tuple(c if c.version is not None else attrs.evolve(c, looked_at=looked_at(c, sites, machine))
+                       for c in components)
     return Measured(
         components=components,
         openmpi=_openmpi(fs, machine, packages),
@@ -150,6 +154,31 @@ def _libraries(fs: FsView, env: dict[str, str], packages: dict, sites: list[str]
     heads = fs.read_heads(files, elf.HEAD_BYTES)
     machines = {path: m for path in files if (m := elf.machine(heads.get(path, b""))) is not None}
     return search, found, machines
+
+
+def looked_at(component: Component, sites: list[str], machine: str | None) -> tuple[str, ...]:
+    """Where the probe looked for a component whose version it could not read (pure): the copies
+    it found first, then the files and names it reads the version from."""
+    def wheel(pattern: str) -> list[str]:
+        return [f"{site}/{pattern}/METADATA" for site in sites]
+
+    copies = [c.path for c in component.copies if c.version is None]
+    places = {
+        "ngc-release": ["env:NVIDIA_PYTORCH_VERSION"],
+        "cuda": [f"{CUDA_HOME}/version.json", f"{CUDA_HOME}/version.txt", f"{CUDA_HOME}/include/cuda.h",
+                 *wheel("nvidia_cuda_runtime*.dist-info")],
+        "nccl": ["libnccl.so.2.X.Y on the loader's path", *nccl_headers(machine), *wheel("nvidia_nccl_cu*.dist-info")],
+        "cudnn": [*cudnn_headers(machine), "libcudnn.so.X.Y.Z on the loader's path",
+                  *wheel("nvidia_cudnn_cu*.dist-info")],
+        "pytorch": [f"{site}/torch/version.py" for site in sites] or ["torch/version.py in no Python site directory"],
+        "libfabric": ["libfabric.so.1 on the loader's path: pkgconfig/libfabric.pc beside it, the dpkg package "
+                      "owning it, a release string in it"],
+        "aws-ofi-nccl": ["the plugin NCCL_NET_PLUGIN names on the loader's path: a release string in it, the dpkg "
+                         "package owning it"],
+        "efa-installer": [EFA_PACKAGES_FILE],
+        "deepep": wheel("deep_ep-*.dist-info"),
+    }.get(component.name, [])
+    return tuple(copies + places)
 
 
 def _programs_machine(fs: FsView) -> str | None:
@@ -316,7 +345,8 @@ def _debian_openmpi_version(fs: FsView, libdir: str, libs: list[str],
     if version is not None:
         return version, source
     reals = {fs.resolve(p) for p in libs} | set(libs)
-    for name in sorted(n for n in packages if n.startswith("libopenmpi")):
+    # Debian's names (libopenmpi3, libopenmpi40...): a few, whatever a hostile status file lists
+    for name in sorted(n for n in packages if n.startswith("libopenmpi"))[:MAX_SCANNED_MPI]:
         package = packages[name]
         if reals & set(dpkg.owned_files(fs, package)):
             return versions.upstream(package.version), f"{dpkg.STATUS_FILE} ({package.name} {package.version})"

@@ -9,6 +9,7 @@ import pytest
 
 from efabuild.errors import EfabuildError
 from efabuild.provenance.fsview import DirView, SqshView
+from efabuild.provenance.measured import Measured
 from efabuild.provenance.probe import probe_tree
 from tests.data.rootfs import mini_ngc as ngc
 
@@ -533,3 +534,24 @@ def test_a_record_naming_files_outside_the_site_directory_is_not_followed(tmp_pa
     ngc.write(tmp_path, f"{info}/RECORD", "../../../../../opt/elsewhere/libcudnn.so.9,,\n/opt/elsewhere/libcudnn.so.9,,\n")
     cudnn = probe_tree(DirView(tmp_path)).component("cudnn")
     assert (cudnn.version, cudnn.copies) == (None, ())
+
+
+def test_an_unknown_version_names_where_the_probe_looked(tmp_path: Path) -> None:
+    """Debian's libfabric unpacked without its dpkg records: no .pc, no record, no release string
+    in it. The version stays unknown, and the manifest and `show` say which file was read and how."""
+    from efabuild.cli.provenance_cmd import _component_rows
+
+    ngc.write(tmp_path, "/usr/lib/x86_64-linux-gnu/libfabric.so.1.20.0", ngc.fake_elf("no release here"))
+    ngc.link(tmp_path, "/usr/lib/x86_64-linux-gnu/libfabric.so.1", "libfabric.so.1.20.0")
+    measured = probe_tree(DirView(tmp_path))
+    libfabric = measured.to_dict()["components"]["libfabric"]
+    assert libfabric["version"] is None and libfabric["looked_at"] == [
+        "/usr/lib/x86_64-linux-gnu/libfabric.so.1.20.0",
+        "libfabric.so.1 on the loader's path: pkgconfig/libfabric.pc beside it, the dpkg package owning it, "
+        "a release string in it"]
+    assert measured.to_dict()["components"]["cuda"]["looked_at"] == [
+        "/usr/local/cuda/version.json", "/usr/local/cuda/version.txt", "/usr/local/cuda/include/cuda.h"]
+    rows = {row[0]: row[1:] for row in _component_rows(measured.to_dict())}
+    assert rows["libfabric"] == ("unknown", "not found in the image's files; looked at "
+                                 "/usr/lib/x86_64-linux-gnu/libfabric.so.1.20.0, " + libfabric["looked_at"][1])
+    assert Measured.from_dict(measured.to_dict()) == measured  # as the manifest keeps it

@@ -129,8 +129,10 @@ def test_debian_s_libfabric_is_its_package_s_release_or_unknown_without_records(
         assert (libfabric.version, libfabric.source) == (
             deb_upstream(packages["libfabric1"]),
             f"/var/lib/dpkg/status (libfabric1 {fetcher.control(packages['libfabric1'])['Version']})")
-    else:
+    else:  # unknown, naming the file it read
         assert libfabric.version is None
+        assert libfabric.looked_at[0] == str(Path(TRIPLET_DIR) / os.readlink(
+            debian_images[False, records] / TRIPLET_DIR.lstrip("/") / "libfabric.so.1"))
 
 
 @pytest.mark.parametrize("records", [True, False], ids=["dpkg-records", "files-only"])
