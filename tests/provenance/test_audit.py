@@ -186,6 +186,19 @@ def test_debian_s_runtime_open_mpi_beside_the_base_s_is_two_in_use(tree: Path, r
                                      "/usr/local/mpi -> /opt/hpcx/ompi (5.0.7)")
 
 
+def test_the_open_mpi_policy_reads_the_installation_in_use(tree: Path) -> None:
+    """min_versions.openmpi is about the Open MPI programs use: NGC's, not the EFA installer's
+    left beside it; with Debian's in use too, no one release is the image's."""
+    ngc.full_image(tree)
+    ngc.write(tree, "/opt/amazon/openmpi/include/mpi.h",
+              "#define OMPI_MAJOR_VERSION 4\n#define OMPI_MINOR_VERSION 1\n#define OMPI_RELEASE_VERSION 8\n")
+    policy = AuditPolicy(min_versions=(("openmpi", "5.0.0"),))
+    assert audit_tree(tree, policy=policy)["policy-min:openmpi"].message == "openmpi 5.0.7 >= 5.0.0"
+    ngc.add_debian_openmpi(tree)
+    assert failures(audit_tree(tree, policy=policy))["policy-min:openmpi"] == (
+        "openmpi version unknown; policy requires >= 5.0.0")
+
+
 def test_ofi_plugin_missing(tree: Path) -> None:
     ngc.full_image(tree)
     (tree / "opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so").unlink()
