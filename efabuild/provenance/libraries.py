@@ -58,8 +58,8 @@ _LIBFABRIC_VERSION = re.compile(rb"libfabric:? v?(\d+\.\d+\.\d+)")  # as `fi_inf
 _OFI_VERSION = re.compile(rb"aws-ofi-nccl ((?:\d+\.\d+(?:\.\d+)*|git-[0-9a-f]{6,40})[A-Za-z0-9.+_-]*)")
 _NCCL_FILE = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
 _CUDNN_FILE = re.compile(r"^libcudnn\.so\.(\d+\.\d+\.\d+)$")
-_CUDNN_SONAME = re.compile(r"^libcudnn\.so\.\d+$")
-_CUDART_SONAME = re.compile(r"^libcudart\.so\.\d+$")
+_CUDNN_SONAME = re.compile(r"^libcudnn\.so\.\d+(?=$|\.)")  # a file's soname: libcudnn.so.9.1.0 -> libcudnn.so.9
+_CUDART_SONAME = re.compile(r"^libcudart\.so\.\d+(?=$|\.)")
 
 
 def _library_copies(
@@ -130,7 +130,8 @@ def nccl(fs: FsView, search: tuple[LibDir, ...], sites: list[str], machine: str 
         if match:
             copies.append(Copy(real, match.group(1), real))
     # NCCL from a pip wheel (nvidia-nccl-cu*): its version is in the wheel's metadata
-    pip = wheels.library_copies(fs, sites, "nvidia_nccl_cu*.dist-info", "libnccl.so*", "nvidia/nccl/lib")
+    pip = (wheels.library_copies(fs, sites, "nvidia_nccl_cu*.dist-info", "libnccl.so*", "nvidia/nccl/lib")
+           + wheels.conda_copies(fs, "nccl", "libnccl.so*"))
     copies += [c for c in pip if all(c.path != other.path for other in copies)]
     header = first_existing(fs, nccl_headers(machine))
     header_version = None
@@ -149,12 +150,13 @@ def nccl(fs: FsView, search: tuple[LibDir, ...], sites: list[str], machine: str 
 
 def cudnn(fs: FsView, search: tuple[LibDir, ...], machine: str | None = None, sites: list[str] | None = None) -> Component:
     system = _system_cudnn(fs, search, machine)
-    pip = wheels.library_copies(fs, sites or [], "nvidia_cudnn_cu*.dist-info", "libcudnn.so.*", "nvidia/cudnn/lib")
+    pip = (wheels.library_copies(fs, sites or [], "nvidia_cudnn_cu*.dist-info", "libcudnn.so.*", "nvidia/cudnn/lib")
+           + wheels.conda_copies(fs, "cudnn", "libcudnn.so.*"))
     if not pip:
         return system
     # the wheel's copy beside torch decides unless LD_LIBRARY_PATH leads to another
     copies = pip + [c for c in _cudnn_file_copies(fs, search, machine) if all(c.path != w.path for w in pip)]
-    sonames = sorted({posixpath.basename(c.path) for c in pip if _CUDNN_SONAME.match(posixpath.basename(c.path))})
+    sonames = sorted({m.group(0) for c in pip if (m := _CUDNN_SONAME.match(posixpath.basename(c.path)))})
     loads = wheels.picked(fs, search, sites or [], pip, sonames[0], machine) if sonames else None
     version, source = _effective(copies, loads, fs)
     if version is None and loads is not None and all(c.path != fs.resolve(loads) for c in pip):
@@ -189,14 +191,15 @@ def cuda_runtime(fs: FsView, search: tuple[LibDir, ...], sites: list[str], toolk
                  machine: str | None = None) -> Component:
     """CUDA: the toolkit's version (/usr/local/cuda) unless the CUDA runtime torch loads is a pip
     wheel's (nvidia-cuda-runtime-cu12, CUDA 13's nvidia-cuda-runtime), whose version then decides."""
-    pip = wheels.library_copies(fs, sites, "nvidia_cuda_runtime*.dist-info", "libcudart.so.*",
-                                "nvidia/cuda_runtime/lib")
+    pip = (wheels.library_copies(fs, sites, "nvidia_cuda_runtime*.dist-info", "libcudart.so.*",
+                                 "nvidia/cuda_runtime/lib")
+           + wheels.conda_copies(fs, "cuda-cudart", "libcudart.so.*"))
     if not pip:
         return toolkit
     copies = list(pip)
     if toolkit.version is not None:
         copies.append(Copy(fs.resolve(CUDA_HOME) or CUDA_HOME, toolkit.version, toolkit.source))
-    sonames = sorted({posixpath.basename(c.path) for c in pip if _CUDART_SONAME.match(posixpath.basename(c.path))})
+    sonames = sorted({m.group(0) for c in pip if (m := _CUDART_SONAME.match(posixpath.basename(c.path)))})
     loads = wheels.picked(fs, search, sites, pip, sonames[0], machine) if sonames else None
     version, source = _effective(copies, loads, fs)
     if version is None and loads is not None and all(c.path != fs.resolve(loads) for c in pip):

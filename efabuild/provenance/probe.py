@@ -14,11 +14,12 @@ Where each version is read:
 |---------------|-------------------------------------------------------------------------------------|
 | ngc-release   | env NVIDIA_PYTORCH_VERSION (the NGC container release, e.g. 26.08)                   |
 | cuda          | /usr/local/cuda/version.json, version.txt, cuda.h CUDA_VERSION (major.minor); the     |
-|               | nvidia-cuda-runtime wheel's METADATA when torch loads its libcudart (`wheels`)        |
+|               | nvidia-cuda-runtime wheel's METADATA (conda's cuda-cudart record) when torch loads   |
+|               | its libcudart (`wheels`)                                                              |
 | nccl          | libnccl.so.2 the loader finds (real file name libnccl.so.2.X.Y), the nvidia-nccl     |
-|               | wheel's METADATA for its copy, nccl.h defines                                         |
+|               | wheel's METADATA (conda's nccl record) for its copy, nccl.h defines                   |
 | cudnn         | cudnn_version.h defines, libcudnn.so.X.Y.Z file names; with an nvidia-cudnn wheel,    |
-|               | the copy torch loads decides (the wheel's METADATA for its own)                       |
+|               | or conda's cudnn, the copy torch loads decides (the wheel's METADATA, conda-meta)     |
 | pytorch       | torch/version.py in the Python site directories (first on sys.path wins)              |
 | libfabric     | the libfabric.so.1 the loader finds: pkgconfig/libfabric.pc beside it (for the file   |
 |               | libfabric.so points to), the dpkg package owning it, or "libfabric: X.Y.Z" inside it   |

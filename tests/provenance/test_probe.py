@@ -555,3 +555,41 @@ def test_an_unknown_version_names_where_the_probe_looked(tmp_path: Path) -> None
     assert rows["libfabric"] == ("unknown", "not found in the image's files; looked at "
                                  "/usr/lib/x86_64-linux-gnu/libfabric.so.1.20.0, " + libfabric["looked_at"][1])
     assert Measured.from_dict(measured.to_dict()) == measured  # as the manifest keeps it
+
+
+def conda_package(root: Path, name: str, version: str, libs: dict[str, str | None], env: str = "/opt/conda") -> str:
+    """`conda install NAME=VERSION`: its files under the environment (a None target: a file, else
+    a link to that name) and its conda-meta record listing them. Returns the record's path."""
+    for lib, target in libs.items():
+        if target is None:
+            ngc.write(root, f"{env}/{lib}", ngc.fake_elf(name))
+        else:
+            ngc.link(root, f"{env}/{lib}", target)
+    record = f"{env}/conda-meta/{name}-{version}-h0_0.json"
+    ngc.write(root, record, json.dumps({"name": name, "version": version, "build": "h0_0", "files": list(libs)}))
+    return record
+
+
+def test_conda_s_packages_give_cudnn_cuda_and_nccl_from_conda_meta(tmp_path: Path) -> None:
+    """A conda environment's torch finds the environment's lib/ by its RUNPATH: its packages decide."""
+    ngc.write(tmp_path, "/opt/conda/lib/python3.11/site-packages/torch/version.py", "__version__ = '2.5.1'\n")
+    cudnn = conda_package(tmp_path, "cudnn", "9.1.0.70", {"lib/libcudnn.so.9.1.0": None,
+                                                          "lib/libcudnn.so.9": "libcudnn.so.9.1.0"})
+    cudart = conda_package(tmp_path, "cuda-cudart", "12.4.127", {"lib/libcudart.so.12.4.127": None,
+                                                                 "lib/libcudart.so.12": "libcudart.so.12.4.127"})
+    nccl = conda_package(tmp_path, "nccl", "2.21.5.1", {"lib/libnccl.so.2.21.5": None, "lib/libnccl.so.2": "libnccl.so.2.21.5"})
+    measured = probe_tree(DirView(tmp_path))
+    found = {c.name: (c.version, c.source, c.loads) for c in measured.components if c.name in ("cuda", "cudnn", "nccl")}
+    assert found == {"cuda": ("12.4.127", cudart, "/opt/conda/lib/libcudart.so.12"),
+                     "cudnn": ("9.1.0.70", cudnn, "/opt/conda/lib/libcudnn.so.9"),
+                     "nccl": ("2.21.5.1", nccl, "/opt/conda/lib/libnccl.so.2")}
+    assert measured.component("pytorch").version == "2.5.1"
+
+
+def test_a_conda_record_naming_files_outside_its_environment_is_not_followed(tmp_path: Path) -> None:
+    ngc.write(tmp_path, "/opt/elsewhere/libcudnn.so.9", ngc.fake_elf("planted"))
+    ngc.write(tmp_path, "/opt/conda/conda-meta/cudnn-9.1.0.70-h0_0.json", json.dumps(
+        {"name": "cudnn", "version": "9.1.0.70", "files": ["../elsewhere/libcudnn.so.9", "/opt/elsewhere/libcudnn.so.9"]}))
+    ngc.write(tmp_path, "/opt/conda/conda-meta/nccl-2.21.5-h0_0.json", "[" * 100_000)  # too deep for json
+    measured = probe_tree(DirView(tmp_path))
+    assert (measured.component("cudnn").version, measured.component("cudnn").copies) == (None, ())
