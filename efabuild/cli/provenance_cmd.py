@@ -229,7 +229,7 @@ def _component_rows(measured: dict) -> list[tuple[str, ...]]:
         component = components[name]
         version, source = component.get("version"), component.get("source") or "-"
         if version is None:
-            version, source = _declared_instead(name, declared)
+            version, source = _declared_instead(name, declared, component.get("looked_at") or [])
         if component.get("commit"):
             version += f" @ {component['commit'][:12]}"
         rows.append((name, version, source))
@@ -246,15 +246,27 @@ def _component_rows(measured: dict) -> list[tuple[str, ...]]:
     return rows
 
 
-def _declared_instead(component: str, declared: dict) -> tuple[str, str]:
+def _declared_instead(component: str, declared: dict, looked_at: list) -> tuple[str, str]:
     """(VERSION, SOURCE) of a component no file in the image tells: what the base declares about it,
     marked as declared (e.g. CUDNN_VERSION in an image without cuDNN's header and libraries)."""
     from efabuild.provenance.audit import DECLARING_BASE
 
     for name, item in sorted(declared.items()):
         if DECLARING_BASE.get(name) == component and item.get("value"):
-            return f"{item['value']} (declared)", f"{item.get('source', name)}; not found in the image's files"
-    return "unknown", "not found in the image's files"
+            return f"{item['value']} (declared)", f"{item.get('source', name)}; {_looked(looked_at)}"
+    return "unknown", _looked(looked_at)
+
+
+MAX_LOOKED_SHOWN = 6  # places named in the table; `show --json` has them all
+
+
+def _looked(places: list) -> str:
+    """Where the probe looked, as the manifest records it (manifests made before say nothing)."""
+    shown = [_text(p) for p in places[:MAX_LOOKED_SHOWN] if isinstance(p, str)]
+    if not shown:
+        return "not found in the image's files"
+    more = f" and {len(places) - len(shown)} more" if len(places) > len(shown) else ""
+    return "not found in the image's files; looked at " + ", ".join(shown) + more
 
 
 def _is_loaded(component: dict, copy: dict) -> bool:

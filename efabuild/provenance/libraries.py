@@ -8,7 +8,7 @@ import posixpath
 import re
 from collections.abc import Iterable, Iterator
 
-from efabuild.provenance import dpkg, elf, ldpath, versions
+from efabuild.provenance import dpkg, elf, ldpath, versions, wheels
 from efabuild.provenance.fsread import MAX_LIB_SCAN, defines, dist_info_dirs, first_existing, metadata_version
 from efabuild.provenance.fsview import FsView, grouped
 from efabuild.provenance.measured import Component, Copy, Hit, LibDir
@@ -42,6 +42,7 @@ def extra_lib_dirs(machine: str | None = None) -> tuple[str, ...]:
     )
 
 
+CUDA_HOME = "/usr/local/cuda"
 NCCL_HEADERS = nccl_headers()
 CUDNN_HEADERS = cudnn_headers()
 EXTRA_LIB_DIRS = extra_lib_dirs()
@@ -57,6 +58,8 @@ _LIBFABRIC_VERSION = re.compile(rb"libfabric:? v?(\d+\.\d+\.\d+)")  # as `fi_inf
 _OFI_VERSION = re.compile(rb"aws-ofi-nccl ((?:\d+\.\d+(?:\.\d+)*|git-[0-9a-f]{6,40})[A-Za-z0-9.+_-]*)")
 _NCCL_FILE = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
 _CUDNN_FILE = re.compile(r"^libcudnn\.so\.(\d+\.\d+\.\d+)$")
+_CUDNN_SONAME = re.compile(r"^libcudnn\.so\.\d+(?=$|\.)")  # a file's soname: libcudnn.so.9.1.0 -> libcudnn.so.9
+_CUDART_SONAME = re.compile(r"^libcudart\.so\.\d+(?=$|\.)")
 
 
 def _library_copies(
@@ -127,10 +130,9 @@ def nccl(fs: FsView, search: tuple[LibDir, ...], sites: list[str], machine: str 
         if match:
             copies.append(Copy(real, match.group(1), real))
     # NCCL from a pip wheel (nvidia-nccl-cu*): its version is in the wheel's metadata
-    for dist_info in dist_info_dirs(fs, sites, "nvidia_nccl_cu*.dist-info"):
-        lib = fs.resolve(f"{posixpath.dirname(dist_info)}/nvidia/nccl/lib/libnccl.so.2")
-        if lib is not None and all(c.path != lib for c in copies):
-            copies.append(Copy(lib, metadata_version(fs, dist_info), f"{dist_info}/METADATA"))
+    pip = (wheels.library_copies(fs, sites, "nvidia_nccl_cu*.dist-info", "libnccl.so*", "nvidia/nccl/lib")
+           + wheels.conda_copies(fs, "nccl", "libnccl.so*"))
+    copies += [c for c in pip if all(c.path != other.path for other in copies)]
     header = first_existing(fs, nccl_headers(machine))
     header_version = None
     if header is not None:
@@ -138,14 +140,31 @@ def nccl(fs: FsView, search: tuple[LibDir, ...], sites: list[str], machine: str 
         if all(found.get(k, "").isdigit() for k in ("NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH")):
             header_version = f"{found['NCCL_MAJOR']}.{found['NCCL_MINOR']}.{found['NCCL_PATCH']}"
             header_version += found.get("NCCL_SUFFIX", "")
-    loads = ldpath.find_library(fs, search, "libnccl.so.2", machine)
+    loads = (wheels.picked(fs, search, sites, pip, "libnccl.so.2", machine) if pip
+             else ldpath.find_library(fs, search, "libnccl.so.2", machine))
     version, source = _effective(copies, loads, fs)
     if version is None and header_version is not None:
         version, source = header_version, header
     return Component("nccl", version, source, loads, tuple(copies), _on_path(fs, search, "libnccl.so.2", copies, machine))
 
 
-def cudnn(fs: FsView, search: tuple[LibDir, ...], machine: str | None = None) -> Component:
+def cudnn(fs: FsView, search: tuple[LibDir, ...], machine: str | None = None, sites: list[str] | None = None) -> Component:
+    system = _system_cudnn(fs, search, machine)
+    pip = (wheels.library_copies(fs, sites or [], "nvidia_cudnn_cu*.dist-info", "libcudnn.so.*", "nvidia/cudnn/lib")
+           + wheels.conda_copies(fs, "cudnn", "libcudnn.so.*"))
+    if not pip:
+        return system
+    # the wheel's copy beside torch decides unless LD_LIBRARY_PATH leads to another
+    copies = pip + [c for c in _cudnn_file_copies(fs, search, machine) if all(c.path != w.path for w in pip)]
+    sonames = sorted({m.group(0) for c in pip if (m := _CUDNN_SONAME.match(posixpath.basename(c.path)))})
+    loads = wheels.picked(fs, search, sites or [], pip, sonames[0], machine) if sonames else None
+    version, source = _effective(copies, loads, fs)
+    if version is None and loads is not None and all(c.path != fs.resolve(loads) for c in pip):
+        version, source = system.version, system.source  # the system's copy loads: its header tells
+    return Component("cudnn", version, source, loads, tuple(copies))
+
+
+def _system_cudnn(fs: FsView, search: tuple[LibDir, ...], machine: str | None) -> Component:
     header = first_existing(fs, cudnn_headers(machine))
     if header is not None:
         found = defines(fs.read_text(header) or "", ["CUDNN_MAJOR", "CUDNN_MINOR", "CUDNN_PATCHLEVEL"])
@@ -153,11 +172,39 @@ def cudnn(fs: FsView, search: tuple[LibDir, ...], machine: str | None = None) ->
             return Component(
                 "cudnn", f"{found['CUDNN_MAJOR']}.{found['CUDNN_MINOR']}.{found['CUDNN_PATCHLEVEL']}", header
             )
+    for copy in _cudnn_file_copies(fs, search, machine):
+        return Component("cudnn", copy.version, copy.source)
+    return Component("cudnn")
+
+
+def _cudnn_file_copies(fs: FsView, search: tuple[LibDir, ...], machine: str | None) -> list[Copy]:
+    """The system's cuDNN files named with their release (libcudnn.so.9.14.0)."""
+    copies = []
     for real in _library_copies(fs, search, "libcudnn.so.*", extra_lib_dirs(machine)):
         match = _CUDNN_FILE.match(posixpath.basename(real))
         if match:
-            return Component("cudnn", match.group(1), real)
-    return Component("cudnn")
+            copies.append(Copy(real, match.group(1), real))
+    return copies
+
+
+def cuda_runtime(fs: FsView, search: tuple[LibDir, ...], sites: list[str], toolkit: Component,
+                 machine: str | None = None) -> Component:
+    """CUDA: the toolkit's version (/usr/local/cuda) unless the CUDA runtime torch loads is a pip
+    wheel's (nvidia-cuda-runtime-cu12, CUDA 13's nvidia-cuda-runtime), whose version then decides."""
+    pip = (wheels.library_copies(fs, sites, "nvidia_cuda_runtime*.dist-info", "libcudart.so.*",
+                                 "nvidia/cuda_runtime/lib")
+           + wheels.conda_copies(fs, "cuda-cudart", "libcudart.so.*"))
+    if not pip:
+        return toolkit
+    copies = list(pip)
+    if toolkit.version is not None:
+        copies.append(Copy(fs.resolve(CUDA_HOME) or CUDA_HOME, toolkit.version, toolkit.source))
+    sonames = sorted({m.group(0) for c in pip if (m := _CUDART_SONAME.match(posixpath.basename(c.path)))})
+    loads = wheels.picked(fs, search, sites, pip, sonames[0], machine) if sonames else None
+    version, source = _effective(copies, loads, fs)
+    if version is None and loads is not None and all(c.path != fs.resolve(loads) for c in pip):
+        version, source = toolkit.version, toolkit.source  # the toolkit's own runtime loads
+    return Component("cuda", version, source, loads, tuple(copies))
 
 
 def libfabric(fs: FsView, search: tuple[LibDir, ...], packages: dict[str, dpkg.Package],

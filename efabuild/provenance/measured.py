@@ -48,9 +48,12 @@ class Component:
     commit: str | None = None
     commit_source: str | None = None
     packages: tuple[str, ...] = ()  # the EFA installer's package list
+    looked_at: tuple[str, ...] = ()  # where the probe looked, for a version it could not read
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"version": self.version, "source": self.source}
+        if self.version is None and self.looked_at:
+            out["looked_at"] = list(self.looked_at)
         if self.loads is not None:
             out["loads"] = self.loads
         if self.copies:
@@ -76,6 +79,7 @@ class Component:
             commit=data.get("commit"),
             commit_source=data.get("commit_source"),
             packages=tuple(data.get("packages", [])),
+            looked_at=tuple(p for p in data.get("looked_at") or [] if isinstance(p, str)),
         )
 
 

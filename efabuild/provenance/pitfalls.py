@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from efabuild.nccl import efa_lead, forces_other_network, is_infiniband_setting, is_ofi_plugin
 from efabuild.provenance import elf, versions
 from efabuild.provenance.checks import FAIL, PASS, SKIP, WARN, Check, HostFacts
-from efabuild.provenance.measured import Measured
+from efabuild.provenance.measured import Measured, MpiInstall
 
 EFA_LD_PREFIX = ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/efa/lib")
 SHADOWABLE = ("aws-ofi-nccl", "libfabric", "nccl")
@@ -101,23 +101,30 @@ def _ld_library_path(env: Mapping[str, str], image: Measured) -> Check:
                                           f"{':'.join(EFA_LD_PREFIX)}: the base's older EFA libraries may win")
 
 
+def openmpi_in_use(image: Measured) -> list[MpiInstall]:
+    """The Open MPI installations a program of the image uses: NGC's own (/usr/local/mpi), and any
+    the loader's path (Debian's libmpi.so.40 in the triplet directory, on its default path) or
+    OPAL_PREFIX leads into. The EFA installer's under /opt/amazon/openmpi* is used by neither."""
+    env = dict(image.env)
+    used_dirs = [d.dir for d in image.library_path] + [env.get("OPAL_PREFIX", "")]
+
+    def in_use(m: MpiInstall) -> bool:
+        if m.path == "/usr/local/mpi":  # the NGC image's own
+            return True
+        roots = {m.path.rstrip("/"), m.real_path.rstrip("/")}
+        return any(d and any(d == r or d.startswith(r + "/") for r in roots) for d in used_dirs)
+
+    return [m for m in image.openmpi if in_use(m)]
+
+
 def _openmpi(image: Measured) -> Check:
     """Two Open MPIs break MPI programs only when both are used: the EFA installer leaves its own
     under /opt/amazon/openmpi*, harmless until the loader path or OPAL_PREFIX leads into it."""
     def describe(m) -> str:
         return m.path + (f" -> {m.real_path}" if m.real_path != m.path else "") + f" ({m.version or 'version unknown'})"
 
-    env = dict(image.env)
-    used_dirs = [d.dir for d in image.library_path] + [env.get("OPAL_PREFIX", "")]
-
-    def in_use(m) -> bool:
-        if m.path == "/usr/local/mpi":  # the NGC image's own
-            return True
-        roots = {m.path.rstrip("/"), m.real_path.rstrip("/")}
-        return any(d and any(d == r or d.startswith(r + "/") for r in roots) for d in used_dirs)
-
     found = list(image.openmpi)
-    used = [m for m in found if in_use(m)]
+    used = openmpi_in_use(image)
     if len({m.real_path for m in used}) > 1:
         return Check("openmpi", FAIL, f"{len(used)} Open MPI installations in use: {'; '.join(map(describe, used))}; "
                                       f"programs mixing them fail with opal_shmem_base_select/MPI_INIT errors")

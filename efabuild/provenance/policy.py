@@ -10,6 +10,7 @@ from efabuild.provenance import versions
 from efabuild.provenance.checks import FAIL, PASS, SKIP, Check
 from efabuild.provenance.declared import DECLARING_ARGS
 from efabuild.provenance.measured import Measured
+from efabuild.provenance.pitfalls import openmpi_in_use
 
 
 def policy_checks(
@@ -44,7 +45,12 @@ def policy_checks(
 
 def _version_of(image: Measured, component_name: str) -> str | None:
     if component_name == "openmpi":
-        found = {m.version for m in image.openmpi if m.version}
+        # the one programs use when one is (the EFA installer's beside NGC's is not used), else
+        # the one release every installation agrees on
+        used = {m.real_path: m.version for m in openmpi_in_use(image)}
+        if len(used) == 1:
+            return next(iter(used.values()))
+        found = {m.version for m in image.openmpi}
         return found.pop() if len(found) == 1 else None
     return image.component(component_name).version
 

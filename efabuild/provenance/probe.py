@@ -1,9 +1,10 @@
 """Measure the versions inside an image from its files: no GPU, no container start.
 
 `probe_tree(fs, image_env)` reads an `FsView` (a directory or a .sqsh) and returns `Measured`.
-Where a library can exist in several copies (NCCL, libfabric, aws-ofi-nccl), every copy is listed
-with its path, and the reported version is the one the dynamic loader picks given the image's
-LD_LIBRARY_PATH and ld.so.conf. Base-image env vars and labels (NCCL_VERSION...) are kept apart
+Where a library can exist in several copies (NCCL, cuDNN, the CUDA runtime, libfabric, aws-ofi-nccl),
+every copy is listed with its path, and the reported version is the one the dynamic loader picks
+given the image's LD_LIBRARY_PATH and ld.so.conf, or, for pip's NVIDIA wheels beside torch, the one
+torch's $ORIGIN-relative RUNPATH finds. Base-image env vars and labels (NCCL_VERSION...) are kept apart
 as `declared_by_base`: they describe the base as it was built, not what later layers installed.
 The loader-chosen libraries are read in `libraries`, the env and labels in `imageenv`.
 
@@ -12,16 +13,22 @@ Where each version is read:
 | component     | evidence, in order of preference                                                    |
 |---------------|-------------------------------------------------------------------------------------|
 | ngc-release   | env NVIDIA_PYTORCH_VERSION (the NGC container release, e.g. 26.08)                   |
-| cuda          | /usr/local/cuda/version.json, version.txt, cuda.h CUDA_VERSION (major.minor)          |
-| nccl          | libnccl.so.2 the loader finds (real file name libnccl.so.2.X.Y), nccl.h defines       |
-| cudnn         | cudnn_version.h defines, libcudnn.so.X.Y.Z file names                                 |
+| cuda          | /usr/local/cuda/version.json, version.txt, cuda.h CUDA_VERSION (major.minor); the     |
+|               | nvidia-cuda-runtime wheel's METADATA (conda's cuda-cudart record) when torch loads   |
+|               | its libcudart (`wheels`)                                                              |
+| nccl          | libnccl.so.2 the loader finds (real file name libnccl.so.2.X.Y), the nvidia-nccl     |
+|               | wheel's METADATA (conda's nccl record) for its copy, nccl.h defines                   |
+| cudnn         | cudnn_version.h defines, libcudnn.so.X.Y.Z file names; with an nvidia-cudnn wheel,    |
+|               | or conda's cudnn, the copy torch loads decides (the wheel's METADATA, conda-meta)     |
 | pytorch       | torch/version.py in the Python site directories (first on sys.path wins)              |
 | libfabric     | the libfabric.so.1 the loader finds: pkgconfig/libfabric.pc beside it (for the file   |
 |               | libfabric.so points to), the dpkg package owning it, or "libfabric: X.Y.Z" inside it   |
 | aws-ofi-nccl  | the plugin NCCL loads (NCCL_NET_PLUGIN): "aws-ofi-nccl X.Y.Z" inside it, or its dpkg  |
 |               | package owning the file (libnccl-ofi, libnccl-ofi-ngc-v2/-v3)                          |
 | efa-installer | /opt/amazon/efa_installed_packages: "# EFA installer version:" and the package list  |
-| openmpi       | each installation's include/mpi.h, lib/pkgconfig/ompi.pc, or "Open MPI X.Y.Z" in libmpi |
+| openmpi       | each installation's include/mpi.h, lib/pkgconfig/ompi.pc, or "Open MPI X.Y.Z" in libmpi;|
+|               | Debian's (libmpi.so.40 in the triplet directory): its -dev mpi.h or ompi.pc, the dpkg |
+|               | package owning libmpi, or the release libmpi keeps for ompi_info                      |
 | deepep        | deep_ep-*.dist-info: Version; commit from direct_url.json vcs_info.commit_id, else    |
 |               | the .git/HEAD of the source directory pip recorded (`url: file://...`)                |
 | machine       | the layer's platform; else the ELF headers (e_machine) of the programs, libraries and  |
@@ -35,11 +42,14 @@ machine's only, and a library of another machine on the path is passed over, as 
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from efabuild.provenance import dpkg, elf, ldpath
+import attrs
+
+from efabuild.provenance import dpkg, elf, ldpath, versions
 from efabuild.provenance.fsread import MAX_LIB_SCAN, defines, dist_info_dirs, metadata_version, site_dirs
 from efabuild.provenance.fsview import FsView
 from efabuild.provenance.imageenv import (
@@ -52,7 +62,9 @@ from efabuild.provenance.imageenv import (
     parse_rc_labels,
     shown_value,
 )
-from efabuild.provenance.libraries import PROGRAMS, aws_ofi_nccl, cudnn, libfabric, machine_files, nccl
+from efabuild.provenance.libraries import (
+    PROGRAMS, aws_ofi_nccl, cuda_runtime, cudnn, cudnn_headers, libfabric, machine_files, nccl, nccl_headers,
+)
 from efabuild.provenance.measured import Component, Copy, Measured, MpiInstall
 
 EFA_PACKAGES_FILE = "/opt/amazon/efa_installed_packages"
@@ -66,6 +78,9 @@ _RELEVANT_PACKAGE_PREFIXES = (
     "libfabric", "libnccl", "efa", "openmpi", "libcudnn", "rdma-core", "ibverbs", "libibverbs",
 )
 _OMPI_VERSION = re.compile(rb"Open MPI v?(\d+\.\d+\.\d+)")
+# Open MPI 4's libmpi keeps its release for ompi_info as "v4.1.4" before the string "Open MPI"
+_OMPI_FULL_VERSION = re.compile(rb"%s:version:full\x00v(\d+\.\d+\.\d+)\x00Open MPI\x00")
+MAX_SCANNED_MPI = 4  # libmpi files of one installation whose bytes are searched, and packages read
 _FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -103,7 +118,7 @@ def probe_tree(
     nccl_, cudnn_, libfabric_, ofi = libraries
     components = (
         _ngc_release(env),
-        _cuda(fs),
+        cuda_runtime(fs, search, sites, _cuda(fs), machine),
         nccl_,
         cudnn_,
         _pytorch(fs, sites),
@@ -112,9 +127,11 @@ def probe_tree(
         _efa_installer(fs),
         _deepep(fs, sites),
     )
+    components = tuple(c if c.version is not None else attrs.evolve(c, looked_at=looked_at(c, sites, machine))
+                       for c in components)
     return Measured(
         components=components,
-        openmpi=_openmpi(fs, machine),
+        openmpi=_openmpi(fs, machine, packages),
         env=tuple(sorted((k, shown_value(k, v)) for k, v in env.items() if efa_relevant(k))),
         env_source=env_source,
         declared_by_base=declared_by_base(env, labels),
@@ -132,12 +149,37 @@ def _libraries(fs: FsView, env: dict[str, str], packages: dict, sites: list[str]
     """The loader's search order on `machine`, the libraries it finds and the machine of each
     file that decides whether the image runs (path -> machine; files that are not ELF left out)."""
     search = ldpath.search_path(fs, env, machine)
-    found = (nccl(fs, search, sites, machine), cudnn(fs, search, machine),
+    found = (nccl(fs, search, sites, machine), cudnn(fs, search, machine, sites),
              libfabric(fs, search, packages, machine), aws_ofi_nccl(fs, search, env, packages, machine))
     files = machine_files(fs, search, env, (found[0], found[2], found[3]), machine)
     heads = fs.read_heads(files, elf.HEAD_BYTES)
     machines = {path: m for path in files if (m := elf.machine(heads.get(path, b""))) is not None}
     return search, found, machines
+
+
+def looked_at(component: Component, sites: list[str], machine: str | None) -> tuple[str, ...]:
+    """Where the probe looked for a component whose version it could not read (pure): the copies
+    it found first, then the files and names it reads the version from."""
+    def wheel(pattern: str) -> list[str]:
+        return [f"{site}/{pattern}/METADATA" for site in sites]
+
+    copies = [c.path for c in component.copies if c.version is None]
+    places = {
+        "ngc-release": ["env:NVIDIA_PYTORCH_VERSION"],
+        "cuda": [f"{CUDA_HOME}/version.json", f"{CUDA_HOME}/version.txt", f"{CUDA_HOME}/include/cuda.h",
+                 *wheel("nvidia_cuda_runtime*.dist-info")],
+        "nccl": ["libnccl.so.2.X.Y on the loader's path", *nccl_headers(machine), *wheel("nvidia_nccl_cu*.dist-info")],
+        "cudnn": [*cudnn_headers(machine), "libcudnn.so.X.Y.Z on the loader's path",
+                  *wheel("nvidia_cudnn_cu*.dist-info")],
+        "pytorch": [f"{site}/torch/version.py" for site in sites] or ["torch/version.py in no Python site directory"],
+        "libfabric": ["libfabric.so.1 on the loader's path: pkgconfig/libfabric.pc beside it, the dpkg package "
+                      "owning it, a release string in it"],
+        "aws-ofi-nccl": ["the plugin NCCL_NET_PLUGIN names on the loader's path: a release string in it, the dpkg "
+                         "package owning it"],
+        "efa-installer": [EFA_PACKAGES_FILE],
+        "deepep": wheel("deep_ep-*.dist-info"),
+    }.get(component.name, [])
+    return tuple(copies + places)
 
 
 def _programs_machine(fs: FsView) -> str | None:
@@ -271,13 +313,23 @@ def _git_head(fs: FsView, checkout: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _openmpi(fs: FsView, machine: str | None = None) -> tuple[MpiInstall, ...]:
+def _openmpi(fs: FsView, machine: str | None = None, packages: dict | None = None) -> tuple[MpiInstall, ...]:
     found: list[MpiInstall] = []
+    # Debian/Ubuntu's own (libopenmpi3): libmpi.so.40 (Open MPI 3 to 5; MPICH's is .12) in the triplet directory, on the loader's
+    # default path; its -dev package adds <triplet>/openmpi/{include,lib} beside it
+    for triplet in elf.triplets_for(machine):
+        libdir = f"/usr/lib/{triplet}"
+        libs = [p for p in fs.glob(f"{libdir}/libmpi.so.40*") if fs.is_file(p)]
+        if libs:
+            version, source = _debian_openmpi_version(fs, libdir, libs, packages or {})
+            found.append(MpiInstall(libdir, fs.resolve(libdir) or libdir, version, source))
     for pattern in (*OPENMPI_PLACES, *(f"/usr/lib/{t}/openmpi" for t in elf.triplets_for(machine))):
         for path in fs.glob(pattern):
             real = fs.resolve(path)
             if real is None or not fs.is_dir(real) or any(m.real_path == real for m in found):
                 continue
+            if any(m.path == posixpath.dirname(path) for m in found):
+                continue  # Debian's -dev files of the installation found in the triplet directory
             if not (fs.exists(f"{real}/include/mpi.h") or fs.glob(f"{real}/lib/libmpi.so*")
                     or fs.exists(f"{real}/bin/mpirun")):
                 continue
@@ -286,7 +338,23 @@ def _openmpi(fs: FsView, machine: str | None = None) -> tuple[MpiInstall, ...]:
     return tuple(found)
 
 
-def _openmpi_version(fs: FsView, root: str) -> tuple[str | None, str | None]:
+def _debian_openmpi_version(fs: FsView, libdir: str, libs: list[str],
+                            packages: dict[str, dpkg.Package]) -> tuple[str | None, str | None]:
+    """The release of the Open MPI whose libmpi is in a triplet directory: its -dev files' mpi.h or
+    ompi.pc, the dpkg package owning libmpi, else the version string inside libmpi."""
+    version, source = _openmpi_version(fs, f"{libdir}/openmpi", scan=False)
+    if version is not None:
+        return version, source
+    reals = {fs.resolve(p) for p in libs} | set(libs)
+    # Debian's names (libopenmpi3, libopenmpi40...): a few, whatever a hostile status file lists
+    for name in sorted(n for n in packages if n.startswith("libopenmpi"))[:MAX_SCANNED_MPI]:
+        package = packages[name]
+        if reals & set(dpkg.owned_files(fs, package)):
+            return versions.upstream(package.version), f"{dpkg.STATUS_FILE} ({package.name} {package.version})"
+    return _scanned_openmpi_version(fs, sorted({fs.resolve(p) or p for p in libs}))
+
+
+def _openmpi_version(fs: FsView, root: str, scan: bool = True) -> tuple[str | None, str | None]:
     header = f"{root}/include/mpi.h"
     found = defines(fs.read_text(header) or "", ["OMPI_MAJOR_VERSION", "OMPI_MINOR_VERSION", "OMPI_RELEASE_VERSION"])
     if len(found) == 3 and all(v.isdigit() for v in found.values()):
@@ -295,8 +363,14 @@ def _openmpi_version(fs: FsView, root: str) -> tuple[str | None, str | None]:
     match = re.search(r"^Version:\s*(\S+)", fs.read_text(pc) or "", re.MULTILINE)
     if match:
         return match.group(1), pc
-    for lib in fs.glob(f"{root}/lib/libmpi.so.*"):
-        found = _OMPI_VERSION.search(fs.read_bytes(lib, max_size=MAX_LIB_SCAN) or b"")
+    return _scanned_openmpi_version(fs, fs.glob(f"{root}/lib/libmpi.so.*")) if scan else (None, None)
+
+
+def _scanned_openmpi_version(fs: FsView, libs: list[str]) -> tuple[str | None, str | None]:
+    """The release libmpi carries (as ompi_info prints it), in its first MAX_LIB_SCAN bytes."""
+    for lib in libs[:MAX_SCANNED_MPI]:
+        data = fs.read_bytes(lib, max_size=MAX_LIB_SCAN) or b""
+        found = _OMPI_VERSION.search(data) or _OMPI_FULL_VERSION.search(data)
         if found:
             return found.group(1).decode(), lib
     return None, None

@@ -287,13 +287,18 @@ def test_packed_sources_unpack_with_their_links_and_never_outside(tmp_path, monk
     """An installed wheel unpacks fixtures.tar; Pythons before 3.11.4 (Debian bookworm's) have no
     extraction filters, and the same refusal is made by hand there."""
     import io
+    import sys
     import tarfile
 
     from efabuild.make import fixtures
     from efabuild.errors import InputError
 
+    if with_filters and not hasattr(tarfile, "tar_filter"):
+        pytest.skip(f"Python {sys.version.split()[0]} has no tarfile extraction filters (added in 3.11.4)")
     if not with_filters:
-        monkeypatch.delattr(tarfile, "tar_filter")
+        monkeypatch.delattr(tarfile, "tar_filter", raising=False)
+    # the filters' own refusal where this Python has them, efabuild's by hand where it has not
+    refused = (InputError, tarfile.FilterError) if with_filters else InputError
 
     def packed(*members: tuple[str, str | None]) -> tarfile.TarFile:
         data = io.BytesIO()
@@ -317,6 +322,6 @@ def test_packed_sources_unpack_with_their_links_and_never_outside(tmp_path, monk
     outside.mkdir()
     bad = tmp_path / "bad"
     bad.mkdir()
-    with pytest.raises((InputError, tarfile.FilterError)):
+    with pytest.raises(refused):
         fixtures._extract_inside(packed(("fixtures/up", str(outside)), ("fixtures/up/planted", None)), bad)
     assert not (outside / "planted").exists()

@@ -175,6 +175,30 @@ def test_second_open_mpi(tree: Path) -> None:
                                      "/opt/amazon/openmpi5 (5.0.6)")
 
 
+@pytest.mark.parametrize("records", [True, False], ids=["with-dpkg-records", "files-only"])
+def test_debian_s_runtime_open_mpi_beside_the_base_s_is_two_in_use(tree: Path, records: bool) -> None:
+    """The guide's pitfall as apt makes it: `apt-get install libopenmpi3` puts libmpi.so.40 on the
+    loader's default path, where HPC-X's is in use too."""
+    ngc.full_image(tree)
+    ngc.add_debian_openmpi(tree, records=records)
+    bad = failures(audit_tree(tree))
+    assert bad["openmpi"].startswith("2 Open MPI installations in use: /usr/lib/x86_64-linux-gnu (4.1.4); "
+                                     "/usr/local/mpi -> /opt/hpcx/ompi (5.0.7)")
+
+
+def test_the_open_mpi_policy_reads_the_installation_in_use(tree: Path) -> None:
+    """min_versions.openmpi is about the Open MPI programs use: NGC's, not the EFA installer's
+    left beside it; with Debian's in use too, no one release is the image's."""
+    ngc.full_image(tree)
+    ngc.write(tree, "/opt/amazon/openmpi/include/mpi.h",
+              "#define OMPI_MAJOR_VERSION 4\n#define OMPI_MINOR_VERSION 1\n#define OMPI_RELEASE_VERSION 8\n")
+    policy = AuditPolicy(min_versions=(("openmpi", "5.0.0"),))
+    assert audit_tree(tree, policy=policy)["policy-min:openmpi"].message == "openmpi 5.0.7 >= 5.0.0"
+    ngc.add_debian_openmpi(tree)
+    assert failures(audit_tree(tree, policy=policy))["policy-min:openmpi"] == (
+        "openmpi version unknown; policy requires >= 5.0.0")
+
+
 def test_ofi_plugin_missing(tree: Path) -> None:
     ngc.full_image(tree)
     (tree / "opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so").unlink()

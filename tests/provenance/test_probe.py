@@ -9,6 +9,7 @@ import pytest
 
 from efabuild.errors import EfabuildError
 from efabuild.provenance.fsview import DirView, SqshView
+from efabuild.provenance.measured import Measured
 from efabuild.provenance.probe import probe_tree
 from tests.data.rootfs import mini_ngc as ngc
 
@@ -448,3 +449,147 @@ def test_an_image_with_hundreds_of_libfabric_copies_has_a_bounded_number_of_them
     assert len([c for c in copies if c.path.startswith("/opt/many/")]) == 400  # every copy still listed
     scanned = [path for path in read if path.startswith("/opt/many/libfabric")]
     assert len(scanned) <= 16, len(scanned)  # 400 before
+
+
+@pytest.mark.parametrize(("dev", "records", "source"), [
+    (False, True, "/var/lib/dpkg/status (libopenmpi3 4.1.4-3+b1)"),
+    (False, False, "/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4"),
+    (True, True, "/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h"),
+    (True, False, "/usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h"),
+], ids=["runtime", "runtime-no-records", "dev", "dev-no-records"])
+def test_debian_s_open_mpi_in_the_triplet_directory_is_one_installation(image: Path, dev: bool, records: bool,
+                                                                         source: str) -> None:
+    """apt's libopenmpi3 puts libmpi.so.40 on the loader's default path; its -dev package adds
+    <triplet>/openmpi beside it: one installation either way, listed beside HPC-X's."""
+    ngc.add_debian_openmpi(image, dev=dev, records=records)
+    measured = probe_tree(DirView(image))
+    assert [(m.path, m.version, m.source) for m in measured.openmpi] == [
+        ("/usr/lib/x86_64-linux-gnu", "4.1.4", source),
+        ("/usr/local/mpi", ngc.HPCX_OMPI, "/opt/hpcx/ompi/include/mpi.h"),
+    ]
+
+
+def test_debian_s_open_mpi_without_a_version_anywhere_is_unknown(image: Path) -> None:
+    ngc.write(image, "/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4", ngc.fake_elf("no release here"))
+    ngc.link(image, "/usr/lib/x86_64-linux-gnu/libmpi.so.40", "libmpi.so.40.30.4")
+    [debian] = [m for m in probe_tree(DirView(image)).openmpi if m.path == "/usr/lib/x86_64-linux-gnu"]
+    assert (debian.version, debian.source) == (None, None)
+
+
+def pip_image(root: Path, torch: bool = True) -> None:
+    """An image whose CUDA libraries come from pip's NVIDIA wheels (no /usr/local/cuda)."""
+    if torch:
+        ngc.write(root, f"{ngc.SITE}/torch/version.py", "__version__ = '2.9.1+cu129'\n")
+        ngc.write(root, f"{ngc.SITE}/torch/lib/libtorch_cuda.so", ngc.fake_elf("torch"))
+    ngc.add_wheel(root, "nvidia-cudnn-cu12", "9.28.0.42", ["nvidia/cudnn/lib/libcudnn.so.9",
+                                                           "nvidia/cudnn/lib/libcudnn_graph.so.9"])
+    ngc.add_wheel(root, "nvidia-cuda-runtime-cu12", "12.9.79", ["nvidia/cuda_runtime/lib/libcudart.so.12"])
+    ngc.add_wheel(root, "nvidia-nccl-cu12", "2.32.3", ["nvidia/nccl/lib/libnccl.so.2"], record=False)
+
+
+def test_pip_s_nvidia_wheels_give_cudnn_cuda_and_nccl_from_their_metadata(tmp_path: Path) -> None:
+    pip_image(tmp_path)
+    measured = probe_tree(DirView(tmp_path))
+    lib = f"{ngc.SITE}/nvidia"
+    found = {c.name: (c.version, c.source, c.loads) for c in measured.components if c.name in ("cuda", "cudnn", "nccl")}
+    assert found == {
+        "cuda": ("12.9.79", f"{ngc.SITE}/nvidia_cuda_runtime_cu12-12.9.79.dist-info/METADATA",
+                 f"{lib}/cuda_runtime/lib/libcudart.so.12"),
+        "cudnn": ("9.28.0.42", f"{ngc.SITE}/nvidia_cudnn_cu12-9.28.0.42.dist-info/METADATA",
+                  f"{lib}/cudnn/lib/libcudnn.so.9"),
+        "nccl": ("2.32.3", f"{ngc.SITE}/nvidia_nccl_cu12-2.32.3.dist-info/METADATA", f"{lib}/nccl/lib/libnccl.so.2"),
+    }
+    assert [c.path for c in measured.component("cudnn").copies] == [f"{lib}/cudnn/lib/libcudnn.so.9"]
+
+
+def test_wheels_without_torch_agree_or_are_unknown(tmp_path: Path) -> None:
+    """No torch to load them and off the loader's path: a wheel's version still describes the
+    only copy; beside a toolkit of another release, nothing says which one a program gets."""
+    pip_image(tmp_path, torch=False)
+    ngc.write(tmp_path, "/usr/local/cuda/version.json", json.dumps({"cuda": {"version": "12.8.1"}}))
+    measured = probe_tree(DirView(tmp_path))
+    assert measured.component("cudnn").version == "9.28.0.42"
+    cuda = measured.component("cuda")
+    assert (cuda.version, cuda.loads) == (None, None)
+    assert sorted((c.path, c.version) for c in cuda.copies) == [
+        ("/usr/local/cuda", "12.8.1"), (f"{ngc.SITE}/nvidia/cuda_runtime/lib/libcudart.so.12", "12.9.79")]
+
+
+def test_the_wheel_beside_torch_decides_unless_ld_library_path_leads_elsewhere(image: Path) -> None:
+    """NGC's system cuDNN (its header) and a pip cuDNN beside torch: torch's $ORIGIN-relative
+    RUNPATH finds the wheel's; a copy on LD_LIBRARY_PATH comes before any RUNPATH."""
+    ngc.add_wheel(image, "nvidia-cudnn-cu12", "9.28.0.42", ["nvidia/cudnn/lib/libcudnn.so.9"])
+    cudnn = probe_tree(DirView(image)).component("cudnn")
+    assert (cudnn.version, cudnn.loads) == ("9.28.0.42", f"{ngc.SITE}/nvidia/cudnn/lib/libcudnn.so.9")
+    ngc.write(image, f"/usr/local/cuda/lib64/libcudnn.so.{ngc.CUDNN}", ngc.fake_elf("cudnn"))
+    ngc.link(image, "/usr/local/cuda/lib64/libcudnn.so.9", f"libcudnn.so.{ngc.CUDNN}")
+    cudnn = probe_tree(DirView(image)).component("cudnn")  # /usr/local/cuda/lib64 is on LD_LIBRARY_PATH
+    assert (cudnn.version, cudnn.loads) == (ngc.CUDNN, "/usr/local/cuda/lib64/libcudnn.so.9")
+    assert sorted(c.version for c in cudnn.copies) == ["9.14.0", "9.28.0.42"]
+
+
+def test_a_record_naming_files_outside_the_site_directory_is_not_followed(tmp_path: Path) -> None:
+    info = ngc.add_wheel(tmp_path, "nvidia-cudnn-cu12", "9.28.0.42", [], record=False)
+    ngc.write(tmp_path, "/opt/elsewhere/libcudnn.so.9", ngc.fake_elf("planted"))
+    ngc.write(tmp_path, f"{info}/RECORD", "../../../../../opt/elsewhere/libcudnn.so.9,,\n/opt/elsewhere/libcudnn.so.9,,\n")
+    cudnn = probe_tree(DirView(tmp_path)).component("cudnn")
+    assert (cudnn.version, cudnn.copies) == (None, ())
+
+
+def test_an_unknown_version_names_where_the_probe_looked(tmp_path: Path) -> None:
+    """Debian's libfabric unpacked without its dpkg records: no .pc, no record, no release string
+    in it. The version stays unknown, and the manifest and `show` say which file was read and how."""
+    from efabuild.cli.provenance_cmd import _component_rows
+
+    ngc.write(tmp_path, "/usr/lib/x86_64-linux-gnu/libfabric.so.1.20.0", ngc.fake_elf("no release here"))
+    ngc.link(tmp_path, "/usr/lib/x86_64-linux-gnu/libfabric.so.1", "libfabric.so.1.20.0")
+    measured = probe_tree(DirView(tmp_path))
+    libfabric = measured.to_dict()["components"]["libfabric"]
+    assert libfabric["version"] is None and libfabric["looked_at"] == [
+        "/usr/lib/x86_64-linux-gnu/libfabric.so.1.20.0",
+        "libfabric.so.1 on the loader's path: pkgconfig/libfabric.pc beside it, the dpkg package owning it, "
+        "a release string in it"]
+    assert measured.to_dict()["components"]["cuda"]["looked_at"] == [
+        "/usr/local/cuda/version.json", "/usr/local/cuda/version.txt", "/usr/local/cuda/include/cuda.h"]
+    rows = {row[0]: row[1:] for row in _component_rows(measured.to_dict())}
+    assert rows["libfabric"] == ("unknown", "not found in the image's files; looked at "
+                                 "/usr/lib/x86_64-linux-gnu/libfabric.so.1.20.0, " + libfabric["looked_at"][1])
+    assert Measured.from_dict(measured.to_dict()) == measured  # as the manifest keeps it
+
+
+def conda_package(root: Path, name: str, version: str, libs: dict[str, str | None], env: str = "/opt/conda") -> str:
+    """`conda install NAME=VERSION`: its files under the environment (a None target: a file, else
+    a link to that name) and its conda-meta record listing them. Returns the record's path."""
+    for lib, target in libs.items():
+        if target is None:
+            ngc.write(root, f"{env}/{lib}", ngc.fake_elf(name))
+        else:
+            ngc.link(root, f"{env}/{lib}", target)
+    record = f"{env}/conda-meta/{name}-{version}-h0_0.json"
+    ngc.write(root, record, json.dumps({"name": name, "version": version, "build": "h0_0", "files": list(libs)}))
+    return record
+
+
+def test_conda_s_packages_give_cudnn_cuda_and_nccl_from_conda_meta(tmp_path: Path) -> None:
+    """A conda environment's torch finds the environment's lib/ by its RUNPATH: its packages decide."""
+    ngc.write(tmp_path, "/opt/conda/lib/python3.11/site-packages/torch/version.py", "__version__ = '2.5.1'\n")
+    cudnn = conda_package(tmp_path, "cudnn", "9.1.0.70", {"lib/libcudnn.so.9.1.0": None,
+                                                          "lib/libcudnn.so.9": "libcudnn.so.9.1.0"})
+    cudart = conda_package(tmp_path, "cuda-cudart", "12.4.127", {"lib/libcudart.so.12.4.127": None,
+                                                                 "lib/libcudart.so.12": "libcudart.so.12.4.127"})
+    nccl = conda_package(tmp_path, "nccl", "2.21.5.1", {"lib/libnccl.so.2.21.5": None, "lib/libnccl.so.2": "libnccl.so.2.21.5"})
+    measured = probe_tree(DirView(tmp_path))
+    found = {c.name: (c.version, c.source, c.loads) for c in measured.components if c.name in ("cuda", "cudnn", "nccl")}
+    assert found == {"cuda": ("12.4.127", cudart, "/opt/conda/lib/libcudart.so.12"),
+                     "cudnn": ("9.1.0.70", cudnn, "/opt/conda/lib/libcudnn.so.9"),
+                     "nccl": ("2.21.5.1", nccl, "/opt/conda/lib/libnccl.so.2")}
+    assert measured.component("pytorch").version == "2.5.1"
+
+
+def test_a_conda_record_naming_files_outside_its_environment_is_not_followed(tmp_path: Path) -> None:
+    ngc.write(tmp_path, "/opt/elsewhere/libcudnn.so.9", ngc.fake_elf("planted"))
+    ngc.write(tmp_path, "/opt/conda/conda-meta/cudnn-9.1.0.70-h0_0.json", json.dumps(
+        {"name": "cudnn", "version": "9.1.0.70", "files": ["../elsewhere/libcudnn.so.9", "/opt/elsewhere/libcudnn.so.9"]}))
+    ngc.write(tmp_path, "/opt/conda/conda-meta/nccl-2.21.5-h0_0.json", "[" * 100_000)  # too deep for json
+    measured = probe_tree(DirView(tmp_path))
+    assert (measured.component("cudnn").version, measured.component("cudnn").copies) == (None, ())

@@ -167,6 +167,45 @@ def add_deepep(root: Path, env: dict[str, str], commit: str = DEEPEP_COMMIT) -> 
     return {**env, "TORCH_CUDA_ARCH_LIST": "10.0"}
 
 
+def add_debian_openmpi(root: Path, version: str = "4.1.4", *, dev: bool = False, records: bool = True,
+                       machine: str = "x86_64") -> None:
+    """`apt-get install libopenmpi3` (with `dev`, libopenmpi-dev too) as Debian bookworm lays it out:
+    libmpi.so.40 in the triplet directory, the -dev files under <triplet>/openmpi; `records`: the
+    dpkg status and .list files apt leaves (without: the files unpacked alone)."""
+    tri, em = f"{machine}-linux-gnu", EM[machine]
+    # libmpi keeps its release for ompi_info as the real one does: "%s:version:full", "v4.1.4", "Open MPI"
+    write(root, f"/usr/lib/{tri}/libmpi.so.40.30.4",
+          fake_elf("ompi_cr: init", "%s:version:full", f"v{version}", "Open MPI", "%s:version:repo", machine=em))
+    link(root, f"/usr/lib/{tri}/libmpi.so.40", "libmpi.so.40.30.4")
+    write(root, f"/usr/lib/{tri}/openmpi/lib/openmpi3/libompi_dbg_msgq.so", fake_elf(machine=em))
+    if dev:
+        major, minor, release = version.split(".")
+        write(root, f"/usr/lib/{tri}/openmpi/include/mpi.h",
+              f"#define OMPI_MAJOR_VERSION {major}\n#define OMPI_MINOR_VERSION {minor}\n"
+              f"#define OMPI_RELEASE_VERSION {release}\n")
+        link(root, f"/usr/lib/{tri}/openmpi/lib/libmpi.so", "../../libmpi.so.40")
+    if records:
+        status = (root / "var/lib/dpkg/status").read_text() if (root / "var/lib/dpkg/status").exists() else ""
+        extra = {"libopenmpi3": f"{version}-3+b1", **({"libopenmpi-dev": f"{version}-3+b1"} if dev else {})}
+        dpkg_status(root, {**_packages(status), **extra}, DEB_ARCH[machine])
+        write(root, f"/var/lib/dpkg/info/libopenmpi3:{DEB_ARCH[machine]}.list",
+              f"/usr/lib/{tri}\n/usr/lib/{tri}/libmpi.so.40.30.4\n/usr/lib/{tri}/libmpi.so.40\n")
+
+
+def add_wheel(root: Path, project: str, version: str, libs: list[str], site: str = SITE,
+              record: bool = True) -> str:
+    """`pip install PROJECT==VERSION` of an NVIDIA library wheel: its files under `site`, its
+    dist-info with METADATA and (with `record`) a RECORD naming them. Returns the dist-info path."""
+    info = f"{site}/{project.replace('-', '_')}-{version}.dist-info"
+    write(root, f"{info}/METADATA", f"Metadata-Version: 2.4\nName: {project}\nVersion: {version}\n\n")
+    for lib in libs:
+        write(root, f"{site}/{lib}", fake_elf(project))
+    if record:
+        write(root, f"{info}/RECORD", "".join(f"{lib},sha256=x,1\n" for lib in libs)
+              + f"{info.rsplit('/', 1)[1]}/METADATA,,\n")
+    return info
+
+
 def write_config(root: Path, env: dict[str, str], labels: dict[str, str] | None = None) -> None:
     """/etc/environment and /etc/rc as Enroot writes them from the image config."""
     write(root, "/etc/environment", "".join(f"{k}={v}\n" for k, v in env.items()))
