@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "doctor": "doctor_cmd",
     "pyxis-importer": "pyxis_cmd",
     "prune-containers": "containers_cmd",
+    "mount": "mount_cmd",
     "completion": "completion_cmd",
 }
 

@@ -55,6 +55,7 @@ def scenario(ctx: Context) -> Result:
         configs[label] = work / f"{label}.toml"
         configs[label].write_text(f'store = "{store}"\n{extra}')
     cache = work / "verified"
+    cache.mkdir(mode=0o700, exist_ok=True)  # as its user makes it: root never creates the variable's directory
     byte_compile_efabuild()
 
     def get(label: str) -> subprocess.CompletedProcess:

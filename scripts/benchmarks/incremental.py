@@ -152,6 +152,7 @@ def scenario(ctx: Context) -> Result:
     # what make's checks remember (an ancestor's kept index found true) goes to a cache of its own
     from efabuild.signing import verifycache
 
+    (scratch / "verified").mkdir(mode=0o700, exist_ok=True)  # root never creates the variable's directory
     os.environ[verifycache.CACHE_ENV] = str(scratch / "verified")
     base, _ = fixtures.export_image(sizes.export_small_files, sizes.export_large_files, sizes.export_large_bytes)
     keys = {name: secrets.token_hex(32) for name in ("efa", "user1", "user2")}

@@ -46,6 +46,7 @@ def scenario(ctx: Context) -> Result:
     signer = PemSigner(private)
     trust = scratch / "trust.toml"
     trust.write_text(f'[trust]\nkeys = ["{public}"]\n')
+    (scratch / "verified").mkdir(mode=0o700, exist_ok=True)  # root never creates the variable's directory
     env = {**os.environ, "EFABUILD_TRUST_CONFIG": str(trust), "EFABUILD_VERIFY_CACHE": str(scratch / "verified")}
     verify_check, verify_timings, verify_figures = _first_verification(ctx, scratch, signer, env)
     lookup_check, lookup_timings = _cached_lookup(ctx, scratch, signer, env)

@@ -107,7 +107,7 @@ def test_modules_and_functions_stay_short_with_few_stated_exceptions():
 # A module imports only modules of its own floor or a lower one; `__main__` is the CLI's. The core
 # is the package's top level (the modules in CORE).
 FLOORS = {"core": 0, "host": 1, "store": 2, "engine": 2, "provenance": 2, "lint": 2, "doctor": 2,
-          "export": 3, "signing": 3, "pyxis": 3, "make": 4, "cli": 5}
+          "export": 3, "signing": 3, "pyxis": 3, "lazy": 3, "make": 4, "cli": 5}
 
 # Imports inside functions, by module: start-up deferrals. A plan, a lookup and the CLI's argument
 # parsing must not load what they do not run (tests/engine/test_engine_api.py and the start-up figures in
@@ -146,6 +146,10 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.refs"},
     "efabuild.cli.pyxis_cmd": {"efabuild.pyxis.importer"},
     "efabuild.cli.containers_cmd": {"efabuild.pyxis.containers"},
+    # `efabuild --help` loads it: the mount (FUSE, the store, S3) only when one is made
+    "efabuild.cli.mount_cmd": {"efabuild.lazy.mount", "efabuild.store.config"},
+    # the FUSE binding (ctypes over libfuse 3) at mount time only: the module's names are the CLI's too
+    "efabuild.lazy.mount": {"efabuild.lazy.fusefile"},
     # installed by `efabuild --help` too, which shows no progress
     "efabuild.cli.reporting": {"efabuild.store.progress"},
     "efabuild.cli.sign_cmd": {

@@ -1,0 +1,145 @@
+"""Where a lazily read artifact's bytes come from, chunk by chunk, each checked against its id.
+
+A chunk is looked for in this order: the bytes recently served (a bounded LRU in memory), the
+node cache, the artifact's copy on a filesystem tier (shared first: FSx serves every node; read
+at the chunk's offset through a descriptor opened without following a link), then S3 (one GET,
+decompressed into at most the chunk's length). Whatever the source, the bytes are hashed and must
+be the chunk's id before anything is served or cached: a mismatch is ChunkUnavailable, never
+wrong bytes. Concurrent reads of one missing chunk fetch it once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+import blake3
+
+from efabuild.errors import EfabuildError
+from efabuild.lazy.nodecache import CacheFull, NodeCache
+from efabuild.store.chunked.chunks import ChunkIndex
+
+
+class ChunkUnavailable(EfabuildError):
+    """No source gave the chunk's bytes: a read of it is an I/O error."""
+
+
+class ChunkSource:
+    def __init__(self, index: ChunkIndex, cache: NodeCache | None, copies: Sequence[int],
+                 fetch: Callable[[str, int], bytes] | None, memory: int = 64 << 20,
+                 log: Callable[[str], None] = lambda line: None) -> None:
+        """`copies`: descriptors of whole copies of the artifact (filesystem tiers); `fetch(id,
+        length)`: S3's verified fetch; `memory`: bytes of chunks kept in memory."""
+        self.index, self.cache, self.copies, self.fetch, self.log = index, cache, list(copies), fetch, log
+        spans = list(index.spans())
+        self.offsets = [offset for _, offset, _ in spans]
+        self.spans = spans
+        self.memory = memory
+        self._lru: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()
+        self._inflight: dict[str, Future] = {}
+        self.fetched_bytes = 0  # from S3, for the bench and tests
+        self.stopped: str | None = None  # why every read now fails (the whole-file check)
+        self.order: list[str] = []  # first reads, in order: a start's prefetch list
+
+    def read(self, offset: int, size: int) -> bytes:
+        """`size` bytes of the artifact from `offset` (fewer at its end)."""
+        end = min(offset + size, self.index.size)
+        if offset >= end:
+            return b""
+        out = bytearray()
+        n = bisect.bisect_right(self.offsets, offset) - 1
+        while offset < end:
+            cid, start, length = self.spans[n]
+            data = self.chunk(cid, length, start)
+            piece = data[offset - start: min(end, start + length) - start]
+            out += piece
+            offset += len(piece)
+            n += 1
+        return bytes(out)
+
+    def stop(self, why: str) -> None:
+        """Serve nothing more, and drop what the cache and memory hold of this artifact."""
+        with self._lock:
+            self.stopped = why
+            self._lru.clear()
+        if self.cache is not None:
+            for cid, _, _ in self.spans:
+                self.cache.forget(cid)
+
+    def chunk(self, cid: str, length: int, offset: int) -> bytes:
+        if self.stopped is not None:
+            raise ChunkUnavailable(self.stopped)
+        with self._lock:
+            data = self._lru.get(cid)
+            if data is not None:
+                self._lru.move_to_end(cid)
+                return data
+            future = self._inflight.get(cid)
+            owner = future is None
+            if owner:
+                future = self._inflight[cid] = Future()
+                self.order.append(cid)
+        if not owner:
+            return future.result()
+        try:
+            data = self._find(cid, length, offset)
+        except BaseException as exc:
+            with self._lock:
+                del self._inflight[cid]
+            future.set_exception(exc)
+            raise
+        with self._lock:
+            del self._inflight[cid]
+            self._remember(cid, data)
+        future.set_result(data)
+        return data
+
+    def _find(self, cid: str, length: int, offset: int) -> bytes:
+        if self.cache is not None:
+            data = self.cache.get(cid, length)
+            if data is not None:
+                return data
+        problems = []
+        for fd in self.copies:
+            try:
+                data = os.pread(fd, length, offset)
+            except OSError as exc:
+                problems.append(f"a tier's copy: {exc.strerror}")
+                continue
+            if len(data) == length and blake3.blake3(data).hexdigest() == cid:
+                return self._keep(cid, data)
+            problems.append("a tier's copy holds other bytes there")
+        if self.fetch is not None:
+            try:
+                data = bytes(self.fetch(cid, length))
+            except EfabuildError as exc:
+                problems.append(str(exc))
+            else:
+                if len(data) == length and blake3.blake3(data).hexdigest() == cid:
+                    self.fetched_bytes += length
+                    return self._keep(cid, data)
+                problems.append("S3 gave other bytes")
+        message = f"chunk {cid[:12]} at offset {offset}: " + ("; ".join(problems) or "no source holds it")
+        self.log(message)
+        raise ChunkUnavailable(message)
+
+    def _keep(self, cid: str, data: bytes) -> bytes:
+        if self.cache is not None:
+            try:
+                self.cache.put(cid, data)
+            except CacheFull as exc:
+                self.log(str(exc))  # served all the same: the bytes are checked, only not kept
+        return data
+
+    def _remember(self, cid: str, data: bytes) -> None:
+        self._lru[cid] = data
+        self._held += len(data)
+        while self._held > self.memory and len(self._lru) > 1:
+            _, dropped = self._lru.popitem(last=False)
+            self._held -= len(dropped)

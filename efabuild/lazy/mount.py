@@ -1,0 +1,157 @@
+"""`efabuild mount REF DIR`: an artifact's `.sqsh` served from its chunks through FUSE.
+
+What is trusted: the artifact's record (size and blake3 digest) and its chunk index, which must
+agree with it (the same size and digest, lengths that add up to the size, ids of 64 hex). Every
+chunk is checked against its id before it is served. An index binds its ids to the record's
+digest only once the whole file has been read: `prefetch` reads every chunk in the background and
+then hashes them in order; a mismatch stops the mount (every read is then an I/O error) and drops
+what was cached. Until that check has run, the mount is as trustworthy as the store's index, which
+is why the Pyxis importer does not hand out lazy mounts yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import blake3
+
+from efabuild.errors import EfabuildError, NotFound
+from efabuild.lazy.chunksource import ChunkSource, ChunkUnavailable
+from efabuild.lazy.nodecache import NodeCache
+from efabuild.settings import StoreConfig
+from efabuild.store.chunked import seeds
+from efabuild.store.chunked.chunks import ChunkIndex, is_chunk_id
+from efabuild.store.tiered import Store
+
+DEFAULT_CACHE_BYTES = 20 << 30
+
+
+@attrs.frozen
+class Artifact:
+    key: str
+    name: str
+    size: int
+    digest: str
+    index: ChunkIndex
+
+
+def index_problem(index: ChunkIndex, size: int, digest: str) -> str | None:
+    """Why a chunk index does not describe the recorded artifact (None when it does)."""
+    if (index.size, index.digest) != (size, digest):
+        return f"it is for {index.size} bytes ({index.digest}), the record says {size} ({digest})"
+    if sum(length for _, length in index.chunks) != size:
+        return "its chunks do not add up to the artifact's size"
+    if any(length <= 0 or not is_chunk_id(cid) for cid, length in index.chunks):
+        return "it names a chunk that is not 64 hex of positive length"
+    return None
+
+
+def find(table: StoreConfig, ref: str, platform: str | None = None) -> tuple[Store, Artifact]:
+    """The artifact `ref` names and its chunk index: one kept beside a filesystem copy, else S3's."""
+    store = Store.from_config(table)
+    key = store.resolve(ref, platform=platform)
+    record = store.record(key)
+    if record is None:
+        raise NotFound(f"no record for artifact {key[:12]} ({ref})")
+    index, where = None, ""
+    for tier in store.fs_tiers:
+        index = seeds.kept_index(tier, key)
+        if index is not None:
+            where = f"{tier.name} tier"
+            break
+    if index is None and store.s3_settings is not None:
+        index, where = store.s3.chunk_index(key), store.s3.describe(key)
+    if index is None:
+        raise NotFound(f"artifact {key[:12]} ({ref}) has no chunk index in {store.describe()}: it was stored "
+                       f"whole; `efabuild lookup {ref}` gives its file")
+    problem = index_problem(index, record.size, record.digest)
+    if problem:
+        raise EfabuildError(f"refusing the chunk index of {key[:12]} ({where}): {problem}")
+    return store, Artifact(key, record.name, record.size, record.digest, index)
+
+
+@contextlib.contextmanager
+def whole_copies(store: Store, artifact: Artifact) -> Iterator[list[int]]:
+    """Descriptors of the filesystem tiers' copies of the artifact (of its recorded size, regular
+    files, never through a link): chunks are read from them at their offsets, each checked."""
+    fds = []
+    try:
+        for tier in store.fs_tiers:
+            path = tier.layout.sqsh_path(artifact.key)
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_size == artifact.size:
+                fds.append(fd)
+            else:
+                os.close(fd)
+        yield fds
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+class WholeCheck:
+    """Reads every chunk in file order (the node ends with a full local copy in its cache), then
+    hashes them in order against the record's digest; on a mismatch, the source is stopped."""
+
+    def __init__(self, source: ChunkSource, artifact: Artifact, log) -> None:  # noqa: ANN001
+        self.source, self.artifact, self.log = source, artifact, log
+        self.result: str | None = None  # "ok", or what was wrong
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        whole = blake3.blake3()
+        try:
+            for cid, offset, length in self.artifact.index.spans():
+                whole.update(self.source.chunk(cid, length, offset))
+        except ChunkUnavailable as exc:
+            self.result = f"not every chunk could be read: {exc}"
+        else:
+            if f"blake3:{whole.hexdigest()}" == self.artifact.digest:
+                self.result = "ok"
+            else:
+                self.result = (f"its chunks make blake3:{whole.hexdigest()}, not the recorded {self.artifact.digest}: "
+                               "the chunk index is not this artifact's; the mount stops serving it")
+                self.source.stop(self.result)
+        self.log(f"whole-file check of {self.artifact.key[:12]}: {self.result}")
+        self.done.set()
+
+
+def serve(table: StoreConfig, ref: str, mountpoint: Path, *, cache_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES,
+          platform: str | None = None, prefetch: bool = True, log=None) -> None:  # noqa: ANN001
+    """Mount `ref` at `mountpoint` as `<key>.sqsh` and serve it until unmounted (blocks)."""
+    import mfusepy  # the binding, at mount time only
+
+    from efabuild.lazy.fusefile import SqshFile
+
+    log = log or (lambda line: print(f"efabuild mount: {line}", file=sys.stderr, flush=True))
+    store, artifact = find(table, ref, platform)
+    cache = NodeCache(cache_dir, cache_bytes)
+    fetch = None
+    if store.s3_settings is not None:
+        chunks = store.s3.chunks
+
+        def fetch(cid: str, length: int) -> bytes:
+            return chunks.fetch(cid, length)[0]
+
+    with whole_copies(store, artifact) as copies:
+        source = ChunkSource(artifact.index, cache, copies, fetch, log=log)
+        if prefetch:
+            check = WholeCheck(source, artifact, log)
+            threading.Thread(target=check.run, name="prefetch", daemon=True).start()
+        try:
+            # kernel_cache: the file is content-addressed, never changes: the page cache may keep it
+            mfusepy.FUSE(SqshFile(f"{artifact.key}.sqsh", source), str(mountpoint), foreground=True, ro=True,
+                         kernel_cache=True, nothreads=False, fsname=f"efabuild:{artifact.key[:12]}")
+        finally:
+            cache.close()

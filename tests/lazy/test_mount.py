@@ -1,0 +1,178 @@
+"""`efabuild mount`: an artifact's .sqsh served from its chunks through FUSE on a node that holds
+no copy of it, read through squashfuse as Pyxis's use_squashfuse=1 reads it, and the ways it fails
+without a wrong byte or a hang (real FUSE, real squashfuse, moto's S3 server)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from efabuild.settings import S3Config
+from efabuild.store.config import locate, store_config_text
+from efabuild.store.tiered import Store
+from efabuild.store.tiers.fs import FilesystemTier
+from tests.kits.storekit import CHUNKED, REPO, key_for, make_sqsh, record_for
+
+pytestmark = [pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+                                 reason="no /dev/fuse or fusermount3 here"), pytest.mark.timeout(180)]
+
+
+def _run(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "efabuild", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def _unmount(path: Path) -> None:
+    subprocess.run(["fusermount3", "-uz", str(path)], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def published(tmp_path: Path, settings: S3Config) -> tuple[Path, str, Path]:
+    """(a compute node's store directory, which knows only S3; the artifact's key; its .sqsh)."""
+    key = key_for(f"lazy {tmp_path}")
+    sqsh = make_sqsh(tmp_path, os.urandom(3 << 20))
+    builder = Store([FilesystemTier(tmp_path / "builder", "local")], settings, show_progress=False,
+                    s3_options=CHUNKED)
+    builder.publish(key, sqsh, record_for(key, "demo:user", sqsh))
+    node = FilesystemTier(tmp_path / "node", "store")
+    node.root.mkdir()
+    node.write_config(store_config_text(settings))
+    return tmp_path / "node", key, sqsh
+
+
+@pytest.fixture
+def mounts(tmp_path: Path):
+    made: list[Path] = []
+    yield made
+    for path in made:
+        _unmount(path)
+
+
+def _mount(node: Path, ref: str, where: Path, cache: Path, mounts: list, *extra: str) -> Path:
+    where.mkdir()
+    mounts.append(where)
+    done = _run("mount", "--background", "--store", str(node), "--cache", str(cache), *extra, ref, str(where))
+    assert done.returncode == 0, done.stderr
+    return Path(done.stdout.strip())
+
+
+@pytest.mark.s3
+def test_a_node_without_a_copy_reads_the_artifact_through_the_mount_and_squashfuse(published, tmp_path, mounts):
+    node, key, sqsh = published
+    served = _mount(node, "demo:user", tmp_path / "mnt", tmp_path / "cache", mounts)
+    assert served == tmp_path / "mnt" / f"{key}.sqsh"
+    assert served.stat().st_size == sqsh.stat().st_size
+    assert served.read_bytes() == sqsh.read_bytes()
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    mounts.append(rootfs)
+    subprocess.run(["squashfuse", str(served), str(rootfs)], check=True, timeout=30)
+    original = tmp_path / "artifact-rootfs" / "payload.bin"
+    assert (rootfs / "payload.bin").read_bytes() == original.read_bytes()
+    _unmount(rootfs)
+    # the background prefetch leaves every chunk in the node cache, checked whole against the record
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any((tmp_path / "cache").glob("mount-*.log")):
+        time.sleep(0.1)
+    index = Store.from_config(locate(str(node))).s3.chunk_index(key)
+    while time.monotonic() < deadline and not all((tmp_path / "cache" / cid).exists() for cid, _ in index.chunks):
+        time.sleep(0.1)
+    assert all((tmp_path / "cache" / cid).exists() for cid, _ in index.chunks)
+    assert _run("mount", "--unmount", str(tmp_path / "mnt")).returncode == 0
+    assert not os.path.ismount(tmp_path / "mnt")
+
+
+@pytest.mark.s3
+def test_a_chunk_s3_serves_wrong_is_an_io_error_never_wrong_bytes(published, tmp_path, mounts, s3_client, settings):
+    node, key, sqsh = published
+    listing = s3_client.list_objects_v2(Bucket=settings.bucket, Prefix=settings.prefix)["Contents"]
+    chunk_objects = sorted(o["Key"] for o in listing if "/chunks/" in o["Key"])
+    from efabuild.store.chunked.s3 import compress
+
+    victim = chunk_objects[0]
+    s3_client.put_object(Bucket=settings.bucket, Key=victim, Body=compress(os.urandom(64 << 10)))
+    served = _mount(node, key, tmp_path / "mnt", tmp_path / "cache", mounts, "--no-prefetch")
+    data = sqsh.read_bytes()
+    good = bad = 0
+    with open(served, "rb", buffering=0) as handle:
+        for offset in range(0, len(data), 64 << 10):
+            try:
+                handle.seek(offset)
+                piece = handle.read(64 << 10)
+            except OSError as exc:
+                assert exc.errno == errno.EIO
+                bad += 1
+            else:
+                assert piece == data[offset:offset + len(piece)]  # never a wrong byte
+                good += 1
+    assert bad >= 1 and good >= 1
+
+
+@pytest.mark.s3
+def test_a_killed_mount_fails_reads_at_once_and_a_new_mount_works(published, tmp_path, mounts):
+    node, key, sqsh = published
+    served = _mount(node, key, tmp_path / "mnt", tmp_path / "cache", mounts, "--no-prefetch")
+    daemon = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _is_mount_of(p, tmp_path / "mnt"))
+    os.kill(daemon, signal.SIGKILL)
+    started = time.monotonic()
+    with pytest.raises(OSError) as exc:
+        served.read_bytes()
+    # the kernel ends the connection: ENOTCONN, or ECONNABORTED while the file was open
+    assert exc.value.errno in (errno.ENOTCONN, errno.ECONNABORTED) and time.monotonic() - started < 10
+    _unmount(tmp_path / "mnt")
+    (tmp_path / "mnt").rmdir()
+    again = _mount(node, key, tmp_path / "mnt", tmp_path / "cache", mounts, "--no-prefetch")
+    assert again.read_bytes() == sqsh.read_bytes()
+
+
+def _is_mount_of(pid: str, where: Path) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"mount" in cmdline and str(where).encode() in cmdline and b"--background" not in cmdline
+
+
+def test_a_cache_directory_of_another_user_or_a_link_is_refused(tmp_path):
+    from efabuild.errors import EfabuildError
+    from efabuild.lazy.nodecache import NodeCache
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(theirs, 4321, 4321)
+        with pytest.raises(EfabuildError, match="must be this user's directory"):
+            NodeCache(theirs, 1 << 20)
+    (tmp_path / "link").symlink_to(tmp_path / "mine")
+    (tmp_path / "mine").mkdir(mode=0o700)
+    with pytest.raises(EfabuildError, match="cannot use it as the chunk cache"):
+        NodeCache(tmp_path / "link", 1 << 20)
+
+
+def test_the_node_cache_drops_a_damaged_chunk_and_evicts_the_oldest(tmp_path):
+    import blake3
+
+    from efabuild.lazy.nodecache import NodeCache
+
+    cache = NodeCache(tmp_path / "c", 3000)
+    chunks = [os.urandom(1000) for _ in range(4)]
+    ids = [blake3.blake3(c).hexdigest() for c in chunks]
+    for cid, data in zip(ids[:3], chunks[:3]):
+        cache.put(cid, data)
+        time.sleep(0.01)
+    (tmp_path / "c" / ids[1]).chmod(0o600)
+    (tmp_path / "c" / ids[1]).write_bytes(b"x" * 1000)
+    assert cache.get(ids[1], 1000) is None and not (tmp_path / "c" / ids[1]).exists()
+    cache.put(ids[3], chunks[3])
+    cache.put(ids[1], chunks[1])  # over the limit: the least recently used goes
+    assert cache.get(ids[0], 1000) is None and cache.get(ids[3], 1000) == chunks[3]
+    assert cache.used <= 3000
