@@ -176,3 +176,43 @@ def test_the_node_cache_drops_a_damaged_chunk_and_evicts_the_oldest(tmp_path):
     cache.put(ids[1], chunks[1])  # over the limit: the least recently used goes
     assert cache.get(ids[0], 1000) is None and cache.get(ids[3], 1000) == chunks[3]
     assert cache.used <= 3000
+
+
+def test_an_index_that_does_not_describe_the_record_is_refused():
+    from efabuild.lazy.mount import index_problem
+    from efabuild.store.chunked.chunks import ChunkIndex
+
+    digest = "blake3:" + "ab" * 32
+    good = ChunkIndex(300, digest, (("cd" * 32, 100), ("ef" * 32, 200)))
+    assert index_problem(good, 300, digest) is None
+    assert "the record says 300" in index_problem(good._replace(size=301), 300, digest)
+    assert "the record says" in index_problem(good, 300, "blake3:" + "00" * 32)
+    assert "do not add up" in index_problem(good._replace(chunks=(("cd" * 32, 100),)), 300, digest)
+    assert "not 64 hex" in index_problem(good._replace(chunks=(("../x", 100), ("ef" * 32, 200))), 300, digest)
+
+
+def test_a_forged_index_whose_chunks_are_other_bytes_stops_the_mount_once_read_whole(tmp_path):
+    """Its fields copied from the record, its ids true of a co-tenant's bytes: each chunk passes
+    its id, so only the whole-file check can tell. It does, and every read after it fails."""
+    import blake3
+
+    from efabuild.lazy.chunksource import ChunkSource, ChunkUnavailable
+    from efabuild.lazy.mount import Artifact, WholeCheck
+    from efabuild.lazy.nodecache import NodeCache
+    from efabuild.store.chunked.chunks import ChunkIndex
+
+    real, theirs = os.urandom(5000), os.urandom(5000)
+    record_digest = "blake3:" + blake3.blake3(real).hexdigest()
+    pieces = [theirs[:3000], theirs[3000:]]
+    forged = ChunkIndex(5000, record_digest, tuple((blake3.blake3(p).hexdigest(), len(p)) for p in pieces))
+    served = dict(zip((cid for cid, _ in forged.chunks), pieces))
+    said: list[str] = []
+    cache = NodeCache(tmp_path / "cache", 1 << 20)
+    source = ChunkSource(forged, cache, [], lambda cid, length: served[cid], log=said.append)
+    assert source.read(0, 10) == theirs[:10]  # before the check: what the index names
+    check = WholeCheck(source, Artifact("ab" * 32, "demo:user", 5000, record_digest, forged), said.append)
+    check.run()
+    assert check.result.startswith("its chunks make blake3:") and source.stopped
+    with pytest.raises(ChunkUnavailable):
+        source.read(0, 10)
+    assert list((tmp_path / "cache").iterdir()) == []  # nothing of it is kept for the next mount
