@@ -50,7 +50,7 @@ from efabuild.export.tarfilter import RC_LABELS, RewritePlan
 from efabuild.plan import LayerPlan, Plan
 from efabuild.settings import ExportSettings
 from efabuild.signing import verifycache
-from efabuild.store.chunked.chunks import ChunkIndex, lends_all
+from efabuild.chunks.cdc import ChunkIndex, lends_all
 
 # a root artifact's reason: recorded, not shown (there is nothing to explain)
 NO_ANCESTOR = "no artifact layer below it"

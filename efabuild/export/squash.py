@@ -41,7 +41,7 @@ from efabuild.export.tarfilter import RewritePlan, rewrite_tar, time_clamp
 from efabuild.export.tarheader import TarFormatError
 from efabuild.grammar import extra_options_problem
 from efabuild.settings import BuilderSettings, ExportSettings
-from efabuild.store.chunked.chunks import ChunkIndex, chunk_file, chunk_spliced
+from efabuild.chunks.cdc import ChunkIndex, chunk_file, chunk_spliced
 from efabuild.host.blake3tree import Tree, spliced_digest
 from efabuild.host.digest import Sha256Pass, Splice, file_digest, file_digests, spliced_digests
 from efabuild.host.fsutil import fsync_dir

@@ -21,7 +21,7 @@ import blake3
 
 from efabuild.errors import EfabuildError
 from efabuild.lazy.nodecache import CacheFull, NodeCache
-from efabuild.store.chunked.chunks import ChunkIndex
+from efabuild.chunks.cdc import ChunkIndex
 
 
 class ChunkUnavailable(EfabuildError):

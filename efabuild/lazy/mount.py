@@ -27,7 +27,7 @@ from efabuild.lazy.chunksource import ChunkSource, ChunkUnavailable
 from efabuild.lazy.nodecache import NodeCache
 from efabuild.settings import StoreConfig
 from efabuild.store.chunked import seeds
-from efabuild.store.chunked.chunks import ChunkIndex, is_chunk_id
+from efabuild.chunks.cdc import ChunkIndex, is_chunk_id
 from efabuild.store.tiered import Store
 
 DEFAULT_CACHE_BYTES = 20 << 30

@@ -36,7 +36,7 @@ SQSH_SUFFIX = ".sqsh"
 RECORD_SUFFIX = ".json"
 MANIFEST_SUFFIX = ".manifest.json"
 ENVELOPE_SUFFIX = ".intoto.jsonl"
-INDEX_SUFFIX = ".chunks.json"  # the chunk index kept beside an artifact (store/chunked/chunks.py)
+INDEX_SUFFIX = ".chunks.json"  # the chunk index kept beside an artifact (chunks/cdc.py)
 CONFIG_FILE = "store.toml"
 # Upper bounds of what efabuild writes, so a planted file cannot make a reader exhaust memory
 RECORD_LIMIT = 1 << 20

@@ -31,7 +31,7 @@ from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.lookup import first_intact
 from efabuild.store.platformindex import IndexVet, Wanted, check_record, manifest_platform_of
 from efabuild.store.record import ArtifactRecord
-from efabuild.store.chunked.chunks import ChunkError, ChunkIndex
+from efabuild.chunks.cdc import ChunkError, ChunkIndex
 from efabuild.store.gc.sweep import S3_TIER, GcReport, collect_garbage
 from efabuild.store.tierhealth import Checks
 from efabuild.store.naming import Names

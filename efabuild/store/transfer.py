@@ -24,7 +24,7 @@ from efabuild.errors import EfabuildError, NotFound
 from efabuild.host import fsutil, statstamp, treecache
 from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
 from efabuild.refs import short
-from efabuild.store.chunked.chunks import ChunkIndex
+from efabuild.chunks.cdc import ChunkIndex
 from efabuild.store.record import ArtifactRecord
 
 if TYPE_CHECKING:

@@ -73,7 +73,7 @@ def scenario(ctx: Context) -> Result:
     import boto3
 
     from efabuild.settings import S3Config
-    from efabuild.store.chunked.chunks import AVG_SIZE, MAX_SIZE, MIN_SIZE, chunk_file
+    from efabuild.chunks.cdc import AVG_SIZE, MAX_SIZE, MIN_SIZE, chunk_file
     from efabuild.store.tiered import Store
     from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
@@ -198,7 +198,7 @@ def _digest_passes(path: Path, repeats: int) -> tuple[tuple[float, ...], ...]:
     """Times over `path` (warm), interleaved: the export's digest pass, blake3 alone and blake3 with
     the chunk index (what an export for a chunked S3 tier runs); and the check of a kept index
     against the file (what a copy to S3 from a filesystem tier runs instead of cutting again)."""
-    from efabuild.store.chunked.chunks import chunk_file, mismatch
+    from efabuild.chunks.cdc import chunk_file, mismatch
     from efabuild.host.digest import file_digest
 
     times: tuple[list[float], ...] = ([], [], [])

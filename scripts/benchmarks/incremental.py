@@ -131,7 +131,7 @@ def _timed_check(path: Path, repeats: int) -> Timing:
 
 def _chunk_share(child: Path, ancestor: Path) -> float:
     """Share of the child's bytes in chunks the ancestor's file already has (the chunked tier's)."""
-    from efabuild.store.chunked.chunks import chunk_file
+    from efabuild.chunks.cdc import chunk_file
 
     known = set(chunk_file(ancestor).unique())
     index = chunk_file(child)
@@ -288,7 +288,7 @@ def _image_to_mounted(ctx: Context, scratch: Path, engine, tags: dict, keys: dic
     from efabuild.provenance.stored import describe_sqsh
     from efabuild.signing.attest import signed
     from efabuild.signing.keys import PemSigner
-    from efabuild.store.chunked.chunks import chunk_file
+    from efabuild.chunks.cdc import chunk_file
     from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord
     from efabuild.store.tiered import Store

@@ -99,7 +99,7 @@ def scenarios(ctx: Context, ids: list[str]) -> list:
     import boto3
 
     from efabuild.settings import S3Config
-    from efabuild.store.chunked.chunks import chunk_file
+    from efabuild.chunks.cdc import chunk_file
     from efabuild.store.tiered import Store
     from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.record import ArtifactRecord

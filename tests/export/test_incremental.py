@@ -73,7 +73,7 @@ def test_another_users_ancestor_changed_through_a_mapping_never_gives_a_child_of
 def test_a_child_of_another_users_ancestor_is_hashed_from_its_own_bytes_and_kept(tmp_path, monkeypatch, chunking):
     from efabuild.host.blake3tree import file_tree
     from efabuild.host.digest import file_digests
-    from efabuild.store.chunked.chunks import chunk_file
+    from efabuild.chunks.cdc import chunk_file
 
     sqsh = tmp_path / "efa.sqsh"
     sqsh.write_bytes(os.urandom(3 << 20))
@@ -127,7 +127,7 @@ def test_a_child_kept_from_its_ancestors_hashes_and_index_has_its_own_digests(tm
 
     from efabuild.host.blake3tree import file_tree
     from efabuild.host.digest import file_digests
-    from efabuild.store.chunked.chunks import chunk_file
+    from efabuild.chunks.cdc import chunk_file
 
     rng = random.Random(9)
     source = tmp_path / "efa.sqsh"
@@ -199,7 +199,7 @@ def test_a_kept_index_found_true_is_remembered_for_the_next_child_and_a_lying_on
 
     from efabuild.export.incremental import _remember_seed, _seed_checked
     from efabuild.signing import verifycache
-    from efabuild.store.chunked.chunks import chunk_file, chunk_spliced
+    from efabuild.chunks.cdc import chunk_file, chunk_spliced
 
     monkeypatch.setenv(verifycache.CACHE_ENV, str(cache_dir(tmp_path / "verified")))
     small = (4096, 16384, 65536)

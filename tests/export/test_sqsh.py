@@ -231,7 +231,7 @@ def test_an_export_for_a_chunked_tier_cuts_its_chunks_in_the_digest_pass(tmp_pat
 
     from efabuild.export.enroot import ImageConfig
     from efabuild.export.squash import export_tar_stream
-    from efabuild.store.chunked.chunks import chunk_file
+    from efabuild.chunks.cdc import chunk_file
     from efabuild.host.digest import file_digest, sha256_file
 
     rng = random.Random(4)

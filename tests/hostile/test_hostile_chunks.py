@@ -20,7 +20,7 @@ import pytest
 
 from efabuild.errors import EfabuildError
 from efabuild.settings import S3Config
-from efabuild.store.chunked.chunks import AVG_SIZE, MIN_SIZE, ChunkIndex
+from efabuild.chunks.cdc import AVG_SIZE, MIN_SIZE, ChunkIndex
 from efabuild.host.digest import file_digest
 from efabuild.store.tiers.fs import FilesystemTier
 from efabuild.store.tiers.s3 import S3Tier
@@ -117,7 +117,7 @@ def test_a_file_renamed_over_a_checked_copy_is_never_copied_on(tmp_path, setting
     forged[len(forged) // 2] ^= 0xFF
     forged_file = tmp_path / "forged.sqsh"
     forged_file.write_bytes(bytes(forged))
-    from efabuild.store.chunked.chunks import chunk_file
+    from efabuild.chunks.cdc import chunk_file
 
     real = chunk_file(forged_file, chunking=CHUNKED["chunking"])
     hint = ChunkIndex(size=real.size, digest=good, chunks=real.chunks, chunking=real.chunking)
@@ -317,7 +317,7 @@ def test_a_forged_artifact_larger_than_the_filesystem_allows_is_one_line(tmp_pat
     chunks than an index may list) is one line naming the file, not a traceback, and leaves
     nothing behind."""
     from efabuild.cli import main
-    from efabuild.store.chunked.chunks import MAX_CHUNK_BYTES
+    from efabuild.chunks.cdc import MAX_CHUNK_BYTES
     from efabuild.store.tiered import store_config_text
 
     key = publish(store_at(tmp_path / "cache", settings), versions[0])
@@ -603,7 +603,7 @@ def test_seeds_planted_on_the_node_keep_a_fetch_within_its_memory(tmp_path, sett
     node = tmp_path / "node"
     node.mkdir()
     (node / "store.toml").write_text(store_config_text(settings))
-    from efabuild.store.chunked.chunks import MAX_CHUNKS
+    from efabuild.chunks.cdc import MAX_CHUNKS
 
     chunks = tuple((key_for(f"planted-{number}"), MIN_SIZE) for number in range(MAX_CHUNKS))
     for number in range(8):  # each its own bytes, by its digest: all of them seeds

@@ -180,7 +180,7 @@ def test_the_node_cache_drops_a_damaged_chunk_and_evicts_the_oldest(tmp_path):
 
 def test_an_index_that_does_not_describe_the_record_is_refused():
     from efabuild.lazy.mount import index_problem
-    from efabuild.store.chunked.chunks import ChunkIndex
+    from efabuild.chunks.cdc import ChunkIndex
 
     digest = "blake3:" + "ab" * 32
     good = ChunkIndex(300, digest, (("cd" * 32, 100), ("ef" * 32, 200)))
@@ -199,7 +199,7 @@ def test_a_forged_index_whose_chunks_are_other_bytes_stops_the_mount_once_read_w
     from efabuild.lazy.chunksource import ChunkSource, ChunkUnavailable
     from efabuild.lazy.mount import Artifact, WholeCheck
     from efabuild.lazy.nodecache import NodeCache
-    from efabuild.store.chunked.chunks import ChunkIndex
+    from efabuild.chunks.cdc import ChunkIndex
 
     real, theirs = os.urandom(5000), os.urandom(5000)
     record_digest = "blake3:" + blake3.blake3(real).hexdigest()

@@ -232,7 +232,7 @@ def test_streamed_export_is_byte_identical_to_docker_export(farm_context, regist
     from efabuild.make.farm import Farm
     from efabuild.export.squash import export_image
     from efabuild.settings import BuilderSettings, ExportSettings, RegistrySettings
-    from efabuild.store.chunked.chunks import chunk_file
+    from efabuild.chunks.cdc import chunk_file
 
     base = f"{registry.url}/efabuild-test/busybox:{busybox_image.rsplit(':', 1)[1]}"
     docker(None, "image", "tag", busybox_image, base)

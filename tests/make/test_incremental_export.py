@@ -417,7 +417,7 @@ def test_publishing_the_changed_child_to_the_chunked_tier_sends_a_small_share_of
     assert "ancestor" in child["export"]["incremental"], child["export"]["incremental"]
     # its index lends the ancestor's chunks where the child reuses its bytes, never cutting them
     # again: it is still the index a whole cut of the child gives
-    from efabuild.store.chunked.chunks import ChunkIndex, chunk_file
+    from efabuild.chunks.cdc import ChunkIndex, chunk_file
 
     sqsh = Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip())
     kept = ChunkIndex.from_json(sqsh.with_name(f"{child['key']}.chunks.json").read_bytes(), "kept index")

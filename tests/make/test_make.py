@@ -385,7 +385,7 @@ def test_make_publishes_to_every_tier_and_a_compute_node_fetches_by_name(demo_ws
     assert any("/chunks/" in key for key in stored)
     # each S3 index is the one kept beside the local and shared copies (S3's also notes its chunks'
     # ETags), and describes the stored .sqsh
-    from efabuild.store.chunked.chunks import ChunkIndex, mismatch
+    from efabuild.chunks.cdc import ChunkIndex, mismatch
 
     for key in (k for k in stored if k.endswith(".chunks.json")):
         kept = demo_ws / "cache" / "objects" / key.split("/")[-2] / key.split("/")[-1]

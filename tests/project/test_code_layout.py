@@ -106,7 +106,7 @@ def test_modules_and_functions_stay_short_with_few_stated_exceptions():
 # -- floors: which package may import which ---------------------------------------------------------
 # A module imports only modules of its own floor or a lower one; `__main__` is the CLI's. The core
 # is the package's top level (the modules in CORE).
-FLOORS = {"core": 0, "host": 1, "store": 2, "engine": 2, "provenance": 2, "lint": 2, "doctor": 2,
+FLOORS = {"core": 0, "host": 1, "chunks": 2, "store": 2, "engine": 2, "provenance": 2, "lint": 2, "doctor": 2,
           "export": 3, "signing": 3, "pyxis": 3, "lazy": 3, "make": 4, "cli": 5}
 
 # Imports inside functions, by module: start-up deferrals. A plan, a lookup and the CLI's argument
@@ -363,3 +363,14 @@ def test_test_files_sit_in_the_folder_of_what_they_test():
     folders = {p.parent.name for p in tests.glob("*/test_*.py")}
     assert folders <= {d.name for d in tests.iterdir() if (d / "__init__.py").exists()}, \
         "every test folder is a package (two test files of one name in two folders would clash)"
+
+
+def test_the_export_imports_nothing_of_the_store():
+    """The export writes a .sqsh and cuts it into chunks (efabuild/chunks/); where it is kept is the
+    store's business: no module under export/ imports efabuild.store, inside functions and under
+    TYPE_CHECKING included."""
+    found = [f"{path.relative_to(PACKAGE.parent)} imports {name}"
+             for path in sorted((PACKAGE / "export").rglob("*.py"))
+             for name in sorted(_imports(ast.parse(path.read_text())))
+             if name == "efabuild.store" or name.startswith("efabuild.store.")]
+    assert not found, "\n".join(found)

@@ -17,7 +17,7 @@ import pytest
 from efabuild.settings import S3Config
 from efabuild.store.chunked.assembly import Seed, assemble, plan
 from efabuild.store.chunked.publish import upload
-from efabuild.store.chunked.chunks import chunk_file
+from efabuild.chunks.cdc import chunk_file
 from efabuild.host.digest import file_digest
 from efabuild.host.rangecopy import RangeCopier
 from efabuild.store.tiers.s3 import S3Tier
@@ -60,7 +60,7 @@ def reordered(tmp_path: Path):  # noqa: ANN201
     each chunk is in the seed, but no two that follow each other in the target do there."""
     import blake3
 
-    from efabuild.store.chunked.chunks import ChunkIndex, chunk_id
+    from efabuild.chunks.cdc import ChunkIndex, chunk_id
 
     rng = random.Random(11)
     pieces = [rng.randbytes(rng.randrange(8 * KiB, 24 * KiB)) for _ in range(8)]
@@ -500,7 +500,7 @@ def test_only_runs_that_meet_are_one_lent_range():
 def test_a_kept_index_of_other_bytes_of_the_same_size_is_no_seed(tmp_path):
     """A kept index stands for the copy beside it only with the record's size AND digest: one of
     other bytes of the same length (a planted or stale index) would lend chunks the copy lacks."""
-    from efabuild.store.chunked.chunks import ChunkIndex
+    from efabuild.chunks.cdc import ChunkIndex
     from efabuild.store.chunked.seeds import keep_beside_copies, keep_index, kept_index
     from efabuild.store.tiered import Store
     from efabuild.store.tiers.fs import FilesystemTier

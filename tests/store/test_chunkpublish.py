@@ -12,7 +12,7 @@ import pytest
 
 from efabuild.settings import S3Config
 from efabuild.store.chunked import publish as chunkpublish
-from efabuild.store.chunked.chunks import chunk_file
+from efabuild.chunks.cdc import chunk_file
 from efabuild.host.digest import file_digest
 from efabuild.store.tiers.fs import FilesystemTier
 from efabuild.store.chunked.s3 import ChunkStore

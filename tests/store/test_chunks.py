@@ -8,7 +8,7 @@ import pytest
 
 from efabuild.host.digest import file_digest
 from efabuild.settings import S3Config
-from efabuild.store.chunked.chunks import BadChunkIndex, ChunkIndex, chunk_file, mismatch
+from efabuild.chunks.cdc import BadChunkIndex, ChunkIndex, chunk_file, mismatch
 from efabuild.store.tiers.s3 import S3Tier
 from efabuild.store.chunked.publish import upload
 from efabuild.store.chunked.assembly import assemble
@@ -35,7 +35,7 @@ def test_a_file_others_can_write_is_cut_from_reads_into_the_chunks_a_mapping_giv
     the one the whole mapped file gives, at any size and chunking."""
     import random
 
-    from efabuild.store.chunked import chunks
+    from efabuild.chunks import cdc as chunks
 
     rng = random.Random(seed)
     path = tmp_path / "shared.sqsh"
@@ -50,7 +50,7 @@ def test_a_file_others_can_write_is_cut_from_reads_into_the_chunks_a_mapping_giv
 
 def test_a_file_others_can_write_truncated_while_it_is_cut_is_one_line_not_sigbus(tmp_path):
     """Its owner shortening it mid-cut: a mapping's reader would die of SIGBUS (a publish, as root)."""
-    from efabuild.store.chunked.chunks import ShortRead
+    from efabuild.chunks.cdc import ShortRead
 
     path = tmp_path / "shared.sqsh"
     path.write_bytes(os.urandom(200 << 20))
@@ -68,8 +68,8 @@ def test_a_file_others_can_write_truncated_while_it_is_cut_is_one_line_not_sigbu
 def test_a_file_others_can_write_shortened_past_the_next_cut_is_one_line_not_a_hang(tmp_path, monkeypatch, left):
     """Its owner truncating it to a length the cutter has not reached yet: each read then returns
     the bytes up to the new end, fewer than a whole chunk's worth, and must not be asked again."""
-    from efabuild.store.chunked import chunks
-    from efabuild.store.chunked.chunks import ShortRead
+    from efabuild.chunks import cdc as chunks
+    from efabuild.chunks.cdc import ShortRead
 
     path = tmp_path / "shared.sqsh"
     path.write_bytes(os.urandom(3 << 20))
@@ -144,7 +144,7 @@ def test_deeply_nested_or_huge_index_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_an_index_lists_a_bounded_number_of_chunks_and_is_refused_before_parsing_more():
-    from efabuild.store.chunked.chunks import MAX_CHUNKS
+    from efabuild.chunks.cdc import MAX_CHUNKS
 
     entries = MAX_CHUNKS + 1
     doc = {"format": "efabuild.chunks/v1", "size": entries, "digest": "blake3:" + "0" * 64,
@@ -357,7 +357,7 @@ def test_a_file_that_reuses_anothers_bytes_gets_the_index_a_whole_cut_gives_it(t
     chunk sizes and where the reused range lies, it is the index chunk_file gives the child."""
     import random
 
-    from efabuild.store.chunked.chunks import chunk_spliced
+    from efabuild.chunks.cdc import chunk_spliced
 
     rng = random.Random(22)
     for _ in range(24):
@@ -375,7 +375,7 @@ def test_the_reused_range_is_hashed_from_the_source_not_cut_again(tmp_path):
     import random
 
     from efabuild.host.digest import Splice
-    from efabuild.store.chunked.chunks import chunk_spliced
+    from efabuild.chunks.cdc import chunk_spliced
 
     rng = random.Random(3)
     source = tmp_path / "source"
@@ -393,7 +393,7 @@ def test_a_seed_index_that_lies_lends_nothing_after_the_lie(tmp_path):
     (the bytes are hashed from the source), and the child is cut as if there were no seed."""
     import random
 
-    from efabuild.store.chunked.chunks import chunk_spliced
+    from efabuild.chunks.cdc import chunk_spliced
 
     rng = random.Random(7)
     source, child, splice = _spliced_pair(tmp_path, rng, SMALL)
@@ -411,7 +411,7 @@ def test_a_seed_whose_ids_are_right_but_whose_cuts_are_not_fastcdcs_still_gives_
     of the child's index is its bytes' hash and the lengths add up to the child."""
     import random
 
-    from efabuild.store.chunked.chunks import ChunkIndex, chunk_id, chunk_spliced
+    from efabuild.chunks.cdc import ChunkIndex, chunk_id, chunk_spliced
 
     rng = random.Random(11)
     low, _, high = SMALL
@@ -437,7 +437,7 @@ def test_the_sources_short_last_chunk_is_not_lent_to_a_child_that_goes_on(tmp_pa
     import random
 
     from efabuild.host.digest import Splice
-    from efabuild.store.chunked.chunks import chunk_spliced
+    from efabuild.chunks.cdc import chunk_spliced
 
     rng = random.Random(5)
     source = tmp_path / "source"

@@ -128,7 +128,7 @@ def test_a_damaged_chunk_index_or_chunk_is_refused_and_nothing_becomes_visible(t
         cluster.lookup(key)
     # the right index, but one chunk's bytes replaced
     s3_client.put_object(Bucket=settings.bucket, Key=index_object, Body=good)
-    from efabuild.store.chunked.chunks import ChunkIndex
+    from efabuild.chunks.cdc import ChunkIndex
     from efabuild.store.chunked.s3 import compress
 
     cid, length = ChunkIndex.from_json(good, "x").chunks[3]
@@ -315,7 +315,7 @@ def test_a_sqsh_changed_after_the_export_cut_it_stores_no_chunk_under_a_wrong_na
     would store new bytes under old names, and every artifact sharing one would fail to fetch."""
     import shutil
 
-    from efabuild.store.chunked.chunks import chunk_file
+    from efabuild.chunks.cdc import chunk_file
 
     store = builder(tmp_path, settings)
     sqsh = tmp_path / "changed.sqsh"

@@ -170,7 +170,7 @@ def builder(base: Path, settings: S3Config) -> Store:
 
 def test_a_chunk_planted_before_the_publish_that_needs_it_is_stored_again(tmp_path, settings, image, s3_client,
                                                                           monkeypatch) -> None:
-    from efabuild.store.chunked.chunks import chunk_file
+    from efabuild.chunks.cdc import chunk_file
 
     ids = list(chunk_file(image, chunking=CHUNKED["chunking"]).unique())
     planted = ids[len(ids) // 2]

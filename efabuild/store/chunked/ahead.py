@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 
-from efabuild.store.chunked.chunks import ChunkIndex
+from efabuild.chunks.cdc import ChunkIndex
 
 
 class AheadSlots:

@@ -32,7 +32,7 @@ from pathlib import Path
 import attrs
 import blake3
 
-from efabuild.store.chunked.chunks import ChunkIndex, chunk_id
+from efabuild.chunks.cdc import ChunkIndex, chunk_id
 from efabuild.host import statstamp, treecache
 from efabuild.host.digest import PREFIX
 from efabuild.host.fsutil import open_regular

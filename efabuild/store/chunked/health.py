@@ -23,7 +23,7 @@ from efabuild.errors import EfabuildError
 from efabuild.host.digest import PREFIX
 from efabuild.refs import is_key, short
 from efabuild.store.chunked.publish import read_chunk, stored_index_json
-from efabuild.store.chunked.chunks import MAX_INDEX_BYTES, BadChunkIndex, ChunkIndex, is_chunk_id
+from efabuild.chunks.cdc import MAX_INDEX_BYTES, BadChunkIndex, ChunkIndex, is_chunk_id
 from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.parallel import run_parallel
 from efabuild.store.chunked.s3 import CHUNKS_DIR

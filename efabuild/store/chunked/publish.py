@@ -28,7 +28,7 @@ import attrs
 from efabuild import notices
 from efabuild.errors import EfabuildError
 from efabuild.refs import short
-from efabuild.store.chunked.chunks import BadChunkIndex, ChunkIndex, chunk_file, mismatch
+from efabuild.chunks.cdc import BadChunkIndex, ChunkIndex, chunk_file, mismatch
 from efabuild.store.chunked.send import ChunkSender, send_from_file
 from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.progress import Progress

@@ -4,7 +4,7 @@ from seeds and downloads in store/chunked/assembly.py).
 Layout under the tier's prefix (beside objects/ and refs/):
 
     chunks/<id[:2]>/<id>                 one chunk, zstd-compressed; id = blake3 of its raw bytes
-    objects/<k[:2]>/<key>.chunks.json    the artifact's chunk index (efabuild.store.chunked.chunks)
+    objects/<k[:2]>/<key>.chunks.json    the artifact's chunk index (efabuild.chunks.cdc)
     gc/marks/<time>.json                 chunks that were unreferenced at that time (gc)
     gc/trash/<id>                        a chunk gc is deleting (store/gc/chunks.py)
     gc/lock                              held by the gc that sweeps (store/gc/lock.py)
@@ -30,18 +30,15 @@ import attrs
 from efabuild import notices
 from efabuild.errors import EfabuildError
 from efabuild.store.chunked.ahead import AheadSlots
-from efabuild.store.chunked.chunks import (  # ChunkError: this module's, defined there for the facade
+from efabuild.chunks.cdc import (  # ChunkError: this module's, defined there for the facade
+    MAX_INDEX_BYTES,
     BadChunkIndex,
     ChunkError,
     ChunkIndex,
-    Mark,
-    Usage,
     chunk_id,
-    chunks_to_delete,
     is_chunk_id,
-    usage,
 )
-from efabuild.store.chunked.chunks import MAX_INDEX_BYTES, MAX_MARK_BYTES
+from efabuild.store.gc.chunkplan import MAX_MARK_BYTES, Mark, Usage, chunks_to_delete, usage
 from efabuild.store.layout import INDEX_SUFFIX, SQSH_SUFFIX
 from efabuild.store.parallel import run_parallel
 

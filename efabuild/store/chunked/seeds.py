@@ -18,7 +18,7 @@ from efabuild.display import shown
 from efabuild.errors import EfabuildError
 from efabuild.refs import check_key, is_key
 from efabuild.host import fsutil
-from efabuild.store.chunked.chunks import MAX_INDEX_BYTES, ChunkIndex
+from efabuild.chunks.cdc import MAX_INDEX_BYTES, ChunkIndex
 from efabuild.store.layout import INDEX_SUFFIX
 
 if TYPE_CHECKING:  # the S3 chunk store loads only when a chunked artifact is touched

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from efabuild.store.chunked.chunks import ChunkIndex, chunk_id
+from efabuild.chunks.cdc import ChunkIndex, chunk_id
 
 
 class ChunkSender:

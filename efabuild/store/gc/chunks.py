@@ -1,6 +1,6 @@
 """How gc deletes chunks without losing one that a publish started meanwhile references.
 
-gc decides from one listing of the indexes which chunks nobody uses (efabuild.store.chunked.chunks'
+gc decides from one listing of the indexes which chunks nobody uses (efabuild.chunks.cdc'
 mark and sweep). A publisher that found a chunk present checks it again just after writing its
 index and sends it again if it is gone. Deleting straight away would leave a gap: an index
 written after gc's listing, whose publisher checked before gc's delete, would lose the chunk for
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from botocore.exceptions import ClientError
 
 from efabuild.errors import EfabuildError
-from efabuild.store.chunked.chunks import is_chunk_id
+from efabuild.chunks.cdc import is_chunk_id
 from efabuild.store.parallel import run_parallel
 from efabuild.store.tiers.s3client import _missing
 

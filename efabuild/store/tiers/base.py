@@ -18,7 +18,7 @@ from efabuild.platforms import parse_index
 from efabuild.refs import check_key, short
 
 if TYPE_CHECKING:
-    from efabuild.store.chunked.chunks import ChunkIndex
+    from efabuild.chunks.cdc import ChunkIndex
     from efabuild.store.record import ArtifactRecord
 
 # what a publish did on a tier

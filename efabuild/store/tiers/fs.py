@@ -27,7 +27,7 @@ from efabuild.refs import check_key, short
 from efabuild.host import fsutil
 from efabuild.store.gc import leftovers
 from efabuild.store.chunked import seeds
-from efabuild.store.chunked.chunks import ChunkIndex
+from efabuild.chunks.cdc import ChunkIndex
 from efabuild.display import shown
 from efabuild.host.fsutil import UnsafeEntry
 from efabuild.host.owner import owned_name

@@ -32,15 +32,15 @@ from botocore.exceptions import ClientError
 from efabuild import notices
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.refs import check_key, is_key, short
-from efabuild.store.chunked.chunks import (
+from efabuild.chunks.cdc import (
     AVG_SIZE,
     MAX_SIZE,
     MIN_SIZE,
     MAX_INDEX_BYTES,
     BadChunkIndex,
     ChunkIndex,
-    Usage,
 )
+from efabuild.store.gc.chunkplan import Usage
 from efabuild.storesettings import S3Config
 from efabuild.host.digest import is_digest
 from efabuild.store.tiers.base import PUBLISHED, REUSED, Tier, check_publish_input
