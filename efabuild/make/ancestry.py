@@ -73,7 +73,9 @@ def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None, *, 
     try:
         fd, stamp, tree = open_checked_stamped(hit[0].name, hit[1], record, with_tree=True)
     except DamagedCopy:  # the digests are `audit`'s to show: make's line stays short
-        yield None, f"ancestor copy damaged: {hit[1]} is not the bytes its record names"
+        damaged = f"ancestor copy damaged: {hit[1]} is not the bytes its record names"
+        store.withdraw_damaged(below.key, hit[0], damaged)  # never built on again, nor handed out
+        yield None, damaged
         return
     layer = prepared.graph.nodes[below.qualname]["layer"]
     try:

@@ -58,6 +58,24 @@ class Checks:
         if tier == S3_TIER and not isinstance(problem, DamagedCopy):
             self.s3_health(key, deep=True)
 
+    def withdraw_damaged(self, key: str, tier: FilesystemTier, problem: str) -> str:
+        """A check (make's of an ancestor) found `tier`'s copy of `key` other bytes than its record
+        names: repaired from another tier's good copy where one is, else withdrawn (deleted under
+        the key's lock), so that no later make builds on it and no lookup hands it out; the next
+        make exports it again. What was done, for make's line."""
+        self._damaged.setdefault(key, set()).add(tier.name)
+        try:
+            repaired = self.complete(key)
+        except EfabuildError:
+            repaired = None
+        if repaired is not None and repaired.get(tier.name) in ("repaired", "published"):
+            notices.warn(f"{problem}; repaired from a good copy")
+            return "repaired from another tier"
+        with tier.key_lock(key):
+            tier.delete(key)
+        notices.warn(f"{problem}; no tier holds a good copy: withdrawn, the next make exports it again")
+        return "withdrawn"
+
     def _mark_damaged(self, key: str, tier: str, problem: str) -> bool:
         """Warn of `problem` with `key`'s copy on `tier`, left for `complete` to repair: False."""
         notices.warn(f"{problem}; a make repairs it from a good copy")

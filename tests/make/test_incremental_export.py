@@ -343,6 +343,14 @@ def test_a_damaged_ancestor_copy_is_never_built_on(demo_ws):
     made = _record(demo_ws, "demo:user")["export"]["incremental"]
     assert made["full"] == f"ancestor copy damaged: {efa} is not the bytes its record names"
     assert "export: full (ancestor copy damaged:" in _export_line(again, "demo:user")
+    # withdrawn, no tier holding a good copy: no lookup hands it out, no make builds on it; the
+    # next make exports it again and the child is incremental from the good copy
+    assert "no tier holds a good copy: withdrawn" in again.stderr
+    assert efabuild(demo_ws, "lookup", "demo:efa").returncode == 1 and not efa.exists()
+    _change_one_file(demo_ws)
+    third = efabuild(demo_ws, "make", "demo", check=True)
+    assert efabuild(demo_ws, "lookup", "demo:efa", check=True).stdout.strip() == str(efa)
+    assert "export: incremental from" in _export_line(third, "demo:user"), third.stderr
 
 
 def test_a_child_of_another_users_ancestor_copy_is_incremental_and_hashed_from_its_own_bytes(demo_ws):

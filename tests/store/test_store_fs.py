@@ -330,3 +330,38 @@ print(checked.tree is not None and checked.tree.digest == record.digest)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True"]
+
+
+def test_a_copy_found_damaged_is_repaired_from_another_tier_else_withdrawn(tmp_path):
+    """make's check of an ancestor found other bytes than its record names: the copy is repaired
+    from a tier holding a good one, or, where none does, withdrawn, so that no later make builds on
+    it and no lookup hands it out (the next make exports it again)."""
+    from efabuild.errors import NotFound
+    from efabuild.store.tiered import Store
+    from efabuild.store.tiers.fs import FilesystemTier
+    from tests.kits.storekit import key_for, make_sqsh, record_for
+
+    local, shared = FilesystemTier(tmp_path / "local", "local"), FilesystemTier(tmp_path / "fsx", "shared")
+    store = Store([shared, local], show_progress=False)
+    key = key_for("withdrawn")
+    sqsh = make_sqsh(tmp_path, os.urandom(50_000))
+    store.publish(key, sqsh, record_for(key, "g:l", sqsh))
+
+    def damage(tier: FilesystemTier) -> None:
+        # this tier's copy alone (the tiers here share a filesystem, and publish links their copies)
+        path = tier.sqsh_path(key)
+        data = bytearray(path.read_bytes())
+        data[30_000:30_003] = b"\xff\x00\xff"
+        other = path.with_suffix(".rot")
+        other.write_bytes(bytes(data))
+        os.replace(other, path)
+
+    damage(local)
+    assert store.withdraw_damaged(key, local, "damaged") == "repaired from another tier"
+    assert local.sqsh_path(key).read_bytes() == sqsh.read_bytes()
+    alone = Store([local], show_progress=False)
+    damage(local)
+    assert alone.withdraw_damaged(key, local, "damaged") == "withdrawn"
+    assert not local.sqsh_path(key).exists() and local.record(key) is None
+    with pytest.raises(NotFound):
+        alone.lookup(key)
