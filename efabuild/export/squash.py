@@ -253,9 +253,27 @@ def _squash(start_source: Callable[[IO[bytes]], subprocess.Popen], source_name: 
             finished.set()
 
 
+# mksquashfs's caches take a quarter of the node's memory by default (6 GB here): its peak grew with
+# the image (4.1-4.8 GB for a 5.5 GB one). Bounded to 1 GiB (an eighth of a smaller node's memory,
+# 256 MiB at least) it exported a 1 GB image in the same time (1.02 s against 1.06 s) at a peak of
+# 476 MiB against 705 MiB. No byte of the .sqsh depends on it, so it is not recorded with the
+# export's options; an `[export] extra_options` -mem comes after it and wins.
+MKSQUASHFS_MEMORY_CAP = 1 << 30
+
+
+def mksquashfs_memory() -> tuple[str, ...]:
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        physical = 8 * MKSQUASHFS_MEMORY_CAP
+    mib = max(256, min(MKSQUASHFS_MEMORY_CAP, physical // 8) >> 20)
+    return ("-mem", f"{mib}M")
+
+
 def _start_mksquashfs(tmp: Path, opts: tuple[str, ...], log: IO[bytes]) -> subprocess.Popen:
     try:
-        return children.popen(["mksquashfs", "-", str(tmp), *opts], stdin=subprocess.PIPE, stdout=log,
+        return children.popen(["mksquashfs", "-", str(tmp), *mksquashfs_memory(), *opts], stdin=subprocess.PIPE,
+                              stdout=log,
                                 stderr=subprocess.STDOUT, env=_squash_env())
     except FileNotFoundError:
         raise EfabuildError(

@@ -284,3 +284,23 @@ def test_a_side_killed_by_a_signal_after_a_complete_stream_keeps_no_sqsh(tmp_pat
     with pytest.raises(EfabuildError, match="^export test: interrupted$"):
         export_tar_stream(command, out, what="test", config=ImageConfig(), created=[], options=ExportSettings())
     assert list(out.parent.iterdir()) == []
+
+
+def test_mksquashfs_caches_are_bounded_and_an_export_option_can_raise_them(tmp_path, monkeypatch):
+    """Its default takes a quarter of the node's memory for caches (4.1-4.8 GB at a 5.5 GB image):
+    the export bounds it, before the export's own options, so `[export] extra_options = ["-mem",
+    "4G"]` still wins (mksquashfs takes the last)."""
+    import io
+
+    from efabuild.export import squash
+    from efabuild.settings import ExportSettings
+
+    started = []
+    monkeypatch.setattr(squash.children, "popen", lambda argv, **kwargs: started.append(argv))
+    opts = squash.mksquashfs_options(ExportSettings(extra_options=("-mem", "4G")))
+    squash._start_mksquashfs(tmp_path / "o.sqsh", opts, io.BytesIO())
+    [argv] = started
+    bound = argv.index("-mem")
+    assert argv[bound + 1].endswith("M") and 256 <= int(argv[bound + 1][:-1]) <= 1024
+    assert argv[argv.index("-mem", bound + 1) + 1] == "4G"  # the export's own, after the bound
+    assert "-mem" not in squash.mksquashfs_options(ExportSettings())  # not recorded: no byte depends on it
