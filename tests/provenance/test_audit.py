@@ -638,8 +638,8 @@ def test_demo_artifact_is_measured_as_the_fixture_installs_it(demo: DemoBuilds) 
     m = load_manifest(Store.at(demo.store), demo.clean).manifest["measured"]
     versions = {name: c["version"] for name, c in m["components"].items()}
     assert versions == {
-        "ngc-release": "26.08", "cuda": "13.4.1", "nccl": "2.30.7", "cudnn": None,
-        "pytorch": "2.14.0a0+5bcb2a8", "libfabric": "2.6.0", "aws-ofi-nccl": "1.21.1",
+        "ngc-release": "26.08", "cuda": "13.4.1", "nccl": "2.30.7", "cudnn": None, "cublas": None,
+        "pytorch": "2.14.0a0+5bcb2a8", "triton": None, "libfabric": "2.6.0", "aws-ofi-nccl": "1.21.1",
         "efa-installer": "1.50.0", "deepep": "1.2.1+94a9f8f",
     }
     assert m["components"]["deepep"]["commit"] == ngc.DEEPEP_COMMIT
