@@ -29,17 +29,8 @@ COMPRESSIONS = ("gzip", "lzo", "lz4", "xz", "zstd", "lzma")
 DEFAULT_PLATFORM = "linux/amd64"
 
 # The components an image probe measures, in display order; [audit] policies name them.
-COMPONENTS = (
-    "ngc-release",
-    "cuda",
-    "nccl",
-    "cudnn",
-    "pytorch",
-    "libfabric",
-    "aws-ofi-nccl",
-    "efa-installer",
-    "deepep",
-)
+COMPONENTS = ("ngc-release", "cuda", "nccl", "cudnn", "cublas", "pytorch", "triton", "libfabric", "aws-ofi-nccl",
+              "efa-installer", "deepep")
 # What [audit] required_pins may name, besides "arg:NAME".
 KNOWN_PINS = ("base-digest", "deepep-commit", "efa-installer")
 

@@ -24,6 +24,7 @@ DECLARING_BASE = {
     "NCCL_VERSION": "nccl",
     "CUDA_VERSION": "cuda",
     "CUDNN_VERSION": "cudnn",
+    "CUBLAS_VERSION": "cublas",
     "PYTORCH_VERSION": "pytorch",
     "com.nvidia.nccl.version": "nccl",
     "com.nvidia.cudnn.version": "cudnn",

@@ -24,6 +24,11 @@ def cudnn_headers(machine: str | None = None) -> tuple[str, ...]:
             "/usr/local/cuda/include/cudnn_version.h")
 
 
+def cublas_headers(machine: str | None = None) -> tuple[str, ...]:
+    return ("/usr/local/cuda/include/cublas_api.h", "/usr/include/cublas_api.h",
+            *(f"/usr/include/{t}/cublas_api.h" for t in elf.triplets_for(machine)))
+
+
 def extra_lib_dirs(machine: str | None = None) -> tuple[str, ...]:
     """Where libraries live besides the loader's search path (so copies off the path are seen too),
     for every triplet, the image's own first: newer EFA installers put aws-ofi-nccl in
@@ -59,6 +64,8 @@ _OFI_VERSION = re.compile(rb"aws-ofi-nccl ((?:\d+\.\d+(?:\.\d+)*|git-[0-9a-f]{6,
 _NCCL_FILE = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
 _CUDNN_FILE = re.compile(r"^libcudnn\.so\.(\d+\.\d+\.\d+)$")
 _CUDNN_SONAME = re.compile(r"^libcudnn\.so\.\d+(?=$|\.)")  # a file's soname: libcudnn.so.9.1.0 -> libcudnn.so.9
+_CUBLAS_FILE = re.compile(r"^libcublas\.so\.(\d+\.\d+\.\d+(?:\.\d+)?)$")
+_CUBLAS_SONAME = re.compile(r"^libcublas\.so\.\d+(?=$|\.)")
 _CUDART_SONAME = re.compile(r"^libcudart\.so\.\d+(?=$|\.)")
 
 
@@ -149,19 +156,49 @@ def nccl(fs: FsView, search: tuple[LibDir, ...], sites: list[str], machine: str 
 
 
 def cudnn(fs: FsView, search: tuple[LibDir, ...], machine: str | None = None, sites: list[str] | None = None) -> Component:
-    system = _system_cudnn(fs, search, machine)
     pip = (wheels.library_copies(fs, sites or [], "nvidia_cudnn_cu*.dist-info", "libcudnn.so.*", "nvidia/cudnn/lib")
            + wheels.conda_copies(fs, "cudnn", "libcudnn.so.*"))
+    system = _system_cudnn(fs, search, machine)
+    return _decided("cudnn", system, pip, _cudnn_file_copies(fs, search, machine), _CUDNN_SONAME, fs, search,
+                    sites or [], machine)
+
+
+def cublas(fs: FsView, search: tuple[LibDir, ...], machine: str | None = None, sites: list[str] | None = None) -> Component:
+    """cuBLAS: the toolkit's cublas_api.h or libcublas.so.X.Y.Z, NVIDIA's nvidia-cublas wheel or
+    conda's libcublas; the copy torch loads decides."""
+    pip = (wheels.library_copies(fs, sites or [], "nvidia_cublas*.dist-info", "libcublas.so.*", "nvidia/cublas/lib")
+           + wheels.conda_copies(fs, "libcublas", "libcublas.so.*"))
+    files = []
+    for real in _library_copies(fs, search, "libcublas.so.*", extra_lib_dirs(machine)):
+        match = _CUBLAS_FILE.match(posixpath.basename(real))
+        if match:
+            files.append(Copy(real, match.group(1), real))
+    system = Component("cublas")
+    header = first_existing(fs, cublas_headers(machine))
+    if header is not None:
+        names = ["CUBLAS_VER_MAJOR", "CUBLAS_VER_MINOR", "CUBLAS_VER_PATCH", "CUBLAS_VER_BUILD"]
+        found = defines(fs.read_text(header) or "", names)
+        parts = [found[n] for n in names if n in found]
+        if len(parts) >= 3 and all(p.isdigit() for p in parts) and list(found) == names[: len(parts)]:
+            system = Component("cublas", ".".join(parts), header)
+    if system.version is None and files:
+        system = Component("cublas", files[0].version, files[0].source)
+    return _decided("cublas", system, pip, files, _CUBLAS_SONAME, fs, search, sites or [], machine)
+
+
+def _decided(name: str, system: Component, pip: list[Copy], files: list[Copy], soname: re.Pattern, fs: FsView,
+             search: tuple[LibDir, ...], sites: list[str], machine: str | None) -> Component:
+    """A library installed by the system (`system`, its file copies `files`) and by pip or conda
+    (`pip`): without pip's or conda's, the system's; else the copy torch loads decides."""
     if not pip:
         return system
-    # the wheel's copy beside torch decides unless LD_LIBRARY_PATH leads to another
-    copies = pip + [c for c in _cudnn_file_copies(fs, search, machine) if all(c.path != w.path for w in pip)]
-    sonames = sorted({m.group(0) for c in pip if (m := _CUDNN_SONAME.match(posixpath.basename(c.path)))})
-    loads = wheels.picked(fs, search, sites or [], pip, sonames[0], machine) if sonames else None
+    copies = pip + [c for c in files if all(c.path != w.path for w in pip)]
+    sonames = sorted({m.group(0) for c in pip if (m := soname.match(posixpath.basename(c.path)))})
+    loads = wheels.picked(fs, search, sites, pip, sonames[0], machine) if sonames else None
     version, source = _effective(copies, loads, fs)
     if version is None and loads is not None and all(c.path != fs.resolve(loads) for c in pip):
         version, source = system.version, system.source  # the system's copy loads: its header tells
-    return Component("cudnn", version, source, loads, tuple(copies))
+    return Component(name, version, source, loads, tuple(copies))
 
 
 def _system_cudnn(fs: FsView, search: tuple[LibDir, ...], machine: str | None) -> Component:

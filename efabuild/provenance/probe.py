@@ -20,7 +20,10 @@ Where each version is read:
 |               | wheel's METADATA (conda's nccl record) for its copy, nccl.h defines                   |
 | cudnn         | cudnn_version.h defines, libcudnn.so.X.Y.Z file names; with an nvidia-cudnn wheel,    |
 |               | or conda's cudnn, the copy torch loads decides (the wheel's METADATA, conda-meta)     |
+| cublas        | cublas_api.h CUBLAS_VER_* defines, libcublas.so.X.Y.Z file names; with an nvidia-cublas|
+|               | wheel or conda's libcublas, the copy torch loads decides                               |
 | pytorch       | torch/version.py in the Python site directories (first on sys.path wins)              |
+| triton        | triton-*.dist-info (or pytorch_triton-*) METADATA (first on sys.path wins)             |
 | libfabric     | the libfabric.so.1 the loader finds: pkgconfig/libfabric.pc beside it (for the file   |
 |               | libfabric.so points to), the dpkg package owning it, or "libfabric: X.Y.Z" inside it   |
 | aws-ofi-nccl  | the plugin NCCL loads (NCCL_NET_PLUGIN): "aws-ofi-nccl X.Y.Z" inside it, or its dpkg  |
@@ -42,15 +45,14 @@ machine's only, and a library of another machine on the path is passed over, as 
 from __future__ import annotations
 
 import json
-import posixpath
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import attrs
 
-from efabuild.provenance import dpkg, elf, ldpath, versions
-from efabuild.provenance.fsread import MAX_LIB_SCAN, defines, dist_info_dirs, metadata_version, site_dirs
+from efabuild.provenance import dpkg, elf, ldpath, openmpi
+from efabuild.provenance.fsread import defines, dist_info_dirs, metadata_version, site_dirs
 from efabuild.provenance.fsview import FsView
 from efabuild.provenance.imageenv import (
     ENVIRONMENT_FILE,
@@ -63,24 +65,16 @@ from efabuild.provenance.imageenv import (
     shown_value,
 )
 from efabuild.provenance.libraries import (
-    PROGRAMS, aws_ofi_nccl, cuda_runtime, cudnn, cudnn_headers, libfabric, machine_files, nccl, nccl_headers,
+    PROGRAMS, aws_ofi_nccl, cublas, cublas_headers, cuda_runtime, cudnn, cudnn_headers, libfabric, machine_files,
+    nccl, nccl_headers,
 )
 from efabuild.provenance.measured import Component, Copy, Measured, MpiInstall
 
 EFA_PACKAGES_FILE = "/opt/amazon/efa_installed_packages"
 CUDA_HOME = "/usr/local/cuda"
-OPENMPI_PLACES = (
-    "/usr/local/mpi",
-    "/opt/amazon/openmpi*",
-    "/opt/hpcx/ompi*",
-)
 _RELEVANT_PACKAGE_PREFIXES = (
     "libfabric", "libnccl", "efa", "openmpi", "libcudnn", "rdma-core", "ibverbs", "libibverbs",
 )
-_OMPI_VERSION = re.compile(rb"Open MPI v?(\d+\.\d+\.\d+)")
-# Open MPI 4's libmpi keeps its release for ompi_info as "v4.1.4" before the string "Open MPI"
-_OMPI_FULL_VERSION = re.compile(rb"%s:version:full\x00v(\d+\.\d+\.\d+)\x00Open MPI\x00")
-MAX_SCANNED_MPI = 4  # libmpi files of one installation whose bytes are searched, and packages read
 _FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -115,23 +109,10 @@ def probe_tree(
             machine = found
             search, libraries, machines = _libraries(fs, env, packages, sites, machine)
         machine = _majority(machines)
-    nccl_, cudnn_, libfabric_, ofi = libraries
-    components = (
-        _ngc_release(env),
-        cuda_runtime(fs, search, sites, _cuda(fs), machine),
-        nccl_,
-        cudnn_,
-        _pytorch(fs, sites),
-        libfabric_,
-        ofi,
-        _efa_installer(fs),
-        _deepep(fs, sites),
-    )
-    components = tuple(c if c.version is not None else attrs.evolve(c, looked_at=looked_at(c, sites, machine))
-                       for c in components)
+    components = _components(fs, env, search, sites, libraries, machine)
     return Measured(
         components=components,
-        openmpi=_openmpi(fs, machine, packages),
+        openmpi=openmpi.installations(fs, machine, packages),
         env=tuple(sorted((k, shown_value(k, v)) for k, v in env.items() if efa_relevant(k))),
         env_source=env_source,
         declared_by_base=declared_by_base(env, labels),
@@ -143,6 +124,27 @@ def probe_tree(
         machine_source=(f"platform {platform}" if given else "ELF headers") if machine else None,
         elf=tuple(sorted(machines.items())),
     )
+
+
+def _components(fs: FsView, env: dict[str, str], search: tuple, sites: list[str], libraries: tuple,
+                machine: str | None) -> tuple[Component, ...]:
+    """Every component in display order; an unknown one names where the probe looked."""
+    nccl_, cudnn_, libfabric_, ofi = libraries
+    components = (
+        _ngc_release(env),
+        cuda_runtime(fs, search, sites, _cuda(fs), machine),
+        nccl_,
+        cudnn_,
+        cublas(fs, search, machine, sites),
+        _pytorch(fs, sites),
+        _python_package(fs, sites, "triton", ("triton-*.dist-info", "pytorch_triton-*.dist-info")),
+        libfabric_,
+        ofi,
+        _efa_installer(fs),
+        _deepep(fs, sites),
+    )
+    return tuple(c if c.version is not None else attrs.evolve(c, looked_at=looked_at(c, sites, machine))
+                 for c in components)
 
 
 def _libraries(fs: FsView, env: dict[str, str], packages: dict, sites: list[str], machine: str):  # noqa: ANN202
@@ -171,7 +173,10 @@ def looked_at(component: Component, sites: list[str], machine: str | None) -> tu
         "nccl": ["libnccl.so.2.X.Y on the loader's path", *nccl_headers(machine), *wheel("nvidia_nccl_cu*.dist-info")],
         "cudnn": [*cudnn_headers(machine), "libcudnn.so.X.Y.Z on the loader's path",
                   *wheel("nvidia_cudnn_cu*.dist-info")],
+        "cublas": [*cublas_headers(machine), "libcublas.so.X.Y.Z on the loader's path",
+                   *wheel("nvidia_cublas*.dist-info")],
         "pytorch": [f"{site}/torch/version.py" for site in sites] or ["torch/version.py in no Python site directory"],
+        "triton": [*wheel("triton-*.dist-info"), *wheel("pytorch_triton-*.dist-info")],
         "libfabric": ["libfabric.so.1 on the loader's path: pkgconfig/libfabric.pc beside it, the dpkg package "
                       "owning it, a release string in it"],
         "aws-ofi-nccl": ["the plugin NCCL_NET_PLUGIN names on the loader's path: a release string in it, the dpkg "
@@ -247,6 +252,18 @@ def _pytorch(fs: FsView, sites: list[str]) -> Component:
     )
 
 
+def _python_package(fs: FsView, sites: list[str], name: str, patterns: tuple[str, ...]) -> Component:
+    """A Python package's version from its dist-info's METADATA: the first site directory on
+    sys.path that holds one wins."""
+    for site in sites:
+        for pattern in patterns:
+            for info in dist_info_dirs(fs, [site], pattern):
+                version = metadata_version(fs, info)
+                if version is not None:
+                    return Component(name, version, f"{info}/METADATA")
+    return Component(name)
+
+
 def _efa_installer(fs: FsView) -> Component:
     text = fs.read_text(EFA_PACKAGES_FILE)
     if text is None:
@@ -310,67 +327,4 @@ def _git_head(fs: FsView, checkout: str) -> tuple[str | None, str | None]:
             parts = line.split()
             if len(parts) == 2 and parts[1] == ref and _FULL_COMMIT.match(parts[0]):
                 return parts[0], packed
-    return None, None
-
-
-def _openmpi(fs: FsView, machine: str | None = None, packages: dict | None = None) -> tuple[MpiInstall, ...]:
-    found: list[MpiInstall] = []
-    # Debian/Ubuntu's own (libopenmpi3): libmpi.so.40 (Open MPI 3 to 5; MPICH's is .12) in the triplet directory, on the loader's
-    # default path; its -dev package adds <triplet>/openmpi/{include,lib} beside it
-    for triplet in elf.triplets_for(machine):
-        libdir = f"/usr/lib/{triplet}"
-        libs = [p for p in fs.glob(f"{libdir}/libmpi.so.40*") if fs.is_file(p)]
-        if libs:
-            version, source = _debian_openmpi_version(fs, libdir, libs, packages or {})
-            found.append(MpiInstall(libdir, fs.resolve(libdir) or libdir, version, source))
-    for pattern in (*OPENMPI_PLACES, *(f"/usr/lib/{t}/openmpi" for t in elf.triplets_for(machine))):
-        for path in fs.glob(pattern):
-            real = fs.resolve(path)
-            if real is None or not fs.is_dir(real) or any(m.real_path == real for m in found):
-                continue
-            if any(m.path == posixpath.dirname(path) for m in found):
-                continue  # Debian's -dev files of the installation found in the triplet directory
-            if not (fs.exists(f"{real}/include/mpi.h") or fs.glob(f"{real}/lib/libmpi.so*")
-                    or fs.exists(f"{real}/bin/mpirun")):
-                continue
-            version, source = _openmpi_version(fs, real)
-            found.append(MpiInstall(path, real, version, source))
-    return tuple(found)
-
-
-def _debian_openmpi_version(fs: FsView, libdir: str, libs: list[str],
-                            packages: dict[str, dpkg.Package]) -> tuple[str | None, str | None]:
-    """The release of the Open MPI whose libmpi is in a triplet directory: its -dev files' mpi.h or
-    ompi.pc, the dpkg package owning libmpi, else the version string inside libmpi."""
-    version, source = _openmpi_version(fs, f"{libdir}/openmpi", scan=False)
-    if version is not None:
-        return version, source
-    reals = {fs.resolve(p) for p in libs} | set(libs)
-    # Debian's names (libopenmpi3, libopenmpi40...): a few, whatever a hostile status file lists
-    for name in sorted(n for n in packages if n.startswith("libopenmpi"))[:MAX_SCANNED_MPI]:
-        package = packages[name]
-        if reals & set(dpkg.owned_files(fs, package)):
-            return versions.upstream(package.version), f"{dpkg.STATUS_FILE} ({package.name} {package.version})"
-    return _scanned_openmpi_version(fs, sorted({fs.resolve(p) or p for p in libs}))
-
-
-def _openmpi_version(fs: FsView, root: str, scan: bool = True) -> tuple[str | None, str | None]:
-    header = f"{root}/include/mpi.h"
-    found = defines(fs.read_text(header) or "", ["OMPI_MAJOR_VERSION", "OMPI_MINOR_VERSION", "OMPI_RELEASE_VERSION"])
-    if len(found) == 3 and all(v.isdigit() for v in found.values()):
-        return f"{found['OMPI_MAJOR_VERSION']}.{found['OMPI_MINOR_VERSION']}.{found['OMPI_RELEASE_VERSION']}", header
-    pc = f"{root}/lib/pkgconfig/ompi.pc"
-    match = re.search(r"^Version:\s*(\S+)", fs.read_text(pc) or "", re.MULTILINE)
-    if match:
-        return match.group(1), pc
-    return _scanned_openmpi_version(fs, fs.glob(f"{root}/lib/libmpi.so.*")) if scan else (None, None)
-
-
-def _scanned_openmpi_version(fs: FsView, libs: list[str]) -> tuple[str | None, str | None]:
-    """The release libmpi carries (as ompi_info prints it), in its first MAX_LIB_SCAN bytes."""
-    for lib in libs[:MAX_SCANNED_MPI]:
-        data = fs.read_bytes(lib, max_size=MAX_LIB_SCAN) or b""
-        found = _OMPI_VERSION.search(data) or _OMPI_FULL_VERSION.search(data)
-        if found:
-            return found.group(1).decode(), lib
     return None, None

@@ -199,6 +199,19 @@ def test_the_open_mpi_policy_reads_the_installation_in_use(tree: Path) -> None:
         "openmpi version unknown; policy requires >= 5.0.0")
 
 
+def test_a_manifest_made_before_cublas_and_triton_were_probed_still_describes_its_image(tree: Path) -> None:
+    from efabuild.provenance.audit import manifest_vs_image
+    from efabuild.provenance.measured import Measured
+
+    ngc.full_image(tree)
+    image = probe_tree(DirView(tree))
+    data = image.to_dict()
+    older = {**data, "components": {k: v for k, v in data["components"].items() if k not in ("cublas", "triton")}}
+    assert manifest_vs_image(Measured.from_dict(older), image).status == PASS
+    changed = {**data, "components": {**data["components"], "cublas": {"version": "12.0.0.1", "source": "x"}}}
+    assert manifest_vs_image(Measured.from_dict(changed), image).status == FAIL
+
+
 def test_ofi_plugin_missing(tree: Path) -> None:
     ngc.full_image(tree)
     (tree / "opt/amazon/ofi-nccl/lib/libnccl-net-ofi.so").unlink()
@@ -625,8 +638,8 @@ def test_demo_artifact_is_measured_as_the_fixture_installs_it(demo: DemoBuilds) 
     m = load_manifest(Store.at(demo.store), demo.clean).manifest["measured"]
     versions = {name: c["version"] for name, c in m["components"].items()}
     assert versions == {
-        "ngc-release": "26.08", "cuda": "13.4.1", "nccl": "2.30.7", "cudnn": None,
-        "pytorch": "2.14.0a0+5bcb2a8", "libfabric": "2.6.0", "aws-ofi-nccl": "1.21.1",
+        "ngc-release": "26.08", "cuda": "13.4.1", "nccl": "2.30.7", "cudnn": None, "cublas": None,
+        "pytorch": "2.14.0a0+5bcb2a8", "triton": None, "libfabric": "2.6.0", "aws-ofi-nccl": "1.21.1",
         "efa-installer": "1.50.0", "deepep": "1.2.1+94a9f8f",
     }
     assert m["components"]["deepep"]["commit"] == ngc.DEEPEP_COMMIT

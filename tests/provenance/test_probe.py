@@ -32,7 +32,9 @@ def test_full_image_versions_and_their_sources(image: Path) -> None:
         "cuda": "13.4.1",
         "nccl": "2.30.7",
         "cudnn": "9.14.0",
+        "cublas": ngc.CUBLAS,
         "pytorch": ngc.TORCH,
+        "triton": ngc.TRITON,
         "libfabric": "2.6.0",
         "aws-ofi-nccl": "1.21.1",
         "efa-installer": "1.50.0",
@@ -209,8 +211,8 @@ def test_arm64_libraries_are_found_in_the_aarch64_paths(tmp_path: Path, platform
     arm64_image(root)
     measured = probe_tree(DirView(root), platform=platform)
     assert versions(measured) == {
-        "ngc-release": "26.08", "cuda": "13.4.1", "nccl": "2.30.7", "cudnn": "9.14.0", "pytorch": ngc.TORCH,
-        "libfabric": "2.6.0", "aws-ofi-nccl": "1.21.1", "efa-installer": "1.50.0",
+        "ngc-release": "26.08", "cuda": "13.4.1", "nccl": "2.30.7", "cudnn": "9.14.0", "cublas": ngc.CUBLAS,
+        "pytorch": ngc.TORCH, "triton": ngc.TRITON, "libfabric": "2.6.0", "aws-ofi-nccl": "1.21.1", "efa-installer": "1.50.0",
         "deepep": f"1.1.0+{ngc.DEEPEP_COMMIT[:7]}",
     }
     nccl, ofi = measured.component("nccl"), measured.component("aws-ofi-nccl")
@@ -485,6 +487,9 @@ def pip_image(root: Path, torch: bool = True) -> None:
                                                            "nvidia/cudnn/lib/libcudnn_graph.so.9"])
     ngc.add_wheel(root, "nvidia-cuda-runtime-cu12", "12.9.79", ["nvidia/cuda_runtime/lib/libcudart.so.12"])
     ngc.add_wheel(root, "nvidia-nccl-cu12", "2.32.3", ["nvidia/nccl/lib/libnccl.so.2"], record=False)
+    ngc.add_wheel(root, "nvidia-cublas-cu12", "12.9.1.4", ["nvidia/cublas/lib/libcublas.so.12",
+                                                           "nvidia/cublas/lib/libcublasLt.so.12"])
+    ngc.write(root, f"{ngc.SITE}/triton-3.4.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: triton\nVersion: 3.4.0\n\n")
 
 
 def test_pip_s_nvidia_wheels_give_cudnn_cuda_and_nccl_from_their_metadata(tmp_path: Path) -> None:
@@ -499,6 +504,9 @@ def test_pip_s_nvidia_wheels_give_cudnn_cuda_and_nccl_from_their_metadata(tmp_pa
                   f"{lib}/cudnn/lib/libcudnn.so.9"),
         "nccl": ("2.32.3", f"{ngc.SITE}/nvidia_nccl_cu12-2.32.3.dist-info/METADATA", f"{lib}/nccl/lib/libnccl.so.2"),
     }
+    cublas, triton = measured.component("cublas"), measured.component("triton")
+    assert (cublas.version, cublas.loads) == ("12.9.1.4", f"{lib}/cublas/lib/libcublas.so.12")
+    assert (triton.version, triton.source) == ("3.4.0", f"{ngc.SITE}/triton-3.4.0.dist-info/METADATA")
     assert [c.path for c in measured.component("cudnn").copies] == [f"{lib}/cudnn/lib/libcudnn.so.9"]
 
 

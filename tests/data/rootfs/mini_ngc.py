@@ -15,6 +15,8 @@ NGC_RELEASE = "26.08"
 NCCL = "2.30.7"
 CUDA = "13.4.1"
 CUDNN = "9.14.0"
+CUBLAS = "13.1.0.3"
+TRITON = "3.5.0"
 TORCH = "2.14.0a0+3f1c0ea"
 BASE_LIBFABRIC = "2.4.0"
 BASE_OFI = "1.19.0"
@@ -110,6 +112,10 @@ def write_base(root: Path, machine: str = "x86_64") -> dict[str, str]:
     major, minor, patch = CUDNN.split(".")
     write(root, f"/usr/include/{tri}/cudnn_version.h",
           f"#define CUDNN_MAJOR {major}\n#define CUDNN_MINOR {minor}\n#define CUDNN_PATCHLEVEL {patch}\n")
+    cublas = dict(zip(("MAJOR", "MINOR", "PATCH", "BUILD"), CUBLAS.split(".")))
+    write(root, "/usr/local/cuda-13.4/include/cublas_api.h",
+          "".join(f"#define CUBLAS_VER_{k} {v}\n" for k, v in cublas.items()))
+    write(root, f"{SITE}/triton-{TRITON}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: triton\nVersion: {TRITON}\n\n")
     write(root, f"{SITE}/torch/version.py",
           f"__version__ = '{TORCH}'\ndebug = False\ncuda = '13.4'\ngit_version = '3f1c0ea'\n")
     libfabric_files(root, "/opt/amazon/efa", BASE_LIBFABRIC, "1.26.0", em)
