@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from efabuild import grammar
-from efabuild.configfile import Table, builder_platforms, check_known, platform_list, type_name
+from efabuild.configfile import Table, builder_platforms, check_known, platform_list
 from efabuild.errors import InputError
 from efabuild.grammar import split_farm_entry
 from efabuild.storesettings import (  # noqa: F401 - [store]'s, kept importable from here

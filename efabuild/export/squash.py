@@ -35,11 +35,11 @@ import attrs
 from efabuild.host.stops import step_boundary
 from efabuild.host import children
 from efabuild.engine.client import EngineTimeout, connect, last_line
-from efabuild.errors import EfabuildError, InputError, NotFound
+from efabuild.errors import EfabuildError, NotFound
 from efabuild.export.enroot import ImageConfig
 from efabuild.export.tarfilter import RewritePlan, rewrite_tar, time_clamp
 from efabuild.export.tarheader import TarFormatError
-from efabuild.grammar import extra_options_problem
+from efabuild.export.mksquashfs import mksquashfs_options, start_mksquashfs  # noqa: F401 - mksquashfs_options: callers take it from here
 from efabuild.settings import BuilderSettings, ExportSettings
 from efabuild.chunks.cdc import ChunkIndex, chunk_file, chunk_spliced
 from efabuild.host.blake3tree import Tree, spliced_digest
@@ -85,24 +85,6 @@ class ExportCancelled(EfabuildError):
     """The export was cancelled (Ctrl-C, SIGTERM): its processes were killed, nothing was kept."""
 
     exit_code = 130
-
-
-def mksquashfs_options(options: ExportSettings, *, epoch: int = 0) -> tuple[str, ...]:
-    """Every mksquashfs option of an export, input and output paths aside.
-
-    Extra options are checked here too, not only when BUILD.toml is read: whatever builds the
-    settings, no pseudo-file or path option reaches mksquashfs.
-    """
-    problem = extra_options_problem(options.extra_options)
-    if problem:
-        raise InputError(problem, "[export] extra_options")
-    return (
-        "-tar", "-noappend", "-all-root", "-no-xattrs",
-        # a tar stream has no root directory entry: give it the one Enroot's rootfs dir has
-        "-root-mode", "755", "-root-time", str(epoch), "-mkfs-time", str(epoch),
-        "-exit-on-error", "-quiet", "-no-progress",
-        *options.mksquashfs_options(),
-    )
 
 
 @attrs.frozen
@@ -232,7 +214,7 @@ def _squash(start_source: Callable[[IO[bytes]], subprocess.Popen], source_name: 
         try:
             exporter = start_source(export_err)
             procs.append(exporter)
-            squasher = _start_mksquashfs(tmp, job.opts, squash_log)
+            squasher = start_mksquashfs(tmp, job.opts, squash_log)
             procs.append(squasher)
             if cancel is not None:  # the filter blocks in read/splice: killing both ends frees it
                 threading.Thread(target=_kill_on_cancel, args=(procs, cancel, finished),
@@ -251,34 +233,6 @@ def _squash(start_source: Callable[[IO[bytes]], subprocess.Popen], source_name: 
                     proc.wait()
             tmp.unlink(missing_ok=True)
             finished.set()
-
-
-# mksquashfs's caches take a quarter of the node's memory by default (6 GB here): its peak grew with
-# the image (4.1-4.8 GB for a 5.5 GB one). Bounded to 1 GiB (an eighth of a smaller node's memory,
-# 256 MiB at least) it exported a 1 GB image in the same time (1.02 s against 1.06 s) at a peak of
-# 476 MiB against 705 MiB. No byte of the .sqsh depends on it, so it is not recorded with the
-# export's options; an `[export] extra_options` -mem comes after it and wins.
-MKSQUASHFS_MEMORY_CAP = 1 << 30
-
-
-def mksquashfs_memory() -> tuple[str, ...]:
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        physical = 8 * MKSQUASHFS_MEMORY_CAP
-    mib = max(256, min(MKSQUASHFS_MEMORY_CAP, physical // 8) >> 20)
-    return ("-mem", f"{mib}M")
-
-
-def _start_mksquashfs(tmp: Path, opts: tuple[str, ...], log: IO[bytes]) -> subprocess.Popen:
-    try:
-        return children.popen(["mksquashfs", "-", str(tmp), *mksquashfs_memory(), *opts], stdin=subprocess.PIPE,
-                              stdout=log,
-                                stderr=subprocess.STDOUT, env=_squash_env())
-    except FileNotFoundError:
-        raise EfabuildError(
-            "mksquashfs not found: install squashfs-tools 4.6 or later (scripts/setup-host.sh)"
-        ) from None
 
 
 def _stream(exporter: subprocess.Popen, squasher: subprocess.Popen, job: ExportJob,
@@ -401,12 +355,6 @@ def _squash_error(f: IO[bytes]) -> str:
         if line.startswith("mksquashfs:"):
             return line
     return lines[-1] if lines else ""
-
-
-def _squash_env() -> dict[str, str]:
-    # with SOURCE_DATE_EPOCH set, mksquashfs clamps every file time to it and refuses the
-    # explicit -mkfs-time: the export's times come from its options only
-    return {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
 
 
 def _grow_pipe(fd: int) -> None:

@@ -296,9 +296,11 @@ def test_mksquashfs_caches_are_bounded_and_an_export_option_can_raise_them(tmp_p
     from efabuild.settings import ExportSettings
 
     started = []
-    monkeypatch.setattr(squash.children, "popen", lambda argv, **kwargs: started.append(argv))
+    from efabuild.export import mksquashfs
+
+    monkeypatch.setattr(mksquashfs.children, "popen", lambda argv, **kwargs: started.append(argv))
     opts = squash.mksquashfs_options(ExportSettings(extra_options=("-mem", "4G")))
-    squash._start_mksquashfs(tmp_path / "o.sqsh", opts, io.BytesIO())
+    squash.start_mksquashfs(tmp_path / "o.sqsh", opts, io.BytesIO())
     [argv] = started
     bound = argv.index("-mem")
     assert argv[bound + 1].endswith("M") and 256 <= int(argv[bound + 1][:-1]) <= 1024
