@@ -162,7 +162,10 @@ def test_an_arm64_image_with_an_x86_64_ofi_plugin_fails_audit_naming_the_file(mu
     (ws / "BUILD.toml").write_text('[workspace]\ngraphs = ["graphs/*.toml"]\n'
                                    '[builder]\nplatforms = ["linux/arm64"]\nemulate = ["linux/arm64"]\n')
     efabuild(ws, "make", "bad")
-    sqsh = Path(efabuild(ws, "lookup", "bad:plugin").stdout.strip())
+    # this x86_64 node is given the arm64 artifact by name only when it asks for that platform
+    plain = efabuild(ws, "lookup", "bad:plugin", ok=False)
+    assert plain.returncode == 1 and "bad:plugin has no linux/amd64 artifact (it has linux/arm64)" in plain.stderr
+    sqsh = Path(efabuild(ws, "lookup", "bad:plugin@linux/arm64").stdout.strip())
     out = tmp_path / "built-for"
     subprocess.run(["unsquashfs", "-no-progress", "-d", str(out), str(sqsh), "/etc/built-for"], check=True,
                    capture_output=True)
