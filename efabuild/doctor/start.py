@@ -161,7 +161,7 @@ def reused_container(seen: Seen) -> Iterator[Diagnosis]:
             "it is the image asked for, started without a second unpack.",
             "nothing to do; `efabuild prune-containers NAME --keep KEY` removes containers of earlier builds",
             evidence)
-    elif (earlier := _created_from_another_image(ordered)) is not None:
+    elif (earlier := _created_from_another_image(ordered, facts.of("container-reused"))) is not None:
         name, (first, made), (later, asked) = earlier
         yield Diagnosis(
             "stale-container", "problem",
@@ -183,18 +183,23 @@ def reused_container(seen: Seen) -> Iterator[Diagnosis]:
             _NAME_BY_KEY, evidence)
 
 
-def _created_from_another_image(ordered):  # noqa: ANN001, ANN202 - (observation, name, image) in log order
+def _created_from_another_image(ordered, reused):  # noqa: ANN001, ANN202 - (observation, name, image) in log order
     """(name, (first start, its image), (later start, its image)) for a container name the log's sruns
-    give two images: Pyxis created it from the first one's and started that for the later one."""
+    give two images: Pyxis created it from the first one's and started that for the later one, which
+    a reuse reported after the later start (or in another file: slurmd's log) shows."""
     first: dict[str, tuple] = {}
     for observation, name, image in ordered:
         if image is None:
             continue
         if name not in first:
             first[name] = (observation, image)
-        elif image != first[name][1]:
+        elif image != first[name][1] and any(_follows(r, observation) for r in reused):
             return name, first[name], (observation, image)
     return None
+
+
+def _follows(reuse, start) -> bool:  # noqa: ANN001 - Observations
+    return reuse.line.file != start.line.file or reuse.line.number > start.line.number
 
 
 def _shown_image(image: str) -> str:

@@ -134,6 +134,10 @@ def test_a_fixed_name_the_log_shows_created_from_one_build_and_asked_for_another
     report = examine([("job-16.out", io.StringIO("".join(text[:4]))), ("job-17.out", io.StringIO("".join(text[4:])))])
     [stale] = [d for d in report.diagnoses if d.id == "stale-container"]
     assert "(job-17.out:2) started container train, created from artifact 3f9c2be1d0a4… (job-16.out:2)" in stale.title
+    # a reuse before the second image was asked for is an earlier step's: not evidence of that one
+    swapped = "".join(text[:2] + text[6:7] + text[4:6])
+    report = examine([("job.out", io.StringIO(swapped))])
+    assert [d.severity for d in report.diagnoses if d.id == "stale-container"] == ["warning"]
 
 
 def test_a_container_named_by_another_key_than_the_image_asked_for_is_a_problem():
