@@ -34,7 +34,7 @@ def squashfs_mount(seen: Seen) -> Iterator[Diagnosis]:
                "the node's /dev/fuse is not readable and writable by that user")
             + ", so Enroot could not mount the image ('Failed to mount').",
             ("on every node `modprobe fuse` (and load it at boot)" if absent else
-             "on every node make /dev/fuse mode 0666, as the fuse module creates it (`chmod 0666 /dev/fuse`; a udev "
+             "on every node make /dev/fuse mode 0666, as udev's default rules set it (`chmod 0666 /dev/fuse`; a udev "
              "rule KERNEL==\"fuse\", MODE=\"0666\" keeps it across reboots)") + f"; {_UNPACK_INSTEAD}",
             facts.evidence("fuse-open-failed", "squashfs-mount-failed"))
     elif facts.has("squashfs-tool-missing"):
