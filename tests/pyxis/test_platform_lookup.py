@@ -59,6 +59,8 @@ def test_the_same_lookup_line_gives_each_node_its_platforms_artifact(store_dir, 
     assert code == 0 and json.loads(out)["platform"] == "linux/arm64" and json.loads(out)["key"] == keys["linux/arm64"]
     # the key a job names its container by is the node's platform's, as the path is
     assert lookup("--store", str(store_dir), "--key", NAME, cwd=tmp_path) == (0, keys["linux/amd64"] + "\n", "")
+    for asked in (["--platform", "linux/arm64", NAME], [f"{NAME}@linux/arm64"]):
+        assert lookup("--store", str(store_dir), "--key", *asked, cwd=tmp_path) == (0, keys["linux/arm64"] + "\n", "")
     as_machine(monkeypatch, ARM_NODE)
     assert lookup("--store", str(store_dir), "--key", NAME, cwd=tmp_path) == (0, keys["linux/arm64"] + "\n", "")
 
