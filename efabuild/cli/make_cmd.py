@@ -32,8 +32,8 @@ def configure(name, sub, common):
     p.add_argument("--no-lint", action="store_true", help="build even when lint finds errors")
     p.add_argument("--full-export", action="store_true",
                    help="export every artifact layer whole, not from its ancestor's .sqsh (to compare the two, or "
-                        "to drop a child's dead bytes); as [export] incremental = false. A layer whose key has a "
-                        "stored artifact is not exported again: remove it first (efabuild gc, or a new key)")
+                        "to drop a child's dead bytes); as [export] incremental = false. An artifact stored under its "
+                        "key already is not exported again (make names it): its full export comes with its next key")
     p.add_argument("--check", action="store_true",
                    help="rebuild each GRAPH:LAYER without the build cache on its parent's image (parents are "
                         "not rebuilt) and compare with its stored .sqsh; exit 1 when they differ")
@@ -74,6 +74,8 @@ def run(args) -> int:
     leftovers = None if args.dry_run else make.LeftoverSearch(ws)
     with announce_after(planning_line(sys.stderr, args.progress)):
         prepared = _prepared(ws, args)
+    if args.full_export:
+        _note_kept_artifacts(prepared)
     if args.dry_run:
         if args.json:
             from efabuild.cli.output import print_json
@@ -94,6 +96,20 @@ def run(args) -> int:
     finally:
         reporter.close()
     return _report(args, prepared, result)
+
+
+def _note_kept_artifacts(prepared) -> None:
+    """--full-export exports the keys this make exports; an artifact stored under its key already
+    stays as it is (jobs, signatures and verified copies refer to its bytes): say which, not nothing."""
+    from efabuild.plan import COPY
+
+    kept = [layer.qualname for layer in prepared.plan.layers
+            if layer.artifact and (layer.stored or layer.action == COPY)]
+    if kept:
+        shown = ", ".join(kept[:4]) + (f" and {len(kept) - 4} more" if len(kept) > 4 else "")
+        notices.note(f"--full-export: {shown} {'is' if len(kept) == 1 else 'are'} stored already under "
+                     f"{'its key' if len(kept) == 1 else 'their keys'} and not exported again (a key's artifact "
+                     "is never rewritten); a layer's full export comes with its next key")
 
 
 def _print_plan(prepared, stream, progress: str) -> None:

@@ -34,7 +34,7 @@ def squashfs_mount(seen: Seen) -> Iterator[Diagnosis]:
                "the node's /dev/fuse is not readable and writable by that user")
             + ", so Enroot could not mount the image ('Failed to mount').",
             ("on every node `modprobe fuse` (and load it at boot)" if absent else
-             "on every node make /dev/fuse mode 0666, as the fuse module creates it (`chmod 0666 /dev/fuse`; a udev "
+             "on every node make /dev/fuse mode 0666, as udev's default rules set it (`chmod 0666 /dev/fuse`; a udev "
              "rule KERNEL==\"fuse\", MODE=\"0666\" keeps it across reboots)") + f"; {_UNPACK_INSTEAD}",
             facts.evidence("fuse-open-failed", "squashfs-mount-failed"))
     elif facts.has("squashfs-tool-missing"):
@@ -132,8 +132,10 @@ def reused_container(seen: Seen) -> Iterator[Diagnosis]:
     facts = seen.facts
     if not facts.has("container-reused"):
         return
-    starts = [(_NAME_OPTION.search(o.value or ""), _IMAGE_OPTION.search(o.value or "")) for o in facts.of("named-start")]
-    pairs = [(name.group(1), image.group(1) if image else None) for name, image in starts if name]
+    observed = sorted(facts.of("named-start"), key=lambda o: (o.line.file, o.line.number))
+    starts = [(o, _NAME_OPTION.search(o.value or ""), _IMAGE_OPTION.search(o.value or "")) for o in observed]
+    ordered = [(o, name.group(1), image.group(1) if image else None) for o, name, image in starts if name]
+    pairs = [(name, image) for _, name, image in ordered]
     stale, same = [], []
     for name, image in pairs:
         in_name = _KEY_IN_NAME.search(name)
@@ -159,13 +161,54 @@ def reused_container(seen: Seen) -> Iterator[Diagnosis]:
             "it is the image asked for, started without a second unpack.",
             "nothing to do; `efabuild prune-containers NAME --keep KEY` removes containers of earlier builds",
             evidence)
+    elif (earlier := _created_from_another_image(ordered, facts.of("container-reused"))) is not None:
+        name, (first, made), (later, asked) = earlier
+        yield Diagnosis(
+            "stale-container", "problem",
+            f"the step that asked for {_shown_image(asked)} ({_at(later, first)}) started container {name}, created "
+            f"from {_shown_image(made)} ({_at(first, later)})",
+            "Pyxis found a container of that name on the node ('reusing existing container filesystem') and "
+            "started it without looking at --container-image: the image that ran is the one the container was "
+            "created from, by the first srun in this log that named it.",
+            _NAME_BY_KEY, evidence)
     else:
         named = f" {pairs[0][0]}" if pairs else ""
         yield Diagnosis(
             "stale-container", "warning",
-            f"the step reused a container kept on the node{named}: it may hold an earlier build than the image asked "
+            f"the step reused container{named}, kept on the node: it may hold an earlier build than the image asked "
             "for",
             "Pyxis keeps a named container after the job (container_scope=global, its default) and starts it again "
             "for the same --container-name whatever --container-image says; this log does not show which artifact "
             "it was created from.",
             _NAME_BY_KEY, evidence)
+
+
+def _created_from_another_image(ordered, reused):  # noqa: ANN001, ANN202 - (observation, name, image) in log order
+    """(name, (first start, its image), (later start, its image)) for a container name the log's sruns
+    give two images: Pyxis created it from the first one's and started that for the later one, which
+    a reuse reported after the later start (or in another file: slurmd's log) shows."""
+    first: dict[str, tuple] = {}
+    for observation, name, image in ordered:
+        if image is None:
+            continue
+        if name not in first:
+            first[name] = (observation, image)
+        elif image != first[name][1] and any(_follows(r, observation) for r in reused):
+            return name, first[name], (observation, image)
+    return None
+
+
+def _follows(reuse, start) -> bool:  # noqa: ANN001 - Observations
+    return reuse.line.file != start.line.file or reuse.line.number > start.line.number
+
+
+def _shown_image(image: str) -> str:
+    """An image as a person compares two: the artifact's key (12 hex) when it names one."""
+    key = _KEY_IN_IMAGE.search(image)
+    return f"artifact {key.group(1)[:12]}…" if key else image[:120]
+
+
+def _at(observation, other) -> str:  # noqa: ANN001 - Observations
+    """Where a start is: its line, with its file when the other start is in another file."""
+    line = observation.line
+    return f"line {line.number}" if line.file == other.line.file else f"{line.file}:{line.number}"

@@ -219,8 +219,8 @@ def _moving_ref(ref: str, local: dict[str, str], depth: int = 0) -> str | None:
         lookup = _LOOKUP.search(value)
         if lookup is not None:
             words = lookup.group(1).split()
-            # `lookup --key NAME` gives a key: the artifact it names stays fixed
-            return None if "--key" in words or not words else _moving_ref(words[-1], local, depth + 1)
+            # `lookup --key NAME` too: the key is fixed for this job, the next job's is the next build's
+            return _moving_ref(words[-1], local, depth + 1) if words else None
         return _moving_ref(value, local, depth + 1)
     if ref.startswith("efabuild://"):
         ref = ref[len("efabuild://"):]
@@ -228,18 +228,32 @@ def _moving_ref(ref: str, local: dict[str, str], depth: int = 0) -> str | None:
     return name if ":" in name and "$" not in name and "/" not in name and not _HEX_REF.match(name) else None
 
 
+def _fixed(name: str | None, local: dict[str, str]) -> str | None:
+    """The container name a job gives whatever build it runs: written out, or a variable set to a
+    value written out (NAME=train); None for one that varies (train-${KEY:0:12}) or is not given."""
+    for _ in range(4):
+        if name is None:
+            return None
+        name = name.strip().strip("'\"")
+        variable = _VARIABLE.match(name)
+        if variable is None:
+            return None if "$" in name or "`" in name or not name else name
+        name = local.get(variable.group(1))
+    return None
+
+
 def _stale_container(given: dict[str, str | None], local: dict[str, str], display: str,
                      line: int) -> Iterator[Finding]:
     """A fixed --container-name with an image that a make changes: Pyxis (container_scope=global,
     its default) keeps the named container after the job, and a later job with the same name starts
     that container, the previous build's, whatever image it asks for."""
-    image, name = given.get("--container-image"), given.get("--container-name")
-    if not image or not name or "$" in name or "`" in name:
+    image, name = given.get("--container-image"), _fixed(given.get("--container-name"), local)
+    if not image or not name:
         return
     lookup = _LOOKUP.search(image)
     if lookup is not None:
         words = lookup.group(1).split()
-        moving = None if "--key" in words or not words else _moving_ref(words[-1], local)
+        moving = _moving_ref(words[-1], local) if words else None
     else:
         moving = _moving_ref(image, local)
     if moving is None:

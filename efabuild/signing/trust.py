@@ -166,7 +166,8 @@ def policy_for(table, environ: dict[str, str] | None = None) -> TrustPolicy:  # 
     if policy is None:  # a bare store, or a workspace without [trust]: the node's policy
         policy = node_policy(environ)
         path = node_config_path(environ)
-        asked.append(f"{path} does not exist (an admin writes it with `efabuild trust --write`)" if policy is None
+        asked.append(f"{path} does not exist (an admin writes it from a workspace's [trust] with `efabuild trust "
+                     f"--write {path}`)" if policy is None
                      else f"{path} names no keys (`[trust] keys = [...]`)")
     if policy is None or not policy.keys:
         raise InputError(f"no trusted keys: signatures are required but {'; '.join(asked)}")

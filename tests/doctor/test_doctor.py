@@ -115,9 +115,29 @@ def test_a_container_reused_by_a_fixed_name_may_be_an_earlier_build():
     report = run("stale-container.log")
     assert ids(report) == {"stale-container"}
     [stale] = report.diagnoses
-    assert stale.severity == "warning" and "container kept on the node train" in stale.title
+    assert stale.severity == "warning" and "reused container train, kept on the node" in stale.title
     assert "efabuild lookup --key" in stale.fix and "prune-containers" in stale.fix
     assert [e.line for e in stale.evidence] == [2, 3]
+
+
+def test_a_fixed_name_the_log_shows_created_from_one_build_and_asked_for_another_names_both():
+    """Two jobs' `set -x` lines and slurmd's in one log: the first srun of the name unpacked one build,
+    the later one asked for the next build by path and Pyxis reused the container: which ran is known."""
+    report = run("two-builds-container.log")
+    stale = [d for d in report.diagnoses if d.id == "stale-container"]
+    assert [(d.severity, d.title) for d in stale] == [
+        ("problem", "the step that asked for artifact 7c0de5a1b2c3… (line 6) started container train, created from "
+                    "artifact 3f9c2be1d0a4… (line 2)")]
+    assert "train-${KEY:0:12}" in stale[0].fix
+    # the same lines in two files (the job's output, slurmd's log): each start is named by its file too
+    text = (LOGS / "two-builds-container.log").read_text().splitlines(keepends=True)
+    report = examine([("job-16.out", io.StringIO("".join(text[:4]))), ("job-17.out", io.StringIO("".join(text[4:])))])
+    [stale] = [d for d in report.diagnoses if d.id == "stale-container"]
+    assert "(job-17.out:2) started container train, created from artifact 3f9c2be1d0a4… (job-16.out:2)" in stale.title
+    # a reuse before the second image was asked for is an earlier step's: not evidence of that one
+    swapped = "".join(text[:2] + text[6:7] + text[4:6])
+    report = examine([("job.out", io.StringIO(swapped))])
+    assert [d.severity for d in report.diagnoses if d.id == "stale-container"] == ["warning"]
 
 
 def test_a_container_named_by_another_key_than_the_image_asked_for_is_a_problem():

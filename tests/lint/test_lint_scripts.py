@@ -131,6 +131,13 @@ def test_a_fixed_container_name_for_an_image_a_make_moves_is_an_error(tmp_path):
         'srun --container-image="$IMAGE" --container-name=train:no_exec true': "ngc-efa:user",
         "srun --container-image=efabuild://demo:user --container-name=train true": "demo:user",
         'REF=demo:user\nsrun --container-image="efabuild://$REF" --container-name=train true': "demo:user",
+        # a key looked up from the name is this job's build, and the next job's is the next build's
+        'KEY=$(efabuild lookup --key ngc-efa:user)\n'
+        'srun --container-image="$(efabuild lookup "$KEY")" --container-name=train true': "ngc-efa:user",
+        'KEY=$(efabuild lookup --key demo:user)\nsrun --container-image="efabuild://$KEY" --container-name=train true':
+            "demo:user",
+        # a fixed name through a variable
+        'NAME=train\nsrun --container-image=efabuild://demo:user --container-name="$NAME" true': "demo:user",
     }
     for body, name in cases.items():
         script.write_text(f"#!/bin/bash\n#SBATCH -c 24\n{body}\nsrun --container-name=train python t.py\n")
@@ -138,11 +145,11 @@ def test_a_fixed_container_name_for_an_image_a_make_moves_is_an_error(tmp_path):
         assert [(f.severity, f.line) for f in stale] == [("error", body.count("\n") + 3)], body
         assert f"--container-name=train is fixed but the image follows {name}" in stale[0].message
         assert 'KEY=$(efabuild lookup --key' in stale[0].fix and "train-${KEY:0:12}" in stale[0].fix
-    # what never moves: a key, a key's lookup, a path, a name carrying the key, no name at all
+    # what never moves: a name carrying the key, a key written out, a path, no name at all
     for body in ('KEY=$(efabuild lookup --key ngc-efa:user)\n'
                  'srun --container-image="$(efabuild lookup "$KEY")" --container-name="train-${KEY:0:12}" true',
-                 'KEY=$(efabuild lookup --key ngc-efa:user)\n'
-                 'srun --container-image="$(efabuild lookup "$KEY")" --container-name=train true',
+                 'KEY=$(efabuild lookup --key ngc-efa:user)\nNAME="train-${KEY:0:12}"\n'
+                 'srun --container-image="efabuild://$KEY" --container-name="$NAME" true',
                  f"srun --container-image=efabuild://{'ab' * 32} --container-name=train true",
                  "srun --container-image=/fsx/a.sqsh --container-name=train true",
                  'srun --container-image="$(efabuild lookup ngc-efa:user)" true'):

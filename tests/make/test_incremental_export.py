@@ -398,6 +398,11 @@ def test_make_full_export_writes_the_child_whole_and_records_why(demo_ws, tmp_pa
     whole = export_image(f"efabuild/user:{plan(demo_ws)['demo:user']['key']}", tmp_path / "whole.sqsh",
                          options=ExportSettings(), engine=connect(BuilderSettings()), epoch=SOURCE_DATE_EPOCH).path
     assert child.read_bytes() == Path(whole).read_bytes()
+    # stored already: left as it is, and make says so rather than nothing
+    same = efabuild(demo_ws, "make", "--full-export", "demo:user", check=True)
+    assert "--full-export: demo:efa, demo:user are stored already under their keys and not exported again" \
+        in same.stderr, same.stderr
+    assert Path(efabuild(demo_ws, "lookup", "demo:user", check=True).stdout.strip()).read_bytes() == child.read_bytes()
 
 
 def test_publishing_the_changed_child_to_the_chunked_tier_sends_a_small_share_of_it(demo_ws, moto_server, s3_bucket,

@@ -59,6 +59,8 @@ def test_the_same_lookup_line_gives_each_node_its_platforms_artifact(store_dir, 
     assert code == 0 and json.loads(out)["platform"] == "linux/arm64" and json.loads(out)["key"] == keys["linux/arm64"]
     # the key a job names its container by is the node's platform's, as the path is
     assert lookup("--store", str(store_dir), "--key", NAME, cwd=tmp_path) == (0, keys["linux/amd64"] + "\n", "")
+    for asked in (["--platform", "linux/arm64", NAME], [f"{NAME}@linux/arm64"]):
+        assert lookup("--store", str(store_dir), "--key", *asked, cwd=tmp_path) == (0, keys["linux/arm64"] + "\n", "")
     as_machine(monkeypatch, ARM_NODE)
     assert lookup("--store", str(store_dir), "--key", NAME, cwd=tmp_path) == (0, keys["linux/arm64"] + "\n", "")
 
@@ -137,6 +139,12 @@ def test_the_importer_picks_the_jobs_platform_and_refuses_a_hostile_value(store_
     assert (got.returncode, got.stdout) == (0, sqsh(store_dir, keys["linux/arm64"]))
     got = importer_get(f"docker://efabuild://{NAME}@linux/arm64", env, tmp_path)
     assert (got.returncode, got.stdout) == (0, sqsh(store_dir, keys["linux/arm64"]))
+    # a platform the job's $EFABUILD_PLATFORM asked for and the name lacks: the line says who chose it
+    got = importer_get(f"docker://efabuild://{NAME}", {**env, "EFABUILD_PLATFORM": "linux/riscv64"}, tmp_path)
+    assert (got.returncode, got.stdout) == (1, ""), got.stderr
+    assert got.stderr == (f"efabuild: {NAME} has no linux/riscv64 artifact (it has linux/amd64, linux/arm64); "
+                          "EFABUILD_PLATFORM chose linux/riscv64: unset it for this node's platform, or build "
+                          "linux/riscv64 with [builder] platforms\n")
     hostile = "../../x" + "A" * 5000
     got = importer_get(f"docker://efabuild://{NAME}", {**env, "EFABUILD_PLATFORM": hostile}, tmp_path)
     assert (got.returncode, got.stdout, got.stderr.count("\n")) == (2, "", 1)

@@ -114,5 +114,11 @@ def test_the_guide_gives_the_job_scripts_own_commands() -> None:
     plugin = [line for line in guide.splitlines() if line.startswith("required ")]
     assert plugin == ["required /usr/local/lib/slurm/spank_pyxis.so use_squashfuse=1 "
                       "importer=/usr/local/bin/efabuild-pyxis-importer"]
-    assert "pyxis.so" not in guide.replace("spank_pyxis.so", "")
+    # the plugin's file name wherever a page or the script names it, the importer's reference giving the guide's line
+    reference = (REPO / "docs" / "reference" / "commands" / "pyxis-importer.md").read_text()
+    for text in (guide, script, reference):
+        assert "pyxis.so" not in text.replace("spank_pyxis.so", "")
+    assert [line.rsplit("=", 1)[0] for line in reference.splitlines() if line.startswith("required ")] \
+        == [plugin[0].rsplit("=", 1)[0]]
+    assert "/usr/lib/<triplet>/slurm/spank_pyxis.so" in guide  # Debian's and Ubuntu's package
     assert "efabuild prune-containers train --keep" in guide and "prune-containers train --keep" in script

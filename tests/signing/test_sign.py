@@ -226,7 +226,8 @@ def test_unsigned_artifact_and_missing_policy_are_one_line(tmp_path, keys):
                          env={**env, "EFABUILD_TRUST_CONFIG": str(tmp_path / "absent.toml")})
     assert no_policy.returncode == 2
     assert no_policy.stderr == (f"efabuild: no trusted keys: signatures are required but {tmp_path / 'absent.toml'} "
-                                "does not exist (an admin writes it with `efabuild trust --write`)\n")
+                                "does not exist (an admin writes it from a workspace's [trust] with `efabuild trust "
+                                f"--write {tmp_path / 'absent.toml'}`)\n")
     (tmp_path / "empty.toml").write_text("[trust]\nkeys = []\n")
     empty = efabuild("lookup", "--require-signature", key,
                      env={**env, "EFABUILD_TRUST_CONFIG": str(tmp_path / "empty.toml")})
