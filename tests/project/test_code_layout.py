@@ -131,7 +131,7 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.cli.lookup_cmd": {
         "efabuild.cli.output", "efabuild.platforms", "efabuild.pyxis.lookup", "efabuild.workspace"},
     "efabuild.cli.make_cmd": {
-        "efabuild.cli.colour", "efabuild.cli.graphviz", "efabuild.cli.live", "efabuild.cli.output",
+        "efabuild.cli.colour", "efabuild.plan", "efabuild.cli.graphviz", "efabuild.cli.live", "efabuild.cli.output",
         "efabuild.cli.picture", "efabuild.cli.plan_cmd", "efabuild.host.scratch", "efabuild.lint",
         "efabuild.make.check", "efabuild.make.prepare", "efabuild.make.run", "efabuild.refs"},
     "efabuild.cli.plan_cmd": {
