@@ -24,6 +24,7 @@ from efabuild.provenance.measured import Copy, LibDir
 
 MAX_RECORD = 1 << 20  # a RECORD of the biggest NVIDIA wheel is under 20 KB
 MAX_WHEELS = 8  # dist-infos of one project read: an image has one, a hostile one may have thousands
+MAX_LIBS = 64  # library files of one package looked up: cuDNN's wheel has a dozen, a hostile record millions
 CONDA_ENVS = ("/opt/conda", "/opt/conda/envs/*")
 MAX_CONDA_RECORD = 8 << 20  # conda-meta of the biggest CUDA package is a few hundred KB
 
@@ -55,6 +56,8 @@ def _recorded(fs: FsView, dist_info: str, site: str, lib_pattern: str) -> list[s
         if relative.startswith("/") or ".." in parts or not fnmatchcase(parts[-1], lib_pattern):
             continue
         found.append(posixpath.join(site, relative))
+        if len(found) >= MAX_LIBS:
+            break
     return found
 
 
@@ -73,11 +76,9 @@ def conda_copies(fs: FsView, package: str, lib_pattern: str) -> list[Copy]:
             continue
         version = data.get("version") if isinstance(data.get("version"), str) else None
         env_dir = posixpath.dirname(posixpath.dirname(record))
-        for relative in data["files"]:
-            if not isinstance(relative, str) or relative.startswith("/") or ".." in relative.split("/"):
-                continue
-            if not fnmatchcase(posixpath.basename(relative), lib_pattern):
-                continue
+        libs = [f for f in data["files"] if isinstance(f, str) and not f.startswith("/")
+                and ".." not in f.split("/") and fnmatchcase(posixpath.basename(f), lib_pattern)]
+        for relative in libs[:MAX_LIBS]:
             real = fs.resolve(posixpath.join(env_dir, relative))
             if real is not None and fs.is_file(real) and all(c.path != real for c in copies):
                 copies.append(Copy(real, version, record if version else None))

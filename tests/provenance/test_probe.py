@@ -601,3 +601,32 @@ def test_a_conda_record_naming_files_outside_its_environment_is_not_followed(tmp
     ngc.write(tmp_path, "/opt/conda/conda-meta/nccl-2.21.5-h0_0.json", "[" * 100_000)  # too deep for json
     measured = probe_tree(DirView(tmp_path))
     assert (measured.component("cudnn").version, measured.component("cudnn").copies) == (None, ())
+
+
+class _CountingView(DirView):
+    """A DirView that counts the links it resolves: each a walk through the image's links."""
+
+    resolved = 0
+
+    def resolve(self, path: str) -> str | None:
+        self.resolved += 1
+        return super().resolve(path)
+
+
+def test_records_naming_a_library_a_million_times_are_looked_up_a_bounded_number_of_times(tmp_path: Path) -> None:
+    """A hostile RECORD or conda-meta listing hundreds of thousands of library names, each a chain
+    of links that ends nowhere: a few dozen of each record are resolved, and nothing is found."""
+    from efabuild.provenance.wheels import MAX_LIBS
+
+    info = ngc.add_wheel(tmp_path, "nvidia-cudnn-cu12", "9.28.0.42", [], record=False)
+    ngc.write(tmp_path, f"{info}/RECORD", "nvidia/cudnn/lib/libcudnn.so.9,,\n" * 40_000)
+    ngc.write(tmp_path, "/opt/conda/conda-meta/cudnn-9.1.0.70-h0_0.json", json.dumps(
+        {"name": "cudnn", "version": "9.1.0.70", "files": ["lib/libcudnn.so.9"] * 200_000}))
+    for i in range(30):
+        ngc.link(tmp_path, f"/opt/l{i}", f"/opt/l{i + 1}")
+    ngc.link(tmp_path, "/opt/conda/lib/libcudnn.so.9", "/opt/l0")
+    ngc.link(tmp_path, f"{ngc.SITE}/nvidia/cudnn/lib/libcudnn.so.9", "/opt/l0")
+    view = _CountingView(tmp_path)
+    assert probe_tree(view).component("cudnn").copies == ()
+    # two records of one package, looked up for each component that reads cuDNN's files
+    assert 2 * MAX_LIBS <= view.resolved < 20 * MAX_LIBS, view.resolved
