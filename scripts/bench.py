@@ -9,8 +9,12 @@ Prints a table and writes JSON (default bench-results/bench.json). Every figure 
 against a baseline measured in the same run on the same data; each time is the median of a few
 repeats. Needs the Docker engine with buildx, squashfs-tools and busybox-static
 (`bash scripts/setup-host.sh`); the S3 scenarios start their own loopback S3 server.
-Scenarios: plan, hash, export, farm, incremental, publish, fetch, chunked, lookup, importer, scale, sign, lint,
-children; `--only platforms` also runs the two-platform plan and the emulated arm64 build (it needs QEMU).
+Scenarios: plan, hash, export, farm, incremental, publish, fetch, chunked, lookup, importer, scale, scale-real,
+sign, lint, children (scale-real uses the real packages of scripts/fetch-real-binaries.py, fetched if
+missing); `--only platforms` also runs the two-platform plan and the emulated arm64 build (it needs QEMU).
+
+The JSON is one run: its id, the commit (and whether the tree had changes), start and end, and the
+load average before and after; `scripts/make-docs.py` writes docs/performance.md from it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmarks.common import REPO_ROOT, Context, Result, Sizes, human_bytes  # noqa: E402
 
 SCENARIOS = ("plan", "hash", "export", "farm", "incremental", "publish", "fetch", "chunked", "lookup", "importer",
-             "scale", "sign", "lint", "children")
+             "scale", "scale-real", "sign", "lint", "children")
 # run only when named (--only platforms): it needs QEMU and Debian's arm64 packages (scripts/setup-host.sh)
 OPT_IN = ("platforms",)
 
@@ -68,7 +72,8 @@ def run_scenarios(ctx: Context, selected: tuple[str, ...]) -> list[Result]:
     groups: dict[str, tuple[str, list[str]]] = {}
     for name in selected:
         module = {"plan": "plan_noop", "hash": "hashing", "publish": "s3", "fetch": "s3",
-                  "sign": "signing", "lint": "lint_scale", "farm": "farm_export"}.get(name, name)
+                  "sign": "signing", "lint": "lint_scale", "farm": "farm_export",
+                  "scale-real": "scale_real"}.get(name, name)
         groups.setdefault(module, (module, []))[1].append(name)
     results: list[Result] = []
     for module_name, ids in groups.values():
@@ -145,8 +150,26 @@ def machine() -> dict:
         "mksquashfs": out("mksquashfs", "-version"),
         "efabuild": version("efabuild"), "blake3": version("blake3"), "boto3": version("boto3"),
         "moto": version("moto"), "python_on_whales": version("python-on-whales"),
-        "git_commit": out("git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"),
     }
+
+
+def run_identity() -> dict:
+    """What makes the JSON one run: an id, the commit (and whether the tree had changes beside
+    it), when it started and the load average the machine had before it."""
+    import uuid
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"run_id": uuid.uuid4().hex[:12], "commit": git("rev-parse", "HEAD"),
+            "dirty": None if status is None else bool(status),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "load_before": [round(x, 2) for x in os.getloadavg()]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(message: str) -> None:
         print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
+    run = run_identity()  # before anything runs: the commit and load the figures belong to
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="efabuild-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     ctx = Context(quick=args.quick, sizes=Sizes.quick() if args.quick else Sizes.full(),
@@ -170,8 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     data = {
         "mode": "quick" if args.quick else "full",
         "repeats": args.repeats,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - total)),
+        **run,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(total, 1),
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "selected": list(args.selected),
         "machine": machine(),
         "scenarios": [r.to_json(ctx.quick) for r in results],
     }

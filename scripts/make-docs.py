@@ -251,20 +251,24 @@ def _machine(data: dict) -> str:
                          ("moto", "moto"), ("python-on-whales", "python_on_whales"), ("efabuild", "efabuild")):
         if m.get(field):
             parts.append(f"{label} {m[field]}")
-    if m.get("git_commit"):
-        parts.append(f"commit {m['git_commit']}")
     return ", ".join(parts)
+
+
+def _run(data: dict) -> str:
+    """The run the page comes from: its id, commit, time and the machine's load around it."""
+    commit = (data.get("commit") or "?")[:12] + (" with uncommitted changes" if data.get("dirty") else "")
+    load = "load average (1, 5, 15 min) {} before, {} after".format(
+        *(" / ".join(f"{x:.2f}" for x in data.get(k) or ()) or "?" for k in ("load_before", "load_after")))
+    return (f"One run of `scripts/bench.py` (run {data.get('run_id')}) at commit {commit}, from "
+            f"{data.get('started')} to {data.get('finished')} ({data.get('seconds')} s); {load}.")
 
 
 def performance_page(data: dict, source: str) -> str:
     quick = data.get("mode") == "quick"
     size = "`--quick` sizes (small images: a target that holds only at full size is "\
            f"\"{NOT_AT_THIS_SIZE}\")" if quick else "full size"
-    when = f" on {data['started']}" if data.get("started") else ""
     lines = [GENERATED.format(source=source), "", "# Performance", "",
-             f"Measured on {_machine(data)}; {size}, medians of {data.get('repeats')} repeats{when}."]
-    if data.get("transcribed"):
-        lines += ["", f"These are {data['transcribed']}."]
+             f"Measured on {_machine(data)}; {size}, medians of {data.get('repeats')} repeats.", "", _run(data)]
     lines += ["",
               "`python3 scripts/bench.py` measures efabuild against what a hand-written pipeline runs, on "
               "the same data in the same run, and writes `bench-results/bench.json`; "

@@ -39,6 +39,8 @@ class Sizes:
     chunked_large_files: int
     chunked_large_bytes: int  # each
     chunked_small_files: int
+    real_bytes: int  # scale-real: the real packages and generated files together
+    real_files: int
 
     @classmethod
     def full(cls) -> Sizes:
@@ -56,6 +58,8 @@ class Sizes:
             chunked_large_files=4,
             chunked_large_bytes=320 * MiB,
             chunked_small_files=20_000,
+            real_bytes=5 * GiB,
+            real_files=100_000,
         )
 
     @classmethod
@@ -74,6 +78,8 @@ class Sizes:
             chunked_large_files=2,
             chunked_large_bytes=16 * MiB,
             chunked_small_files=1_000,
+            real_bytes=384 * MiB,
+            real_files=5_000,
         )
 
 

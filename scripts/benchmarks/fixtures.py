@@ -23,7 +23,8 @@ IMAGE_REPO = "efabuild-bench"
 # files and directories are given this mtime (2020-01-01): old enough for efabuild's stat cache to
 # trust them (it distrusts entries younger than its racy window), and the same on every run
 FIXED_MTIME = 1577836800
-FORMAT_VERSION = "1"  # bump when the generated content changes, so cached images are remade
+FORMAT_VERSION = "1"
+BUSYBOX_DIRS = ("bin", "etc", "root", "usr", "usr/bin", "usr/lib", "opt", "tmp")  # bump when the generated content changes, so cached images are remade
 
 
 def image_exists(tag: str) -> bool:
@@ -49,9 +50,8 @@ def add_busybox(tar: tarfile.TarFile) -> None:
     if not BUSYBOX.is_file():
         raise BenchError("busybox-static missing: run `bash scripts/setup-host.sh` (as root) first")
     applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True)
-    for directory in ("bin", "etc", "root", "usr", "usr/bin", "usr/lib", "opt"):
-        _add_dir(tar, directory)
-    _add_dir(tar, "tmp", 0o1777)
+    for directory in BUSYBOX_DIRS:
+        _add_dir(tar, directory, 0o1777 if directory == "tmp" else 0o755)
     _add_file(tar, "bin/busybox", BUSYBOX.read_bytes(), mode=0o755)
     for applet in sorted(set(applets.stdout.split()) - {"busybox"}):
         link = tarfile.TarInfo(f"bin/{applet}")

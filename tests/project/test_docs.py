@@ -13,6 +13,7 @@ import json
 import re
 import shlex
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -132,16 +133,34 @@ def test_the_performance_page_names_the_machine_and_versions():
         assert fact in header, fact
 
 
-def test_the_committed_bench_json_is_a_full_size_run_in_the_bench_format():
-    data = json.loads((DOCS / "performance" / "bench.json").read_text())
+def _committed_bench() -> dict:
+    return json.loads((DOCS / "performance" / "bench.json").read_text())
+
+
+def test_the_committed_bench_json_is_one_full_size_run_of_every_scenario():
+    data = _committed_bench()
     assert data["mode"] == "full" and data["machine"]["nproc"]
-    ids = [s["id"] for s in data["scenarios"]]
+    assert "transcribed" not in data, "figures copied by hand are not a run"
+    assert re.fullmatch(r"[0-9a-f]{12}", data["run_id"])
+    assert re.fullmatch(r"[0-9a-f]{40}", data["commit"]) and data["dirty"] is False
+    assert data["started"] < data["finished"] and data["seconds"] > 0
+    assert all(len(data[k]) == 3 and all(x >= 0 for x in data[k]) for k in ("load_before", "load_after"))
     bench = (REPO / "scripts" / "bench.py").read_text()
-    assert ids == list(eval(re.search(r"SCENARIOS = (\(.*?\))", bench, re.S).group(1)))  # noqa: S307
+    every = list(eval(re.search(r"SCENARIOS = (\(.*?\))", bench, re.S).group(1)))  # noqa: S307
+    assert data["selected"] == every and [s["id"] for s in data["scenarios"]] == every
+    assert not [s["id"] for s in data["scenarios"] if s["error"]]
     for scenario in data["scenarios"]:
         for check in scenario["checks"]:
             assert {"name", "value", "target", "better", "unit", "met", "full_size_only"} <= set(check)
-    assert "full size" in (DOCS / "performance.md").read_text().split("\n\n")[2]
+    if (REPO / ".git").exists() and shutil.which("git"):  # the run's commit is in this history
+        known = subprocess.run(["git", "-C", str(REPO), "merge-base", "--is-ancestor", data["commit"], "HEAD"])
+        assert known.returncode == 0, f"commit {data['commit']} is not an ancestor of HEAD"
+
+
+def test_the_performance_page_is_what_its_json_makes():
+    made = _make_docs().performance_page(_committed_bench(), "docs/performance/bench.json")
+    assert (DOCS / "performance.md").read_text() == made, "run python3 scripts/make-docs.py and commit docs/"
+    assert "full size" in made.split("\n\n")[2]
 
 
 # ---------------------------------------------------------------- links
