@@ -17,7 +17,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ("plan", "hash", "export", "farm", "incremental", "publish", "fetch", "chunked", "lookup", "importer",
-             "scale", "sign", "lint", "children")
+             "scale", "scale-real", "sign", "lint", "children")
 
 # the module's first test waits for the whole quick benchmark (up to 900 s)
 pytestmark = [pytest.mark.engine, pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -44,6 +44,9 @@ def test_every_scenario_runs_and_is_in_the_table(quick_run):
     for scenario in SCENARIOS:
         assert any(line.startswith(scenario + " ") for line in lines), f"no table row for {scenario}"
     assert "ERROR" not in done.stdout
+    # one run: what the performance page says of it
+    assert data["selected"] == list(SCENARIOS) and len(data["run_id"]) == 12 and len(data["commit"]) == 40
+    assert data["started"] < data["finished"] and len(data["load_before"]) == len(data["load_after"]) == 3
 
 
 def test_every_figure_has_its_target_and_repeats(quick_run):
