@@ -33,6 +33,7 @@ DEFAULT_LOCAL = "cache"
 DEFAULT_KEEP = 3
 S3_KEYS = ("bucket", "prefix", "region", "endpoint_url")
 STORE_KEYS = ("local", "shared", "keep", "pins", "s3")
+LOCAL_TIER = "local"  # the node's own tier; "shared" (FSx) and "store" (a bare path) every node sees
 # Kernel filesystems: a store there writes into the kernel's view, never onto a disk.
 FORBIDDEN_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
 
@@ -62,7 +63,7 @@ class StoreConfig(NamedTuple):
         if self.bare:
             return [("store", self.local)]
         tiers = [("shared", self.shared)] if self.shared else []
-        return tiers + [("local", self.local)]
+        return tiers + [(LOCAL_TIER, self.local)]
 
 
 def _string(value: object, where: str, allow_empty: bool = False) -> str:

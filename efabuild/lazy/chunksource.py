@@ -1,9 +1,11 @@
 """Where a lazily read artifact's bytes come from, chunk by chunk, each checked against its id.
 
 A chunk is looked for in this order: the bytes recently served (a bounded LRU in memory), the
-node cache, the artifact's copy on a filesystem tier (shared first: FSx serves every node; read
-at the chunk's offset through a descriptor opened without following a link), then S3 (one GET,
-decompressed into at most the chunk's length). Whatever the source, the bytes are hashed and must
+node cache, the artifact's copy on a filesystem tier (read at the chunk's offset through a
+descriptor opened without following a link), the chunks other nodes fetched onto a shared tier
+(store/chunked/fschunks.py), then S3 (one GET, decompressed into at most the chunk's length). A
+chunk from S3 is left on the shared tier for the next node, so N nodes starting one artifact pull
+each chunk from S3 about once. Whatever the source, the bytes are hashed and must
 be the chunk's id before anything is served or cached: a mismatch is ChunkUnavailable, never
 wrong bytes. Concurrent reads of one missing chunk fetch it once.
 """
@@ -22,6 +24,7 @@ import blake3
 from efabuild.errors import EfabuildError
 from efabuild.lazy.nodecache import CacheFull, NodeCache
 from efabuild.chunks.cdc import ChunkIndex
+from efabuild.store.chunked.fschunks import NONE, OURS, THEIRS, FsChunks
 
 
 class ChunkUnavailable(EfabuildError):
@@ -31,10 +34,12 @@ class ChunkUnavailable(EfabuildError):
 class ChunkSource:
     def __init__(self, index: ChunkIndex, cache: NodeCache | None, copies: Sequence[int],
                  fetch: Callable[[str, int], bytes] | None, memory: int = 64 << 20,
-                 log: Callable[[str], None] = lambda line: None) -> None:
+                 log: Callable[[str], None] = lambda line: None, shared: Sequence[FsChunks] = ()) -> None:
         """`copies`: descriptors of whole copies of the artifact (filesystem tiers); `fetch(id,
-        length)`: S3's verified fetch; `memory`: bytes of chunks kept in memory."""
+        length)`: S3's verified fetch; `memory`: bytes of chunks kept in memory; `shared`: the
+        chunk stores of the shared filesystem tiers."""
         self.index, self.cache, self.copies, self.fetch, self.log = index, cache, list(copies), fetch, log
+        self.shared = list(shared)
         spans = list(index.spans())
         self.offsets = [offset for _, offset, _ in spans]
         self.spans = spans
@@ -115,19 +120,48 @@ class ChunkSource:
             if len(data) == length and blake3.blake3(data).hexdigest() == cid:
                 return self._keep(cid, data)
             problems.append("a tier's copy holds other bytes there")
+        for chunks in self.shared:
+            data = chunks.get(cid, length)  # checked against the id there; a bad file is a miss
+            if data is not None:
+                return self._keep(cid, data)
         if self.fetch is not None:
+            data = self._from_s3(cid, length, problems)
+            if data is not None:
+                return self._keep(cid, data)
+        message = f"chunk {cid[:12]} at offset {offset}: " + ("; ".join(problems) or "no source holds it")
+        self.log(message)
+        raise ChunkUnavailable(message)
+
+    def _from_s3(self, cid: str, length: int, problems: list[str]) -> bytes | None:
+        """The chunk from S3, once across the nodes sharing a tier: the node that claims it there
+        fetches it and leaves it on the tier; the others wait for it (store/chunked/fschunks.py)."""
+        shared = self.shared[0] if self.shared else None
+        claim = shared.claim(cid) if shared is not None else NONE
+        if claim == THEIRS:
+            data = shared.wait(cid, length)
+            if data is not None:
+                return data
+        try:
+            if claim == OURS:
+                data = shared.get(cid, length)  # written between our look and our claim
+                if data is not None:
+                    return data
             try:
                 data = bytes(self.fetch(cid, length))
             except EfabuildError as exc:
                 problems.append(str(exc))
-            else:
-                if len(data) == length and blake3.blake3(data).hexdigest() == cid:
-                    self.fetched_bytes += length
-                    return self._keep(cid, data)
+                return None
+            if len(data) != length or blake3.blake3(data).hexdigest() != cid:
                 problems.append("S3 gave other bytes")
-        message = f"chunk {cid[:12]} at offset {offset}: " + ("; ".join(problems) or "no source holds it")
-        self.log(message)
-        raise ChunkUnavailable(message)
+                return None
+            with self._lock:
+                self.fetched_bytes += length
+            if shared is not None:
+                shared.put(cid, data)  # for the next node
+            return data
+        finally:
+            if claim == OURS:
+                shared.release(cid)
 
     def _keep(self, cid: str, data: bytes) -> bytes:
         if self.cache is not None:

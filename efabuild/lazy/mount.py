@@ -26,7 +26,9 @@ from efabuild.errors import EfabuildError, NotFound
 from efabuild.lazy.chunksource import ChunkSource, ChunkUnavailable
 from efabuild.lazy.nodecache import NodeCache
 from efabuild.settings import StoreConfig
+from efabuild.storesettings import LOCAL_TIER
 from efabuild.store.chunked import seeds
+from efabuild.store.chunked.fschunks import FsChunks
 from efabuild.chunks.cdc import ChunkIndex, is_chunk_id
 from efabuild.store.tiered import Store
 
@@ -123,7 +125,8 @@ class WholeCheck:
                 self.result = (f"its chunks make blake3:{whole.hexdigest()}, not the recorded {self.artifact.digest}: "
                                "the chunk index is not this artifact's; the mount stops serving it")
                 self.source.stop(self.result)
-        self.log(f"whole-file check of {self.artifact.key[:12]}: {self.result}")
+        self.log(f"whole-file check of {self.artifact.key[:12]}: {self.result} "
+                 f"({self.source.fetched_bytes} bytes fetched from S3)")
         self.done.set()
 
 
@@ -144,8 +147,9 @@ def serve(table: StoreConfig, ref: str, mountpoint: Path, *, cache_dir: Path, ca
         def fetch(cid: str, length: int) -> bytes:
             return chunks.fetch(cid, length)[0]
 
+    shared = [FsChunks(tier, log) for tier in store.fs_tiers if tier.name != LOCAL_TIER]
     with whole_copies(store, artifact) as copies:
-        source = ChunkSource(artifact.index, cache, copies, fetch, log=log)
+        source = ChunkSource(artifact.index, cache, copies, fetch, log=log, shared=shared)
         if prefetch:
             check = WholeCheck(source, artifact, log)
             threading.Thread(target=check.run, name="prefetch", daemon=True).start()

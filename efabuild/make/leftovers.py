@@ -18,6 +18,7 @@ from efabuild.engine.client import connect
 from efabuild.errors import EfabuildError
 from efabuild.model import Workspace
 from efabuild.host import scratch
+from efabuild.store.gc import leftovers as store_leftovers
 
 
 class LeftoverSearch:
@@ -49,8 +50,8 @@ def sweep(store, engine, steps, search: LeftoverSearch | None = None) -> None:  
     `steps()` is the make's EngineSteps, which looks in the engine when nothing was searched before."""
     try:
         for tier in store.fs_tiers:
-            for item in tier.debris():
-                tier.remove_debris(item)
+            for path in store_leftovers.find(tier):
+                store_leftovers.remove(tier, path)
         directories, found, error = search.result() if search else (scratch.dead_scratch_dirs(), None, None)
         for directory in directories:
             scratch.remove(directory)

@@ -11,13 +11,14 @@ from efabuild import notices
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.platforms import index_bytes, index_digest, parse_index, primary_key
 from efabuild.refs import classify_ref, pick_one
-from efabuild.store.gc.sweep import S3_TIER
+from efabuild.store.tiers.base import S3_TIER
 from efabuild.store.lookup import local_choice
+from efabuild.store.names import platform_index
 from efabuild.store.platformindex import IndexVet, Resolved, Wanted, check_record, choose, platform_in_manifest
 from efabuild.store.record import utc_now
 
 
-class Names:
+class Naming:
     def publish_index(self, name: str, platforms: dict[str, str], *, envelope: bytes | None = None,
                       data: bytes | None = None, sign: Callable[[bytes], bytes] | None = None) -> str:
         """Point `name` at its platform index (platform -> key of each platform built from the same
@@ -36,8 +37,8 @@ class Names:
         digest = index_digest(data)
         primary = primary_key(parse_index(data, digest, f"platform index of {name}"))
         for tier in tiers:
-            tier.write_platform_index(digest, data, envelope)
-            tier.append_ref(name, primary, index=digest)
+            tier.names.write_index(digest, data, envelope)
+            tier.names.append(name, primary, index=digest)
         return digest
 
     def resolve(self, ref: str, *, remote: bool = True, platform: str | None = None,
@@ -61,14 +62,14 @@ class Names:
             # this filesystem only copied the name from S3 at a fetch: a later make may have
             # moved it, and only S3 knows
             try:
-                history = self.s3.read_refs(value)
+                history = self.s3.names.read(value)
             except EfabuildError as exc:
                 notices.warn(f"S3 not reachable, {value} as last fetched: {exc}")
             else:
                 resolved = self._s3_choice(value, history, wanted, vet_index) or resolved
         if resolved is None and remote and self.s3 is not None:
             if kind == "name":
-                resolved = self._s3_choice(value, self.s3.read_refs(value), wanted, vet_index)
+                resolved = self._s3_choice(value, self.s3.names.read(value), wanted, vet_index)
             else:
                 key = pick_one(value, self.s3.resolve_prefix(value))
                 resolved = None if key is None else Resolved(key)
@@ -81,21 +82,21 @@ class Names:
     def _s3_choice(self, name: str, history: list[dict], wanted: Wanted, vet_index: IndexVet | None) -> Resolved | None:
         if not history:
             return None
-        return choose(history[-1], name, wanted, self.s3.read_platform_index, self.s3.platform_url, vet_index)
+        return choose(history[-1], name, wanted, self.s3.names.read_index, self.s3.names.index_url, vet_index)
 
     def _copy_name(self, name: str, key: str) -> None:
         """S3's newest entry of `name`, and the index it names, onto the fetch tier (via S3)."""
-        s3_history = self.s3.read_refs(name)
+        s3_history = self.s3.names.read(name)
         newest = s3_history[-1] if s3_history else {}
         digest = newest.get("index")
         if digest is not None:
-            data, envelope = self.s3.read_platform_index(digest)
+            data, envelope = self.s3.names.read_index(digest)
             if data is not None:
-                self.fetch_tier.write_platform_index(digest, data, envelope)
-            self.fetch_tier.append_ref(name, newest["key"], when=newest["time"], via=S3_TIER, index=digest)
+                self.fetch_tier.names.write_index(digest, data, envelope)
+            self.fetch_tier.names.append(name, newest["key"], when=newest["time"], via=S3_TIER, index=digest)
             return
         when = newest["time"] if newest.get("key") == key else None
-        self.fetch_tier.append_ref(name, key, when=when, via=S3_TIER)
+        self.fetch_tier.names.append(name, key, when=when, via=S3_TIER)
 
 
 def _current_platforms(tier, name: str, signed: bool) -> dict | None:  # noqa: ANN001 - a tier
@@ -103,11 +104,11 @@ def _current_platforms(tier, name: str, signed: bool) -> dict | None:  # noqa: A
     none, it cannot be read as an intact index, or it lacks the signature a signing make gives
     (then a new one is written)."""
     try:
-        history = tier.read_refs(name)
+        history = tier.names.read(name)
         digest = history[-1].get("index") if history else None
         if not digest:
             return None
-        index, envelope = tier.platform_index(digest)
+        index, envelope = platform_index(tier.names, digest)
         if index is None or (signed and envelope is None):
             return None
         return dict(index["platforms"])

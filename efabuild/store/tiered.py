@@ -26,15 +26,15 @@ from efabuild.storesettings import DEFAULT_KEEP, S3Config, StoreConfig
 from efabuild.store.config import bare_store, locate, store_config_text
 from efabuild.host import treecache
 from efabuild.host.digest import bytes_digest
-from efabuild.store.tiers.fs import PUBLISHED, REPAIRED, REUSED, FilesystemTier
+from efabuild.store.tiers.fs import PUBLISHED, REPAIRED, REUSED, S3_TIER, FilesystemTier
 from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.lookup import first_intact
 from efabuild.store.platformindex import IndexVet, Wanted, check_record, manifest_platform_of
 from efabuild.store.record import ArtifactRecord
 from efabuild.chunks.cdc import ChunkError, ChunkIndex
-from efabuild.store.gc.sweep import S3_TIER, GcReport, collect_garbage
+from efabuild.store.gc.sweep import GcReport, collect_garbage
 from efabuild.store.tierhealth import Checks
-from efabuild.store.naming import Names
+from efabuild.store.naming import Naming
 from efabuild.store.transfer import DamagedCopy, Vet, send, transfer, verified_copy
 
 
@@ -43,7 +43,7 @@ class Listing(NamedTuple):
     tiers: tuple[str, ...]  # tier names holding it, in store order
 
 
-class Store(Checks, Names):
+class Store(Checks, Naming):
     def __init__(
         self, fs_tiers: list[FilesystemTier], s3: S3Config | None = None, *,
         keep: int = DEFAULT_KEEP,
@@ -210,7 +210,7 @@ class Store(Checks, Names):
     def _record_names(self, name: str, key: str, tiers: list, platform: str | None = None) -> None:
         for tier in tiers:
             if platform is None or not _indexed(tier, name):  # a name with a platform index moves by its index
-                tier.append_ref(name, key)
+                tier.names.append(name, key)
             if isinstance(tier, FilesystemTier) and self.s3_settings is not None:
                 tier.write_config(store_config_text(self.s3_settings))
 
@@ -254,7 +254,7 @@ class Store(Checks, Names):
         platform = record.platform if record is not None else None
         for tier in self._tiers(remote=True):
             if platform is None or not _indexed(tier, name):
-                tier.append_ref(name, key)
+                tier.names.append(name, key)
 
     # ---- resolve and lookup
     def lookup(self, ref: str, fetch: bool = True, verify: bool = False, vet: Vet | None = None,
@@ -396,5 +396,5 @@ def _indexed(tier, name: str) -> bool:  # noqa: ANN001 - a FilesystemTier or the
     """Whether `name`'s newest entry on `tier` names a platform index: then one platform's artifact
     published alone leaves the name as it is (an arm64 node must not get it on amd64's behalf, nor
     the other way round) until the make publishes the index naming it."""
-    history = tier.read_refs(name)
+    history = tier.names.read(name)
     return bool(history) and "index" in history[-1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from efabuild import notices
 from efabuild.errors import EfabuildError
 from efabuild.store.tiers.fs import FilesystemTier
-from efabuild.store.gc.sweep import S3_TIER
+from efabuild.store.tiers.base import S3_TIER
 from efabuild.store.transfer import DamagedCopy, verified_copy
 
 

@@ -221,7 +221,7 @@ def _time_fetches(root: Path, settings, whole_settings, keys: dict[str, str]):  
 
     node = Store([FilesystemTier(root / "node", "shared")], settings, show_progress=False)
     seed = node.fetch(keys["user1"])
-    node.fs_tiers[0].append_ref("bench:user", keys["user1"])
+    node.fs_tiers[0].names.append("bench:user", keys["user1"])
     settled(seed)  # fetched by an earlier job, not seconds before
     started = time.perf_counter()
     node.fetch(keys["user2"])

@@ -322,7 +322,7 @@ def _image_to_mounted(ctx: Context, scratch: Path, engine, tags: dict, keys: dic
         ancestor = _as_make_holds_it(ancestor, indexes[keys["efa"]])
         node = Store([FilesystemTier(scratch / "node", "shared")], settings, show_progress=False)
         seed = node.fetch(keys["user1"])  # the node holds the previous version: the seed of the next fetch
-        node.fs_tiers[0].append_ref("bench:user", keys["user1"])
+        node.fs_tiers[0].names.append("bench:user", keys["user1"])
         settled(seed)
         ctx.log("incremental: image to mounted, efabuild's way")
         steps: dict[str, float] = {}

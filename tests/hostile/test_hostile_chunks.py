@@ -380,8 +380,8 @@ def test_choosing_seeds_reads_a_bounded_amount_whatever_history_and_indexes_are_
         directory.mkdir(exist_ok=True)
         with open(directory / f"{key}.chunks.json", "wb") as handle:
             handle.truncate(60 * MiB)  # sparse: costs the co-tenant no space, a reader 60 MiB each
-        shared.append_ref("demo:user", key)
-    shared.append_ref("demo:user", k1)
+        shared.names.append("demo:user", key)
+    shared.names.append("demo:user", k1)
     before = _read_bytes_so_far()
     seeds = cluster.seeds("demo:user")
     read_mib = (_read_bytes_so_far() - before) // MiB
@@ -395,9 +395,9 @@ def test_a_name_whose_s3_history_is_flooded_is_one_error_not_an_endless_listing(
     """Creating objects is all it takes to flood refs/<graph>/<layer>/: a lookup of the name
     stops listing at a bound. (The bound is lowered here so that the test creates 60 objects,
     not 100,000.)"""
-    from efabuild.store.tiers import s3refs
+    from efabuild.store.tiers import s3names
 
-    monkeypatch.setattr(s3refs, "MAX_ENTRIES", 50)
+    monkeypatch.setattr(s3names, "MAX_ENTRIES", 50)
     key = publish(store_at(tmp_path / "cache", settings), versions[0])
     tier = S3Tier(settings, **CHUNKED)
     for number in range(60):
@@ -616,7 +616,7 @@ def test_seeds_planted_on_the_node_keep_a_fetch_within_its_memory(tmp_path, sett
         (directory / f"{planted}.json").write_bytes(record_for(planted, "demo:user", versions[0])._replace(
             size=MAX_CHUNKS * MIN_SIZE, digest=digest).to_json())
         (directory / f"{planted}.chunks.json").write_bytes(index)
-        FilesystemTier(node, "shared").append_ref("demo:user", planted)
+        FilesystemTier(node, "shared").names.append("demo:user", planted)
     done, code, _, peak = _measured_fetch(node, key)
     assert code == 0 and file_digest(Path(done.stdout.strip())) == file_digest(versions[0]), done.stderr
     assert peak < FETCH_RSS_BOUND, f"the fetch's peak RSS was {peak // MiB} MiB"

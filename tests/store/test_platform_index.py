@@ -312,14 +312,14 @@ def test_a_make_that_changed_no_key_leaves_the_names_index_as_it_is(store, tmp_p
     on every run, and the history grew by one entry per make). A signing make still signs an
     index stored unsigned, and a changed key moves it."""
     keys = publish_platforms(store, tmp_path, label="v1")
-    history = store.fs_tiers[0].read_refs(NAME)
+    history = store.fs_tiers[0].names.read(NAME)
     assert store.publish_index(NAME, dict(keys)) == ""
-    assert store.fs_tiers[0].read_refs(NAME) == history
+    assert store.fs_tiers[0].names.read(NAME) == history
     signed = []
     assert store.publish_index(NAME, dict(keys), sign=lambda data: signed.append(data) or b"{}") != ""
-    assert len(signed) == 1 and len(store.fs_tiers[0].read_refs(NAME)) == len(history) + 1
+    assert len(signed) == 1 and len(store.fs_tiers[0].names.read(NAME)) == len(history) + 1
     assert store.publish_index(NAME, dict(keys), sign=lambda data: signed.append(data) or b"{}") == ""
     assert len(signed) == 1
     newer = publish_platforms(store, tmp_path, label="v2")  # new keys: a new index
     assert store.resolve(f"{NAME}@linux/arm64") == newer["linux/arm64"]
-    assert len(store.fs_tiers[0].read_refs(NAME)) == len(history) + 2
+    assert len(store.fs_tiers[0].names.read(NAME)) == len(history) + 2

@@ -222,7 +222,7 @@ def test_four_processes_publishing_one_key(tmp_path, sqsh):
     store = Store([FilesystemTier(p, n) for n, p in tiers], show_progress=False)
     for tier in store.fs_tiers:
         tier.verify(key)
-        assert [e["key"] for e in tier.read_refs("g:l")] == [key]
+        assert [e["key"] for e in tier.names.read("g:l")] == [key]
     assert [l.record.key for l in store.ls()] == [key]
 
 
@@ -232,13 +232,13 @@ def test_concurrent_ref_appends_lose_no_entry(tmp_path):
     script = (
         "import sys\nfrom efabuild.store.tiers.fs import FilesystemTier\n"
         "tier = FilesystemTier(sys.argv[1], 'local')\n"
-        "for key in sys.argv[2:]:\n    tier.append_ref('g:l', key)\n"
+        "for key in sys.argv[2:]:\n    tier.names.append('g:l', key)\n"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     procs = [subprocess.Popen([sys.executable, "-c", script, str(tier.root), *keys[i::4]], env=env)
              for i in range(4)]
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
-    assert sorted(e["key"] for e in tier.read_refs("g:l")) == sorted(keys)
+    assert sorted(e["key"] for e in tier.names.read("g:l")) == sorted(keys)
 
 
 def test_a_write_that_fails_names_the_file_it_was_writing_not_its_temp_file(tmp_path):

@@ -104,7 +104,7 @@ def test_keep_and_pin_options_and_the_current_ref_stays(workspace):
                   show_progress=False)
     # roll the name back to an older build: the ref now points at user2, not the newest user3
     for tier in store.fs_tiers:
-        tier.append_ref("ngc-efa:user", user[2])
+        tier.names.append("ngc-efa:user", user[2])
     result = efabuild("gc", "--keep", "1", "--pin", "other:tool", "--json", "--yes", cwd=workspace, check=True)
     report = json.loads(result.stdout)
     deleted = {(r["tier"], r["key"]) for r in report["removals"]}
@@ -277,10 +277,10 @@ def test_pruning_refs_never_drops_a_names_newest_entry(tmp_path: Path):
     """Had gc deleted a key just made current, the name fails loudly instead of quietly reverting."""
     tier = FilesystemTier(tmp_path / "fsx", "shared")
     older, newest = key_for("older"), key_for("newest")
-    tier.append_ref("demo:user", older)
-    tier.append_ref("demo:user", newest)
-    tier.drop_ref_entries("demo:user", {older, newest})
-    assert [entry["key"] for entry in tier.read_refs("demo:user")] == [newest]
+    tier.names.append("demo:user", older)
+    tier.names.append("demo:user", newest)
+    tier.names.drop("demo:user", {older, newest})
+    assert [entry["key"] for entry in tier.names.read("demo:user")] == [newest]
 
 
 def test_gc_on_a_read_only_store_is_one_line(workspace):

@@ -14,6 +14,7 @@ from efabuild.errors import EfabuildError, NotFound
 from efabuild.settings import S3Config
 from efabuild.store.tiered import Store
 from efabuild.store.tiers.fs import PUBLISHED, REUSED, FilesystemTier
+from efabuild.store.gc.sweep import find_debris, remove_debris
 from efabuild.store.tiers.s3 import S3Tier
 from efabuild.store.tiers.s3client import part_size_for
 from tests.plugins.s3server import DUMMY_CREDENTIALS
@@ -193,9 +194,9 @@ def test_kill_9_during_an_s3_publish_leaves_nothing_visible(tmp_path, settings, 
         other.lookup(key)
     if point == "s3-mid-upload":  # an open multipart upload, never visible; gc aborts it a day later
         later = datetime.now(timezone.utc) + timedelta(days=2)
-        debris = tier.debris(now=later.timestamp())
+        debris = find_debris(tier, now=later.timestamp())
         assert len(debris) == 1 and "?uploadId=" in debris[0]
-        tier.remove_debris(debris[0])
+        remove_debris(tier, debris[0])
         assert not s3_client.list_multipart_uploads(Bucket=settings.bucket).get("Uploads")
     rerun = start_publisher({**plan, "pause": None}, tmp_path / "plan2.json")
     out, err = rerun.communicate(timeout=300)

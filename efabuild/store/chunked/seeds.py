@@ -110,7 +110,7 @@ def seeds(fs_tiers: list, name: str, limit: int = 8) -> tuple[Seed, ...]:
             found.setdefault(index.digest, Seed(tier.sqsh_path(key), index))
 
     for tier in fs_tiers:
-        for entry in reversed(tier.read_refs(name)):
+        for entry in reversed(tier.names.read(name)):
             take(tier, entry["key"], limit // 2)
     for tier in fs_tiers:
         for key in recently_indexed(tier):

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
+from pathlib import Path
 from typing import NamedTuple
 
 from efabuild import notices
 from efabuild.errors import EfabuildError, InputError
+from efabuild.store.chunked import fschunks
+from efabuild.store.gc import leftovers, s3leftovers
 from efabuild.store.tiers.fs import FilesystemTier
 from efabuild.store.gc.collect import keys_to_keep
 from efabuild.store.lock import LockBusy
+from efabuild.store.names import platform_index
 from efabuild.store.record import ArtifactRecord
-
-S3_TIER = "s3"
+from efabuild.store.tiers.base import S3_TIER
 
 
 class Removal(NamedTuple):
@@ -56,7 +59,7 @@ def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: b
     deleting = [tier for tier in tiers if delete_remote or tier.name != S3_TIER]
     removals = tuple(r for r in doomed if r.tier != S3_TIER or delete_remote)
     spared = tuple(r for r in doomed if r not in removals)
-    debris = tuple((tier.name, str(item)) for tier in deleting for item in tier.debris())
+    debris = tuple((tier.name, item) for tier in deleting for item in find_debris(tier))
     report = GcReport(keep, dry_run, removals, tuple(sorted(keep_keys)), debris, spared=spared)
     if not dry_run:
         for tier in deleting:
@@ -78,7 +81,7 @@ def current_targets(tiers: list) -> set[str]:
     index of a name's newest entry names (the key of each of its platforms)."""
     keys: set[str] = set()
     for tier in tiers:
-        tips = tier.ref_tips()  # one listing of a tier's names
+        tips = tier.names.tips()  # one listing of a tier's names
         keys.update(key for key, _ in tips.values())
         keys.update(indexed_keys(tier, {name: index for name, (_, index) in tips.items() if index}))
     return keys
@@ -94,11 +97,11 @@ def kept_entries_platforms(tiers: list, kept: set[str]) -> set[str]:
         if not isinstance(tier, FilesystemTier):
             continue
         for name in tier.layout.ref_names():
-            for entry in tier.read_refs(name):
+            for entry in tier.names.read(name):
                 if entry["key"] not in kept or "index" not in entry:
                     continue
                 try:
-                    index, _ = tier.platform_index(entry["index"])
+                    index, _ = platform_index(tier.names, entry["index"])
                     if index is not None:
                         keys.update(index["platforms"].values())
                 except EfabuildError as exc:
@@ -112,10 +115,10 @@ def indexed_keys(tier, indexes: dict[str, str]) -> set[str]:  # noqa: ANN001 - a
     are still current."""
     keys: set[str] = set()
     for name, digest in indexes.items():
-        index, _ = tier.platform_index(digest)
+        index, _ = platform_index(tier.names, digest)
         if index is None:
             raise EfabuildError(f"{tier.name} tier: {name} names platform index {digest[:12]}, which is not at "
-                                f"{tier.platform_url(digest)}: gc cannot tell what it keeps")
+                                f"{tier.names.index_url(digest)}: gc cannot tell what it keeps")
         keys.update(index["platforms"].values())
     return keys
 
@@ -134,6 +137,23 @@ def _check_writable(tier: FilesystemTier) -> None:
                             f"(run gc as a user who may write the store)")
 
 
+def find_debris(tier, now: float | None = None) -> list[str]:  # noqa: ANN001 - a Tier
+    """What interrupted writers left on `tier` (store/gc/leftovers.py, s3leftovers.py) and, on a
+    filesystem tier, the chunks lazy mounts left there for other nodes that nobody read for a week."""
+    if isinstance(tier, FilesystemTier):
+        return [str(path) for path in (*leftovers.find(tier, now), *fschunks.expired(tier, now))]
+    return s3leftovers.find(tier, now)
+
+
+def remove_debris(tier, item: str) -> None:  # noqa: ANN001
+    if not isinstance(tier, FilesystemTier):
+        s3leftovers.remove(tier, item)
+    elif fschunks.is_chunk_path(tier, Path(item)):
+        fschunks.remove(tier, Path(item))
+    else:
+        leftovers.remove(tier, Path(item))
+
+
 def remove(tiers: list, removals: tuple[Removal, ...], debris: tuple) -> tuple:
     """Delete what gc decided; the (tier, key) pairs skipped because a publisher or fetcher holds them."""
     by_name = {tier.name: tier for tier in tiers}
@@ -149,10 +169,9 @@ def remove(tiers: list, removals: tuple[Removal, ...], debris: tuple) -> tuple:
             gone[tier.name][removal.record.name].add(key)
     for tier_name, names in gone.items():
         for name, keys in names.items():
-            by_name[tier_name].drop_ref_entries(name, keys)
+            by_name[tier_name].names.drop(name, keys)
     for tier_name, item in debris:
-        tier = by_name[tier_name]
-        tier.remove_debris(item)
+        remove_debris(by_name[tier_name], item)
     return tuple(busy)
 
 

@@ -1,8 +1,8 @@
 """What every tier of the store is: one interface the directory tier and the S3 tier implement,
 so `Store` (store/tiered.py), transfers and gc treat them alike.
 
-A tier holds artifacts by key (the `.sqsh`, its record, manifest, envelope and chunk index) and
-names (a history of keys per graph:layer). Nothing it reads is trusted: a record is checked against
+A tier holds artifacts by key (the `.sqsh`, its record, manifest, envelope and chunk index), and
+as `names` (store/names.py) a history of keys per graph:layer. Nothing it reads is trusted: a record is checked against
 its key, a copy against its record, before anything is handed on.
 """
 
@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from efabuild.errors import EfabuildError
-from efabuild.platforms import parse_index
 from efabuild.refs import check_key, short
 
 if TYPE_CHECKING:
     from efabuild.chunks.cdc import ChunkIndex
+    from efabuild.store.names import Names
     from efabuild.store.record import ArtifactRecord
+
+S3_TIER = "s3"  # the S3 tier's role; a filesystem tier's is its config's ("local", "shared")
 
 # what a publish did on a tier
 PUBLISHED = "published"
@@ -31,6 +33,7 @@ class Tier(abc.ABC):
     """One place artifacts are kept. `name` is the tier's role: local, shared or s3."""
 
     name: str
+    names: Names  # its graph:layer histories and platform indexes, apart from its objects
 
     # ---- artifacts
     @abc.abstractmethod
@@ -76,62 +79,6 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def delete(self, key: str) -> None: ...
-
-    # ---- names
-    @abc.abstractmethod
-    def read_refs(self, name: str) -> list[dict]: ...
-
-    @abc.abstractmethod
-    def append_ref(self, name: str, key: str, when: str | None = None, via: str | None = None,
-                   index: str | None = None) -> bool:
-        """Add `key` to `name`'s history unless it is its newest entry; `via` names the tier an
-        entry was copied from (a fetch); `index`, the sha256 of the platform index the entry
-        stands for (its key is that index's first platform's)."""
-
-    @abc.abstractmethod
-    def drop_ref_entries(self, name: str, keys: set[str]) -> None: ...
-
-    @abc.abstractmethod
-    def ref_tips(self) -> dict[str, tuple[str, str | None]]:
-        """Every name -> (its newest entry's key, the sha256 of the platform index that entry
-        names, or None), read in one pass: a co-tenant can make names by the thousand."""
-
-    def ref_heads(self) -> dict[str, str]:
-        """Every name with its newest key."""
-        return {name: key for name, (key, _) in self.ref_tips().items()}
-
-    # ---- platform indexes (a name built for several platforms: platform -> key)
-    def ref_indexes(self) -> dict[str, str]:
-        """Every name whose newest entry names a platform index -> its sha256."""
-        return {name: index for name, (_, index) in self.ref_tips().items() if index}
-
-    @abc.abstractmethod
-    def read_platform_index(self, digest: str) -> tuple[bytes | None, bytes | None]:
-        """(the index named by `digest`, its envelope), each None when absent; bounded reads."""
-
-    @abc.abstractmethod
-    def write_platform_index(self, digest: str, data: bytes, envelope: bytes | None) -> None: ...
-
-    @abc.abstractmethod
-    def platform_url(self, digest: str) -> str:
-        """Where an index is, for messages."""
-
-    def platform_index(self, digest: str) -> tuple[dict | None, bytes | None]:
-        """(the index `digest` names, checked against its sha256 and fields, its envelope); (None,
-        None) when this tier lacks it; EfabuildError when it is not an intact index."""
-        data, envelope = self.read_platform_index(digest)
-        if data is None:
-            return None, None
-        return parse_index(data, digest, self.platform_url(digest)), envelope
-
-    # ---- what interrupted writers left
-    @abc.abstractmethod
-    def debris(self, now: float | None = None) -> list[str]:
-        """Leftovers of interrupted writers, each as `remove_debris` takes it; `now` (seconds
-        since the epoch) overrides the tier's clock."""
-
-    @abc.abstractmethod
-    def remove_debris(self, item: str) -> None: ...
 
 
 def check_publish_input(key: str, sqsh: Path, record: ArtifactRecord) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import stat
 from collections.abc import Mapping
@@ -34,14 +33,11 @@ from efabuild.host.owner import owned_name
 from efabuild.store.layout import (ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_LIMIT, MANIFEST_SUFFIX, RECORD_SUFFIX,
                                     SQSH_SUFFIX, Layout)
 from efabuild.store.lock import FileLock
-from efabuild.store.tiers.fsindex import PlatformIndexes
+from efabuild.store.tiers.fsnames import FsNames
 from efabuild.store.progress import Progress
-from efabuild.store.record import ArtifactRecord, utc_now
+from efabuild.store.record import ArtifactRecord
 from efabuild.store.transfer import SIDECARS, DamagedCopy, check_file
-from efabuild.store.tiers.base import PUBLISHED, REPAIRED, REUSED, Tier, check_publish_input  # noqa: F401 - PUBLISHED & co. are the tier's words
-
-MAX_REF_HISTORY = 1000
-
+from efabuild.store.tiers.base import PUBLISHED, REPAIRED, REUSED, S3_TIER, Tier, check_publish_input  # noqa: F401 - PUBLISHED & co. are the tier's words
 
 
 def _warn(message: str) -> None:
@@ -52,11 +48,12 @@ def _on_wait(what: str) -> None:
     notices.note(f"waiting for another process holding {what}")
 
 
-class FilesystemTier(PlatformIndexes, Tier):
+class FilesystemTier(Tier):
     def __init__(self, root: str | os.PathLike[str], name: str) -> None:
         self.root = Path(root).absolute()
         self.name = name
         self.layout = Layout(self.root)
+        self.names = FsNames(self.root, self.layout, name)
 
     def __repr__(self) -> str:
         return f"FilesystemTier({str(self.root)!r}, {self.name!r})"
@@ -306,59 +303,6 @@ class FilesystemTier(PlatformIndexes, Tier):
         """A fresh temp path on this tier's filesystem (for downloads and exports)."""
         return fsutil.temp_name(self.checked_tmp_dir(), key, suffix)
 
-    # ---- refs
-    def read_refs(self, name: str) -> list[dict]:
-        """History of `name`; [] with a warning when its ref file is damaged or planted, so that
-        one bad file does not stop gc for every other name."""
-        try:
-            return self.layout.read_refs(name)
-        except EfabuildError as exc:
-            _warn(f"{self.name} tier: skipping {exc}")
-            return []
-
-    def append_ref(self, name: str, key: str, when: str | None = None, via: str | None = None,
-                   index: str | None = None) -> bool:
-        """Make `key` the newest entry of `name`; False if it already was. `via="s3"` marks an
-        entry copied from the S3 tier's refs by a fetch: S3 stays the authority for that name.
-        `index`: the sha256 of the name's platform index, which says the key of each platform."""
-        check_key(key)
-        with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait, root=self.root):
-            history = self.layout.read_refs(name)
-            if history and history[-1]["key"] == key and history[-1].get("index") == index:
-                return False
-            entry = {"key": key, "time": when or utc_now()}
-            if via:
-                entry["via"] = via
-            if index:
-                entry["index"] = check_key(index)
-            history.append(entry)
-            self._write_refs(name, history[-MAX_REF_HISTORY:])
-            return True
-
-    def drop_ref_entries(self, name: str, keys: set[str]) -> None:
-        with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait, root=self.root):
-            history = self.layout.read_refs(name)
-            # the newest entry stays even when its object went: a make that made it current while
-            # gc ran must leave the name failing loudly, never quietly back on an older image
-            kept = [entry for entry in history[:-1] if entry["key"] not in keys] + history[-1:]
-            if kept == history:
-                return
-            if kept:
-                self._write_refs(name, kept)
-            else:
-                path = self.layout.ref_path(name)
-                with fsutil.store_dir(self.root, "refs", path.parent.name) as fd, \
-                        contextlib.suppress(FileNotFoundError):
-                    os.unlink(path.name, dir_fd=fd)
-
-    def ref_tips(self) -> dict[str, tuple[str, str | None]]:
-        return {name: (history[-1]["key"], history[-1].get("index"))
-                for name in self.layout.ref_names() if (history := self.read_refs(name))}
-
-    def _write_refs(self, name: str, history: list[dict]) -> None:
-        data = json.dumps({"name": name, "history": history}, indent=1, sort_keys=True) + "\n"
-        fsutil.atomic_write_bytes(self.layout.ref_path(name), data.encode(), self.layout.tmp_dir)
-
     # ---- removal
     def delete(self, key: str) -> None:
         """Remove an object: the .sqsh first (uncommits it), then its metadata. Caller holds the lock."""
@@ -371,13 +315,6 @@ class FilesystemTier(PlatformIndexes, Tier):
                 os.fsync(fd)
         except FileNotFoundError:
             pass
-
-    def debris(self, now: float | None = None) -> list[str]:
-        """Leftovers of interrupted writers, as paths (see store/gc/leftovers.py)."""
-        return [str(path) for path in leftovers.find(self, now)]
-
-    def remove_debris(self, item: str) -> None:
-        leftovers.remove(self, Path(item))
 
     # ---- store.toml (where the S3 tier is, for bare-path users on compute nodes)
     def write_config(self, text: str) -> None:

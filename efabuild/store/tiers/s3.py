@@ -1,9 +1,7 @@
 """The S3 tier (or any S3-compatible store via endpoint_url), through boto3's credential chain.
 
 Layout under the prefix mirrors a filesystem tier (objects/<k[:2]>/<key>.sqsh|.json|.manifest.json|
-.intoto.jsonl);
-a name's history is one empty object per entry, refs/<graph>/<layer>/<time>.<key>, so concurrent
-appends never overwrite each other.
+.intoto.jsonl); its names (refs/, platforms/) are s3names.py's.
 
 Publishing order on S3 is the reverse of a filesystem tier: the .sqsh first, then the manifest and
 the signed statement, then the record. The record is the commit point here (its presence means "complete"), because the
@@ -24,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from pathlib import Path
 
 from botocore.exceptions import ClientError
@@ -43,7 +41,7 @@ from efabuild.chunks.cdc import (
 from efabuild.store.gc.chunkplan import Usage
 from efabuild.storesettings import S3Config
 from efabuild.host.digest import is_digest
-from efabuild.store.tiers.base import PUBLISHED, REUSED, Tier, check_publish_input
+from efabuild.store.tiers.base import PUBLISHED, REUSED, S3_TIER, Tier, check_publish_input
 from efabuild.store.layout import (
     ENVELOPE_LIMIT,
     ENVELOPE_SUFFIX,
@@ -60,16 +58,15 @@ from efabuild.store.chunked.publish import publish as publish_chunks, send_ahead
 from efabuild.store.chunked.assembly import Seed, assemble
 from efabuild.store.chunked.s3 import ChunkError, ChunkStore, Transfer, bucket_usage
 from efabuild.store.tiers.s3client import DEFAULT_PART_SIZE, DEFAULT_WORKERS, S3Bucket, already_exists
-from efabuild.store.tiers.s3refs import S3Refs
+from efabuild.store.tiers.s3names import S3Names
 from efabuild.store.transfer import SIDECARS, DamagedCopy, fetch_into
 
 DIGEST_METADATA = "blake3"  # x-amz-meta-blake3 on every .sqsh
 SHA256_METADATA = "sha256"  # x-amz-meta-sha256 on .sqsh files exported since records carry it
-STALE_UPLOAD = timedelta(days=1)
 
 
-class S3Tier(S3Refs, S3Bucket, Tier):
-    name = "s3"
+class S3Tier(S3Bucket, Tier):
+    name = S3_TIER
 
     def __init__(
         self,
@@ -83,6 +80,7 @@ class S3Tier(S3Refs, S3Bucket, Tier):
         chunking: tuple[int, int, int] | None = None,
     ) -> None:
         super().__init__(settings, client=client, workers=workers, part_size=part_size)
+        self.names = S3Names(self)
         self.show_progress = show_progress
         self.chunked = chunked  # publish as chunks + index (else one whole object, as before)
         self.chunks = ChunkStore(self)
@@ -371,27 +369,6 @@ class S3Tier(S3Refs, S3Bucket, Tier):
                                                                          int, int]:
         """What each artifact (of `records`, default all) costs in the bucket (see s3chunks.bucket_usage)."""
         return bucket_usage(self, records)
-
-    def debris(self, now: float | None = None) -> list[str]:
-        """s3:// URLs of leftovers older than a day: .sqsh without a record, unfinished uploads."""
-        # S3's clock, as LastModified is
-        now = datetime.fromtimestamp(self.server_time() if now is None else now, timezone.utc)
-        records, _, sqsh_objects = self._object_keys("")
-        found = []
-        for path, written in sqsh_objects.items():
-            base = path.rsplit("/", 1)[-1]
-            if base[: -len(SQSH_SUFFIX)] not in records and now - written > STALE_UPLOAD:
-                found.append(self.url(path))
-        for upload in self.uploads_started_before(self._path("objects") + "/", now - STALE_UPLOAD):
-            found.append(self.url(upload["Key"]) + f"?uploadId={upload['UploadId']}")
-        return found
-
-    def remove_debris(self, item: str) -> None:
-        path = item[len(self.url("")):]
-        if "?uploadId=" in path:
-            self.abort_upload(*path.split("?uploadId=", 1))
-        else:
-            self._delete_object(path)
 
 
 def _warn_if_differs(key: str, existing: ArtifactRecord, new: ArtifactRecord) -> None:

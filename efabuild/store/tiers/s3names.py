@@ -1,4 +1,4 @@
-"""A name's history on the S3 tier: one object per entry, refs/<graph>/<layer>/<time>.<key>,
+"""The S3 tier's names (store/names.py). A name's history is one object per entry, refs/<graph>/<layer>/<time>.<key>,
 so concurrent appends never overwrite each other (a filesystem tier rewrites one file under a
 lock instead; both answer the same calls). An entry is empty, or holds the sha256 of the name's
 platform index (platforms/<d[:2]>/<d>.json, beside its DSSE envelope <d>.dsse.json), which a
@@ -12,23 +12,27 @@ from efabuild.refs import check_key, is_key, split_name
 from efabuild.store.layout import (PLATFORM_ENVELOPE_LIMIT, PLATFORM_ENVELOPE_SUFFIX, PLATFORM_INDEX_LIMIT,
                                    PLATFORM_INDEX_SUFFIX)
 from efabuild.store.record import utc_now
+from efabuild.store.tiers.s3client import S3Bucket
 
 # entries one name's history is listed to: far more than gc leaves (and 100 LIST pages), so that
 # a history flooded with objects is one error, not minutes and gigabytes of listing per lookup
 MAX_ENTRIES = 100_000
 
 
-class S3Refs:
-    """The ref calls of the S3 tier, over an S3Bucket's `_list`, `_put_new`, `_delete_object`."""
+class S3Names:
+    """Over an S3Bucket's `_walk`, `_list`, `_get_bytes`, `_put_new` and `_delete_object`."""
+
+    def __init__(self, bucket: S3Bucket) -> None:
+        self.bucket = bucket
 
     def _refs_prefix(self, name: str) -> str:
         graph, layer = split_name(name)
-        return self._path("refs", graph, layer) + "/"
+        return self.bucket._path("refs", graph, layer) + "/"
 
-    def read_refs(self, name: str) -> list[dict]:
+    def read(self, name: str) -> list[dict]:
         prefix = self._refs_prefix(name)
         entries, sizes = [], {}
-        for item in self._walk(prefix, most=MAX_ENTRIES):
+        for item in self.bucket._walk(prefix, most=MAX_ENTRIES):
             when, _, key = item["Key"][len(prefix):].rpartition(".")
             if is_key(key) and when:
                 entries.append({"key": key, "time": when})
@@ -39,51 +43,51 @@ class S3Refs:
         return entries
 
     def _entry_index(self, path: str) -> str:
-        body = self._get_bytes(path, limit=128) or b""
+        body = self.bucket._get_bytes(path, limit=128) or b""
         digest = body.decode("ascii", "replace").strip()
         if not is_key(digest):
-            raise EfabuildError(f"{self.url(path)}: names no platform index (not 64 hex characters)")
+            raise EfabuildError(f"{self.bucket.url(path)}: names no platform index (not 64 hex characters)")
         return digest
 
-    def append_ref(self, name: str, key: str, when: str | None = None, via: str | None = None,  # noqa: ARG002
+    def append(self, name: str, key: str, when: str | None = None, via: str | None = None,  # noqa: ARG002
                    index: str | None = None) -> bool:
         # `via` is for copies of S3's entries on the other tiers; S3 is the authority of its own
         check_key(key)
-        history = self.read_refs(name)
+        history = self.read(name)
         if history and history[-1]["key"] == key and history[-1].get("index") == index:
             return False
         path = self._refs_prefix(name) + f"{when or utc_now()}.{key}"
-        self._put_new(path, (check_key(index) + "\n").encode() if index else b"")
+        self.bucket._put_new(path, (check_key(index) + "\n").encode() if index else b"")
         return True
 
     def _platform_path(self, digest: str, suffix: str) -> str:
-        return self._path("platforms", digest[:2], digest + suffix)
+        return self.bucket._path("platforms", digest[:2], digest + suffix)
 
-    def write_platform_index(self, digest: str, data: bytes, envelope: bytes | None) -> None:
+    def write_index(self, digest: str, data: bytes, envelope: bytes | None) -> None:
         """Store an index (by its sha256: written once, never replaced) and its envelope, envelope first."""
         check_key(digest)
         if envelope is not None:
-            self._put_new(self._platform_path(digest, PLATFORM_ENVELOPE_SUFFIX), envelope)
-        self._put_new(self._platform_path(digest, PLATFORM_INDEX_SUFFIX), data)
+            self.bucket._put_new(self._platform_path(digest, PLATFORM_ENVELOPE_SUFFIX), envelope)
+        self.bucket._put_new(self._platform_path(digest, PLATFORM_INDEX_SUFFIX), data)
 
-    def read_platform_index(self, digest: str) -> tuple[bytes | None, bytes | None]:
+    def read_index(self, digest: str) -> tuple[bytes | None, bytes | None]:
         """(the index named by `digest`, its envelope), each None when absent; bounded reads."""
         check_key(digest)
-        data = self._get_bytes(self._platform_path(digest, PLATFORM_INDEX_SUFFIX), limit=PLATFORM_INDEX_LIMIT)
+        data = self.bucket._get_bytes(self._platform_path(digest, PLATFORM_INDEX_SUFFIX), limit=PLATFORM_INDEX_LIMIT)
         if data is None:
             return None, None
-        return data, self._get_bytes(self._platform_path(digest, PLATFORM_ENVELOPE_SUFFIX),
+        return data, self.bucket._get_bytes(self._platform_path(digest, PLATFORM_ENVELOPE_SUFFIX),
                                      limit=PLATFORM_ENVELOPE_LIMIT)
 
-    def platform_url(self, digest: str) -> str:
-        return self.url(self._platform_path(digest, PLATFORM_INDEX_SUFFIX))
+    def index_url(self, digest: str) -> str:
+        return self.bucket.url(self._platform_path(digest, PLATFORM_INDEX_SUFFIX))
 
-    def ref_tips(self) -> dict[str, tuple[str, str | None]]:
+    def tips(self) -> dict[str, tuple[str, str | None]]:
         """Every name's current key and platform index, from one listing of refs/ streamed page
         by page (not a listing per name), and a GET of each newest entry that names an index."""
-        prefix = self._path("refs") + "/"
+        prefix = self.bucket._path("refs") + "/"
         newest: dict[str, tuple[str, str, int, str]] = {}
-        for item in self._walk(prefix):
+        for item in self.bucket._walk(prefix):
             parts = item["Key"][len(prefix):].split("/")
             when, _, key = parts[-1].rpartition(".")
             if len(parts) == 3 and is_key(key) and when:
@@ -93,9 +97,9 @@ class S3Refs:
         return {name: (key, self._entry_index(path) if size else None)
                 for name, (_, key, size, path) in newest.items()}
 
-    def drop_ref_entries(self, name: str, keys: set[str]) -> None:
+    def drop(self, name: str, keys: set[str]) -> None:
         prefix = self._refs_prefix(name)
-        entries = sorted(self._list(prefix, most=MAX_ENTRIES), key=lambda item: item["Key"])  # "<time>.<key>": oldest first
-        for item in entries[:-1]:  # the newest stays: see FilesystemTier.drop_ref_entries
+        entries = sorted(self.bucket._list(prefix, most=MAX_ENTRIES), key=lambda item: item["Key"])  # "<time>.<key>": oldest first
+        for item in entries[:-1]:  # the newest stays: see FsNames.drop
             if item["Key"].rpartition(".")[2] in keys:
-                self._delete_object(item["Key"])
+                self.bucket._delete_object(item["Key"])
