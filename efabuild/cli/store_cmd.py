@@ -202,6 +202,10 @@ def run_gc(args: argparse.Namespace) -> int:
               f"{human_bytes(r.record.size)}  {_when(r.record.created)}")
     for tier, item in debris:  # names in tmp/ are anyone's: escaped, never raw on root's terminal
         print(f"{'would remove' if report.dry_run else 'removed'} leftover  {tier}  {shown(item)}")
+    for tier in sorted({tier for tier, _ in report.expired_chunks}):
+        count = sum(1 for t, _ in report.expired_chunks if t == tier)
+        done = f"would remove {count}" if report.dry_run else f"removed {report.expired_removed} of {count}"
+        print(f"{done} chunks lazy mounts left on the {tier} tier for other nodes, unread for a week")
     if report.chunks is not None and (report.chunks.deleted or report.chunks.marked):
         print(f"{verb} {report.chunks.deleted} s3 chunks no artifact uses ({human_bytes(report.chunks.deleted_bytes)})"
               + (f"; {report.chunks.marked} unused chunks marked, deleted by a gc after the grace period"
@@ -250,6 +254,8 @@ def _gc_json(report, debris: list[tuple[str, str]], busy: set) -> dict:  # noqa:
             for r in report.removals
         ],
         "debris": [{"tier": tier, "item": item} for tier, item in debris],
+        "expired_chunks": [{"tier": tier, "item": item} for tier, item in report.expired_chunks],
+        "expired_chunks_removed": report.expired_removed,
         "spared": [{"tier": r.tier, "key": r.record.key, "name": r.record.name, "size": r.record.size,
                     "created": r.record.created} for r in report.spared],
         "kept": list(report.kept),

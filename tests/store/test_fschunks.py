@@ -185,7 +185,8 @@ def test_gc_removes_chunks_unread_for_a_week_and_stale_claims_only(tier, tmp_pat
     planted = tier.root / "chunks" / old[:2] / (old[:2] + "f" * 62)
     planted.symlink_to(target)
     report = collect_garbage([tier], 1, (), dry_run=False, delete_remote=False, chunk_grace=0)
-    assert sorted(item for _, item in report.debris) == sorted([str(old_path), str(dead)])
+    assert sorted(item for _, item in report.expired_chunks) == sorted([str(old_path), str(dead)])
+    assert report.expired_removed == 2 and report.debris == ()
     assert not old_path.exists() and not dead.exists()
     assert chunks.get(young, len(young_data)) == young_data
     assert (tier.root / "chunks" / live_claim[:2] / f"{live_claim}.claim").exists()

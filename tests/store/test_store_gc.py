@@ -366,3 +366,33 @@ def test_a_record_carries_its_platform_and_a_forged_one_is_refused():
         data = json.loads(record.to_json()) | {"platform": forged}
         with pytest.raises(EfabuildError, match="platform .* is not os/arch"):
             ArtifactRecord.from_dict(data)
+
+
+def test_gc_says_how_many_shared_chunks_it_expires_in_one_line(workspace):
+    """Chunks lazy mounts left on the shared tier for other nodes: one line with their count, not
+    one line each (a tier may hold a million)."""
+    import blake3
+
+    from efabuild.store.chunked import fschunks
+    from efabuild.store.chunked.fschunks import FsChunks
+
+    chunks = FsChunks(FilesystemTier(workspace / "fsx", "shared"))
+    week_ago = time.time() - fschunks.EXPIRE_SECONDS - 60
+    old = []
+    for n in range(5):
+        data = os.urandom(1000 + n)
+        cid = blake3.blake3(data).hexdigest()
+        assert chunks.put(cid, data)
+        if n < 3:
+            path = workspace / "fsx" / "chunks" / cid[:2] / cid
+            os.utime(path, (week_ago, week_ago))
+            old.append(path)
+    dry = efabuild("gc", cwd=workspace, check=True).stdout
+    assert "would remove 3 chunks lazy mounts left on the shared tier for other nodes, unread for a week" in dry
+    assert all(path.exists() for path in old)
+    done = efabuild("gc", "--yes", "--json", cwd=workspace, check=True)
+    data = json.loads(done.stdout)
+    assert data["expired_chunks_removed"] == 3 and sorted(i["item"] for i in data["expired_chunks"]) == \
+        sorted(map(str, old))
+    assert not any(path.exists() for path in old)
+    assert len(list((workspace / "fsx" / "chunks").glob("*/*"))) == 2

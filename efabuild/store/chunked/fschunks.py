@@ -301,12 +301,15 @@ def is_chunk_path(tier, path: Path) -> bool:  # noqa: ANN001
     return path.parent.parent == Path(tier.root) / CHUNKS_DIR and _is_entry(path.name, path.parent.name)
 
 
-def remove(tier, path: Path) -> None:  # noqa: ANN001
-    """Remove one chunk or claim expired() reported, if it still is (read meanwhile: kept)."""
+def remove(tier, path: Path) -> bool:  # noqa: ANN001
+    """Remove one chunk or claim expired() reported, if it still is (read meanwhile: kept);
+    whether it was removed."""
     path = Path(path)
     if not is_chunk_path(tier, path):
-        return
+        return False
     with contextlib.suppress(OSError, UnsafeEntry), \
             fsutil.store_dir(tier.root, CHUNKS_DIR, path.parent.name) as fd:
         if _expired(os.stat(path.name, dir_fd=fd, follow_symlinks=False), path.name, time.time()):
             os.unlink(path.name, dir_fd=fd)
+            return True
+    return False

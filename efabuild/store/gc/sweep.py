@@ -38,6 +38,10 @@ class GcReport(NamedTuple):
     busy: tuple[tuple[str, str], ...] = ()  # (tier, key) skipped: in use by a publisher or fetcher
     spared: tuple[Removal, ...] = ()  # what S3 would lose if asked (a bare store's gc without --s3)
     chunks: object | None = None  # s3chunks.ChunkGc: the S3 tier's shared chunks, swept after a grace period
+    # (tier, path) of the chunks lazy mounts left on a filesystem tier for other nodes, unread for a
+    # week, and stale fetch claims (store/chunked/fschunks.py): a cache, reported as one count
+    expired_chunks: tuple[tuple[str, str], ...] = ()
+    expired_removed: int = 0  # of those, removed (one read meanwhile is kept)
 
 
 def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: bool, delete_remote: bool,
@@ -60,13 +64,17 @@ def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: b
     removals = tuple(r for r in doomed if r.tier != S3_TIER or delete_remote)
     spared = tuple(r for r in doomed if r not in removals)
     debris = tuple((tier.name, item) for tier in deleting for item in find_debris(tier))
-    report = GcReport(keep, dry_run, removals, tuple(sorted(keep_keys)), debris, spared=spared)
+    expired = tuple((tier.name, str(path)) for tier in deleting if isinstance(tier, FilesystemTier)
+                    for path in fschunks.expired(tier))
+    report = GcReport(keep, dry_run, removals, tuple(sorted(keep_keys)), debris, spared=spared,
+                      expired_chunks=expired)
     if not dry_run:
         for tier in deleting:
-            if isinstance(tier, FilesystemTier) and (any(r.tier == tier.name for r in removals)
-                                                     or any(t == tier.name for t, _ in debris)):
+            if isinstance(tier, FilesystemTier) and any(t == tier.name for t, *_ in (*removals, *debris, *expired)):
                 _check_writable(tier)
-        report = report._replace(busy=remove(tiers, removals, debris))
+        by_name = {tier.name: tier for tier in tiers}
+        removed = sum(fschunks.remove(by_name[name], Path(path)) for name, path in expired)
+        report = report._replace(busy=remove(tiers, removals, debris), expired_removed=removed)
     s3 = next((tier for tier in deleting if tier.name == S3_TIER), None)
     if s3 is not None:
         from efabuild.store.chunked.s3 import collect
@@ -138,20 +146,17 @@ def _check_writable(tier: FilesystemTier) -> None:
 
 
 def find_debris(tier, now: float | None = None) -> list[str]:  # noqa: ANN001 - a Tier
-    """What interrupted writers left on `tier` (store/gc/leftovers.py, s3leftovers.py) and, on a
-    filesystem tier, the chunks lazy mounts left there for other nodes that nobody read for a week."""
+    """What interrupted writers left on `tier` (store/gc/leftovers.py, s3leftovers.py)."""
     if isinstance(tier, FilesystemTier):
-        return [str(path) for path in (*leftovers.find(tier, now), *fschunks.expired(tier, now))]
+        return [str(path) for path in leftovers.find(tier, now)]
     return s3leftovers.find(tier, now)
 
 
 def remove_debris(tier, item: str) -> None:  # noqa: ANN001
-    if not isinstance(tier, FilesystemTier):
-        s3leftovers.remove(tier, item)
-    elif fschunks.is_chunk_path(tier, Path(item)):
-        fschunks.remove(tier, Path(item))
-    else:
+    if isinstance(tier, FilesystemTier):
         leftovers.remove(tier, Path(item))
+    else:
+        s3leftovers.remove(tier, item)
 
 
 def remove(tiers: list, removals: tuple[Removal, ...], debris: tuple) -> tuple:
