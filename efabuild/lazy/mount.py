@@ -158,4 +158,6 @@ def serve(table: StoreConfig, ref: str, mountpoint: Path, *, cache_dir: Path, ca
             mfusepy.FUSE(SqshFile(f"{artifact.key}.sqsh", source), str(mountpoint), foreground=True, ro=True,
                          kernel_cache=True, nothreads=False, fsname=f"efabuild:{artifact.key[:12]}")
         finally:
+            for chunks in shared:
+                chunks.release_all()
             cache.close()

@@ -155,6 +155,10 @@ def test_release_removes_only_this_node_s_claim(tier):
     assert claim.exists()
     second.release(cid)
     assert not claim.exists()
+    held = [_chunk()[0] for _ in range(3)]
+    assert all(first.claim(c) == OURS for c in held)
+    first.release_all()  # an unmount while its prefetch fetched
+    assert not any((tier.root / "chunks" / c[:2] / f"{c}.claim").exists() for c in held)
 
 
 def test_a_wrong_file_at_an_id_is_replaced_by_the_next_verified_copy(tier):

@@ -201,6 +201,14 @@ class FsChunks:
             if found == held:
                 os.unlink(cid + CLAIM_SUFFIX, dir_fd=dir_fd)
 
+    def release_all(self) -> None:
+        """Remove every claim this node still holds (a mount unmounted while its prefetch fetched):
+        the other nodes need not wait CLAIM_FRESH to see it is gone."""
+        with self._lock:
+            held = list(self._held)
+        for cid in held:
+            self.release(cid)
+
     def _heartbeat(self) -> None:
         """Touch our claims while their fetches run: a slow fetch is not taken for a dead node."""
         while True:
