@@ -157,9 +157,6 @@ class Layout:
             raise EfabuildError(f"{shown(path)}: artifact record is not a JSON object")
         return data
 
-    def read_envelope(self, key: str) -> bytes | None:
-        return fsutil.read_under(self.root, self.envelope_path(key), ENVELOPE_LIMIT)
-
     def keys(self) -> list[str]:
         """Keys of committed objects, sorted. Entries efabuild does not write are skipped with a
         warning that names them."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from efabuild.errors import EfabuildError
 from efabuild.refs import check_key, short
+from efabuild.store.layout import ENVELOPE_SUFFIX, MANIFEST_SUFFIX
 
 if TYPE_CHECKING:
     from efabuild.chunks.cdc import ChunkIndex
@@ -45,13 +46,16 @@ class Tier(abc.ABC):
         """The checked record of `key`, None when absent."""
 
     @abc.abstractmethod
-    def manifest(self, key: str) -> bytes | None: ...
+    def sidecar(self, key: str, suffix: str) -> bytes | None:
+        """A file stored beside a committed `.sqsh` by its suffix (the manifest, the signed
+        statement, the chunk index), read bounded by what that kind may hold; None when absent."""
 
-    @abc.abstractmethod
-    def sidecar(self, key: str, suffix: str) -> bytes | None: ...
+    def manifest(self, key: str) -> bytes | None:
+        return self.sidecar(key, MANIFEST_SUFFIX)
 
-    @abc.abstractmethod
-    def envelope(self, key: str) -> bytes | None: ...
+    def envelope(self, key: str) -> bytes | None:
+        """The signed statement's bytes (one DSSE envelope), None when unsigned or absent."""
+        return self.sidecar(key, ENVELOPE_SUFFIX)
 
     @abc.abstractmethod
     def write_envelope(self, key: str, envelope: bytes) -> None: ...

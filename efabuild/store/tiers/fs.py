@@ -30,7 +30,7 @@ from efabuild.chunks.cdc import ChunkIndex
 from efabuild.display import shown
 from efabuild.host.fsutil import UnsafeEntry
 from efabuild.host.owner import owned_name
-from efabuild.store.layout import (ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_LIMIT, MANIFEST_SUFFIX, RECORD_SUFFIX,
+from efabuild.store.layout import (ENVELOPE_LIMIT, ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_LIMIT, RECORD_SUFFIX,
                                     SQSH_SUFFIX, Layout)
 from efabuild.store.lock import FileLock
 from efabuild.store.tiers.fsnames import FsNames
@@ -79,27 +79,14 @@ class FilesystemTier(Tier):
             raise EfabuildError(f"{where}: the record is for key {short(record.key)}, not for its file name")
         return record
 
-    def manifest(self, key: str) -> bytes | None:
-        return self.sidecar(key, MANIFEST_SUFFIX)
-
     def sidecar(self, key: str, suffix: str) -> bytes | None:
-        """A file stored beside a committed .sqsh (e.g. its manifest), None when absent."""
         if not self.has(key):
             return None
+        limit = ENVELOPE_LIMIT if suffix == ENVELOPE_SUFFIX else MANIFEST_LIMIT
         try:
-            return fsutil.read_under(self.root, self.layout.object_dir(key) / (key + suffix), MANIFEST_LIMIT)
+            return fsutil.read_under(self.root, self.layout.object_dir(key) / (key + suffix), limit)
         except UnsafeEntry as exc:
-            _warn(f"{self.name} tier: ignoring {exc}")  # then: no such file, as audit and show say
-            return None
-
-    def envelope(self, key: str) -> bytes | None:
-        """The signed statement's bytes (one DSSE envelope), None when unsigned or absent."""
-        if not self.has(key):
-            return None
-        try:
-            return self.layout.read_envelope(key)
-        except UnsafeEntry as exc:
-            _warn(f"{self.name} tier: ignoring {exc}")  # then: unsigned, as verify says
+            _warn(f"{self.name} tier: ignoring {exc}")  # then: no such file (unsigned), as audit, show and verify say
             return None
 
     def write_envelope(self, key: str, envelope: bytes) -> None:

@@ -122,12 +122,10 @@ class S3Tier(S3Bucket, Tier):
             return None
         return ArtifactRecord.from_json(data, self.url(self.record_object(key)))
 
-    def manifest(self, key: str) -> bytes | None:
-        return self.sidecar(key, MANIFEST_SUFFIX)
-
     def sidecar(self, key: str, suffix: str) -> bytes | None:
-        """An object stored beside the .sqsh (e.g. its manifest), None when absent."""
         path = self._path("objects", key[:2], check_key(key) + suffix)
+        if suffix == ENVELOPE_SUFFIX:
+            return self._get_bytes(path, ENVELOPE_LIMIT)
         if suffix != INDEX_SUFFIX:
             return self._get_bytes(path)
         try:  # no more than an index may hold is read
@@ -139,10 +137,6 @@ class S3Tier(S3Bucket, Tier):
 
     def describe(self, key: str) -> str:
         return self.url(self.sqsh_object(key))
-
-    def envelope(self, key: str) -> bytes | None:
-        """The signed statement (one DSSE envelope), None when unsigned."""
-        return self._get_bytes(self.envelope_object(check_key(key)), ENVELOPE_LIMIT)
 
     def write_envelope(self, key: str, envelope: bytes) -> None:
         """Replace the signed statement of a committed object (a signature was added): one PUT, seen whole."""
