@@ -264,6 +264,14 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
+def write_synced(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd` and sync it: what goes before a rename or link makes it visible."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
+
 def atomic_write_bytes(path: Path, data: bytes, tmp_dir: Path, mode: int = 0o644) -> None:
     """Replace `path` with `data` so readers see the old or the new content, never a mix.
 
@@ -278,10 +286,7 @@ def atomic_write_bytes(path: Path, data: bytes, tmp_dir: Path, mode: int = 0o644
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                      dir_fd=tmp_fd)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            write_synced(fd, data)
         except BaseException:
             os.close(fd)
             os.unlink(tmp, dir_fd=tmp_fd)

@@ -32,6 +32,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from efabuild import notices
 from efabuild.display import shown
 from efabuild.host import fsutil
 from efabuild.host.pids import host_name, pid_alive
@@ -45,6 +46,11 @@ POSIX = "posix"
 EXCLUSIVE_FILE = "exclusive-file"
 AUTO = "auto"
 
+
+
+def note_waiting(what: str) -> None:
+    """A lock's on_wait for a store's locks: one line, once, while another process holds `what`."""
+    notices.note(f"waiting for another process holding {what}")
 
 class LockBusy(Exception):
     """A non-blocking acquire found the lock held."""

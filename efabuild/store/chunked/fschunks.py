@@ -69,9 +69,9 @@ class FsChunks:
 
     def get(self, cid: str, length: int) -> bytes | None:
         """The chunk's bytes when the tier holds them intact, else None."""
-        if not is_chunk_id(cid) or not self.root.is_dir():
+        if not is_chunk_id(cid):
             return None
-        try:
+        try:  # a missing root (FSx not mounted) fails here like a missing chunk
             with fsutil.store_dir(self.root, CHUNKS_DIR, cid[:2]) as dir_fd:
                 fd = os.open(cid, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
         except (OSError, UnsafeEntry):
@@ -100,10 +100,7 @@ class FsChunks:
                 fd = os.open(tmp.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444,
                              dir_fd=tmp_fd)
                 try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    os.fsync(fd)  # linked only once its bytes are on the disk: no zeros after a crash
+                    fsutil.write_synced(fd, data)  # linked only once its bytes are on the disk: no zeros after a crash
                 finally:
                     os.close(fd)
                 with self._fanout(cid) as dir_fd:

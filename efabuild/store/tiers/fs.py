@@ -32,7 +32,7 @@ from efabuild.host.fsutil import UnsafeEntry
 from efabuild.host.owner import owned_name
 from efabuild.store.layout import (ENVELOPE_LIMIT, ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_LIMIT, RECORD_SUFFIX,
                                     SQSH_SUFFIX, Layout)
-from efabuild.store.lock import FileLock
+from efabuild.store.lock import FileLock, note_waiting
 from efabuild.store.tiers.fsnames import FsNames
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
@@ -42,10 +42,6 @@ from efabuild.store.tiers.base import PUBLISHED, REPAIRED, REUSED, S3_TIER, Tier
 
 def _warn(message: str) -> None:
     notices.warn(message)
-
-
-def _on_wait(what: str) -> None:
-    notices.note(f"waiting for another process holding {what}")
 
 
 class FilesystemTier(Tier):
@@ -141,7 +137,7 @@ class FilesystemTier(Tier):
 
     # ---- locks
     def key_lock(self, key: str, **options: object) -> FileLock:
-        return FileLock(self.layout.key_lock_path(check_key(key)), on_wait=_on_wait, root=self.root, **options)
+        return FileLock(self.layout.key_lock_path(check_key(key)), on_wait=note_waiting, root=self.root, **options)
 
     def build_lock(self, key: str, **options: object) -> FileLock:
         """One make at a time builds, exports and publishes a key; the others wait, then reuse."""

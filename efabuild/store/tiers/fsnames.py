@@ -14,14 +14,10 @@ from efabuild.errors import EfabuildError
 from efabuild.host import fsutil
 from efabuild.refs import check_key
 from efabuild.store.layout import Layout
-from efabuild.store.lock import FileLock
+from efabuild.store.lock import FileLock, note_waiting
 from efabuild.store.record import utc_now
 
 MAX_REF_HISTORY = 1000
-
-
-def _on_wait(what: str) -> None:
-    notices.note(f"waiting for another process holding {what}")
 
 
 class FsNames:
@@ -42,7 +38,7 @@ class FsNames:
         """`via="s3"` marks an entry copied from the S3 tier's names by a fetch: S3 stays the
         authority for that name."""
         check_key(key)
-        with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait, root=self.root):
+        with FileLock(self.layout.ref_lock_path(name), on_wait=note_waiting, root=self.root):
             history = self.layout.read_refs(name)
             if history and history[-1]["key"] == key and history[-1].get("index") == index:
                 return False
@@ -56,7 +52,7 @@ class FsNames:
             return True
 
     def drop(self, name: str, keys: set[str]) -> None:
-        with FileLock(self.layout.ref_lock_path(name), on_wait=_on_wait, root=self.root):
+        with FileLock(self.layout.ref_lock_path(name), on_wait=note_waiting, root=self.root):
             history = self.layout.read_refs(name)
             # the newest entry stays even when its object went: a make that made it current while
             # gc ran must leave the name failing loudly, never quietly back on an older image
