@@ -268,7 +268,33 @@ def allocated_bytes(path: Path) -> int:
     return total
 
 
-class PeakSize:
+class Sampler:
+    """Calls `sample()` every `interval` seconds on a thread while open, and once more on closing."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def __enter__(self):  # noqa: ANN204 - the sampler itself
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+class PeakSize(Sampler):
     """Samples how much disk a directory occupies while a step runs; `peak` is the largest seen.
 
     Sampling can miss a short-lived peak, so it is used only where the expected answer is "the
@@ -276,24 +302,11 @@ class PeakSize:
     """
 
     def __init__(self, directory: Path, interval: float = 0.02) -> None:
+        super().__init__(interval)
         self.directory = directory
-        self.interval = interval
         self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
 
-    def _watch(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _flat_allocated(self.directory))
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> PeakSize:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> None:
         self.peak = max(self.peak, _flat_allocated(self.directory))
 
 

@@ -10,8 +10,9 @@ lifetime's high-water mark) is sampled by name beside them.
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
+
+from benchmarks.common import Sampler
 
 DAEMONS = ("dockerd", "containerd", "buildkitd")
 
@@ -51,21 +52,19 @@ def _program(pid: str, name: str) -> str:
     return name
 
 
-class ProcessPeaks:
+class ProcessPeaks(Sampler):
     """Samples, while open, every descendant of this process and the engine's daemons; `peaks`
     maps a program's name to the largest resident size any process of that name reached."""
 
     def __init__(self, interval: float = 0.05) -> None:
-        self.interval = interval
+        super().__init__(interval)
         self.root = os.getpid()
         self.peaks: dict[str, int] = {}
         # anonymous memory alone (RssAnon, sampled): what a process holds beyond the page cache's
         # file pages it maps, which the kernel can reclaim (an mmap'd .sqsh read through counts in VmHWM)
         self.anon: dict[str, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
         parents: dict[str, str] = {}
         statuses: dict[str, dict[str, str]] = {}
         for entry in Path("/proc").iterdir():
@@ -92,16 +91,3 @@ class ProcessPeaks:
         kept = self.peaks if into is None else into
         if size > kept.get(name, 0):
             kept[name] = size
-
-    def _watch(self) -> None:
-        while not self._stop.is_set():
-            self._sample()
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> ProcessPeaks:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()

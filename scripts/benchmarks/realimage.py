@@ -9,6 +9,7 @@ each library's first 4 MiB, as the tests do.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import random
@@ -29,7 +30,8 @@ LARGE_BYTES = 512 * MiB
 SMALL_PER_DIR = 200
 
 
-def fetcher():  # noqa: ANN201 - the fetch-real-binaries script as a module
+@functools.cache
+def fetcher():  # noqa: ANN201 - the fetch-real-binaries script as a module, loaded once
     spec = importlib.util.spec_from_file_location("fetch_real_binaries", REPO_ROOT / "scripts" / "fetch-real-binaries.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
 import shutil
 import subprocess
@@ -181,8 +182,6 @@ def _incremental(scratch: Path, image: str) -> dict:
     from efabuild.export.squash import export_image
     from efabuild.settings import BuilderSettings, ExportSettings
     from efabuild.signing import verifycache
-
-    import os
 
     engine, options = connect(BuilderSettings()), ExportSettings()
     (scratch / "verified").mkdir(mode=0o700, exist_ok=True)
