@@ -30,6 +30,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 def run(args: argparse.Namespace) -> int:
     from efabuild.cli.output import print_json, print_table
     from efabuild.store.progress import human_bytes
+    from efabuild.store.gc.s3chunks import bucket_usage
     from efabuild.store.tiered import Store
     from efabuild.refs import short
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     for tier in store.fs_tiers:
         records = tier.list()
         tiers[tier.name] = {"artifacts": len(records), "bytes": sum(r.size for r in records)}
-    artifacts, stored, garbage = ({}, 0, 0) if store.s3 is None else store.s3.usage()
+    artifacts, stored, garbage = ({}, 0, 0) if store.s3 is None else bucket_usage(store.s3)
     if store.s3 is not None:
         logical = sum(record.size for record, _ in artifacts.values())
         tiers["s3"] = {"artifacts": len(artifacts), "bytes": logical, "stored_bytes": stored,

@@ -130,12 +130,13 @@ def run_ls(args: argparse.Namespace) -> int:
     from efabuild.cli.output import print_json, print_table
     from efabuild.store.progress import human_bytes
     from efabuild.refs import short
+    from efabuild.store.gc.s3chunks import bucket_usage
 
     store = _store(args)
     listings = store.ls(remote=not args.no_s3)
     # what each S3 artifact takes in the bucket as stored, and what only it references
     in_s3 = [l.record for l in listings if "s3" in l.tiers]
-    usage = {key: u for key, (_, u) in store.s3.usage(in_s3)[0].items()} if in_s3 else {}
+    usage = {key: u for key, (_, u) in bucket_usage(store.s3, in_s3)[0].items()} if in_s3 else {}
     if args.json:
         out = [{**listing.record.to_dict(), "tiers": list(listing.tiers),
                 "s3_stored": _field(usage.get(listing.record.key), "stored"),

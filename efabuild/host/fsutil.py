@@ -17,16 +17,12 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from efabuild.display import shown
 from efabuild.errors import EfabuildError
 from efabuild.host.owner import Owner, owned_name, remove_dead_owned
-
-if TYPE_CHECKING:
-    from efabuild.store.progress import Progress
 
 COPY_CHUNK = 64 * 1024 * 1024
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -303,10 +299,11 @@ def atomic_write_bytes(path: Path, data: bytes, tmp_dir: Path, mode: int = 0o644
         os.fsync(dir_fd)
 
 
-def copy_file(source: Path, dest: Path, progress: Progress | None = None) -> None:
+def copy_file(source: Path, dest: Path, progress: Callable[[int], None] | None = None) -> None:
     """Copy into a new file `dest` (must not exist; made 0644, whatever the umask: in a shared
     tier's tmp/, a descriptor a group member opened for writing meanwhile would outlive the 0444
-    an artifact is published with) and fsync it; the kernel copies when it can."""
+    an artifact is published with) and fsync it; the kernel copies when it can. `progress` is
+    called with each count of bytes copied."""
     with open(source, "rb") as src, open(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
                                                   0o644), "wb") as dst:
         total = os.fstat(src.fileno()).st_size
@@ -329,7 +326,7 @@ def copy_file(source: Path, dest: Path, progress: Progress | None = None) -> Non
                 raise OSError(errno.EIO, f"{source} shrank while being copied")
             done += count
             if progress:
-                progress.update(count)
+                progress(count)
         dst.flush()
         os.fsync(dst.fileno())
 

@@ -38,6 +38,9 @@ MANIFEST_SUFFIX = ".manifest.json"
 ENVELOPE_SUFFIX = ".intoto.jsonl"
 INDEX_SUFFIX = ".chunks.json"  # the chunk index kept beside an artifact (chunks/cdc.py)
 CONFIG_FILE = "store.toml"
+# a directory someone put at an artifact's name, moved aside into tmp/ by the publish that
+# repaired it (gc removes it: store/gc/leftovers.py)
+PLANTED_PREFIX = "planted"
 # Upper bounds of what efabuild writes, so a planted file cannot make a reader exhaust memory
 RECORD_LIMIT = 1 << 20
 REFS_LIMIT = 4 << 20  # MAX_REF_HISTORY entries

@@ -98,7 +98,7 @@ class Store(Checks, Naming):
 
     @property
     def chunk_grace(self) -> float:  # how long gc leaves a chunk it found unreferenced
-        from efabuild.store.chunked.s3 import DEFAULT_GRACE  # loaded only when gc needs it
+        from efabuild.store.gc.s3chunks import DEFAULT_GRACE  # loaded only when gc needs it
 
         return DEFAULT_GRACE if self._chunk_grace is None else float(self._chunk_grace)
 

@@ -264,6 +264,7 @@ def _time_ls(root: Path, settings, client, repeats: int) -> _Listed:  # noqa: AN
     """What `efabuild ls` asks S3 (every record, and every chunk index for the S3 STORED/UNIQUE
     column) on a node holding nothing, vs the baseline: a boto3 listing of objects/ and a GET of
     each record, the least any listing of names, sizes and dates costs. Interleaved, warm."""
+    from efabuild.store.gc.s3chunks import bucket_usage
     from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.tiered import Store
 
@@ -274,7 +275,7 @@ def _time_ls(root: Path, settings, client, repeats: int) -> _Listed:  # noqa: AN
 
     def ls() -> None:
         listings = node.ls()
-        node.s3.usage([listing.record for listing in listings])
+        bucket_usage(node.s3, [listing.record for listing in listings])
 
     def records() -> None:
         for item in _listing(client, settings.bucket, prefix):

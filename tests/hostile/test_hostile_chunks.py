@@ -289,7 +289,7 @@ def test_a_forged_gc_mark_never_deletes_a_chunk_that_an_index_references(tmp_pat
     import json
     import time
 
-    from efabuild.store.chunked.s3 import collect
+    from efabuild.store.gc.s3chunks import collect
 
     store = store_at(tmp_path / "cache", settings, "local")
     key = publish(store, versions[0])
@@ -416,7 +416,7 @@ def test_names_planted_in_the_gc_trash_never_remove_a_running_gc_s_entry(tmp_pat
     import time
 
     from efabuild.store.gc import chunks as chunksweep
-    from efabuild.store.chunked.s3 import collect
+    from efabuild.store.gc.s3chunks import collect
 
     store = store_at(tmp_path / "cache", settings, "local")
     publish(store, versions[0])
@@ -469,7 +469,7 @@ def test_a_flooded_objects_prefix_is_one_line_naming_it_and_the_bound(tmp_path, 
     """Objects planted under objects/ stop gc, ls and a lookup by key prefix (which the plan asks
     too) at a bound, with one line naming the bucket, the prefix and the bound, and gc deletes
     nothing. (The bound is lowered here so that the test plants 250 objects, not millions.)"""
-    from efabuild.store.tiers import s3client
+    from efabuild.store import s3client
 
     builder = store_at(tmp_path / "cache", settings, "local")
     old, new = publish(builder, versions[0]), publish(builder, versions[1])

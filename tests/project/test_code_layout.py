@@ -124,7 +124,8 @@ DEFERRED: dict[str, set[str]] = {
     # runs is imported in its function
     "efabuild.cli.common": {"efabuild.grammar", "efabuild.host.fsutil", "efabuild.redact", "efabuild.workspace"},
     "efabuild.cli.doctor_cmd": {"efabuild.cli.output", "efabuild.configfile", "efabuild.doctor", "efabuild.store"},
-    "efabuild.cli.du_cmd": {"efabuild.cli.output", "efabuild.refs", "efabuild.store.progress", "efabuild.store.tiered"},
+    "efabuild.cli.du_cmd": {"efabuild.cli.output", "efabuild.refs", "efabuild.store.gc.s3chunks", "efabuild.store.progress",
+                             "efabuild.store.tiered"},
     "efabuild.cli.graph_cmd": {
         "efabuild.cli.graphviz", "efabuild.cli.picture", "efabuild.dag", "efabuild.make.prepare"},
     "efabuild.cli.lint_cmd": {"efabuild.cli.output", "efabuild.lint", "efabuild.lint.sarif", "efabuild.workspace"},
@@ -159,7 +160,8 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.cli.store_cmd": {
         "efabuild.cli.common", "efabuild.cli.output", "efabuild.engine.client", "efabuild.engine.leftovers",
         "efabuild.host.scratch", "efabuild.make.oldimages", "efabuild.make.prepare", "efabuild.refs",
-        "efabuild.store.chunked.health", "efabuild.store.config", "efabuild.store.progress", "efabuild.store.tiered"},
+        "efabuild.store.chunked.health", "efabuild.store.config", "efabuild.store.gc.s3chunks", "efabuild.store.progress",
+        "efabuild.store.tiered"},
     # ctypes and subprocess with the first docker process: a plan on the socket starts none
     "efabuild.engine.client": {"efabuild.host.children"},
     # with the export: a no-op make's leftover listing needs none
@@ -200,11 +202,10 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.store": {"efabuild.store.record", "efabuild.store.tiered"},
     "efabuild.store.chunked.send": {"efabuild.store.chunked.s3"},
     "efabuild.store.layout": {"efabuild.configfile"},
-    "efabuild.store.chunked.s3": {
-        "efabuild.store.gc.chunks", "efabuild.store.gc.lock", "efabuild.store.tiers.s3client"},
+    "efabuild.store.chunked.s3": {"efabuild.store.s3client"},
     "efabuild.store.chunked.seeds": {"efabuild.store.chunked.assembly"},
-    "efabuild.store.gc.sweep": {"efabuild.store.chunked.s3"},
-    "efabuild.store.tiered": {"efabuild.store.tiers.s3", "efabuild.store.chunked.s3"},
+    "efabuild.store.gc.sweep": {"efabuild.store.gc.s3chunks"},
+    "efabuild.store.tiered": {"efabuild.store.tiers.s3", "efabuild.store.gc.s3chunks"},
     # the S3 health check loads the S3 chunk store (attrs): a plan or lookup without S3 runs none
     "efabuild.store.tierhealth": {"efabuild.store.chunked.health"},
     # ctypes and the native helper (2 ms): loaded by an ancestor's check, not by every lookup
@@ -217,6 +218,7 @@ DEFERRED: dict[str, set[str]] = {
 class Imports(NamedTuple):
     top: dict[str, set[str]]  # module -> what its header imports
     deferred: dict[str, set[str]]  # module -> what its functions import
+    typing: dict[str, set[str]]  # module -> what its `if TYPE_CHECKING:` blocks name
 
 
 def _module_name(path: Path) -> str:
@@ -251,22 +253,23 @@ def _is_type_checking(node: ast.AST) -> bool:
 
 
 def _import_graph() -> Imports:
-    """Every import of one efabuild module by another, at the header or inside a function
-    (`if TYPE_CHECKING:` blocks load nothing and do not count)."""
+    """Every import of one efabuild module by another: at the header, inside a function, or in an
+    `if TYPE_CHECKING:` block (which loads nothing, but still ties the two modules' concepts)."""
     paths = {_module_name(p): p for p in _modules()}
-    imports = Imports({name: set() for name in paths}, {name: set() for name in paths})
+    imports = Imports(*({name: set() for name in paths} for _ in range(3)))
 
-    def visit(name: str, node: ast.AST, in_function: bool, is_package: bool) -> None:
+    def visit(name: str, node: ast.AST, into: dict[str, set[str]], is_package: bool) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
-                into = imports.deferred if in_function else imports.top
                 into[name].update(_targets(name, child, is_package, set(paths)))
-            elif not _is_type_checking(child):
-                visit(name, child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)),
-                      is_package)
+            elif _is_type_checking(child):
+                visit(name, child, imports.typing, is_package)
+            else:
+                in_function = isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+                visit(name, child, imports.deferred if in_function and into is imports.top else into, is_package)
 
     for name, path in paths.items():
-        visit(name, ast.parse(path.read_text()), False, path.name == "__init__.py")
+        visit(name, ast.parse(path.read_text()), imports.top, path.name == "__init__.py")
     return imports
 
 
@@ -281,8 +284,15 @@ def _package(module: str) -> str:
 def _edges(imports: Imports) -> dict[str, set[str]]:
     # a module importing its own package (`from efabuild.store import Store`) is no cycle: Python
     # has run the package's __init__ before any module in it
-    return {name: {t for t in imports.top[name] | imports.deferred[name] if not name.startswith(t + ".")}
+    return {name: {t for t in imports.top[name] | imports.deferred[name] | imports.typing[name]
+                   if not name.startswith(t + ".")}
             for name in imports.top}
+
+
+def _home(module: str) -> tuple[str, ...]:
+    """The package a module sits in, at its full depth (efabuild.store.gc.sweep: efabuild.store.gc)."""
+    parts = tuple(module.split("."))
+    return parts if (PACKAGE.joinpath(*parts[1:]) / "__init__.py").exists() else parts[:-1]
 
 
 def _cycles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
@@ -331,10 +341,19 @@ def test_no_import_cycle_between_files():
     assert _cycles(_edges(_import_graph())) == set()
 
 
-def test_no_import_cycle_between_packages():
+def test_no_import_cycle_between_packages_at_any_depth():
+    """Two sibling packages at any depth (store.chunked and store.gc, host and store) import each
+    other in one direction only. A package and a package inside it are no siblings: store/'s own
+    modules sit below and above its subpackages alike."""
     packages: dict[str, set[str]] = {}
     for name, targets in _edges(_import_graph()).items():
-        packages.setdefault(_package(name), set()).update(_package(t) for t in targets if _package(t) != _package(name))
+        for target in targets:
+            home, there = _home(name), _home(target)
+            common = 0
+            while common < min(len(home), len(there)) and home[common] == there[common]:
+                common += 1
+            if common < len(home) and common < len(there):  # siblings under their common package
+                packages.setdefault(".".join(home[:common + 1]), set()).add(".".join(there[:common + 1]))
     assert _cycles(packages) == set()
 
 

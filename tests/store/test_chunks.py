@@ -204,7 +204,7 @@ def chunk_store(moto_server: str, s3_bucket: str) -> ChunkStore:
 def test_gc_deletes_a_chunk_only_after_a_grace_period_in_which_nothing_used_it(tmp_path, chunk_store, s3_client):
     import time
 
-    from efabuild.store.chunked.s3 import collect
+    from efabuild.store.gc.s3chunks import collect
 
     one, two = shifted_versions(tmp_path)
     a, b = chunk_file(one, chunking=SMALL), chunk_file(two, chunking=SMALL)
@@ -243,7 +243,7 @@ def test_gc_run_more_often_than_the_grace_period_still_frees_a_chunk(tmp_path, c
     with an hour's grace, it would then never free a chunk: a mark is kept until it is `grace` old."""
     import time
 
-    from efabuild.store.chunked.s3 import collect
+    from efabuild.store.gc.s3chunks import collect
 
     one, _ = shifted_versions(tmp_path, size=256 * KiB)
     index = chunk_file(one, chunking=SMALL)
@@ -261,7 +261,7 @@ def test_gc_keeps_a_chunk_sent_again_after_its_mark(tmp_path, chunk_store, s3_cl
     import math
     import time
 
-    from efabuild.store.chunked.s3 import collect
+    from efabuild.store.gc.s3chunks import collect
 
     one, _ = shifted_versions(tmp_path, size=256 * KiB)
     index = chunk_file(one, chunking=SMALL)
@@ -283,7 +283,7 @@ def test_gc_keeps_a_chunk_sent_again_after_its_mark(tmp_path, chunk_store, s3_cl
 @pytest.mark.s3
 def test_gc_skips_a_junk_index_with_a_warning(tmp_path, chunk_store, monkeypatch):
     from efabuild import notices
-    from efabuild.store.chunked.s3 import collect
+    from efabuild.store.gc.s3chunks import collect
 
     said = []
     monkeypatch.setattr(notices, "_printer", lambda kind, message: said.append((kind, message)))

@@ -21,7 +21,8 @@ from efabuild.store.tiered import Store
 from efabuild.store.tiers.fs import FilesystemTier
 from efabuild.store.gc.sweep import find_debris
 from efabuild.store.tiers.s3 import S3Tier
-from efabuild.store.chunked.s3 import ChunkStore, collect
+from efabuild.store.chunked.s3 import ChunkStore
+from efabuild.store.gc.s3chunks import collect
 from tests.kits.storekit import CHUNKED, key_for, kill_publisher_at, make_sqsh, publish, record_for
 
 pytestmark = pytest.mark.s3

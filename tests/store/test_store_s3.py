@@ -16,7 +16,7 @@ from efabuild.store.tiered import Store
 from efabuild.store.tiers.fs import PUBLISHED, REUSED, FilesystemTier
 from efabuild.store.gc.sweep import find_debris, remove_debris
 from efabuild.store.tiers.s3 import S3Tier
-from efabuild.store.tiers.s3client import part_size_for
+from efabuild.store.s3client import part_size_for
 from tests.plugins.s3server import DUMMY_CREDENTIALS
 from tests.kits.storekit import (
     collect_warnings,

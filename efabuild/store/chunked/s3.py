@@ -1,11 +1,11 @@
-"""Chunks in S3: which ones the bucket lacks, one fetched and verified, gc (a file is assembled
-from seeds and downloads in store/chunked/assembly.py).
+"""Chunks in S3: which ones the bucket lacks, one fetched and verified (a file is assembled from
+seeds and downloads in store/chunked/assembly.py; gc's mark and sweep is store/gc/s3chunks.py).
 
 Layout under the tier's prefix (beside objects/ and refs/):
 
     chunks/<id[:2]>/<id>                 one chunk, zstd-compressed; id = blake3 of its raw bytes
     objects/<k[:2]>/<key>.chunks.json    the artifact's chunk index (efabuild.chunks.cdc)
-    gc/marks/<time>.json                 chunks that were unreferenced at that time (gc)
+    gc/marks/<time>.json                 chunks that were unreferenced at that time (store/gc/s3chunks.py)
     gc/trash/<id>                        a chunk gc is deleting (store/gc/chunks.py)
     gc/lock                              held by the gc that sweeps (store/gc/lock.py)
 
@@ -19,16 +19,12 @@ file against the index's digest, so neither a damaged object nor a damaged seed 
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
-import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 import attrs
 
 from efabuild import notices
-from efabuild.errors import EfabuildError
 from efabuild.store.chunked.ahead import AheadSlots
 from efabuild.chunks.cdc import (  # ChunkError: this module's, defined there for the facade
     MAX_INDEX_BYTES,
@@ -36,17 +32,13 @@ from efabuild.chunks.cdc import (  # ChunkError: this module's, defined there fo
     ChunkError,
     ChunkIndex,
     chunk_id,
-    is_chunk_id,
 )
-from efabuild.store.gc.chunkplan import MAX_MARK_BYTES, Mark, Usage, chunks_to_delete, usage
-from efabuild.store.layout import INDEX_SUFFIX, SQSH_SUFFIX
+from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.parallel import run_parallel
 
 ZSTD_LEVEL = 1  # -noD images compress well even at 1; at 3 a cold publish ran at 2/3 of the rate here
 CHUNKS_DIR = "chunks"
-MARKS_DIR = "gc/marks"
-DEFAULT_GRACE = 24 * 3600.0
-MAX_MARKS = 1_000  # gc writes one a run and deletes it after the grace period: more were planted
+TRASH_DIR = "gc/trash"  # where gc moves a chunk it deletes, until no index names it (store/gc/chunks.py)
 LIST_FROM = 8  # ids under one chunks/<d> from which one LIST (a page per 1,000 keys) beats a HEAD each
 LIST_PAGE = 1_000  # keys S3 gives in one LIST page at most
 # bytes the chunk downloads of one fetch hold at once (each its object and its raw bytes), whatever
@@ -76,6 +68,10 @@ def _etag(response: dict) -> str:
 
 def chunk_object(prefix_path: Callable[..., str], cid: str) -> str:
     return prefix_path(CHUNKS_DIR, cid[:2], cid)
+
+
+def trash_object(prefix_path: Callable[..., str], cid: str) -> str:
+    return prefix_path(TRASH_DIR, cid)
 
 
 def _compressor():  # noqa: ANN202 - zstandard.ZstdCompressor, one per thread
@@ -229,25 +225,6 @@ class ChunkStore:
                     referenced.update(index.unique())
         return referenced, skipped
 
-    def marks(self) -> list[tuple[str, Mark]]:
-        found = []
-        for item in self.tier._walk(self.tier._path(MARKS_DIR) + "/", most=MAX_MARKS):
-            try:
-                doc = json.loads(self.tier._get_bytes(item["Key"], MAX_MARK_BYTES) or b"")
-                mark = Mark(time=float(doc["time"]),
-                            unreferenced=frozenset(c for c in doc["unreferenced"] if is_chunk_id(c)))
-            except (ValueError, KeyError, TypeError, RecursionError, EfabuildError):
-                notices.warn(f"skipping {self.tier.url(item['Key'])}: not a gc mark")
-                continue
-            found.append((item["Key"], mark))
-        return found
-
-    def write_mark(self, mark: Mark) -> None:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(mark.time))
-        path = self.tier._path(MARKS_DIR, f"{stamp}-{uuid.uuid4().hex[:8]}.json")
-        body = json.dumps({"time": mark.time, "unreferenced": sorted(mark.unreferenced)}).encode()
-        self.tier._put_new(path, body, ContentType="application/json")
-
     def delete_objects(self, paths: list[str]) -> None:
         for start in range(0, len(paths), 1000):  # S3's limit per DeleteObjects call
             batch = paths[start:start + 1000]
@@ -258,13 +235,11 @@ class ChunkStore:
         """One chunk's raw bytes, verified against its id; and the bytes it took on the wire."""
         path = self.object(cid)
         what = self.tier.url(path)
-        from efabuild.store.tiers.s3client import retried  # boto3: only once S3 is used
+        from efabuild.store.s3client import retried  # boto3: only once S3 is used
 
         bound = _bound(length)
         body = retried(what, lambda: self.tier._get_bytes(path, bound, ChunkError), error=ChunkError)
         if body is None:  # a gc may have it in its trash this instant (store/gc/chunks.py)
-            from efabuild.store.gc.chunks import trash_object
-
             trashed = trash_object(self.tier._path, cid)
             body = retried(what, lambda: self.tier._get_bytes(trashed, bound, ChunkError), error=ChunkError)
         if body is None:
@@ -314,84 +289,3 @@ class _Budget:
             with self._changed:
                 self.free += amount
                 self._changed.notify_all()
-
-
-@attrs.frozen
-class ChunkGc:
-    deleted: int  # chunks deleted (or that would be, in a dry run)
-    deleted_bytes: int  # their stored (compressed) size
-    marked: int  # unreferenced chunks marked now, deleted by a later gc after the grace period
-    referenced: int  # distinct chunks that some index references
-    skipped_indexes: tuple[str, ...] = ()  # index objects that could not be read
-
-
-def collect(store: ChunkStore, *, grace: float = DEFAULT_GRACE, dry_run: bool = True,
-            now: float | None = None) -> ChunkGc:
-    """One mark-and-sweep pass over the tier's chunks (see chunks.chunks_to_delete); one that
-    deletes holds the bucket's gc lock (store/gc/lock.py), and fails with GcBusy when another does."""
-    # S3's clock: marks are compared with the chunks' LastModified, set by it
-    now = store.tier.server_time() if now is None else now
-    if dry_run:
-        return _collect(store, grace, dry_run, now)
-    from efabuild.store.gc.lock import sweeping_alone
-
-    with sweeping_alone(store.tier):
-        return _collect(store, grace, dry_run, now)
-
-
-def _collect(store: ChunkStore, grace: float, dry_run: bool, now: float) -> ChunkGc:
-    tier = store.tier
-    stored = {}
-    for item in tier._walk(tier._path(CHUNKS_DIR) + "/"):
-        cid = item["Key"].rsplit("/", 1)[-1]
-        if is_chunk_id(cid):
-            stored[cid] = (item["LastModified"].timestamp(), item.get("Size", 0))
-    referenced, skipped = store.referenced()
-    marks = store.marks()
-    doomed = chunks_to_delete({cid: t for cid, (t, _) in stored.items()}, referenced,
-                              [mark for _, mark in marks], now, grace)
-    unreferenced = set(stored) - referenced - doomed
-    if not dry_run:
-        from efabuild.store.gc.chunks import delete_chunks
-
-        doomed = delete_chunks(store, doomed, lambda: store.referenced()[0])
-        store.delete_objects([path for path, mark in marks if mark.time <= now - grace])
-        if unreferenced:
-            store.write_mark(Mark(time=now, unreferenced=frozenset(unreferenced)))
-    return ChunkGc(deleted=len(doomed), deleted_bytes=sum(stored[c][1] for c in doomed if c in stored), marked=len(unreferenced),
-                   referenced=len(referenced), skipped_indexes=tuple(skipped))
-
-
-def bucket_usage(tier, records: list | None = None) -> tuple[dict[str, tuple[object, Usage]], int, int]:  # noqa: ANN001
-    """What each artifact costs in the bucket as stored (compressed chunks, or its whole object):
-    {key: (record, usage)}; the bytes all of them take, shared chunks counted once; and the bytes
-    of chunks no index references (gc's to sweep). `records`: the tier's records when the caller
-    has listed them already (a unique size is only right when they are all of them)."""
-    records = {record.key: record for record in (tier.list() if records is None else records)}
-    chunk_sizes = {cid: item.get("Size", 0) for item in tier._walk(tier._path(CHUNKS_DIR) + "/")
-                   if is_chunk_id(cid := item["Key"].rsplit("/", 1)[-1])}
-    whole_sizes, indexed = {}, set()
-    for item in tier._walk(tier._path("objects") + "/"):
-        base = item["Key"].rsplit("/", 1)[-1]
-        if base.endswith(INDEX_SUFFIX):
-            indexed.add(base[: -len(INDEX_SUFFIX)])
-        elif base.endswith(SQSH_SUFFIX):
-            whole_sizes[base[: -len(SQSH_SUFFIX)]] = item.get("Size", 0)
-    keys = sorted(records)
-
-    def index_or_none(key: str) -> ChunkIndex | None:
-        if key not in indexed:  # a whole object: the listing says so, no GET to find none
-            return None
-        try:
-            return tier.chunk_index(key)
-        except EfabuildError:
-            return None
-
-    indexes = dict(zip(keys, run_parallel(index_or_none, keys, tier.workers)))
-    chunked = usage({k: i for k, i in indexes.items() if i is not None}, chunk_sizes)
-    result = {key: (records[key], chunked.get(key, Usage(stored=whole_sizes.get(key, 0),
-                                                         unique=whole_sizes.get(key, 0)))) for key in keys}
-    referenced = {cid for index in indexes.values() if index is not None for cid in index.unique()}
-    stored = sum(chunk_sizes.get(cid, 0) for cid in referenced) + sum(
-        whole_sizes.get(key, 0) for key in keys if indexes[key] is None)
-    return result, stored, sum(size for cid, size in chunk_sizes.items() if cid not in referenced)

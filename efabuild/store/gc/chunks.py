@@ -24,15 +24,11 @@ from botocore.exceptions import ClientError
 
 from efabuild.errors import EfabuildError
 from efabuild.chunks.cdc import is_chunk_id
+from efabuild.store.chunked.s3 import TRASH_DIR, trash_object
 from efabuild.store.parallel import run_parallel
-from efabuild.store.tiers.s3client import _missing
+from efabuild.store.s3client import _missing
 
-TRASH_DIR = "gc/trash"
 ABANDONED_AFTER_S = 3600.0  # a trash entry older than this was left by a gc that was killed
-
-
-def trash_object(prefix_path: Callable[..., str], cid: str) -> str:
-    return prefix_path(TRASH_DIR, cid)
 
 
 def delete_chunks(store, doomed: set[str], referenced_now: Callable[[], set[str]]) -> set[str]:  # noqa: ANN001

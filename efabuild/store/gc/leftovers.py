@@ -26,7 +26,7 @@ from efabuild.refs import is_key
 from efabuild.host import fsutil
 from efabuild.display import shown
 from efabuild.host.fsutil import UnsafeEntry
-from efabuild.store.layout import RECORD_SUFFIX, SQSH_SUFFIX
+from efabuild.store.layout import PLANTED_PREFIX, RECORD_SUFFIX, SQSH_SUFFIX
 from efabuild.store.lock import LockBusy
 from efabuild.host.owner import Owner, owner_of, this_host
 from efabuild.store.transfer import SIDECARS
@@ -37,8 +37,6 @@ STALE_TEMP_SECONDS = 24 * 3600
 # (efabuild.make.context) and make --check's rebuilt .sqsh (efabuild.make.check)
 CONTEXT_PREFIX = "context"
 CHECK_PREFIX = "check"
-# a directory someone put at an artifact's name, moved aside by the publish that repaired it
-PLANTED_PREFIX = "planted"
 OWNED_DIR_PREFIXES = (CONTEXT_PREFIX, CHECK_PREFIX, PLANTED_PREFIX)
 # make --check's work directory before it named its owner: tempfile.mkdtemp(prefix="check-<layer>-")
 _UNOWNED_CHECK_DIR = re.compile(r"check-.+-[a-z0-9_]{8}")

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from botocore.exceptions import ClientError
 
 from efabuild.errors import EfabuildError
-from efabuild.store.tiers.s3client import _missing, already_exists, response_time
+from efabuild.store.s3client import _missing, already_exists, response_time
 
 LOCK_OBJECT = "gc/lock"
 STALE_AFTER_S = 24 * 3600.0  # no gc of a bucket runs this long; a lock this old was left by a killed one

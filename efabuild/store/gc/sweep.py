@@ -77,7 +77,7 @@ def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: b
         report = report._replace(busy=remove(tiers, removals, debris), expired_removed=removed)
     s3 = next((tier for tier in deleting if tier.name == S3_TIER), None)
     if s3 is not None:
-        from efabuild.store.chunked.s3 import collect
+        from efabuild.store.gc.s3chunks import collect
 
         # after the artifacts: the chunks only they used are marked now, swept by a later gc
         report = report._replace(chunks=collect(s3.chunks, dry_run=dry_run, grace=chunk_grace))

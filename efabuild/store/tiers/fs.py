@@ -24,14 +24,13 @@ from efabuild import notices
 from efabuild.errors import EfabuildError
 from efabuild.refs import check_key, short
 from efabuild.host import fsutil
-from efabuild.store.gc import leftovers
 from efabuild.store.chunked import seeds
 from efabuild.chunks.cdc import ChunkIndex
 from efabuild.display import shown
 from efabuild.host.fsutil import UnsafeEntry
 from efabuild.host.owner import owned_name
-from efabuild.store.layout import (ENVELOPE_LIMIT, ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_LIMIT, RECORD_SUFFIX,
-                                    SQSH_SUFFIX, Layout)
+from efabuild.store.layout import (ENVELOPE_LIMIT, ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_LIMIT, PLANTED_PREFIX,
+                                   RECORD_SUFFIX, SQSH_SUFFIX, Layout)
 from efabuild.store.lock import FileLock, note_waiting
 from efabuild.store.tiers.fsnames import FsNames
 from efabuild.store.progress import Progress
@@ -234,7 +233,7 @@ class FilesystemTier(Tier):
                     except IsADirectoryError:
                         # a directory at the name is repaired as a FIFO or a link is: moved aside
                         # whole (nothing in it followed) into tmp/, which gc empties once we are gone
-                        aside = owned_name(leftovers.PLANTED_PREFIX, final)
+                        aside = owned_name(PLANTED_PREFIX, final)
                         os.rename(final, aside, src_dir_fd=object_fd, dst_dir_fd=tmp_fd)
                         _warn(f"{shown(self.sqsh_path(key))}: a directory, not an artifact; moved it to "
                               f"{shown(self.layout.tmp_dir / aside)} (gc removes it) and stored the artifact")
@@ -262,7 +261,7 @@ class FilesystemTier(Tier):
             size = sqsh.stat().st_size
             try:
                 with Progress(f"copy {short(key)} to {self.name}", size, enabled=show_progress is not False) as bar:
-                    fsutil.copy_file(sqsh, staged, bar)
+                    fsutil.copy_file(sqsh, staged, bar.update)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(staged.name, dir_fd=tmp_fd)

@@ -38,7 +38,6 @@ from efabuild.chunks.cdc import (
     BadChunkIndex,
     ChunkIndex,
 )
-from efabuild.store.gc.chunkplan import Usage
 from efabuild.storesettings import S3Config
 from efabuild.host.digest import is_digest
 from efabuild.store.tiers.base import PUBLISHED, REUSED, S3_TIER, Tier, check_publish_input
@@ -56,8 +55,8 @@ from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.chunked.publish import publish as publish_chunks, send_ahead as send_chunks_ahead
 from efabuild.store.chunked.assembly import Seed, assemble
-from efabuild.store.chunked.s3 import ChunkError, ChunkStore, Transfer, bucket_usage
-from efabuild.store.tiers.s3client import DEFAULT_PART_SIZE, DEFAULT_WORKERS, S3Bucket, already_exists
+from efabuild.store.chunked.s3 import ChunkError, ChunkStore, Transfer
+from efabuild.store.s3client import DEFAULT_PART_SIZE, DEFAULT_WORKERS, S3Bucket, already_exists
 from efabuild.store.tiers.s3names import S3Names
 from efabuild.store.transfer import SIDECARS, DamagedCopy, fetch_into
 
@@ -358,11 +357,6 @@ class S3Tier(S3Bucket, Tier):
         sidecars = [self._path("objects", key[:2], key + suffix) for suffix in SIDECARS]
         for path in (self.record_object(key), self.sqsh_object(key), *sidecars):
             self._delete_object(path)
-
-    def usage(self, records: list[ArtifactRecord] | None = None) -> tuple[dict[str, tuple[ArtifactRecord, Usage]],
-                                                                         int, int]:
-        """What each artifact (of `records`, default all) costs in the bucket (see s3chunks.bucket_usage)."""
-        return bucket_usage(self, records)
 
 
 def _warn_if_differs(key: str, existing: ArtifactRecord, new: ArtifactRecord) -> None:

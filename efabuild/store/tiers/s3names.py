@@ -12,7 +12,7 @@ from efabuild.refs import check_key, is_key, split_name
 from efabuild.store.layout import (PLATFORM_ENVELOPE_LIMIT, PLATFORM_ENVELOPE_SUFFIX, PLATFORM_INDEX_LIMIT,
                                    PLATFORM_INDEX_SUFFIX)
 from efabuild.store.record import utc_now
-from efabuild.store.tiers.s3client import S3Bucket
+from efabuild.store.s3client import S3Bucket
 
 # entries one name's history is listed to: far more than gc leaves (and 100 LIST pages), so that
 # a history flooded with objects is one error, not minutes and gigabytes of listing per lookup
