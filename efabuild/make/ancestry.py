@@ -17,6 +17,7 @@ from efabuild.make.prepare import Prepared
 from efabuild.refs import image_tag, short
 from efabuild.signing.trust import TrustPolicy
 from efabuild.signing.verify import signed_problems
+from efabuild.store.layout import ENVELOPE_SUFFIX
 from efabuild.store.transfer import DamagedCopy, open_checked_stamped
 
 
@@ -88,7 +89,7 @@ def ancestor_copy(prepared: Prepared, qualname: str, key: str | None = None, *, 
 
 def _signed_by(signer, tier, key: str, record) -> bool:  # noqa: ANN001 - a Signer, a FilesystemTier, a record
     policy = TrustPolicy(((signer.description, signer.public_pem),), "[sign]")
-    return not signed_problems(tier.envelope(key), key, record, policy, record.digest, None,
+    return not signed_problems(tier.sidecar(key, ENVELOPE_SUFFIX), key, record, policy, record.digest, None,
                                sqsh=str(tier.sqsh_path(key)), where=str(tier.layout.envelope_path(key)))
 
 

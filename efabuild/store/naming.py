@@ -71,7 +71,7 @@ class Naming:
             if kind == "name":
                 resolved = self._s3_choice(value, self.s3.names.read(value), wanted, vet_index)
             else:
-                key = pick_one(value, self.s3.resolve_prefix(value))
+                key = pick_one(value, [record.key for record in self.s3.list(value)])
                 resolved = None if key is None else Resolved(key)
         if resolved is None:
             what = f"named {value}" if kind == "name" else f"with key prefix {value}"

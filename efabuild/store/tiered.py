@@ -27,7 +27,7 @@ from efabuild.store.config import bare_store, locate, store_config_text
 from efabuild.host import treecache
 from efabuild.host.digest import bytes_digest
 from efabuild.store.tiers.fs import PUBLISHED, REPAIRED, REUSED, S3_TIER, FilesystemTier
-from efabuild.store.layout import INDEX_SUFFIX
+from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
 from efabuild.store.lookup import first_intact
 from efabuild.store.platformindex import IndexVet, Wanted, check_record, manifest_platform_of
 from efabuild.store.record import ArtifactRecord
@@ -322,7 +322,7 @@ class Store(Checks, Naming):
         return self._first_found(lambda tier: tier.record(key))
 
     def manifest(self, key: str) -> bytes | None:
-        return self._first_found(lambda tier: tier.manifest(key))
+        return self._first_found(lambda tier: tier.sidecar(key, MANIFEST_SUFFIX))
 
     def _first_found(self, read: Callable):  # noqa: ANN202 - what `read` returns
         """What `read(tier)` finds on the first tier that holds it (filesystem tiers, then S3)."""
@@ -335,17 +335,17 @@ class Store(Checks, Naming):
     def envelope(self, key: str) -> bytes | None:
         """The signed statement of `key` from the first tier holding it (none there: unsigned)."""
         holder = next((tier for tier in self.fs_tiers if tier.has(key)), self.s3)
-        return holder.envelope(key) if holder is not None else None
+        return holder.sidecar(key, ENVELOPE_SUFFIX) if holder is not None else None
 
     def write_envelope(self, key: str, envelope: bytes) -> list[str]:
         """Store a re-signed statement on every tier holding `key`; the tiers written."""
         written = []
         for tier in self.fs_tiers:
             if tier.has(key):
-                tier.write_envelope(key, envelope)
+                tier.write_sidecar(key, ENVELOPE_SUFFIX, envelope)
                 written.append(tier.name)
         if self.s3 is not None and self.s3.has(key):
-            self.s3.write_envelope(key, envelope)
+            self.s3.write_sidecar(key, ENVELOPE_SUFFIX, envelope)
             written.append(S3_TIER)
         return written
 

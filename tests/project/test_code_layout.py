@@ -393,3 +393,24 @@ def test_the_export_imports_nothing_of_the_store():
              for name in sorted(_imports(ast.parse(path.read_text())))
              if name == "efabuild.store" or name.startswith("efabuild.store.")]
     assert not found, "\n".join(found)
+
+
+def _is_interface(node: ast.ClassDef) -> bool:
+    bases = {ast.unparse(base) for base in node.bases}
+    abstract = any(isinstance(item, ast.FunctionDef) and "abstractmethod" in ast.unparse(decorator)
+                   for item in node.body for decorator in getattr(item, "decorator_list", ()))
+    return abstract or bool(bases & {"abc.ABC", "ABC", "Protocol", "typing.Protocol"})
+
+
+def test_no_store_interface_has_more_than_eight_methods():
+    """The store's seams stay small (restic's backend: save, load, stat, list, remove): every
+    abstract class and Protocol under store/ has at most 8 methods, concrete helpers counted."""
+    wide = []
+    for path in sorted((PACKAGE / "store").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and _is_interface(node):
+                methods = [item.name for item in node.body
+                           if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))]
+                if len(methods) > 8:
+                    wide.append(f"{path.relative_to(PACKAGE.parent)}:{node.name}: {len(methods)} methods {methods}")
+    assert not wide, "\n".join(wide)

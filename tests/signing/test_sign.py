@@ -14,6 +14,7 @@ import pytest
 
 from efabuild.signing import dsse
 from efabuild.signing.keys import PemSigner
+from efabuild.store.layout import ENVELOPE_SUFFIX
 from tests.kits.storekit import cache_dir
 from tests.kits.signkit import NAME, make_key, object_path, stored_artifact, trust_config
 from tests.kits.storekit import efabuild, key_for
@@ -445,7 +446,7 @@ def test_the_signed_statement_travels_through_s3_to_a_node_that_fetches(tmp_path
     builder = Store([FilesystemTier(builder_store, "local")], s3, show_progress=False)
     assert builder.complete(key) == {"local": "reused", "s3": "published"}
     envelope = object_path(builder_store, key, ".intoto.jsonl").read_bytes()
-    assert builder.s3.envelope(key) == envelope
+    assert builder.s3.sidecar(key, ENVELOPE_SUFFIX) == envelope
     # a compute node: its store knows only where S3 is; the first lookup fetches, then verifies
     node = tmp_path / "node"
     node.mkdir()
@@ -457,7 +458,7 @@ def test_the_signed_statement_travels_through_s3_to_a_node_that_fetches(tmp_path
     # a signature added later reaches every tier holding the artifact
     added = efabuild("sign", key, "--key", str(keys["ed25519"][0]), env={"EFABUILD_STORE": str(builder_store)})
     assert added.returncode == 0 and "stored on store, s3" in added.stdout, added.stdout + added.stderr
-    assert len(dsse.decode(builder.s3.envelope(key)).signatures) == 2
+    assert len(dsse.decode(builder.s3.sidecar(key, ENVELOPE_SUFFIX)).signatures) == 2
 
 
 def test_a_bad_trust_policy_is_one_line_naming_the_file(tmp_path, keys):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from efabuild.host.digest import file_digest
+from efabuild.store.layout import ENVELOPE_SUFFIX
 from efabuild.store.tiered import Store
 from efabuild.store.tiers.fs import PUBLISHED, REPAIRED, REUSED
 from tests.kits.storekit import collect_warnings, efabuild, key_for, make_sqsh, record_for
@@ -156,7 +157,7 @@ def test_metadata_comes_from_the_first_tier_that_has_it_but_a_statement_from_the
     local.layout.envelope_path(key).unlink()
     assert store.record(key) == local.record(key) and store.record(key).key == key
     assert store.manifest(key) == b'{"m": 1}'  # the shared tier's
-    assert shared.envelope(key) == b'{"signed": 1}\n' and store.envelope(key) is None
+    assert shared.sidecar(key, ENVELOPE_SUFFIX) == b'{"signed": 1}\n' and store.envelope(key) is None
     local.delete(key)
     assert store.envelope(key) == b'{"signed": 1}\n'  # the shared tier holds it first now
     assert Store([local], show_progress=False).record(key) is None

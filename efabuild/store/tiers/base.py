@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from efabuild.errors import EfabuildError
 from efabuild.refs import check_key, short
-from efabuild.store.layout import ENVELOPE_SUFFIX, MANIFEST_SUFFIX
+from efabuild.store.layout import ENVELOPE_SUFFIX
 
 if TYPE_CHECKING:
     from efabuild.chunks.cdc import ChunkIndex
@@ -31,7 +31,8 @@ REPAIRED = "repaired"  # a damaged copy was replaced
 
 
 class Tier(abc.ABC):
-    """One place artifacts are kept. `name` is the tier's role: local, shared or s3."""
+    """One place artifacts are kept, as objects by key: `name` is the tier's role (local, shared or
+    s3). Eight methods; what each tier adds (a path, a lock, a download) is its own."""
 
     name: str
     names: Names  # its graph:layer histories and platform indexes, apart from its objects
@@ -47,31 +48,23 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def sidecar(self, key: str, suffix: str) -> bytes | None:
-        """A file stored beside a committed `.sqsh` by its suffix (the manifest, the signed
-        statement, the chunk index), read bounded by what that kind may hold; None when absent."""
-
-    def manifest(self, key: str) -> bytes | None:
-        return self.sidecar(key, MANIFEST_SUFFIX)
-
-    def envelope(self, key: str) -> bytes | None:
-        """The signed statement's bytes (one DSSE envelope), None when unsigned or absent."""
-        return self.sidecar(key, ENVELOPE_SUFFIX)
+        """A file stored beside a committed `.sqsh` by its suffix (MANIFEST_SUFFIX, ENVELOPE_SUFFIX,
+        INDEX_SUFFIX), read bounded by what that kind may hold; None when absent."""
 
     @abc.abstractmethod
-    def write_envelope(self, key: str, envelope: bytes) -> None: ...
-
-    @abc.abstractmethod
-    def chunk_index(self, key: str) -> ChunkIndex | None: ...
+    def write_sidecar(self, key: str, suffix: str, data: bytes) -> None:
+        """Replace a sidecar of a committed object whole, seen whole or not at all. Only the signed
+        statement changes after a publish (a signature added): any other suffix is a ValueError,
+        the manifest and the chunk index being bound to the record."""
 
     @abc.abstractmethod
     def describe(self, key: str) -> str:
         """Where `key`'s copy is, for messages: a path or an s3:// URL."""
 
     @abc.abstractmethod
-    def list(self) -> list[ArtifactRecord]: ...
-
-    @abc.abstractmethod
-    def resolve_prefix(self, prefix: str) -> list[str]: ...
+    def list(self, prefix: str = "") -> list[ArtifactRecord]:
+        """The records of the committed artifacts whose key starts with `prefix`, by key; one whose
+        record cannot be read is skipped with a warning."""
 
     @abc.abstractmethod
     def publish(self, key: str, sqsh: str | Path, record: ArtifactRecord, manifest: bytes | None = None, *,
@@ -83,6 +76,11 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def delete(self, key: str) -> None: ...
+
+
+def check_rewritable(suffix: str) -> None:
+    if suffix != ENVELOPE_SUFFIX:
+        raise ValueError(f"a stored {suffix} is never rewritten: only the signed statement is")
 
 
 def check_publish_input(key: str, sqsh: Path, record: ArtifactRecord) -> None:

@@ -36,7 +36,7 @@ from efabuild.store.tiers.fsnames import FsNames
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.transfer import SIDECARS, DamagedCopy, check_file
-from efabuild.store.tiers.base import PUBLISHED, REPAIRED, REUSED, S3_TIER, Tier, check_publish_input  # noqa: F401 - PUBLISHED & co. are the tier's words
+from efabuild.store.tiers.base import PUBLISHED, REPAIRED, REUSED, S3_TIER, Tier, check_publish_input, check_rewritable  # noqa: F401 - PUBLISHED & co. are the tier's words
 
 
 def _warn(message: str) -> None:
@@ -84,27 +84,26 @@ class FilesystemTier(Tier):
             _warn(f"{self.name} tier: ignoring {exc}")  # then: no such file (unsigned), as audit, show and verify say
             return None
 
-    def write_envelope(self, key: str, envelope: bytes) -> None:
-        """Replace the signed statement of a committed object whole (a signature was added)."""
+    def write_sidecar(self, key: str, suffix: str, data: bytes) -> None:
+        check_rewritable(suffix)
         with self.key_lock(key):
             if not self.layout.has(key):
                 raise EfabuildError(f"{self.name} tier has no artifact {short(key)}")
-            fsutil.atomic_write_bytes(self.layout.envelope_path(key), envelope, self.layout.tmp_dir)
+            fsutil.atomic_write_bytes(self.layout.envelope_path(key), data, self.layout.tmp_dir)
 
     def describe(self, key: str) -> str:
         return str(self.sqsh_path(key))
 
-    def list(self) -> list[ArtifactRecord]:
-        """Every committed artifact; one that is damaged or planted is skipped with a warning."""
-        records, unreadable = self.scan()
+    def list(self, prefix: str = "") -> list[ArtifactRecord]:
+        records, unreadable = self.scan(prefix)
         for key, problem in unreadable:
             _warn(f"{self.name} tier: skipping {short(key)}: {problem}")
         return records
 
-    def scan(self) -> tuple[list[ArtifactRecord], list[tuple[str, str]]]:
+    def scan(self, prefix: str = "") -> tuple[list[ArtifactRecord], list[tuple[str, str]]]:
         """(records of committed objects, [(key, problem)] of those damaged, planted or unreadable)."""
         records, unreadable = [], []
-        for key in self.layout.keys():
+        for key in self.layout.keys_with_prefix(prefix) if prefix else self.layout.keys():
             try:
                 record = self.record(key)
             except EfabuildError as exc:
@@ -113,9 +112,6 @@ class FilesystemTier(Tier):
             if record is not None:
                 records.append(record)
         return records, unreadable
-
-    def resolve_prefix(self, prefix: str) -> list[str]:
-        return self.layout.keys_with_prefix(prefix)
 
     def verify(self, key: str) -> None:
         """Re-hash the .sqsh and compare with its record; EfabuildError when they differ."""

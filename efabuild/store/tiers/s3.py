@@ -40,7 +40,7 @@ from efabuild.chunks.cdc import (
 )
 from efabuild.storesettings import S3Config
 from efabuild.host.digest import is_digest
-from efabuild.store.tiers.base import PUBLISHED, REUSED, S3_TIER, Tier, check_publish_input
+from efabuild.store.tiers.base import PUBLISHED, REUSED, S3_TIER, Tier, check_publish_input, check_rewritable
 from efabuild.store.layout import (
     ENVELOPE_LIMIT,
     ENVELOPE_SUFFIX,
@@ -137,13 +137,13 @@ class S3Tier(S3Bucket, Tier):
     def describe(self, key: str) -> str:
         return self.url(self.sqsh_object(key))
 
-    def write_envelope(self, key: str, envelope: bytes) -> None:
-        """Replace the signed statement of a committed object (a signature was added): one PUT, seen whole."""
+    def write_sidecar(self, key: str, suffix: str, data: bytes) -> None:
+        check_rewritable(suffix)  # one PUT, seen whole
         if not self.has(key):
             raise EfabuildError(f"s3 tier has no artifact {short(key)}")
         path = self.envelope_object(key)
         try:
-            self._call(self.url(path), "put_object", Key=path, Body=envelope, ChecksumAlgorithm="CRC32",
+            self._call(self.url(path), "put_object", Key=path, Body=data, ChecksumAlgorithm="CRC32",
                        ContentType="application/jsonl")
         except ClientError as exc:
             raise self._error(self.url(path), exc) from None
@@ -168,12 +168,8 @@ class S3Tier(S3Bucket, Tier):
                     sqshes.add(base[: -len(SQSH_SUFFIX)])
         return records, sqshes, sqsh_objects
 
-    def resolve_prefix(self, prefix: str) -> list[str]:
+    def list(self, prefix: str = "") -> list[ArtifactRecord]:
         records, sqshes, _ = self._object_keys(prefix)
-        return sorted(records & sqshes)
-
-    def list(self) -> list[ArtifactRecord]:
-        records, sqshes, _ = self._object_keys("")
         keys = sorted(records & sqshes)
         found = run_parallel(self._record_or_warn, keys, self.workers)
         return [record for record in found if record is not None]
