@@ -58,20 +58,20 @@ class Naming:
         ref = wanted.ref
         kind, value = classify_ref(ref)
         resolved = local_choice([tier.layout for tier in self.fs_tiers], wanted, vet_index)
-        if resolved is not None and resolved.via_s3 and remote and self.s3_settings is not None:
+        if resolved is not None and resolved.via_s3 and remote and self.remote is not None:
             # this filesystem only copied the name from S3 at a fetch: a later make may have
             # moved it, and only S3 knows
             try:
-                history = self.s3.names.read(value)
+                history = self.remote.names.read(value)
             except EfabuildError as exc:
                 notices.warn(f"S3 not reachable, {value} as last fetched: {exc}")
             else:
                 resolved = self._s3_choice(value, history, wanted, vet_index) or resolved
-        if resolved is None and remote and self.s3 is not None:
+        if resolved is None and remote and self.remote is not None:
             if kind == "name":
-                resolved = self._s3_choice(value, self.s3.names.read(value), wanted, vet_index)
+                resolved = self._s3_choice(value, self.remote.names.read(value), wanted, vet_index)
             else:
-                key = pick_one(value, [record.key for record in self.s3.list(value)])
+                key = pick_one(value, [record.key for record in self.remote.list(value)])
                 resolved = None if key is None else Resolved(key)
         if resolved is None:
             what = f"named {value}" if kind == "name" else f"with key prefix {value}"
@@ -82,15 +82,15 @@ class Naming:
     def _s3_choice(self, name: str, history: list[dict], wanted: Wanted, vet_index: IndexVet | None) -> Resolved | None:
         if not history:
             return None
-        return choose(history[-1], name, wanted, self.s3.names.read_index, self.s3.names.index_url, vet_index)
+        return choose(history[-1], name, wanted, self.remote.names.read_index, self.remote.names.index_url, vet_index)
 
     def _copy_name(self, name: str, key: str) -> None:
         """S3's newest entry of `name`, and the index it names, onto the fetch tier (via S3)."""
-        s3_history = self.s3.names.read(name)
+        s3_history = self.remote.names.read(name)
         newest = s3_history[-1] if s3_history else {}
         digest = newest.get("index")
         if digest is not None:
-            data, envelope = self.s3.names.read_index(digest)
+            data, envelope = self.remote.names.read_index(digest)
             if data is not None:
                 self.fetch_tier.names.write_index(digest, data, envelope)
             self.fetch_tier.names.append(name, newest["key"], when=newest["time"], via=S3_TIER, index=digest)

@@ -26,6 +26,7 @@ from efabuild.storesettings import DEFAULT_KEEP, S3Config, StoreConfig
 from efabuild.store.config import bare_store, locate, store_config_text
 from efabuild.host import treecache
 from efabuild.host.digest import bytes_digest
+from efabuild.store.tiers.base import RemoteTier
 from efabuild.store.tiers.fs import PUBLISHED, REPAIRED, REUSED, S3_TIER, FilesystemTier
 from efabuild.store.layout import ENVELOPE_SUFFIX, INDEX_SUFFIX, MANIFEST_SUFFIX
 from efabuild.store.lookup import first_intact
@@ -51,6 +52,7 @@ class Store(Checks, Naming):
         show_progress: bool = True,
         s3_options: dict | None = None,
         bare: bool = False,
+        remote: RemoteTier | None = None,
     ) -> None:
         if not fs_tiers:
             raise ValueError("a store needs at least one filesystem tier")
@@ -62,7 +64,8 @@ class Store(Checks, Naming):
         self.bare = bare  # a store directory given by path (a compute node's), not a workspace's
         self._s3_options = dict(s3_options or {})
         self._chunk_grace = self._s3_options.pop("chunk_grace", None)
-        self._s3 = None
+        self._s3 = remote  # S3's, built from `s3` when first used; or a remote tier given ready
+        self._remote_given = remote is not None
         self._damaged: dict[str, set[str]] = {}  # key -> tiers whose copy failed verification
         self._s3_health: dict = {}  # key -> health.S3Health of its last check
         self.skipped: dict[str, str] = {}  # tier name -> why this store leaves it out
@@ -86,8 +89,10 @@ class Store(Checks, Naming):
 
     # ---- tiers
     @property
-    def s3(self):  # noqa: ANN201 - S3Tier, imported only when S3 is used
-        if self.s3_settings is None:
+    def remote(self) -> RemoteTier | None:
+        """The tier fetched from and published to after the filesystem tiers: S3 (an S3Tier,
+        imported only when S3 is used), or the one given."""
+        if self.s3_settings is None and not self._remote_given:
             return None
         if self._s3 is None:
             from efabuild.store.tiers.s3 import S3Tier
@@ -95,6 +100,16 @@ class Store(Checks, Naming):
             self._s3 = S3Tier(self.s3_settings, show_progress=self.show_progress, **self._s3_options)
             self._s3.seed_provider = self.seeds  # what this node holds, for chunked transfers
         return self._s3
+
+    @property
+    def s3(self):  # noqa: ANN201 - the S3Tier when the remote tier is S3's (its chunks, health, usage)
+        return self.remote if self.s3_settings is not None else None
+
+    @property
+    def remote_name(self) -> str | None:  # without building an S3 client
+        if self.s3_settings is not None:
+            return S3_TIER
+        return self._s3.name if self._remote_given and self._s3 is not None else None
 
     @property
     def chunk_grace(self) -> float:  # how long gc leaves a chunk it found unreferenced
@@ -108,11 +123,12 @@ class Store(Checks, Naming):
             notices.warn(f"{S3_TIER} tier skipped: {reason}")
             self.skipped[S3_TIER] = reason
             self.s3_settings = self._s3 = None
+            self._remote_given = False
 
     @property
     def tier_names(self) -> tuple[str, ...]:
         names = tuple(t.name for t in self.fs_tiers)
-        return names + ((S3_TIER,) if self.s3_settings else ())
+        return names + ((self.remote_name,) if self.remote_name else ())
 
     @property
     def fetch_tier(self) -> FilesystemTier:
@@ -131,6 +147,8 @@ class Store(Checks, Naming):
         if self.s3_settings:
             prefix = self.s3_settings.prefix.strip("/")
             parts.append(f"s3 s3://{self.s3_settings.bucket}/{prefix}")
+        elif self.remote is not None:
+            parts.append(f"{self.remote.name} {self.remote!r}")
         return ", ".join(parts)
 
     # ---- presence
@@ -141,8 +159,9 @@ class Store(Checks, Naming):
         named in a warning and left for `complete` to repair."""
         check_key(key)
         names = tuple(tier.name for tier in self.fs_tiers if tier.has(key) and (not checked or self._sized(tier, key)))
-        if remote and self.s3 is not None and self.s3.has(key) and (not checked or self._s3_sound(key)):
-            names += (S3_TIER,)
+        if remote and self.remote is not None and self.remote.has(key) and (
+                not checked or self.s3 is None or self._s3_sound(key)):
+            names += (self.remote.name,)
         return names
 
     def has(self, key: str) -> bool:
@@ -153,13 +172,14 @@ class Store(Checks, Naming):
         """A copy can complete the tiers lacking `key`, no export, given `where` (the tiers found
         holding it, not asked again): a filesystem tier holds it, or S3 in chunks, of which a
         fetch downloads only what this node's seeds lack."""
-        return any(name != S3_TIER for name in where) or (S3_TIER in where and self._chunked_on_s3(key))
+        remote = self.remote_name
+        return any(name != remote for name in where) or (remote in where and self._chunked_on_remote(key))
 
-    def _chunked_on_s3(self, key: str) -> bool:  # a GET: a fetch that follows finds the index in memo
+    def _chunked_on_remote(self, key: str) -> bool:  # a GET: a fetch that follows finds the index in memo
         checked = self._s3_health.get(key)
         if checked is not None and checked.index is not None:
             return True  # the plan's check read the index just now
-        return self.s3.sidecar(key, INDEX_SUFFIX) is not None
+        return self.remote.sidecar(key, INDEX_SUFFIX) is not None
 
     def complete(self, key: str) -> dict[str, str] | None:
         """Copy `key` from a tier holding a good copy into the tiers lacking it, and repair damaged
@@ -170,7 +190,7 @@ class Store(Checks, Naming):
         check_key(key)
         holders = [tier for tier in self._tiers(remote=True) if tier.has(key)]
         if not any(isinstance(tier, FilesystemTier) for tier in holders) and not (
-                holders and self._chunked_on_s3(key)):
+                holders and self._chunked_on_remote(key)):
             return None  # only S3 has it, whole: exporting again costs no more than the download
         lacking = [tier for tier in self._tiers(remote=True) if tier not in holders]
         known_bad = self._damaged.get(key, set())
@@ -186,7 +206,7 @@ class Store(Checks, Naming):
                                        copy.record.platform)
                     return results
             except (DamagedCopy, ChunkError) as exc:
-                if not isinstance(exc, DamagedCopy) and (reached or source is not self.s3):
+                if not isinstance(exc, DamagedCopy) and (reached or source is not self.remote):
                     raise  # a chunk failing on its way out, not in the source
                 self._source_failed(key, source.name, exc)
         return None
@@ -195,12 +215,12 @@ class Store(Checks, Naming):
         """One verified copy onto one tier, replacing a copy found damaged there."""
         damaged = self._damaged.get(copy.key, set())
         repairing = target.name in damaged
-        if repairing and target.name == S3_TIER and self._repaired_chunks(copy, target):
+        if repairing and target is self.s3 and self._repaired_chunks(copy, target):
             return REPAIRED
-        if repairing and target.name == S3_TIER:
-            target.delete(copy.key)  # S3 keeps the first object written under a key: make room
+        if repairing and target is self.remote:
+            target.delete(copy.key)  # a remote tier keeps the first object written under a key: make room
         outcome = send(copy, target, show_progress=self.show_progress)
-        if target.name == S3_TIER:
+        if target is self.s3:
             seeds.keep_beside_copies(self.fs_tiers, copy.key, target.last_index)
         if repairing:
             damaged.discard(target.name)
@@ -279,11 +299,11 @@ class Store(Checks, Naming):
                 vet(record, sidecars)
 
         try:
-            if self.s3_settings is None:
+            if self.remote is None:
                 raise NotFound(f"artifact {short(key)} ({ref}) is in no tier of {self.describe()}")
             if not fetch:
                 raise NotFound(f"artifact {short(key)} ({ref}) is not on {', '.join(t.name for t in self.fs_tiers)}"
-                               f" (--no-fetch: S3 not asked)")
+                               f" (--no-fetch: {'S3' if self.s3_settings else self.remote_name} not asked)")
             path = self.fetch(key, vet=vetted)  # a fetch always verifies
         except NotFound as exc:  # what is wrong with a copy here says more than where it is not
             raise (damaged[0] if damaged else exc) from None
@@ -300,17 +320,19 @@ class Store(Checks, Naming):
         return next(((t, t.sqsh_path(key)) for t in self.fs_tiers if hit is not None and t.layout is hit[0]), None)
 
     def fetch(self, key: str, vet: Vet | None = None) -> Path:
-        """Copy an artifact from S3 into the shared (else local) tier, once, under its key lock,
-        over a damaged copy there; `vet` may refuse it before a byte is written (transfer.Vet)."""
-        if self.s3 is None:
+        """Copy an artifact from the remote tier (S3) into the shared (else local) tier, once, under
+        its key lock, over a damaged copy there; `vet` may refuse it before a byte is written
+        (transfer.Vet)."""
+        remote = self.remote
+        if remote is None:
             raise NotFound(f"artifact {short(key)}: no S3 tier to fetch from")
         target = self.fetch_tier
         with target.key_lock(key):
             if first_intact([target.layout], key)[0] is None:  # else fetched meanwhile (the caller vets it)
-                transfer(key, self.s3, [target], target, locked=True, show_progress=self.show_progress, vet=vet)
-                self.fetched[key] = (target.sqsh_path(key).absolute(), self.s3.last_fetched)
-                if self.s3.last_tree is not None and self.s3.last_fetched is not None:  # for the next fetch onto it
-                    treecache.remember(target.sqsh_path(key), self.s3.last_fetched, *self.s3.last_tree)
+                transfer(key, remote, [target], target, locked=True, show_progress=self.show_progress, vet=vet)
+                self.fetched[key] = (target.sqsh_path(key).absolute(), remote.last_fetched)
+                if remote.last_tree is not None and remote.last_fetched is not None:  # for the next fetch onto it
+                    treecache.remember(target.sqsh_path(key), remote.last_fetched, *remote.last_tree)
         return target.sqsh_path(key)
 
     def seeds(self, name: str) -> tuple[seeds.Seed, ...]:
@@ -330,11 +352,11 @@ class Store(Checks, Naming):
             found = read(tier)
             if found is not None:
                 return found
-        return read(self.s3) if self.s3 is not None else None
+        return read(self.remote) if self.remote is not None else None
 
     def envelope(self, key: str) -> bytes | None:
         """The signed statement of `key` from the first tier holding it (none there: unsigned)."""
-        holder = next((tier for tier in self.fs_tiers if tier.has(key)), self.s3)
+        holder = next((tier for tier in self.fs_tiers if tier.has(key)), self.remote)
         return holder.sidecar(key, ENVELOPE_SUFFIX) if holder is not None else None
 
     def write_envelope(self, key: str, envelope: bytes) -> list[str]:
@@ -344,9 +366,9 @@ class Store(Checks, Naming):
             if tier.has(key):
                 tier.write_sidecar(key, ENVELOPE_SUFFIX, envelope)
                 written.append(tier.name)
-        if self.s3 is not None and self.s3.has(key):
-            self.s3.write_sidecar(key, ENVELOPE_SUFFIX, envelope)
-            written.append(S3_TIER)
+        if self.remote is not None and self.remote.has(key):
+            self.remote.write_sidecar(key, ENVELOPE_SUFFIX, envelope)
+            written.append(self.remote.name)
         return written
 
     def ls(self, *, remote: bool = True) -> list[Listing]:
@@ -372,7 +394,7 @@ class Store(Checks, Naming):
         return sorted(listings, key=lambda l: (l.record.name, l.record.created, l.record.key)), unreadable
 
     def _tiers(self, remote: bool) -> list:
-        return self.fs_tiers + ([self.s3] if remote and self.s3 is not None else [])
+        return self.fs_tiers + ([self.remote] if remote and self.remote is not None else [])
 
     # ---- garbage collection
     def gc(

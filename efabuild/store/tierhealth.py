@@ -55,7 +55,7 @@ class Checks:
         repair stores again each one that fails, not just the first the fetch met."""
         notices.warn(f"{problem}; not copied from there")
         self._damaged.setdefault(key, set()).add(tier)
-        if tier == S3_TIER and not isinstance(problem, DamagedCopy):
+        if tier == S3_TIER and self.s3 is not None and not isinstance(problem, DamagedCopy):
             self.s3_health(key, deep=True)
 
     def withdraw_damaged(self, key: str, tier: FilesystemTier, problem: str) -> str:
@@ -105,7 +105,7 @@ class Checks:
         for tier in self._tiers(remote):
             if not tier.has(key):
                 continue
-            if tier is self.s3:
+            if tier is self.s3:  # the chunks' check: a download would write the whole file
                 found += self._s3_verdict(key, deep)
                 continue
             try:

@@ -60,8 +60,9 @@ def collect_garbage(tiers: list, keep: int, pins: tuple[str, ...], *, dry_run: b
     keep_keys |= kept_entries_platforms(tiers, keep_keys)
     doomed = tuple(Removal(tier.name, record) for tier in tiers for record in held[tier.name]
                    if record.key not in keep_keys)
-    deleting = [tier for tier in tiers if delete_remote or tier.name != S3_TIER]
-    removals = tuple(r for r in doomed if r.tier != S3_TIER or delete_remote)
+    local = {tier.name for tier in tiers if isinstance(tier, FilesystemTier)}
+    deleting = [tier for tier in tiers if delete_remote or tier.name in local]
+    removals = tuple(r for r in doomed if r.tier in local or delete_remote)
     spared = tuple(r for r in doomed if r not in removals)
     debris = tuple((tier.name, item) for tier in deleting for item in find_debris(tier))
     expired = tuple((tier.name, str(path)) for tier in deleting if isinstance(tier, FilesystemTier)
@@ -149,7 +150,7 @@ def find_debris(tier, now: float | None = None) -> list[str]:  # noqa: ANN001 - 
     """What interrupted writers left on `tier` (store/gc/leftovers.py, s3leftovers.py)."""
     if isinstance(tier, FilesystemTier):
         return [str(path) for path in leftovers.find(tier, now)]
-    return s3leftovers.find(tier, now)
+    return s3leftovers.find(tier, now) if tier.name == S3_TIER else []  # another object store writes whole objects
 
 
 def remove_debris(tier, item: str) -> None:  # noqa: ANN001
@@ -167,7 +168,7 @@ def remove(tiers: list, removals: tuple[Removal, ...], debris: tuple) -> tuple:
     for removal in removals:
         tier, key = by_name[removal.tier], removal.record.key
         deleted = _remove_fs_object(tiers, tier, key) if isinstance(tier, FilesystemTier) \
-            else _remove_s3_object(tiers, tier, key)
+            else _remove_remote_object(tiers, tier, key)
         if deleted is None:
             busy.append((tier.name, key))
         elif deleted:
@@ -200,7 +201,7 @@ def _remove_fs_object(tiers: list, tier: FilesystemTier, key: str) -> bool | Non
         lock.release()
 
 
-def _remove_s3_object(tiers: list, tier, key: str) -> bool:  # noqa: ANN001 - S3Tier
+def _remove_remote_object(tiers: list, tier, key: str) -> bool:  # noqa: ANN001 - a RemoteTier
     if key in current_targets(tiers):
         return False
     tier.delete(key)

@@ -9,7 +9,7 @@ its key, a copy against its record, before anything is handed on.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,7 @@ from efabuild.store.layout import ENVELOPE_SUFFIX
 
 if TYPE_CHECKING:
     from efabuild.chunks.cdc import ChunkIndex
+    from efabuild.store.chunked.assembly import Seed
     from efabuild.store.names import Names
     from efabuild.store.record import ArtifactRecord
 
@@ -76,6 +77,23 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def delete(self, key: str) -> None: ...
+
+
+class RemoteTier(Tier):
+    """A tier the store fetches from (S3; or any other object store): read by downloading an
+    artifact into a new file on a filesystem tier, never by path (a job opens a path)."""
+
+    # what this node holds that can seed a chunked download of a name (store/chunked/seeds.py)
+    seed_provider: Callable[[str], tuple[Seed, ...]] | None = None
+    last_fetched: tuple[int, int] | None = None  # (device, inode) of the file the last download checked
+    last_tree: tuple[str, bytes] | None = None  # its digest and units' values, where the download hashed them
+
+    @abc.abstractmethod
+    def download(self, key: str, dest: Path, record: ArtifactRecord, *, show_progress: bool | None = None,
+                 seeds: tuple[Seed, ...] = ()) -> ChunkIndex | None:
+        """Write `key`'s bytes into the new file `dest` (transfer.fetch_into), checked against
+        `record` before anyone may see it (else removed); the chunk index it was assembled by,
+        if any."""
 
 
 def check_rewritable(suffix: str) -> None:

@@ -40,7 +40,7 @@ from efabuild.chunks.cdc import (
 )
 from efabuild.storesettings import S3Config
 from efabuild.host.digest import is_digest
-from efabuild.store.tiers.base import PUBLISHED, REUSED, S3_TIER, Tier, check_publish_input, check_rewritable
+from efabuild.store.tiers.base import PUBLISHED, REUSED, S3_TIER, RemoteTier, check_publish_input, check_rewritable
 from efabuild.store.layout import (
     ENVELOPE_LIMIT,
     ENVELOPE_SUFFIX,
@@ -64,7 +64,7 @@ DIGEST_METADATA = "blake3"  # x-amz-meta-blake3 on every .sqsh
 SHA256_METADATA = "sha256"  # x-amz-meta-sha256 on .sqsh files exported since records carry it
 
 
-class S3Tier(S3Bucket, Tier):
+class S3Tier(S3Bucket, RemoteTier):
     name = S3_TIER
 
     def __init__(
