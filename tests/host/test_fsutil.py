@@ -19,13 +19,12 @@ def test_a_copy_into_a_shared_tier_is_never_open_to_the_group_while_it_is_writte
     dest.parent.mkdir()
     modes = []
 
-    class Seen:
-        def update(self, count: int) -> None:
-            modes.append(stat.S_IMODE(os.stat(dest).st_mode))
+    def seen(count: int) -> None:  # called as each part is copied
+        modes.append(stat.S_IMODE(os.stat(dest).st_mode))
 
     old = os.umask(0o002)
     try:
-        fsutil.copy_file(source, dest, Seen())
+        fsutil.copy_file(source, dest, seen)
     finally:
         os.umask(old)
     assert modes and all(not mode & 0o022 for mode in modes)

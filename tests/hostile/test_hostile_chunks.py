@@ -318,7 +318,7 @@ def test_a_forged_artifact_larger_than_the_filesystem_allows_is_one_line(tmp_pat
     nothing behind."""
     from efabuild.cli import main
     from efabuild.chunks.cdc import MAX_CHUNK_BYTES
-    from efabuild.store.tiered import store_config_text
+    from efabuild.store.config import store_config_text
 
     key = publish(store_at(tmp_path / "cache", settings), versions[0])
     tier = S3Tier(settings, **CHUNKED)
@@ -551,7 +551,7 @@ def test_a_fetch_of_a_forged_artifact_stays_within_its_memory_and_the_records_si
     can be right), with chunk objects: the fetch, a process of its own as on a node, fails with
     one line, its peak RSS under the README's bound, having written no more than the record's
     size, and leaves nothing behind."""
-    from efabuild.store.tiered import store_config_text
+    from efabuild.store.config import store_config_text
 
     key = publish(store_at(tmp_path / "cache", settings), versions[0])
     tier = S3Tier(settings, **CHUNKED)
@@ -597,7 +597,7 @@ def test_seeds_planted_on_the_node_keep_a_fetch_within_its_memory(tmp_path, sett
     """A co-tenant of the node's shared tier plants artifacts beside the one fetched, each with a
     record and a kept index as large as an index may be: choosing seeds holds a bounded part of
     them, and the fetch, right, stays under the README's bound."""
-    from efabuild.store.tiered import store_config_text
+    from efabuild.store.config import store_config_text
 
     key = publish(store_at(tmp_path / "cache", settings), versions[0])
     node = tmp_path / "node"

@@ -205,7 +205,9 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.store.chunked.s3": {"efabuild.store.s3client"},
     "efabuild.store.chunked.seeds": {"efabuild.store.chunked.assembly"},
     "efabuild.store.gc.sweep": {"efabuild.store.gc.s3chunks"},
-    "efabuild.store.tiered": {"efabuild.store.tiers.s3", "efabuild.store.gc.s3chunks"},
+    # S3's tier (boto3) when S3 is first used; its chunk checks and gc's grace only when asked
+    "efabuild.store.router": {"efabuild.store.tiers.s3", "efabuild.store.gc.s3chunks", "efabuild.store.chunked.health"},
+    "efabuild.store.publishing": {"efabuild.store.chunked.health"},
     # the S3 health check loads the S3 chunk store (attrs): a plan or lookup without S3 runs none
     "efabuild.store.tierhealth": {"efabuild.store.chunked.health"},
     # ctypes and the native helper (2 ms): loaded by an ancestor's check, not by every lookup
