@@ -1,37 +1,9 @@
-"""Everything is in pyproject.toml but one step: the fixture sources go into the package as one tar.
-
-A wheel holds regular files only; the fixture's root filesystem is mostly symlinks (libnccl.so ->
-libnccl.so.2, /usr/local/mpi -> /opt/hpcx/ompi), which a tar keeps as they are. An installed
-efabuild unpacks it when it builds the fixture image (efabuild/make/fixtures.py).
-"""
+"""Everything is in pyproject.toml but one step: the project's Source URL, read from the checkout."""
 
 import sys
-import tarfile
 from pathlib import Path
 
 from setuptools import setup
-from setuptools.command.build_py import build_py
-
-EPOCH = 315532800  # 1980-01-01, as the builds: the same sources give the same wheel
-
-
-def _normalised(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-    if "__pycache__" in info.name.split("/"):
-        return None
-    info.uid = info.gid = 0
-    info.uname = info.gname = "root"
-    info.mtime = EPOCH
-    return info
-
-
-class BuildPyWithFixtures(build_py):
-    def run(self) -> None:
-        super().run()
-        source = Path(__file__).resolve().parent / "fixtures"
-        target = Path(self.build_lib) / "efabuild" / "make" / "fixtures.tar"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(target, "w", format=tarfile.PAX_FORMAT) as tar:
-            tar.add(source, arcname="fixtures", filter=_normalised)
 
 
 def _project_urls() -> dict[str, str]:
@@ -48,4 +20,4 @@ def _project_urls() -> dict[str, str]:
     return {"Source": source} if source.startswith(("https://", "http://")) else {}
 
 
-setup(cmdclass={"build_py": BuildPyWithFixtures}, project_urls=_project_urls())
+setup(project_urls=_project_urls())

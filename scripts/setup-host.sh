@@ -51,7 +51,7 @@ install_packages() {
   # tests: every exported .sqsh mounted as Pyxis's use_squashfuse=1 mounts it, and unmounted with fusermount3
   command -v squashfuse >/dev/null || missing+=(squashfuse)
   command -v fusermount3 >/dev/null || missing+=(fuse3)
-  # the fixture base's CPython (efabuild/make/fixtures.py): Debian's, whatever python runs efabuild
+  # the fixture base's CPython (fixtures/builder.py): Debian's, whatever python runs efabuild
   [ -x /usr/bin/python3.11 ] && [ -f /usr/lib/python3.11/compileall.py ] || missing+=(python3.11)
   # native/blake3cv.c (an incremental export's child hashed from its ancestor's subtrees) is built
   # against the BLAKE3 C sources in Debian's Rust crate package

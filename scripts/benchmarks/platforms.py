@@ -74,7 +74,7 @@ def _two_platform_demo(root: Path, base: str) -> Path:
 def scenario(ctx: Context) -> Result:
     sys.path.insert(0, str(REPO_ROOT))
     from efabuild.engine.client import connect
-    from efabuild.make.fixtures import build_fixtures, publish_index
+    from fixtures.builder import build_fixtures, publish_index
     from efabuild.settings import BuilderSettings
 
     files = ctx.sizes.plan_context_files

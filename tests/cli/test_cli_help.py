@@ -44,7 +44,7 @@ def test_every_command_help_has_a_description_and_examples(command, capsys):
 
 
 def test_build_fixtures_help_has_a_description_and_examples(capsys):
-    from efabuild.cli.build_fixtures import main as build_fixtures_main
+    from fixtures.command import main as build_fixtures_main
 
     with pytest.raises(SystemExit) as done:
         build_fixtures_main(["--help"])

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
+from fixtures.builder import MINI_NGC_TAG, build_fixtures
 from tests.kits.inprocess import run_efabuild
 from tests.kits.signkit import make_key
 from tests.kits.wsfactory import make_workspace

@@ -162,7 +162,7 @@ def test_an_output_path_that_is_no_regular_file_is_one_line_and_left_as_it_is(tm
 
 @pytest.mark.engine
 def test_make_draws_what_it_did(tmp_path, docker_engine):
-    from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
+    from fixtures.builder import MINI_NGC_TAG, build_fixtures
 
     build_fixtures()
     run = uuid.uuid4().hex[:12]  # keys new to the engine

@@ -189,7 +189,7 @@ def test_make_never_writes_its_build_log_through_a_planted_link(tmp_path, docker
     root or by the builder, overwrite the file it points at."""
     import uuid
 
-    from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
+    from fixtures.builder import MINI_NGC_TAG, build_fixtures
 
     build_fixtures()
     graph = (f'[layers.a]\nbase = "{MINI_NGC_TAG}"\ndockerfile = "RUN echo {uuid.uuid4().hex} > /run-id"\n')

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
+from fixtures.builder import MINI_NGC_TAG, build_fixtures
 from tests.kits.wsfactory import make_workspace
 
 pytestmark = [pytest.mark.engine]

@@ -73,7 +73,7 @@ def make_workspace(root: Path, graphs: dict[str, str] | None = None, build: str 
 def demo_on_base(root: Path, ref: str, digest: str, run_id: str, build_toml: str) -> Path:
     """The shipped demo graph (and its app/) on the base `ref` pinned to `digest`, with a run-unique
     ARG the first RUN sees, so no builder's cache holds any of its steps."""
-    from efabuild.make.fixtures import MINI_NGC_TAG
+    from fixtures.builder import MINI_NGC_TAG
 
     root.mkdir()
     shutil.copytree(REPO / "app", root / "app")

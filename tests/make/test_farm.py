@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.builder import MINI_NGC_TAG
 from tests.plugins.engine import free_port, stop_pid
 from tests.kits.wsfactory import TOOLS_LAYER, demo_on_base
-from efabuild.make.fixtures import MINI_NGC_TAG
 
 REPO = Path(__file__).resolve().parents[2]
 # each test makes on a farm of engines, several makes in a row
@@ -85,7 +85,7 @@ def farm_context(second_engine) -> str:
 @pytest.fixture(scope="module")
 def registry_base(registry) -> str:
     """The offline fixture base in the registry, as REGISTRY/…:TAG and its digest."""
-    from efabuild.make.fixtures import build_fixtures
+    from fixtures.builder import build_fixtures
 
     image = build_fixtures()[0].image_id
     name = f"{registry.url}/{MINI_NGC_TAG}"

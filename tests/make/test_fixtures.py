@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.make.fixtures import (
+from efabuild.workspace import load_workspace
+from fixtures.builder import (
     DEEPEP_COMMITS,
     EFA_INSTALLER_VERSIONS,
     MINI_NGC_TAG,
@@ -20,7 +21,6 @@ from efabuild.make.fixtures import (
     is_static_elf,
     source_dir,
 )
-from efabuild.workspace import load_workspace
 
 pytestmark = pytest.mark.engine
 
@@ -273,55 +273,10 @@ def test_build_fixtures_json_is_one_efabuild_document(mini_ngc, capsys):
 
     from python_on_whales import docker
 
-    from efabuild.cli.build_fixtures import main
+    from fixtures.command import main
 
     assert main(["--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["format"] == "efabuild.fixtures/v1"
     assert [(image["tag"], image["built"], image["image_id"]) for image in data["images"]] == [
         (MINI_NGC_TAG, False, docker.image.inspect(MINI_NGC_TAG).id)]
-
-
-@pytest.mark.parametrize("with_filters", [True, False], ids=["tar-filter", "python-3.11.2"])
-def test_packed_sources_unpack_with_their_links_and_never_outside(tmp_path, monkeypatch, with_filters):
-    """An installed wheel unpacks fixtures.tar; Pythons before 3.11.4 (Debian bookworm's) have no
-    extraction filters, and the same refusal is made by hand there."""
-    import io
-    import sys
-    import tarfile
-
-    from efabuild.make import fixtures
-    from efabuild.errors import InputError
-
-    if with_filters and not hasattr(tarfile, "tar_filter"):
-        pytest.skip(f"Python {sys.version.split()[0]} has no tarfile extraction filters (added in 3.11.4)")
-    if not with_filters:
-        monkeypatch.delattr(tarfile, "tar_filter", raising=False)
-    # the filters' own refusal where this Python has them, efabuild's by hand where it has not
-    refused = (InputError, tarfile.FilterError) if with_filters else InputError
-
-    def packed(*members: tuple[str, str | None]) -> tarfile.TarFile:
-        data = io.BytesIO()
-        with tarfile.open(fileobj=data, mode="w") as tar:
-            for name, link in members:
-                info = tarfile.TarInfo(name)
-                if link is None:
-                    info.size = 2
-                    tar.addfile(info, io.BytesIO(b"ok"))
-                else:
-                    info.type, info.linkname = tarfile.SYMTYPE, link
-                    tar.addfile(info)
-        data.seek(0)
-        return tarfile.open(fileobj=data)
-
-    good = tmp_path / "good"
-    good.mkdir()
-    fixtures._extract_inside(packed(("fixtures/mpi", "/opt/hpcx/ompi"), ("fixtures/f", None)), good)
-    assert os.readlink(good / "fixtures/mpi") == "/opt/hpcx/ompi" and (good / "fixtures/f").read_bytes() == b"ok"
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    with pytest.raises(refused):
-        fixtures._extract_inside(packed(("fixtures/up", str(outside)), ("fixtures/up/planted", None)), bad)
-    assert not (outside / "planted").exists()

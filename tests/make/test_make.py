@@ -16,7 +16,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
+from fixtures.builder import MINI_NGC_TAG, build_fixtures
 from tests.cli.test_json_convention import check_convention
 from tests.kits.storekit import cache_dir
 from tests.kits.wsfactory import make_workspace

@@ -37,7 +37,7 @@ def efabuild(root: Path, *args: str, ok: bool = True) -> subprocess.CompletedPro
 def multiarch_base(local_registry) -> str:
     """REGISTRY/efabuild-fixtures/pytorch:26.08-py3: an index of the amd64 and arm64 fixture bases."""
     from efabuild.engine.client import connect
-    from efabuild.make.fixtures import build_fixtures, publish_index
+    from fixtures.builder import build_fixtures, publish_index
     from efabuild.settings import BuilderSettings
 
     images = build_fixtures(platforms=PLATFORMS)
@@ -209,7 +209,7 @@ def test_each_layer_goes_to_a_builder_of_its_platform(multiarch_base, local_regi
 def test_a_local_base_of_one_platform_is_one_line_before_any_build(docker_engine, tmp_path):
     """The offline demo's base is a local amd64 image: Docker's image store holds no arm64 one
     under its tag, so BuildKit would ask docker.io for it mid-make."""
-    from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
+    from fixtures.builder import MINI_NGC_TAG, build_fixtures
 
     build_fixtures()
     ws = demo(tmp_path / "ws", MINI_NGC_TAG, 'emulate = ["linux/arm64"]')

@@ -178,10 +178,10 @@ def stop_pid(pid: int, program: str, grace_s: float = 20.0) -> None:
 
 @pytest.fixture(scope="session")
 def pinned_fixture_base(local_registry) -> str:
-    """The offline fixture base (efabuild.make.fixtures) pushed to the loopback registry, as
+    """The offline fixture base (fixtures/builder.py) pushed to the loopback registry, as
     `REGISTRY/efabuild-fixtures/pytorch@sha256:…`: a FROM pinned by digest, so its keys hold even
     when another checkout rebuilds the shared fixture tag meanwhile."""
-    from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
+    from fixtures.builder import MINI_NGC_TAG, build_fixtures
 
     image = build_fixtures()[0].image_id  # by ID: the shared name may be retagged meanwhile
     name = f"{local_registry}/{MINI_NGC_TAG}"

@@ -118,8 +118,6 @@ FLOORS = {"core": 0, "host": 1, "chunks": 2, "store": 2, "engine": 2, "provenanc
 DEFERRED: dict[str, set[str]] = {
     # the importer's protocol: no command loads it
     "efabuild.cli": {"efabuild.cli.pyxis_cmd"},
-    # build-fixtures --help reads the fixtures' names, not the engine
-    "efabuild.cli.build_fixtures": {"efabuild.engine.client"},
     # `efabuild --help` loads every command module (and cli.common) for its parser: what a command
     # runs is imported in its function
     "efabuild.cli.common": {"efabuild.grammar", "efabuild.host.fsutil", "efabuild.redact", "efabuild.workspace"},
@@ -169,8 +167,6 @@ DEFERRED: dict[str, set[str]] = {
     # only without the local socket, or when removing (gc's dry run does not)
     "efabuild.engine.leftovers": {"efabuild.engine.images"},
     "efabuild.export.squash": {"efabuild.engine.containers", "efabuild.engine.images"},
-    # build-fixtures --help reads the fixtures' names, not the engine
-    "efabuild.make.fixtures": {"efabuild.engine.build", "efabuild.engine.client", "efabuild.engine.images"},
     # only with [registry]
     "efabuild.make.oldimages": {"efabuild.engine.registry"},
     # plan --offline asks no engine; the farm and registry only with [registry] or emulate
@@ -394,6 +390,15 @@ def test_the_export_imports_nothing_of_the_store():
              for path in sorted((PACKAGE / "export").rglob("*.py"))
              for name in sorted(_imports(ast.parse(path.read_text())))
              if name == "efabuild.store" or name.startswith("efabuild.store.")]
+    assert not found, "\n".join(found)
+
+
+def test_the_package_imports_nothing_of_the_fixture_builder():
+    """The demo's and the tests' stand-in base images are built by fixtures/ beside their sources;
+    efabuild's users never run it, so no module of the package imports it (the wheel ships none of it)."""
+    found = [f"{path.relative_to(PACKAGE.parent)} imports {name}" for path in _modules()
+             for name in sorted(_imports(ast.parse(path.read_text())))
+             if name == "fixtures" or name.startswith("fixtures.")]
     assert not found, "\n".join(found)
 
 

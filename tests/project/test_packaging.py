@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from efabuild.make.fixtures import content_digest, source_dir
 from tests.kits.storekit import key_for, make_sqsh, record_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,10 +40,10 @@ def installed(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     tmp = tmp_path_factory.mktemp("packaging")
     sources = tmp / "sources"
     sources.mkdir()
-    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy(REPO / name, sources / name)
-    for name in ("efabuild", "fixtures"):
-        shutil.copytree(REPO / name, sources / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    # the package alone: the wheel needs nothing of fixtures/ (the demo's images are built from a checkout)
+    shutil.copytree(REPO / "efabuild", sources / "efabuild", symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "EFABUILD_STORE")}
     # a checkout whose origin is a web address, with a token in it as a clone over HTTPS may have
     for git in (("init", "-q"), ("remote", "add", "origin", f"https://builder:{TOKEN}@{ORIGIN}"),
@@ -107,21 +106,6 @@ def test_efabuild_runs_from_the_wheel_outside_the_repository(installed, tmp_path
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
-def test_the_fixture_sources_are_package_data_identical_to_the_checkouts(installed, tmp_path):
-    bin_dir, env = installed
-    busybox = tmp_path / "busybox"  # any file: both sides hash the same one
-    busybox.write_bytes(b"stand-in")
-    script = ("import sys; from pathlib import Path; from efabuild.make import fixtures as f\n"
-              "assert not f.source_dir().is_dir(), 'a checkout is visible'\n"
-              "with f.fixture_sources() as src: print(f.content_digest(src / 'mini-ngc', Path(sys.argv[1])))")
-    packaged = run(bin_dir / "python", "-c", script, busybox, cwd=tmp_path, env=env)
-    assert packaged.returncode == 0, packaged.stderr
-    # the same digest means the same fixture image: every file, mode and symlink made it through
-    assert packaged.stdout.strip() == content_digest(source_dir() / "mini-ngc", busybox)
-    help_text = run(bin_dir / "python", "-m", "efabuild.cli.build_fixtures", "--help", cwd=tmp_path, env=env)
-    assert help_text.returncode == 0 and "installed package" in help_text.stdout
-
-
 def test_the_pyxis_importer_console_script_from_the_wheel(installed, tmp_path):
     from efabuild.store.tiers.fs import FilesystemTier
     from efabuild.store.tiered import Store
@@ -141,9 +125,12 @@ def test_the_pyxis_importer_console_script_from_the_wheel(installed, tmp_path):
     assert (released.returncode, released.stdout) == (0, "")
 
 
-def test_the_wheel_holds_the_fixture_tar_and_no_checkout_paths(installed):
-    bin_dir, _ = installed
+def test_the_wheel_holds_no_fixture_builder_and_no_checkout_paths(installed, tmp_path):
+    bin_dir, env = installed
     [wheel] = (bin_dir.parents[1] / "dist").glob("efabuild-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "efabuild/make/fixtures.tar" in names
-    assert not any("__pycache__" in n or n.startswith(("tests/", "fixtures/")) for n in names)
+    # the demo's stand-in base images are built from a checkout's fixtures/, never by an installed efabuild
+    assert not any("fixture" in n for n in names), [n for n in names if "fixture" in n]
+    assert not any("__pycache__" in n or n.startswith(("tests/", "scripts/")) for n in names)
+    found = run(bin_dir / "python", "-c", "import fixtures.builder", cwd=tmp_path, env=env)
+    assert found.returncode != 0 and "No module named 'fixtures'" in found.stderr

@@ -609,7 +609,7 @@ class DemoBuilds:
 
 @pytest.fixture(scope="module")
 def demo(docker_engine, tmp_path_factory):
-    from efabuild.make.fixtures import MINI_NGC_TAG, build_fixtures
+    from fixtures.builder import MINI_NGC_TAG, build_fixtures
 
     build_fixtures()
     builds = DemoBuilds(tmp_path_factory.mktemp("demo"))
