@@ -12,11 +12,12 @@ import argparse
 import importlib
 import os
 import sys
+import textwrap
 
 from efabuild import __version__
 from efabuild.cli import reporting
-from efabuild.errors import EfabuildError, InputError
 from efabuild.display import shown
+from efabuild.errors import EfabuildError, InputError
 
 # command name -> module under efabuild.cli that defines configure(parser) and run(args) -> int
 COMMANDS: dict[str, str] = {
@@ -54,8 +55,6 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def format_help(self) -> str:
-        import textwrap
-
         if self.description:
             self.description = textwrap.dedent(self.description).strip("\n")
         if self.epilog:

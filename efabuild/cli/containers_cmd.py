@@ -7,8 +7,7 @@ import argparse
 import sys
 
 from efabuild.display import shown
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.pyxis.containers import check_base, check_key_part, prune
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -33,8 +32,6 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run(args: argparse.Namespace) -> int:
-    from efabuild.pyxis.containers import check_base, check_key_part, prune
-
     keep = check_key_part(args.keep.lower())
     removed, busy = prune(check_base(args.base), keep, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"

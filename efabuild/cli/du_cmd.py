@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.cli.output import print_json, print_table
+from efabuild.refs import short
+from efabuild.store.gc.s3chunks import bucket_usage
+from efabuild.store.progress import human_bytes
+from efabuild.store.tiered import Store
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -28,12 +32,6 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run(args: argparse.Namespace) -> int:
-    from efabuild.cli.output import print_json, print_table
-    from efabuild.store.progress import human_bytes
-    from efabuild.store.gc.s3chunks import bucket_usage
-    from efabuild.store.tiered import Store
-    from efabuild.refs import short
-
     store = Store.locate(args.store)
     tiers = {}
     for tier in store.fs_tiers:

@@ -12,8 +12,7 @@ import argparse
 import sys
 
 from efabuild.errors import EfabuildError, InputError
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.pyxis import importer as pyxis
 
 USAGE = ("usage: efabuild-pyxis-importer get IMAGE_URI | release (called by Pyxis, see plugstack.conf importer=; "
          "`efabuild pyxis-importer --help` explains)")
@@ -59,8 +58,6 @@ def run(args: argparse.Namespace) -> int:
 
 def protocol(words: list[str]) -> int:
     """Run one importer call; raises InputError (exit 2, stderr) for anything else."""
-    from efabuild.pyxis import importer as pyxis
-
     if words == ["release"]:
         pyxis.release()
         return 0

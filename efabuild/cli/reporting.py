@@ -10,6 +10,7 @@ import sys
 
 from efabuild import notices
 from efabuild.display import shown
+from efabuild.store import progress
 
 
 class Printer:
@@ -27,7 +28,5 @@ class Printer:
 
 
 def install() -> None:
-    from efabuild.store import progress  # deferred: `efabuild --help` installs this too, and shows no progress
-
     notices.use(Printer())  # a fresh one per main() call
     progress.use(lambda: sys.stderr)  # long transfers show their progress there too

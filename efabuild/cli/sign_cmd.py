@@ -6,9 +6,18 @@ import argparse
 import sys
 from pathlib import Path
 
+from efabuild.cli.common import write_file
+from efabuild.cli.output import print_json
 from efabuild.errors import EfabuildError, InputError, NoCredentials
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.grammar import endpoint_url_problem
+from efabuild.refs import short
+from efabuild.signing.attest import sign_stored
+from efabuild.signing.keys import keyid_of, load_public_key, signer_for
+from efabuild.signing.trust import node_config_text, policy_for, resolve_workspace_keys
+from efabuild.signing.verify import index_problems, verify_and_remember
+from efabuild.store.config import find_build_toml, load_build_store, locate
+from efabuild.store.tiered import Store
+from efabuild.workspace import load_workspace
 
 STORE_HELP = "a store directory (default: $EFABUILD_STORE, else the workspace's [store])"
 
@@ -80,8 +89,6 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 def _resolve_vetted(store, ref: str, policy, results: list[dict]) -> str:  # noqa: ANN001 - a Store, a TrustPolicy
     """The key of `ref`; a name's platform index is verified on the way (a result of its own)."""
-    from efabuild.signing.verify import index_problems
-
     found: list[str] = []
     def vet(data: bytes, envelope: bytes | None, where: str) -> None:
         found.extend(index_problems(data, envelope, policy, where))
@@ -93,13 +100,6 @@ def _resolve_vetted(store, ref: str, policy, results: list[dict]) -> str:  # noq
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from efabuild.cli.output import print_json
-    from efabuild.store.tiered import Store
-    from efabuild.refs import short
-    from efabuild.store.config import locate
-    from efabuild.signing.trust import policy_for
-    from efabuild.signing.verify import verify_and_remember
-
     if bool(args.refs) == bool(args.all):
         raise InputError("give REF... or --all")
     table = locate(args.store)
@@ -163,13 +163,6 @@ def _recorded_name(tier, key: str) -> str | None:  # noqa: ANN001 - a Filesystem
 
 
 def run_sign(args: argparse.Namespace) -> int:
-    from efabuild.signing.attest import sign_stored
-    from efabuild.grammar import endpoint_url_problem
-    from efabuild.signing.keys import signer_for
-    from efabuild.store.tiered import Store
-    from efabuild.refs import short
-    from efabuild.store.config import find_build_toml
-
     key, region, endpoint_url, root = args.key, None, args.endpoint_url, Path.cwd()
     problem = endpoint_url is not None and endpoint_url_problem(endpoint_url)
     if problem:
@@ -178,7 +171,6 @@ def run_sign(args: argparse.Namespace) -> int:
         build_toml = find_build_toml(Path.cwd())
         if build_toml is None:
             raise InputError("no key: give --key PEM|ARN (no BUILD.toml with [sign] here)")
-        from efabuild.workspace import load_workspace
 
         sign = load_workspace(build_toml.parent).settings.sign
         if sign is None:
@@ -200,16 +192,11 @@ def run_sign(args: argparse.Namespace) -> int:
 
 
 def run_trust(args: argparse.Namespace) -> int:
-    from efabuild.store.config import find_build_toml, load_build_store
-    from efabuild.cli.common import write_file
-    from efabuild.signing.trust import node_config_text, resolve_workspace_keys
-
     build_toml = find_build_toml(Path.cwd())
     if build_toml is None:
         raise InputError("efabuild trust reads [trust] of a workspace: no BUILD.toml here or above")
     table = load_build_store(build_toml)
     policy = resolve_workspace_keys(build_toml, table.local)
-    from efabuild.signing.keys import keyid_of, load_public_key
 
     for source, pem in policy.keys:
         print(f"{keyid_of(load_public_key(pem, source))[:12]}  {source}")

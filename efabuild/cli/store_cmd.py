@@ -8,10 +8,21 @@ import shutil
 import sys
 
 from efabuild import notices
+from efabuild.cli.common import workspace
+from efabuild.cli.output import print_json, print_table
 from efabuild.display import shown
+from efabuild.engine import leftovers
+from efabuild.engine.client import connect
 from efabuild.errors import EfabuildError, InputError
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.host import scratch
+from efabuild.make.oldimages import remove_old_images
+from efabuild.make.prepare import prepare
+from efabuild.refs import short
+from efabuild.store.chunked.health import chunk_problems
+from efabuild.store.config import STORE_ENV
+from efabuild.store.gc.s3chunks import bucket_usage
+from efabuild.store.progress import human_bytes
+from efabuild.store.tiered import Store
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -68,14 +79,10 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def _store(args: argparse.Namespace):  # noqa: ANN202 - efabuild.store.Store
-    from efabuild.store.tiered import Store
-
     return Store.locate(args.store)
 
 
 def _dead_scratch_dirs(remove: bool) -> list:
-    from efabuild.host import scratch
-
     found = scratch.dead_scratch_dirs()
     if remove:
         for path in found:
@@ -85,10 +92,6 @@ def _dead_scratch_dirs(remove: bool) -> list:
 
 def _old_images(args: argparse.Namespace, remove: bool) -> list[tuple[str, str]]:
     """gc --images: the workspace's own old engine images, as (tier, item) leftovers."""
-    from efabuild.make.oldimages import remove_old_images
-    from efabuild.make.prepare import prepare
-    from efabuild.cli.common import workspace
-
     if args.store:
         raise InputError("--images needs a workspace (its build records say which images it made), not --store")
     found = remove_old_images(prepare(workspace(), require_engine=True), remove)
@@ -98,13 +101,8 @@ def _old_images(args: argparse.Namespace, remove: bool) -> list[tuple[str, str]]
 def _dead_engine_leftovers(args: argparse.Namespace, stores: list, remove: bool) -> list[str]:
     """In a workspace: export containers into its store and make --check images that its engine
     holds for makes killed on this host (a bare store on a compute node has no engine to ask)."""
-    from efabuild.store.config import STORE_ENV
-
     if args.store or os.environ.get(STORE_ENV) or shutil.which("docker") is None:
         return []
-    from efabuild.cli.common import workspace
-    from efabuild.engine import leftovers
-    from efabuild.engine.client import connect
 
     try:
         settings = workspace().settings
@@ -127,11 +125,6 @@ def _when(created: str) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    from efabuild.cli.output import print_json, print_table
-    from efabuild.store.progress import human_bytes
-    from efabuild.refs import short
-    from efabuild.store.gc.s3chunks import bucket_usage
-
     store = _store(args)
     listings = store.ls(remote=not args.no_s3)
     # what each S3 artifact takes in the bucket as stored, and what only it references
@@ -171,10 +164,6 @@ def shown_name(record, several: bool) -> str:  # noqa: ANN001 - an ArtifactRecor
 
 
 def run_gc(args: argparse.Namespace) -> int:
-    from efabuild.cli.output import print_json
-    from efabuild.store.progress import human_bytes
-    from efabuild.refs import short
-
     store = _store(args)
     if args.s3 and args.no_s3:
         raise InputError("give --s3 or --no-s3, not both")
@@ -228,9 +217,6 @@ def run_gc(args: argparse.Namespace) -> int:
 def _chunk_problems(store, deep: bool) -> list:  # noqa: ANN001 - a Store
     """[(health.ChunkProblem, 'KEY NAME, ...' of the artifacts it breaks)] of the S3 chunks an
     index names that are missing (with `deep`: or fail their id)."""
-    from efabuild.refs import short
-    from efabuild.store.chunked.health import chunk_problems
-
     if store.s3 is None:
         return []
     found = chunk_problems(store.s3, deep=deep)

@@ -120,48 +120,14 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.cli": {"efabuild.cli.pyxis_cmd"},
     # build-fixtures --help reads the fixtures' names, not the engine
     "efabuild.cli.build_fixtures": {"efabuild.engine.client"},
-    # `efabuild --help` loads every command module (and cli.common) for its parser: what a command
-    # runs is imported in its function
-    "efabuild.cli.common": {"efabuild.grammar", "efabuild.host.fsutil", "efabuild.redact", "efabuild.workspace"},
-    "efabuild.cli.doctor_cmd": {"efabuild.cli.output", "efabuild.configfile", "efabuild.doctor", "efabuild.store"},
-    "efabuild.cli.du_cmd": {"efabuild.cli.output", "efabuild.refs", "efabuild.store.gc.s3chunks", "efabuild.store.progress",
-                             "efabuild.store.tiered"},
-    "efabuild.cli.graph_cmd": {
-        "efabuild.cli.graphviz", "efabuild.cli.picture", "efabuild.dag", "efabuild.make.prepare"},
-    "efabuild.cli.lint_cmd": {"efabuild.cli.output", "efabuild.lint", "efabuild.lint.sarif", "efabuild.workspace"},
-    "efabuild.cli.lookup_cmd": {
-        "efabuild.cli.output", "efabuild.platforms", "efabuild.pyxis.lookup", "efabuild.workspace"},
-    "efabuild.cli.make_cmd": {
-        "efabuild.cli.colour", "efabuild.plan", "efabuild.cli.graphviz", "efabuild.cli.live", "efabuild.cli.output",
-        "efabuild.cli.picture", "efabuild.cli.plan_cmd", "efabuild.host.scratch", "efabuild.lint",
-        "efabuild.make.check", "efabuild.make.prepare", "efabuild.make.run", "efabuild.refs"},
-    "efabuild.cli.plan_cmd": {
-        "efabuild.cli.colour", "efabuild.cli.live", "efabuild.cli.output", "efabuild.make.prepare", "efabuild.plan"},
-    "efabuild.cli.provenance_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.provenance.audit", "efabuild.provenance.diff",
-        "efabuild.provenance.intoto", "efabuild.provenance.junit", "efabuild.provenance.manifest",
-        "efabuild.provenance.stored", "efabuild.settings", "efabuild.store", "efabuild.store.progress",
-        "efabuild.workspace"},
-    "efabuild.cli.push_cmd": {
-        "efabuild.cli.output", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.prepare",
-        "efabuild.refs"},
-    "efabuild.cli.pyxis_cmd": {"efabuild.pyxis.importer"},
-    "efabuild.cli.containers_cmd": {"efabuild.pyxis.containers"},
-    # `efabuild --help` loads it: the mount (FUSE, the store, S3) only when one is made
-    "efabuild.cli.mount_cmd": {"efabuild.lazy.mount", "efabuild.store.config"},
+    # doctor reads logs on a node whose installation may lack the store's packages
+    "efabuild.cli.doctor_cmd": {"efabuild.store"},
+    # a lookup's miss alone reads the workspace's graphs, to tell why
+    "efabuild.cli.lookup_cmd": {"efabuild.workspace"},
+    # a make with --no-lint loads no lint (its findings are printed only when it stops the make)
+    "efabuild.cli.make_cmd": {"efabuild.lint"},
     # the FUSE binding (ctypes over libfuse 3) at mount time only: the module's names are the CLI's too
     "efabuild.lazy.mount": {"efabuild.lazy.fusefile"},
-    # installed by `efabuild --help` too, which shows no progress
-    "efabuild.cli.reporting": {"efabuild.store.progress"},
-    "efabuild.cli.sign_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.grammar", "efabuild.refs", "efabuild.signing.attest",
-        "efabuild.signing.keys", "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.store.config",
-        "efabuild.store.tiered", "efabuild.workspace"},
-    "efabuild.cli.store_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.engine.client", "efabuild.engine.leftovers",
-        "efabuild.host.scratch", "efabuild.make.oldimages", "efabuild.make.prepare", "efabuild.refs",
-        "efabuild.store.chunked.health", "efabuild.store.config", "efabuild.store.gc.s3chunks", "efabuild.store.progress",
-        "efabuild.store.tiered"},
     # ctypes and subprocess with the first docker process: a plan on the socket starts none
     "efabuild.engine.client": {"efabuild.host.children"},
     # with the export: a no-op make's leftover listing needs none
