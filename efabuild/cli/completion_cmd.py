@@ -18,7 +18,7 @@ _DIR_METAVARS = {"DIR", "PATH"}
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
-        name, help="print a shell completion script (bash, zsh, tcsh)",
+        name,
         description="""
             Print a completion script for efabuild's commands and options in SHELL's language.
             Load it from your shell's start-up file, or install it system-wide.""",

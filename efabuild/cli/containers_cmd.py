@@ -13,7 +13,6 @@ from efabuild.pyxis.containers import check_base, check_key_part, prune
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         name, parents=[common],
-        help="remove the Enroot containers Pyxis kept for a container name's earlier artifacts",
         description="""
             A job that names its container by the artifact's key (--container-name=NAME-${KEY:0:12})
             never starts an old image, and leaves one container per build on each node (Pyxis's

@@ -22,7 +22,6 @@ MAX_MANIFEST_BYTES = 64 << 20
 def configure(name, sub, common):
     p = sub.add_parser(
         name, parents=[common],
-        help="diagnose NCCL (NCCL_DEBUG=INFO), srun and build logs: EFA path, TCP fallback, MPI clash...",
         description="""
             Read NCCL_DEBUG=INFO output, nccl-tests/PyTorch bandwidth lines, srun output and build
             logs, and say what they show: EFA path or TCP fallback, plugin and device trouble, two

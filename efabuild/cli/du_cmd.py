@@ -13,7 +13,7 @@ from efabuild.store.tiered import Store
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
-        name, parents=[common], help="bytes each artifact takes in each tier, and S3's dedup ratio",
+        name, parents=[common],
         description="""
             For every artifact: its size, and in the S3 tier the bytes its chunks take as stored
             (compressed) and the bytes only it references (what deleting it would free). The last

@@ -16,7 +16,7 @@ PICTURES = ("svg", "png")
 
 def configure(name, sub, common):
     p = sub.add_parser(
-        name, parents=[common], help="print or draw the layer graph",
+        name, parents=[common],
         description="""
             The layers and what each is built on (its parent layer, or a base image), as an
             indented tree, Graphviz dot or Mermaid. Artifact layers (exported to .sqsh) are marked.

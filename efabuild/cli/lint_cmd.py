@@ -16,7 +16,6 @@ from efabuild.workspace import find_root, load_workspace
 def configure(name, sub, common):
     p = sub.add_parser(
         name, parents=[common],
-        help="check graphs and job scripts for the NGC + EFA pitfalls (exit 1 on errors)",
         description="""
             Check each layer's Dockerfile text, args and base, and the job scripts under scripts/,
             for the known NGC + EFA pitfalls (rules EFA000-EFA024, listed in docs/guides/lint.md). Exit 1 when

@@ -15,7 +15,6 @@ from efabuild.pyxis.lookup import lookup_path
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         name, parents=[common],
-        help="print the absolute path of an artifact's .sqsh (for job scripts)",
         description="""
             Print the absolute path of the .sqsh of REF on the shared or local tier, fetching it
             from S3 when only S3 has it. Exit 1 with one line when REF is absent, an ambiguous

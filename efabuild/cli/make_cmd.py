@@ -24,7 +24,7 @@ from efabuild.refs import short
 
 def configure(name, sub, common):
     p = sub.add_parser(
-        name, parents=[common], help="build the layers whose key changed; export artifacts",
+        name, parents=[common],
         description="""
             Lint, then build every selected layer whose key has no image yet (or pull it from the
             [registry] layer cache), export each artifact layer to an Enroot .sqsh with its

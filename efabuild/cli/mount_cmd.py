@@ -17,7 +17,6 @@ from efabuild.store.config import locate
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         name, parents=[common],
-        help="serve an artifact's .sqsh from its chunks through FUSE, fetching them as they are read",
         description="""
             Mount REF (a key, a key prefix or graph:layer, as lookup resolves it) at DIR as one
             read-only file, DIR/<key>.sqsh, whose reads are served chunk by chunk: the node cache,

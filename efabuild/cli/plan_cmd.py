@@ -14,7 +14,7 @@ from efabuild.plan import NOTHING
 
 def configure(name, sub, common):
     p = sub.add_parser(
-        name, parents=[common], help="show what would be built, pulled or exported, and why",
+        name, parents=[common],
         description="""
             Every selected layer with its key, its state (available, to build, to pull, to export,
             to copy between store tiers) and, for a layer to build, why: changed build args,

@@ -33,7 +33,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 def _configure_show(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser):
     p = sub.add_parser(
-        name, parents=[common], help="an artifact's provenance manifest as a table",
+        name, parents=[common],
         description="""
             Shows what an artifact is, what it was built from (base, each layer's Dockerfile
             digest and args, tool versions) and the versions measured inside it.""",
@@ -51,7 +51,7 @@ def _configure_show(name: str, sub: argparse._SubParsersAction, common: argparse
 
 def _configure_audit(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser):
     p = sub.add_parser(
-        name, parents=[common], help="check artifacts: integrity, drift, pitfalls, policy",
+        name, parents=[common],
         description="""
             Checks that each artifact is what its manifest says (digests, the .sqsh measured
             again), that declared versions are installed, that the EFA installer matches the
@@ -81,7 +81,7 @@ def _configure_audit(name: str, sub: argparse._SubParsersAction, common: argpars
 
 def _configure_diff(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser):
     p = sub.add_parser(
-        name, parents=[common], help="what differs between two artifacts",
+        name, parents=[common],
         description="""
             What differs between two artifacts, A then B, read from their manifests (the
             images are not opened), one row per fact of a KIND:

@@ -15,7 +15,7 @@ from efabuild.refs import KEY_LABEL, image_tag, short
 
 def configure(name, sub, common):
     p = sub.add_parser(
-        name, parents=[common], help="push the built layers to the [registry] layer cache",
+        name, parents=[common],
         description="""
             Push every selected layer whose image the engine has to the [registry] layer cache, as
             REGISTRY/efabuild/<layer>:<key>: other machines then pull it instead of building it.

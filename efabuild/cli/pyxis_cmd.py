@@ -29,7 +29,6 @@ class HelpOnStderr(argparse.Action):
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         name, parents=[common], add_help=False,
-        help="Pyxis importer: `get efabuild://REF` prints the .sqsh path; `release` cleans up",
         description="""
             Called by Pyxis (plugstack.conf importer=...): `get IMAGE_URI` prints the absolute
             .sqsh path of efabuild://REF (Pyxis passes docker://efabuild://REF); any other image

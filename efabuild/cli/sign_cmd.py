@@ -25,7 +25,7 @@ STORE_HELP = "a store directory (default: $EFABUILD_STORE, else the workspace's 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     if name == "verify":
         p = sub.add_parser(
-            name, parents=[common], help="check artifacts against their signatures, records and manifests",
+            name, parents=[common],
             description="""
                 For each artifact on each filesystem tier: a valid signature by a key of the
                 trust policy, the signed statement's subject equal to the file's digests,
@@ -50,7 +50,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
         p.set_defaults(run=run_verify)
     elif name == "sign":
         p = sub.add_parser(
-            name, parents=[common], help="add a signature to artifacts' stored statements",
+            name, parents=[common],
             description="""
                 Signs the stored in-toto statement of each REF, unchanged, with another key
                 and stores the envelope (one line, all signatures) on every tier holding the
@@ -68,7 +68,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
         p.set_defaults(run=run_sign)
     else:
         p = sub.add_parser(
-            name, parents=[common], help="resolve the workspace's [trust] keys; write a node's trust policy",
+            name, parents=[common],
             description="""
                 Reads [trust] keys of BUILD.toml, asks KMS once for the public key of every
                 KMS key ARN and keeps it under the local store's state/trust/ (lookups never

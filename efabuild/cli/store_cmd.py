@@ -29,7 +29,6 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     if name == "ls":
         p = sub.add_parser(
             name, parents=[common],
-            help="list stored artifacts: key, name, size, S3 stored/unique bytes, created, tiers",
             description="""
                 Every artifact in the store: short key, name (graph:layer), size, the bytes it
                 takes in S3 as stored and the bytes only it references there (what deleting it
@@ -44,7 +43,6 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     else:
         p = sub.add_parser(
             name, parents=[common],
-            help="delete all but the newest N artifacts of every name and platform (dry run unless --yes)",
             description="""
                 Keeps the newest --keep keys of every name on every platform (an arm64 build never
                 pushes out the amd64 ones), what every name currently points at,
