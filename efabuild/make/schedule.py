@@ -11,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import NamedTuple
 
 from efabuild.errors import EfabuildError
 from efabuild.plan import NOTHING, LayerPlan
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future
 
 BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED = "built", "pulled", "exported", "reused", "failed", "skipped"
 STATUSES = (BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED)
@@ -88,8 +86,6 @@ def run_in_order(
                     else:
                         queue.outcomes[name] = outcome
                 if running:
-                    from concurrent.futures import FIRST_COMPLETED, wait
-
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     for future in done:
                         name, started = running.pop(future)
@@ -103,8 +99,6 @@ def run_in_order(
 
 
 def _pool(jobs: int):
-    from concurrent.futures import ThreadPoolExecutor
-
     return ThreadPoolExecutor(max_workers=max(1, jobs))
 
 
