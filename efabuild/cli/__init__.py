@@ -11,7 +11,6 @@ import argparse
 import importlib
 import os
 import sys
-import textwrap
 
 from efabuild import __version__
 from efabuild.cli import reporting
@@ -78,6 +77,8 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def format_help(self) -> str:
+        import textwrap  # 1 ms that a lookup, run by every job, does not spend
+
         if self.description:
             self.description = textwrap.dedent(self.description).strip("\n")
         if self.epilog:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from efabuild import notices
-from efabuild.cli import graphviz, picture
+from efabuild.cli import graphviz
 from efabuild.cli.colour import Palette, palette_for
 from efabuild.cli.common import add_builder_option, with_builder, workspace, write_file
 from efabuild.cli.graphviz import format_of, require_dot
@@ -16,7 +16,7 @@ from efabuild.cli.output import print_json, table
 from efabuild.cli.plan_cmd import plan_json, render
 from efabuild.errors import EfabuildError, InputError
 from efabuild.host.scratch import check_temp_dir
-from efabuild.make import check, run as make
+from efabuild.make import run as make
 from efabuild.make.prepare import prepare
 from efabuild.plan import COPY
 from efabuild.refs import short
@@ -183,6 +183,8 @@ def _check(ws, args) -> int:
         raise InputError("--check takes the layers to check as GRAPH:LAYER")
     if args.dry_run:
         raise InputError("--check and --dry-run do not go together")
+    from efabuild.make import check  # its attrs classes: a no-op make loads none
+
     prepared = prepare(ws, args.targets, require_engine=True)
     reporter = reporter_for(sys.stderr, args.progress)
     _sigterm_interrupts()
@@ -196,14 +198,7 @@ def _check(ws, args) -> int:
     finally:
         reporter.close()
     if args.json:
-        import attrs
-
-        checks = []
-        for r in results:  # in the JSON convention: name, key, path (the stored .sqsh)
-            data = attrs.asdict(r, recurse=True)
-            del data["qualname"], data["stored"]
-            checks.append(data | {"name": r.qualname, "path": str(r.stored), "identical": r.identical})
-        print_json("check", {"checks": checks})
+        print_json("check", {"checks": [check.to_json(r) for r in results]})
     else:
         print("\n".join(check.render(r) for r in results))
     return 0 if all(r.identical for r in results) else 1
@@ -230,6 +225,8 @@ def _graph_format(name: str) -> str:
 
 def _draw(name: str, prepared, result) -> None:
     """The --graph picture: the plan (a dry run) or what the make did with each layer."""
+    from efabuild.cli import picture  # its attrs classes cost a no-op make 15 ms: only --graph loads it
+
     if result is None:
         nodes, title = picture.plan_nodes(prepared.plan), "efabuild make --dry-run"
     else:

@@ -10,7 +10,6 @@ import sys
 
 from efabuild import notices
 from efabuild.display import shown
-from efabuild.store import progress
 
 
 class Printer:
@@ -28,5 +27,7 @@ class Printer:
 
 
 def install() -> None:
+    from efabuild.store import progress  # deferred: the Pyxis importer loads this module and reports no progress
+
     notices.use(Printer())  # a fresh one per main() call
     progress.use(lambda: sys.stderr)  # long transfers show their progress there too

@@ -21,6 +21,7 @@ from efabuild.engine import containers
 from efabuild.engine.api import ApiError
 from efabuild.engine.client import Engine, EngineError
 from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL
+from efabuild.engine.images import existing_tags, untag_image
 from efabuild.host.fsutil import parse_temp_owner
 from efabuild.host.owner import Owner
 from efabuild.store.gc.leftovers import STALE_TEMP_SECONDS
@@ -92,7 +93,6 @@ def _check_tags(engine: Engine) -> list[str]:
             return engine.api.repo_tags(reference=f"{CHECK_REPO}/*")
         except ApiError:
             return []
-    from efabuild.engine.images import existing_tags  # deferred: only without the local socket (gc's listing)
 
     try:
         return sorted(existing_tags(engine, CHECK_REPO + "/"))
@@ -120,8 +120,6 @@ def _tagged_at(engine: Engine, tag: str) -> float:
 
 
 def remove_images(engine: Engine, tags: tuple[str, ...] | list[str]) -> None:
-    from efabuild.engine.images import untag_image  # deferred: gc's dry run removes nothing
-
     for tag in tags:
         try:
             untag_image(engine, tag)

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
@@ -35,6 +34,7 @@ def popen(args: Any, **kwargs: Any) -> subprocess.Popen:
     """subprocess.Popen(args, **kwargs), the child killed when this process dies."""
     if "preexec_fn" in kwargs:
         raise TypeError("children.popen sets preexec_fn itself")
+    from concurrent.futures import Future  # with the first program started: a no-op plan starts none
 
     kwargs["preexec_fn"] = _die_with(os.getpid())
     done: Future[subprocess.Popen] = Future()

@@ -123,18 +123,19 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.cli.build_fixtures": {"efabuild.engine.client"},
     # doctor reads logs on a node whose installation may lack the store's packages
     "efabuild.cli.doctor_cmd": {"efabuild.store"},
+    # the Pyxis importer loads the CLI's package and reports no progress
+    "efabuild.cli.reporting": {"efabuild.store.progress"},
     # a lookup's miss alone reads the workspace's graphs, to tell why
     "efabuild.cli.lookup_cmd": {"efabuild.workspace"},
-    # a make with --no-lint loads no lint (its findings are printed only when it stops the make)
-    "efabuild.cli.make_cmd": {"efabuild.lint"},
+    # a make with --no-lint loads no lint (its findings are printed only when it stops the make);
+    # a no-op make no attrs classes: picture's only when --graph draws, check's with --check
+    "efabuild.cli.make_cmd": {"efabuild.cli.picture", "efabuild.lint", "efabuild.make.check"},
     # the FUSE binding (ctypes over libfuse 3) at mount time only: the module's names are the CLI's too
     "efabuild.lazy.mount": {"efabuild.lazy.fusefile"},
     # ctypes and subprocess with the first docker process: a plan on the socket starts none
     "efabuild.engine.client": {"efabuild.host.children"},
     # with the export: a no-op make's leftover listing needs none
     "efabuild.engine.containers": {"efabuild.host.children"},
-    # only without the local socket, or when removing (gc's dry run does not)
-    "efabuild.engine.leftovers": {"efabuild.engine.images"},
     # build-fixtures --help reads the fixtures' names, not the engine
     "efabuild.make.fixtures": {"efabuild.engine.build", "efabuild.engine.client", "efabuild.engine.images"},
     # only with [registry]
