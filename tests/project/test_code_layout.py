@@ -111,11 +111,12 @@ FLOORS = {"core": 0, "host": 1, "chunks": 2, "store": 2, "engine": 2, "provenanc
 
 # Imports inside functions, by module: start-up deferrals. `efabuild CMD` loads CMD's module alone
 # (efabuild/cli/__init__.py), so a command module imports what it runs at its header. A plan, a
-# lookup, a no-op make and the Pyxis importer must not load what they do not run (tests/engine/test_engine_api.py and the start-up figures in
-# README Performance hold them to it), so these modules load their heavier neighbours (the engine
-# steps, boto3, attrs classes, the export) where a command first needs them. Outside store/, export/
-# and host/ each was checked against the modules those paths load: one stays here only where the
-# header would load more on one of them. A new one goes here only with the start-up reason beside it.
+# lookup, a no-op make and the Pyxis importer must not load what they do not run
+# (tests/engine/test_engine_api.py and the start-up figures in README Performance hold them to it),
+# so these modules load their heavier neighbours (the engine steps, boto3, attrs classes, the
+# export) where a command first needs them. Outside store/, export/ and host/ each was checked
+# against the modules those paths load: one stays here only where the header would load more on one
+# of them. A new one goes here only with the start-up reason beside it.
 DEFERRED: dict[str, set[str]] = {
     # the importer's protocol: no command loads it
     "efabuild.cli": {"efabuild.cli.pyxis_cmd"},
