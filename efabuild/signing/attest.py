@@ -16,8 +16,6 @@ from efabuild.signing import dsse
 
 
 def statement_payload(manifest: bytes, where: str = "manifest") -> bytes:
-    # deferred: signed_index and a make without [sign] load this module and make no statement
-
     return dsse.statement_bytes(to_intoto(manifests.decode(manifest, where)))
 
 

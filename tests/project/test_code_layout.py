@@ -144,8 +144,6 @@ DEFERRED: dict[str, set[str]] = {
     # plan --offline asks no engine; the farm and registry only with [registry] or emulate
     "efabuild.make.prepare": {
         "efabuild.engine.client", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.farm"},
-    # a make that exports nothing loads it for engine_versions alone (attrs, the probe)
-    "efabuild.make.publish": {"efabuild.provenance.stored", "efabuild.signing.attest"},
     # a no-op make loads none of a layer's work, nor lint with --no-lint
     "efabuild.make.run": {
         "efabuild.engine.build", "efabuild.export.artifact", "efabuild.lint", "efabuild.make.ancestry",
