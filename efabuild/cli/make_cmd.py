@@ -7,10 +7,8 @@ import sys
 from pathlib import Path
 
 from efabuild import notices
-from efabuild.cli import graphviz
 from efabuild.cli.colour import Palette, palette_for
 from efabuild.cli.common import add_builder_option, with_builder, workspace, write_file
-from efabuild.cli.graphviz import format_of, require_dot
 from efabuild.cli.live import JsonReporter, announce_after, outcome_json, planning_line, reporter_for
 from efabuild.cli.output import print_json, table
 from efabuild.cli.plan_cmd import plan_json, render
@@ -219,13 +217,17 @@ def _with_platform(data: dict, result) -> dict:  # noqa: ANN001 - a MakeResult
 
 
 def _graph_format(name: str) -> str:
+    from efabuild.cli.graphviz import format_of, require_dot  # only with --graph: see _draw
+
     require_dot()
     return format_of(Path(name))
 
 
 def _draw(name: str, prepared, result) -> None:
     """The --graph picture: the plan (a dry run) or what the make did with each layer."""
-    from efabuild.cli import picture  # its attrs classes cost a no-op make 15 ms: only --graph loads it
+    # only --graph loads them: picture's attrs classes (15 ms), graphviz's subprocess and ctypes
+    # (through host.children, 6 ms); a no-op make loads neither
+    from efabuild.cli import graphviz, picture
 
     if result is None:
         nodes, title = picture.plan_nodes(prepared.plan), "efabuild make --dry-run"

@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from efabuild.errors import EfabuildError
 from efabuild.plan import NOTHING, LayerPlan
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED = "built", "pulled", "exported", "reused", "failed", "skipped"
 STATUSES = (BUILT, PULLED, EXPORTED, REUSED, FAILED, SKIPPED)
@@ -86,6 +88,8 @@ def run_in_order(
                     else:
                         queue.outcomes[name] = outcome
                 if running:
+                    from concurrent.futures import FIRST_COMPLETED, wait
+
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     for future in done:
                         name, started = running.pop(future)
@@ -99,6 +103,8 @@ def run_in_order(
 
 
 def _pool(jobs: int):
+    from concurrent.futures import ThreadPoolExecutor
+
     return ThreadPoolExecutor(max_workers=max(1, jobs))
 
 

@@ -129,8 +129,10 @@ DEFERRED: dict[str, set[str]] = {
     # a lookup's miss alone reads the workspace's graphs, to tell why
     "efabuild.cli.lookup_cmd": {"efabuild.workspace"},
     # a make with --no-lint loads no lint (its findings are printed only when it stops the make);
-    # a no-op make no attrs classes: picture's only when --graph draws, check's with --check
-    "efabuild.cli.make_cmd": {"efabuild.cli.picture", "efabuild.lint", "efabuild.make.check"},
+    # a no-op make no attrs classes nor subprocess: picture and graphviz only when --graph draws,
+    # check with --check
+    "efabuild.cli.make_cmd": {"efabuild.cli.graphviz", "efabuild.cli.picture", "efabuild.lint",
+                              "efabuild.make.check"},
     # the FUSE binding (ctypes over libfuse 3) at mount time only: the module's names are the CLI's too
     "efabuild.lazy.mount": {"efabuild.lazy.fusefile"},
     # ctypes and subprocess with the first docker process: a plan on the socket starts none
@@ -139,8 +141,6 @@ DEFERRED: dict[str, set[str]] = {
     "efabuild.engine.containers": {"efabuild.host.children"},
     # build-fixtures --help reads the fixtures' names, not the engine
     "efabuild.make.fixtures": {"efabuild.engine.build", "efabuild.engine.client", "efabuild.engine.images"},
-    # only with [registry]
-    "efabuild.make.oldimages": {"efabuild.engine.registry"},
     # plan --offline asks no engine; the farm and registry only with [registry] or emulate
     "efabuild.make.prepare": {
         "efabuild.engine.client", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.farm"},
