@@ -176,12 +176,18 @@ class ShortRead(EfabuildError):
 _WINDOW = 64 * MiB  # bytes read at once where a file is read rather than mapped
 
 
-def _mapped_cuts(fd: int, size: int, chunking: tuple[int, int, int], path) -> Iterator[bytes]:  # noqa: ANN001
-    from fastcdc import fastcdc  # imported here: only publishing and fetching chunk
+def _cuts(data, chunking: tuple[int, int, int]):  # noqa: ANN001, ANN202 - bytes-like; FastCDC's chunks
+    """FastCDC's chunks of `data`. fastcdc (20 ms to import) is loaded here: a plan loads this
+    module, and only publishing and fetching cut chunks."""
+    from fastcdc import fastcdc
 
     low, avg, high = chunking
+    return fastcdc(data, min_size=low, avg_size=avg, max_size=high, fat=True)
+
+
+def _mapped_cuts(fd: int, size: int, chunking: tuple[int, int, int], path) -> Iterator[bytes]:  # noqa: ANN001
     with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as view:
-        for chunk in fastcdc(view, min_size=low, avg_size=avg, max_size=high, fat=True):
+        for chunk in _cuts(view, chunking):
             yield chunk.data
 
 
@@ -190,9 +196,7 @@ def _read_cuts(fd: int, size: int, chunking: tuple[int, int, int], path) -> Iter
     the bytes from the chunk's start to at most its maximum size, so every chunk that starts a
     maximum size or more before the window's end is the whole file's; the rest is read again
     with the next window."""
-    from fastcdc import fastcdc
-
-    low, avg, high = chunking
+    high = chunking[2]
     pos = 0
     while pos < size:
         wanted = min(size - pos, max(_WINDOW, 2 * high))
@@ -203,7 +207,7 @@ def _read_cuts(fd: int, size: int, chunking: tuple[int, int, int], path) -> Iter
             raise ShortRead(f"{path}: ended at byte {pos} of {size} while it was cut into chunks (truncated?)")
         last = pos + len(window) >= size
         taken = 0
-        for chunk in fastcdc(window, min_size=low, avg_size=avg, max_size=high, fat=True):
+        for chunk in _cuts(window, chunking):
             if not last and len(window) - chunk.offset < high:
                 break  # its cut may lie past the window: cut again from the next read
             yield chunk.data
@@ -229,9 +233,6 @@ def chunk_spliced(path: str | os.PathLike[str], splice: Splice, seed: ChunkIndex
     file's, where its caller has it (host/blake3tree.py): the file is then not hashed whole again.
     `seed_checked`: the seed is known to describe the source's bytes (lends_all() said so of an
     earlier child of the same source, remembered by the caller): its chunks are not hashed again."""
-    from fastcdc import fastcdc  # imported here: only publishing and fetching chunk
-
-    low, avg, high = chunking
     whole = blake3.blake3(max_threads=blake3.blake3.AUTO) if digest is None else None
     chunks: list[tuple[str, int]] = []
     with spliced_maps(path, splice) as (own, source):
@@ -252,7 +253,7 @@ def chunk_spliced(path: str | os.PathLike[str], splice: Splice, seed: ChunkIndex
                     elif whole is not None:
                         whole.update(data)
                 if taken is None:
-                    chunk = next(iter(fastcdc(own[pos:], min_size=low, avg_size=avg, max_size=high, fat=True)))
+                    chunk = next(iter(_cuts(own[pos:], chunking)))
                     cid, length = chunk_id(chunk.data), chunk.length
                     if whole is not None:
                         whole.update(chunk.data)

@@ -1,9 +1,8 @@
 """Command line entry point: parses arguments and dispatches to one module per command group.
 
-Command modules import at module level only what every command has loaded already (argparse,
-efabuild.errors, efabuild.display, efabuild.notices): `efabuild --help` loads them all. Each imports
-the rest (python-on-whales, boto3, blake3, the store) in the function that runs it, so `efabuild
-lookup` stays close to the cost of starting Python.
+`efabuild CMD ...` imports and configures CMD's module alone, so a command module imports what it
+runs at its header like any other module. `efabuild --help`, no command or an unknown one are
+answered from SUMMARIES, loading no command module; completion and the docs build every parser.
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ import sys
 
 from efabuild import __version__
 from efabuild.cli import reporting
-from efabuild.errors import EfabuildError, InputError
 from efabuild.display import shown
+from efabuild.errors import EfabuildError, InputError
 
 # command name -> module under efabuild.cli that defines configure(parser) and run(args) -> int
 COMMANDS: dict[str, str] = {
@@ -26,12 +25,12 @@ COMMANDS: dict[str, str] = {
     "push": "push_cmd",
     "lookup": "lookup_cmd",
     "ls": "store_cmd",
-    "gc": "store_cmd",
+    "gc": "gc_cmd",
     "du": "du_cmd",
     "show": "provenance_cmd",
     "audit": "provenance_cmd",
     "diff": "provenance_cmd",
-    "verify": "sign_cmd",
+    "verify": "verify_cmd",
     "sign": "sign_cmd",
     "trust": "sign_cmd",
     "lint": "lint_cmd",
@@ -40,6 +39,30 @@ COMMANDS: dict[str, str] = {
     "prune-containers": "containers_cmd",
     "mount": "mount_cmd",
     "completion": "completion_cmd",
+}
+
+# command name -> its line in `efabuild --help` (every command module's parser gets its help here)
+SUMMARIES: dict[str, str] = {
+    "plan": "show what would be built, pulled or exported, and why",
+    "graph": "print or draw the layer graph",
+    "make": "build the layers whose key changed; export artifacts",
+    "push": "push the built layers to the [registry] layer cache",
+    "lookup": "print the absolute path of an artifact's .sqsh (for job scripts)",
+    "ls": "list stored artifacts: key, name, size, S3 stored/unique bytes, created, tiers",
+    "gc": "delete all but the newest N artifacts of every name and platform (dry run unless --yes)",
+    "du": "bytes each artifact takes in each tier, and S3's dedup ratio",
+    "show": "an artifact's provenance manifest as a table",
+    "audit": "check artifacts: integrity, drift, pitfalls, policy",
+    "diff": "what differs between two artifacts",
+    "verify": "check artifacts against their signatures, records and manifests",
+    "sign": "add a signature to artifacts' stored statements",
+    "trust": "resolve the workspace's [trust] keys; write a node's trust policy",
+    "lint": "check graphs and job scripts for the NGC + EFA pitfalls (exit 1 on errors)",
+    "doctor": "diagnose NCCL (NCCL_DEBUG=INFO), srun and build logs: EFA path, TCP fallback, MPI clash...",
+    "pyxis-importer": "Pyxis importer: `get efabuild://REF` prints the .sqsh path; `release` cleans up",
+    "prune-containers": "remove the Enroot containers Pyxis kept for a container name's earlier artifacts",
+    "mount": "serve an artifact's .sqsh from its chunks through FUSE, fetching them as they are read",
+    "completion": "print a shell completion script (bash, zsh, tcsh)",
 }
 
 
@@ -54,13 +77,21 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def format_help(self) -> str:
-        import textwrap
+        import textwrap  # 1 ms that a lookup, run by every job, does not spend
 
         if self.description:
             self.description = textwrap.dedent(self.description).strip("\n")
         if self.epilog:
             self.epilog = textwrap.dedent(self.epilog).strip("\n")
         return super().format_help()
+
+
+class _Commands(argparse._SubParsersAction):
+    """The subcommands' action: each command's help line comes from SUMMARIES."""
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        kwargs.setdefault("help", SUMMARIES[name])
+        return super().add_parser(name, **kwargs)
 
 
 def _common_options() -> argparse.ArgumentParser:
@@ -72,8 +103,10 @@ def _common_options() -> argparse.ArgumentParser:
     return common
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser of every command, or with `only` of that one command (a faster start)."""
+def build_parser(only: str | None = None, *, summaries_only: bool = False) -> argparse.ArgumentParser:
+    """The parser of every command, or with `only` of that one command (a faster start). With
+    `summaries_only` each command is a bare stand-in with its SUMMARIES line and no command module
+    is imported: enough for the top-level help, the version and an unknown command's error."""
     parser = Parser(
         prog="efabuild",
         description="""
@@ -89,11 +122,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"efabuild {__version__}")
     parser.add_argument("-C", dest="directory", metavar="DIR", default=None,
                         help="run in DIR (the workspace is found by walking up to BUILD.toml)")
+    parser.register("action", "parsers", _Commands)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     common = _common_options()
     for name, module_name in COMMANDS.items():
         if only is not None and name != only:
+            continue
+        if summaries_only:
+            sub.add_parser(name, add_help=False)
             continue
         module = importlib.import_module(f"efabuild.cli.{module_name}")
         module.configure(name, sub, common)
@@ -102,8 +139,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def command_in(argv: list[str]) -> str | None:
     """The command `argv` names, when that is clear before parsing: global -C DIR aside, its first
-    word. Then only that command's parser is built (building all of them costs `efabuild lookup`,
-    run by every job, a fifth of its time); --help, --version and typos get the full parser."""
+    word. Then only that command's module is loaded and its parser built (building all of them
+    would load every command's imports); --help, --version and typos are answered from SUMMARIES."""
     index = 0
     while index < len(argv):
         arg = argv[index]
@@ -120,7 +157,12 @@ def command_in(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(command_in(argv))
+    command = command_in(argv)
+    if command is None:
+        # --help, --version, no command or an unknown one end here (exit 0 or 2); what gets past
+        # (a command after an option only its parser knows) is parsed again by every parser
+        build_parser(summaries_only=True).parse_known_args(argv)
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     reporting.install()  # what the library reports, printed as our own lines
     if args.directory:

@@ -6,14 +6,14 @@ import os
 import stat
 from pathlib import Path
 
+from efabuild import grammar
 from efabuild.errors import InputError
-
-# deferred: what a helper needs beyond these is imported in it: `efabuild --help` loads this module
+from efabuild.host.fsutil import UnsafeEntry, atomic_write_bytes, kind_of, parse_temp_owner
+from efabuild.redact import shown_value
+from efabuild.workspace import find_root, load_workspace
 
 
 def workspace():
-    from efabuild.workspace import find_root, load_workspace
-
     return load_workspace(find_root(Path.cwd()))
 
 
@@ -22,8 +22,6 @@ def write_file(name: str, data: bytes) -> None:
 
     Only a regular file (or nothing) is replaced: the rename would put a file in place of
     /dev/null or of the /dev/stdout link, and a link planted in a shared /tmp is refused."""
-    from efabuild.host.fsutil import UnsafeEntry, atomic_write_bytes, kind_of
-
     path = Path(name)
     try:
         mode = os.lstat(path).st_mode
@@ -43,8 +41,6 @@ def write_file(name: str, data: bytes) -> None:
 
 def _remove_dead_temps(directory: Path, name: str) -> None:
     """Temp files of this output that a killed efabuild left beside it (their names say whose)."""
-    from efabuild.host.fsutil import parse_temp_owner
-
     try:
         entries = os.listdir(directory)
     except OSError:
@@ -68,8 +64,6 @@ def with_builder(ws, value: str | None):
     """The workspace with `--builder` replacing [builder]'s context/host/buildx_builder."""
     if not value:
         return ws
-    from efabuild import grammar
-    from efabuild.redact import shown_value
 
     builder = ws.settings.builder._replace(context=None, host=None, buildx_builder=None, farm=())
     if "://" in value:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from efabuild.cli import build_parser
+import shtab
 
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.cli import build_parser
 
 SHELLS = ("bash", "zsh", "tcsh")
 # metavars that name files or directories: completed as such by the shell
@@ -18,7 +18,7 @@ _DIR_METAVARS = {"DIR", "PATH"}
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
-        name, help="print a shell completion script (bash, zsh, tcsh)",
+        name,
         description="""
             Print a completion script for efabuild's commands and options in SHELL's language.
             Load it from your shell's start-up file, or install it system-wide.""",
@@ -34,8 +34,6 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run(args: argparse.Namespace) -> int:
-    import shtab
-
     parser = build_parser()
     _mark_paths(parser, shtab)
     sys.stdout.write(shtab.complete(parser, shell=args.shell))

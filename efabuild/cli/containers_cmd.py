@@ -7,14 +7,12 @@ import argparse
 import sys
 
 from efabuild.display import shown
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.pyxis.containers import check_base, check_key_part, prune
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         name, parents=[common],
-        help="remove the Enroot containers Pyxis kept for a container name's earlier artifacts",
         description="""
             A job that names its container by the artifact's key (--container-name=NAME-${KEY:0:12})
             never starts an old image, and leaves one container per build on each node (Pyxis's
@@ -33,8 +31,6 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run(args: argparse.Namespace) -> int:
-    from efabuild.pyxis.containers import check_base, check_key_part, prune
-
     keep = check_key_part(args.keep.lower())
     removed, busy = prune(check_base(args.base), keep, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"

@@ -9,10 +9,11 @@ import stat
 import sys
 from contextlib import ExitStack
 
+from efabuild.cli.output import print_json
+from efabuild.configfile import read_text
 from efabuild.display import shown
+from efabuild.doctor import examine, render_text, to_json
 from efabuild.errors import EfabuildError, InputError, NotFound
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
 
 MAX_LINE = 1 << 20  # characters of one log line that are looked at; the rest of a longer one is skipped
 MAX_MANIFEST_BYTES = 64 << 20
@@ -21,7 +22,6 @@ MAX_MANIFEST_BYTES = 64 << 20
 def configure(name, sub, common):
     p = sub.add_parser(
         name, parents=[common],
-        help="diagnose NCCL (NCCL_DEBUG=INFO), srun and build logs: EFA path, TCP fallback, MPI clash...",
         description="""
             Read NCCL_DEBUG=INFO output, nccl-tests/PyTorch bandwidth lines, srun output and build
             logs, and say what they show: EFA path or TCP fallback, plugin and device trouble, two
@@ -67,9 +67,6 @@ def _positive_float(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from efabuild.cli.output import print_json
-    from efabuild.doctor import examine, render_text, to_json
-
     if args.manifest and args.artifact:
         raise InputError("give --artifact or --manifest, not both", "doctor")
     manifest = _manifest(args)
@@ -109,8 +106,6 @@ def _bounded_lines(handle):  # noqa: ANN001, ANN202 - a text file, its lines
 
 def _manifest(args: argparse.Namespace) -> dict | None:
     if args.manifest:
-        from efabuild.configfile import read_text
-
         try:
             data = json.loads(read_text(args.manifest, args.manifest, MAX_MANIFEST_BYTES))
         except (ValueError, RecursionError) as exc:

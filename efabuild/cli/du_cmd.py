@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.cli.output import print_json, print_table
+from efabuild.refs import short
+from efabuild.store.gc.s3chunks import bucket_usage
+from efabuild.store.progress import human_bytes
+from efabuild.store.tiered import Store
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
-        name, parents=[common], help="bytes each artifact takes in each tier, and S3's dedup ratio",
+        name, parents=[common],
         description="""
             For every artifact: its size, and in the S3 tier the bytes its chunks take as stored
             (compressed) and the bytes only it references (what deleting it would free). The last
@@ -28,12 +32,6 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run(args: argparse.Namespace) -> int:
-    from efabuild.cli.output import print_json, print_table
-    from efabuild.store.progress import human_bytes
-    from efabuild.store.gc.s3chunks import bucket_usage
-    from efabuild.store.tiered import Store
-    from efabuild.refs import short
-
     store = Store.locate(args.store)
     tiers = {}
     for tier in store.fs_tiers:

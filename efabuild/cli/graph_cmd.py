@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import sys
 
+from efabuild import dag
+from efabuild.cli import graphviz, picture
 from efabuild.cli.common import add_builder_option, with_builder, workspace, write_file
 from efabuild.errors import InputError
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.make.prepare import prepare
 
 PICTURES = ("svg", "png")
 
 
 def configure(name, sub, common):
     p = sub.add_parser(
-        name, parents=[common], help="print or draw the layer graph",
+        name, parents=[common],
         description="""
             The layers and what each is built on (its parent layer, or a base image), as an
             indented tree, Graphviz dot or Mermaid. Artifact layers (exported to .sqsh) are marked.
@@ -44,8 +45,6 @@ def configure(name, sub, common):
 
 
 def run(args) -> int:
-    from efabuild import dag
-
     if args.format not in PICTURES and (args.output or args.offline or args.builder):
         raise InputError(f"-o, --offline and --builder go with --format svg or png, not {args.format}")
     ws = workspace()
@@ -58,10 +57,6 @@ def run(args) -> int:
 
 
 def _draw(ws, args) -> int:
-    from efabuild.cli import graphviz
-    from efabuild.cli import picture
-    from efabuild.make.prepare import prepare
-
     if not args.output and sys.stdout.isatty() and args.format == "png":
         raise InputError("a PNG is not for a terminal: give -o FILE.png or redirect standard output")
     prepared = prepare(with_builder(ws, args.builder), args.targets, use_engine=not args.offline)

@@ -6,15 +6,16 @@ import argparse
 from pathlib import Path
 
 from efabuild import __version__
+from efabuild.cli.output import print_foreign_json, print_json
 from efabuild.errors import InputError
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.lint import errors_only, lint_workspace, render_text, to_json
+from efabuild.lint.sarif import to_sarif
+from efabuild.workspace import find_root, load_workspace
 
 
 def configure(name, sub, common):
     p = sub.add_parser(
         name, parents=[common],
-        help="check graphs and job scripts for the NGC + EFA pitfalls (exit 1 on errors)",
         description="""
             Check each layer's Dockerfile text, args and base, and the job scripts under scripts/,
             for the known NGC + EFA pitfalls (rules EFA000-EFA024, listed in docs/guides/lint.md). Exit 1 when
@@ -37,10 +38,6 @@ def configure(name, sub, common):
 
 
 def run(args: argparse.Namespace) -> int:
-    from efabuild.cli.output import print_foreign_json, print_json
-    from efabuild.lint import errors_only, lint_workspace, render_text, to_json
-    from efabuild.workspace import find_root, load_workspace
-
     if args.json and args.format not in (None, "json"):
         raise InputError(f"--json and --format {args.format} ask for two outputs: give one", "lint")
     fmt = "json" if args.json else args.format or "text"
@@ -65,8 +62,6 @@ def run(args: argparse.Namespace) -> int:
     if fmt == "json":
         print_json("lint", to_json(findings))
     elif fmt == "sarif":
-        from efabuild.lint.sarif import to_sarif
-
         print_foreign_json(to_sarif(findings, ws.root, __version__))
     else:
         print(render_text(findings))

@@ -6,15 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from efabuild.cli.output import print_json
 from efabuild.errors import InputError, NotFound
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.platforms import MissingPlatform
+from efabuild.pyxis.lookup import lookup_path
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         name, parents=[common],
-        help="print the absolute path of an artifact's .sqsh (for job scripts)",
         description="""
             Print the absolute path of the .sqsh of REF on the shared or local tier, fetching it
             from S3 when only S3 has it. Exit 1 with one line when REF is absent, an ambiguous
@@ -55,9 +55,6 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 
 def run(args: argparse.Namespace) -> int:
-    from efabuild.platforms import MissingPlatform
-    from efabuild.pyxis.lookup import lookup_path
-
     try:
         if args.deep and not args.verify:
             raise InputError("--deep goes with --verify")
@@ -73,8 +70,6 @@ def run(args: argparse.Namespace) -> int:
             raise
         raise NotFound(reason) from None
     if args.json:
-        from efabuild.cli.output import print_json
-
         fields = ("key", "name", "platform", "size", "digest", "created")
         print_json("lookup", {"path": str(path), **{name: record.get(name) for name in fields}})
     elif args.key:

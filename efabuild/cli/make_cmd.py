@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
-from efabuild.cli.common import add_builder_option, with_builder, workspace, write_file
 from efabuild import notices
+from efabuild.cli.colour import Palette, palette_for
+from efabuild.cli.common import add_builder_option, with_builder, workspace, write_file
+from efabuild.cli.live import JsonReporter, announce_after, outcome_json, planning_line, reporter_for
+from efabuild.cli.output import print_json, table
+from efabuild.cli.plan_cmd import plan_json, render
 from efabuild.errors import EfabuildError, InputError
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.host.scratch import check_temp_dir
+from efabuild.make import run as make
+from efabuild.make.prepare import prepare
+from efabuild.plan import COPY
+from efabuild.refs import short
 
 
 def configure(name, sub, common):
     p = sub.add_parser(
-        name, parents=[common], help="build the layers whose key changed; export artifacts",
+        name, parents=[common],
         description="""
             Lint, then build every selected layer whose key has no image yet (or pull it from the
             [registry] layer cache), export each artifact layer to an Enroot .sqsh with its
@@ -49,9 +57,6 @@ def configure(name, sub, common):
 
 
 def run(args) -> int:
-    from efabuild.make import run as make
-    from efabuild.cli.live import announce_after, planning_line, reporter_for
-
     ws = workspace()
     if args.jobs is not None and args.jobs < 1:
         raise InputError("--jobs must be at least 1")
@@ -59,16 +64,12 @@ def run(args) -> int:
     if args.full_export:
         ws = ws._replace(settings=ws.settings._replace(export=ws.settings.export._replace(incremental=False)))
     if not args.dry_run:
-        from efabuild.host.scratch import check_temp_dir
-
         check_temp_dir()  # one line before the plan, not a failure per build
     if args.check:
         return _check(ws, args)
     if args.graph:
         _graph_format(args.graph)  # a bad name stops here, not after the builds
     if args.progress == "json":  # the library's warnings and notes are events too: stderr stays JSON
-        from efabuild.cli.live import JsonReporter
-
         notices.use(JsonReporter(sys.stderr).notice)
     # what killed makes left is looked for while the plan walks; removed once the make runs
     leftovers = None if args.dry_run else make.LeftoverSearch(ws)
@@ -78,9 +79,6 @@ def run(args) -> int:
         _note_kept_artifacts(prepared)
     if args.dry_run:
         if args.json:
-            from efabuild.cli.output import print_json
-            from efabuild.cli.plan_cmd import plan_json
-
             print_json("plan", plan_json(prepared))
         else:
             _print_plan(prepared, sys.stdout, args.progress)
@@ -101,8 +99,6 @@ def run(args) -> int:
 def _note_kept_artifacts(prepared) -> None:
     """--full-export exports the keys this make exports; an artifact stored under its key already
     stays as it is (jobs, signatures and verified copies refer to its bytes): say which, not nothing."""
-    from efabuild.plan import COPY
-
     kept = [layer.qualname for layer in prepared.plan.layers
             if layer.artifact and (layer.stored or layer.action == COPY)]
     if kept:
@@ -114,12 +110,7 @@ def _note_kept_artifacts(prepared) -> None:
 
 def _print_plan(prepared, stream, progress: str) -> None:
     """The plan before the builds: a table, or with --progress json the plan's own JSON as an event."""
-    from efabuild.cli.colour import palette_for
-    from efabuild.cli.plan_cmd import plan_json, render
-
     if progress == "json" and stream is sys.stderr:
-        from efabuild.cli.live import JsonReporter
-
         JsonReporter(stream).emit("plan", **plan_json(prepared))
     else:
         print(render(prepared.plan, prepared.engine_error, palette_for(stream)), file=stream)
@@ -127,8 +118,6 @@ def _print_plan(prepared, stream, progress: str) -> None:
 
 def _prepared(ws, args):
     """The plan, linted first unless --no-lint: lint's errors are shown before the one-line stop."""
-    from efabuild.make import run as make
-
     try:
         return make.prepare_make(ws, args.targets, lint=not args.no_lint, require_engine=not args.dry_run)
     except make.LintFailed as exc:
@@ -139,11 +128,6 @@ def _prepared(ws, args):
 
 
 def _report(args, prepared, result) -> int:
-    from efabuild.make import run as make
-    from efabuild.cli.colour import palette_for
-    from efabuild.cli.live import outcome_json
-    from efabuild.cli.output import print_json
-
     if args.graph:
         try:
             _draw(args.graph, prepared, result)
@@ -168,8 +152,6 @@ def _report(args, prepared, result) -> int:
 def _artifact_paths(prepared, result) -> dict[str, str]:
     """Layer -> its .sqsh in the store, for every artifact layer the make left stored, reused or
     new: a program reading make --json needs no lookup after it."""
-    from efabuild.make import run as make
-
     plans = prepared.plan.by_name()
     paths = {}
     for outcome in result.outcomes:
@@ -185,10 +167,6 @@ def _artifact_paths(prepared, result) -> dict[str, str]:
 def summary(result, paths=None, palette=None) -> str:
     """The table at the end of a make: each layer's outcome, time and artifact, then the counts.
     A failure's message follows once, below it; its row says only that it failed, and when."""
-    from efabuild.cli.colour import Palette
-    from efabuild.cli.output import table
-    from efabuild.refs import short
-
     paths = paths if paths is not None else {o.qualname: o.artifact for o in result.outcomes}
     rows = [[o.qualname, short(o.key), o.status, f"{o.seconds:.1f}s", paths.get(o.qualname) or ""]
             for o in result.outcomes]
@@ -199,15 +177,12 @@ def summary(result, paths=None, palette=None) -> str:
 
 
 def _check(ws, args) -> int:
-    from efabuild.make import check
-    from efabuild.cli.output import print_json
-    from efabuild.make.prepare import prepare
-    from efabuild.cli.live import reporter_for
-
     if not args.targets or any(":" not in target for target in args.targets):
         raise InputError("--check takes the layers to check as GRAPH:LAYER")
     if args.dry_run:
         raise InputError("--check and --dry-run do not go together")
+    from efabuild.make import check  # its attrs classes: a no-op make loads none
+
     prepared = prepare(ws, args.targets, require_engine=True)
     reporter = reporter_for(sys.stderr, args.progress)
     _sigterm_interrupts()
@@ -221,22 +196,13 @@ def _check(ws, args) -> int:
     finally:
         reporter.close()
     if args.json:
-        import attrs
-
-        checks = []
-        for r in results:  # in the JSON convention: name, key, path (the stored .sqsh)
-            data = attrs.asdict(r, recurse=True)
-            del data["qualname"], data["stored"]
-            checks.append(data | {"name": r.qualname, "path": str(r.stored), "identical": r.identical})
-        print_json("check", {"checks": checks})
+        print_json("check", {"checks": [check.to_json(r) for r in results]})
     else:
         print("\n".join(check.render(r) for r in results))
     return 0 if all(r.identical for r in results) else 1
 
 
 def _sigterm_interrupts() -> None:
-    import signal
-
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
@@ -251,7 +217,7 @@ def _with_platform(data: dict, result) -> dict:  # noqa: ANN001 - a MakeResult
 
 
 def _graph_format(name: str) -> str:
-    from efabuild.cli.graphviz import format_of, require_dot
+    from efabuild.cli.graphviz import format_of, require_dot  # only with --graph: see _draw
 
     require_dot()
     return format_of(Path(name))
@@ -259,8 +225,9 @@ def _graph_format(name: str) -> str:
 
 def _draw(name: str, prepared, result) -> None:
     """The --graph picture: the plan (a dry run) or what the make did with each layer."""
-    from efabuild.cli import graphviz
-    from efabuild.cli import picture
+    # only --graph loads them: picture's attrs classes (15 ms), graphviz's subprocess and ctypes
+    # (through host.children, 6 ms); a no-op make loads neither
+    from efabuild.cli import graphviz, picture
 
     if result is None:
         nodes, title = picture.plan_nodes(prepared.plan), "efabuild make --dry-run"

@@ -10,14 +10,13 @@ import time
 from pathlib import Path
 
 from efabuild.errors import EfabuildError, InputError
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.lazy.mount import serve
+from efabuild.store.config import locate
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         name, parents=[common],
-        help="serve an artifact's .sqsh from its chunks through FUSE, fetching them as they are read",
         description="""
             Mount REF (a key, a key prefix or graph:layer, as lookup resolves it) at DIR as one
             read-only file, DIR/<key>.sqsh, whose reads are served chunk by chunk: the node cache,
@@ -71,8 +70,6 @@ def run(args: argparse.Namespace) -> int:
     cache = Path(args.cache).absolute() if args.cache else default_cache()
     if args.background:
         return _background(args, mountpoint, cache)
-    from efabuild.lazy.mount import serve
-    from efabuild.store.config import locate
 
     serve(locate(args.store), args.ref, mountpoint, cache_dir=cache, cache_bytes=int(args.cache_size * (1 << 30)),
           platform=args.platform, prefetch=not args.no_prefetch)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import sys
 
+from efabuild.cli.colour import Palette, palette_for
 from efabuild.cli.common import add_builder_option, with_builder, workspace
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.cli.live import announce_after, planning_line
+from efabuild.cli.output import print_json, table
+from efabuild.make.prepare import prepare
+from efabuild.plan import NOTHING
 
 
 def configure(name, sub, common):
     p = sub.add_parser(
-        name, parents=[common], help="show what would be built, pulled or exported, and why",
+        name, parents=[common],
         description="""
             Every selected layer with its key, its state (available, to build, to pull, to export,
             to copy between store tiers) and, for a layer to build, why: changed build args,
@@ -33,11 +36,6 @@ def configure(name, sub, common):
 
 
 def run(args) -> int:
-    from efabuild.make.prepare import prepare
-    from efabuild.cli.colour import palette_for
-    from efabuild.cli.live import announce_after, planning_line
-    from efabuild.cli.output import print_json
-
     with announce_after(planning_line(sys.stderr, "plain")):
         prepared = prepare(with_builder(workspace(), args.builder), args.targets, use_engine=not args.offline)
     if args.json:
@@ -56,10 +54,6 @@ def plan_json(prepared) -> dict:
 
 
 def render(plan, engine_error: str | None, palette=None) -> str:
-    from efabuild.cli.colour import Palette
-    from efabuild.cli.output import table
-    from efabuild.plan import NOTHING
-
     rows = []
     for lp in plan.layers:
         why = "; ".join(lp.why)

@@ -8,10 +8,20 @@ import argparse
 import sys
 from pathlib import Path
 
-from efabuild.display import shown  # values set by the image's ENV and LABEL: escapes shown
+from efabuild.cli.common import write_file
+from efabuild.cli.output import print_foreign_json, print_json, print_table
+from efabuild.display import shown
 from efabuild.errors import InputError, NotFound
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.provenance.audit import DECLARING_BASE, FAIL, WARN, Check
+from efabuild.provenance.diff import agreement_verdict, diff_manifests, platform_agreement
+from efabuild.provenance.intoto import to_intoto
+from efabuild.provenance.junit import to_junit
+from efabuild.provenance.manifest import platform_of
+from efabuild.provenance.stored import AuditResult, audit_stored, host_facts, load_manifest
+from efabuild.settings import COMPONENTS, AuditPolicy
+from efabuild.store import Store
+from efabuild.store.progress import human_bytes
+from efabuild.workspace import find_root, load_workspace
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -23,7 +33,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
 
 def _configure_show(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser):
     p = sub.add_parser(
-        name, parents=[common], help="an artifact's provenance manifest as a table",
+        name, parents=[common],
         description="""
             Shows what an artifact is, what it was built from (base, each layer's Dockerfile
             digest and args, tool versions) and the versions measured inside it.""",
@@ -41,7 +51,7 @@ def _configure_show(name: str, sub: argparse._SubParsersAction, common: argparse
 
 def _configure_audit(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser):
     p = sub.add_parser(
-        name, parents=[common], help="check artifacts: integrity, drift, pitfalls, policy",
+        name, parents=[common],
         description="""
             Checks that each artifact is what its manifest says (digests, the .sqsh measured
             again), that declared versions are installed, that the EFA installer matches the
@@ -71,7 +81,7 @@ def _configure_audit(name: str, sub: argparse._SubParsersAction, common: argpars
 
 def _configure_diff(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser):
     p = sub.add_parser(
-        name, parents=[common], help="what differs between two artifacts",
+        name, parents=[common],
         description="""
             What differs between two artifacts, A then B, read from their manifests (the
             images are not opened), one row per fact of a KIND:
@@ -97,16 +107,11 @@ def _configure_diff(name: str, sub: argparse._SubParsersAction, common: argparse
 
 
 def _store(args: argparse.Namespace):  # noqa: ANN202 - efabuild.store.Store
-    from efabuild.store import Store
-
     return Store.locate(args.store)
 
 
 def _policy():  # noqa: ANN202 - AuditPolicy
     """The workspace's [audit] policy; the empty policy outside a workspace (a bare store)."""
-    from efabuild.settings import AuditPolicy
-    from efabuild.workspace import find_root, load_workspace
-
     try:
         root = find_root(Path.cwd())
     except InputError:
@@ -116,10 +121,6 @@ def _policy():  # noqa: ANN202 - AuditPolicy
 
 # ---- show ------------------------------------------------------------------------------------
 def run_show(args: argparse.Namespace) -> int:
-    from efabuild.cli.output import print_foreign_json, print_json
-    from efabuild.provenance.intoto import to_intoto
-    from efabuild.provenance.stored import load_manifest
-
     found = load_manifest(_store(args), args.ref)
     if not found.verified:
         print(f"efabuild: warning: the manifest of {found.key[:12]} does not match the digest in its record; "
@@ -136,8 +137,6 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 def _show_table(m: dict, verified: bool) -> None:
-    from efabuild.cli.output import print_table
-
     print_table(_summary_rows(m, verified))
     chain = m.get("chain") or []
     if chain:
@@ -160,8 +159,6 @@ def _show_table(m: dict, verified: bool) -> None:
 
 def _summary_rows(m: dict, verified: bool) -> list[tuple[str, str]]:
     """What the artifact is and how it was made, one (FIELD, VALUE) row each."""
-    from efabuild.store.progress import human_bytes
-
     artifact = m.get("artifact") or {}
     export = artifact.get("export") or {}
     base = m.get("base") or {}
@@ -220,8 +217,6 @@ def _chain_rows(chain: list) -> list[tuple[str, ...]]:
 def _component_rows(measured: dict) -> list[tuple[str, ...]]:
     """Each component's version and where it was read (every copy when there are several, and
     which one the loader takes), then each Open MPI install."""
-    from efabuild.settings import COMPONENTS
-
     rows = []
     components = measured.get("components") or {}
     declared = measured.get("declared_by_base") or {}
@@ -249,8 +244,6 @@ def _component_rows(measured: dict) -> list[tuple[str, ...]]:
 def _declared_instead(component: str, declared: dict, looked_at: list) -> tuple[str, str]:
     """(VERSION, SOURCE) of a component no file in the image tells: what the base declares about it,
     marked as declared (e.g. CUDNN_VERSION in an image without cuDNN's header and libraries)."""
-    from efabuild.provenance.audit import DECLARING_BASE
-
     for name, item in sorted(declared.items()):
         if DECLARING_BASE.get(name) == component and item.get("value"):
             return f"{item['value']} (declared)", f"{item.get('source', name)}; {_looked(looked_at)}"
@@ -283,10 +276,6 @@ def _text(value: object) -> str:
 
 # ---- audit -----------------------------------------------------------------------------------
 def run_audit(args: argparse.Namespace) -> int:
-    from efabuild.cli.output import print_json
-    from efabuild.provenance.audit import FAIL, Check
-    from efabuild.provenance.stored import AuditResult, audit_stored, host_facts
-
     if args.all and args.refs:
         raise InputError("give REF... or --all, not both")
     store = _store(args)
@@ -329,16 +318,10 @@ def run_audit(args: argparse.Namespace) -> int:
 
 def _junit(name: str | None, results: list) -> None:
     if name:
-        from efabuild.cli.common import write_file
-        from efabuild.provenance.junit import to_junit
-
         write_file(name, to_junit(results))
 
 
 def _audit_table(result) -> None:  # noqa: ANN001 - AuditResult
-    from efabuild.cli.output import print_table
-    from efabuild.provenance.audit import FAIL, WARN
-
     print(f"{result.name} {result.key[:12]}".strip())
     print_table([(c.name, c.status, c.message) for c in result.checks], ("CHECK", "STATUS", "DETAIL"), indent="  ")
     failures = sum(c.status == FAIL for c in result.checks)
@@ -349,11 +332,6 @@ def _audit_table(result) -> None:  # noqa: ANN001 - AuditResult
 
 # ---- diff ------------------------------------------------------------------------------------
 def run_diff(args: argparse.Namespace) -> int:
-    from efabuild.cli.output import print_json, print_table
-    from efabuild.provenance.diff import agreement_verdict, diff_manifests, platform_agreement
-    from efabuild.provenance.manifest import platform_of
-    from efabuild.provenance.stored import load_manifest
-
     store = _store(args)
     a, b = load_manifest(store, args.ref_a), load_manifest(store, args.ref_b)
     for found in (a, b):

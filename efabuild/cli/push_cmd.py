@@ -5,14 +5,17 @@ from __future__ import annotations
 import sys
 
 from efabuild.cli.common import add_builder_option, with_builder, workspace
+from efabuild.cli.output import print_json, table
+from efabuild.engine.images import built_for_key, tag_image
+from efabuild.engine.registry import push
 from efabuild.errors import InputError
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.make.prepare import prepare
+from efabuild.refs import KEY_LABEL, image_tag, short
 
 
 def configure(name, sub, common):
     p = sub.add_parser(
-        name, parents=[common], help="push the built layers to the [registry] layer cache",
+        name, parents=[common],
         description="""
             Push every selected layer whose image the engine has to the [registry] layer cache, as
             REGISTRY/efabuild/<layer>:<key>: other machines then pull it instead of building it.
@@ -33,12 +36,6 @@ def configure(name, sub, common):
 
 
 def run(args) -> int:
-    from efabuild.make.prepare import prepare
-    from efabuild.cli.output import print_json, table
-    from efabuild.engine.images import built_for_key, tag_image
-    from efabuild.engine.registry import push
-    from efabuild.refs import KEY_LABEL, image_tag, short
-
     ws = with_builder(workspace(), args.builder)
     if ws.settings.registry is None:
         raise InputError("no [registry] table: nothing to push to (set [registry] url)", "BUILD.toml")

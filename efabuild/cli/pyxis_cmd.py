@@ -12,8 +12,7 @@ import argparse
 import sys
 
 from efabuild.errors import EfabuildError, InputError
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
+from efabuild.pyxis import importer as pyxis
 
 USAGE = ("usage: efabuild-pyxis-importer get IMAGE_URI | release (called by Pyxis, see plugstack.conf importer=; "
          "`efabuild pyxis-importer --help` explains)")
@@ -30,7 +29,6 @@ class HelpOnStderr(argparse.Action):
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         name, parents=[common], add_help=False,
-        help="Pyxis importer: `get efabuild://REF` prints the .sqsh path; `release` cleans up",
         description="""
             Called by Pyxis (plugstack.conf importer=...): `get IMAGE_URI` prints the absolute
             .sqsh path of efabuild://REF (Pyxis passes docker://efabuild://REF); any other image
@@ -59,8 +57,6 @@ def run(args: argparse.Namespace) -> int:
 
 def protocol(words: list[str]) -> int:
     """Run one importer call; raises InputError (exit 2, stderr) for anything else."""
-    from efabuild.pyxis import importer as pyxis
-
     if words == ["release"]:
         pyxis.release()
         return 0

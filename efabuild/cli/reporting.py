@@ -27,7 +27,7 @@ class Printer:
 
 
 def install() -> None:
-    from efabuild.store import progress  # deferred: `efabuild --help` installs this too, and shows no progress
+    from efabuild.store import progress  # deferred: the Pyxis importer loads this module and reports no progress
 
     notices.use(Printer())  # a fresh one per main() call
     progress.use(lambda: sys.stderr)  # long transfers show their progress there too

@@ -1,47 +1,27 @@
-"""`efabuild verify`, `efabuild sign`, `efabuild trust`: signed statements of stored artifacts."""
+"""`efabuild sign`, `efabuild trust`: another signature on stored statements; the trusted keys."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from efabuild.errors import EfabuildError, InputError, NoCredentials
-
-# deferred: what a command runs is imported in its function: `efabuild --help` loads this module for its parser
-
-STORE_HELP = "a store directory (default: $EFABUILD_STORE, else the workspace's [store])"
+from efabuild.cli.common import write_file
+from efabuild.cli.verify_cmd import STORE_HELP
+from efabuild.errors import InputError
+from efabuild.grammar import endpoint_url_problem
+from efabuild.refs import short
+from efabuild.signing.attest import sign_stored
+from efabuild.signing.keys import keyid_of, load_public_key, signer_for
+from efabuild.signing.trust import node_config_text, resolve_workspace_keys
+from efabuild.store.config import find_build_toml, load_build_store
+from efabuild.store.tiered import Store
+from efabuild.workspace import load_workspace
 
 
 def configure(name: str, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    if name == "verify":
+    if name == "sign":
         p = sub.add_parser(
-            name, parents=[common], help="check artifacts against their signatures, records and manifests",
-            description="""
-                For each artifact on each filesystem tier: a valid signature by a key of the
-                trust policy, the signed statement's subject equal to the file's digests,
-                record and manifest consistent with both. With an S3 tier that holds it: its
-                chunk index against its record and every chunk there (--deep: read and checked
-                against its id). Prints one line per artifact and tier; exit 1 when any fails,
-                with one line per failure.""",
-            epilog="""
-                examples:
-                  efabuild verify demo:user
-                  efabuild verify --all --store /fsx/efabuild --sha256
-                  efabuild verify --all --deep              # also read every S3 chunk""",
-        )
-        p.add_argument("refs", nargs="*", metavar="REF", help="a key, a unique key prefix (≥ 8 hex) or graph:layer")
-        p.add_argument("--all", action="store_true", help="every artifact on the filesystem tiers")
-        p.add_argument("--sha256", action="store_true",
-                       help="also compute the file's sha256 and compare it (what third-party verifiers match)")
-        p.add_argument("--deep", action="store_true",
-                       help="read every S3 chunk (or whole object) and check it against its id")
-        p.add_argument("--no-s3", action="store_true", help="leave the S3 tier out")
-        p.add_argument("--json", action="store_true", help="print the results as JSON")
-        p.set_defaults(run=run_verify)
-    elif name == "sign":
-        p = sub.add_parser(
-            name, parents=[common], help="add a signature to artifacts' stored statements",
+            name, parents=[common],
             description="""
                 Signs the stored in-toto statement of each REF, unchanged, with another key
                 and stores the envelope (one line, all signatures) on every tier holding the
@@ -59,7 +39,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
         p.set_defaults(run=run_sign)
     else:
         p = sub.add_parser(
-            name, parents=[common], help="resolve the workspace's [trust] keys; write a node's trust policy",
+            name, parents=[common],
             description="""
                 Reads [trust] keys of BUILD.toml, asks KMS once for the public key of every
                 KMS key ARN and keeps it under the local store's state/trust/ (lookups never
@@ -75,101 +55,10 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     p.add_argument("--store", metavar="PATH", help=STORE_HELP)
 
 
-# ---- verify
-
-
-def _resolve_vetted(store, ref: str, policy, results: list[dict]) -> str:  # noqa: ANN001 - a Store, a TrustPolicy
-    """The key of `ref`; a name's platform index is verified on the way (a result of its own)."""
-    from efabuild.signing.verify import index_problems
-
-    found: list[str] = []
-    def vet(data: bytes, envelope: bytes | None, where: str) -> None:
-        found.extend(index_problems(data, envelope, policy, where))
-
-    key = store.resolve(ref, remote=False, vet_index=vet)
-    if found:
-        results.append({"key": key, "name": ref, "tier": "platform index", "problems": found})
-    return key
-
-
-def run_verify(args: argparse.Namespace) -> int:
-    from efabuild.cli.output import print_json
-    from efabuild.store.tiered import Store
-    from efabuild.refs import short
-    from efabuild.store.config import locate
-    from efabuild.signing.trust import policy_for
-    from efabuild.signing.verify import verify_and_remember
-
-    if bool(args.refs) == bool(args.all):
-        raise InputError("give REF... or --all")
-    table = locate(args.store)
-    policy = policy_for(table)
-    store = Store.from_config(table, show_progress=False)
-    if args.no_s3:
-        store.skip_s3("--no-s3")
-    results, failed = [], False
-    keys = sorted({k for tier in store.fs_tiers for k in tier.layout.keys()}) if args.all else \
-        [_resolve_vetted(store, ref, policy, results) for ref in args.refs]
-    for key in keys:
-        tiers = [tier for tier in store.fs_tiers if tier.has(key)]
-        if not tiers:
-            results.append({"key": key, "name": None, "tier": None, "problems": [
-                f"{short(key)}: on no filesystem tier of {store.describe()} (efabuild lookup fetches it)"]})
-        for tier in tiers:
-            problems = verify_and_remember(tier.layout, key, policy, sha256=args.sha256)
-            results.append({"key": key, "name": _recorded_name(tier, key), "tier": tier.name, "problems": problems})
-        results += _s3_results(store, key, args.deep)
-    for result in results:
-        failed = failed or bool(result["problems"])
-    if args.json:
-        print_json("verify", {"ok": not failed, "policy": policy.source, "results": results})
-    else:
-        for result in results:
-            where = f"{short(result['key'])} {result['tier'] or '-'}"
-            if not result["problems"]:
-                sys.stdout.write(f"ok    {where}\n")
-            for problem in result["problems"]:
-                sys.stdout.write(f"FAIL  {where}: {problem}\n")
-    return 1 if failed else 0
-
-
-def _s3_results(store, key: str, deep: bool) -> list[dict]:  # noqa: ANN001 - a Store
-    """verify's row for S3's copy of `key` (none when S3 lacks it or is left out): can it still
-    deliver it (store/chunked/health.py)? Without credentials S3 is left out with one warning."""
-    if store.s3 is None:
-        return []
-    try:
-        health = store.s3_health(key, deep=deep)
-    except NoCredentials as exc:
-        store.skip_s3(exc.reason)
-        return []
-    if health is None:
-        return []
-    record = store.s3.record(key)
-    return [{"key": key, "name": record.name if record else None, "tier": "s3", "problems": list(health.problems)}]
-
-
-def _recorded_name(tier, key: str) -> str | None:  # noqa: ANN001 - a FilesystemTier
-    """The name (graph:layer) the tier's record gives the artifact; None when the record is
-    unreadable (the problems say why)."""
-    try:
-        record = tier.record(key)
-    except EfabuildError:
-        return None
-    return record.name if record is not None else None
-
-
 # ---- sign
 
 
 def run_sign(args: argparse.Namespace) -> int:
-    from efabuild.signing.attest import sign_stored
-    from efabuild.grammar import endpoint_url_problem
-    from efabuild.signing.keys import signer_for
-    from efabuild.store.tiered import Store
-    from efabuild.refs import short
-    from efabuild.store.config import find_build_toml
-
     key, region, endpoint_url, root = args.key, None, args.endpoint_url, Path.cwd()
     problem = endpoint_url is not None and endpoint_url_problem(endpoint_url)
     if problem:
@@ -178,8 +67,6 @@ def run_sign(args: argparse.Namespace) -> int:
         build_toml = find_build_toml(Path.cwd())
         if build_toml is None:
             raise InputError("no key: give --key PEM|ARN (no BUILD.toml with [sign] here)")
-        from efabuild.workspace import load_workspace
-
         sign = load_workspace(build_toml.parent).settings.sign
         if sign is None:
             raise InputError(f"no key: give --key PEM|ARN or set [sign] key in {build_toml}")
@@ -200,16 +87,11 @@ def run_sign(args: argparse.Namespace) -> int:
 
 
 def run_trust(args: argparse.Namespace) -> int:
-    from efabuild.store.config import find_build_toml, load_build_store
-    from efabuild.cli.common import write_file
-    from efabuild.signing.trust import node_config_text, resolve_workspace_keys
-
     build_toml = find_build_toml(Path.cwd())
     if build_toml is None:
         raise InputError("efabuild trust reads [trust] of a workspace: no BUILD.toml here or above")
     table = load_build_store(build_toml)
     policy = resolve_workspace_keys(build_toml, table.local)
-    from efabuild.signing.keys import keyid_of, load_public_key
 
     for source, pem in policy.keys:
         print(f"{keyid_of(load_public_key(pem, source))[:12]}  {source}")

@@ -10,8 +10,10 @@ A check image of an efabuild from before that naming goes once it was tagged ove
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
 
@@ -19,8 +21,9 @@ from efabuild.engine import containers
 from efabuild.engine.api import ApiError
 from efabuild.engine.client import Engine, EngineError
 from efabuild.engine.containers import EXPORT_LABEL, OWNER_LABEL
-from efabuild.host.owner import Owner
+from efabuild.engine.images import existing_tags, untag_image
 from efabuild.host.fsutil import parse_temp_owner
+from efabuild.host.owner import Owner
 from efabuild.store.gc.leftovers import STALE_TEMP_SECONDS
 
 LIST_TIMEOUT_S = 30.0
@@ -90,7 +93,6 @@ def _check_tags(engine: Engine) -> list[str]:
             return engine.api.repo_tags(reference=f"{CHECK_REPO}/*")
         except ApiError:
             return []
-    from efabuild.engine.images import existing_tags  # deferred: only without the local socket (gc's listing)
 
     try:
         return sorted(existing_tags(engine, CHECK_REPO + "/"))
@@ -109,7 +111,6 @@ def _tagged_at(engine: Engine, tag: str) -> float:
         found = engine.run("image", "inspect", "--format", "{{json .Metadata.LastTagTime}}", tag,
                            timeout=LIST_TIMEOUT_S)
         when = found.stdout.strip().strip('"') if found.returncode == 0 else ""
-    from datetime import datetime, timezone  # only for check images of an efabuild before owner tags
 
     try:  # RFC 3339 with nanoseconds: the seconds are enough
         tagged = datetime.strptime(when[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
@@ -119,8 +120,6 @@ def _tagged_at(engine: Engine, tag: str) -> float:
 
 
 def remove_images(engine: Engine, tags: tuple[str, ...] | list[str]) -> None:
-    from efabuild.engine.images import untag_image  # deferred: gc's dry run removes nothing
-
     for tag in tags:
         try:
             untag_image(engine, tag)
@@ -160,7 +159,6 @@ def _labelled(engine: Engine) -> list[tuple[str, str, str]] | None:
                        f'{{{{json (.Label "{EXPORT_LABEL}")}}}}]', timeout=LIST_TIMEOUT_S)
     if found.returncode != 0:
         return None
-    import json
 
     listed = []
     for line in found.stdout.splitlines():

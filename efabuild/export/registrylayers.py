@@ -27,6 +27,7 @@ import json
 from typing import Any
 
 import attrs
+import zstandard
 
 from efabuild.export.enroot import ImageConfig
 from efabuild.export.layerdiff import LayerSourceUnavailable
@@ -198,8 +199,6 @@ class BlobStream(io.RawIOBase):
         if blob.media_type in _GZIP:
             self._plain: Any = gzip.GzipFile(fileobj=raw, mode="rb")
         elif blob.media_type in _ZSTD:
-            import zstandard
-
             self._plain = zstandard.ZstdDecompressor().stream_reader(raw, read_size=_CHUNK, read_across_frames=True)
         else:
             self._plain = raw

@@ -15,11 +15,12 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
+import blake3
 
-from efabuild.host import children
-from efabuild.errors import EfabuildError
-from efabuild.provenance.fsview import MAX_ENTRIES
 from efabuild.display import shown
+from efabuild.errors import EfabuildError
+from efabuild.host import children
+from efabuild.provenance.fsview import MAX_ENTRIES
 
 _CHUNK = 1 << 20
 # the order differences are shown in, for one path
@@ -64,8 +65,6 @@ def _kind(member: tarfile.TarInfo) -> str:
 
 def read_sqsh(sqsh: Path) -> dict[str, FileFacts]:
     """path ("/" for the root) → its facts, streamed through `sqfs2tar`."""
-    import blake3
-
     with tempfile.TemporaryFile() as errors:
         try:
             proc = children.popen(["sqfs2tar", "--no-xattr", "--root-becomes", ".", str(sqsh)],

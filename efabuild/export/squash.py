@@ -32,19 +32,21 @@ from typing import IO, TYPE_CHECKING
 
 import attrs
 
-from efabuild.host.stops import step_boundary
-from efabuild.host import children
+from efabuild.chunks.cdc import ChunkIndex, chunk_file, chunk_spliced
+from efabuild.engine import containers
 from efabuild.engine.client import EngineTimeout, connect, last_line
+from efabuild.engine.images import LIST_TIMEOUT_S, history_times, image_facts
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.export.enroot import ImageConfig
+from efabuild.export.mksquashfs import mksquashfs_options, start_mksquashfs  # noqa: F401 - mksquashfs_options: callers take it from here
 from efabuild.export.tarfilter import RewritePlan, rewrite_tar, time_clamp
 from efabuild.export.tarheader import TarFormatError
-from efabuild.export.mksquashfs import mksquashfs_options, start_mksquashfs  # noqa: F401 - mksquashfs_options: callers take it from here
-from efabuild.settings import BuilderSettings, ExportSettings
-from efabuild.chunks.cdc import ChunkIndex, chunk_file, chunk_spliced
+from efabuild.host import children
 from efabuild.host.blake3tree import Tree, spliced_digest
 from efabuild.host.digest import Sha256Pass, Splice, file_digest, file_digests, spliced_digests
 from efabuild.host.fsutil import fsync_dir
+from efabuild.host.stops import step_boundary
+from efabuild.settings import BuilderSettings, ExportSettings
 
 if TYPE_CHECKING:
     from efabuild.engine.client import Engine
@@ -124,8 +126,6 @@ def export_image(
     `cancel` is set meanwhile (docker export and mksquashfs are killed at once), EfabuildError
     with the failing tool's last message otherwise; each leaves no file and no container behind.
     """
-    from efabuild.engine import containers
-
     engine = engine or connect(BuilderSettings())
     started = time.monotonic()
     out = Path(out).absolute()
@@ -147,8 +147,6 @@ def export_image(
 
 def export_facts(engine: Engine, image: str, clamp_times: bool) -> tuple[ImageConfig, int | None, int | None]:
     """The image's config, its size, and its time clamp (None unless `clamp_times`)."""
-    from efabuild.engine.images import LIST_TIMEOUT_S, history_times, image_facts
-
     try:
         facts = image_facts(engine, image)
     except NotFound:

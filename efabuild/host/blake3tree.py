@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import mmap
 import os
 import stat
 import threading
@@ -118,8 +119,6 @@ class _Mapped:
     address) with the address of its first byte."""
 
     def __init__(self, fd: int, sequential: bool = False) -> None:
-        import mmap
-
         info = os.fstat(fd)
         self.size, self.stamp = info.st_size, statstamp.stamp(info)
         self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY) if self.size else None

@@ -80,9 +80,7 @@ def _digests_of(pieces: list[memoryview], with_sha256: bool) -> tuple[str, str |
     blake3 hashes the same pages here; both release the GIL. The pages are read from disk once at
     most, and right after an export they are still in the page cache.
     """
-    import hashlib  # OpenSSL's: loaded where sha256 is wanted, not by every plan
-
-    sha256 = hashlib.sha256() if with_sha256 else None
+    sha256 = _new_sha256() if with_sha256 else None
     failed: list[BaseException] = []
 
     def sha256_pass() -> None:
@@ -163,10 +161,16 @@ def spliced_digests(path: str | os.PathLike[str], splice: Splice, with_sha256: b
                 piece.release()
 
 
-def _spliced_sha256(path: str, splice: Splice, stop: threading.Event | None = None) -> str:
+def _new_sha256():  # noqa: ANN202 - a hashlib sha256 object
+    """OpenSSL's sha256. hashlib is loaded here, where sha256 is wanted: a plan loads this module
+    and hashes nothing with it."""
     import hashlib
 
-    sha256 = hashlib.sha256()
+    return hashlib.sha256()
+
+
+def _spliced_sha256(path: str, splice: Splice, stop: threading.Event | None = None) -> str:
+    sha256 = _new_sha256()
     with spliced_maps(path, splice) as (own, source):
         pieces = splice_pieces(own, source, splice)
         try:
@@ -179,9 +183,7 @@ def _spliced_sha256(path: str, splice: Splice, stop: threading.Event | None = No
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Hex sha256 of a file's bytes (what `verify --sha256` compares with the statement)."""
-    import hashlib
-
-    sha256 = hashlib.sha256()
+    sha256 = _new_sha256()
     with open(path, "rb") as handle:
         info = os.fstat(handle.fileno())
         if info.st_size and not others_may_write(info):  # mapped: few calls (_MAPPED_PIECE)

@@ -201,6 +201,13 @@ def _tmp(store_root: Path) -> Path:
     return path
 
 
+def to_json(result: CheckResult) -> dict:
+    """One check in the JSON convention: name, key, path (the stored .sqsh)."""
+    data = attrs.asdict(result, recurse=True)
+    del data["qualname"], data["stored"]
+    return data | {"name": result.qualname, "path": str(result.stored), "identical": result.identical}
+
+
 def render(result: CheckResult, limit: int = 50) -> str:
     """What the user reads: identical, damaged, or which files differ and how, and the likely causes."""
     if result.identical:

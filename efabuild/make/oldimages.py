@@ -10,9 +10,10 @@ fixture images carry no efabuild key.
 from __future__ import annotations
 
 from efabuild.engine.images import existing_tags, untag_image
+from efabuild.engine.registry import remote_ref
+from efabuild.errors import EfabuildError
 from efabuild.make.prepare import Prepared
 from efabuild.refs import image_tag
-from efabuild.errors import EfabuildError
 
 
 def old_image_tags(prepared: Prepared, existing: set[str]) -> list[str]:
@@ -27,8 +28,6 @@ def old_image_tags(prepared: Prepared, existing: set[str]) -> list[str]:
                 if entry["key"] not in current}
     registry = prepared.ws.settings.registry
     if registry is not None:
-        from efabuild.engine.registry import remote_ref  # deferred: only with [registry]
-
         old |= {remote_ref(tag, registry) for tag in old}
     return sorted(old & existing)
 

@@ -11,14 +11,16 @@ from efabuild import notices
 from efabuild.export.artifact import export_artifact, export_record
 from efabuild.export.incremental import NO_ANCESTOR
 from efabuild.export.squash import ExportCancelled
-from efabuild.plan import Plan
-from efabuild.make.prepare import Prepared
-from efabuild.make.reporter import Reporter
-from efabuild.make.gitstate import vcs_of
 from efabuild.host.digest import Sha256Pass
 from efabuild.host.fsutil import temp_name
 from efabuild.host.stops import step_boundary
+from efabuild.make.gitstate import vcs_of
+from efabuild.make.prepare import Prepared
+from efabuild.make.reporter import Reporter
+from efabuild.plan import Plan
+from efabuild.provenance.stored import describe_sqsh
 from efabuild.refs import short
+from efabuild.signing.attest import signed
 from efabuild.store.progress import Progress
 from efabuild.store.record import ArtifactRecord
 
@@ -34,9 +36,6 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
     under its key. The export cuts the .sqsh into the S3 tier's chunks in its digest pass (see
     _chunking). The manifest's `vcs` is the git revision and source of the image's labels: where
     the image was built from, on this machine or the one it was pulled from (never in the .sqsh)."""
-    # deferred: a make that exports nothing loads this module for engine_versions alone (attrs)
-    from efabuild.signing.attest import signed
-
     store, name, key = prepared.store, request.name, request.key  # name: the plan's, @os/arch with several platforms
     plan = prepared.plan.by_name()[name]
     started = _now()
@@ -81,9 +80,6 @@ def export_and_publish(prepared: Prepared, request, *, reporter: Reporter, build
 def _described(prepared: Prepared, request, result, builder_versions: dict,  # noqa: ANN001
                started: str) -> tuple[bytes, ArtifactRecord]:
     """The manifest of what the exported .sqsh holds, and its record."""
-    # deferred: a make that exports nothing loads this module for engine_versions alone (the probe)
-    from efabuild.provenance.stored import describe_sqsh
-
     name, key = request.name, request.key
     plan = prepared.plan.by_name()[name]
     export_info = export_record(result, request.options, request.epoch)

@@ -7,17 +7,15 @@ signature of an artifact covers the same bytes.
 
 from __future__ import annotations
 
-from efabuild.signing import dsse
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.platforms import INDEX_PAYLOAD_TYPE
+from efabuild.provenance import manifest as manifests
+from efabuild.provenance.intoto import to_intoto
 from efabuild.refs import short
+from efabuild.signing import dsse
 
 
 def statement_payload(manifest: bytes, where: str = "manifest") -> bytes:
-    # deferred: signed_index and a make without [sign] load this module and make no statement
-    from efabuild.provenance import manifest as manifests
-    from efabuild.provenance.intoto import to_intoto
-
     return dsse.statement_bytes(to_intoto(manifests.decode(manifest, where)))
 
 

@@ -15,9 +15,13 @@ import hashlib
 from pathlib import Path
 from typing import Protocol
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
 from efabuild.configfile import read_bytes
-from efabuild.signing.dsse import Signature
 from efabuild.errors import EfabuildError, InputError
+from efabuild.signing.dsse import Signature
 
 KMS_PREFIX = "arn:aws:kms:"
 KMS_RAW_LIMIT = 4096  # bytes: the largest message KMS signs with MessageType=RAW
@@ -34,15 +38,11 @@ class Signer(Protocol):
 
 def keyid_of(public_key) -> str:  # noqa: ANN001 - a cryptography public key
     """sha256 of the DER SubjectPublicKeyInfo, hex: the keyid efabuild writes into signatures."""
-    from cryptography.hazmat.primitives import serialization
-
     der = public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(der).hexdigest()
 
 
 def public_pem_of(public_key) -> bytes:  # noqa: ANN001
-    from cryptography.hazmat.primitives import serialization
-
     return public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
@@ -50,9 +50,6 @@ class PemSigner:
     """A private key from a PEM file (unencrypted PKCS#8 or SEC1): ECDSA P-256 or Ed25519."""
 
     def __init__(self, path: str | Path) -> None:
-        from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-
         self.description = str(path)
         # a regular file of a key's size: a device, a FIFO or a huge file is bad input, not a hang
         data = read_bytes(path, str(path), MAX_KEY_BYTES)
@@ -123,7 +120,6 @@ class KmsSigner:
 def kms_public_pem(client, key_id: str) -> bytes:  # noqa: ANN001
     """The PEM public key of a KMS signing key (what a trust policy stores instead of the ARN)."""
     from botocore.exceptions import BotoCoreError, ClientError
-    from cryptography.hazmat.primitives import serialization
 
     try:
         answer = client.get_public_key(KeyId=key_id)
@@ -137,9 +133,6 @@ def kms_public_pem(client, key_id: str) -> bytes:  # noqa: ANN001
 
 
 def load_public_key(pem: bytes, where: str):  # noqa: ANN201
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
-
     try:
         key = serialization.load_pem_public_key(pem)
     except (ValueError, TypeError) as exc:
@@ -152,9 +145,6 @@ def load_public_key(pem: bytes, where: str):  # noqa: ANN201
 
 
 def signature_valid(public_key, pae: bytes, sig: bytes) -> bool:  # noqa: ANN001
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives.asymmetric import ec
-
     try:
         if isinstance(public_key, ec.EllipticCurvePublicKey):
             public_key.verify(sig, pae, ec.ECDSA(_sha256()))
@@ -178,8 +168,6 @@ def _arn_region(arn: str) -> str | None:
 
 
 def _sha256():  # noqa: ANN202
-    from cryptography.hazmat.primitives import hashes
-
     return hashes.SHA256()
 
 

@@ -4,13 +4,15 @@ no abbreviated options, shell completion that the shell accepts."""
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
 from efabuild.cli import COMMANDS, build_parser, main
-from tests.kits.storekit import efabuild
+from tests.kits.storekit import REPO, efabuild
 
 
 def _command_parsers() -> dict[str, argparse.ArgumentParser]:
@@ -56,6 +58,21 @@ def test_build_fixtures_help_has_a_description_and_examples(capsys):
 def test_top_level_help_has_examples():
     result = efabuild("--help")
     assert result.returncode == 0 and "\nexamples:\n  efabuild plan" in result.stdout
+
+
+def test_top_level_help_loads_no_command_module_and_reads_as_every_parser_built():
+    """`efabuild --help`, a typo and no command are answered from the summaries: a command's module
+    loads its imports at its header, and loading them all would cost the top-level help ~0.3 s."""
+    probe = ("import sys\nfrom efabuild.cli import main\n"
+             "for argv in (['--help'], ['pla'], []):\n"
+             "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+             "print(sorted(m for m in sys.modules if m.startswith('efabuild.cli.') and m.endswith('_cmd')),"
+             " file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
+    # the same text as when every command's parser is built
+    assert efabuild("--help").stdout == build_parser().format_help()
 
 
 def _value_for(action: argparse.Action) -> list[str]:

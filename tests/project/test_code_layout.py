@@ -109,71 +109,37 @@ def test_modules_and_functions_stay_short_with_few_stated_exceptions():
 FLOORS = {"core": 0, "host": 1, "chunks": 2, "store": 2, "engine": 2, "provenance": 2, "lint": 2, "doctor": 2,
           "export": 3, "signing": 3, "pyxis": 3, "lazy": 3, "make": 4, "cli": 5}
 
-# Imports inside functions, by module: start-up deferrals. A plan, a lookup and the CLI's argument
-# parsing must not load what they do not run (tests/engine/test_engine_api.py and the start-up figures in
-# README Performance hold them to it), so these modules load their heavier neighbours (the engine
-# steps, boto3, attrs classes, the export) where a command first needs them. Outside store/, export/
-# and host/ each was checked against the modules those paths load: one stays here only where the
-# header would load more on one of them. A new one goes here only with the start-up reason beside it.
+# Imports inside functions, by module: start-up deferrals. `efabuild CMD` loads CMD's module alone
+# (efabuild/cli/__init__.py), so a command module imports what it runs at its header. A plan, a
+# lookup, a no-op make and the Pyxis importer must not load what they do not run
+# (tests/engine/test_engine_api.py and the start-up figures in README Performance hold them to it),
+# so these modules load their heavier neighbours (the engine steps, boto3, attrs classes, the
+# export) where a command first needs them. Outside store/, export/ and host/ each was checked
+# against the modules those paths load: one stays here only where the header would load more on one
+# of them. A new one goes here only with the start-up reason beside it.
 DEFERRED: dict[str, set[str]] = {
     # the importer's protocol: no command loads it
     "efabuild.cli": {"efabuild.cli.pyxis_cmd"},
-    # `efabuild --help` loads every command module (and cli.common) for its parser: what a command
-    # runs is imported in its function
-    "efabuild.cli.common": {"efabuild.grammar", "efabuild.host.fsutil", "efabuild.redact", "efabuild.workspace"},
-    "efabuild.cli.doctor_cmd": {"efabuild.cli.output", "efabuild.configfile", "efabuild.doctor", "efabuild.store"},
-    "efabuild.cli.du_cmd": {"efabuild.cli.output", "efabuild.refs", "efabuild.store.gc.s3chunks", "efabuild.store.progress",
-                             "efabuild.store.tiered"},
-    "efabuild.cli.graph_cmd": {
-        "efabuild.cli.graphviz", "efabuild.cli.picture", "efabuild.dag", "efabuild.make.prepare"},
-    "efabuild.cli.lint_cmd": {"efabuild.cli.output", "efabuild.lint", "efabuild.lint.sarif", "efabuild.workspace"},
-    "efabuild.cli.lookup_cmd": {
-        "efabuild.cli.output", "efabuild.platforms", "efabuild.pyxis.lookup", "efabuild.workspace"},
-    "efabuild.cli.make_cmd": {
-        "efabuild.cli.colour", "efabuild.plan", "efabuild.cli.graphviz", "efabuild.cli.live", "efabuild.cli.output",
-        "efabuild.cli.picture", "efabuild.cli.plan_cmd", "efabuild.host.scratch", "efabuild.lint",
-        "efabuild.make.check", "efabuild.make.prepare", "efabuild.make.run", "efabuild.refs"},
-    "efabuild.cli.plan_cmd": {
-        "efabuild.cli.colour", "efabuild.cli.live", "efabuild.cli.output", "efabuild.make.prepare", "efabuild.plan"},
-    "efabuild.cli.provenance_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.provenance.audit", "efabuild.provenance.diff",
-        "efabuild.provenance.intoto", "efabuild.provenance.junit", "efabuild.provenance.manifest",
-        "efabuild.provenance.stored", "efabuild.settings", "efabuild.store", "efabuild.store.progress",
-        "efabuild.workspace"},
-    "efabuild.cli.push_cmd": {
-        "efabuild.cli.output", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.prepare",
-        "efabuild.refs"},
-    "efabuild.cli.pyxis_cmd": {"efabuild.pyxis.importer"},
-    "efabuild.cli.containers_cmd": {"efabuild.pyxis.containers"},
-    # `efabuild --help` loads it: the mount (FUSE, the store, S3) only when one is made
-    "efabuild.cli.mount_cmd": {"efabuild.lazy.mount", "efabuild.store.config"},
+    # doctor reads logs on a node whose installation may lack the store's packages
+    "efabuild.cli.doctor_cmd": {"efabuild.store"},
+    # the Pyxis importer loads the CLI's package and reports no progress
+    "efabuild.cli.reporting": {"efabuild.store.progress"},
+    # a lookup's miss alone reads the workspace's graphs, to tell why
+    "efabuild.cli.lookup_cmd": {"efabuild.workspace"},
+    # a make with --no-lint loads no lint (its findings are printed only when it stops the make);
+    # a no-op make no attrs classes nor subprocess: picture and graphviz only when --graph draws,
+    # check with --check
+    "efabuild.cli.make_cmd": {"efabuild.cli.graphviz", "efabuild.cli.picture", "efabuild.lint",
+                              "efabuild.make.check"},
     # the FUSE binding (ctypes over libfuse 3) at mount time only: the module's names are the CLI's too
     "efabuild.lazy.mount": {"efabuild.lazy.fusefile"},
-    # installed by `efabuild --help` too, which shows no progress
-    "efabuild.cli.reporting": {"efabuild.store.progress"},
-    "efabuild.cli.sign_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.grammar", "efabuild.refs", "efabuild.signing.attest",
-        "efabuild.signing.keys", "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.store.config",
-        "efabuild.store.tiered", "efabuild.workspace"},
-    "efabuild.cli.store_cmd": {
-        "efabuild.cli.common", "efabuild.cli.output", "efabuild.engine.client", "efabuild.engine.leftovers",
-        "efabuild.host.scratch", "efabuild.make.oldimages", "efabuild.make.prepare", "efabuild.refs",
-        "efabuild.store.chunked.health", "efabuild.store.config", "efabuild.store.gc.s3chunks", "efabuild.store.progress",
-        "efabuild.store.tiered"},
     # ctypes and subprocess with the first docker process: a plan on the socket starts none
     "efabuild.engine.client": {"efabuild.host.children"},
     # with the export: a no-op make's leftover listing needs none
     "efabuild.engine.containers": {"efabuild.host.children"},
-    # only without the local socket, or when removing (gc's dry run does not)
-    "efabuild.engine.leftovers": {"efabuild.engine.images"},
-    "efabuild.export.squash": {"efabuild.engine.containers", "efabuild.engine.images"},
-    # only with [registry]
-    "efabuild.make.oldimages": {"efabuild.engine.registry"},
     # plan --offline asks no engine; the farm and registry only with [registry] or emulate
     "efabuild.make.prepare": {
         "efabuild.engine.client", "efabuild.engine.images", "efabuild.engine.registry", "efabuild.make.farm"},
-    # a make that exports nothing loads it for engine_versions alone (attrs, the probe)
-    "efabuild.make.publish": {"efabuild.provenance.stored", "efabuild.signing.attest"},
     # a no-op make loads none of a layer's work, nor lint with --no-lint
     "efabuild.make.run": {
         "efabuild.engine.build", "efabuild.export.artifact", "efabuild.lint", "efabuild.make.ancestry",
@@ -187,8 +153,6 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.store.tiered", "efabuild.store.transfer"},
     # lookup's fast path imports no blake3
     "efabuild.settings": {"efabuild.redact"},
-    # signed_index and a make without [sign] make no statement
-    "efabuild.signing.attest": {"efabuild.provenance.intoto", "efabuild.provenance.manifest"},
     # a cached signed lookup checks no key (cryptography); KMS keys with boto3
     "efabuild.signing.trust": {"efabuild.signing.keys"},
     # a cached verification reads stats only: no hashing, DSSE or cryptography
@@ -370,6 +334,28 @@ def test_imports_inside_functions_are_only_the_listed_start_up_deferrals():
     assert not new, "imports inside functions not in DEFERRED (import at the header unless the start-up " \
                     "budget needs it, then list it):\n" + "\n".join(sorted(new))
     assert not gone, "listed in DEFERRED but no longer inside a function, drop them:\n" + "\n".join(sorted(gone))
+
+
+MAX_IMPORTS_IN_FUNCTIONS = 120
+
+
+def test_few_imports_wait_inside_functions():
+    """Every `import` statement inside a function body counts, the standard library's too: an import
+    goes at the header unless a measured start-up cost keeps it back (module-level `if
+    TYPE_CHECKING:` blocks load nothing and do not count)."""
+    def inside(node: ast.AST, in_function: bool) -> list[str]:
+        found = []
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)) and in_function:
+                found.append(ast.unparse(child))
+            found += inside(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        return found
+
+    count = {str(path.relative_to(PACKAGE.parent)): len(inside(ast.parse(path.read_text()), False))
+             for path in _modules()}
+    worst = sorted(((n, name) for name, n in count.items() if n), reverse=True)[:10]
+    assert sum(count.values()) <= MAX_IMPORTS_IN_FUNCTIONS, \
+        f"{sum(count.values())} imports inside functions; the most in: {worst}"
 
 
 def test_test_files_sit_in_the_folder_of_what_they_test():
