@@ -19,7 +19,7 @@ from efabuild.provenance.checks import FAIL, SKIP, WARN
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
-def to_junit(results: Sequence) -> bytes:  # noqa: ANN001 - efabuild.provenance.stored.AuditResult
+def to_junit(results: Sequence) -> bytes:
     suites = ET.Element("testsuites", name="efabuild audit")
     totals = {"tests": 0, "failures": 0, "skipped": 0}
     for result in results:

@@ -6,6 +6,7 @@ tier copied to the fetch tier.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from efabuild import notices
 from efabuild.errors import EfabuildError, NotFound
@@ -17,6 +18,9 @@ from efabuild.store.platformindex import IndexVet, Resolved, Wanted, check_recor
 from efabuild.store.record import utc_now
 from efabuild.store.router import Router
 from efabuild.store.tiers.base import S3_TIER
+
+if TYPE_CHECKING:
+    from efabuild.store.tiers.base import Tier
 
 
 def publish_index(store: Router, name: str, platforms: dict[str, str], *, envelope: bytes | None = None,
@@ -56,7 +60,8 @@ def resolve(store: Router, ref: str, *, remote: bool = True, platform: str | Non
     return resolved.key
 
 
-def resolve_choice(store: Router, wanted: Wanted, *, remote: bool = True, vet_index: IndexVet | None = None) -> Resolved:
+def resolve_choice(store: Router, wanted: Wanted, *, remote: bool = True,
+                   vet_index: IndexVet | None = None) -> Resolved:
     ref = wanted.ref
     kind, value = classify_ref(ref)
     resolved = local_choice([tier.layout for tier in store.fs_tiers], wanted, vet_index)
@@ -82,7 +87,8 @@ def resolve_choice(store: Router, wanted: Wanted, *, remote: bool = True, vet_in
     return resolved
 
 
-def _remote_choice(store: Router, name: str, history: list[dict], wanted: Wanted, vet_index: IndexVet | None) -> Resolved | None:
+def _remote_choice(store: Router, name: str, history: list[dict], wanted: Wanted,
+                   vet_index: IndexVet | None) -> Resolved | None:
     if not history:
         return None
     return choose(history[-1], name, wanted, store.remote.names.read_index, store.remote.names.index_url, vet_index)
@@ -103,7 +109,7 @@ def copy_name(store: Router, name: str, key: str) -> None:
     store.fetch_tier.names.append(name, key, when=when, via=S3_TIER)
 
 
-def _current_platforms(tier, name: str, signed: bool) -> dict | None:  # noqa: ANN001 - a tier
+def _current_platforms(tier: Tier, name: str, signed: bool) -> dict | None:
     """{platform: key} of the index `name`'s newest entry names on `tier`; None when there is
     none, it cannot be read as an intact index, or it lacks the signature a signing make gives
     (then a new one is written)."""

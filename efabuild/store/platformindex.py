@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import NamedTuple, TYPE_CHECKING
 
 from efabuild import notices
 from efabuild.errors import EfabuildError, InputError
@@ -28,6 +28,9 @@ from efabuild.platforms import (PLATFORM_ENV, MissingPlatform, checked_platform,
                                 split_platform, with_platform)
 from efabuild.refs import short
 from efabuild.store.layout import MANIFEST_LIMIT
+
+if TYPE_CHECKING:
+    from efabuild.store.layout import Layout
 
 # (index bytes, envelope bytes or None, where the index was read): raises to refuse the index
 IndexVet = Callable[[bytes, "bytes | None", str], None]
@@ -126,7 +129,7 @@ def check_record(resolved: Resolved, wanted: Wanted, record: dict,
     notices.warn(f"{what} is a {recorded} artifact, {wants}")
 
 
-def manifest_platform_of(layout, key: str) -> Callable[[], str | None]:  # noqa: ANN001 - a store.layout.Layout
+def manifest_platform_of(layout: Layout, key: str) -> Callable[[], str | None]:
     """The platform the manifest beside `key` names, read when called (bounded, never through a
     link); None when there is none or it does not say."""
     def read() -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from efabuild import notices
 from efabuild.chunks.cdc import ChunkError, ChunkIndex
@@ -21,9 +22,14 @@ from efabuild.store.tiers.base import PUBLISHED, REPAIRED, REUSED, S3_TIER
 from efabuild.store.tiers.fs import FilesystemTier
 from efabuild.store.transfer import DamagedCopy, send, verified_copy
 
+if TYPE_CHECKING:
+    from efabuild.store.tiers.base import Tier
+    from efabuild.store.transfer import Copy
 
-def publish(store: Router, key: str, sqsh: str | os.PathLike[str], record: ArtifactRecord, manifest: bytes | None = None,
-            *, envelope: bytes | None = None, index: ChunkIndex | None = None) -> dict[str, str]:
+
+def publish(store: Router, key: str, sqsh: str | os.PathLike[str], record: ArtifactRecord,
+            manifest: bytes | None = None, *, envelope: bytes | None = None,
+            index: ChunkIndex | None = None) -> dict[str, str]:
     """Store an exported .sqsh in every tier and point its name at it (a name with a platform
     index moves only when `publish_index` names the new key of each platform): {tier name:
     "published" | "reused" | "repaired"}. `record.manifest_digest` is set from `manifest`;
@@ -81,7 +87,7 @@ def complete(store: Router, key: str) -> dict[str, str] | None:
     return None
 
 
-def _send(store: Router, copy, target) -> str:  # noqa: ANN001 - a transfer.Copy, a tier
+def _send(store: Router, copy: Copy, target: Tier) -> str:
     """One verified copy onto one tier, replacing a copy found damaged there."""
     damaged = store.damaged.get(copy.key, set())
     repairing = target.name in damaged
@@ -117,7 +123,8 @@ def name(store: Router, name: str, key: str) -> None:
             tier.names.append(name, key)
 
 
-def send_ahead(store: Router, name: str, sqsh: str | os.PathLike[str], index: ChunkIndex):  # noqa: ANN201 - Future | None
+def send_ahead(store: Router, name: str, sqsh: str | os.PathLike[str],
+               index: ChunkIndex):  # noqa: ANN201 - Future | None
     """Start sending the chunks of an exported `sqsh` S3 lacks before its record exists: S3Tier.send_ahead."""
     return None if store.s3 is None else store.s3.send_ahead(name, sqsh, index)
 
@@ -151,7 +158,7 @@ def _source_failed(store: Router, key: str, tier: str, problem: Exception) -> No
         store.s3_health(key, deep=True)
 
 
-def _repaired_chunks(store: Router, copy, target) -> bool:  # noqa: ANN001 - a transfer.Copy, the S3 tier
+def _repaired_chunks(store: Router, copy: Copy, target: Tier) -> bool:
     """Store again from `copy` the chunks S3's check found missing or damaged, when only they
     are wrong (its index and record stand); False when the artifact must be published anew."""
     from efabuild.store.chunked import health
@@ -165,7 +172,7 @@ def _repaired_chunks(store: Router, copy, target) -> bool:  # noqa: ANN001 - a t
     return True
 
 
-def _indexed(tier, name: str) -> bool:  # noqa: ANN001 - a FilesystemTier or the S3Tier
+def _indexed(tier: Tier, name: str) -> bool:
     """Whether `name`'s newest entry on `tier` names a platform index: then one platform's artifact
     published alone leaves the name as it is (an arm64 node must not get it on amd64's behalf, nor
     the other way round) until the make publishes the index naming it."""

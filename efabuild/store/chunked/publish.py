@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -33,6 +34,9 @@ from efabuild.store.chunked.send import ChunkSender, send_from_file
 from efabuild.store.layout import INDEX_SUFFIX
 from efabuild.store.progress import Progress
 from efabuild.store.chunked.s3 import ChunkStore, Transfer
+
+if TYPE_CHECKING:
+    from efabuild.store.record import ArtifactRecord
 
 
 def upload(store: ChunkStore, index: ChunkIndex, source: Path, ids: set[str],
@@ -81,7 +85,7 @@ def _send_into(slot: Future, store: ChunkStore, index: ChunkIndex, sqsh: Path,
     slot.set_result(Ahead(found, sent))
 
 
-def publish(store: ChunkStore, key: str, sqsh: Path, record, *, index: ChunkIndex | None,  # noqa: ANN001 - ArtifactRecord
+def publish(store: ChunkStore, key: str, sqsh: Path, record: ArtifactRecord, *, index: ChunkIndex | None,
             kept: bytes | None, likely_present: set[str], chunking: tuple[int, int, int],
             show: bool, meanwhile: Callable[[], None] = lambda: None) -> tuple[ChunkIndex, Transfer]:
     """Upload the chunks of `sqsh` the bucket lacks, then its index (the record, written by the
@@ -172,14 +176,14 @@ def read_chunk(index: ChunkIndex, sqsh: Path, cid: str) -> bytes:
         os.close(fd)
 
 
-def _matching(index: ChunkIndex | None, record, chunking: tuple[int, int, int]) -> ChunkIndex | None:  # noqa: ANN001
+def _matching(index: ChunkIndex | None, record: ArtifactRecord, chunking: tuple[int, int, int]) -> ChunkIndex | None:
     """`index` when it describes the record's bytes cut with this tier's chunk sizes."""
     if index is None or (index.size, index.digest, index.chunking) != (record.size, record.digest, chunking):
         return None
     return index
 
 
-def _checked(data: bytes | None, record, chunking: tuple[int, int, int], sqsh: Path,  # noqa: ANN001
+def _checked(data: bytes | None, record: ArtifactRecord, chunking: tuple[int, int, int], sqsh: Path,
              key: str) -> ChunkIndex | None:
     """A stored index, once the file's bytes are found to be the chunks it lists."""
     try:
@@ -195,7 +199,7 @@ def _checked(data: bytes | None, record, chunking: tuple[int, int, int], sqsh: P
     return kept
 
 
-def _chunk_and_send(store: ChunkStore, key: str, sqsh: Path, record, skip: set[str],  # noqa: ANN001
+def _chunk_and_send(store: ChunkStore, key: str, sqsh: Path, record: ArtifactRecord, skip: set[str],
                     chunking: tuple[int, int, int], show: bool) -> tuple[ChunkIndex, ChunkSender]:
     """Cut `sqsh` into chunks and send each new one while the rest is still being cut, so a cold
     publish takes about the longer of the two rather than their sum; chunks in `skip` (seen in

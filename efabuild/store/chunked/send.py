@@ -10,8 +10,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from efabuild.chunks.cdc import ChunkIndex, chunk_id
+
+if TYPE_CHECKING:
+    from efabuild.store.chunked.s3 import ChunkStore
 
 
 class ChunkSender:
@@ -19,7 +23,7 @@ class ChunkSender:
     waits for a free thread). The first failure stops the sends not yet begun and is raised by
     the next `submit` or by `check`; `close` waits for the running ones."""
 
-    def __init__(self, store, workers: int, progress: Callable[[int], None] | None = None) -> None:  # noqa: ANN001 - ChunkStore
+    def __init__(self, store: ChunkStore, workers: int, progress: Callable[[int], None] | None = None) -> None:
         self.store = store
         self.progress = progress
         self._pool = ThreadPoolExecutor(max(1, workers))
@@ -80,7 +84,7 @@ class ChunkSender:
         self._pool.shutdown(wait=True)
 
 
-def send_from_file(store, index: ChunkIndex, source: Path, ids: set[str],  # noqa: ANN001 - ChunkStore
+def send_from_file(store: ChunkStore, index: ChunkIndex, source: Path, ids: set[str],
                    sender: ChunkSender) -> None:
     """Send the chunks `ids` of `source` (described by `index`), each read back and checked
     against its id first: a file changed since it was cut must never store a misnamed chunk."""

@@ -19,6 +19,7 @@ what indexes name and empties the rest.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 
@@ -28,10 +29,14 @@ from efabuild.store.chunked.s3 import TRASH_DIR, trash_object
 from efabuild.store.parallel import run_parallel
 from efabuild.store.s3client import _missing
 
+if TYPE_CHECKING:
+    from efabuild.store.chunked.s3 import ChunkStore
+    from efabuild.store.tiers.s3 import S3Tier
+
 ABANDONED_AFTER_S = 3600.0  # a trash entry older than this was left by a gc that was killed
 
 
-def delete_chunks(store, doomed: set[str], referenced_now: Callable[[], set[str]]) -> set[str]:  # noqa: ANN001
+def delete_chunks(store: ChunkStore, doomed: set[str], referenced_now: Callable[[], set[str]]) -> set[str]:
     """Delete the chunks `doomed` of `store` (a ChunkStore), and an abandoned trash; the ids
     deleted. `referenced_now` lists the indexes again and gives the chunks they name."""
     tier = store.tier
@@ -48,7 +53,7 @@ def delete_chunks(store, doomed: set[str], referenced_now: Callable[[], set[str]
     return trashed - set(back)
 
 
-def _abandoned(store, before: float) -> set[str]:  # noqa: ANN001 - ChunkStore
+def _abandoned(store: ChunkStore, before: float) -> set[str]:
     """The ids of the trash entries a killed gc left (dated before `before`). Only gc/trash/<id>
     is an entry; anything else there was planted and is removed as itself, never read as the
     entry of the id its name ends in (which may be a running gc's)."""
@@ -67,7 +72,7 @@ def _abandoned(store, before: float) -> set[str]:  # noqa: ANN001 - ChunkStore
     return entries
 
 
-def _move(tier, source: str, target: str) -> bool:  # noqa: ANN001 - S3Tier
+def _move(tier: S3Tier, source: str, target: str) -> bool:
     """Copy `source` to `target` in the bucket, then delete `source`; False when it was gone."""
     if not _copy(tier, source, target):
         return False  # deleted meanwhile by another gc
@@ -75,13 +80,13 @@ def _move(tier, source: str, target: str) -> bool:  # noqa: ANN001 - S3Tier
     return True
 
 
-def _copy_back(tier, trashed: str, chunk: str) -> None:  # noqa: ANN001 - S3Tier
+def _copy_back(tier: S3Tier, trashed: str, chunk: str) -> None:
     """Put a trashed chunk back unless chunks/ holds it again (a publisher sent it meanwhile)."""
     if tier._head(chunk) is None and not _copy(tier, trashed, chunk):
         raise EfabuildError(f"{tier.url(trashed)}: gone before gc could put it back to {tier.url(chunk)}")
 
 
-def _copy(tier, source: str, target: str) -> bool:  # noqa: ANN001 - S3Tier
+def _copy(tier: S3Tier, source: str, target: str) -> bool:
     """A server-side copy of one object; False when `source` is not there."""
     try:
         tier._call(tier.url(target), "copy_object", Key=target, CopySource={"Bucket": tier.bucket, "Key": source})

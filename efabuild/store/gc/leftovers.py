@@ -19,6 +19,7 @@ import shutil
 import stat
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from efabuild import notices
 from efabuild.errors import EfabuildError
@@ -31,6 +32,9 @@ from efabuild.store.lock import LockBusy
 from efabuild.host.owner import Owner, owner_of, this_host
 from efabuild.store.transfer import SIDECARS
 
+if TYPE_CHECKING:
+    from efabuild.store.tiers.fs import FilesystemTier
+
 # Temp files of writers on other hosts are only judged by age.
 STALE_TEMP_SECONDS = 24 * 3600
 # directories a make writes into the local tier's tmp/, named by their owner: build contexts
@@ -42,7 +46,7 @@ OWNED_DIR_PREFIXES = (CONTEXT_PREFIX, CHECK_PREFIX, PLANTED_PREFIX)
 _UNOWNED_CHECK_DIR = re.compile(r"check-.+-[a-z0-9_]{8}")
 
 
-def find(tier, now: float | None = None) -> list[Path]:  # noqa: ANN001 - a FilesystemTier
+def find(tier: FilesystemTier, now: float | None = None) -> list[Path]:
     """Leftovers of interrupted writers: stale temp files, build contexts and check directories
     of makes that are gone, and records without a .sqsh.
 
@@ -103,7 +107,7 @@ def _dir_owner(name: str) -> Owner | None:
     return next(filter(None, (owner_of(name, prefix) for prefix in OWNED_DIR_PREFIXES)), None)
 
 
-def _stale_unowned_dir(tier, name: str, now: float) -> bool:  # noqa: ANN001
+def _stale_unowned_dir(tier: FilesystemTier, name: str, now: float) -> bool:
     """An owner-less directory in tmp/: a real directory of the invoking user, nothing in it (links
     not followed) changed for STALE_TEMP_SECONDS, and no process of this host working in it."""
     try:
@@ -135,7 +139,7 @@ def _held(path: Path) -> bool:
     return False
 
 
-def _exists(tier, path: Path) -> bool:  # noqa: ANN001
+def _exists(tier: FilesystemTier, path: Path) -> bool:
     """Whether a directory entry of that name exists below the root (a link counts)."""
     try:
         with fsutil.store_dir(tier.root, *fsutil.relative_parts(tier.root, path.parent)) as fd:
@@ -144,7 +148,7 @@ def _exists(tier, path: Path) -> bool:  # noqa: ANN001
     except (FileNotFoundError, NotADirectoryError):
         return False
 
-def remove(tier, path: Path) -> None:  # noqa: ANN001
+def remove(tier: FilesystemTier, path: Path) -> None:
     """Remove one item find() reported, re-checking under the key's lock for records."""
     path = Path(path)
     if path.parent == tier.layout.tmp_dir and fsutil.parse_temp_owner(path.name):
@@ -174,7 +178,7 @@ def remove(tier, path: Path) -> None:  # noqa: ANN001
     finally:
         lock.release()
 
-def _uncommitted_keys(tier) -> list[str]:  # noqa: ANN001
+def _uncommitted_keys(tier: FilesystemTier) -> list[str]:
     keys: set[str] = set()
     for fanout in fsutil.fanout_dirs(tier.root):  # an unsafe objects/: keys() has said why
         try:

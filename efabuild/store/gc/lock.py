@@ -15,11 +15,15 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from botocore.exceptions import ClientError
 
 from efabuild.errors import EfabuildError
 from efabuild.store.s3client import _missing, already_exists, response_time
+
+if TYPE_CHECKING:
+    from efabuild.store.tiers.s3 import S3Tier
 
 LOCK_OBJECT = "gc/lock"
 STALE_AFTER_S = 24 * 3600.0  # no gc of a bucket runs this long; a lock this old was left by a killed one
@@ -30,7 +34,7 @@ class GcBusy(EfabuildError):
 
 
 @contextlib.contextmanager
-def sweeping_alone(tier) -> Iterator[None]:  # noqa: ANN001 - S3Tier
+def sweeping_alone(tier: S3Tier) -> Iterator[None]:
     """Hold the bucket's gc lock for the block; GcBusy when another gc holds it."""
     path = tier._path(LOCK_OBJECT)
     etag = _take(tier, path)
@@ -43,7 +47,7 @@ def sweeping_alone(tier) -> Iterator[None]:  # noqa: ANN001 - S3Tier
                 tier._delete_object(path)
 
 
-def _take(tier, path: str) -> str:  # noqa: ANN001 - S3Tier
+def _take(tier: S3Tier, path: str) -> str:
     body = json.dumps({"host": os.uname().nodename, "pid": os.getpid(), "time": time.time()}).encode()
     for _ in range(3):  # the lock may vanish between our put and our look at it
         etag = _put(tier, path, body, IfNoneMatch="*")
@@ -63,7 +67,7 @@ def _take(tier, path: str) -> str:  # noqa: ANN001 - S3Tier
     raise GcBusy(f"{tier.url(path)}: another gc of this bucket's chunks took it first")
 
 
-def _put(tier, path: str, body: bytes, **condition: str) -> str | None:  # noqa: ANN001 - S3Tier
+def _put(tier: S3Tier, path: str, body: bytes, **condition: str) -> str | None:
     """The new version's ETag, or None when the condition failed."""
     try:
         return tier._call(tier.url(path), "put_object", Key=path, Body=body,

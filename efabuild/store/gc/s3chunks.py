@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -23,6 +24,9 @@ from efabuild.store.gc.chunks import delete_chunks
 from efabuild.store.gc.lock import sweeping_alone
 from efabuild.store.layout import INDEX_SUFFIX, SQSH_SUFFIX
 from efabuild.store.parallel import run_parallel
+
+if TYPE_CHECKING:
+    from efabuild.store.tiers.s3 import S3Tier
 
 MARKS_DIR = "gc/marks"
 DEFAULT_GRACE = 24 * 3600.0
@@ -88,11 +92,12 @@ def _collect(store: ChunkStore, grace: float, dry_run: bool, now: float) -> Chun
         store.delete_objects([path for path, mark in found if mark.time <= now - grace])
         if unreferenced:
             write_mark(store, Mark(time=now, unreferenced=frozenset(unreferenced)))
-    return ChunkGc(deleted=len(doomed), deleted_bytes=sum(stored[c][1] for c in doomed if c in stored), marked=len(unreferenced),
+    return ChunkGc(deleted=len(doomed), deleted_bytes=sum(stored[c][1] for c in doomed if c in stored),
+                   marked=len(unreferenced),
                    referenced=len(referenced), skipped_indexes=tuple(skipped))
 
 
-def bucket_usage(tier, records: list | None = None) -> tuple[dict[str, tuple[object, Usage]], int, int]:  # noqa: ANN001
+def bucket_usage(tier: S3Tier, records: list | None = None) -> tuple[dict[str, tuple[object, Usage]], int, int]:
     """What each artifact costs in the bucket as stored (compressed chunks, or its whole object):
     {key: (record, usage)}; the bytes all of them take, shared chunks counted once; and the bytes
     of chunks no index references (gc's to sweep). `records`: the tier's records when the caller

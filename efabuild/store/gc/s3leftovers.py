@@ -6,13 +6,17 @@ once it is older than a day by S3's own clock (a live publisher of a 25 GB file 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
 
 from efabuild.store.layout import SQSH_SUFFIX
+
+if TYPE_CHECKING:
+    from efabuild.store.tiers.s3 import S3Tier
 
 STALE_UPLOAD = timedelta(days=1)
 
 
-def find(tier, now: float | None = None) -> list[str]:  # noqa: ANN001 - an S3Tier
+def find(tier: S3Tier, now: float | None = None) -> list[str]:
     """s3:// URLs of leftovers older than a day; `now` (seconds since the epoch) overrides S3's clock."""
     now_at = datetime.fromtimestamp(tier.server_time() if now is None else now, timezone.utc)
     records, _, sqsh_objects = tier._object_keys("")
@@ -26,7 +30,7 @@ def find(tier, now: float | None = None) -> list[str]:  # noqa: ANN001 - an S3Ti
     return found
 
 
-def remove(tier, item: str) -> None:  # noqa: ANN001
+def remove(tier: S3Tier, item: str) -> None:
     """Remove one leftover find() reported."""
     path = item[len(tier.url("")):]
     if "?uploadId=" in path:

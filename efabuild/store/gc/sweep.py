@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, TYPE_CHECKING
 
 from efabuild import notices
 from efabuild.errors import EfabuildError, InputError
@@ -22,6 +22,9 @@ from efabuild.store.lock import LockBusy
 from efabuild.store.names import platform_index
 from efabuild.store.record import ArtifactRecord
 from efabuild.store.tiers.base import S3_TIER
+
+if TYPE_CHECKING:
+    from efabuild.store.tiers.base import RemoteTier, Tier
 
 
 class Removal(NamedTuple):
@@ -118,7 +121,7 @@ def kept_entries_platforms(tiers: list, kept: set[str]) -> set[str]:
     return keys
 
 
-def indexed_keys(tier, indexes: dict[str, str]) -> set[str]:  # noqa: ANN001 - a Tier
+def indexed_keys(tier: Tier, indexes: dict[str, str]) -> set[str]:
     """The keys the current platform indexes of this tier (`indexes`: name -> sha256) name. An
     index that cannot be read stops gc: without it, gc cannot tell which platforms' artifacts
     are still current."""
@@ -146,14 +149,14 @@ def _check_writable(tier: FilesystemTier) -> None:
                             f"(run gc as a user who may write the store)")
 
 
-def find_debris(tier, now: float | None = None) -> list[str]:  # noqa: ANN001 - a Tier
+def find_debris(tier: Tier, now: float | None = None) -> list[str]:
     """What interrupted writers left on `tier` (store/gc/leftovers.py, s3leftovers.py)."""
     if isinstance(tier, FilesystemTier):
         return [str(path) for path in leftovers.find(tier, now)]
     return s3leftovers.find(tier, now) if tier.name == S3_TIER else []  # another object store writes whole objects
 
 
-def remove_debris(tier, item: str) -> None:  # noqa: ANN001
+def remove_debris(tier: Tier, item: str) -> None:
     if isinstance(tier, FilesystemTier):
         leftovers.remove(tier, Path(item))
     else:
@@ -201,7 +204,7 @@ def _remove_fs_object(tiers: list, tier: FilesystemTier, key: str) -> bool | Non
         lock.release()
 
 
-def _remove_remote_object(tiers: list, tier, key: str) -> bool:  # noqa: ANN001 - a RemoteTier
+def _remove_remote_object(tiers: list, tier: Tier, key: str) -> bool:
     if key in current_targets(tiers):
         return False
     tier.delete(key)
