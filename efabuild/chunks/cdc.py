@@ -85,6 +85,11 @@ class ChunkIndex(NamedTuple):
         """Bytes of the distinct chunks (what storing this file alone would take)."""
         return sum(self.unique().values())
 
+    def identity(self) -> str:
+        """"blake3:<hex>" of the index's canonical JSON. A record and a signed statement name the
+        index by it, so a lazy read can trust the chunk ids before it has read the whole file."""
+        return PREFIX + blake3.blake3(self.to_json()).hexdigest()
+
     def to_json(self) -> bytes:
         return json.dumps({
             "format": FORMAT, "size": self.size, "digest": self.digest,

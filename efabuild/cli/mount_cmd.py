@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 from efabuild.errors import EfabuildError, InputError
-from efabuild.lazy.mount import serve
+from efabuild.lazy.mount import serve, start_in_background
+from efabuild.signing.trust import policy_for
 from efabuild.store.config import locate
 
 
@@ -42,6 +41,12 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     p.add_argument("--cache-size", metavar="GiB", type=float, default=20.0,
                    help="bytes the cache keeps, least recently used first out (default 20)")
     p.add_argument("--no-prefetch", action="store_true", help="read only what is asked for; no whole-file check")
+    p.add_argument("--bound-only", action="store_true",
+                   help="refuse a chunk index the artifact's record does not name (records made before "
+                        "lazy mounts name none): what a job start uses")
+    p.add_argument("--require-signature", action="store_true",
+                   help="serve only an artifact whose statement, signed by a key of the trust policy, "
+                        "names its chunk index")
     p.add_argument("--background", action="store_true", help="return once the file is served")
     p.add_argument("--unmount", action="store_true", help="unmount DIR (fusermount3 -u)")
     p.set_defaults(run=run)
@@ -71,31 +76,23 @@ def run(args: argparse.Namespace) -> int:
     if args.background:
         return _background(args, mountpoint, cache)
 
-    serve(locate(args.store), args.ref, mountpoint, cache_dir=cache, cache_bytes=int(args.cache_size * (1 << 30)),
-          platform=args.platform, prefetch=not args.no_prefetch)
+    table = locate(args.store)
+    policy = policy_for(table) if args.require_signature else None  # no policy: one line, before mounting
+    serve(table, args.ref, mountpoint, cache_dir=cache, cache_bytes=int(args.cache_size * (1 << 30)),
+          platform=args.platform, prefetch=not args.no_prefetch, bound_only=args.bound_only, policy=policy)
     return 0
 
 
 def _background(args: argparse.Namespace, mountpoint: Path, cache: Path) -> int:
-    """The mount in a process of its own, started in a session of its own; this one returns when
-    the file is served, or with the child's last line when it stopped first."""
+    """The mount in a process of its own; this one returns when the file is served, or with the
+    child's last line when it stopped first."""
     cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-    log = cache / f"mount-{os.getpid()}.log"
-    argv = [sys.executable, "-m", "efabuild", "mount", args.ref, str(mountpoint), "--cache", str(cache),
-            "--cache-size", str(args.cache_size)]
+    argv = ["--cache", str(cache), "--cache-size", str(args.cache_size)]
     argv += ["--store", args.store] if args.store else []
     argv += ["--platform", args.platform] if args.platform else []
     argv += ["--no-prefetch"] if args.no_prefetch else []
-    with open(log, "ab") as out:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if os.path.ismount(mountpoint) and any(mountpoint.iterdir()):
-            print(next(mountpoint.iterdir()))
-            return 0
-        if child.poll() is not None:
-            lines = log.read_text(errors="replace").strip().splitlines()
-            raise EfabuildError(lines[-1].removeprefix("efabuild: ") if lines else "the mount stopped")
-        time.sleep(0.05)
-    child.kill()
-    raise EfabuildError(f"{mountpoint}: not mounted within 60 s (see {log})")
+    argv += ["--bound-only"] if args.bound_only else []
+    argv += ["--require-signature"] if args.require_signature else []
+    argv += ["--", args.ref, str(mountpoint)]  # after "--": a REF is never taken for an option
+    print(start_in_background(argv, mountpoint, cache / f"mount-{os.getpid()}.log"))
+    return 0

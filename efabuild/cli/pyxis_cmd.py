@@ -32,9 +32,11 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
         description="""
             Called by Pyxis (plugstack.conf importer=...): `get IMAGE_URI` prints the absolute
             .sqsh path of efabuild://REF (Pyxis passes docker://efabuild://REF); any other image
-            is imported with `enroot import` into PYXIS_RUNTIME_PATH. `release` removes that
-            import and is idempotent. The store comes from EFABUILD_STORE or
-            /etc/efabuild/pyxis.toml.""",
+            is imported with `enroot import` into PYXIS_RUNTIME_PATH. With `lazy = true` in the
+            config, an artifact only S3 holds is mounted from its chunks (`efabuild mount`) in
+            PYXIS_RUNTIME_PATH instead of fetched whole. `release` removes that import, unmounts
+            that mount once nothing reads it, and is idempotent. The store comes from
+            EFABUILD_STORE or /etc/efabuild/pyxis.toml.""",
         epilog="""
             examples:
               # plugstack.conf
@@ -47,7 +49,7 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
     p.add_argument("words", nargs=argparse.REMAINDER, metavar="get IMAGE_URI | release",
                    help="get: print the .sqsh path of IMAGE_URI, efabuild://REF (graph:layer, key or key "
                         "prefix) as Pyxis passes it (docker://efabuild://REF), or any image `enroot import` "
-                        "takes, imported first; release: remove what get imported for this job step")
+                        "takes, imported first; release: remove what get imported or mounted for this job step")
     p.set_defaults(run=run)
 
 

@@ -1,12 +1,13 @@
 """`efabuild mount REF DIR`: an artifact's `.sqsh` served from its chunks through FUSE.
 
-What is trusted: the artifact's record (size and blake3 digest) and its chunk index, which must
-agree with it (the same size and digest, lengths that add up to the size, ids of 64 hex). Every
-chunk is checked against its id before it is served. An index binds its ids to the record's
-digest only once the whole file has been read: `prefetch` reads every chunk in the background and
-then hashes them in order; a mismatch stops the mount (every read is then an I/O error) and drops
-what was cached. Until that check has run, the mount is as trustworthy as the store's index, which
-is why the Pyxis importer does not hand out lazy mounts yet.
+What is trusted: the artifact's record and the chunk index it names (`ArtifactRecord.chunks`, the
+index's identity, written by the publish that cut it; with a trust policy, the signed statement
+must name it too). Every chunk is checked against its id before it is served, so a bound index
+serves exactly the bytes a whole file checked against the record would. A record made before
+records named their index leaves the index to agree with the record's size and digest, and binds
+its ids to the digest only once the whole file has been read: the prefetch reads every chunk in
+the background and then hashes them in order; a mismatch stops the mount (every read is then an
+I/O error) and drops what was cached. `bound_only` (job starts) refuses such an index.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +29,8 @@ from efabuild.errors import EfabuildError, NotFound
 from efabuild.lazy.chunksource import ChunkSource, ChunkUnavailable
 from efabuild.lazy.nodecache import NodeCache
 from efabuild.settings import StoreConfig
+from efabuild.signing.trust import TrustPolicy
+from efabuild.signing.verify import VerificationFailed, refusal, signed_index_vet, signed_problems
 from efabuild.storesettings import LOCAL_TIER
 from efabuild.store.chunked import seeds
 from efabuild.store.chunked.fschunks import FsChunks
@@ -42,6 +47,11 @@ class Artifact:
     size: int
     digest: str
     index: ChunkIndex
+    bound: bool = False  # the record names this index (ArtifactRecord.chunks): its ids are trusted as the record is
+
+
+class Unbound(EfabuildError):
+    """A chunk index its record does not name: served only with the whole-file check, never to a job."""
 
 
 def index_problem(index: ChunkIndex, size: int, digest: str) -> str | None:
@@ -55,28 +65,55 @@ def index_problem(index: ChunkIndex, size: int, digest: str) -> str | None:
     return None
 
 
-def find(table: StoreConfig, ref: str, platform: str | None = None) -> tuple[Store, Artifact]:
-    """The artifact `ref` names and its chunk index: one kept beside a filesystem copy, else S3's."""
+def find(table: StoreConfig, ref: str, platform: str | None = None, *, bound_only: bool = False,
+         policy: TrustPolicy | None = None) -> tuple[Store, Artifact]:
+    """The artifact `ref` names and its chunk index: the one its record names where the record
+    names one (kept beside a filesystem copy, else S3's), else the first found. `bound_only`
+    refuses an index the record does not name (Unbound); `policy` asks for a statement signed by
+    one of its keys that names the index too (VerificationFailed), and vets a name's platform index."""
     store = Store.from_config(table)
-    key = store.resolve(ref, platform=platform)
+    key = store.resolve(ref, platform=platform, vet_index=None if policy is None else signed_index_vet(policy, ref))
     record = store.record(key)
     if record is None:
         raise NotFound(f"no record for artifact {key[:12]} ({ref})")
-    index, where = None, ""
-    for tier in store.fs_tiers:
-        index = seeds.kept_index(tier, key)
-        if index is not None:
-            where = f"{tier.name} tier"
-            break
-    if index is None and store.s3_settings is not None:
-        index, where = store.s3.chunk_index(key), store.s3.describe(key)
+    index, where = _index_for(store, key, record.chunks)
     if index is None:
         raise NotFound(f"artifact {key[:12]} ({ref}) has no chunk index in {store.describe()}: it was stored "
                        f"whole; `efabuild lookup {ref}` gives its file")
     problem = index_problem(index, record.size, record.digest)
     if problem:
         raise EfabuildError(f"refusing the chunk index of {key[:12]} ({where}): {problem}")
-    return store, Artifact(key, record.name, record.size, record.digest, index)
+    bound = record.chunks is not None and index.identity() == record.chunks
+    if record.chunks is not None and not bound:
+        raise EfabuildError(f"refusing the chunk index of {key[:12]} ({where}): its record names {record.chunks}, "
+                            f"this one is {index.identity()}")
+    if bound_only and not bound:
+        raise Unbound(f"the record of {key[:12]} ({ref}) names no chunk index (published before lazy mounts "
+                      "could trust one): its chunks are checked only once the whole file is read")
+    if policy is not None:
+        problems = signed_problems(store.envelope(key), key, record, policy, record.digest, None,
+                                   sqsh=f"{key}.sqsh", where=f"the signed statement of {key[:12]}",
+                                   chunk_index=index.identity())
+        if problems:
+            raise refusal(VerificationFailed(problems), ref)
+    return store, Artifact(key, record.name, record.size, record.digest, index, bound)
+
+
+def _index_for(store: Store, key: str, named: str | None) -> tuple[ChunkIndex | None, str]:
+    """(the chunk index of `key` the record names, where it is): the first kept beside a
+    filesystem tier's copy, else S3's; with no name, the first found."""
+    first: tuple[ChunkIndex | None, str] = (None, "")
+    for tier in store.fs_tiers:
+        index = seeds.kept_index(tier, key)
+        if index is not None:
+            if named is None or index.identity() == named:
+                return index, f"{tier.name} tier"
+            first = first if first[0] is not None else (index, f"{tier.name} tier")
+    if store.s3_settings is not None:
+        index = store.s3.chunk_index(key)
+        if index is not None and (named is None or index.identity() == named or first[0] is None):
+            return index, store.s3.describe(key)
+    return first
 
 
 @contextlib.contextmanager
@@ -131,14 +168,15 @@ class WholeCheck:
 
 
 def serve(table: StoreConfig, ref: str, mountpoint: Path, *, cache_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES,
-          platform: str | None = None, prefetch: bool = True, log=None) -> None:  # noqa: ANN001
+          platform: str | None = None, prefetch: bool = True, bound_only: bool = False,
+          policy: TrustPolicy | None = None, log=None) -> None:  # noqa: ANN001
     """Mount `ref` at `mountpoint` as `<key>.sqsh` and serve it until unmounted (blocks)."""
     import mfusepy  # the binding, at mount time only
 
     from efabuild.lazy.fusefile import SqshFile
 
     log = log or (lambda line: print(f"efabuild mount: {line}", file=sys.stderr, flush=True))
-    store, artifact = find(table, ref, platform)
+    store, artifact = find(table, ref, platform, bound_only=bound_only, policy=policy)
     cache = NodeCache(cache_dir, cache_bytes)
     fetch = None
     if store.s3_settings is not None:
@@ -161,3 +199,27 @@ def serve(table: StoreConfig, ref: str, mountpoint: Path, *, cache_dir: Path, ca
             for chunks in shared:
                 chunks.release_all()
             cache.close()
+
+
+def start_in_background(argv: list[str], mountpoint: Path, log: Path, *, timeout: float = 60,
+                        env: dict[str, str] | None = None) -> Path:
+    """Run `efabuild mount` with `argv` (REF DIR and options) in a process of its own, in a
+    session of its own, so it outlives the caller; its output goes to `log`. The served file's
+    path once it is there; EfabuildError with the mount's last line when it stopped first, or when
+    nothing was served within `timeout` seconds (it is then killed)."""
+    with open(log, "ab") as out:
+        child = subprocess.Popen([sys.executable, "-m", "efabuild", "mount", *argv], stdin=subprocess.DEVNULL,
+                                 stdout=out, stderr=out, start_new_session=True, env=env)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.ismount(mountpoint):
+            served = next(iter(os.listdir(mountpoint)), None)
+            if served is not None:
+                return mountpoint / served
+        if child.poll() is not None:
+            lines = log.read_text(errors="replace").strip().splitlines()
+            raise EfabuildError(lines[-1].removeprefix("efabuild: ") if lines else "the mount stopped")
+        time.sleep(0.05)
+    child.kill()
+    child.wait()
+    raise EfabuildError(f"{mountpoint}: not mounted within {timeout:g} s (see {log})")

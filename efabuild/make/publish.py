@@ -84,16 +84,17 @@ def _described(prepared: Prepared, request, result, builder_versions: dict,  # n
     plan = prepared.plan.by_name()[name]
     export_info = export_record(result, request.options, request.epoch)
     # taken by the export (or still being taken: meanwhile the probe reads the image), else now
+    chunks = result.index.identity() if result.index is not None else None  # signed with the rest
     sha256 = result.sha256_later or ((lambda: result.sha256) if result.sha256
                                      else Sha256Pass(result.path, result.splice).result)
     manifest = describe_sqsh(
         result.path, key=key, name=plan.layer, sqsh_digest=result.digest, sqsh_sha256=sha256,
         export_options=export_info, base=_base(prepared.plan, name), chain=_chain(prepared.plan, name),
         builder=builder_versions, times={"started": started, "exported": _now()},
-        vcs=vcs_of(dict(result.labels)), platform=plan.inputs.platform,
+        vcs=vcs_of(dict(result.labels)), platform=plan.inputs.platform, chunk_index=chunks,
     )
     record = ArtifactRecord.for_file(key, plan.layer, result.path, result.digest, export=export_info,
-                                     sha256=sha256(), platform=plan.inputs.platform)
+                                     sha256=sha256(), platform=plan.inputs.platform)._replace(chunks=chunks)
     return manifest, record
 
 

@@ -4,7 +4,9 @@ Derived from the manifest alone, so it is as deterministic as the manifest. Dige
 predefines sha256, sha512, blake2b... but not blake3; unknown algorithm names are allowed and
 consumers ignore the ones they do not know. The subject therefore carries `blake3` (what the store
 uses) and `sha256` when the exporter computed one, which is what standard tooling matches on.
-Components without a digest are named by package URL (`pkg:generic/NAME@VERSION`); a component
+The chunk index the artifact was cut into, where one was, is a byproduct named `<key>.chunks`
+with its blake3: signed with the rest, it lets a lazy mount trust chunk ids before the whole file
+is read. Components without a digest are named by package URL (`pkg:generic/NAME@VERSION`); a component
 whose version is unknown is left out rather than guessed.
 """
 
@@ -63,9 +65,22 @@ def to_intoto(manifest: Mapping[str, Any]) -> dict[str, Any]:
             "runDetails": {
                 "builder": {"id": BUILDER_ID, "version": dict(manifest.get("builder") or {})},
                 "metadata": _metadata(manifest),
+                **_byproducts(manifest),
             },
         },
     }
+
+
+def chunk_index_name(key: str) -> str:
+    return f"{key}.chunks"
+
+
+def _byproducts(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    chunk_index = manifest["artifact"].get("chunk_index")
+    if not isinstance(chunk_index, str) or not chunk_index.startswith("blake3:"):
+        return {}
+    return {"byproducts": [{"name": chunk_index_name(manifest["key"]),
+                            "digest": {"blake3": chunk_index.split(":", 1)[1]}}]}
 
 
 def _dependencies(manifest: Mapping[str, Any]) -> list[dict[str, Any]]:

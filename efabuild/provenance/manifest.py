@@ -43,6 +43,7 @@ def build_manifest(
     sqsh_sha256: str | None = None,
     vcs: Mapping[str, str] | None = None,
     platform: str | None = None,
+    chunk_index: str | None = None,
 ) -> dict[str, Any]:
     """The manifest of one artifact.
 
@@ -53,6 +54,8 @@ def build_manifest(
     sqsh_sha256: hex sha256 of the .sqsh when the exporter computed it (for in-toto consumers).
     vcs: {"revision": HEAD's commit, "source": the remote's URL} of the workspace, what it has of them.
     platform: what the artifact was built for ("linux/arm64"), as its record says it too.
+    chunk_index: the identity of the chunk index the .sqsh was cut into (ChunkIndex.identity), so
+    that a signature over the statement covers the chunk ids a lazy mount serves by.
     """
     if not _KEY.match(key):
         raise EfabuildError(f"manifest: key {key!r} is not 64 lowercase hex characters")
@@ -63,6 +66,10 @@ def build_manifest(
     artifact: dict[str, Any] = {"digest": sqsh_digest, "size": int(sqsh_size), "export": _plain(export_options)}
     if sqsh_sha256 is not None:
         artifact["sha256"] = sqsh_sha256
+    if chunk_index is not None:  # absent in manifests made before it, and where no chunks were cut
+        if not _DIGEST.match(chunk_index):
+            raise EfabuildError(f"manifest: chunk index {chunk_index!r} is not blake3:<hex>")
+        artifact["chunk_index"] = chunk_index
     manifest = {
         "schema": SCHEMA,
         "key": key,

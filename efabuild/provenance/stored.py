@@ -42,6 +42,7 @@ def describe_sqsh(
     sqsh_sha256: str | Callable[[], str] | None = None,
     platform: str | None = None,
     vcs: Mapping[str, str] | None = None,
+    chunk_index: str | None = None,
 ) -> bytes:
     """Probe an exported .sqsh and return its canonical manifest bytes, ready for store.publish.
 
@@ -55,7 +56,7 @@ def describe_sqsh(
     return manifests.encode(manifests.build_manifest(
         key=key, name=name, sqsh_digest=sqsh_digest, sqsh_size=Path(sqsh).stat().st_size,
         export_options=export_options, base=base, chain=chain, measured=measured, builder=builder,
-        times=times, sqsh_sha256=sqsh_sha256, vcs=vcs, platform=platform,
+        times=times, sqsh_sha256=sqsh_sha256, vcs=vcs, platform=platform, chunk_index=chunk_index,
     ))
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from efabuild.configfile import load_toml
@@ -33,7 +34,7 @@ SCHEME = "efabuild://"
 PYXIS_PREFIXES = ("docker://",)
 CONFIG_ENV = "EFABUILD_PYXIS_CONFIG"
 DEFAULT_CONFIG = Path("/etc/efabuild/pyxis.toml")
-CONFIG_KEYS = ("store", "verify", "require_signature")
+CONFIG_KEYS = ("store", "verify", "require_signature", "lazy", "lazy_cache")
 CONFIG_MAX_BYTES = 64 * 1024
 # Slurm's job and step ids are 32-bit unsigned numbers; its special steps also go by these names
 ID_PATTERN = re.compile(r"[0-9]{1,10}")
@@ -78,9 +79,12 @@ def read_config(environ: dict[str, str] | None = None) -> dict:
         raise InputError(f"unknown key {unknown[0][:40]!r} (known: {', '.join(CONFIG_KEYS)})", str(path))
     if "store" in config and (not isinstance(config["store"], str) or not config["store"]):
         raise InputError(f"must be a store directory path, not {_short(config['store'])}", f"{path}: store")
-    for name in ("verify", "require_signature"):
+    for name in ("verify", "require_signature", "lazy"):
         if name in config and not isinstance(config[name], bool):
             raise InputError(f"must be true or false, not {_short(config[name])}", f"{path}: {name}")
+    cache = config.get("lazy_cache")
+    if cache is not None and not (isinstance(cache, str) and cache.startswith("/") and "\0" not in cache):
+        raise InputError(f"must be an absolute directory path, not {_short(cache)}", f"{path}: lazy_cache")
     return config
 
 
@@ -99,6 +103,10 @@ def get(uri: str, environ: dict[str, str] | None = None) -> Path:
     ref = parse_image_uri(uri)
     config = read_config(environ)
     store = environ.get(STORE_ENV) or config.get("store")
+    if config.get("lazy"):
+        served = _lazy(ref, store, config, environ)
+        if served is not None:
+            return served
     # verify = true on every step start: a copy verified before and unchanged since is not read again
     path, _ = lookup_path(ref, store, fetch=True, verify=bool(config.get("verify", False)),
                           require_signature=bool(config.get("require_signature", False)), verify_cache=True,
@@ -106,17 +114,36 @@ def get(uri: str, environ: dict[str, str] | None = None) -> Path:
     return path
 
 
+def _lazy(ref: str, store: str | None, config: dict, environ: Mapping[str, str]) -> Path | None:
+    """The lazily mounted .sqsh of `ref` (pyxis/lazystart.py), or None: then the file is fetched
+    whole, after one line on stderr when a lazy start was tried and failed."""
+    from efabuild.pyxis import lazystart  # deferred: only a lazy importer mounts
+
+    try:
+        return lazystart.start(ref, store, config, _step_path(environ, lazystart.SUFFIX), environ)
+    except EfabuildError as exc:
+        print(f"efabuild-pyxis-importer: {ref}: no lazy start ({exc}); fetching it whole", file=sys.stderr)
+        return None
+
+
 def release(environ: dict[str, str] | None = None) -> None:
-    """Idempotent clean-up after a step: removes what `get` imported with enroot, if anything."""
+    """Idempotent clean-up after a step: removes what `get` imported with enroot, if anything,
+    and unmounts what it mounted lazily once nothing reads it."""
     environ = os.environ if environ is None else environ
-    staged = _staged_path(environ, required=False)
+    staged = _step_path(environ, required=False)
     if staged is not None:
         staged.unlink(missing_ok=True)
+        mounted = _step_path(environ, ".lazy", required=False)
+        if mounted is not None and (os.path.lexists(mounted) or os.path.ismount(mounted)):
+            from efabuild.pyxis import lazystart
+
+            lazystart.release(mounted)
 
 
-def _staged_path(environ, required: bool = True) -> Path | None:
+def _step_path(environ: Mapping[str, str], suffix: str = ".squashfs", required: bool = True) -> Path | None:
     """Where a non-efabuild image of this job step is imported (Pyxis' own convention:
-    RUNTIME/UID/JOB.STEP.squashfs), after checking every part; None for `release` outside a step.
+    RUNTIME/UID/JOB.STEP.squashfs), or with `suffix` ".lazy" where a lazy start is mounted, after
+    checking every part; None for `release` outside a step.
 
     The variables come from the job's environment, which its user controls: each must be what
     Slurm and Pyxis set (digits, or a step name), and the result must stay inside the runtime
@@ -141,7 +168,7 @@ def _staged_path(environ, required: bool = True) -> Path | None:
         raise InputError(f"must be the importer's own uid {own_uid}, not {_short(uid)}", "SLURM_JOB_UID")
     _check_id(environ["SLURM_JOB_ID"], "SLURM_JOB_ID", ())
     _check_id(environ["SLURM_STEP_ID"], "SLURM_STEP_ID", STEP_NAMES)
-    staged = runtime / uid / f"{environ['SLURM_JOB_ID']}.{environ['SLURM_STEP_ID']}.squashfs"
+    staged = runtime / uid / f"{environ['SLURM_JOB_ID']}.{environ['SLURM_STEP_ID']}{suffix}"
     # the user's directory is theirs: a link in it must not lead the path out of the runtime directory
     if not Path(os.path.realpath(staged)).is_relative_to(runtime):
         raise InputError(f"{staged} resolves outside {runtime}: refusing to touch it", "PYXIS_RUNTIME_PATH")
@@ -155,7 +182,7 @@ def _check_id(value: str, name: str, names: tuple[str, ...]) -> None:
 
 
 def _enroot_import(uri: str, environ) -> Path:
-    staged = _staged_path(environ)
+    staged = _step_path(environ)
     staged.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     staged.unlink(missing_ok=True)  # enroot refuses to overwrite; a retried step starts afresh
     try:

@@ -107,12 +107,8 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     whether S3 can still deliver the artifact (`deep`: reading every chunk).
     """
     table = locate(store, cwd)
-    policy = None
-    if require_signature:  # read first: a missing policy is a configuration error, found early
-        from efabuild.signing.trust import policy_for
-
-        policy = policy_for(table)
-    wanted, vet_index = Wanted.of(ref, platform, environ), None if policy is None else _index_signed(policy, ref)
+    policy, vet_index = _policy(table, ref) if require_signature else (None, None)
+    wanted = Wanted.of(ref, platform, environ)
     hit = find_local(table, ref, ask_s3=fetch and table.s3 is not None, wanted=wanted, vet=vet_index)
     if hit is not None:
         key, layout, record = hit
@@ -128,7 +124,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
         return path, record
     # A miss, or no intact copy here: the full store resolves remotely, fetches (replacing a
     # damaged copy), and words the failure. An unsigned fetch is refused before it writes a byte.
-    from efabuild.signing.verify import VerificationFailed
+    from efabuild.signing.verify import VerificationFailed, refusal
     from efabuild.store.tiered import Store
 
     full = Store.from_config(table)
@@ -140,7 +136,7 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
                            deep=deep, check_s3=check_s3, platform=wanted.platform, vet_index=vet_index,
                            environ=environ)
     except VerificationFailed as exc:
-        raise _refusal(exc, ref) from None
+        raise refusal(exc, ref) from None
     key = path.name[: -len(SQSH_SUFFIX)]
     if verify and verify_cache:
         verify_tiers(table, key, cache=True, fetched=full.fetched.get(key))
@@ -149,6 +145,16 @@ def lookup_path(ref: str, store: str | None = None, *, fetch: bool = True, verif
     if policy is not None:
         _require_signed(layout, key, policy, ref)
     return path, record or {}
+
+
+def _policy(table: StoreConfig, ref: str):  # noqa: ANN202 - (TrustPolicy, IndexVet), signing loaded only here
+    """The trust policy, read first (a missing one is a configuration error, found early), and the
+    vet of a name's platform index under it."""
+    from efabuild.signing.trust import policy_for
+    from efabuild.signing.verify import signed_index_vet
+
+    policy = policy_for(table)
+    return policy, signed_index_vet(policy, ref)
 
 
 def _signed_in_s3(full, policy):  # noqa: ANN001, ANN202 - a Store, a TrustPolicy; a Store.lookup vet
@@ -167,43 +173,10 @@ def _signed_in_s3(full, policy):  # noqa: ANN001, ANN202 - a Store, a TrustPolic
     return vet
 
 
-def _index_signed(policy, ref: str):  # noqa: ANN001, ANN202 - a TrustPolicy; a platformindex.IndexVet
-    """Refuses (VerificationFailed) a platform index without a trusted signature over its bytes:
-    whoever can write the store could otherwise point a platform at another key."""
-
-    def vet(data: bytes, envelope: bytes | None, where: str) -> None:
-        import hashlib
-
-        from efabuild.signing import verifycache
-
-        # the bytes read are hashed (a few hundred): a cached answer needs no signature check
-        content = None if envelope is None else hashlib.sha256(b"%d\0" % len(data) + data + envelope).hexdigest()
-        if content is not None and verifycache.content_verified(where, content, policy.digest):
-            return
-        from efabuild.signing.verify import VerificationFailed, index_problems
-
-        problems = index_problems(data, envelope, policy, where)
-        if problems:
-            raise _refusal(VerificationFailed(problems), ref)
-        verifycache.remember_content(where, content, policy.digest)
-
-    return vet
-
-
-def _refusal(exc, ref: str):  # noqa: ANN001, ANN202 - VerificationFailed in, VerificationFailed out
-    from efabuild.signing.verify import VerificationFailed
-
-    # one line for Pyxis to show: the first problem says enough to act on
-    if len(exc.problems) == 1 and exc.problems[0].startswith(f"refusing {ref}: "):
-        return exc  # worded already (a platform index refused on the way)
-    more = f" (and {len(exc.problems) - 1} more: efabuild verify {ref})" if len(exc.problems) > 1 else ""
-    return VerificationFailed([f"refusing {ref}: {exc.problems[0]}{more}"])
-
-
 def _require_signed(layout: Layout, key: str, policy, ref: str) -> None:  # noqa: ANN001
-    from efabuild.signing.verify import VerificationFailed, require_signed
+    from efabuild.signing.verify import VerificationFailed, refusal, require_signed
 
     try:
         require_signed(layout, key, policy)
     except VerificationFailed as exc:
-        raise _refusal(exc, ref) from None
+        raise refusal(exc, ref) from None

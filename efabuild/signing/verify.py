@@ -15,6 +15,7 @@ imported inside the full check, never at module level.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -130,10 +131,12 @@ def _check_signed(layout: Layout, key: str, record, policy, blake3: str,  # noqa
 
 
 def signed_problems(envelope_bytes: bytes | None, key: str, record, policy, blake3: str,  # noqa: ANN001
-                    sha256: str | None, *, sqsh: str, where: str) -> list[str]:
+                    sha256: str | None, *, sqsh: str, where: str, chunk_index: str | None = None) -> list[str]:
     """A signed statement's bytes (None: unsigned) checked against the record it is to vouch
     for: a trusted signature, on a statement whose subject is `key`.sqsh with `blake3` (and
-    `sha256`). A fetch calls it before it writes a byte; `sqsh` and `where` name the files."""
+    `sha256`). A fetch calls it before it writes a byte; `sqsh` and `where` name the files. With
+    `chunk_index` (an index's identity), the statement must name that index as its byproduct too:
+    what a lazy mount serves chunks by before it has read the whole file."""
     from efabuild.signing import dsse
 
     if envelope_bytes is None:
@@ -150,7 +153,25 @@ def signed_problems(envelope_bytes: bytes | None, key: str, record, policy, blak
         statement = envelope.statement(where)
     except EfabuildError as exc:
         return [str(exc)]
-    return _check_subject(statement, key, record, where, blake3, sha256)
+    problems = _check_subject(statement, key, record, where, blake3, sha256)
+    if chunk_index is not None:
+        problems += _check_chunk_index(statement, key, where, chunk_index)
+    return problems
+
+
+def _check_chunk_index(statement: dict, key: str, where: str, chunk_index: str) -> list[str]:
+    from efabuild.provenance.intoto import chunk_index_name
+
+    run = (statement.get("predicate") or {}).get("runDetails") if isinstance(statement.get("predicate"), dict) else None
+    byproducts = run.get("byproducts") if isinstance(run, dict) else None
+    named = [b for b in byproducts if isinstance(b, dict) and b.get("name") == chunk_index_name(key)] \
+        if isinstance(byproducts, list) else []
+    digests = [b.get("digest") for b in named if isinstance(b.get("digest"), dict)]
+    if not digests:
+        return [f"{where}: the signed statement names no chunk index (signed before lazy mounts, or cut into none)"]
+    if any("blake3:" + str(d.get("blake3")) != chunk_index for d in digests):
+        return [f"{where}: the signed statement names another chunk index than {chunk_index}"]
+    return []
 
 
 def index_problems(data: bytes, envelope_bytes: bytes | None, policy, where: str) -> list[str]:  # noqa: ANN001
@@ -242,3 +263,28 @@ def _check_manifest(layout: Layout, key: str, record) -> list[str]:  # noqa: ANN
 def _read(layout: Layout, path: Path) -> bytes | None:
     """A file beside an artifact, bounded, never through a link or from a FIFO (fsutil)."""
     return fsutil.read_under(layout.root, path, MAX_METADATA_BYTES)
+
+
+def signed_index_vet(policy, ref: str):  # noqa: ANN001, ANN202 - a TrustPolicy; a platformindex.IndexVet
+    """Refuses (VerificationFailed) a platform index without a trusted signature over its bytes:
+    whoever can write the store could otherwise point a platform at another key."""
+
+    def vet(data: bytes, envelope: bytes | None, where: str) -> None:
+        # the bytes read are hashed (a few hundred): a cached answer needs no signature check
+        content = None if envelope is None else hashlib.sha256(b"%d\0" % len(data) + data + envelope).hexdigest()
+        if content is not None and verifycache.content_verified(where, content, policy.digest):
+            return
+        problems = index_problems(data, envelope, policy, where)
+        if problems:
+            raise refusal(VerificationFailed(problems), ref)
+        verifycache.remember_content(where, content, policy.digest)
+
+    return vet
+
+
+def refusal(exc: VerificationFailed, ref: str) -> VerificationFailed:
+    """One line for Pyxis to show: the first problem says enough to act on."""
+    if len(exc.problems) == 1 and exc.problems[0].startswith(f"refusing {ref}: "):
+        return exc  # worded already (a platform index refused on the way)
+    more = f" (and {len(exc.problems) - 1} more: efabuild verify {ref})" if len(exc.problems) > 1 else ""
+    return VerificationFailed([f"refusing {ref}: {exc.problems[0]}{more}"])

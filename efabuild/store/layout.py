@@ -294,6 +294,9 @@ def record_problems(data: dict) -> list[str]:
     manifest_digest = data.get("manifest_digest")
     if manifest_digest is not None and not _is_blake3(manifest_digest):
         problems.append(f"manifest_digest {_brief_value(manifest_digest)} is not blake3:<hex>")
+    chunks = data.get("chunks")
+    if chunks is not None and not _is_blake3(chunks):
+        problems.append(f"chunks {_brief_value(chunks)} is not blake3:<hex>")
     sha256 = data.get("sha256")
     if sha256 is not None and not is_key(sha256):  # 64 lowercase hex, as is a key
         problems.append(f"sha256 {_brief_value(sha256)} is not 64 lowercase hex characters")

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from efabuild import notices
-from efabuild.chunks.cdc import ChunkError, ChunkIndex
+from efabuild.chunks.cdc import ChunkError, ChunkIndex, chunk_file
 from efabuild.errors import EfabuildError
 from efabuild.host.digest import bytes_digest
 from efabuild.refs import check_key
@@ -37,6 +37,9 @@ def publish(store: Router, key: str, sqsh: str | os.PathLike[str], record: Artif
     cut it into (kept beside it; S3 sends from it what `send_ahead` did not). Interrupted, it
     leaves every tier without the object or with all of it, never a part; run again, it ends the job."""
     check_key(key)
+    index = _cut(store, sqsh, record, index)
+    if index is not None:  # the record names its index: a lazy mount trusts its ids from the first read
+        record = record._replace(chunks=index.identity())
     if manifest is not None:
         record = record._replace(manifest_digest=bytes_digest(manifest))
     elif record.manifest_digest is not None:
@@ -54,6 +57,22 @@ def publish(store: Router, key: str, sqsh: str | os.PathLike[str], record: Artif
     # the name asked for: identical inputs in two graphs share one object under two names
     _record_names(store, record.name, key, [first, *others], record.platform)
     return results
+
+
+def _cut(store: Router, sqsh: str | os.PathLike[str], record: ArtifactRecord,
+         index: ChunkIndex | None) -> ChunkIndex | None:
+    """The chunk index the record will name: the export's, else the S3 tier's cut of the file
+    made here (its publish then reads only the chunks the bucket lacks); None when no tier stores
+    chunks. An index of other bytes than the record's, or another than the record names, is refused."""
+    if index is None and store.s3 is not None and store.s3.chunked:
+        index = chunk_file(sqsh, chunking=store.s3.chunking)
+    if index is None:
+        return None
+    if index.digest != record.digest:
+        raise EfabuildError(f"{sqsh}: chunk index of {index.digest}, its record says {record.digest}; not published")
+    if record.chunks is not None and record.chunks != index.identity():
+        raise EfabuildError(f"{sqsh}: the record names chunk index {record.chunks}, not the export's; not published")
+    return index
 
 
 def complete(store: Router, key: str) -> dict[str, str] | None:

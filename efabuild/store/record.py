@@ -34,6 +34,10 @@ class ArtifactRecord(NamedTuple):
     # "linux/arm64": the platform it was built for; None in records of one-platform stores made
     # before platforms were recorded (the workspace's single platform)
     platform: str | None = None
+    # "blake3:<hex>" of the chunk index the artifact was cut into (ChunkIndex.identity): binds the
+    # index's chunk ids to this record, so a lazy mount may serve chunks before reading them all;
+    # None in records older than it and in stores that cut no chunks
+    chunks: str | None = None
 
     @classmethod
     def for_file(
@@ -71,6 +75,7 @@ class ArtifactRecord(NamedTuple):
             "manifest_digest": self.manifest_digest,
             **({"sha256": self.sha256} if self.sha256 is not None else {}),
             **({"platform": self.platform} if self.platform is not None else {}),
+            **({"chunks": self.chunks} if self.chunks is not None else {}),
         }
 
     def to_json(self) -> bytes:
@@ -96,6 +101,7 @@ class ArtifactRecord(NamedTuple):
             manifest_digest=data.get("manifest_digest"),
             sha256=data.get("sha256"),
             platform=data.get("platform"),
+            chunks=data.get("chunks"),
         )
         record.check(where)
         return record

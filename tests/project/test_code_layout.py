@@ -145,8 +145,8 @@ DEFERRED: dict[str, set[str]] = {
         "efabuild.engine.build", "efabuild.export.artifact", "efabuild.lint", "efabuild.make.ancestry",
         "efabuild.make.builders", "efabuild.make.engine_steps", "efabuild.make.gitstate", "efabuild.make.publish",
         "efabuild.signing.attest", "efabuild.signing.keys"},
-    # `release` looks nothing up
-    "efabuild.pyxis.importer": {"efabuild.pyxis.lookup"},
+    # `release` looks nothing up; only a lazy importer loads the store and the mount
+    "efabuild.pyxis.importer": {"efabuild.pyxis.lookup", "efabuild.pyxis.lazystart"},
     # a hit is stdlib only: the full store and signatures on a miss or when asked
     "efabuild.pyxis.lookup": {
         "efabuild.signing.trust", "efabuild.signing.verify", "efabuild.signing.verifycache", "efabuild.store.record",

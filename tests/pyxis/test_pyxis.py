@@ -109,7 +109,7 @@ def test_store_from_the_importer_config_file(store_dir, job_env, tmp_path):
     assert result.returncode == 1 and "corrupt artifact" in result.stderr and result.stdout == ""
     config.write_text('store = "/fsx"\nverfy = true\n')
     result = importer("get", "docker://efabuild://ngc-efa:user", env=env, cwd=tmp_path)
-    assert result.returncode == 2 and result.stderr == f"efabuild: {config}: unknown key 'verfy' (known: store, verify, require_signature)\n"
+    assert result.returncode == 2 and result.stderr == f"efabuild: {config}: unknown key 'verfy' (known: store, verify, require_signature, lazy, lazy_cache)\n"
 
 
 
@@ -339,8 +339,8 @@ def test_a_job_user_cannot_name_another_users_directory(job_env, monkeypatch):
     env = {**job_env, "SLURM_JOB_UID": "1001"}
     with pytest.raises(InputError, match="must be the importer's own uid 1000, not '1001'"):
         pyxis.release(env)
-    assert pyxis._staged_path({**job_env, "SLURM_JOB_UID": "1000"}).parent.name == "1000"
-    assert pyxis._staged_path(job_env).parent.name == "1000"  # unset: the importer's own
+    assert pyxis._step_path({**job_env, "SLURM_JOB_UID": "1000"}).parent.name == "1000"
+    assert pyxis._step_path(job_env).parent.name == "1000"  # unset: the importer's own
 
 
 def _store_toml_fifo(base: Path) -> str:
