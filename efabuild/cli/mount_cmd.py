@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from efabuild.errors import EfabuildError, InputError
-from efabuild.lazy.mount import serve, start_in_background
+from efabuild.lazy.mount import PREFETCH_ALL, PREFETCH_NONE, PREFETCH_START, serve, start_in_background
 from efabuild.signing.trust import policy_for
 from efabuild.store.config import locate
 
@@ -21,8 +21,10 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
             read-only file, DIR/<key>.sqsh, whose reads are served chunk by chunk: the node cache,
             then a filesystem tier's copy, then S3, each chunk checked against its id before any of
             it is served (a chunk no source gives is an I/O error and one line on stderr). In the
-            background every chunk is read, so the node ends with a full copy in its cache, and the
-            whole file is then checked against the record's digest. Runs until unmounted
+            background the chunks of the start list the shared tier keeps for the artifact (what
+            the first start read first) are fetched ahead, 8 at a time, then every chunk, so the
+            node ends with a full copy in its cache, and the whole file is then checked against
+            the record's digest; a mount that finds no start list leaves what its start read as one. Runs until unmounted
             (`efabuild mount --unmount DIR`, or `fusermount3 -u DIR`); --background returns once
             the file is there.""",
         epilog="""
@@ -40,7 +42,11 @@ def configure(name: str, sub: argparse._SubParsersAction, common: argparse.Argum
                         "/var/cache/efabuild/chunks); this user's, mode 0700")
     p.add_argument("--cache-size", metavar="GiB", type=float, default=20.0,
                    help="bytes the cache keeps, least recently used first out (default 20)")
-    p.add_argument("--no-prefetch", action="store_true", help="read only what is asked for; no whole-file check")
+    p.add_argument("--prefetch", choices=(PREFETCH_ALL, PREFETCH_START, PREFETCH_NONE), default=PREFETCH_ALL,
+                   help="what to read ahead: the start list the shared tier keeps for the artifact, then every "
+                        "chunk and the whole-file check (all, the default); the start list only (start); nothing")
+    p.add_argument("--no-prefetch", action="store_const", dest="prefetch", const=PREFETCH_NONE,
+                   help="--prefetch none: read only what is asked for; no whole-file check")
     p.add_argument("--bound-only", action="store_true",
                    help="refuse a chunk index the artifact's record does not name (records made before "
                         "lazy mounts name none): what a job start uses")
@@ -79,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     table = locate(args.store)
     policy = policy_for(table) if args.require_signature else None  # no policy: one line, before mounting
     serve(table, args.ref, mountpoint, cache_dir=cache, cache_bytes=int(args.cache_size * (1 << 30)),
-          platform=args.platform, prefetch=not args.no_prefetch, bound_only=args.bound_only, policy=policy)
+          platform=args.platform, prefetch=args.prefetch, bound_only=args.bound_only, policy=policy)
     return 0
 
 
@@ -90,7 +96,7 @@ def _background(args: argparse.Namespace, mountpoint: Path, cache: Path) -> int:
     argv = ["--cache", str(cache), "--cache-size", str(args.cache_size)]
     argv += ["--store", args.store] if args.store else []
     argv += ["--platform", args.platform] if args.platform else []
-    argv += ["--no-prefetch"] if args.no_prefetch else []
+    argv += ["--prefetch", args.prefetch]
     argv += ["--bound-only"] if args.bound_only else []
     argv += ["--require-signature"] if args.require_signature else []
     argv += ["--", args.ref, str(mountpoint)]  # after "--": a REF is never taken for an option

@@ -16,6 +16,7 @@ import bisect
 import collections
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
@@ -23,6 +24,7 @@ import blake3
 
 from efabuild.errors import EfabuildError
 from efabuild.lazy.nodecache import CacheFull, NodeCache
+from efabuild.chunks import startlist
 from efabuild.chunks.cdc import ChunkIndex
 from efabuild.store.chunked.fschunks import NONE, OURS, THEIRS, FsChunks
 
@@ -50,7 +52,7 @@ class ChunkSource:
         self._inflight: dict[str, Future] = {}
         self.fetched_bytes = 0  # from S3, for the bench and tests
         self.stopped: str | None = None  # why every read now fails (the whole-file check)
-        self.order: list[str] = []  # first reads, in order: a start's prefetch list
+        self.started = Recorder()  # the chunks reads asked for first, in order: a start list
 
     def read(self, offset: int, size: int) -> bytes:
         """`size` bytes of the artifact from `offset` (fewer at its end)."""
@@ -61,6 +63,7 @@ class ChunkSource:
         n = bisect.bisect_right(self.offsets, offset) - 1
         while offset < end:
             cid, start, length = self.spans[n]
+            self.started.note(cid)
             data = self.chunk(cid, length, start)
             piece = data[offset - start: min(end, start + length) - start]
             out += piece
@@ -89,7 +92,6 @@ class ChunkSource:
             owner = future is None
             if owner:
                 future = self._inflight[cid] = Future()
-                self.order.append(cid)
         if not owner:
             return future.result()
         try:
@@ -177,3 +179,31 @@ class ChunkSource:
         while self._held > self.memory and len(self._lru) > 1:
             _, dropped = self._lru.popitem(last=False)
             self._held -= len(dropped)
+
+
+class Recorder:
+    """The chunks reads asked for in the first WINDOW seconds after the first one, each once, in
+    order, at most startlist.MAX_IDS: what a job start reads (not what the prefetch reads)."""
+
+    WINDOW = 60.0
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self._seen: set[str] = set()
+        self._first: float | None = None
+        self._lock = threading.Lock()
+
+    def note(self, cid: str) -> None:
+        if cid in self._seen:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if self._first is None:
+                self._first = now
+            if now - self._first <= self.WINDOW and len(self.ids) < startlist.MAX_IDS and cid not in self._seen:
+                self._seen.add(cid)
+                self.ids.append(cid)
+
+    def closed(self) -> bool:
+        """Whether the window has passed: the list is what the start read."""
+        return self._first is not None and time.monotonic() - self._first > self.WINDOW

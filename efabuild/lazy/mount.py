@@ -27,6 +27,7 @@ import blake3
 
 from efabuild.errors import EfabuildError, NotFound
 from efabuild.lazy.chunksource import ChunkSource, ChunkUnavailable
+from efabuild.lazy import startahead
 from efabuild.lazy.nodecache import NodeCache
 from efabuild.settings import StoreConfig
 from efabuild.signing.trust import TrustPolicy
@@ -167,10 +168,16 @@ class WholeCheck:
         self.done.set()
 
 
+PREFETCH_ALL, PREFETCH_START, PREFETCH_NONE = "all", "start", "none"  # what a mount reads ahead
+
+
 def serve(table: StoreConfig, ref: str, mountpoint: Path, *, cache_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES,
-          platform: str | None = None, prefetch: bool = True, bound_only: bool = False,
+          platform: str | None = None, prefetch: str = PREFETCH_ALL, bound_only: bool = False,
           policy: TrustPolicy | None = None, log=None) -> None:  # noqa: ANN001
-    """Mount `ref` at `mountpoint` as `<key>.sqsh` and serve it until unmounted (blocks)."""
+    """Mount `ref` at `mountpoint` as `<key>.sqsh` and serve it until unmounted (blocks). Read
+    ahead: the start list the shared tier keeps for it (`start`), then every chunk with the
+    whole-file check (`all`), or nothing (`none`); with no start list there, what this start reads
+    is left there as one."""
     import mfusepy  # the binding, at mount time only
 
     from efabuild.lazy.fusefile import SqshFile
@@ -186,19 +193,34 @@ def serve(table: StoreConfig, ref: str, mountpoint: Path, *, cache_dir: Path, ca
             return chunks.fetch(cid, length)[0]
 
     shared = [FsChunks(tier, log) for tier in store.fs_tiers if tier.name != LOCAL_TIER]
+    listed = startahead.read_list(shared[0] if shared else None, artifact.key, artifact.index, log)
     with whole_copies(store, artifact) as copies:
         source = ChunkSource(artifact.index, cache, copies, fetch, log=log, shared=shared)
-        if prefetch:
-            check = WholeCheck(source, artifact, log)
-            threading.Thread(target=check.run, name="prefetch", daemon=True).start()
+        keeper = None
+        if shared and not listed:
+            keeper = startahead.ListKeeper(source, shared[0], artifact.key, artifact.index, log)
+            threading.Thread(target=keeper.watch, name="start-list", daemon=True).start()
+        if prefetch != PREFETCH_NONE:
+            threading.Thread(target=_read_ahead, args=(source, artifact, listed, prefetch, log), name="prefetch",
+                             daemon=True).start()
         try:
             # kernel_cache: the file is content-addressed, never changes: the page cache may keep it
             mfusepy.FUSE(SqshFile(f"{artifact.key}.sqsh", source), str(mountpoint), foreground=True, ro=True,
                          kernel_cache=True, nothreads=False, fsname=f"efabuild:{artifact.key[:12]}")
         finally:
+            if keeper is not None:
+                keeper.unmounted.set()
+                keeper.keep()
             for chunks in shared:
                 chunks.release_all()
             cache.close()
+
+
+def _read_ahead(source: ChunkSource, artifact: Artifact, listed: list[str], prefetch: str, log) -> None:  # noqa: ANN001
+    if listed:
+        startahead.fetch_ahead(source, listed, artifact.key, log)
+    if prefetch == PREFETCH_ALL:
+        WholeCheck(source, artifact, log).run()
 
 
 def start_in_background(argv: list[str], mountpoint: Path, log: Path, *, timeout: float = 60,

@@ -217,3 +217,40 @@ def test_a_forged_index_whose_chunks_are_other_bytes_stops_the_mount_once_read_w
     with pytest.raises(ChunkUnavailable):
         source.read(0, 10)
     assert list((tmp_path / "cache").iterdir()) == []  # nothing of it is kept for the next mount
+
+
+@pytest.mark.s3
+def test_what_the_first_start_read_is_read_ahead_by_the_next_node(published, tmp_path, mounts):
+    """The node store here is a shared tier (a store given by path): the first mount leaves the
+    chunks its start read, in order, as the artifact's start list; the next node's mount fetches
+    exactly those ahead, before anything reads them."""
+    from efabuild.chunks import startlist
+    from efabuild.chunks.cdc import is_chunk_id
+
+    node, key, sqsh = published
+    index = Store.from_config(locate(str(node))).s3.chunk_index(key)
+    spans = list(index.spans())
+    picks = [spans[40], spans[2], spans[70]]
+    served = _mount(node, key, tmp_path / "a", tmp_path / "cache-a", mounts, "--no-prefetch")
+    fd = os.open(served, os.O_RDONLY)
+    try:
+        for _, offset, length in picks:
+            os.pread(fd, 1, offset + length // 2)
+    finally:
+        os.close(fd)
+    assert _run("mount", "--unmount", str(tmp_path / "a")).returncode == 0
+    kept = node / "chunks" / key[:2] / f"{key}.start"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not kept.exists():
+        time.sleep(0.1)
+    ids = startlist.decode(kept.read_bytes(), key, index)
+    order = [ids.index(cid) for cid, _, _ in picks]  # the kernel's readahead may add neighbours
+    assert order[0] == 0 and order == sorted(order)
+    _mount(node, key, tmp_path / "b", tmp_path / "cache-b", mounts, "--prefetch", "start")
+
+    def cached() -> set[str]:
+        return {p.name for p in (tmp_path / "cache-b").iterdir() if is_chunk_id(p.name)}
+
+    while time.monotonic() < deadline + 30 and cached() != set(ids):
+        time.sleep(0.1)
+    assert cached() == set(ids)  # the start list, and nothing else, without a read

@@ -210,3 +210,65 @@ def test_claims_planted_at_every_id_cost_a_mount_one_wait(tier, monkeypatch):
             waited += 1
             assert chunks.wait(cid, 1000) is None
     assert waited == 1 and not chunks.patient
+
+
+def _index_of(*chunks: tuple[str, bytes]):  # noqa: ANN202 - a ChunkIndex
+    from efabuild.chunks.cdc import ChunkIndex
+
+    whole = b"".join(data for _, data in chunks)
+    return ChunkIndex(len(whole), "blake3:" + blake3.blake3(whole).hexdigest(),
+                      tuple((cid, len(data)) for cid, data in chunks), (64, 50_000, 1 << 20))
+
+
+def test_a_start_list_is_kept_once_and_read_back_only_for_its_artifact(tier):
+    from efabuild.chunks import startlist
+
+    key, (a, b, c) = "ab" * 32, (_chunk(), _chunk(), _chunk())
+    index = _index_of(a, b, c)
+    chunks = FsChunks(tier)
+    assert chunks.get_list(key) is None
+    assert chunks.put_list(key, startlist.encode(key, [c[0], a[0]]), index) is True
+    assert startlist.decode(chunks.get_list(key), key, index) == [c[0], a[0]]
+    # the first node's list stands: a second start's is not written over it
+    assert chunks.put_list(key, startlist.encode(key, [b[0]]), index) is False
+    assert startlist.decode(chunks.get_list(key), key, index) == [c[0], a[0]]
+    # the list is an order of the index's own chunks, nothing more: foreign ids and repeats are dropped
+    forged = startlist.encode(key, [_chunk()[0], c[0], c[0], "../" * 21 + "x", b[0]])
+    assert startlist.decode(forged, key, index) == [c[0], b[0]]
+    with pytest.raises(startlist.BadStartList):
+        startlist.decode(startlist.encode("cd" * 32, [a[0]]), key, index)  # another artifact's
+    with pytest.raises(startlist.BadStartList):
+        startlist.decode(b"[" * 100_000, key, index)
+
+
+def test_a_planted_start_list_is_never_followed_and_gives_way_to_a_real_one(tier, tmp_path):
+    from efabuild.chunks import startlist
+
+    key, a = "cd" * 32, _chunk()
+    index = _index_of(a)
+    target = tmp_path / "not-the-store"
+    target.write_text("theirs")
+    where = tier.root / "chunks" / key[:2]
+    where.mkdir(parents=True)
+    (where / f"{key}.start").symlink_to(target)
+    chunks = FsChunks(tier)
+    assert chunks.get_list(key) is None  # the link is not read through
+    assert chunks.put_list(key, startlist.encode(key, [a[0]]), index) is True  # and is replaced, not written through
+    assert target.read_text() == "theirs" and not (where / f"{key}.start").is_symlink()
+    (where / f"{key}.start").chmod(0o644)
+    (where / f"{key}.start").write_text("junk")
+    assert chunks.put_list(key, startlist.encode(key, [a[0]]), index) is True  # junk gives way too
+    assert startlist.decode(chunks.get_list(key), key, index) == [a[0]]
+
+
+def test_gc_removes_a_start_list_unread_for_a_week(tier):
+    from efabuild.chunks import startlist
+
+    key, a = "ef" * 32, _chunk()
+    chunks = FsChunks(tier)
+    chunks.put_list(key, startlist.encode(key, [a[0]]), _index_of(a))
+    kept = tier.root / "chunks" / key[:2] / f"{key}.start"
+    week_ago = time.time() - fschunks.EXPIRE_SECONDS - 60
+    os.utime(kept, (week_ago, week_ago))
+    report = collect_garbage([tier], 1, (), dry_run=False, delete_remote=False, chunk_grace=0)
+    assert [item for _, item in report.expired_chunks] == [str(kept)] and not kept.exists()

@@ -9,7 +9,9 @@ sees half a chunk, and of two nodes that fetched a chunk at once one copy wins. 
 is trusted: a link or a non-file at an id is skipped, every directory is walked without following
 a link, and the bytes are checked against the id before they are returned (the mount checks them
 again). The store is a cache: a chunk missing, damaged or unwritable costs a fetch from S3, never
-a failed read. `efabuild gc` removes chunks nobody wrote or read for EXPIRE_SECONDS.
+a failed read. Beside the chunks, `<key>.start` keeps the start list of artifact <key>
+(chunks/startlist.py), written the same way. `efabuild gc` removes chunks and lists nobody wrote
+or read for EXPIRE_SECONDS.
 
 Nodes start a job at the same instant and read the same chunks in the same order, so a chunk's
 fetch is claimed first: `<id>.claim` created with O_EXCL beside where the chunk goes. The node that
@@ -29,16 +31,20 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import blake3
 
-from efabuild.chunks.cdc import is_chunk_id
+from efabuild.chunks import startlist
+from efabuild.chunks.cdc import ChunkIndex, is_chunk_id
+from efabuild.errors import EfabuildError
 from efabuild.host import fsutil
 from efabuild.host.fsutil import UnsafeEntry
 
 CHUNKS_DIR = "chunks"
 CLAIM_SUFFIX = ".claim"
+LIST_SUFFIX = ".start"  # <key>.start: the start list of artifact <key> (chunks/startlist.py)
 CLAIM_STALE = 120.0  # a claim this old by its mtime is a dead node's (NTP keeps clocks far closer)
 CLAIM_FRESH = 15.0  # a live claimer touches its claim every CLAIM_BEAT seconds
 CLAIM_BEAT = 5.0
@@ -91,11 +97,39 @@ class FsChunks:
     def put(self, cid: str, data: bytes) -> bool:
         """Add a verified chunk unless the tier has an intact one at its id already; True when this
         call added it (a wrong file at the id is replaced, where the directory lets this user)."""
+        return self._link_new(cid, cid, data, lambda: self.get(cid, len(data)) is not None)
+
+    def get_list(self, key: str) -> bytes | None:
+        """The bytes of the start list kept for artifact `key` (a regular file of at most
+        startlist.MAX_BYTES, never through a link), None when there is none: parsed by the caller."""
+        if not is_chunk_id(key):
+            return None
+        try:
+            with fsutil.store_dir(self.root, CHUNKS_DIR, key[:2]) as dir_fd:
+                return fsutil.read_file(dir_fd, key + LIST_SUFFIX, self.root / key, startlist.MAX_BYTES)
+        except (OSError, UnsafeEntry, EfabuildError):
+            return None
+
+    def put_list(self, key: str, data: bytes, index: ChunkIndex) -> bool:
+        """Keep a start list for artifact `key` unless one of it (for `index`) is there already:
+        the first node's list stands; one that is not a list of this artifact is replaced."""
+        def intact() -> bool:
+            found = self.get_list(key)
+            try:
+                return found is not None and bool(startlist.decode(found, key, index))
+            except startlist.BadStartList:
+                return False
+
+        return self._link_new(key, key + LIST_SUFFIX, data, intact)
+
+    def _link_new(self, cid: str, name: str, data: bytes, intact: Callable[[], bool]) -> bool:
+        """Write `data` at `name` in `cid`'s fan-out directory: under a temp name in tmp/, synced,
+        then linked (created or not at all); a file there that is not `intact()` is replaced."""
         if not self._usable(cid):
             return False
         tmp = None
         try:
-            tmp = fsutil.temp_name(self.tier.checked_tmp_dir(), cid[:16], ".chunk")
+            tmp = fsutil.temp_name(self.tier.checked_tmp_dir(), name[:16], ".chunk")
             with fsutil.store_dir(self.root, "tmp") as tmp_fd:
                 fd = os.open(tmp.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444,
                              dir_fd=tmp_fd)
@@ -105,12 +139,12 @@ class FsChunks:
                     os.close(fd)
                 with self._fanout(cid) as dir_fd:
                     try:
-                        os.link(tmp.name, cid, src_dir_fd=tmp_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+                        os.link(tmp.name, name, src_dir_fd=tmp_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
                     except FileExistsError:
-                        if self.get(cid, len(data)) is not None:
+                        if intact():
                             return False  # another node's copy won
                         # a wrong file, a link or a half-written file of a crash: replaced whole
-                        os.rename(tmp.name, cid, src_dir_fd=tmp_fd, dst_dir_fd=dir_fd)
+                        os.rename(tmp.name, name, src_dir_fd=tmp_fd, dst_dir_fd=dir_fd)
             self.written += 1
             return True
         except (OSError, UnsafeEntry) as exc:
@@ -289,8 +323,8 @@ def expired(tier, now: float | None = None) -> list[Path]:  # noqa: ANN001 - a F
 
 
 def _is_entry(name: str, fanout: str) -> bool:
-    """A chunk's or a claim's name, in its own fan-out directory."""
-    return is_chunk_id(name.removesuffix(CLAIM_SUFFIX)) and name[:2] == fanout
+    """A chunk's, a claim's or a start list's name, in its own fan-out directory."""
+    return is_chunk_id(name.removesuffix(CLAIM_SUFFIX).removesuffix(LIST_SUFFIX)) and name[:2] == fanout
 
 
 def _expired(info: os.stat_result, name: str, now: float) -> bool:
