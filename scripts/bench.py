@@ -11,7 +11,8 @@ repeats. Needs the Docker engine with buildx, squashfs-tools and busybox-static
 (`bash scripts/setup-host.sh`); the S3 scenarios start their own loopback S3 server.
 Scenarios: plan, hash, export, farm, incremental, publish, fetch, chunked, lookup, importer, scale, scale-real,
 sign, lint, children (scale-real uses the real packages of scripts/fetch-real-binaries.py, fetched if
-missing); `--only platforms` also runs the two-platform plan and the emulated arm64 build (it needs QEMU).
+missing); `--only platforms` also runs the two-platform plan and the emulated arm64 build (it needs QEMU),
+`--only lazy` a cold node's start from the artifact's chunks through `efabuild mount` (it needs FUSE).
 
 The JSON is one run: its id, the commit (and whether the tree had changes), start and end, and the
 load average before and after; `scripts/make-docs.py` writes docs/performance.md from it.
@@ -37,8 +38,9 @@ from benchmarks.common import REPO_ROOT, Context, Result, Sizes, human_bytes  # 
 
 SCENARIOS = ("plan", "hash", "export", "farm", "incremental", "publish", "fetch", "chunked", "lookup", "importer",
              "scale", "scale-real", "sign", "lint", "children")
-# run only when named (--only platforms): it needs QEMU and Debian's arm64 packages (scripts/setup-host.sh)
-OPT_IN = ("platforms",)
+# run only when named: platforms needs QEMU and Debian's arm64 packages (scripts/setup-host.sh); lazy
+# (FUSE) joins the default set once a full-size run of it is committed
+OPT_IN = ("platforms", "lazy")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -191,6 +191,7 @@ class Recorder:
         self.ids: list[str] = []
         self._seen: set[str] = set()
         self._first: float | None = None
+        self._made = self._last = time.monotonic()
         self._lock = threading.Lock()
 
     def note(self, cid: str) -> None:
@@ -203,6 +204,15 @@ class Recorder:
             if now - self._first <= self.WINDOW and len(self.ids) < startlist.MAX_IDS and cid not in self._seen:
                 self._seen.add(cid)
                 self.ids.append(cid)
+                self._last = now
+
+    def settled(self, quiet: float) -> bool:
+        """Whether the start is over: no read asked for a new chunk for `quiet` seconds (none at all
+        for three times that since the mount), or the window has passed."""
+        now = time.monotonic()
+        if self._first is None:
+            return now - self._made > 3 * quiet
+        return self.closed() or now - self._last > quiet
 
     def closed(self) -> bool:
         """Whether the window has passed: the list is what the start read."""

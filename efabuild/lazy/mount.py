@@ -216,10 +216,17 @@ def serve(table: StoreConfig, ref: str, mountpoint: Path, *, cache_dir: Path, ca
             cache.close()
 
 
+QUIET = 3.0  # seconds without a read of a new chunk: the start is over, the rest may be fetched
+
+
 def _read_ahead(source: ChunkSource, artifact: Artifact, listed: list[str], prefetch: str, log) -> None:  # noqa: ANN001
+    """The start list first; then, once the start's reads have gone quiet (the rest competes with
+    them for S3 otherwise), every chunk and the whole-file check."""
     if listed:
         startahead.fetch_ahead(source, listed, artifact.key, log)
     if prefetch == PREFETCH_ALL:
+        while not source.started.settled(QUIET):
+            time.sleep(0.2)
         WholeCheck(source, artifact, log).run()
 
 
