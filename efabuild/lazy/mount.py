@@ -26,7 +26,7 @@ import attrs
 import blake3
 
 from efabuild.errors import EfabuildError, NotFound
-from efabuild.lazy.chunksource import ChunkSource, ChunkUnavailable
+from efabuild.lazy.chunksource import ChunkSource
 from efabuild.lazy import startahead
 from efabuild.lazy.nodecache import NodeCache
 from efabuild.settings import StoreConfig
@@ -154,7 +154,7 @@ class WholeCheck:
         try:
             for cid, offset, length in self.artifact.index.spans():
                 whole.update(self.source.chunk(cid, length, offset))
-        except ChunkUnavailable as exc:
+        except EfabuildError as exc:  # unavailable, or the node cache failing: nothing is served from it
             self.result = f"not every chunk could be read: {exc}"
         else:
             if f"blake3:{whole.hexdigest()}" == self.artifact.digest:
@@ -236,7 +236,11 @@ def start_in_background(argv: list[str], mountpoint: Path, log: Path, *, timeout
     session of its own, so it outlives the caller; its output goes to `log`. The served file's
     path once it is there; EfabuildError with the mount's last line when it stopped first, or when
     nothing was served within `timeout` seconds (it is then killed)."""
-    with open(log, "ab") as out:
+    try:  # never through a link planted at the log's name
+        out_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise EfabuildError(f"{log}: {exc.strerror or exc}") from None
+    with open(out_fd, "ab") as out:
         child = subprocess.Popen([sys.executable, "-m", "efabuild", "mount", *argv], stdin=subprocess.DEVNULL,
                                  stdout=out, stderr=out, start_new_session=True, env=env)
     deadline = time.monotonic() + timeout

@@ -8,10 +8,12 @@ directory must be this user's, 0700, and is opened without following a link.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 
 import blake3
@@ -44,6 +46,9 @@ class NodeCache:
         for entry in os.scandir(self.fd):
             if _is_id(entry.name) and entry.is_file(follow_symlinks=False):
                 self._sizes[entry.name] = entry.stat(follow_symlinks=False).st_size
+            elif _is_leftover(entry):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.name, dir_fd=self.fd)
 
     @property
     def used(self) -> int:
@@ -127,3 +132,20 @@ class NodeCache:
 
 def _is_id(name: str) -> bool:
     return len(name) == 64 and all(c in "0123456789abcdef" for c in name)
+
+
+def _is_leftover(entry: os.DirEntry) -> bool:
+    """A chunk's temporary file (`.<id>.<pid>.<thread>.tmp`) of a mount that was killed while it
+    wrote: its process is gone, or the file is an hour old (a chunk is written in milliseconds)."""
+    parts = entry.name.split(".")
+    if not (len(parts) == 5 and parts[0] == "" and parts[4] == "tmp" and _is_id(parts[1]) and parts[2].isdigit()):
+        return False
+    try:
+        if time.time() - entry.stat(follow_symlinks=False).st_mtime > 3600:
+            return True
+        os.kill(int(parts[2]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's (not in this user's cache), or gone meanwhile
+    return False

@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from efabuild.chunks import startlist
 from efabuild.chunks.cdc import ChunkIndex
-from efabuild.lazy.chunksource import ChunkSource, ChunkUnavailable
+from efabuild.errors import EfabuildError
+from efabuild.lazy.chunksource import ChunkSource
 from efabuild.store.chunked.fschunks import FsChunks
 
 PARALLEL = 8  # fetches at once: a start list's chunks wait on S3's latency, not its bandwidth
@@ -40,8 +41,8 @@ def fetch_ahead(source: ChunkSource, ids: list[str], key: str, log: Callable[[st
         offset, length = where[cid]
         try:
             source.chunk(cid, length, offset)
-        except ChunkUnavailable:
-            return 0  # said once by the source; the read that needs it fails the same way
+        except EfabuildError:  # said once by the source; the read that needs it fails the same way
+            return 0
         return length
 
     with ThreadPoolExecutor(PARALLEL, thread_name_prefix="start-list") as pool:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from efabuild.configfile import load_toml
 from efabuild.host import children
+from efabuild.host.mounts import is_mounted
 from efabuild.errors import EfabuildError, InputError
 from efabuild.store.config import STORE_ENV
 
@@ -34,7 +35,7 @@ SCHEME = "efabuild://"
 PYXIS_PREFIXES = ("docker://",)
 CONFIG_ENV = "EFABUILD_PYXIS_CONFIG"
 DEFAULT_CONFIG = Path("/etc/efabuild/pyxis.toml")
-CONFIG_KEYS = ("store", "verify", "require_signature", "lazy", "lazy_cache")
+CONFIG_KEYS = ("store", "verify", "require_signature", "lazy", "lazy_cache", "lazy_cache_gib")
 CONFIG_MAX_BYTES = 64 * 1024
 # Slurm's job and step ids are 32-bit unsigned numbers; its special steps also go by these names
 ID_PATTERN = re.compile(r"[0-9]{1,10}")
@@ -85,6 +86,9 @@ def read_config(environ: dict[str, str] | None = None) -> dict:
     cache = config.get("lazy_cache")
     if cache is not None and not (isinstance(cache, str) and cache.startswith("/") and "\0" not in cache):
         raise InputError(f"must be an absolute directory path, not {_short(cache)}", f"{path}: lazy_cache")
+    size = config.get("lazy_cache_gib")
+    if size is not None and not (isinstance(size, (int, float)) and not isinstance(size, bool) and 0 < size <= 1 << 20):
+        raise InputError(f"must be a number of GiB above 0, not {_short(size)}", f"{path}: lazy_cache_gib")
     return config
 
 
@@ -121,7 +125,7 @@ def _lazy(ref: str, store: str | None, config: dict, environ: Mapping[str, str])
 
     try:
         return lazystart.start(ref, store, config, _step_path(environ, lazystart.SUFFIX), environ)
-    except EfabuildError as exc:
+    except (EfabuildError, OSError) as exc:
         print(f"efabuild-pyxis-importer: {ref}: no lazy start ({exc}); fetching it whole", file=sys.stderr)
         return None
 
@@ -134,7 +138,9 @@ def release(environ: dict[str, str] | None = None) -> None:
     if staged is not None:
         staged.unlink(missing_ok=True)
         mounted = _step_path(environ, ".lazy", required=False)
-        if mounted is not None and (os.path.lexists(mounted) or os.path.ismount(mounted)):
+        # a dead FUSE mount fails every stat (ENOTCONN): the mount table and its log tell
+        if mounted is not None and (os.path.lexists(mounted) or os.path.lexists(f"{mounted}.log")
+                                    or is_mounted(mounted)):
             from efabuild.pyxis import lazystart
 
             lazystart.release(mounted)

@@ -230,3 +230,31 @@ def test_a_signed_statement_binds_the_chunk_index_it_names(tmp_path, release_key
     assert problems(None) == [] and problems(index.identity()) == []
     other = chunk_file(sqsh, chunking=(16 * 1024, 64 * 1024, 256 * 1024)).identity()
     assert problems(other) == [f"statement: the signed statement names another chunk index than {other}"]
+
+
+@pytest.mark.s3
+def test_release_clears_a_mount_whose_process_was_killed(tmp_path, settings, cleanup):
+    """Slurm kills a step's processes, the OOM killer picks the mount: every stat of the mount point
+    then fails (ENOTCONN), and release must still find it (in the mount table) and clear it."""
+    import signal
+
+    node, key, _ = _publish(tmp_path, settings)
+    env = _job(tmp_path, node)
+    target = tmp_path / "not-the-runtime"
+    target.write_text("theirs")
+    (tmp_path / "pyxis-runtime" / str(os.getuid())).mkdir(parents=True, mode=0o700)
+    planted = _step_dir(tmp_path).with_name("4242.0.lazy.log")
+    planted.symlink_to(target)  # the user's own directory: a link at the log's name is not written through
+    got = importer("get", URI, env=env, cwd=tmp_path)
+    assert got.returncode == 0 and got.stdout == f"{_step_dir(tmp_path) / key}.sqsh\n", got.stderr
+    assert target.read_text() == "theirs"
+    daemon = _mount_process(_step_dir(tmp_path))
+    os.kill(daemon, signal.SIGKILL)
+    while _running(daemon):
+        time.sleep(0.05)
+    with pytest.raises(OSError):
+        os.stat(_step_dir(tmp_path) / f"{key}.sqsh")
+    done = importer("release", env=env, cwd=tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert str(_step_dir(tmp_path)) not in Path("/proc/self/mountinfo").read_text()
+    assert not os.path.lexists(_step_dir(tmp_path)) and not os.path.lexists(planted)

@@ -254,3 +254,21 @@ def test_what_the_first_start_read_is_read_ahead_by_the_next_node(published, tmp
     while time.monotonic() < deadline + 30 and cached() != set(ids):
         time.sleep(0.1)
     assert cached() == set(ids)  # the start list, and nothing else, without a read
+
+
+def test_a_killed_mounts_half_written_chunks_are_swept_when_the_cache_opens(tmp_path):
+    from efabuild.lazy.nodecache import NodeCache
+
+    cache = tmp_path / "c"
+    cache.mkdir(mode=0o700)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    cid = "ab" * 32
+    killed = cache / f".{cid}.{dead.pid}.1.tmp"
+    live = cache / f".{cid}.{os.getpid()}.2.tmp"  # this process's own write, under way
+    old = cache / f".{cid}.{os.getpid()}.3.tmp"
+    for path in (killed, live, old):
+        path.write_bytes(b"half")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    NodeCache(cache, 1 << 20).close()
+    assert sorted(p.name for p in cache.iterdir()) == [live.name]

@@ -109,7 +109,7 @@ def test_store_from_the_importer_config_file(store_dir, job_env, tmp_path):
     assert result.returncode == 1 and "corrupt artifact" in result.stderr and result.stdout == ""
     config.write_text('store = "/fsx"\nverfy = true\n')
     result = importer("get", "docker://efabuild://ngc-efa:user", env=env, cwd=tmp_path)
-    assert result.returncode == 2 and result.stderr == f"efabuild: {config}: unknown key 'verfy' (known: store, verify, require_signature, lazy, lazy_cache)\n"
+    assert result.returncode == 2 and result.stderr == f"efabuild: {config}: unknown key 'verfy' (known: store, verify, require_signature, lazy, lazy_cache, lazy_cache_gib)\n"
 
 
 

@@ -332,6 +332,8 @@ def _expired(info: os.stat_result, name: str, now: float) -> bool:
         return False  # a link or anything else planted here is left alone
     if name.endswith(CLAIM_SUFFIX):
         return now - info.st_mtime > CLAIM_STALE
+    if name.endswith(LIST_SUFFIX):  # by its writing alone: every mount reads it, and a planted one must go
+        return now - info.st_mtime > EXPIRE_SECONDS
     return now - max(info.st_mtime, info.st_atime) > EXPIRE_SECONDS
 
 
