@@ -20,11 +20,14 @@ some modules), about 3 % of the image, scattered over the file as mksquashfs ord
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import secrets
 import shutil
+import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -67,18 +70,50 @@ def _workspace(where: Path, settings, shared: Path | None = None) -> Path:  # no
     """A node's workspace: BUILD.toml's [store] with a local tier, S3, and maybe a shared tier."""
     where.mkdir(parents=True)
     lines = ["[store]", 'local = "store"'] + ([f'shared = "{shared}"'] if shared else [])
-    lines += ["[store.s3]", f'bucket = "{settings.bucket}"', f'endpoint_url = "{settings.endpoint_url}"',
+    lines += ["[store.s3]", f'bucket = "{settings.bucket}"', f'prefix = "{settings.prefix}"',
+              f'endpoint_url = "{settings.endpoint_url}"',
               'region = "us-east-1"']
     (where / "BUILD.toml").write_text("\n".join(lines) + "\n")
     return where
 
 
-def _sent(server: S3Server) -> int:
-    """Bytes the S3 server process wrote (its responses) so far."""
-    for line in Path(f"/proc/{server.proc.pid}/io").read_text().splitlines():
-        if line.startswith("wchar:"):
-            return int(line.split()[1])
-    raise BenchError("no /proc/PID/io for the S3 server")
+class CountingProxy:
+    """A loopback TCP proxy in front of the S3 server that counts the bytes it sends to clients:
+    what the nodes pulled from S3 (the server's own /proc io counters do not count socket writes)."""
+
+    def __init__(self, port: int) -> None:
+        self.target, self.sent = port, 0
+        self._lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, counted: bool) -> None:
+        try:
+            while data := source.recv(1 << 20):
+                sink.sendall(data)
+                if counted:
+                    with self._lock:
+                        self.sent += len(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
 
 
 def _read(root: Path, paths: list[Path]) -> int:
@@ -127,17 +162,17 @@ def _peak_rss(pid: int) -> int:
     return 0
 
 
-def _cold(ctx: Context, server: S3Server, settings, key: str, start: list[Path], n: int) -> dict:  # noqa: ANN001
+def _cold(ctx: Context, server: CountingProxy, settings, key: str, start: list[Path], n: int) -> dict:  # noqa: ANN001
     """One cold start each way, on new nodes: seconds, and bytes S3 sent before the start set was read."""
     work = ctx.work / "lazy" / f"cold{n}"
     lazy, whole = _workspace(work / "lazy", settings), _workspace(work / "whole", settings)
     subprocess.run(["sync"], check=True)
-    before = _sent(server)
+    before = server.sent
     started = time.perf_counter()
     served = _mount(lazy, key, lazy / "mnt")
     _squashfuse(served, lazy / "rootfs")
     _read(lazy / "rootfs", start)
-    lazy_seconds, lazy_bytes = time.perf_counter() - started, _sent(server) - before
+    lazy_seconds, lazy_bytes = time.perf_counter() - started, server.sent - before
     _unmount(lazy / "rootfs", lazy / "mnt")
     subprocess.run(["sync"], check=True)
     started = time.perf_counter()
@@ -153,19 +188,19 @@ def _cold(ctx: Context, server: S3Server, settings, key: str, start: list[Path],
     return {"lazy": lazy_seconds, "lazy_bytes": lazy_bytes, "whole": whole_seconds}
 
 
-def _nodes(ctx: Context, server: S3Server, settings, key: str, files: list[Path]) -> dict:  # noqa: ANN001
+def _nodes(ctx: Context, server: CountingProxy, settings, key: str, files: list[Path]) -> dict:  # noqa: ANN001
     """Eight nodes, one shared directory, each mounting the artifact and reading it whole at once;
     then the sequential read through one node's mount against the plain file, and its peak RSS."""
     work = ctx.work / "lazy" / "nodes"
     shared = work / "fsx"
     shared.mkdir(parents=True)
     nodes = [_workspace(work / f"node{i}", settings, shared) for i in range(NODES)]
-    before = _sent(server)
+    before = server.sent
     served = [_mount(node, key, node / "mnt", "--prefetch", "none") for node in nodes]
     readers = [subprocess.Popen(["cat", str(path)], stdout=subprocess.DEVNULL) for path in served]
     if any(reader.wait(timeout=1800) != 0 for reader in readers):
         raise BenchError("a node's read of the mounted file failed")
-    s3_bytes = _sent(server) - before
+    s3_bytes = server.sent - before
     rss = _peak_rss(_daemon(nodes[0] / "mnt"))  # having served the whole file
     plain = nodes[0] / "plain.sqsh"
     shutil.copyfile(served[0], plain)
@@ -220,18 +255,21 @@ def scenario(ctx: Context) -> Result:
         client = boto3.session.Session().client("s3", endpoint_url=server.endpoint, region_name="us-east-1")
         bucket = f"bench-{secrets.token_hex(4)}"
         client.create_bucket(Bucket=bucket)
-        settings = S3Config(bucket=bucket, prefix="lazy/", endpoint_url=server.endpoint, region="us-east-1")
+        direct = S3Config(bucket=bucket, prefix="lazy/", endpoint_url=server.endpoint, region="us-east-1")
+        proxy = CountingProxy(server.port)
+        settings = S3Config(bucket=bucket, prefix="lazy/", endpoint_url=proxy.endpoint, region="us-east-1")
         key = secrets.token_hex(32)
         ctx.log(f"lazy: publishing the {human_bytes(size)} image to S3 in chunks")
-        builder = Store([FilesystemTier(scratch / "builder", "local")], settings, show_progress=False)
+        builder = Store([FilesystemTier(scratch / "builder", "local")], direct, show_progress=False)
         builder.publish(key, sqsh, ArtifactRecord.for_file(key, "bench:user", sqsh, file_digest(sqsh)))
         shutil.rmtree(scratch / "builder")
         cold = []
         for n in range(ctx.repeats):
             ctx.log(f"lazy: cold start {n + 1}/{ctx.repeats}, mounted and fetched whole")
-            cold.append(_cold(ctx, server, settings, key, start, n))
+            cold.append(_cold(ctx, proxy, settings, key, start, n))
         ctx.log(f"lazy: {NODES} nodes reading it at once through one shared directory")
-        nodes = _nodes(ctx, server, settings, key, files)
+        nodes = _nodes(ctx, proxy, settings, key, files)
+        proxy.close()
     lazy = Timing("mount + squashfuse + start set", tuple(c["lazy"] for c in cold))
     whole = Timing("lookup (whole fetch) + squashfuse + start set", tuple(c["whole"] for c in cold))
     mounted = Timing("every file through squashfuse on the mounted file", tuple(nodes["read"]["mount"]))
