@@ -48,7 +48,6 @@ class Artifact:
     size: int
     digest: str
     index: ChunkIndex
-    bound: bool = False  # the record names this index (ArtifactRecord.chunks): its ids are trusted as the record is
 
 
 class Unbound(EfabuildError):
@@ -84,37 +83,38 @@ def find(table: StoreConfig, ref: str, platform: str | None = None, *, bound_onl
     problem = index_problem(index, record.size, record.digest)
     if problem:
         raise EfabuildError(f"refusing the chunk index of {key[:12]} ({where}): {problem}")
-    bound = record.chunks is not None and index.identity() == record.chunks
-    if record.chunks is not None and not bound:
+    identity = index.identity()
+    if record.chunks is not None and identity != record.chunks:
         raise EfabuildError(f"refusing the chunk index of {key[:12]} ({where}): its record names {record.chunks}, "
-                            f"this one is {index.identity()}")
-    if bound_only and not bound:
+                            f"this one is {identity}")
+    if bound_only and record.chunks is None:
         raise Unbound(f"the record of {key[:12]} ({ref}) names no chunk index (published before lazy mounts "
                       "could trust one): its chunks are checked only once the whole file is read")
     if policy is not None:
         problems = signed_problems(store.envelope(key), key, record, policy, record.digest, None,
                                    sqsh=f"{key}.sqsh", where=f"the signed statement of {key[:12]}",
-                                   chunk_index=index.identity())
+                                   chunk_index=identity)
         if problems:
             raise refusal(VerificationFailed(problems), ref)
-    return store, Artifact(key, record.name, record.size, record.digest, index, bound)
+    return store, Artifact(key, record.name, record.size, record.digest, index)
 
 
 def _index_for(store: Store, key: str, named: str | None) -> tuple[ChunkIndex | None, str]:
     """(the chunk index of `key` the record names, where it is): the first kept beside a
     filesystem tier's copy, else S3's; with no name, the first found."""
-    first: tuple[ChunkIndex | None, str] = (None, "")
-    for tier in store.fs_tiers:
-        index = seeds.kept_index(tier, key)
-        if index is not None:
-            if named is None or index.identity() == named:
-                return index, f"{tier.name} tier"
-            first = first if first[0] is not None else (index, f"{tier.name} tier")
-    if store.s3_settings is not None:
-        index = store.s3.chunk_index(key)
-        if index is not None and (named is None or index.identity() == named or first[0] is None):
-            return index, store.s3.describe(key)
-    return first
+    def found() -> Iterator[tuple[ChunkIndex, str]]:  # S3's read only when no kept one is the record's
+        for tier in store.fs_tiers:
+            if (index := seeds.kept_index(tier, key)) is not None:
+                yield index, f"{tier.name} tier"
+        if store.s3_settings is not None and (index := store.s3.chunk_index(key)) is not None:
+            yield index, store.s3.describe(key)
+
+    first = None
+    for index, where in found():
+        if named in (None, index.identity()):
+            return index, where
+        first = first or (index, where)
+    return first or (None, "")
 
 
 @contextlib.contextmanager

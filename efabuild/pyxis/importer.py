@@ -40,6 +40,7 @@ CONFIG_MAX_BYTES = 64 * 1024
 # Slurm's job and step ids are 32-bit unsigned numbers; its special steps also go by these names
 ID_PATTERN = re.compile(r"[0-9]{1,10}")
 STEP_NAMES = ("batch", "extern", "interactive")
+LAZY_SUFFIX = ".lazy"  # RUNTIME/UID/JOB.STEP.lazy: where a lazy start is mounted (pyxis/lazystart.py)
 
 
 def is_efabuild_uri(uri: str) -> bool:
@@ -124,7 +125,7 @@ def _lazy(ref: str, store: str | None, config: dict, environ: Mapping[str, str])
     from efabuild.pyxis import lazystart  # deferred: only a lazy importer mounts
 
     try:
-        return lazystart.start(ref, store, config, _step_path(environ, lazystart.SUFFIX), environ)
+        return lazystart.start(ref, store, config, _step_path(environ, LAZY_SUFFIX), environ)
     except (EfabuildError, OSError) as exc:
         print(f"efabuild-pyxis-importer: {ref}: no lazy start ({exc}); fetching it whole", file=sys.stderr)
         return None
@@ -137,7 +138,7 @@ def release(environ: dict[str, str] | None = None) -> None:
     staged = _step_path(environ, required=False)
     if staged is not None:
         staged.unlink(missing_ok=True)
-        mounted = _step_path(environ, ".lazy", required=False)
+        mounted = _step_path(environ, LAZY_SUFFIX, required=False)
         # a dead FUSE mount fails every stat (ENOTCONN): the mount table and its log tell
         if mounted is not None and (os.path.lexists(mounted) or os.path.lexists(f"{mounted}.log")
                                     or is_mounted(mounted)):

@@ -30,7 +30,6 @@ from efabuild.store.tiered import Store
 from efabuild.store.lookup import find_local
 from efabuild.store.platformindex import Wanted
 
-SUFFIX = ".lazy"
 DEFAULT_CACHE_PARENT = "/var/tmp"  # node-local on every distribution; the cache is <it>/efabuild-chunks-<uid>
 DEFAULT_CACHE_GIB = 20.0  # the node cache's bound per user (`lazy_cache_gib`)
 START_TIMEOUT = 60  # seconds for the mount to serve the file (an S3 round trip for the index and record)
